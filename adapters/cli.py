@@ -1,0 +1,140 @@
+"""The `relayline` command: simulate, check, plan, diagram, demo (serve and ledger come with the
+gateway). Each subcommand is a thin shell over the same objects an embedder uses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+from relayline.machines.config import structure_config
+from relayline.machines.errors import ConfigError
+from relayline.machines.plan import build_router, plan_turn
+
+
+def _load_config_file(path: str):
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError([f"{path}: {exc.strerror}"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+    # a scenario file carries its config under [config]: accept it, operators copy them around
+    if "config" in raw and "active" not in raw:
+        raw = raw["config"]
+    return structure_config(raw)
+
+
+def cmd_check(args) -> int:
+    try:
+        config = _load_config_file(args.config)
+        router = build_router(config, os.environ)
+    except ConfigError as exc:
+        print(f"error: {args.config}: configuration is not usable", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    for warning in router.warnings:
+        print(f"warning: {warning}")
+    print(f"ok: {args.config}: {len(config.providers)} profiles, {len(router.domains)} routes, "
+          f"{len(router.warnings)} warnings")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    try:
+        router = build_router(_load_config_file(args.config), os.environ)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
+    plan = plan_turn(router, model=args.model, text=args.text or "", operator_model=args.operator_model,
+                     gateway=args.gateway)
+    if args.json:
+        print(json.dumps(plan.as_json(), indent=2))
+        return 0
+    print(f"domain:    {plan.domain}" + (f"  (hint:{plan.hint})" if plan.hint else ""))
+    print(f"requested: {plan.requested}")
+    if plan.effort:
+        print(f"effort:    {plan.effort.level} -> hint:{plan.effort.hint} (score {plan.effort.score})")
+    print(f"allowlist: {', '.join(sorted(plan.allowlist)) if plan.allowlist is not None else 'any profile'}")
+    print()
+    print(f"  {'#':>2}  {'provider':<24} {'model':<28} {'pinned':<6} {'allowed'}")
+    for e in plan.entries:
+        print(f"  {e.index + 1:>2}  {e.profile:<24} {e.model:<28} {'yes' if e.pinned else 'no':<6} "
+              f"{'yes' if plan.allows(e.profile) else 'no (allowlist)'}")
+    for warning in plan.warnings:
+        print(f"warning: {warning}")
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    from .simulate import main
+
+    return main(args.files, as_json=args.json)
+
+
+def cmd_diagram(args) -> int:
+    from .diagrams import check, write
+
+    root = Path(args.out) if args.out else None
+    if args.check:
+        stale = check(root)
+        for name in stale:
+            print(f"stale: {name} (run `relayline diagram` or `make diagrams`)", file=sys.stderr)
+        if not stale:
+            print("diagrams are up to date")
+        return 1 if stale else 0
+    for path in write(root):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo import main
+
+    return main()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="relayline", description="LLM provider routing that stays correct when providers fail.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("check", help="validate a config: exit 0 (warnings printed) or 1 (errors printed)")
+    p.add_argument("config")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("plan", help="print the exact attempt order for a config and a model or hint")
+    p.add_argument("config")
+    p.add_argument("--model")
+    p.add_argument("--text", help="the turn text (drives effort routing)")
+    p.add_argument("--operator-model", dest="operator_model")
+    p.add_argument("--gateway", action="store_true", help="resolve a bare route hint as the gateway does")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("simulate", help="run scenario files on virtual time; exit 1 if an expectation fails")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--json", action="store_true", help="print the trace and check nothing")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("diagram", help="write Mermaid and DOT diagrams of every lifecycle spec")
+    p.add_argument("--check", action="store_true", help="exit 1 when a checked-in diagram is stale")
+    p.add_argument("--out", help="the diagrams folder (default: specs/diagrams of the source tree)")
+    p.set_defaults(func=cmd_diagram)
+
+    p = sub.add_parser("demo", help="run the demo storyline on the built-in sim upstreams")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

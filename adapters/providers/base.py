@@ -1,0 +1,49 @@
+"""What the driver needs from a provider protocol adapter, and what it hands one.
+
+An adapter turns one `CallRequest` into either a `Completion` (complete mode) or a stream of
+`Frame`s (stream mode), and every failure into a `ProviderFailure` carrying a classified
+`Failure`. Entering `stream()` means the response headers arrived; iterating yields frames and
+ends after the protocol's completion signal (a `done` frame). Ending without it is truncation,
+which the driver reports; adapters never decide retries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+import attrs
+
+from relayline.machines.classify import Failure
+from relayline.machines.config import Secret
+from relayline.machines.plan import PlannedEntry
+from relayline.machines.stream import Frame
+from relayline.machines.turn import Completion
+
+DONE = "done"  # the frame kind of a protocol's completion signal
+
+
+class ProviderFailure(Exception):
+    """A provider call failed; `failure` is already classified. The message is relayline's own."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.detail)
+        self.failure = failure
+
+
+@attrs.frozen
+class CallRequest:
+    entry: PlannedEntry
+    model: str
+    messages: tuple[dict, ...]
+    key: Secret | None = attrs.field(default=None, repr=False)
+    key_index: int | None = None
+    tools: tuple[dict, ...] = ()
+    stream: bool = False
+
+
+class ProviderClient(Protocol):
+    async def complete(self, request: CallRequest) -> Completion: ...
+
+    def stream(self, request: CallRequest) -> AbstractAsyncContextManager[AsyncIterator[Frame]]: ...

@@ -1,0 +1,190 @@
+"""The `sim` family: scripted upstreams, in process (SCENARIOS.md "Replies").
+
+One reply answers one provider call; a profile's script is consumed in order and its last reply
+repeats. A profile with no script answers `{ text = "ok" }`. Waits (`delay`, `wait`, `hang`)
+are trio sleeps, so under MockClock they take no real time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from relayline.machines import classify as fc
+from relayline.machines.ledger import Usage
+from relayline.machines.stream import (
+    EXECUTED_TOOL,
+    PING,
+    REASONING,
+    ROLE,
+    TEXT,
+    TOOL_CALL,
+    USAGE,
+    Frame,
+)
+from relayline.machines.turn import Completion
+
+from .base import DONE, CallRequest, ProviderFailure
+
+DEFAULT_REPLY: Mapping = {"text": "ok"}
+
+
+@attrs.define
+class Script:
+    provider: str
+    model: str | None
+    replies: list[Mapping]
+    position: int = 0
+
+    def next(self) -> Mapping:
+        reply = self.replies[min(self.position, len(self.replies) - 1)]
+        self.position += 1
+        return reply
+
+
+@attrs.frozen
+class SimCall:
+    """What the upstream saw: the key is kept as the pool index it matched, never its value."""
+
+    provider: str
+    model: str
+    mode: str
+    key_index: int | None
+
+
+def default_usage(reply: Mapping, words_from: Sequence[str] | None = None) -> Usage:
+    if "usage" in reply:
+        tokens_in, tokens_out = reply["usage"]
+        return Usage(int(tokens_in), int(tokens_out))
+    parts = words_from if words_from is not None else [reply.get("text", ""), reply.get("reasoning", "")]
+    return Usage(10, sum(len(p.split()) for p in parts))
+
+
+def reply_frames(reply: Mapping) -> list[Mapping]:
+    """A reply as explicit stream frames (SCENARIOS.md): role preamble, reasoning, one text
+    frame per word (spaces kept), tool call, usage, the completion signal."""
+    if "frames" in reply:
+        return list(reply["frames"])
+    frames: list[Mapping] = [{"role": True}]
+    if reply.get("reasoning"):
+        frames.append({"reasoning": reply["reasoning"]})
+    text = reply.get("text", "")
+    if text:
+        words = text.split(" ")
+        frames.extend({"text": (w if i == 0 else " " + w)} for i, w in enumerate(words) if w or i)
+    if reply.get("tool_call"):
+        frames.append({"tool_call": reply["tool_call"]})
+    usage = default_usage(reply)
+    frames.append({"usage": [usage.input_tokens, usage.output_tokens]})
+    frames.append({"done": True})
+    return frames
+
+
+class SimUpstream:
+    """The scripted upstreams of a scenario, shared by every sim profile."""
+
+    def __init__(self, scripts: Sequence[Script] = ()) -> None:
+        self.scripts = list(scripts)
+        self.calls: list[SimCall] = []
+
+    @classmethod
+    def from_replies(cls, replies: Sequence[Mapping]) -> SimUpstream:
+        return cls([Script(r["provider"], r.get("model"), list(r.get("script") or [DEFAULT_REPLY])) for r in replies])
+
+    def next_reply(self, request: CallRequest, mode: str) -> Mapping:
+        self.calls.append(SimCall(request.entry.profile, request.model, mode, request.key_index))
+        for script in self.scripts:
+            if script.provider == request.entry.profile and script.model in (None, request.model):
+                return script.next()
+        return DEFAULT_REPLY
+
+
+class SimClient:
+    def __init__(self, upstream: SimUpstream) -> None:
+        self.upstream = upstream
+
+    async def _before_headers(self, reply: Mapping) -> None:
+        if reply.get("delay"):
+            await trio.sleep(float(reply["delay"]))
+        if reply.get("hang"):
+            await trio.sleep_forever()
+        if reply.get("connect_error"):
+            raise ProviderFailure(fc.connection_error())
+        if "status" in reply:
+            headers = {"retry-after": str(reply["retry_after"])} if "retry_after" in reply else None
+            raise ProviderFailure(fc.classify_http(int(reply["status"]), reply.get("error"), headers))
+
+    async def complete(self, request: CallRequest) -> Completion:
+        reply = self.upstream.next_reply(request, "complete")
+        await self._before_headers(reply)
+        if "frames" not in reply:
+            if reply.get("empty"):
+                return Completion(usage=default_usage(reply, []))
+            tools = (reply["tool_call"],) if reply.get("tool_call") else ()
+            return Completion(reply.get("text", ""), reply.get("reasoning", ""), tools, default_usage(reply))
+        # an explicit stream asked for without streaming: its aggregate, or its failure
+        text, reasoning, tools, usage = [], [], [], None
+        for frame in reply["frames"]:
+            if "wait" in frame:
+                await trio.sleep(float(frame["wait"]))
+            elif "error" in frame:
+                raise ProviderFailure(fc.classify_stream_error(frame["error"]))
+            elif frame.get("eof") or frame.get("malformed"):
+                raise ProviderFailure(fc.truncated())
+            elif "text" in frame:
+                text.append(frame["text"])
+            elif "reasoning" in frame:
+                reasoning.append(frame["reasoning"])
+            elif "tool_call" in frame:
+                tools.append(frame["tool_call"])
+            elif "usage" in frame:
+                usage = Usage(*map(int, frame["usage"]))
+        if usage is None:
+            usage = default_usage({}, text + reasoning)
+        return Completion("".join(text), "".join(reasoning), tuple(tools), usage)
+
+    @asynccontextmanager
+    async def stream(self, request: CallRequest):
+        reply = self.upstream.next_reply(request, "stream")
+        await self._before_headers(reply)
+        yield self._frames(reply)
+
+    async def _frames(self, reply: Mapping) -> AsyncIterator[Frame]:
+        words: list[str] = []
+        explicit_usage = False
+        for spec in reply_frames(reply):
+            if "wait" in spec:
+                await trio.sleep(float(spec["wait"]))
+                continue
+            await trio.lowlevel.checkpoint()
+            if spec.get("role"):
+                yield Frame(ROLE)
+            elif spec.get("ping"):
+                yield Frame(PING)
+            elif "text" in spec:
+                words.append(spec["text"])
+                yield Frame(TEXT, spec["text"])
+            elif "reasoning" in spec:
+                words.append(spec["reasoning"])
+                yield Frame(REASONING, spec["reasoning"])
+            elif "tool_call" in spec:
+                yield Frame(TOOL_CALL, spec["tool_call"])
+            elif "executed_tool" in spec:
+                yield Frame(EXECUTED_TOOL, spec["executed_tool"])
+            elif "usage" in spec:
+                explicit_usage = True
+                yield Frame(USAGE, usage=Usage(*map(int, spec["usage"])))
+            elif "error" in spec:
+                raise ProviderFailure(fc.classify_stream_error(spec["error"]))
+            elif spec.get("malformed"):
+                raise ProviderFailure(fc.truncated("malformed frame: a data line that is not valid JSON"))
+            elif spec.get("eof"):
+                return
+            elif spec.get("done"):
+                if not explicit_usage:
+                    yield Frame(USAGE, usage=default_usage(reply, words))
+                yield Frame(DONE)
+                return

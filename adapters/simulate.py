@@ -1,0 +1,265 @@
+"""`relayline simulate`: scenarios on virtual time through the real core and the real driver.
+
+A scenario (SCENARIOS.md) is a config, scripted sim upstreams and requests with expectations.
+Everything runs under trio's MockClock with autojump, so backoffs, Retry-After waits, cooldowns,
+breaker windows and timeouts take no real time, and the same scenario always gives the same trace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+import trio
+import trio.testing
+
+from relayline.machines.config import structure_config
+from relayline.machines.errors import ConfigError
+from relayline.machines.stream import Event
+from relayline.machines.turn import TurnResult
+
+from .driver import TurnRun
+from .providers.sim import SimUpstream
+from .relay import Relay
+
+REQUEST_KEYS = {"at", "model", "stream", "tools", "text", "cancel_after", "cancel_at", "operator_model", "expect"}
+EXPECT_KEYS = {
+    "attempts", "skipped", "outcome", "error", "served", "text", "partial_text", "events_text",
+    "notice_contains", "no_notice", "ledger", "cost_usd", "warnings_contain", "init_error_contains",
+    "keys", "attempt_at",
+}
+SCENARIO_KEYS = {"name", "config", "replies", "requests"}
+SIM_TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+
+class ScenarioError(Exception):
+    """A scenario file is malformed (not a failed expectation)."""
+
+
+@attrs.frozen
+class Scenario:
+    name: str
+    source: str
+    config: dict
+    replies: tuple[dict, ...]
+    requests: tuple[dict, ...]
+
+
+def load_scenario(path: str | os.PathLike) -> Scenario:
+    source = str(path)
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
+    unknown = set(raw) - SCENARIO_KEYS
+    if unknown:
+        raise ScenarioError(f"{source}: unknown keys {sorted(unknown)}")
+    for i, request in enumerate(raw.get("requests", [])):
+        bad = set(request) - REQUEST_KEYS
+        if bad:
+            raise ScenarioError(f"{source}: requests[{i}]: unknown keys {sorted(bad)}")
+        bad = set(request.get("expect", {})) - EXPECT_KEYS
+        if bad:
+            raise ScenarioError(f"{source}: requests[{i}].expect: unknown keys {sorted(bad)}")
+    for i, reply in enumerate(raw.get("replies", [])):
+        if "provider" not in reply:
+            raise ScenarioError(f"{source}: replies[{i}]: missing 'provider'")
+    return Scenario(raw.get("name", Path(path).stem), source, raw.get("config", {}),
+                    tuple(raw.get("replies", [])), tuple(raw.get("requests", [])))
+
+
+# ---------------------------------------------------------------------------------------------
+# running
+
+
+def _trace(result: TurnResult, events: list[Event], origin: float) -> dict:
+    return {
+        "requested": result.requested,
+        "attempts": [{**a.as_json(), "at": round(a.at - origin, 6)} for a in result.attempts],
+        "skipped": [{"provider": s.profile, "model": s.model, "reason": s.reason} for s in result.skipped],
+        "outcome": result.outcome,
+        "error": result.error,
+        "served": result.served.label if result.served else None,
+        "text": result.text if result.outcome == "ok" else None,
+        "partial_text": result.partial_text,
+        "events": [str(e) for e in events],
+        "notice": result.notice,
+        "ledger": [r.as_json() for r in result.ledger],
+        "cost_usd": result.cost_usd,
+    }
+
+
+async def _run_request(relay: Relay, request: Mapping, origin: float) -> dict:
+    events: list[Event] = []
+    runs: list[TurnRun] = []
+    cancel_after = request.get("cancel_after")
+    cancel_at = request.get("cancel_at")
+    with trio.CancelScope() as consumer:
+
+        async def sink(event: Event) -> None:
+            if event.visible:
+                events.append(event)
+                if cancel_after is not None and len(events) >= cancel_after:
+                    consumer.cancel()
+
+        async def cancel_later() -> None:
+            await trio.sleep(float(cancel_at))
+            consumer.cancel()
+
+        async with trio.open_nursery() as nursery:
+            if cancel_at is not None:
+                nursery.start_soon(cancel_later)
+            await relay.run_turn(
+                [{"role": "user", "content": request.get("text", "hi")}],
+                model=request.get("model"),
+                tools=(SIM_TOOL,) if request.get("tools") else (),
+                operator_model=request.get("operator_model"),
+                stream=bool(request.get("stream", False)),
+                sink=sink,
+                run_hook=runs.append,
+            )
+            nursery.cancel_scope.cancel()
+    return _trace(runs[0].result, events, origin)
+
+
+def run_scenario(scenario: Scenario) -> dict:
+    """The scenario's trace (SCENARIOS.md "Trace"), plus `init_error` when the config fails."""
+    trace: dict = {"scenario": scenario.name, "warnings": [], "requests": []}
+
+    async def main() -> None:
+        origin = trio.current_time()
+        try:
+            relay = Relay(structure_config(scenario.config), env=os.environ,
+                          sim=SimUpstream.from_replies(scenario.replies))
+        except ConfigError as exc:
+            trace["init_error"] = str(exc)
+            return
+        trace["warnings"] = [str(w) for w in relay.router.warnings]
+        for request in scenario.requests:
+            if "at" in request:
+                await trio.sleep_until(origin + float(request["at"]))
+            trace["requests"].append(await _run_request(relay, request, origin))
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return trace
+
+
+# ---------------------------------------------------------------------------------------------
+# checking
+
+
+def _attempt_label(a: dict, with_mode: bool) -> str:
+    label = f"{a['provider']}/{a['model']} {a['outcome']}"
+    return f"{label} {a['mode']}" if with_mode else label
+
+
+def check_request(expect: Mapping, actual: dict | None, trace: dict) -> list[tuple[str, object, object]]:
+    """The failing keys of one request: (key, expected, actual)."""
+    failures = []
+
+    def differs(key, want, got):
+        if want != got:
+            failures.append((key, want, got))
+
+    if "init_error_contains" in expect:
+        err = trace.get("init_error")
+        if err is None or expect["init_error_contains"] not in err:
+            failures.append(("init_error_contains", expect["init_error_contains"], err))
+    if "warnings_contain" in expect:
+        missing = [w for w in expect["warnings_contain"] if not any(w in got for got in trace["warnings"])]
+        if missing:
+            failures.append(("warnings_contain", missing, trace["warnings"]))
+    request_keys = set(expect) - {"init_error_contains", "warnings_contain"}
+    if not request_keys:
+        return failures
+    if actual is None:
+        failures.append(("init_error", None, trace.get("init_error")))
+        return failures
+    if "attempts" in expect:
+        got = [_attempt_label(a, len(w.split()) > 2) for w, a in zip(expect["attempts"], actual["attempts"], strict=False)]
+        got += [_attempt_label(a, False) for a in actual["attempts"][len(got):]]
+        differs("attempts", list(expect["attempts"]), got)
+    if "skipped" in expect:
+        differs("skipped", list(expect["skipped"]),
+                [f"{s['provider']}/{s['model']} {s['reason']}" for s in actual["skipped"]])
+    for key in ("outcome", "error", "text"):
+        if key in expect:
+            differs(key, expect[key], actual[key])
+    if "served" in expect:
+        differs("served", expect["served"], actual["served"] or "none")
+    if "partial_text" in expect:
+        differs("partial_text", expect["partial_text"], actual["partial_text"] if actual["partial_text"] is not None else "none")
+    if "events_text" in expect:
+        differs("events_text", expect["events_text"],
+                "".join(e[len("text:"):] for e in actual["events"] if e.startswith("text:")))
+    if "notice_contains" in expect:
+        wanted = expect["notice_contains"]
+        wanted = [wanted] if isinstance(wanted, str) else list(wanted)
+        notice = actual["notice"] or ""
+        if not all(w in notice for w in wanted):
+            failures.append(("notice_contains", wanted, actual["notice"]))
+    if expect.get("no_notice"):
+        differs("no_notice", None, actual["notice"])
+    if "ledger" in expect:
+        differs("ledger", list(expect["ledger"]),
+                [f"{r['provider']}/{r['model']} {'accepted' if r['accepted'] else 'rejected'}" for r in actual["ledger"]])
+    if "cost_usd" in expect and abs(float(expect["cost_usd"]) - actual["cost_usd"]) > 1e-9:
+        failures.append(("cost_usd", expect["cost_usd"], actual["cost_usd"]))
+    if "keys" in expect:
+        differs("keys", list(expect["keys"]), [a["key"] for a in actual["attempts"]])
+    if "attempt_at" in expect:
+        got = [a["at"] for a in actual["attempts"]]
+        want = [float(x) for x in expect["attempt_at"]]
+        if len(got) != len(want) or any(abs(w - g) > 0.05 for w, g in zip(want, got, strict=False)):
+            failures.append(("attempt_at", want, got))
+    return failures
+
+
+@attrs.frozen
+class ScenarioReport:
+    scenario: Scenario
+    trace: dict
+    failures: tuple[tuple[int, str, object, object], ...]  # (request index, key, expected, actual)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def check_scenario(scenario: Scenario) -> ScenarioReport:
+    trace = run_scenario(scenario)
+    failures = []
+    for i, request in enumerate(scenario.requests):
+        actual = trace["requests"][i] if i < len(trace["requests"]) else None
+        for key, want, got in check_request(request.get("expect", {}), actual, trace):
+            failures.append((i, key, want, got))
+    return ScenarioReport(scenario, trace, tuple(failures))
+
+
+def main(paths: list[str], *, as_json: bool = False, out=print) -> int:
+    if as_json:
+        traces = [run_scenario(load_scenario(p)) for p in paths]
+        out(json.dumps(traces[0] if len(traces) == 1 else traces, indent=2))
+        return 0
+    passed = failed = 0
+    for path in paths:
+        try:
+            report = check_scenario(load_scenario(path))
+        except ScenarioError as exc:
+            out(f"ERROR {exc}")
+            failed += 1
+            continue
+        if report.ok:
+            passed += 1
+            out(f"PASS {path}: {report.scenario.name}")
+            continue
+        failed += 1
+        out(f"FAIL {path}: {report.scenario.name}")
+        for i, key, want, got in report.failures:
+            out(f"  requests[{i}] {key}:\n    expected {json.dumps(want)}\n    actual   {json.dumps(got)}")
+    out(f"{passed} of {passed + failed} scenarios pass")
+    return 0 if failed == 0 else 1

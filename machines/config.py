@@ -1,0 +1,378 @@
+"""The configuration, as frozen attrs classes structured from TOML by cattrs.
+
+Keys and defaults are CONFIG.md's, exactly. Structuring is strict (a string is not an int, an
+unknown key is an error) and reports every problem at once, each with its key path in the
+operator's own notation: `providers."anthropic.main".fallbacks[1]`. Values whose validity
+depends on other keys (an `active` that names no profile, a route without a hint) are checked
+after structuring, with the same paths. Graph problems (dangling fallbacks, cycles) are not
+errors here: plan.py prunes them with warnings, as CONFIG.md requires.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+import typing
+from typing import Literal
+
+import attrs
+import cattrs
+from cattrs.errors import (
+    AttributeValidationNote,
+    BaseValidationError,
+    ForbiddenExtraKeysError,
+    IterableValidationError,
+    IterableValidationNote,
+)
+
+from .errors import ConfigError
+
+KNOWN_FAMILIES = ("openai", "anthropic", "sim")
+
+
+@attrs.frozen(repr=False)
+class Secret:
+    """A credential. Its repr and str never show it; `reveal()` is the one way to read it."""
+
+    _value: str = attrs.field(alias="value")
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+
+@attrs.frozen
+class Capabilities:
+    streaming: bool = True
+    tools: bool = True
+    vision: bool = False
+    prefill: bool = False  # accepts a trailing assistant message to continue from
+
+
+@attrs.frozen
+class Price:
+    input_per_mtok: float = 0.0
+    output_per_mtok: float = 0.0
+
+
+@attrs.frozen
+class Provider:
+    family: str
+    base_url: str | None = None
+    api_key: Secret | None = None
+    api_key_env: str | None = None
+    api_keys: tuple[Secret, ...] = ()
+    model: str | None = None
+    fallback_models: tuple[str, ...] = ()
+    fallbacks: tuple[str, ...] = ()
+    headers: dict[str, str] = attrs.Factory(dict)
+    locality: Literal["cloud", "local"] = "cloud"
+    capabilities: Capabilities = Capabilities()
+    price: Price = Price()
+
+
+@attrs.frozen
+class Reliability:
+    provider_retries: int = 2
+    backoff_ms: int = 500
+    backoff_max_ms: int = 10000
+    retry_after_max_ms: int = 30000
+    rate_limit_cooldown_default_s: float = 10.0
+    rate_limit_cooldown_max_s: float = 60.0
+    max_fallback_depth: int = 3
+    client_errors: Literal["advance", "stop"] = "advance"
+    context_window: Literal["return", "advance"] = "return"
+
+    @property
+    def first_backoff_s(self) -> float:
+        # CONFIG.md: the first wait has a floor of 50 ms, whatever is configured
+        return max(self.backoff_ms, 50) / 1000.0
+
+
+@attrs.frozen
+class Breaker:
+    enabled: bool = True
+    window_s: float = 300.0
+    failure_threshold: int = 3
+    open_s: float = 60.0
+
+
+@attrs.frozen
+class Timeouts:
+    headers_s: float = 240.0
+    first_token_s: float = 0.0
+    idle_s: float = 60.0
+    gate_commit_s: float = 30.0
+
+
+@attrs.frozen
+class Stream:
+    recovery: Literal["non_streaming", "streaming"] = "non_streaming"
+    continue_after_interrupt: bool = False
+
+
+@attrs.frozen
+class Route:
+    hint: str
+    provider: str
+    model: str
+    api_key: Secret | None = None
+
+
+@attrs.frozen
+class EffortRouting:
+    local_hint: str = "local"
+    cloud_hint: str = "cloud"
+    escalation: Literal["auto", "off"] = "auto"
+
+
+@attrs.frozen
+class Notices:
+    model_fallback_notice: Literal["off", "redacted", "detailed"] = "off"
+
+
+@attrs.frozen
+class Gateway:
+    api_keys_env: str | None = None
+    max_body_bytes: int = 4 * 1024 * 1024
+
+
+@attrs.frozen
+class Ledger:
+    path: str | None = None
+
+
+@attrs.frozen
+class Config:
+    active: str
+    model: str | None = None
+    providers: dict[str, Provider] = attrs.Factory(dict)
+    reliability: Reliability = Reliability()
+    breaker: Breaker = Breaker()
+    timeouts: Timeouts = Timeouts()
+    stream: Stream = Stream()
+    routes: tuple[Route, ...] = ()
+    effort_routing: EffortRouting | None = None
+    notices: Notices = Notices()
+    gateway: Gateway = Gateway()
+    ledger: Ledger = Ledger()
+
+
+# ---------------------------------------------------------------------------------------------
+# structuring
+
+
+def _strict(kind: type, label: str):
+    def structure(value, _type):
+        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if not ok:
+            raise ValueError(f"expected {label}, got {_describe(value)}")
+        return value
+
+    return structure
+
+
+def _describe(value) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+def _structure_literal(value, literal_type):
+    options = typing.get_args(literal_type)
+    if value not in options:
+        raise ValueError(f"must be one of {', '.join(repr(o) for o in options)}, got {value!r}")
+    return value
+
+
+def _structure_secret(value, _type) -> Secret:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {_describe(value)}")
+    return Secret(value)
+
+
+def _structure_mapping_table(value, type_):
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a table, got {_describe(value)}")
+    return value
+
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+_converter.register_structure_hook(str, _strict(str, "a string"))
+_converter.register_structure_hook(int, _strict(int, "an integer"))
+_converter.register_structure_hook(float, _strict(float, "a number"))
+_converter.register_structure_hook(bool, _strict(bool, "a boolean"))
+_converter.register_structure_hook(Secret, _structure_secret)
+_converter.register_structure_hook_func(
+    lambda t: typing.get_origin(t) is Literal, _structure_literal
+)
+
+
+def _structure_tuple(value, type_):
+    # cattrs would read a string as a sequence of characters: only a TOML array is a list here.
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list, got {_describe(value)}")
+    elem = typing.get_args(type_)[0]
+    out, errors = [], []
+    for i, item in enumerate(value):
+        try:
+            out.append(_converter.structure(item, elem))
+        except Exception as exc:
+            exc.add_note(IterableValidationNote(f"Structuring {type_} @ index {i}", i, elem))
+            errors.append(exc)
+    if errors:
+        raise IterableValidationError(f"While structuring {type_!r}", errors, type_)
+    return tuple(out)
+
+
+_converter.register_structure_hook_func(
+    lambda t: typing.get_origin(t) is tuple, _structure_tuple
+)
+
+
+def _require_tables(converter: cattrs.Converter) -> None:
+    # leaves first: a class's generated hook captures the hooks of its fields when it is made
+    for cls in (Capabilities, Price, Provider, Reliability, Breaker, Timeouts, Stream, Route,
+                EffortRouting, Notices, Gateway, Ledger, Config):
+        base = converter.get_structure_hook(cls)
+
+        def structure(value, type_, _base=base):
+            return _base(_structure_mapping_table(value, type_), type_)
+
+        converter.register_structure_hook(cls, structure)
+
+
+_require_tables(_converter)
+
+_BARE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+
+def key_segment(key) -> str:
+    """One path segment in the operator's notation: `.name`, `."dotted.alias"`, `[3]`."""
+    if isinstance(key, int):
+        return f"[{key}]"
+    key = str(key)
+    return f".{key}" if _BARE.match(key) else f'."{key}"'
+
+
+def join_path(path: str, key) -> str:
+    seg = key_segment(key)
+    if not path and seg.startswith("."):
+        return seg[1:]
+    return path + seg
+
+
+def _problems(exc: BaseException, path: str) -> list[str]:
+    if isinstance(exc, ForbiddenExtraKeysError):
+        return [f"{join_path(path, k)}: unknown key" for k in sorted(exc.extra_fields)]
+    if isinstance(exc, BaseValidationError):
+        out = []
+        for sub in exc.exceptions:
+            sub_path = path
+            for note in getattr(sub, "__notes__", ()):
+                if isinstance(note, AttributeValidationNote):
+                    sub_path = join_path(path, note.name)
+                elif isinstance(note, IterableValidationNote):
+                    sub_path = join_path(path, note.index)
+            out.extend(_problems(sub, sub_path))
+        return out
+    if isinstance(exc, KeyError):
+        return [f"{path}: required key is missing"]
+    return [f"{path or 'config'}: {exc}"]
+
+
+def _semantic_problems(cfg: Config) -> list[str]:
+    """Checks that need more than one key. Graph problems are plan.py's (warnings)."""
+    problems = []
+    if cfg.active not in cfg.providers:
+        problems.append(f"active: names no profile under [providers] ({cfg.active!r})")
+    r = cfg.reliability
+    for name in ("provider_retries", "backoff_ms", "backoff_max_ms", "retry_after_max_ms",
+                 "max_fallback_depth"):
+        if getattr(r, name) < 0:
+            problems.append(f"reliability.{name}: must not be negative")
+    if r.provider_retries > 20:
+        problems.append("reliability.provider_retries: at most 20")
+    for name in ("rate_limit_cooldown_default_s", "rate_limit_cooldown_max_s"):
+        if getattr(r, name) < 0:
+            problems.append(f"reliability.{name}: must not be negative")
+    b = cfg.breaker
+    if b.failure_threshold < 1:
+        problems.append("breaker.failure_threshold: must be at least 1")
+    for name in ("window_s", "open_s"):
+        if getattr(b, name) <= 0:
+            problems.append(f"breaker.{name}: must be positive")
+    for name in ("headers_s", "first_token_s", "idle_s", "gate_commit_s"):
+        if getattr(cfg.timeouts, name) < 0:
+            problems.append(f"timeouts.{name}: must not be negative")
+    for alias, p in cfg.providers.items():
+        where = join_path("providers", alias)
+        given = [k for k in ("api_key", "api_key_env", "api_keys") if getattr(p, k)]
+        if len(given) > 1:
+            problems.append(f"{where}: set only one of api_key, api_key_env, api_keys (found {', '.join(given)})")
+        for name in ("input_per_mtok", "output_per_mtok"):
+            if getattr(p.price, name) < 0:
+                problems.append(f"{where}.price.{name}: must not be negative")
+        if p.model is not None and not p.model.strip():
+            problems.append(f"{where}.model: must not be blank (leave it out for an unpinned profile)")
+    seen_hints: dict[str, int] = {}
+    for i, route in enumerate(cfg.routes):
+        where = f"routes[{i}]"
+        if not route.hint or route.hint != route.hint.strip():
+            problems.append(f"{where}.hint: must be a non-blank name without surrounding spaces")
+        elif route.hint in seen_hints:
+            problems.append(f"{where}.hint: {route.hint!r} is already routes[{seen_hints[route.hint]}].hint")
+        else:
+            seen_hints[route.hint] = i
+        if not route.model.strip():
+            problems.append(f"{where}.model: must not be blank")
+    if cfg.effort_routing is not None:
+        for name in ("local_hint", "cloud_hint"):
+            hint = getattr(cfg.effort_routing, name)
+            if hint not in seen_hints:
+                problems.append(f"effort_routing.{name}: no route has hint {hint!r}")
+    return problems
+
+
+def structure_config(raw: dict) -> Config:
+    """Structure a parsed TOML document; raise ConfigError listing every problem."""
+    if not isinstance(raw, dict):
+        raise ConfigError(["config: expected a table"])
+    try:
+        cfg = _converter.structure(raw, Config)
+    except Exception as exc:  # cattrs raises an exception group carrying every problem
+        problems = _problems(exc, "")
+        raise ConfigError(problems or [str(exc)]) from None
+    problems = _semantic_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def parse_config(text: str, source: str = "config") -> Config:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{source}: not valid TOML: {exc}"]) from None
+    return structure_config(raw)
+
+
+def unstructure_config(cfg: Config) -> dict:
+    """A plain dict of `cfg` with every secret masked (for `relayline check --show`)."""
+    conv = cattrs.Converter()
+    conv.register_unstructure_hook(Secret, lambda s: "***")
+    return conv.unstructure(cfg)

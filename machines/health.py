@@ -1,0 +1,134 @@
+"""Per-profile health that outlives a turn: rate-limit cooldowns, circuit breakers, key cursors.
+
+Health is keyed by profile alias (all entries of a profile share it). Time always comes in as a
+number (seconds on the caller's monotonic clock), so the same code runs on trio's real clock, on
+its MockClock in `relayline simulate`, and under Hypothesis.
+
+`HealthStore` is the small interface a shared store (for several gateway workers) implements;
+`InMemoryHealth` is the default.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+from .config import Breaker as BreakerConfig
+from .engine import Lifecycle, load_spec
+
+
+class Breaker:
+    """One profile's breaker, executing specs/breaker.toml. Failures are timestamps inside
+    window_s; `open_until` is when an open breaker turns half-open."""
+
+    __slots__ = ("config", "life", "failures", "open_until", "transitions")
+
+    def __init__(self, config: BreakerConfig) -> None:
+        self.config = config
+        self.life: Lifecycle = load_spec("breaker").start()
+        self.failures: deque[float] = deque()
+        self.open_until = 0.0
+        self.transitions = 0  # state changes, for metrics
+
+    @property
+    def state(self) -> str:
+        return self.life.state
+
+    @property
+    def threshold_reached(self) -> bool:
+        return len(self.failures) >= self.config.failure_threshold
+
+    def refresh(self, now: float) -> str:
+        if self.life.state == "open" and now >= self.open_until:
+            self._fire("cool_off")
+        return self.life.state
+
+    def _fire(self, trigger: str) -> None:
+        before = self.life.state
+        self.life.fire(trigger, self)
+        if self.life.state != before:
+            self.transitions += 1
+
+    def blocks(self, now: float) -> bool:
+        """True when a turn must skip this profile before sending anything."""
+        if not self.config.enabled:
+            return False
+        return self.refresh(now) in ("open", "probing")
+
+    def claim(self, now: float, *, force: bool = False) -> bool:
+        """Before an attempt: take the half-open probe (or, forced, probe an open breaker).
+        Returns True when this caller now holds the probe."""
+        if not self.config.enabled:
+            return False
+        state = self.refresh(now)
+        if state == "half_open":
+            self._fire("probe")
+            return True
+        if state == "open" and force:
+            self._fire("force_probe")
+            return True
+        return False
+
+    def failure(self, now: float) -> None:
+        window_start = now - self.config.window_s
+        while self.failures and self.failures[0] <= window_start:
+            self.failures.popleft()
+        self.failures.append(now)
+        self.refresh(now)
+        self._fire("failure")
+        if self.life.state == "open" and self.open_until <= now:
+            self.open_until = now + self.config.open_s
+            self.failures.clear()
+
+    def success(self, now: float) -> None:
+        self.refresh(now)
+        probing = self.life.state == "probing"
+        self._fire("success")
+        if probing:
+            self.failures.clear()
+
+    def release(self) -> None:
+        if self.life.state == "probing":
+            self._fire("release")
+
+
+class HealthStore(Protocol):
+    def cooldown_until(self, profile: str) -> float: ...
+    def set_cooldown(self, profile: str, until: float) -> None: ...
+    def clear_cooldown(self, profile: str) -> None: ...
+    def breaker(self, profile: str) -> Breaker: ...
+    def key_cursor(self, profile: str) -> int: ...
+    def set_key_cursor(self, profile: str, index: int) -> None: ...
+
+
+class InMemoryHealth:
+    def __init__(self, config: BreakerConfig) -> None:
+        self.breaker_config = config
+        self._cooldowns: dict[str, float] = {}
+        self._breakers: dict[str, Breaker] = {}
+        self._keys: dict[str, int] = {}
+
+    def cooldown_until(self, profile: str) -> float:
+        return self._cooldowns.get(profile, float("-inf"))
+
+    def set_cooldown(self, profile: str, until: float) -> None:
+        self._cooldowns[profile] = max(until, self._cooldowns.get(profile, float("-inf")))
+
+    def clear_cooldown(self, profile: str) -> None:
+        self._cooldowns.pop(profile, None)
+
+    def breaker(self, profile: str) -> Breaker:
+        try:
+            return self._breakers[profile]
+        except KeyError:
+            b = self._breakers[profile] = Breaker(self.breaker_config)
+            return b
+
+    def key_cursor(self, profile: str) -> int:
+        return self._keys.get(profile, 0)
+
+    def set_key_cursor(self, profile: str, index: int) -> None:
+        self._keys[profile] = index
+
+    def profiles(self) -> list[str]:
+        return sorted(set(self._cooldowns) | set(self._breakers) | set(self._keys))

@@ -1,0 +1,294 @@
+"""From config and request to the exact, ordered chain of entries a turn may attempt.
+
+A reliability domain is one root profile flattened depth first (CONFIG.md "Materialising the
+attempt order"): the pinned primary, its fallback_models, then each fallback profile with its own
+model, its own fallback_models and its own fallbacks. Bad edges are pruned with a warning, never
+fatal; a reachable profile that cannot supply its credential, or whose family is unknown, is fatal.
+
+The router holds one domain for the active profile and one per unique route target. `plan_turn`
+picks the domain for a request (model, hint:NAME, operator selection or effort decision) and fills
+unpinned entries with the requested model. Everything here is pure: the environment comes in as a
+mapping, and the result is a frozen value the walk consumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from . import effort
+from .config import KNOWN_FAMILIES, Config, Provider, Secret, join_path
+from .errors import ConfigError
+
+HINT_PREFIX = "hint:"
+
+
+@attrs.frozen
+class ConfigWarning:
+    code: str
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.code} at {self.path}: {self.message}"
+
+
+@attrs.frozen
+class Entry:
+    """One element of a domain's chain. An unpinned entry has no model of its own: it forwards
+    the requested one."""
+
+    profile: str
+    model: str | None
+    pinned: bool
+
+
+@attrs.frozen
+class Domain:
+    root: str
+    entries: tuple[Entry, ...]
+    # a route's api_key for its target profile (the first route credential wins)
+    root_keys: tuple[Secret, ...] = ()
+
+
+@attrs.frozen
+class Router:
+    config: Config
+    default: Domain
+    domains: dict[str, Domain]  # by route hint
+    route_models: dict[str, str]  # by route hint
+    keys: dict[str, tuple[Secret, ...]]  # each profile's own credentials (a pool or one key)
+    warnings: tuple[ConfigWarning, ...]
+
+
+@attrs.frozen
+class PlannedEntry:
+    """An entry of one turn's plan: everything needed to call it, resolved."""
+
+    index: int
+    profile: str
+    model: str
+    pinned: bool
+    provider: Provider
+    keys: tuple[Secret, ...] = attrs.field(repr=False)
+
+    @property
+    def label(self) -> str:
+        return f"{self.profile}/{self.model}"
+
+
+@attrs.frozen
+class Plan:
+    domain: str
+    requested_model: str | None
+    entries: tuple[PlannedEntry, ...]
+    allowlist: frozenset[str] | None
+    effort: effort.EffortDecision | None
+    warnings: tuple[str, ...]
+    hint: str | None = None
+
+    @property
+    def requested(self) -> str:
+        model = self.requested_model or (self.entries[0].model if self.entries else "")
+        return f"{self.domain}/{model}"
+
+    def allows(self, profile: str) -> bool:
+        return self.allowlist is None or profile in self.allowlist
+
+    def as_json(self) -> dict:
+        return {
+            "domain": self.domain,
+            "effort": self.effort.as_json() if self.effort else None,
+            "allowlist": sorted(self.allowlist) if self.allowlist is not None else None,
+            "entries": [{"provider": e.profile, "model": e.model, "pinned": e.pinned} for e in self.entries],
+            "warnings": list(self.warnings),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# fallback references and materialisation
+
+
+def resolve_ref(config: Config, ref: str) -> str | None:
+    """A full alias, or a bare alias (the part after the family prefix) unique across families.
+    An ambiguous or unknown bare alias resolves to None (dangling)."""
+    if ref in config.providers:
+        return ref
+    matches = [a for a in config.providers if "." in a and a.split(".", 1)[1] == ref]
+    return matches[0] if len(matches) == 1 else None
+
+
+def materialise(config: Config, root: str, primary: str | None) -> tuple[tuple[Entry, ...], list[ConfigWarning]]:
+    entries: list[Entry] = []
+    warnings: list[ConfigWarning] = []
+    visited: set[str] = set()
+    max_depth = config.reliability.max_fallback_depth
+
+    def add_profile(alias: str, model: str | None, path: tuple[str, ...], depth: int) -> None:
+        visited.add(alias)
+        profile = config.providers[alias]
+        where = join_path("providers", alias)
+        if model is not None:
+            pins = [model]
+            entries.append(Entry(alias, model, True))
+            for i, fm in enumerate(profile.fallback_models):
+                at = f"{where}.fallback_models[{i}]"
+                if not fm.strip():
+                    warnings.append(ConfigWarning("empty_fallback_model", at, "blank model id pruned"))
+                elif fm == model:
+                    warnings.append(ConfigWarning("fallback_model_duplicates_primary", at,
+                                                  f"{fm!r} is the primary model; pruned"))
+                elif fm not in pins:
+                    pins.append(fm)
+                    entries.append(Entry(alias, fm, True))
+        else:
+            entries.append(Entry(alias, None, False))
+        for i, ref in enumerate(profile.fallbacks):
+            at = f"{where}.fallbacks[{i}]"
+            target = resolve_ref(config, ref)
+            if target is None:
+                warnings.append(ConfigWarning("dangling_fallback_ref", at,
+                                              f"{ref!r} names no profile (or an ambiguous bare alias); pruned"))
+            elif target in path:
+                warnings.append(ConfigWarning("fallback_cycle", at,
+                                              f"{ref!r} is already on the path {' -> '.join(path)}; pruned"))
+            elif depth + 1 > max_depth:
+                warnings.append(ConfigWarning("max_fallback_depth_exceeded", at,
+                                              f"{ref!r} is at depth {depth + 1} > max_fallback_depth {max_depth}; pruned"))
+            elif target not in visited:
+                # a profile reached twice through different branches is attempted once, first place wins
+                add_profile(target, config.providers[target].model, path + (target,), depth + 1)
+
+    add_profile(root, primary, (root,), 0)
+    return tuple(entries), warnings
+
+
+def profile_keys(alias: str, profile: Provider, env: Mapping[str, str]) -> tuple[tuple[Secret, ...], str | None]:
+    """The profile's credentials and, when it cannot supply a required one, the problem."""
+    if profile.api_keys:
+        return tuple(profile.api_keys), None
+    if profile.api_key is not None:
+        return (profile.api_key,), None
+    where = join_path("providers", alias)
+    if profile.api_key_env:
+        value = env.get(profile.api_key_env, "")
+        if not value:
+            return (), f"{where}.api_key_env: environment variable {profile.api_key_env} is not set"
+        return (Secret(value),), None
+    if profile.family in ("openai", "anthropic") and profile.base_url is None:
+        return (), f"{where}: the {profile.family} public API needs a credential (api_key, api_key_env or api_keys)"
+    return (), None
+
+
+def build_router(config: Config, env: Mapping[str, str]) -> Router:
+    """Materialise every domain. Raises ConfigError (naming the alias) for fatal problems."""
+    warnings: list[ConfigWarning] = []
+    default_entries, w = materialise(config, config.active, config.model or config.providers[config.active].model)
+    warnings += w
+    default = Domain(config.active, default_entries)
+    domains: dict[str, Domain] = {}
+    route_models: dict[str, str] = {}
+    by_target: dict[str, Domain] = {config.active: default}
+    for i, route in enumerate(config.routes):
+        target = resolve_ref(config, route.provider)
+        if target is None:
+            warnings.append(ConfigWarning("unknown_route_provider", f"routes[{i}].provider",
+                                          f"{route.provider!r} names no profile; route {route.hint!r} dropped"))
+            continue
+        if target not in by_target:
+            entries, w = materialise(config, target, config.providers[target].model)
+            warnings += w
+            by_target[target] = Domain(target, entries, (route.api_key,) if route.api_key else ())
+        elif route.api_key and target != config.active and not by_target[target].root_keys:
+            by_target[target] = attrs.evolve(by_target[target], root_keys=(route.api_key,))
+        domains[route.hint] = by_target[target]
+        route_models[route.hint] = route.model
+    # fatal problems, for every profile any domain can reach
+    problems: list[str] = []
+    keys: dict[str, tuple[Secret, ...]] = {}
+    route_keyed = {d.root for d in by_target.values() if d.root_keys}
+    for domain in by_target.values():
+        for entry in domain.entries:
+            alias = entry.profile
+            if alias in keys:
+                continue
+            profile = config.providers[alias]
+            if profile.family not in KNOWN_FAMILIES:
+                problems.append(f"{join_path('providers', alias)}.family: unknown family {profile.family!r} "
+                                f"(known: {', '.join(KNOWN_FAMILIES)})")
+            found, problem = profile_keys(alias, profile, env)
+            if problem and alias not in route_keyed:
+                problems.append(problem)
+            keys[alias] = found
+    if problems:
+        raise ConfigError(sorted(set(problems)))
+    unique: dict[tuple[str, str], ConfigWarning] = {}
+    for warning in warnings:
+        unique.setdefault((warning.code, warning.path), warning)
+    return Router(config, default, domains, route_models, keys, tuple(unique.values()))
+
+
+# ---------------------------------------------------------------------------------------------
+# one turn's plan
+
+
+def plan_turn(
+    router: Router,
+    *,
+    model: str | None = None,
+    text: str = "",
+    operator_model: str | None = None,
+    selection: effort.RouteSelection | None = None,
+    gateway: bool = False,
+) -> Plan:
+    """The plan for one turn.
+
+    Precedence: an explicit operator selection (this call's `operator_model`, else the scope's
+    `selection` when the operator owns it), then the request's own `model`, then the effort
+    decision (when configured), then the active profile's model. "auto" in either selection
+    hands the choice back to effort routing.
+    """
+    config = router.config
+    notes: list[str] = []
+    chosen: str | None = None
+    decision = None
+    if operator_model is not None and operator_model != "auto":
+        chosen = operator_model
+    elif operator_model is None and selection is not None and selection.owner == "operator":
+        chosen = selection.model
+    elif model is not None and model != "auto":
+        chosen = model
+    else:
+        decision = effort.decide(config, text)
+        if decision is not None:
+            chosen = HINT_PREFIX + decision.hint
+        elif selection is not None:
+            chosen = selection.model
+    domain, requested, hint = router.default, chosen, None
+    if chosen is not None and chosen.startswith(HINT_PREFIX):
+        name = chosen[len(HINT_PREFIX):]
+        if name in router.domains:
+            domain, requested, hint = router.domains[name], router.route_models[name], name
+        else:
+            notes.append(f"unknown_hint: {chosen!r} names no route; the default domain serves it")
+    elif gateway and chosen in router.domains:
+        domain, requested, hint = router.domains[chosen], router.route_models[chosen], chosen
+    entries = []
+    for entry in domain.entries:
+        entry_model = entry.model if entry.pinned else requested
+        if entry_model is None:
+            notes.append(f"no_model: {entry.profile} is unpinned and the request names no model; skipped")
+            continue
+        keys = domain.root_keys if entry.profile == domain.root and domain.root_keys else router.keys[entry.profile]
+        entries.append(PlannedEntry(len(entries), entry.profile, entry_model, entry.pinned,
+                                    config.providers[entry.profile], keys))
+    return Plan(
+        domain=domain.root,
+        requested_model=requested,
+        entries=tuple(entries),
+        allowlist=effort.allowlist(config, decision),
+        effort=decision,
+        warnings=tuple(str(w) for w in router.warnings) + tuple(notes),
+        hint=hint,
+    )

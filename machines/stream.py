@@ -1,0 +1,137 @@
+"""The commit gate of one streamed attempt (specs/stream.toml), sans-I/O.
+
+Frames come in, events to forward come out. Preamble frames (role deltas, message_start, pings,
+empty blocks) are held; the first decisive frame (non-empty text or reasoning, a tool call, a
+provider-executed tool event) commits, and the held frames go out with it. Until then nothing is
+immutable and the turn may still recover elsewhere. After commit each frame is bookkeeping plus
+one event: the lifecycle machine is not consulted per token, only at the stream's end.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+
+from .engine import Lifecycle, load_spec
+from .ledger import Usage
+
+# frame kinds, as protocol adapters and the simulator produce them
+ROLE = "role"
+PING = "ping"
+PREAMBLE = "preamble"
+TEXT = "text"
+REASONING = "reasoning"
+TOOL_CALL = "tool_call"
+EXECUTED_TOOL = "executed_tool"
+USAGE = "usage"
+
+# event kinds, as they reach the immutable sink (and the trace: "text:...", "tool:NAME")
+EVENT_NAMES = {TEXT: "text", REASONING: "reasoning", TOOL_CALL: "tool", EXECUTED_TOOL: "executed_tool"}
+
+_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
+
+
+def strip_think(text: str) -> str:
+    return _THINK.sub("", text)
+
+
+@attrs.frozen(slots=True)
+class Frame:
+    kind: str
+    value: str = ""
+    usage: Usage | None = None
+
+    @property
+    def decisive(self) -> bool:
+        if self.kind in (TEXT, REASONING):
+            return bool(self.value)
+        return self.kind in (TOOL_CALL, EXECUTED_TOOL)
+
+
+@attrs.frozen(slots=True)
+class Event:
+    """What a consumer sees. `kind` is text, reasoning, tool, executed_tool, or preamble (held
+    protocol frames released at commit, which library consumers skip and the gateway renders)."""
+
+    kind: str
+    value: str
+
+    @property
+    def visible(self) -> bool:
+        return self.kind != "preamble"
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.value}"
+
+
+class StreamGate:
+    __slots__ = ("life", "held", "text", "reasoning", "tools", "executed_tools", "usage", "decisive_count")
+
+    def __init__(self) -> None:
+        self.life: Lifecycle = load_spec("stream").start()
+        self.held: list[Event] = []
+        self.text: list[str] = []  # text forwarded to the immutable sink, in order
+        self.reasoning = False
+        self.tools: list[str] = []
+        self.executed_tools: list[str] = []
+        self.usage: Usage | None = None
+        self.decisive_count = 0
+
+    @property
+    def state(self) -> str:
+        return self.life.state
+
+    @property
+    def committed(self) -> bool:
+        return self.life.state == "committed"
+
+    @property
+    def has_answer(self) -> bool:
+        return bool(self.tools) or bool(strip_think("".join(self.text)).strip())
+
+    @property
+    def forwarded_text(self) -> str:
+        return "".join(self.text)
+
+    def headers(self) -> None:
+        self.life.fire("headers")
+
+    def feed(self, frame: Frame) -> tuple[Event, ...]:
+        """One frame in; the events to forward now (none while held)."""
+        if frame.kind == USAGE:
+            self.usage = frame.usage
+            return ()
+        if not frame.decisive:
+            if self.life.state == "held":
+                self.held.append(Event("preamble", frame.kind))
+            return ()
+        event = Event(EVENT_NAMES[frame.kind], frame.value)
+        self.decisive_count += 1
+        if frame.kind == TEXT:
+            self.text.append(frame.value)
+        elif frame.kind == REASONING:
+            self.reasoning = True
+        elif frame.kind == TOOL_CALL:
+            self.tools.append(frame.value)
+        else:
+            self.executed_tools.append(frame.value)
+        if self.life.state == "committed":
+            return (event,)
+        self.life.fire("decisive")
+        out = (*self.held, event)
+        self.held = []
+        return out
+
+    def finish(self) -> str:
+        """The completion signal came: completed, or semantic_empty."""
+        self.life.fire("finish", self)
+        return self.life.state
+
+    def fail(self) -> str:
+        """A failure: `failed` before commit (recoverable), `interrupted` after."""
+        self.life.fire("fail")
+        return self.life.state
+
+    def cancel(self) -> None:
+        self.life.fire("cancel")

@@ -1,0 +1,395 @@
+"""One turn, end to end (specs/turn.toml and specs/cancellation.toml), sans-I/O.
+
+The turn composes the pieces: it opens the stream on the first entry that can serve it, feeds
+frames through the commit gate, hands a pre-commit failure to a recovery walk, gives a
+semantic-empty stream its allowances, and settles cancellation. It records every attempt, skip
+and ledger row, and builds the result: attribution, notice, aggregated error.
+
+The driver calls it in the h11 style: `start` returns the first action; each reported result
+(`on_completion`, `stream_*`, `on_timer`) returns the next one, until a `Finish`.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from . import classify as fc
+from .config import Config
+from .engine import Lifecycle, load_spec
+from .health import HealthStore
+from .ledger import LedgerRow, Usage, row
+from .plan import Plan, PlannedEntry
+from .stream import Event, Frame, StreamGate, strip_think
+from .walk import Call, Skip, Sleep, TurnHealth, Walk, WalkDone, key_index
+
+MAX_ERROR_ATTEMPTS = 16
+MAX_ERROR_CHARS = 2000
+
+
+@attrs.frozen
+class Completion:
+    """A non-streaming answer (or a stream's aggregate)."""
+
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: tuple[str, ...] = ()
+    usage: Usage | None = None
+
+    @property
+    def has_answer(self) -> bool:
+        return bool(self.tool_calls) or bool(strip_think(self.text).strip())
+
+
+@attrs.frozen
+class AttemptRecord:
+    provider: str
+    model: str
+    mode: str
+    outcome: str  # ok, a failure class, or stream_failed / interrupted / semantic_empty / cancelled
+    reason: str | None
+    at: float
+    key: int | None
+    try_number: int = 1
+    budget: int = 1
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.provider}/{self.model} {self.outcome}"
+
+    def as_json(self) -> dict:
+        return {"provider": self.provider, "model": self.model, "mode": self.mode, "outcome": self.outcome,
+                "reason": self.reason, "at": round(self.at, 6), "key": self.key}
+
+
+@attrs.frozen
+class TurnResult:
+    outcome: str  # ok | error | interrupted | cancelled
+    error: str | None
+    message: str | None
+    requested: str
+    served: PlannedEntry | None
+    text: str | None
+    reasoning: str
+    tool_calls: tuple[str, ...]
+    partial_text: str | None
+    notice: str | None
+    fallback: bool
+    attempts: tuple[AttemptRecord, ...]
+    skipped: tuple[Skip, ...]
+    ledger: tuple[LedgerRow, ...]
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(r.cost_usd for r in self.ledger)
+
+
+@attrs.frozen
+class Finish:
+    result: TurnResult
+    deliver: tuple[Event, ...] = ()  # a stream turn served without streaming: one decisive delivery
+
+
+class Turn:
+    def __init__(self, plan: Plan, config: Config, store: HealthStore, *, stream: bool, tools: bool = False):
+        self.plan = plan
+        self.config = config
+        self.health = TurnHealth(store)
+        self.stream_requested = stream
+        self.tools = tools
+        self.life: Lifecycle = load_spec("turn").start()
+        self.cancellation: Lifecycle = load_spec("cancellation").start()
+        self.attempts: list[AttemptRecord] = []
+        self.ledger: list[LedgerRow] = []
+        self.walk: Walk | None = None
+        self.gate: StreamGate | None = None
+        self.call: Call | None = None
+        self.call_at = 0.0
+        self.answer: Completion | None = None
+        self.forwarded: list[str] = []  # text that reached the immutable sink, across the turn
+        self.shown_reasoning = False
+        self.executed_tools = False
+        self.recoverable = True  # guard for turn.recover
+
+    # -- guards (specs/turn.toml, specs/cancellation.toml) ------------------------------------
+
+    @property
+    def has_answer(self) -> bool:
+        return self.answer is not None and self.answer.has_answer
+
+    @property
+    def replay_safe(self) -> bool:
+        return not self.executed_tools
+
+    @property
+    def has_forwarded_text(self) -> bool:
+        return bool("".join(self.forwarded))
+
+    # -- start --------------------------------------------------------------------------------
+
+    def can_stream(self, entry: PlannedEntry) -> bool:
+        caps = entry.provider.capabilities
+        return caps.streaming and (caps.tools or not self.tools)
+
+    def start(self, now: float):
+        if not self.stream_requested:
+            self.life.fire("walk")
+            return self._walk_from(Walk(self.plan, self.config, self.health), now)
+        if self.config.stream.recovery == "streaming":
+            self.life.fire("open_stream")
+            walk = Walk(self.plan, self.config, self.health,
+                        mode_for=lambda e: "stream" if self.can_stream(e) else "complete")
+            return self._walk_from(walk, now)
+        for entry in self.plan.entries:
+            if not self.plan.allows(entry.profile):
+                self.health.skip(entry, "allowlist")
+            elif not self.can_stream(entry):
+                self.health.skip(entry, "capability")
+            elif reason := self.health.blocked(entry.profile, now):
+                self.health.skip(entry, reason)
+            else:
+                self.life.fire("open_stream")
+                self.health.before_attempt(entry.profile, now)
+                budget = self.config.reliability.provider_retries + 1
+                return self._begin(Call(entry, "stream", key_index(self.health.store, entry), 1, budget), now)
+        # no entry can stream: the walk answers, delivered as one decisive event
+        self.life.fire("walk")
+        return self._walk_from(Walk(self.plan, self.config, self.health), now)
+
+    def _begin(self, call: Call, now: float) -> Call:
+        self.call, self.call_at = call, now
+        if call.mode == "stream":
+            self.gate = StreamGate()
+        return call
+
+    def _walk_from(self, walk: Walk, now: float, action=None):
+        self.walk = walk
+        return self._follow(action if action is not None else walk.start(now), now)
+
+    def _follow(self, action, now: float):
+        if isinstance(action, Call):
+            if self.call is not None and self.life.state == "streaming" and action.mode == "stream":
+                self.life.fire("retry_stream")
+            return self._begin(action, now)
+        if isinstance(action, Sleep):
+            self.call = None
+            return action
+        return self._done(action, now)
+
+    def on_timer(self, now: float):
+        return self._follow(self.walk.on_timer(now), now)
+
+    # -- records ------------------------------------------------------------------------------
+
+    def _record(self, outcome: str, now: float, *, reason: str | None = None, detail: str = "",
+                usage: Usage | None = None, accepted: bool = False, bill: bool = True) -> None:
+        call = self.call
+        entry = call.entry
+        self.attempts.append(AttemptRecord(entry.profile, entry.model, call.mode, outcome, reason,
+                                           self.call_at, call.key_index, call.try_number, call.budget, detail))
+        if usage is not None and (bill or usage.billable):
+            self.ledger.append(row(entry.profile, entry.model, entry.provider.price, usage,
+                                   accepted=accepted, outcome=outcome, mode=call.mode))
+
+    # -- non-streaming results ----------------------------------------------------------------
+
+    def on_completion(self, result: Completion | fc.Failure, now: float):
+        """The pending complete-mode call answered (a Completion) or failed (a Failure)."""
+        if isinstance(result, fc.Failure):
+            self._record(result.kind, now, reason=result.kind, detail=result.detail,
+                         usage=None)
+            return self._follow(self.walk.on_result(result, now), now)
+        usage = result.usage or Usage()
+        if not result.has_answer:
+            self._record(fc.EMPTY, now, reason=fc.EMPTY, detail="empty completion", usage=usage)
+            return self._follow(self.walk.on_result(fc.Failure(fc.EMPTY, "empty completion"), now), now)
+        self._record(fc.OK, now, usage=usage, accepted=True)
+        self.answer = result
+        return self._follow(self.walk.on_result(None, now), now)
+
+    # -- streaming ----------------------------------------------------------------------------
+
+    def stream_headers(self) -> None:
+        self.gate.headers()
+
+    def stream_frame(self, frame: Frame) -> tuple[Event, ...]:
+        """One frame of the open stream; returns the events to forward to the immutable sink."""
+        gate = self.gate
+        was_committed = gate.committed
+        events = gate.feed(frame)
+        if events and not was_committed:
+            self.life.fire("commit")
+            if self.walk is not None and self.walk.life.state == "calling":
+                self.walk.on_committed()
+        for event in events:
+            if event.kind == "text":
+                self.forwarded.append(event.value)
+            elif event.kind == "reasoning":
+                self.shown_reasoning = True
+            elif event.kind == "executed_tool":
+                self.executed_tools = True
+        return events
+
+    def stream_done(self, now: float):
+        """The stream's completion signal arrived."""
+        gate = self.gate
+        entry = self.call.entry
+        usage = gate.usage or Usage()
+        state = gate.finish()
+        if state == "completed":
+            self._record(fc.OK, now, usage=usage, accepted=True)
+            self.health.success(entry.profile, now)
+            self.answer = Completion("".join(gate.text), "", tuple(gate.tools), usage)
+            self.life.fire("complete", self)
+            return self._done(WalkDone(ok=True, entry=entry), now)
+        self.answer = None
+        self._record("semantic_empty", now, reason=fc.EMPTY, detail="stream completed without an answer", usage=usage)
+        self.health.success(entry.profile, now)  # the profile answered; emptiness is not ill health
+        self.life.fire("complete", self)
+        if self.life.state == "failed":
+            return self._done(WalkDone(ok=False, entry=entry, error="semantic_empty"), now)
+        # CONFIG.md: the exact entry gets one non-streaming recovery attempt when retries > 0
+        # (replay-safe), or when it is the only candidate; both at once merge into one attempt
+        index = entry.index
+        others = any(
+            j != index and self.plan.allows(e.profile) and not self.health.blocked(e.profile, now)
+            for j, e in enumerate(self.plan.entries)
+        )
+        allowance = 1 if (self.config.reliability.provider_retries > 0 or not others) else 0
+        walk = Walk(self.plan, self.config, self.health, budgets={index: allowance})
+        walk.last_failure = fc.EMPTY
+        return self._walk_from(walk, now)
+
+    def stream_failed(self, failure: fc.Failure, now: float):
+        """The open stream failed (HTTP error, in-band error, truncation, timeout, connection)."""
+        gate = self.gate
+        entry = self.call.entry
+        state = gate.fail()
+        usage = gate.usage
+        if state == "interrupted":
+            self._record("interrupted", now, reason=failure.kind, detail=failure.detail,
+                         usage=usage or Usage())
+            self.health.failure(entry.profile, failure.kind, now)
+            self.life.fire("fail")
+            return self._done(WalkDone(ok=False, entry=entry, error="interrupted"), now)
+        self._record("stream_failed", now, reason=failure.kind, detail=failure.detail, usage=usage, bill=False)
+        if self.config.stream.recovery == "streaming":
+            return self._follow(self.walk.on_result(failure, now), now)
+        # default: the non-streaming walk in configured order, skipping the exact entry, unless
+        # it is the only candidate (then the stream was its first attempt)
+        index = entry.index
+        only = not any(
+            j != index and self.plan.allows(e.profile) and not self.health.blocked(e.profile, now)
+            for j, e in enumerate(self.plan.entries)
+        )
+        if only:
+            walk = Walk(self.plan, self.config, self.health)
+            self.life.fire("recover", self)
+            return self._walk_from(walk, now, walk.adopt(index, failure, now))
+        walk = Walk(self.plan, self.config, self.health, exclude=frozenset({index}))
+        stopped = walk.note_failure(index, failure, now)
+        self.recoverable = stopped is None
+        self.life.fire("recover", self)
+        return self._walk_from(walk, now, stopped)
+
+    # -- cancellation -------------------------------------------------------------------------
+
+    def cancel(self, now: float) -> Finish:
+        """The consumer cancelled. Never a provider call after this; settles what is persisted."""
+        if self.call is not None:
+            usage = self.gate.usage if self.gate is not None else None
+            if self.gate is not None and not self.gate.life.terminal:
+                self.gate.cancel()
+            self._record("cancelled", now, reason="cancelled", detail="cancelled by the consumer",
+                         usage=usage, bill=False)
+            self.call = None
+        if self.walk is not None:
+            self.walk.cancel()
+        self.health.release_all()
+        self.life.fire("cancel")
+        self.cancellation.fire("cancel")
+        self.cancellation.fire("settle", self)
+        partial = "".join(self.forwarded) if self.cancellation.state == "persisted_partial" else None
+        return Finish(self._result("cancelled", "cancelled", None, partial))
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def _done(self, done: WalkDone, now: float) -> Finish:
+        mode = self.call.mode if self.call is not None else "stream"
+        self.call = None
+        self.health.release_all()
+        state = self.life.state
+        if state in ("walking", "recovering", "semantic_empty_recovery"):
+            self.life.fire("succeed" if done.ok else "fail")
+        elif state == "streaming":
+            # stream.recovery = streaming, and the answer came from an entry that cannot stream
+            if done.ok:
+                self.life.fire("commit")
+                self.life.fire("complete", self)
+            else:
+                self.life.fire("fail")
+        self.cancellation.fire("finish")
+        if done.ok:
+            deliver = self._delivery(self.answer) if self.stream_requested and mode == "complete" else ()
+            return Finish(self._result("ok", None, done.entry, None), deliver)
+        if done.error == "interrupted":
+            return Finish(self._result("interrupted", "interrupted", None, "".join(self.forwarded)))
+        return Finish(self._result("error", done.error, None, None))
+
+    def _delivery(self, answer: Completion) -> tuple[Event, ...]:
+        events = []
+        if answer.reasoning and not self.shown_reasoning:
+            events.append(Event("reasoning", answer.reasoning))
+        if answer.text:
+            events.append(Event("text", answer.text))
+            self.forwarded.append(answer.text)
+        events.extend(Event("tool", name) for name in answer.tool_calls)
+        return tuple(events)
+
+    def _result(self, outcome: str, error: str | None, served: PlannedEntry | None, partial: str | None) -> TurnResult:
+        answer = self.answer if outcome == "ok" else None
+        fallback = served is not None and served.index != 0
+        notice = None
+        mode = self.config.notices.model_fallback_notice
+        requested_entry = self.plan.entries[0].label if self.plan.entries else self.plan.requested
+        if fallback and mode == "redacted":
+            notice = "Note: a fallback model answered this request."
+        elif fallback and mode == "detailed":
+            notice = f"Note: {served.label} answered because {requested_entry} was unavailable."
+        return TurnResult(
+            outcome=outcome,
+            error=error,
+            message=self._error_message(error) if error else None,
+            requested=self.plan.requested,
+            served=served,
+            text=answer.text if answer else None,
+            reasoning=answer.reasoning if answer else "",
+            tool_calls=answer.tool_calls if answer else (),
+            partial_text=partial or None,
+            notice=notice,
+            fallback=fallback,
+            attempts=tuple(self.attempts),
+            skipped=tuple(self.health.skips),
+            ledger=tuple(self.ledger),
+        )
+
+    def _error_message(self, error: str) -> str:
+        """The aggregated error: every attempt's number, retry counter and reason class, bounded;
+        never a provider body or a secret (details are written by relayline)."""
+        head = {
+            "exhausted": "every candidate failed",
+            "semantic_empty": "every candidate answered without text or tool calls",
+            "context_window": "the prompt exceeds the model's context window; compact and call again",
+            "client_error": "the provider rejected the request",
+            "no_candidate": "no entry could be attempted",
+            "cancelled": "cancelled by the consumer",
+            "interrupted": "the stream failed after output was forwarded; it is not replayed",
+        }.get(error, error)
+        parts = [f"{head} ({len(self.attempts)} attempts"
+                 + (f", {len(self.health.skips)} skipped" if self.health.skips else "") + ")"]
+        for n, a in enumerate(self.attempts[:MAX_ERROR_ATTEMPTS], start=1):
+            parts.append(f"#{n} {a.provider}/{a.model} try {a.try_number}/{a.budget} {a.reason or a.outcome}"
+                         + (f" ({a.detail})" if a.detail else ""))
+        if len(self.attempts) > MAX_ERROR_ATTEMPTS:
+            parts.append(f"... and {len(self.attempts) - MAX_ERROR_ATTEMPTS} more")
+        message = "; ".join(parts)
+        return message if len(message) <= MAX_ERROR_CHARS else message[: MAX_ERROR_CHARS - 3] + "..."

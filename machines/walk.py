@@ -1,0 +1,335 @@
+"""The reliability walk over one domain (specs/walk.toml), sans-I/O.
+
+The walk answers "what now?": call this entry with this key in this mode, sleep this long, or
+finish. The driver performs the action and reports back (`on_result`, `on_timer`). Health is read
+and written through the store with the time passed in, so the walk is deterministic for a given
+sequence of results and times.
+
+Per entry: up to `budget` attempts (provider_retries + 1 unless the turn overrides it for the
+semantic-empty allowances). Key-pool rotations after a 429 are extra attempts at once, bounded by
+the pool size; a forced probe (every candidate skipped) is one attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from . import classify as fc
+from .config import Config
+from .engine import Lifecycle, load_spec
+from .health import HealthStore
+from .plan import Plan, PlannedEntry
+
+
+@attrs.frozen
+class Call:
+    entry: PlannedEntry
+    mode: str  # "complete" | "stream"
+    key_index: int | None  # index into entry.keys (None: no key or a single key)
+    try_number: int  # 1-based, within this entry
+    budget: int
+
+
+@attrs.frozen
+class Sleep:
+    seconds: float
+
+
+@attrs.frozen
+class WalkDone:
+    ok: bool
+    entry: PlannedEntry | None = None
+    error: str | None = None  # exhausted, semantic_empty, context_window, client_error, no_candidate
+
+
+@attrs.frozen
+class Skip:
+    profile: str
+    model: str
+    reason: str  # cooldown, breaker, allowlist, capability
+
+    def __str__(self) -> str:
+        return f"{self.profile}/{self.model} {self.reason}"
+
+
+@attrs.define
+class TurnHealth:
+    """What one turn remembers about health across its walks (a recovery walk is a new walk)."""
+
+    store: HealthStore
+    breaker_noted: set[str] = attrs.Factory(set)  # at most one breaker failure per profile per turn
+    probes: set[str] = attrs.Factory(set)  # profiles whose half-open probe this turn holds
+    keys_429: dict[str, set[int]] = attrs.Factory(dict)  # pool keys that drew a 429 in this turn
+    skips: list[Skip] = attrs.Factory(list)
+
+    def skip(self, entry: PlannedEntry, reason: str) -> None:
+        skip = Skip(entry.profile, entry.model, reason)
+        if skip not in self.skips:
+            self.skips.append(skip)
+
+    def blocked(self, profile: str, now: float) -> str | None:
+        if self.store.cooldown_until(profile) > now:
+            return "cooldown"
+        if profile not in self.probes and self.store.breaker(profile).blocks(now):
+            return "breaker"
+        return None
+
+    def window_end(self, profile: str) -> float:
+        breaker = self.store.breaker(profile)
+        ends = [self.store.cooldown_until(profile)]
+        if breaker.state == "open":
+            ends.append(breaker.open_until)
+        return max(ends)
+
+    def before_attempt(self, profile: str, now: float, *, force: bool = False) -> None:
+        if profile not in self.probes and self.store.breaker(profile).claim(now, force=force):
+            self.probes.add(profile)
+
+    def success(self, profile: str, now: float) -> None:
+        self.store.breaker(profile).success(now)
+        self.probes.discard(profile)
+        if self.store.cooldown_until(profile) > float("-inf"):
+            self.store.clear_cooldown(profile)
+
+    def failure(self, profile: str, kind: str, now: float) -> None:
+        breaker = self.store.breaker(profile)
+        if kind in fc.BREAKER_CLASSES and profile not in self.breaker_noted:
+            self.breaker_noted.add(profile)
+            breaker.failure(now)
+            self.probes.discard(profile)
+        elif profile in self.probes and kind in fc.BREAKER_CLASSES:
+            breaker.failure(now)
+            self.probes.discard(profile)
+        elif profile in self.probes:
+            breaker.release()
+            self.probes.discard(profile)
+
+    def release_all(self) -> None:
+        for profile in self.probes:
+            self.store.breaker(profile).release()
+        self.probes.clear()
+
+
+def key_index(store: HealthStore, entry: PlannedEntry) -> int | None:
+    """The pool key an attempt uses: the profile's cursor (sticky to the key that last worked)."""
+    if len(entry.keys) <= 1:
+        return None
+    return store.key_cursor(entry.profile) % len(entry.keys)
+
+
+class Walk:
+    """One pass over a plan's entries. Guards for the spec are not needed: the walk decides and
+    fires unguarded triggers; the spec constrains which decisions are possible at all."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        config: Config,
+        health: TurnHealth,
+        *,
+        mode_for: Callable[[PlannedEntry], str] = lambda e: "complete",
+        budgets: dict[int, int] | None = None,
+        exclude: frozenset[int] = frozenset(),
+    ) -> None:
+        self.plan = plan
+        self.rel = config.reliability
+        self.health = health
+        self.mode_for = mode_for
+        self.budgets = budgets or {}
+        self.exclude = exclude
+        self.life: Lifecycle = load_spec("walk").start()
+        self.index = -1
+        self.tries = 0
+        self.backoff = self.rel.first_backoff_s
+        self.attempted = False
+        self.forced = False
+        self.last_failure: str | None = None
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def budget(self, index: int) -> int:
+        if self.forced:
+            return 1
+        return self.budgets.get(index, self.rel.provider_retries + 1)
+
+    def _eligible(self, index: int, now: float, *, record: bool) -> bool:
+        if index in self.exclude or self.budget(index) <= 0:
+            return False
+        entry = self.plan.entries[index]
+        if not self.plan.allows(entry.profile):
+            if record:
+                self.health.skip(entry, "allowlist")
+            return False
+        reason = self.health.blocked(entry.profile, now)
+        if reason:
+            if record:
+                self.health.skip(entry, reason)
+            return False
+        return True
+
+    def other_candidate(self, now: float) -> bool:
+        """Is there an entry after the current one, of another profile, that could still serve?"""
+        current = self.plan.entries[self.index].profile
+        return any(
+            self.plan.entries[j].profile != current and self._eligible(j, now, record=False)
+            for j in range(self.index + 1, len(self.plan.entries))
+        )
+
+    def _call(self, now: float) -> Call:
+        entry = self.plan.entries[self.index]
+        self.tries += 1
+        self.attempted = True
+        self.health.before_attempt(entry.profile, now, force=self.forced)
+        return Call(entry, self.mode_for(entry), key_index(self.health.store, entry), self.tries, self.budget(self.index))
+
+    def _finish(self, trigger: str, **kw) -> WalkDone:
+        self.life.fire(trigger)
+        self.health.release_all()
+        return WalkDone(**kw)
+
+    def _exhausted(self) -> WalkDone:
+        if not self.attempted:
+            error = "no_candidate"
+        elif self.last_failure == fc.EMPTY:
+            error = "semantic_empty"
+        else:
+            error = "exhausted"
+        return self._finish("exhaust", ok=False, error=error)
+
+    # -- the walk -----------------------------------------------------------------------------
+
+    def start(self, now: float) -> Call | WalkDone:
+        return self._choose(now)
+
+    def _choose(self, now: float) -> Call | WalkDone:
+        for j in range(self.index + 1, len(self.plan.entries)):
+            if self._eligible(j, now, record=True):
+                self.index, self.tries, self.backoff = j, 0, self.rel.first_backoff_s
+                self.life.fire("call")
+                return self._call(now)
+        self.index = len(self.plan.entries)
+        if not self.attempted and not self.forced:
+            # CONFIG.md: every entry was skipped for health before any attempt: probe the one
+            # whose window ends soonest, once, rather than failing without trying
+            skipped = [
+                j for j, e in enumerate(self.plan.entries)
+                if j not in self.exclude and self.budgets.get(j, 1) > 0 and self.plan.allows(e.profile)
+                and e.profile not in self.health.probes
+                and self.health.store.breaker(e.profile).state != "probing"
+            ]
+            if skipped:
+                j = min(skipped, key=lambda k: (self.health.window_end(self.plan.entries[k].profile), k))
+                self.forced = True
+                self.index, self.tries = j, 0
+                self.life.fire("call")
+                return self._call(now)
+        return self._exhausted()
+
+    def adopt(self, index: int, failure: fc.Failure, now: float) -> Call | Sleep | WalkDone:
+        """Take a failed attempt made outside this walk (a stream) as this walk's own first
+        attempt on `index`, and go on from there (retry it, or advance)."""
+        self.index, self.tries, self.attempted = index, 1, True
+        self.life.fire("call")
+        return self.on_result(failure, now)
+
+    def note_failure(self, index: int, failure: fc.Failure, now: float) -> WalkDone | None:
+        """Apply the health effects of a failure made outside this walk (a stream the walk will
+        skip), before the walk starts. Returns a finished walk when the failure ends the turn."""
+        entry = self.plan.entries[index]
+        self.index = index
+        try:
+            self.health.failure(entry.profile, failure.kind, now)
+            if failure.kind == fc.RATE_LIMITED and self.other_candidate(now):
+                self._cool_down(entry.profile, failure, now)
+            stop = self._stop_error(failure)
+        finally:
+            self.index = -1
+        if stop:
+            self.life.fire("call")
+            return self._finish("stop", ok=False, entry=entry, error=stop)
+        return None
+
+    def _stop_error(self, failure: fc.Failure) -> str | None:
+        if failure.kind == fc.CONTEXT_WINDOW and self.rel.context_window == "return":
+            return "context_window"
+        if failure.kind == fc.REJECTED and self.rel.client_errors == "stop" and failure.status in (400, 413, 422):
+            return "client_error"
+        return None
+
+    def _cool_down(self, profile: str, failure: fc.Failure, now: float) -> None:
+        wait = failure.retry_after_s
+        if wait is None:
+            wait = self.rel.rate_limit_cooldown_default_s
+        self.health.store.set_cooldown(profile, now + min(wait, self.rel.rate_limit_cooldown_max_s))
+
+    def on_result(self, failure: fc.Failure | None, now: float) -> Call | Sleep | WalkDone:
+        """The result of the pending call: None for a success, else its classified failure."""
+        entry = self.plan.entries[self.index]
+        profile = entry.profile
+        if failure is None:
+            self.health.success(profile, now)
+            return self._finish("succeed", ok=True, entry=entry)
+        kind = failure.kind
+        self.last_failure = kind
+        self.health.failure(profile, kind, now)
+        budget = self.budget(self.index)
+        stop = self._stop_error(failure)
+        if stop:
+            return self._finish("stop", ok=False, entry=entry, error=stop)
+        if kind in (fc.CONTEXT_WINDOW, fc.REJECTED, fc.QUOTA):
+            return self._advance(now)
+        if kind == fc.RATE_LIMITED:
+            pool = len(entry.keys)
+            key = key_index(self.health.store, entry)
+            if pool > 1 and key is not None:
+                drew = self.health.keys_429.setdefault(profile, set())
+                drew.add(key)
+                if len(drew) < pool:
+                    self.health.store.set_key_cursor(profile, (key + 1) % pool)
+                    self.tries -= 1  # a rotation is not a retry: the pool size bounds it
+                    self.life.fire("retry_now")
+                    return self._call(now)
+            if self.other_candidate(now) and not self.forced:
+                self._cool_down(profile, failure, now)
+                return self._advance(now)
+            if self.tries >= budget:
+                return self._advance(now)
+            wait = self.backoff
+            if failure.retry_after_s is not None:
+                wait = max(min(failure.retry_after_s, self.rel.retry_after_max_ms / 1000.0), self.backoff)
+            return self._sleep(wait)
+        if kind == fc.TIMEOUT and self.other_candidate(now):
+            return self._advance(now)  # a silent route is not retried while another can answer
+        # retryable, empty, and a timeout with no other candidate
+        if self.tries >= budget:
+            return self._advance(now)
+        return self._sleep(self.backoff)
+
+    def _sleep(self, seconds: float) -> Sleep:
+        self.backoff = min(self.backoff * 2, max(self.rel.backoff_max_ms / 1000.0, self.rel.first_backoff_s))
+        self.life.fire("backoff")
+        return Sleep(seconds)
+
+    def _advance(self, now: float) -> Call | WalkDone:
+        self.life.fire("advance")
+        if self.forced:
+            self.index = len(self.plan.entries)
+            return self._exhausted()
+        return self._choose(now)
+
+    def on_timer(self, now: float) -> Call:
+        self.life.fire("timer")
+        return self._call(now)
+
+    def on_committed(self) -> WalkDone:
+        """A streamed attempt committed: the turn leaves the walk for good. The stream's own end
+        (completed, interrupted) is what reaches the profile's health, and any probe stays held."""
+        self.life.fire("succeed")
+        return WalkDone(ok=True, entry=self.plan.entries[self.index])
+
+    def cancel(self) -> None:
+        if not self.life.terminal:
+            self.life.fire("cancel")
+        self.health.release_all()
