@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import attrs
 import trio
 import trio.testing
-
 from relayline.machines.config import structure_config
 from relayline.machines.errors import ConfigError
 from relayline.machines.stream import Event
@@ -126,8 +125,9 @@ async def _run_request(relay: Relay, request: Mapping, origin: float) -> dict:
     return _trace(runs[0].result, events, origin)
 
 
-def run_scenario(scenario: Scenario) -> dict:
-    """The scenario's trace (SCENARIOS.md "Trace"), plus `init_error` when the config fails."""
+def run_scenario(scenario: Scenario, *, on_done: Callable[[Relay, float], None] | None = None) -> dict:
+    """The scenario's trace (SCENARIOS.md "Trace"), plus `init_error` when the config fails.
+    `on_done(relay, now)` sees the relay after the last request (its health, on virtual time)."""
     trace: dict = {"scenario": scenario.name, "warnings": [], "requests": []}
 
     async def main() -> None:
@@ -143,6 +143,8 @@ def run_scenario(scenario: Scenario) -> dict:
             if "at" in request:
                 await trio.sleep_until(origin + float(request["at"]))
             trace["requests"].append(await _run_request(relay, request, origin))
+        if on_done is not None:
+            on_done(relay, trio.current_time())
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     return trace

@@ -1,0 +1,40 @@
+# The README's commands. Each installs first when needed, so a fresh clone needs only these.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+SHARED := $(wildcard ../shared/conformance/*.toml)
+
+.PHONY: install demo test fuzz bench diagrams lint clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/relayline demo
+
+test: install
+	$(BIN)/relayline diagram --check
+	$(BIN)/ruff check machines adapters tests bench
+	HYPOTHESIS_PROFILE=ci $(BIN)/pytest
+
+fuzz: install
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -m "property or fuzz" -x
+
+bench: install
+	$(PY) -m pip install --quiet -e '.[bench]' || echo "bench extras unavailable: peers will be skipped"
+	$(PY) bench/run.py
+
+diagrams: install
+	$(BIN)/relayline diagram
+
+lint: install
+	$(BIN)/ruff check machines adapters tests bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
