@@ -13,6 +13,7 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 
 import trio
+
 from relayline.machines import classify as fc
 from relayline.machines.config import Timeouts
 from relayline.machines.errors import RelaylineError

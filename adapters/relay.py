@@ -19,6 +19,7 @@ from pathlib import Path
 
 import attrs
 import trio
+
 from relayline.machines.config import Config, parse_config
 from relayline.machines.effort import RouteSelection
 from relayline.machines.errors import StreamInterruptedAfterOutput, TurnError

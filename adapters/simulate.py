@@ -16,6 +16,7 @@ from pathlib import Path
 import attrs
 import trio
 import trio.testing
+
 from relayline.machines.config import structure_config
 from relayline.machines.errors import ConfigError
 from relayline.machines.stream import Event

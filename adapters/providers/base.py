@@ -14,6 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 import attrs
+
 from relayline.machines.classify import Failure
 from relayline.machines.config import Secret
 from relayline.machines.plan import PlannedEntry

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 import attrs
 import trio
+
 from relayline.machines import classify as fc
 from relayline.machines.ledger import Usage
 from relayline.machines.stream import (

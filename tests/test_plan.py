@@ -1,0 +1,297 @@
+"""CONFIG.md "Materialising the attempt order", "Routes and hints", "Effort routing"."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers import config, labels, plan
+from relayline.machines.effort import RouteSelection, estimate
+from relayline.machines.errors import ConfigError
+from relayline.machines.plan import build_router, materialise
+
+# -- materialisation ---------------------------------------------------------------------------
+
+
+def test_pinned_primary_then_its_fallback_models_in_order():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallback_models": ["m2", "m3"]}})
+    p = plan(cfg, model="whatever")
+    assert labels(p) == ["a/m1", "a/m2", "a/m3"] and all(e.pinned for e in p.entries)
+
+
+def test_construction_override_replaces_the_active_model():
+    cfg = config(active="a", model="override", providers={"a": {"model": "m1", "fallback_models": ["m2"]}})
+    assert labels(plan(cfg)) == ["a/override", "a/m2"]
+
+
+def test_no_primary_model_gives_one_unpinned_entry_and_skips_fallback_models():
+    cfg = config(active="a", providers={"a": {"fallback_models": ["m2"]}})
+    p = plan(cfg, model="asked")
+    assert labels(p) == ["a/asked"] and not p.entries[0].pinned
+
+
+def test_fallback_profiles_depth_first_with_their_own_models_not_the_override():
+    cfg = config(active="a", model="override", providers={
+        "a": {"model": "m1", "fallbacks": ["b", "d"]},
+        "b": {"model": "n1", "fallback_models": ["n2"], "fallbacks": ["c"]},
+        "c": {},
+        "d": {"model": "d1"},
+    })
+    assert labels(plan(cfg, model="req")) == ["a/override", "b/n1", "b/n2", "c/req", "d/d1"]
+
+
+def test_entries_keep_their_own_profile():
+    cfg = config(active="a", providers={
+        "a": {"model": "m1", "fallbacks": ["b"], "headers": {"x-team": "a"}, "price": {"input_per_mtok": 1.0}},
+        "b": {"model": "n1", "headers": {"x-team": "b"}, "price": {"input_per_mtok": 2.0}},
+    })
+    first, second = plan(cfg).entries
+    assert first.provider.headers == {"x-team": "a"} and second.provider.headers == {"x-team": "b"}
+    assert second.provider.price.input_per_mtok == 2.0
+
+
+def test_dangling_reference_is_pruned_with_a_warning():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["ghost", "b"]}, "b": {"model": "n"}})
+    p = plan(cfg)
+    assert labels(p) == ["a/m1", "b/n"]
+    assert any(w.startswith('dangling_fallback_ref at providers.a.fallbacks[0]') for w in p.warnings)
+
+
+def test_cycle_including_self_is_pruned_with_a_warning():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["a", "b"]}, "b": {"model": "n", "fallbacks": ["a"]}})
+    p = plan(cfg)
+    assert labels(p) == ["a/m1", "b/n"]
+    codes = [w for w in p.warnings if w.startswith("fallback_cycle")]
+    assert len(codes) == 2 and any("providers.b.fallbacks[0]" in w for w in codes)
+
+
+def test_edges_deeper_than_max_fallback_depth_are_pruned():
+    providers = {f"p{i}": {"model": f"m{i}", "fallbacks": [f"p{i + 1}"]} for i in range(5)}
+    providers["p5"] = {"model": "m5"}
+    cfg = config(active="p0", providers=providers, reliability={"max_fallback_depth": 2})
+    p = plan(cfg)
+    assert labels(p) == ["p0/m0", "p1/m1", "p2/m2"]
+    assert any(w.startswith("max_fallback_depth_exceeded at providers.p2.fallbacks[0]") for w in p.warnings)
+
+
+def test_blank_and_primary_duplicate_fallback_models_are_pruned():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallback_models": ["", "m1", "m2"]}})
+    p = plan(cfg)
+    assert labels(p) == ["a/m1", "a/m2"]
+    assert any(w.startswith("empty_fallback_model at providers.a.fallback_models[0]") for w in p.warnings)
+    assert any(w.startswith("fallback_model_duplicates_primary at providers.a.fallback_models[1]") for w in p.warnings)
+
+
+def test_bare_alias_resolves_when_unique_and_dangles_when_ambiguous():
+    cfg = config(active="anthropic.main", providers={
+        "anthropic.main": {"model": "c", "fallbacks": ["backup", "main"]},
+        "openai.backup": {"model": "g"},
+        "openai.main": {"model": "o"},
+    })
+    p = plan(cfg)
+    assert labels(p) == ["anthropic.main/c", "openai.backup/g"]
+    assert any("dangling_fallback_ref" in w and "'main'" in w for w in p.warnings)
+
+
+def test_missing_credential_on_a_reachable_profile_is_fatal_and_named():
+    cfg = config(active="a", providers={"a": {"model": "m", "fallbacks": ["openai.backup"]},
+                                        "openai.backup": {"family": "openai", "model": "g", "api_key_env": "NOPE_UNSET"}})
+    with pytest.raises(ConfigError, match="openai.backup"):
+        build_router(cfg, {})
+    assert build_router(cfg, {"NOPE_UNSET": "sk-x"}).keys["openai.backup"][0].reveal() == "sk-x"
+
+
+def test_unreachable_profile_without_credential_is_not_fatal():
+    cfg = config(active="a", providers={"a": {"model": "m"}, "openai.unused": {"family": "openai", "api_key_env": "NOPE_UNSET"}})
+    build_router(cfg, {})
+
+
+def test_unknown_family_on_a_reachable_profile_is_fatal():
+    cfg = config(active="a", providers={"a": {"family": "carrier-pigeon", "model": "m"}})
+    with pytest.raises(ConfigError, match='providers.a.family: unknown family'):
+        build_router(cfg, {})
+
+
+def test_all_entries_of_a_profile_share_one_health_key():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallback_models": ["m2"]}})
+    assert {e.profile for e in plan(cfg).entries} == {"a"}
+
+
+# -- routes and hints ---------------------------------------------------------------------------
+
+ROUTED = dict(active="a", providers={
+    "a": {"model": "m1", "fallbacks": ["c"]},
+    "fast": {"fallback_models": ["ignored"], "fallbacks": ["c"]},
+    "pinned": {"model": "p1"},
+    "c": {"model": "c1"},
+}, routes=[
+    {"hint": "fast", "provider": "fast", "model": "fast-model"},
+    {"hint": "pin", "provider": "pinned", "model": "route-model-ignored"},
+    {"hint": "home", "provider": "a", "model": "route-model-ignored"},
+    {"hint": "fast2", "provider": "fast", "model": "other"},
+])
+
+
+def test_hint_selects_the_route_domain():
+    p = plan(config(**ROUTED), model="hint:fast")
+    assert p.domain == "fast" and labels(p) == ["fast/fast-model", "c/c1"]
+
+
+def test_unpinned_route_target_gets_the_route_model_without_its_fallback_models_but_with_fallbacks():
+    p = plan(config(**ROUTED), model="hint:fast")
+    assert not p.entries[0].pinned and "fast/ignored" not in labels(p) and "c/c1" in labels(p)
+
+
+def test_pinned_route_target_ignores_the_route_model():
+    assert labels(plan(config(**ROUTED), model="hint:pin")) == ["pinned/p1"]
+
+
+def test_a_hint_to_the_active_profile_keeps_the_default_pin():
+    assert labels(plan(config(**ROUTED), model="hint:home")) == ["a/m1", "c/c1"]
+
+
+def test_one_domain_per_unique_target_profile():
+    router = build_router(config(**ROUTED), {})
+    assert router.domains["fast"] is router.domains["fast2"]
+    assert router.domains["home"] is router.default
+
+
+def test_unknown_hint_warns_uses_default_and_keeps_the_literal():
+    cfg = config(active="a", providers={"a": {}}, routes=[{"hint": "fast", "provider": "a", "model": "x"}])
+    p = plan(cfg, model="hint:nope")
+    assert labels(p) == ["a/hint:nope"]
+    assert any(w.startswith("unknown_hint") for w in p.warnings)
+
+
+def test_hints_are_exact_and_case_sensitive():
+    p = plan(config(**ROUTED), model="hint:FAST")
+    assert p.domain == "a"
+
+
+def test_plain_model_uses_the_default_domain_except_in_the_gateway():
+    cfg = config(**ROUTED)
+    assert plan(cfg, model="fast").domain == "a"
+    assert plan(cfg, model="fast", gateway=True).domain == "fast"
+
+
+def test_unknown_route_provider_is_a_warning():
+    cfg = config(active="a", providers={"a": {"model": "m"}}, routes=[{"hint": "x", "provider": "ghost", "model": "m"}])
+    router = build_router(cfg, {})
+    assert "x" not in router.domains
+    assert any(w.code == "unknown_route_provider" and w.path == "routes[0].provider" for w in router.warnings)
+
+
+def test_first_route_credential_wins_for_a_shared_target():
+    cfg = config(active="a", providers={"a": {"model": "m"}, "t": {"model": "tm"}}, routes=[
+        {"hint": "one", "provider": "t", "model": "x", "api_key": "first"},
+        {"hint": "two", "provider": "t", "model": "x", "api_key": "second"},
+    ])
+    assert plan(cfg, model="hint:two").entries[0].keys[0].reveal() == "first"
+
+
+# -- effort routing ------------------------------------------------------------------------------
+
+EFFORT = dict(active="local.main", providers={
+    "local.main": {"model": "small", "locality": "local", "fallbacks": ["cloud.main"]},
+    "cloud.main": {"model": "big", "fallbacks": ["local.main"]},
+}, routes=[{"hint": "local", "provider": "local.main", "model": "small"},
+           {"hint": "cloud", "provider": "cloud.main", "model": "big"}],
+    effort_routing={"escalation": "auto"})
+
+COMPLEX = "Please analyze and design a refactor of this algorithm, then prove its complexity.\n```py\nx = 1\n```"
+
+
+def test_effort_estimator_is_deterministic_and_holds_no_text():
+    assert estimate("hi")[0] == "simple"
+    level, score, features = estimate(COMPLEX)
+    assert level == "complex" and estimate(COMPLEX) == (level, score, features)
+    assert all(isinstance(v, int) for v in features.values())
+
+
+def test_simple_turns_go_local_with_a_local_allowlist():
+    p = plan(config(**EFFORT), text="hi")
+    assert p.effort.level == "simple" and p.domain == "local.main" and p.allowlist == {"local.main"}
+    assert not p.allows("cloud.main")
+
+
+def test_complex_turns_escalate_to_cloud_when_auto():
+    p = plan(config(**EFFORT), text=COMPLEX)
+    assert p.domain == "cloud.main" and p.allowlist == {"local.main", "cloud.main"}
+
+
+def test_complex_turns_stay_local_when_escalation_is_off():
+    cfg = config(**{**EFFORT, "effort_routing": {"escalation": "off"}})
+    assert plan(cfg, text=COMPLEX).domain == "local.main"
+
+
+def test_explicit_operator_selection_disables_effort_routing_and_auto_restores_it():
+    cfg = config(**EFFORT)
+    p = plan(cfg, text="hi", operator_model="hint:cloud")
+    assert p.effort is None and p.domain == "cloud.main" and p.allowlist is None
+    assert plan(cfg, text="hi", operator_model="auto").domain == "local.main"
+    sel = RouteSelection().select("hint:cloud")
+    assert plan(cfg, text="hi", selection=sel).domain == "cloud.main"
+    assert plan(cfg, text="hi", selection=sel.select("auto")).domain == "local.main"
+
+
+def test_model_switch_changes_the_model_not_the_owner():
+    sel = RouteSelection().model_switch("hint:cloud")
+    assert sel.owner == "auto" and sel.model == "hint:cloud"
+    assert plan(config(**EFFORT), text="hi", selection=sel).domain == "local.main"  # effort still owns it
+    owned = RouteSelection().select("hint:local").model_switch("hint:cloud")
+    assert owned.owner == "operator" and plan(config(**EFFORT), text="hi", selection=owned).domain == "cloud.main"
+
+
+# -- properties over generated configs ------------------------------------------------------------
+
+ALIASES = ["p0", "p1", "p2", "x.p3", "y.p3", "p5"]
+
+
+@st.composite
+def graphs(draw):
+    providers = {}
+    for alias in ALIASES:
+        providers[alias] = {
+            "model": draw(st.one_of(st.none(), st.sampled_from(["m1", "m2", "m3"]))),
+            "fallback_models": draw(st.lists(st.sampled_from(["", "m1", "m2", "m4"]), max_size=3)),
+            "fallbacks": draw(st.lists(st.sampled_from(ALIASES + ["ghost", "p3"]), max_size=3)),
+        }
+        if providers[alias]["model"] is None:
+            del providers[alias]["model"]
+    depth = draw(st.integers(0, 4))
+    root = draw(st.sampled_from(ALIASES))
+    return config(active=root, providers=providers, reliability={"max_fallback_depth": depth})
+
+
+@pytest.mark.property
+@given(cfg=graphs(), requested=st.sampled_from(["req-a", "m1"]))
+def test_materialisation_properties(cfg, requested):
+    entries, _ = materialise(cfg, cfg.active, cfg.providers[cfg.active].model)
+    profiles = [e.profile for e in entries]
+    # no cycle and no repeat: each profile's entries are contiguous and appear once
+    seen = []
+    for alias in profiles:
+        if not seen or seen[-1] != alias:
+            assert alias not in seen
+            seen.append(alias)
+    # every entry's profile is reachable from the root within max_fallback_depth
+    depth = {cfg.active: 0}
+    frontier = [cfg.active]
+    from relayline.machines.plan import resolve_ref
+    while frontier:
+        alias = frontier.pop()
+        for ref in cfg.providers[alias].fallbacks:
+            target = resolve_ref(cfg, ref)
+            if target and target not in depth and depth[alias] + 1 <= cfg.reliability.max_fallback_depth:
+                depth[target] = depth[alias] + 1
+                frontier.append(target)
+    assert set(profiles) <= set(depth)
+    # a pinned entry never carries the requested model; the plan is deterministic
+    p1 = plan(cfg, model=requested)
+    p2 = plan(cfg, model=requested)
+    assert p1 == p2
+    for e in p1.entries:
+        if e.pinned:  # its own pin, whatever was requested
+            pins = [cfg.model if e.profile == cfg.active and cfg.model else e.provider.model, *e.provider.fallback_models]
+            assert e.model in pins
+        else:
+            assert e.model == requested
