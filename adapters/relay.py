@@ -97,6 +97,7 @@ class Relay:
         self.selection = RouteSelection()
         self.fallback_record: dict[str, str] = {}  # domain -> served label while a fallback serves
         self.observers: list[Callable[[TurnResult], None]] = []
+        self.turn_factory: Callable[..., Turn] = Turn  # tests plug faulty machines in here
 
     @classmethod
     def from_toml(cls, text: str, **kwargs) -> Relay:
@@ -141,7 +142,7 @@ class Relay:
     ) -> TurnResult:
         """Run one turn to its result. Cancellation is recorded on the result and re-raised."""
         plan = self.plan(model=model, text=turn_text(messages), operator_model=operator_model, gateway=gateway)
-        turn = Turn(plan, self.config, self.health, stream=stream, tools=bool(tools))
+        turn = self.turn_factory(plan, self.config, self.health, stream=stream, tools=bool(tools))
         run = TurnRun(turn, self.clients, tuple(messages), tools=tuple(tools), on_draft=on_draft)
         if run_hook is not None:
             run_hook(run)

@@ -102,6 +102,8 @@ class Turn:
         self.ledger: list[LedgerRow] = []
         self.walk: Walk | None = None
         self.gate: StreamGate | None = None
+        self.walks: list[Walk] = []  # every walk and gate of the turn, for audits of their paths
+        self.gates: list[StreamGate] = []
         self.call: Call | None = None
         self.call_at = 0.0
         self.answer: Completion | None = None
@@ -109,6 +111,11 @@ class Turn:
         self.shown_reasoning = False
         self.executed_tools = False
         self.recoverable = True  # guard for turn.recover
+
+    @property
+    def lifecycles(self) -> list[Lifecycle]:
+        """Every machine this turn ran, in the order they started."""
+        return [self.life, self.cancellation, *(w.life for w in self.walks), *(g.life for g in self.gates)]
 
     # -- guards (specs/turn.toml, specs/cancellation.toml) ------------------------------------
 
@@ -159,10 +166,12 @@ class Turn:
         self.call, self.call_at = call, now
         if call.mode == "stream":
             self.gate = StreamGate()
+            self.gates.append(self.gate)
         return call
 
     def _walk_from(self, walk: Walk, now: float, action=None):
         self.walk = walk
+        self.walks.append(walk)
         return self._follow(action if action is not None else walk.start(now), now)
 
     def _follow(self, action, now: float):
