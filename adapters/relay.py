@@ -201,7 +201,7 @@ class StreamTurn:
         self._scope = trio.CancelScope()
 
     async def __aenter__(self) -> StreamTurn:
-        self._send, self._receive = trio.open_memory_channel[Event](16)
+        self._send, self._receive = trio.open_memory_channel[Event](0)  # unbuffered: forwarded == received
         self._nursery_manager = trio.open_nursery()
         nursery = await self._nursery_manager.__aenter__()
         nursery.start_soon(self._produce)

@@ -1,0 +1,131 @@
+"""The embedder's API (DESIGN.md "Public API"), on virtual time with sim upstreams."""
+
+import logging
+
+import pytest
+import trio
+
+from relayline.adapters import Relay
+from relayline.adapters.providers.sim import SimUpstream
+from relayline.machines.errors import RelaylineError, TurnError
+
+TWO = """
+active = "sim.a"
+[reliability]
+provider_retries = 1
+[notices]
+model_fallback_notice = "detailed"
+[providers."sim.a"]
+family = "sim"
+model = "m1"
+fallbacks = ["sim.b"]
+price = { input_per_mtok = 1.0, output_per_mtok = 2.0 }
+[providers."sim.b"]
+family = "sim"
+model = "m2"
+"""
+HI = [{"role": "user", "content": "hi"}]
+
+
+def relay_with(scripts, text=TWO, **kwargs):
+    sim = SimUpstream.from_replies([{"provider": p, "script": s} for p, s in scripts.items()])
+    return Relay.from_toml(text, env={}, sim=sim, **kwargs)
+
+
+async def test_complete_returns_attribution_notice_and_ledger(autojump_clock):
+    relay = relay_with({"sim.a": [{"status": 503}], "sim.b": [{"text": "from b", "usage": [100, 50]}]})
+    reply = await relay.complete(HI)
+    assert (reply.text, reply.requested, reply.served, reply.fallback) == ("from b", "sim.a/m1", "sim.b/m2", True)
+    assert "sim.a/m1" in reply.notice and "sim.b/m2" in reply.notice
+    assert reply.outbound_text == f"from b\n\n{reply.notice}"
+    assert [r.accepted for r in reply.ledger] == [True] and reply.cost_usd == 0.0
+    assert relay.fallback_record == {"sim.a": "sim.b/m2"}
+
+
+async def test_a_later_primary_success_clears_the_fallback_record(autojump_clock):
+    relay = relay_with({"sim.a": [{"status": 503}, {"status": 503}, {"text": "primary"}]})
+    await relay.complete(HI)
+    assert relay.fallback_record
+    reply = await relay.complete(HI)
+    assert reply.served == "sim.a/m1" and reply.notice is None and not relay.fallback_record
+
+
+async def test_failure_raises_a_typed_error_with_reason(autojump_clock):
+    relay = relay_with({"sim.a": [{"status": 400, "error": "context_length_exceeded"}]})
+    with pytest.raises(TurnError) as info:
+        await relay.complete(HI)
+    assert info.value.reason == "context_window" and isinstance(info.value, RelaylineError)
+    assert len(info.value.attempts) == 1
+
+
+async def test_the_aggregated_error_is_bounded_and_names_each_attempt(autojump_clock):
+    models = ", ".join(f'"f{i}"' for i in range(30))
+    text = f'active = "sim.a"\n[providers."sim.a"]\nfamily = "sim"\nmodel = "m"\nfallback_models = [{models}]\n'
+    relay = relay_with({"sim.a": [{"status": 503, "error": "upstream body with sk-should-not-appear"}]}, text)
+    with pytest.raises(TurnError) as info:
+        await relay.complete(HI)
+    message = str(info.value)
+    assert info.value.reason == "exhausted" and len(info.value.attempts) == 93
+    assert len(message) <= 2000 and "... and 77 more" in message
+    assert "#1 sim.a/m try 1/3 retryable (HTTP 503)" in message
+    assert "sk-should-not-appear" not in message and "upstream body" not in message
+
+
+async def test_stream_yields_immutable_events_and_the_outcome(autojump_clock):
+    relay = relay_with({"sim.a": [{"text": "hello there", "reasoning": "hmm"}]})
+    drafts = []
+    async with relay.stream(HI, on_draft=drafts.append) as turn:
+        events = [(e.kind, e.value) async for e in turn]
+    assert events == [("reasoning", "hmm"), ("text", "hello"), ("text", " there")]
+    assert turn.outcome == "ok" and turn.served == "sim.a/m1" and turn.partial_text is None
+    assert drafts == ["hello", "hello there"] and [r.accepted for r in turn.ledger] == [True]
+
+
+async def test_leaving_the_block_early_cancels_and_keeps_exactly_what_was_received(autojump_clock):
+    relay = relay_with({"sim.a": [{"frames": [{"role": True}, {"text": "one"}, {"text": " two"}, {"wait": 5},
+                                              {"text": " three"}, {"done": True}]}]})
+    async with relay.stream(HI) as turn:
+        async for event in turn:
+            if event.value == " two":
+                break
+    assert turn.outcome == "cancelled" and turn.partial_text == "one two"
+    assert [a.outcome for a in turn.result.attempts] == ["cancelled"]
+    assert len(relay.sim.calls) == 1  # cancellation never causes a provider call
+
+
+async def test_outer_cancellation_of_complete_is_recorded_and_never_retried(autojump_clock):
+    relay = relay_with({"sim.a": [{"delay": 10, "text": "late"}]})
+    seen = []
+    relay.observers.append(seen.append)
+    with trio.move_on_after(1):
+        await relay.complete(HI)
+    assert [r.outcome for r in seen] == ["cancelled"] and len(relay.sim.calls) == 1
+
+
+async def test_interruption_after_output_is_an_outcome_not_a_replay(autojump_clock):
+    relay = relay_with({"sim.a": [{"frames": [{"role": True}, {"text": "partial"}, {"error": "overloaded_error"}]}]})
+    async with relay.stream(HI) as turn:
+        received = "".join([e.value async for e in turn])
+    assert (turn.outcome, turn.partial_text, received) == ("interrupted", "partial", "partial")
+    assert len(relay.sim.calls) == 1
+
+
+async def test_secrets_never_reach_logs_errors_or_results(autojump_clock, caplog):
+    text = TWO.replace('model = "m1"', 'model = "m1"\napi_key_env = "RELAYLINE_TEST_KEY"')
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"status": 401, "error": "bad key sk-live-xyz"}]},
+                                    {"provider": "sim.b", "script": [{"status": 503}]}])
+    caplog.set_level(logging.DEBUG)
+    relay = Relay.from_toml(text, env={"RELAYLINE_TEST_KEY": "sk-live-xyz"}, sim=sim)
+    with pytest.raises(TurnError) as info:
+        await relay.complete(HI)
+    exposed = caplog.text + str(info.value) + repr(info.value.attempts) + repr(relay.router) + repr(relay.plan())
+    assert "sk-live-xyz" not in exposed
+
+
+async def test_operator_selection_scopes(autojump_clock):
+    text = TWO + '[[routes]]\nhint = "b"\nprovider = "sim.b"\nmodel = "m2"\n'
+    relay = relay_with({}, text)
+    relay.select("hint:b")
+    assert (await relay.complete(HI)).served == "sim.b/m2"
+    relay.select("auto")
+    assert (await relay.complete(HI)).served == "sim.a/m1"
