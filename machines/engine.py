@@ -82,8 +82,8 @@ class Spec:
     def terminal(self) -> frozenset[str]:
         return self.tagged("terminal")
 
-    def start(self) -> Lifecycle:
-        return Lifecycle(self)
+    def start(self, history_limit: int = 256) -> Lifecycle:
+        return Lifecycle(self, history_limit)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,6 +287,16 @@ def _guard(model, name: str) -> bool:
     return bool(value() if callable(value) else value)
 
 
+def _passes(t: TransitionSpec, model) -> bool:
+    for g in t.guards:
+        if not _guard(model, g):
+            return False
+    for g in t.unless:
+        if _guard(model, g):
+            return False
+    return True
+
+
 class Lifecycle:
     """The compiled form of a spec, for one model: a state, a table lookup per trigger.
 
@@ -297,10 +307,11 @@ class Lifecycle:
 
     __slots__ = ("spec", "state", "history")
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, history_limit: int = 256) -> None:
         self.spec = spec
         self.state = spec.initial
-        self.history = [spec.initial]
+        # bounded: a breaker lives as long as the process; a turn's machines stay far below it
+        self.history: deque[str] = deque([spec.initial], maxlen=history_limit)
 
     def fire(self, trigger: str, model=None) -> bool:
         candidates = self.spec.table.get((self.state, trigger))
@@ -309,10 +320,11 @@ class Lifecycle:
                 f"{self.spec.name}: trigger {trigger!r} is not declared from state {self.state!r}"
             )
         for t in candidates:
-            if all(_guard(model, g) for g in t.guards) and not any(_guard(model, g) for g in t.unless):
-                self.state = t.dest
-                self.history.append(t.dest)
-                return True
+            if (t.guards or t.unless) and not _passes(t, model):
+                continue
+            self.state = t.dest
+            self.history.append(t.dest)
+            return True
         return False
 
     def may(self, trigger: str) -> bool:

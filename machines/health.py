@@ -25,7 +25,7 @@ class Breaker:
 
     def __init__(self, config: BreakerConfig) -> None:
         self.config = config
-        self.life: Lifecycle = load_spec("breaker").start()
+        self.life: Lifecycle = load_spec("breaker").start(history_limit=16)
         self.failures: deque[float] = deque()
         self.open_until = 0.0
         self.transitions = 0  # state changes, for metrics

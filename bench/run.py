@@ -1,0 +1,208 @@
+"""relayline benchmarks (`make bench`; never part of `make test`).
+
+Each number is reported beside a baseline measured in the same run, so ratios survive a noisy
+machine. This file measures the sans-I/O core:
+
+- spec engine: one trigger on the compiled table vs the same trigger on a transitions.Machine;
+- core turn: plan + walk + turn machine for a non-streaming success, vs a bare function call;
+- stream core: per-frame cost of the gate after commit for a 200-frame stream, vs a bare loop;
+- whole driver turn on the in-process sim upstream (trio), vs a bare trio checkpoint loop.
+
+Results: a table on stdout and bench/results/<date>.json.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+from relayline.adapters import Relay
+from relayline.machines.config import structure_config
+from relayline.machines.engine import build_machine, load_spec
+from relayline.machines.health import InMemoryHealth
+from relayline.machines.plan import build_router, plan_turn
+from relayline.machines.stream import TEXT, Frame
+from relayline.machines.turn import Completion, Turn
+
+CONFIG = structure_config({
+    "active": "a",
+    "providers": {
+        "a": {"family": "sim", "model": "m1", "fallback_models": ["m2"], "fallbacks": ["b"]},
+        "b": {"family": "sim", "model": "n1"},
+    },
+})
+
+
+def per_call_us(fn, n: int, repeats: int = 5) -> float:
+    """Median over `repeats` runs of the mean time per call, in microseconds."""
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - start) / n * 1e6)
+    return statistics.median(samples)
+
+
+def bench_engine() -> dict:
+    spec = load_spec("walk")
+
+    class Model:
+        pass
+
+    life = spec.start(history_limit=8)
+
+    def table():
+        life.state = "choosing"
+        life.fire("call")
+        life.fire("backoff")
+        life.fire("timer")
+        life.fire("succeed")
+
+    def reference():
+        model = Model()
+        build_machine(spec, model)
+        model.trigger("call")
+        model.trigger("backoff")
+        model.trigger("timer")
+        model.trigger("succeed")
+
+    model = Model()
+    machine = build_machine(spec, model)
+
+    def reference_triggers_only():
+        machine.set_state("choosing")
+        model.trigger("call")
+        model.trigger("backoff")
+        model.trigger("timer")
+        model.trigger("succeed")
+
+    t_table = per_call_us(table, 20000)
+    t_ref = per_call_us(reference, 500)
+    t_ref_triggers = per_call_us(reference_triggers_only, 5000)
+    return {
+        "table_4_triggers_us": t_table,
+        "transitions_build_and_4_triggers_us": t_ref,
+        "transitions_4_triggers_us": t_ref_triggers,
+        "transitions_over_table": t_ref_triggers / t_table,
+    }
+
+
+def bench_core_turn() -> dict:
+    router = build_router(CONFIG, {})
+    health = InMemoryHealth(CONFIG.breaker)
+    answer = Completion("hello", usage=None)
+
+    def turn():
+        plan = plan_turn(router, model=None, text="hi")
+        t = Turn(plan, CONFIG, health, stream=False)
+        t.start(0.0)
+        t.on_completion(answer, 0.0)
+
+    def bare():
+        return None
+
+    t_turn = per_call_us(turn, 5000)
+    t_bare = per_call_us(bare, 200000)
+    return {"core_turn_us": t_turn, "bare_call_us": t_bare}
+
+
+def bench_stream_frames(frames: int = 200) -> dict:
+    router = build_router(CONFIG, {})
+    health = InMemoryHealth(CONFIG.breaker)
+    tokens = [Frame(TEXT, f" w{i}") for i in range(frames)]
+
+    def stream_turn():
+        t = Turn(plan_turn(router, text="hi"), CONFIG, health, stream=True)
+        t.start(0.0)
+        t.stream_headers()
+        for frame in tokens:
+            t.stream_frame(frame)
+        t.stream_done(0.0)
+
+    def stream_turn_empty():
+        t = Turn(plan_turn(router, text="hi"), CONFIG, health, stream=True)
+        t.start(0.0)
+        t.stream_headers()
+        t.stream_frame(tokens[0])
+        t.stream_done(0.0)
+
+    def bare_loop():
+        out = []
+        for frame in tokens:
+            out.append(frame.value)
+
+    full = per_call_us(stream_turn, 1000)
+    base = per_call_us(stream_turn_empty, 2000)
+    loop = per_call_us(bare_loop, 5000)
+    return {
+        "stream_turn_200_frames_us": full,
+        "per_frame_after_commit_us": (full - base) / (frames - 1),
+        "bare_loop_per_frame_us": loop / frames,
+    }
+
+
+def bench_driver(turns: int = 300) -> dict:
+    relay = Relay(CONFIG, env={})
+    messages = [{"role": "user", "content": "hi"}]
+
+    async def run_turns():
+        for _ in range(turns):
+            await relay.complete(messages)
+
+    async def bare():
+        for _ in range(turns):
+            await trio.lowlevel.checkpoint()
+
+    samples, base = [], []
+    for _ in range(3):
+        start = time.perf_counter()
+        trio.run(run_turns)
+        samples.append((time.perf_counter() - start) / turns * 1e6)
+        start = time.perf_counter()
+        trio.run(bare)
+        base.append((time.perf_counter() - start) / turns * 1e6)
+    return {"library_complete_turn_us": statistics.median(samples), "trio_checkpoint_us": statistics.median(base)}
+
+
+def main() -> int:
+    results = {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "engine": bench_engine(),
+        "core_turn": bench_core_turn(),
+        "stream": bench_stream_frames(),
+        "driver": bench_driver(),
+    }
+    e, c, s, d = results["engine"], results["core_turn"], results["stream"], results["driver"]
+    rows = [
+        ("spec table, 4 triggers", f"{e['table_4_triggers_us']:.2f} µs", "transitions, same 4 triggers",
+         f"{e['transitions_4_triggers_us']:.2f} µs", f"{e['transitions_over_table']:.0f}x slower"),
+        ("core turn (plan+walk+turn)", f"{c['core_turn_us']:.1f} µs", "bare call",
+         f"{c['bare_call_us']:.3f} µs", "target <= 100 µs"),
+        ("gate per frame after commit", f"{s['per_frame_after_commit_us']:.2f} µs", "bare loop per frame",
+         f"{s['bare_loop_per_frame_us']:.3f} µs", "target <= 5 µs"),
+        ("library complete() on sim", f"{d['library_complete_turn_us']:.0f} µs", "trio checkpoint",
+         f"{d['trio_checkpoint_us']:.1f} µs", ""),
+    ]
+    print(f"{'measure':<30} {'relayline':>12}   {'baseline':<30} {'value':>10}   note")
+    for name, value, base_name, base_value, note in rows:
+        print(f"{name:<30} {value:>12}   {base_name:<30} {base_value:>10}   {note}")
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    path = out / f"{dt.date.today().isoformat()}.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
