@@ -300,7 +300,7 @@ class ReplayingTurn(Turn):
     """A deliberately faulty machine: after output, a stream failure is 'recovered' anyway."""
 
     def stream_failed(self, failure, now):
-        if self.gate.committed:
+        if self.gate.committed and self.config.stream.recovery == "non_streaming":
             self.gate.life.state = "held"  # pretend nothing was shown: the bug under test
             self.life.state = "streaming"
         return super().stream_failed(failure, now)
