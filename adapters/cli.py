@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import tomllib
@@ -133,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # structured key=value lines on stderr; RELAYLINE_LOG=INFO shows every turn. The simulator
+    # and check print warnings themselves, so their log stays quiet unless asked.
+    quiet = args.command in ("simulate", "check", "plan", "demo")
+    level = os.environ.get("RELAYLINE_LOG", "ERROR" if quiet else "WARNING").upper()
+    logging.basicConfig(level=level, format="level=%(levelname)s logger=%(name)s %(message)s", stream=sys.stderr)
     return args.func(args)
 
 

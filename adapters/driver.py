@@ -79,7 +79,8 @@ class TurnRun:
             key = entry.keys[call.key_index]
         else:
             key = entry.keys[0] if entry.keys else None
-        return CallRequest(entry, entry.model, self.messages, key, call.key_index, self.tools, call.mode == "stream")
+        return CallRequest(entry, entry.model, self.messages, key, call.key_index, self.tools, call.mode == "stream",
+                           call.probe)
 
     def _client(self, call: Call) -> ProviderClient:
         family = call.entry.provider.family

@@ -30,6 +30,7 @@ class Call:
     key_index: int | None  # index into entry.keys (None: no key or a single key)
     try_number: int  # 1-based, within this entry
     budget: int
+    probe: bool = False  # a forced probe: every candidate was skipped, this one ends soonest
 
 
 @attrs.frozen
@@ -182,7 +183,8 @@ class Walk:
         self.tries += 1
         self.attempted = True
         self.health.before_attempt(entry.profile, now, force=self.forced)
-        return Call(entry, self.mode_for(entry), key_index(self.health.store, entry), self.tries, self.budget(self.index))
+        return Call(entry, self.mode_for(entry), key_index(self.health.store, entry), self.tries,
+                    self.budget(self.index), self.forced)
 
     def _finish(self, trigger: str, **kw) -> WalkDone:
         self.life.fire(trigger)
@@ -319,7 +321,15 @@ class Walk:
             return self._exhausted()
         return self._choose(now)
 
-    def on_timer(self, now: float) -> Call:
+    def on_timer(self, now: float) -> Call | WalkDone:
+        entry = self.plan.entries[self.index]
+        reason = None if self.forced else self.health.blocked(entry.profile, now)
+        if reason:
+            # the breaker opened (this turn's failure may have been the last straw) or another
+            # turn put the profile on cooldown: a retry would send to a profile that is skipped
+            self.health.skip(entry, reason)
+            self.life.fire("abandon")
+            return self._choose(now)
         self.life.fire("timer")
         return self._call(now)
 

@@ -10,7 +10,8 @@ errors and cancellation points, through the real core and the real trio driver o
 5. Ledger rows equal the billable attempts, and the cost equals their sum.
 6. Every machine's state sequence is a path of its spec.
 And from the walk: attempts per entry stay within budget (plus the documented pool and stream
-cases), no call leaves the allowlist, and no configured secret appears in any trace, error,
+cases), no call leaves the allowlist or reaches a profile while it is skipped (cooling down or
+breaker open; only a forced probe may call a cooling profile), and no configured secret appears in any trace, error,
 notice or log record.
 """
 
@@ -134,9 +135,14 @@ class LoggedUpstream(SimUpstream):
     def __init__(self, scripts, log):
         super().__init__(scripts)
         self.log = log
+        self.health = None
 
     def next_reply(self, request, mode):
-        self.log.append(("call", request.entry.profile, request.entry.model, mode, trio.current_time()))
+        now = trio.current_time()
+        profile = request.entry.profile
+        cooling = self.health.cooldown_until(profile) > now
+        breaker = self.health.breaker(profile).state
+        self.log.append(("call", profile, request.entry.model, mode, now, cooling, breaker, request.probe))
         return super().next_reply(request, mode)
 
 
@@ -180,6 +186,7 @@ def run(config: dict, replies: list, requests: list, turn_factory=Turn) -> list[
         log: list = []
         sim = LoggedUpstream(SimUpstream.from_replies(replies).scripts, log)
         relay = Relay(structure_config(config), env={}, sim=sim)
+        sim.health = relay.health
         relay.turn_factory = turn_factory
         for request in requests:
             await trio.sleep(request["gap"])
@@ -257,6 +264,10 @@ def violations(config, replies, requests, turn_factory=Turn) -> list[str]:
             count = sum(1 for a in result.attempts if (a.provider, a.model) == (profile, model))
             if count > retries + 1 + (pool - 1) + (1 if turn.stream_requested else 0):
                 problems.append(f"{where}: {count} attempts on {profile}/{model}")
+        for call in (e for e in log if e[0] == "call"):
+            _, profile, _, _, _, cooling, breaker, probe = call
+            if (cooling and not probe) or breaker not in ("closed", "probing"):
+                problems.append(f"{where}: {profile} called while skipped (cooling={cooling}, breaker={breaker})")
         allow = turn.plan.allowlist
         if allow is not None and any(e[1] not in allow for e in log if e[0] == "call"):
             problems.append(f"{where}: a call left the allowlist {sorted(allow)}")

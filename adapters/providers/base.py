@@ -41,6 +41,7 @@ class CallRequest:
     key_index: int | None = None
     tools: tuple[dict, ...] = ()
     stream: bool = False
+    probe: bool = False
 
 
 class ProviderClient(Protocol):
