@@ -301,15 +301,21 @@ class Walk:
             wait = self.backoff
             if failure.retry_after_s is not None:
                 wait = max(min(failure.retry_after_s, self.rel.retry_after_max_ms / 1000.0), self.backoff)
-            return self._sleep(wait)
+            return self._sleep(wait, now)
         if kind == fc.TIMEOUT and self.other_candidate(now):
             return self._advance(now)  # a silent route is not retried while another can answer
         # retryable, empty, and a timeout with no other candidate
         if self.tries >= budget:
             return self._advance(now)
-        return self._sleep(self.backoff)
+        return self._sleep(self.backoff, now)
 
-    def _sleep(self, seconds: float) -> Sleep:
+    def _sleep(self, seconds: float, now: float) -> Sleep | Call | WalkDone:
+        entry = self.plan.entries[self.index]
+        reason = None if self.forced else self.health.blocked(entry.profile, now)
+        if reason:
+            # this failure opened the profile's breaker: no retry is sent to it
+            self.health.skip(entry, reason)
+            return self._advance(now)
         self.backoff = min(self.backoff * 2, max(self.rel.backoff_max_ms / 1000.0, self.rel.first_backoff_s))
         self.life.fire("backoff")
         return Sleep(seconds)
