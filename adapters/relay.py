@@ -30,7 +30,10 @@ from relayline.machines.stream import Event
 from relayline.machines.turn import Turn, TurnResult
 
 from .driver import Sink, TurnRun, _discard
+from .providers.anthropic import AnthropicClient
 from .providers.base import ProviderClient
+from .providers.http import new_client
+from .providers.openai import OpenAIClient
 from .providers.sim import SimClient, SimUpstream
 
 log = logging.getLogger("relayline")
@@ -93,11 +96,29 @@ class Relay:
         self.health = health if health is not None else InMemoryHealth(config.breaker)
         self.sim = sim if sim is not None else SimUpstream()
         self.clients: dict[str, ProviderClient] = {"sim": SimClient(self.sim)}
+        self._http = None
+        families = {p.family for p in config.providers.values()}
+        if families & {"openai", "anthropic"}:
+            # one pooled HTTP client for every profile: connections are reused across turns
+            self._http = new_client()
+            self.clients["openai"] = OpenAIClient(self._http)
+            self.clients["anthropic"] = AnthropicClient(self._http)
         self.clients.update(clients or {})
         self.selection = RouteSelection()
         self.fallback_record: dict[str, str] = {}  # domain -> served label while a fallback serves
         self.observers: list[Callable[[TurnResult], None]] = []
         self.turn_factory: Callable[..., Turn] = Turn  # tests plug faulty machines in here
+
+    async def aclose(self) -> None:
+        """Close pooled connections. `async with Relay(...) as relay:` does it for you."""
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Relay:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
 
     @classmethod
     def from_toml(cls, text: str, **kwargs) -> Relay:

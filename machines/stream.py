@@ -23,11 +23,13 @@ PREAMBLE = "preamble"
 TEXT = "text"
 REASONING = "reasoning"
 TOOL_CALL = "tool_call"
+TOOL_ARGS = "tool_args"  # a fragment of a tool call's JSON arguments, after its TOOL_CALL
 EXECUTED_TOOL = "executed_tool"
 USAGE = "usage"
 
 # event kinds, as they reach the immutable sink (and the trace: "text:...", "tool:NAME")
-EVENT_NAMES = {TEXT: "text", REASONING: "reasoning", TOOL_CALL: "tool", EXECUTED_TOOL: "executed_tool"}
+EVENT_NAMES = {TEXT: "text", REASONING: "reasoning", TOOL_CALL: "tool", TOOL_ARGS: "tool_args",
+               EXECUTED_TOOL: "executed_tool"}
 
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
 
@@ -44,7 +46,7 @@ class Frame:
 
     @property
     def decisive(self) -> bool:
-        if self.kind in (TEXT, REASONING):
+        if self.kind in (TEXT, REASONING, TOOL_ARGS):
             return bool(self.value)
         return self.kind in (TOOL_CALL, EXECUTED_TOOL)
 
@@ -114,7 +116,7 @@ class StreamGate:
             self.reasoning = True
         elif frame.kind == TOOL_CALL:
             self.tools.append(frame.value)
-        else:
+        elif frame.kind == EXECUTED_TOOL:
             self.executed_tools.append(frame.value)
         if self.life.state == "committed":
             return (event,)

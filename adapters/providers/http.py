@@ -1,0 +1,164 @@
+"""What the OpenAI-compatible and Anthropic adapters share: one pooled httpx client, error
+bodies reduced to a classification, and the SSE pump that turns response bytes into frames.
+
+A protocol supplies three pure pieces: how to build the request, how to read a complete answer,
+and a stream parser (SSE events in, frames out, with its own completion rule). Everything that
+can go wrong on the wire becomes a `ProviderFailure` with a relayline-written detail; a provider's
+body is read to classify it and then dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Protocol
+
+import httpx
+
+from relayline.machines import classify as fc
+from relayline.machines.stream import Frame
+from relayline.machines.turn import Completion
+
+from ..sse import SSEDecoder, SSEEvent, SSEProtocolError
+from .base import DONE, CallRequest, ProviderFailure
+
+MAX_ERROR_BODY = 64 * 1024  # enough to classify; a provider's error page is not read further
+
+
+def default_limits() -> httpx.Limits:
+    return httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=30.0)
+
+
+def new_client() -> httpx.AsyncClient:
+    # timeouts are the driver's cancel scopes (headers_s, first_token_s, idle_s); httpx's own
+    # are a backstop so that a socket can never hang a worker forever
+    return httpx.AsyncClient(limits=default_limits(), timeout=httpx.Timeout(600.0, connect=30.0),
+                             follow_redirects=False)
+
+
+def error_text(body: bytes) -> str:
+    """The classifiable part of an error body: codes, types and messages, never kept further."""
+    try:
+        obj = json.loads(body[:MAX_ERROR_BODY])
+    except ValueError:
+        return body[:2048].decode("utf-8", "replace")
+    parts: list[str] = []
+
+    def collect(value) -> None:
+        if isinstance(value, dict):
+            for key in ("code", "type", "message", "error", "status"):
+                if key in value:
+                    collect(value[key])
+        elif isinstance(value, list):
+            for item in value[:4]:
+                collect(item)
+        elif value is not None:
+            parts.append(str(value))
+
+    collect(obj)
+    return " ".join(parts)
+
+
+def json_frame(event: SSEEvent) -> dict:
+    try:
+        obj = json.loads(event.data)
+    except ValueError:
+        raise ProviderFailure(fc.truncated("malformed frame: a data line that is not valid JSON")) from None
+    if not isinstance(obj, dict):
+        raise ProviderFailure(fc.truncated("malformed frame: not a JSON object"))
+    return obj
+
+
+class StreamParser(Protocol):
+    done: bool  # the protocol's completion signal arrived
+
+    def feed(self, event: SSEEvent) -> list[Frame]: ...
+
+    def complete_at_eof(self) -> bool: ...
+
+
+class WireProtocol(Protocol):
+    def build(self, client: httpx.AsyncClient, request: CallRequest) -> httpx.Request: ...
+
+    def completion(self, body: dict) -> Completion: ...
+
+    def parser(self) -> StreamParser: ...
+
+
+class HttpProvider:
+    """A provider client over httpx for one protocol (openai or anthropic)."""
+
+    def __init__(self, protocol: WireProtocol, client: httpx.AsyncClient | None = None) -> None:
+        self.protocol = protocol
+        self.client = client if client is not None else new_client()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def _send(self, request: CallRequest) -> httpx.Response:
+        http_request = self.protocol.build(self.client, request)
+        try:
+            response = await self.client.send(http_request, stream=True)
+        except httpx.TimeoutException:
+            raise ProviderFailure(fc.timed_out("response headers (socket)", 600)) from None
+        except httpx.TransportError:
+            raise ProviderFailure(fc.connection_error()) from None
+        if response.status_code >= 400:
+            try:
+                body = b""
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) >= MAX_ERROR_BODY:
+                        break
+            except httpx.TransportError:
+                body = b""
+            finally:
+                await response.aclose()
+            raise ProviderFailure(fc.classify_http(response.status_code, error_text(body), response.headers, time.time()))
+        return response
+
+    async def complete(self, request: CallRequest) -> Completion:
+        response = await self._send(request)
+        try:
+            body = await response.aread()
+        except httpx.TransportError:
+            raise ProviderFailure(fc.truncated("connection lost while reading the response")) from None
+        finally:
+            await response.aclose()
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            raise ProviderFailure(fc.truncated("malformed response: not JSON")) from None
+        if not isinstance(obj, dict):
+            raise ProviderFailure(fc.truncated("malformed response: not a JSON object"))
+        return self.protocol.completion(obj)
+
+    @asynccontextmanager
+    async def stream(self, request: CallRequest):
+        response = await self._send(request)
+        try:
+            yield self._frames(response)
+        finally:
+            await response.aclose()
+
+    async def _frames(self, response: httpx.Response) -> AsyncIterator[Frame]:
+        decoder = SSEDecoder()
+        parser = self.protocol.parser()
+        try:
+            async for chunk in response.aiter_bytes():
+                for event in decoder.feed(chunk):
+                    for frame in parser.feed(event):
+                        yield frame
+                    if parser.done:
+                        yield Frame(DONE)
+                        return
+        except SSEProtocolError as exc:
+            raise ProviderFailure(fc.truncated(f"malformed stream: {exc}")) from None
+        except httpx.TransportError:
+            raise ProviderFailure(fc.truncated("connection lost mid-stream")) from None
+        decoder.close()
+        if parser.complete_at_eof():
+            yield Frame(DONE)
+        # otherwise the iterator ends without DONE: the driver reports truncation

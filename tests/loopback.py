@@ -1,0 +1,103 @@
+"""A real HTTP/1.1 server on 127.0.0.1 for adapter tests (trio + h11, no framework).
+
+Each request is answered by `handler(request) -> Reply`: a status, headers and body pieces,
+each piece written as its own chunk, so a test decides exactly where the bytes split and
+whether the response ends cleanly (`end=True`) or the connection is simply dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import partial
+
+import attrs
+import h11
+import trio
+
+
+@attrs.frozen
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: dict | None
+
+
+@attrs.frozen
+class Reply:
+    status: int = 200
+    headers: tuple[tuple[str, str], ...] = (("content-type", "text/event-stream"),)
+    pieces: tuple[bytes, ...] = ()
+    end: bool = True  # False: drop the connection after the pieces, mid-response
+    delay: float = 0.0  # before the headers
+
+
+class LoopbackServer:
+    def __init__(self, handler: Callable[[Seen], Reply]) -> None:
+        self.handler = handler
+        self.seen: list[Seen] = []
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        listeners = await nursery.start(partial(trio.serve_tcp, self._serve, 0, host="127.0.0.1"))
+        self.port = listeners[0].socket.getsockname()[1]
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                request, body = await self._read(conn, stream)
+                if request is None:
+                    return
+                headers = {k.decode().lower(): v.decode() for k, v in request.headers}
+                seen = Seen(request.method.decode(), request.target.decode(), headers,
+                            json.loads(body) if body else None)
+                self.seen.append(seen)
+                reply = self.handler(seen)
+                if reply.delay:
+                    await trio.sleep(reply.delay)
+                out_headers = [*reply.headers, ("transfer-encoding", "chunked")]
+                await stream.send_all(conn.send(h11.Response(status_code=reply.status, headers=out_headers)))
+                for piece in reply.pieces:
+                    if piece:
+                        await stream.send_all(conn.send(h11.Data(data=piece)))
+                if not reply.end:
+                    return
+                await stream.send_all(conn.send(h11.EndOfMessage()))
+                if conn.our_state is h11.MUST_CLOSE:
+                    return
+                conn.start_next_cycle()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError):
+            return
+        finally:
+            await stream.aclose()
+
+    async def _read(self, conn: h11.Connection, stream: trio.SocketStream):
+        request, body = None, b""
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await stream.receive_some(65536)
+                if not data and request is None:
+                    return None, b""
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Request):
+                request = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return request, body
+            elif isinstance(event, h11.ConnectionClosed):
+                return None, b""
+
+
+def sse_events(text: bytes) -> list[bytes]:
+    """A transcript split into its events (each ending with its blank line)."""
+    parts = text.replace(b"\r\n", b"\n").split(b"\n\n")
+    return [p + b"\n\n" for p in parts if p.strip()]
