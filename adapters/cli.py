@@ -75,7 +75,7 @@ def cmd_plan(args) -> int:
 def cmd_simulate(args) -> int:
     from .simulate import main
 
-    return main(args.files, as_json=args.json)
+    return main(args.files, as_json=args.json, http=args.http)
 
 
 def cmd_diagram(args) -> int:
@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="run scenario files on virtual time; exit 1 if an expectation fails")
     p.add_argument("files", nargs="+")
     p.add_argument("--json", action="store_true", help="print the trace and check nothing")
+    p.add_argument("--http", choices=["openai", "anthropic"],
+                   help="serve the sim profiles over real loopback HTTP in this protocol's shape")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("diagram", help="write Mermaid and DOT diagrams of every lifecycle spec")

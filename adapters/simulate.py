@@ -25,6 +25,7 @@ from relayline.machines.turn import TurnResult
 from .driver import TurnRun
 from .providers.sim import SimUpstream
 from .relay import Relay
+from .simserver import SimHTTPServer
 
 REQUEST_KEYS = {"at", "model", "stream", "tools", "text", "cancel_after", "cancel_at", "operator_model", "expect"}
 EXPECT_KEYS = {
@@ -126,28 +127,54 @@ async def _run_request(relay: Relay, request: Mapping, origin: float) -> dict:
     return _trace(runs[0].result, events, origin)
 
 
-def run_scenario(scenario: Scenario, *, on_done: Callable[[Relay, float], None] | None = None) -> dict:
+def over_http(config: dict, server: SimHTTPServer, shape: str) -> dict:
+    """The scenario's config with every sim profile turned into a real `shape` profile
+    (openai or anthropic) served by the loopback sim server."""
+    config = json.loads(json.dumps(config))
+    for alias, profile in config.get("providers", {}).items():
+        if profile.get("family") == "sim":
+            profile["family"] = shape
+            profile["base_url"] = server.base_url(alias, shape)
+            if not any(k in profile for k in ("api_key", "api_key_env", "api_keys")):
+                profile["api_key"] = "sim-key"
+    return config
+
+
+def run_scenario(scenario: Scenario, *, on_done: Callable[[Relay, float], None] | None = None,
+                 http: str | None = None) -> dict:
     """The scenario's trace (SCENARIOS.md "Trace"), plus `init_error` when the config fails.
-    `on_done(relay, now)` sees the relay after the last request (its health, on virtual time)."""
+    `on_done(relay, now)` sees the relay after the last request (its health, on virtual time).
+    With `http="openai"` or `"anthropic"`, sim profiles are served over real loopback HTTP in
+    that protocol's shape instead of in process."""
     trace: dict = {"scenario": scenario.name, "warnings": [], "requests": []}
 
     async def main() -> None:
         origin = trio.current_time()
-        try:
-            relay = Relay(structure_config(scenario.config), env=os.environ,
-                          sim=SimUpstream.from_replies(scenario.replies))
-        except ConfigError as exc:
-            trace["init_error"] = str(exc)
-            return
-        trace["warnings"] = [str(w) for w in relay.router.warnings]
-        for request in scenario.requests:
-            if "at" in request:
-                await trio.sleep_until(origin + float(request["at"]))
-            trace["requests"].append(await _run_request(relay, request, origin))
-        if on_done is not None:
-            on_done(relay, trio.current_time())
+        async with trio.open_nursery() as nursery:
+            config = scenario.config
+            if http is not None:
+                server = await SimHTTPServer(list(scenario.replies)).start(nursery)
+                config = over_http(config, server, http)
+            try:
+                relay = Relay(structure_config(config), env=os.environ,
+                              sim=SimUpstream.from_replies(scenario.replies))
+            except ConfigError as exc:
+                trace["init_error"] = str(exc)
+                nursery.cancel_scope.cancel()
+                return
+            async with relay:
+                trace["warnings"] = [str(w) for w in relay.router.warnings]
+                for request in scenario.requests:
+                    if "at" in request:
+                        await trio.sleep_until(origin + float(request["at"]))
+                    trace["requests"].append(await _run_request(relay, request, origin))
+                if on_done is not None:
+                    on_done(relay, trio.current_time())
+            nursery.cancel_scope.cancel()
 
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    # over real sockets the virtual clock may only jump once the loopback has been idle a while
+    threshold = 0 if http is None else 0.05
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=threshold))
     return trace
 
 
@@ -235,8 +262,8 @@ class ScenarioReport:
         return not self.failures
 
 
-def check_scenario(scenario: Scenario) -> ScenarioReport:
-    trace = run_scenario(scenario)
+def check_scenario(scenario: Scenario, *, http: str | None = None) -> ScenarioReport:
+    trace = run_scenario(scenario, http=http)
     failures = []
     for i, request in enumerate(scenario.requests):
         actual = trace["requests"][i] if i < len(trace["requests"]) else None
@@ -245,15 +272,15 @@ def check_scenario(scenario: Scenario) -> ScenarioReport:
     return ScenarioReport(scenario, trace, tuple(failures))
 
 
-def main(paths: list[str], *, as_json: bool = False, out=print) -> int:
+def main(paths: list[str], *, as_json: bool = False, http: str | None = None, out=print) -> int:
     if as_json:
-        traces = [run_scenario(load_scenario(p)) for p in paths]
+        traces = [run_scenario(load_scenario(p), http=http) for p in paths]
         out(json.dumps(traces[0] if len(traces) == 1 else traces, indent=2))
         return 0
     passed = failed = 0
     for path in paths:
         try:
-            report = check_scenario(load_scenario(path))
+            report = check_scenario(load_scenario(path), http=http)
         except ScenarioError as exc:
             out(f"ERROR {exc}")
             failed += 1

@@ -11,9 +11,9 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loopback import LoopbackServer, Reply, sse_events
 
 from relayline.adapters import Relay
+from relayline.adapters.loopback import LoopbackServer, Reply, sse_events
 
 TRANSCRIPTS = Path(__file__).parent / "transcripts"
 KEY = "sk-test-transcript-4242"

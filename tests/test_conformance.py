@@ -32,3 +32,19 @@ def test_the_shared_scenarios_are_present_when_shared_is():
     if not (ROOT.parent / "shared").exists():
         pytest.skip("no ../shared beside this checkout")
     assert len(SHARED) >= 22
+
+
+def _uses_executed_tools(path) -> bool:
+    return "executed_tool" in path.read_text()
+
+
+@pytest.mark.parametrize("shape", ["openai", "anthropic"])
+@pytest.mark.parametrize("path", SHARED + OWN, ids=lambda p: p.stem)
+def test_scenario_over_real_http(path, shape):
+    """The same scenarios with every sim profile served over loopback HTTP in a real protocol's
+    shape (SSE bytes, JSON bodies, HTTP errors, refused connections): the adapters, the SSE
+    decoder and the driver give the in-process results."""
+    if shape == "openai" and _uses_executed_tools(path):
+        pytest.skip("the OpenAI shape has no provider-executed tool events")
+    report = check_scenario(load_scenario(path), http=shape)
+    assert report.ok, _describe(report)

@@ -1,14 +1,16 @@
-"""A real HTTP/1.1 server on 127.0.0.1 for adapter tests (trio + h11, no framework).
+"""A small HTTP/1.1 server for loopback upstreams (trio + h11, no framework).
 
-Each request is answered by `handler(request) -> Reply`: a status, headers and body pieces,
-each piece written as its own chunk, so a test decides exactly where the bytes split and
-whether the response ends cleanly (`end=True`) or the connection is simply dropped.
+It stands in for providers in tests, the demo and benchmarks, so it must be exact rather than
+featureful: each request is answered by an async `handler(request) -> Reply` whose body pieces
+are written one chunk each (a test decides where the bytes split), may pause between pieces,
+and may end cleanly or drop the connection mid-response. It binds 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 import attrs
@@ -28,13 +30,14 @@ class Seen:
 class Reply:
     status: int = 200
     headers: tuple[tuple[str, str], ...] = (("content-type", "text/event-stream"),)
-    pieces: tuple[bytes, ...] = ()
+    pieces: tuple[bytes | float, ...] = ()  # a float is a pause, in seconds, between pieces
     end: bool = True  # False: drop the connection after the pieces, mid-response
-    delay: float = 0.0  # before the headers
+    delay: float = 0.0  # before the headers (math.inf: never answer)
+    refuse: bool = False  # close the connection before any response byte
 
 
 class LoopbackServer:
-    def __init__(self, handler: Callable[[Seen], Reply]) -> None:
+    def __init__(self, handler: Callable[[Seen], Reply | Awaitable[Reply]]) -> None:
         self.handler = handler
         self.seen: list[Seen] = []
         self.port = 0
@@ -59,12 +62,18 @@ class LoopbackServer:
                             json.loads(body) if body else None)
                 self.seen.append(seen)
                 reply = self.handler(seen)
+                if inspect.isawaitable(reply):
+                    reply = await reply
                 if reply.delay:
                     await trio.sleep(reply.delay)
+                if reply.refuse:
+                    return
                 out_headers = [*reply.headers, ("transfer-encoding", "chunked")]
                 await stream.send_all(conn.send(h11.Response(status_code=reply.status, headers=out_headers)))
                 for piece in reply.pieces:
-                    if piece:
+                    if isinstance(piece, float | int):
+                        await trio.sleep(piece)
+                    elif piece:
                         await stream.send_all(conn.send(h11.Data(data=piece)))
                 if not reply.end:
                     return
