@@ -79,7 +79,11 @@ class TurnRun:
             key = entry.keys[call.key_index]
         else:
             key = entry.keys[0] if entry.keys else None
-        return CallRequest(entry, entry.model, self.messages, key, call.key_index, self.tools, call.mode == "stream",
+        messages = self.messages
+        if call.prefill is not None:
+            # the forwarded text as a trailing assistant message, byte for byte
+            messages = (*messages, {"role": "assistant", "content": call.prefill})
+        return CallRequest(entry, entry.model, messages, key, call.key_index, self.tools, call.mode == "stream",
                            call.probe)
 
     def _client(self, call: Call) -> ProviderClient:

@@ -111,6 +111,7 @@ class Turn:
         self.shown_reasoning = False
         self.executed_tools = False
         self.recoverable = True  # guard for turn.recover
+        self.continuation: PlannedEntry | None = None  # guard for turn.continue_after_interrupt
 
     @property
     def lifecycles(self) -> list[Lifecycle]:
@@ -126,6 +127,10 @@ class Turn:
     @property
     def replay_safe(self) -> bool:
         return not self.executed_tools
+
+    @property
+    def continuable(self) -> bool:
+        return self.continuation is not None
 
     @property
     def has_forwarded_text(self) -> bool:
@@ -225,7 +230,7 @@ class Turn:
         gate = self.gate
         was_committed = gate.committed
         events = gate.feed(frame)
-        if events and not was_committed:
+        if events and not was_committed and self.life.state == "streaming":
             self.life.fire("commit")
             if self.walk is not None and self.walk.life.state == "calling":
                 self.walk.on_committed()
@@ -244,6 +249,16 @@ class Turn:
         entry = self.call.entry
         usage = gate.usage or Usage()
         state = gate.finish()
+        if self.life.state == "continuing":
+            # the continuation ended cleanly: the answer is everything forwarded, both streams
+            self.answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage)
+            self._record(fc.OK if self.answer.has_answer else "semantic_empty", now, usage=usage,
+                         accepted=self.answer.has_answer, reason=None if self.answer.has_answer else fc.EMPTY)
+            self.health.success(entry.profile, now)
+            self.life.fire("complete", self)
+            if self.life.state == "completed":
+                return self._done(WalkDone(ok=True, entry=entry), now)
+            return self._done(WalkDone(ok=False, entry=entry, error="interrupted"), now)
         if state == "completed":
             self._record(fc.OK, now, usage=usage, accepted=True)
             self.health.success(entry.profile, now)
@@ -274,10 +289,24 @@ class Turn:
         entry = self.call.entry
         state = gate.fail()
         usage = gate.usage
+        if self.life.state == "continuing":
+            # a failed or rejected continuation surfaces the original interruption
+            self._record("interrupted" if state == "interrupted" else "stream_failed", now, reason=failure.kind,
+                         detail=f"continuation: {failure.detail}", usage=usage, bill=state != "interrupted")
+            self.health.failure(entry.profile, failure.kind, now)
+            self.life.fire("fail")
+            return self._done(WalkDone(ok=False, entry=entry, error="interrupted"), now)
         if state == "interrupted":
             self._record("interrupted", now, reason=failure.kind, detail=failure.detail,
                          usage=usage or Usage())
             self.health.failure(entry.profile, failure.kind, now)
+            self.continuation = self._continuation_candidate(entry, now)
+            if self.continuation is not None:
+                self.life.fire("continue_after_interrupt", self)
+                candidate = self.continuation
+                self.health.before_attempt(candidate.profile, now)
+                return self._begin(Call(candidate, "stream", key_index(self.health.store, candidate), 1, 1,
+                                        prefill="".join(self.forwarded)), now)
             self.life.fire("fail")
             return self._done(WalkDone(ok=False, entry=entry, error="interrupted"), now)
         self._record("stream_failed", now, reason=failure.kind, detail=failure.detail, usage=usage, bill=False)
@@ -299,6 +328,18 @@ class Turn:
         self.recoverable = stopped is None
         self.life.fire("recover", self)
         return self._walk_from(walk, now, stopped)
+
+    def _continuation_candidate(self, failed: PlannedEntry, now: float) -> PlannedEntry | None:
+        """stream.continue_after_interrupt: the next entry after the failed one that can stream,
+        accepts a prefill, is allowed and healthy. Only text can be continued."""
+        if not self.config.stream.continue_after_interrupt or not self.has_forwarded_text or self.gate.tools:
+            return None
+        for entry in self.plan.entries[failed.index + 1:]:
+            caps = entry.provider.capabilities
+            if (caps.prefill and self.can_stream(entry) and self.plan.allows(entry.profile)
+                    and not self.health.blocked(entry.profile, now)):
+                return entry
+        return None
 
     # -- cancellation -------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ class Call:
     try_number: int  # 1-based, within this entry
     budget: int
     probe: bool = False  # a forced probe: every candidate was skipped, this one ends soonest
+    prefill: str | None = None  # a continuation: continue from exactly this forwarded text
 
 
 @attrs.frozen

@@ -129,3 +129,27 @@ async def test_operator_selection_scopes(autojump_clock):
     assert (await relay.complete(HI)).served == "sim.b/m2"
     relay.select("auto")
     assert (await relay.complete(HI)).served == "sim.a/m1"
+
+
+async def test_a_continuation_carries_exactly_the_forwarded_text(autojump_clock):
+    text = TWO.replace('model = "m2"', 'model = "m2"\ncapabilities = { prefill = true }')
+    text = text.replace("[notices]", "[stream]\ncontinue_after_interrupt = true\n[notices]")
+    relay = relay_with({"sim.a": [{"frames": [{"role": True}, {"text": "Hello "}, {"text": "wor"},
+                                              {"error": "overloaded_error"}]}],
+                        "sim.b": [{"text": "ld."}]}, text)
+    sent = []
+    sim_client = relay.clients["sim"]
+
+    class Recording:
+        async def complete(self, request):
+            return await sim_client.complete(request)
+
+        def stream(self, request):
+            sent.append(request.messages)
+            return sim_client.stream(request)
+
+    relay.clients["sim"] = Recording()
+    async with relay.stream(HI) as turn:
+        received = "".join([e.value async for e in turn])
+    assert received == "Hello world." and turn.outcome == "ok" and turn.served == "sim.b/m2"
+    assert sent[1][-1] == {"role": "assistant", "content": "Hello wor"} and sent[1][:-1] == sent[0]

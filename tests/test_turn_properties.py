@@ -2,7 +2,7 @@
 errors and cancellation points, through the real core and the real trio driver on MockClock.
 
 1. Once anything reached the immutable sink, no provider call follows, except the single
-   semantic-empty recovery of a stream that completed.
+   semantic-empty recovery of a stream that completed (and, opted in, one continuation stream).
 2. Nothing reaches the immutable sink twice; on interruption or cancellation the persisted
    partial text equals the text forwarded, exactly.
 3. Each semantic-empty allowance is used at most once per turn.
@@ -86,7 +86,7 @@ def scenarios(draw):
         body = {
             "family": "sim",
             "model": f"m{i}",
-            "capabilities": {"streaming": draw(st.booleans()) or i == 0, "prefill": False},
+            "capabilities": {"streaming": draw(st.booleans()) or i == 0, "prefill": draw(st.booleans())},
             "price": {"input_per_mtok": float(i + 1), "output_per_mtok": float(2 * i + 1)},
             "locality": "local" if (effort and i == 0) else draw(st.sampled_from(["cloud", "local"])),
         }
@@ -110,7 +110,8 @@ def scenarios(draw):
         },
         "breaker": {"failure_threshold": draw(st.integers(1, 3)), "open_s": 30.0},
         "timeouts": {"headers_s": 5.0, "idle_s": 3.0, "first_token_s": draw(st.sampled_from([0.0, 2.0]))},
-        "stream": {"recovery": draw(st.sampled_from(["non_streaming", "streaming"]))},
+        "stream": {"recovery": draw(st.sampled_from(["non_streaming", "streaming"])),
+                   "continue_after_interrupt": draw(st.booleans())},
         "notices": {"model_fallback_notice": draw(st.sampled_from(["off", "redacted", "detailed"]))},
     }
     if effort:
@@ -213,10 +214,16 @@ def violations(config, replies, requests, turn_factory=Turn) -> list[str]:
         first_event = next((i for i, e in enumerate(log) if e[0] == "event"), None)
         cancel_at = next((i for i, e in enumerate(log) if e[0] == "cancel"), None)
         calls_after_output = [e for e in log[first_event:] if e[0] == "call"] if first_event is not None else []
-        # 1
+        # 1 (the named exceptions: the semantic-empty recovery, all non-streaming; or the opt-in
+        # continuation, a single stream that carries the forwarded text)
         if calls_after_output:
             recovered = "semantic_empty_recovery" in turn.life.history
-            if not recovered or any(c[3] != "complete" for c in calls_after_output):
+            continued = "continuing" in turn.life.history
+            if recovered and any(c[3] != "complete" for c in calls_after_output):
+                problems.append(f"{where}: streamed call in the semantic-empty recovery: {calls_after_output}")
+            elif continued and (len(calls_after_output) != 1 or calls_after_output[0][3] != "stream"):
+                problems.append(f"{where}: continuation was not one stream: {calls_after_output}")
+            elif not (recovered or continued):
                 problems.append(f"{where}: provider call after immutable output: {calls_after_output}")
         # 4
         if cancel_at is not None and any(e[0] == "call" for e in log[cancel_at:]):
