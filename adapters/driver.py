@@ -144,6 +144,9 @@ class TurnRun:
                             scope.deadline = math.inf  # a slow consumer is not a stalled provider
                             for event in events:
                                 await sink(event)
+                                # frames that arrived in one read have no checkpoint between them:
+                                # a consumer that cancelled in its sink must not be sent one more
+                                await trio.lowlevel.checkpoint_if_cancelled()
                                 if self.on_draft is not None and event.kind == "text":
                                     draft.append(event.value)
                                     self.on_draft("".join(draft))

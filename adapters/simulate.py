@@ -173,7 +173,7 @@ def run_scenario(scenario: Scenario, *, on_done: Callable[[Relay, float], None] 
             nursery.cancel_scope.cancel()
 
     # over real sockets the virtual clock may only jump once the loopback has been idle a while
-    threshold = 0 if http is None else 0.05
+    threshold = 0 if http is None else 0.2
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=threshold))
     return trace
 
