@@ -35,6 +35,7 @@ from .providers.base import ProviderClient
 from .providers.http import new_client
 from .providers.openai import OpenAIClient
 from .providers.sim import SimClient, SimUpstream
+from .redact import protect
 
 log = logging.getLogger("relayline")
 
@@ -91,6 +92,8 @@ class Relay:
     ) -> None:
         self.config = config
         self.router = build_router(config, os.environ if env is None else env)
+        protect(key.reveal() for keys in self.router.keys.values() for key in keys)
+        protect(d.root_keys[0].reveal() for d in self.router.domains.values() if d.root_keys)
         for warning in self.router.warnings:
             log.warning("config_warning code=%s path=%s", warning.code, warning.path)
         self.health = health if health is not None else InMemoryHealth(config.breaker)

@@ -229,3 +229,52 @@ async def test_connection_refused_is_retryable():
     async with relay:
         result = await relay.run_turn([{"role": "user", "content": "hi"}])
     assert result.attempts[0].outcome == "retryable" and result.attempts[0].detail == "connection error"
+
+
+async def test_headers_s_is_enforced_on_the_real_socket():
+    text = config("openai", "URL").replace("[reliability]", "[timeouts]\nheaders_s = 0.3\n[reliability]")
+
+    async with trio.open_nursery() as nursery:
+        server = LoopbackServer(lambda s: Reply(delay=30.0, pieces=(b"{}",)))
+        await server.start(nursery)
+        async with Relay.from_toml(text.replace("URL", server.url), env={}) as relay:
+            with trio.fail_after(5):
+                result = await relay.run_turn([{"role": "user", "content": "hi"}])
+        nursery.cancel_scope.cancel()
+    assert [a.outcome for a in result.attempts] == ["timeout"]
+
+
+@pytest.mark.property
+@settings(max_examples=20)
+@given(status=st.sampled_from([400, 401, 403, 404, 408, 429, 500, 502, 503, 529]),
+       echo=st.sampled_from(["message", "code", "type", "header"]), stream=st.booleans())
+def test_no_secret_in_any_adapter_failure(status, echo, stream):
+    """Whatever a provider echoes back (bodies quoting the key, headers), the key never reaches
+    an exception, a log record or a trace."""
+    error = {"message": "ok", "type": "t", "code": "c"}
+    headers = [("content-type", "application/json")]
+    if echo == "header":
+        headers.append(("x-echo", KEY))
+    else:
+        error[echo] = f"Incorrect API key provided: {KEY}"
+    reply = Reply(status=status, headers=tuple(headers), pieces=(json.dumps({"error": error}).encode(),))
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = logging.getLogger()
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.DEBUG)
+
+    async def main():
+        if stream:
+            return await run_stream("openai", lambda s: reply)
+        return await run_complete("openai", lambda s: reply)
+
+    try:
+        got, _ = trio.run(main)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+    exposed = repr(got) + str(getattr(got, "message", "")) + "\n".join(records)
+    assert KEY not in exposed
