@@ -94,10 +94,72 @@ def cmd_diagram(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import trio
+
+    from .gateway import Gateway, serve
+    from .relay import Relay
+
+    if args.config:
+        try:
+            relay = Relay(_load_config_file(args.config))
+        except ConfigError as exc:
+            for problem in exc.problems:
+                print(f"error: {problem}", file=sys.stderr)
+            return 1
+    else:
+        from .demo import builtin_relay
+
+        relay = builtin_relay()
+        print("no --config: serving the built-in demo config on in-process sim upstreams", file=sys.stderr)
+    gateway = Gateway.from_relay_config(relay)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(lambda task_status: serve(gateway, host=args.host, port=args.port,
+                                                                  task_status=task_status))
+            print(f"relayline gateway listening on {', '.join(binds)}", file=sys.stderr)
+
+    try:
+        trio.run(main)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_ledger(args) -> int:
+    from .ledger_store import LedgerStore, parse_since
+
+    path = args.path
+    if path is None and args.config:
+        path = _load_config_file(args.config).ledger.path
+    path = path or "relayline-ledger.sqlite3"
+    if not Path(path).exists():
+        print(f"error: no ledger at {path}", file=sys.stderr)
+        return 1
+    try:
+        since = parse_since(args.since)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    store = LedgerStore(path)
+    report = store.report(since)
+    if args.json:
+        print(json.dumps({"path": path, "since": since, "rows": report}, indent=2))
+        return 0
+    print(f"{'provider':<24} {'model':<28} {'accepted':>8} {'rejected':>8} {'accepted $':>12} {'rejected $':>12}")
+    for row in report:
+        print(f"{row['provider']:<24} {row['model']:<28} {row['accepted']:>8} {row['rejected']:>8} "
+              f"{row['accepted_cost_usd']:>12.6f} {row['rejected_cost_usd']:>12.6f}")
+    total = sum(r["accepted_cost_usd"] + r["rejected_cost_usd"] for r in report)
+    print(f"total ${total:.6f}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo import main
 
-    return main()
+    return main(simulated=args.simulated)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,7 +191,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="the diagrams folder (default: specs/diagrams of the source tree)")
     p.set_defaults(func=cmd_diagram)
 
-    p = sub.add_parser("demo", help="run the demo storyline on the built-in sim upstreams")
+    p = sub.add_parser("serve", help="run the OpenAI-compatible gateway")
+    p.add_argument("--config", help="a relayline config (default: the built-in demo config on sim upstreams)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("ledger", help="report cost per profile and model from the SQLite ledger")
+    p.add_argument("--config", help="read [ledger] path from this config")
+    p.add_argument("--path", help="the ledger file (default: relayline-ledger.sqlite3)")
+    p.add_argument("--since", help="only rows newer than this: 90s, 15m, 1h, 2d")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ledger)
+
+    p = sub.add_parser("demo", help="run the demo storyline: gateway, sim upstreams, the openai SDK")
+    p.add_argument("--simulated", action="store_true", help="the in-process storyline on virtual time instead")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -20,7 +20,17 @@ def _attempts(request: dict) -> str:
     return " -> ".join(parts) or "-"
 
 
-def main(out=print) -> int:
+def builtin_relay():
+    """`relayline serve` with no --config: the demo profiles on in-process sim upstreams."""
+    from relayline.machines.config import structure_config
+
+    from .relay import Relay
+
+    scenario = load_scenario(str(resources.files("relayline.adapters").joinpath("demo.toml")))
+    return Relay(structure_config(scenario.config), env={})
+
+
+def main(out=print, simulated: bool = True) -> int:
     path = resources.files("relayline.adapters").joinpath("demo.toml")
     scenario = load_scenario(str(path))
     health_view: list[str] = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import trio
 
@@ -229,3 +229,22 @@ class SimHTTPServer:
                              pieces=(json.dumps(error_body(shape, 500, reply["error"])).encode(),))
         rendered = openai_body(reply, model) if shape == "openai" else anthropic_body(reply, model)
         return Reply(headers=JSON, pieces=(json.dumps(rendered).encode(),), delay=delay)
+
+
+def shape_by_alias(alias: str) -> str:
+    """Profiles named anthropic.* speak the Anthropic shape; everything else the OpenAI one."""
+    return "anthropic" if alias.split(".", 1)[0] == "anthropic" else "openai"
+
+
+def wire_to(config: Mapping, server: SimHTTPServer, shape_for: Callable[[str], str] = shape_by_alias) -> dict:
+    """`config` with every sim profile pointed at the loopback sim server, in the protocol shape
+    `shape_for(alias)` gives (openai or anthropic)."""
+    config = json.loads(json.dumps(config))
+    for alias, profile in config.get("providers", {}).items():
+        if profile.get("family") == "sim":
+            shape = shape_for(alias)
+            profile["family"] = shape
+            profile["base_url"] = server.base_url(alias, shape)
+            if not any(k in profile for k in ("api_key", "api_key_env", "api_keys")):
+                profile["api_key"] = "sim-key"
+    return config

@@ -25,7 +25,7 @@ from relayline.machines.turn import TurnResult
 from .driver import TurnRun
 from .providers.sim import SimUpstream
 from .relay import Relay
-from .simserver import SimHTTPServer
+from .simserver import SimHTTPServer, wire_to
 
 REQUEST_KEYS = {"at", "model", "stream", "tools", "text", "cancel_after", "cancel_at", "operator_model", "expect"}
 EXPECT_KEYS = {
@@ -127,19 +127,6 @@ async def _run_request(relay: Relay, request: Mapping, origin: float) -> dict:
     return _trace(runs[0].result, events, origin)
 
 
-def over_http(config: dict, server: SimHTTPServer, shape: str) -> dict:
-    """The scenario's config with every sim profile turned into a real `shape` profile
-    (openai or anthropic) served by the loopback sim server."""
-    config = json.loads(json.dumps(config))
-    for alias, profile in config.get("providers", {}).items():
-        if profile.get("family") == "sim":
-            profile["family"] = shape
-            profile["base_url"] = server.base_url(alias, shape)
-            if not any(k in profile for k in ("api_key", "api_key_env", "api_keys")):
-                profile["api_key"] = "sim-key"
-    return config
-
-
 def run_scenario(scenario: Scenario, *, on_done: Callable[[Relay, float], None] | None = None,
                  http: str | None = None) -> dict:
     """The scenario's trace (SCENARIOS.md "Trace"), plus `init_error` when the config fails.
@@ -154,7 +141,7 @@ def run_scenario(scenario: Scenario, *, on_done: Callable[[Relay, float], None] 
             config = scenario.config
             if http is not None:
                 server = await SimHTTPServer(list(scenario.replies)).start(nursery)
-                config = over_http(config, server, http)
+                config = wire_to(config, server, lambda alias: http)
             try:
                 relay = Relay(structure_config(config), env=os.environ,
                               sim=SimUpstream.from_replies(scenario.replies))

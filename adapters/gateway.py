@@ -1,0 +1,447 @@
+"""The OpenAI-compatible gateway: a plain ASGI app run by hypercorn's trio worker.
+
+The stream commit boundary reaches the wire here. A streamed request sends nothing, not even
+response headers, until the turn commits (its first decisive frame), so a turn that fails or
+recovers before commit can still answer with a proper status code and a clean body. After
+`timeouts.gate_commit_s` with nothing decisive, the held headers and role frame are committed
+anyway (a slow model is not an error). After commit, a failure ends the stream with an explicit
+error event and no `[DONE]`, never a clean-looking truncated success. A client that goes away
+cancels the turn: never a provider retry, and the partial-text rules apply.
+
+Endpoints: POST /v1/chat/completions, GET /v1/models, GET /admin/plan, GET /admin/health,
+GET /metrics. Attribution rides on x-relayline-* headers and a `relayline` field in bodies.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import time
+import uuid
+from collections import defaultdict, deque
+from urllib.parse import parse_qs
+
+import trio
+
+from relayline.machines.stream import Event
+from relayline.machines.turn import TurnResult
+
+from .driver import TurnRun
+from .ledger_store import LedgerStore
+from .relay import Relay
+
+log = logging.getLogger("relayline.gateway")
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ERRORS = {
+    # reason -> (HTTP status, OpenAI error type, code)
+    "context_window": (400, "invalid_request_error", "context_length_exceeded"),
+    "client_error": (400, "invalid_request_error", "upstream_rejected"),
+    "no_candidate": (503, "service_unavailable", "no_candidate"),
+    "exhausted": (502, "upstream_error", "all_candidates_failed"),
+    "semantic_empty": (502, "upstream_error", "empty_completion"),
+    "interrupted": (502, "upstream_error", "stream_interrupted"),
+}
+
+
+def _error_body(message: str, type_: str, code: str | None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": type_, "code": code, "param": None}}).encode()
+
+
+class Metrics:
+    """Prometheus text exposition, kept as plain counters (no client library needed)."""
+
+    def __init__(self) -> None:
+        self.attempts: dict[tuple[str, str], int] = defaultdict(int)
+        self.turns: dict[str, int] = defaultdict(int)
+        self.fallbacks = 0
+        self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.latency_sum = 0.0
+
+    def observe(self, result: TurnResult, seconds: float) -> None:
+        self.turns[result.outcome] += 1
+        self.fallbacks += int(result.fallback)
+        for attempt in result.attempts:
+            self.attempts[(attempt.provider, attempt.outcome)] += 1
+        self.latency_sum += seconds
+        for i, bound in enumerate(LATENCY_BUCKETS):
+            if seconds <= bound:
+                self.latency_counts[i] += 1
+                break
+        else:
+            self.latency_counts[-1] += 1
+
+    def render(self, relay: Relay) -> str:
+        lines = ["# HELP relayline_attempts_total Provider attempts by profile and outcome.",
+                 "# TYPE relayline_attempts_total counter"]
+        for (provider, outcome), n in sorted(self.attempts.items()):
+            lines.append(f'relayline_attempts_total{{provider="{provider}",outcome="{outcome}"}} {n}')
+        lines += ["# HELP relayline_turns_total Turns by outcome.", "# TYPE relayline_turns_total counter"]
+        for outcome, n in sorted(self.turns.items()):
+            lines.append(f'relayline_turns_total{{outcome="{outcome}"}} {n}')
+        lines += ["# HELP relayline_fallbacks_total Turns answered by a fallback entry.",
+                  "# TYPE relayline_fallbacks_total counter", f"relayline_fallbacks_total {self.fallbacks}"]
+        lines += ["# HELP relayline_breaker_transitions_total Breaker state changes by profile.",
+                  "# TYPE relayline_breaker_transitions_total counter"]
+        for alias in sorted(relay.config.providers):
+            lines.append(f'relayline_breaker_transitions_total{{provider="{alias}"}} '
+                         f'{relay.health.breaker(alias).transitions}')
+        lines += ["# HELP relayline_turn_seconds Turn latency.", "# TYPE relayline_turn_seconds histogram"]
+        cumulative = 0
+        for bound, n in zip(LATENCY_BUCKETS, self.latency_counts, strict=False):
+            cumulative += n
+            lines.append(f'relayline_turn_seconds_bucket{{le="{bound}"}} {cumulative}')
+        cumulative += self.latency_counts[-1]
+        lines.append(f'relayline_turn_seconds_bucket{{le="+Inf"}} {cumulative}')
+        lines.append(f"relayline_turn_seconds_sum {self.latency_sum:.6f}")
+        lines.append(f"relayline_turn_seconds_count {cumulative}")
+        return "\n".join(lines) + "\n"
+
+
+class Gateway:
+    def __init__(self, relay: Relay, *, api_keys: set[str] | None = None, ledger: LedgerStore | None = None) -> None:
+        self.relay = relay
+        self.api_keys = {k for k in (api_keys or ()) if k}
+        self.ledger = ledger
+        self.metrics = Metrics()
+        self.max_body = relay.config.gateway.max_body_bytes
+        self._outcomes: dict[str, deque[tuple[float, bool]]] = defaultdict(deque)
+
+    @classmethod
+    def from_relay_config(cls, relay: Relay, env=None) -> Gateway:
+        env = os.environ if env is None else env
+        cfg = relay.config
+        keys = set()
+        if cfg.gateway.api_keys_env:
+            keys = {k.strip() for k in env.get(cfg.gateway.api_keys_env, "").split(",") if k.strip()}
+        path = cfg.ledger.path or "relayline-ledger.sqlite3"
+        return cls(relay, api_keys=keys, ledger=LedgerStore(path))
+
+    # -- ASGI -----------------------------------------------------------------------------------
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        method, path = scope["method"], scope["path"]
+        if path == "/metrics" and method == "GET":
+            if await self._authorised(scope, send):
+                await self._respond(send, 200, self.metrics.render(self.relay).encode(),
+                                    content_type="text/plain; version=0.0.4")
+            return
+        if not await self._authorised(scope, send):
+            return
+        if path == "/v1/chat/completions" and method == "POST":
+            await self._chat(scope, receive, send)
+        elif path == "/v1/models" and method == "GET":
+            await self._json(send, 200, self._models())
+        elif path == "/admin/plan" and method == "GET":
+            query = parse_qs(scope.get("query_string", b"").decode())
+            plan = self.relay.plan(model=query.get("model", [None])[0], text=query.get("text", [""])[0], gateway=True)
+            await self._json(send, 200, plan.as_json())
+        elif path == "/admin/health" and method == "GET":
+            await self._json(send, 200, self.health())
+        else:
+            await self._respond(send, 404, _error_body(f"no route for {method} {path}", "invalid_request_error", "not_found"))
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    async def _respond(self, send, status: int, body: bytes, *, content_type="application/json", headers=()) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", content_type.encode()), *headers]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _json(self, send, status: int, obj, headers=()) -> None:
+        await self._respond(send, status, json.dumps(obj).encode(), headers=headers)
+
+    async def _authorised(self, scope, send) -> bool:
+        if not self.api_keys:
+            return True
+        headers = dict(scope.get("headers") or [])
+        given = headers.get(b"authorization", b"").decode("latin-1")
+        token = given[7:] if given.lower().startswith("bearer ") else headers.get(b"x-api-key", b"").decode("latin-1")
+        if any(hmac.compare_digest(token.encode(), key.encode()) for key in self.api_keys):
+            return True
+        await self._respond(send, 401, _error_body("missing or invalid gateway API key", "invalid_request_error",
+                                                   "invalid_api_key"))
+        return False
+
+    async def _read_body(self, receive, send) -> bytes | None:
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            body += message.get("body", b"")
+            if len(body) > self.max_body:
+                await self._respond(send, 413, _error_body(f"request body larger than {self.max_body} bytes",
+                                                           "invalid_request_error", "request_too_large"))
+                return None
+            if not message.get("more_body"):
+                return body
+
+    def _models(self) -> dict:
+        created = int(time.time())
+        ids = list(self.relay.router.domains)
+        default = self.relay.router.default.entries[0].model if self.relay.router.default.entries else None
+        if default and default not in ids:
+            ids.append(default)
+        return {"object": "list", "data": [{"id": i, "object": "model", "created": created, "owned_by": "relayline"}
+                                          for i in ids]}
+
+    def health(self) -> dict:
+        now = trio.current_time()
+        window = self.relay.config.breaker.window_s
+        profiles = {}
+        for alias in sorted(self.relay.config.providers):
+            breaker = self.relay.health.breaker(alias)
+            breaker.refresh(now)
+            seen = self._outcomes[alias]
+            while seen and seen[0][0] < now - window:
+                seen.popleft()
+            cooling = self.relay.health.cooldown_until(alias) - now
+            profiles[alias] = {
+                "breaker": breaker.state,
+                "recent_failures": len(breaker.failures),
+                "open_for_s": round(max(0.0, breaker.open_until - now), 3) if breaker.state == "open" else 0.0,
+                "cooldown_s": round(cooling, 3) if cooling > 0 else 0.0,
+                "attempts_in_window": len(seen),
+                "success_rate": round(sum(ok for _, ok in seen) / len(seen), 4) if seen else None,
+            }
+        return {"window_s": window, "profiles": profiles, "fallback_record": dict(self.relay.fallback_record)}
+
+    async def _finish_turn(self, turn_id: str, result: TurnResult, started: float) -> None:
+        now = trio.current_time()
+        for attempt in result.attempts:
+            self._outcomes[attempt.provider].append((now, attempt.outcome == "ok"))
+        self.metrics.observe(result, now - started)
+        if self.ledger is not None and result.ledger:
+            await trio.to_thread.run_sync(self.ledger.write, turn_id, result)
+
+    def _attribution(self, result: TurnResult) -> list[tuple[bytes, bytes]]:
+        return [
+            (b"x-relayline-requested", result.requested.encode()),
+            (b"x-relayline-served", (result.served.label if result.served else "none").encode()),
+            (b"x-relayline-attempts", str(len(result.attempts)).encode()),
+            (b"x-relayline-fallback", b"true" if result.fallback else b"false"),
+            (b"x-relayline-cost-usd", f"{result.cost_usd:.8f}".encode()),
+        ]
+
+    def _relayline_field(self, result: TurnResult) -> dict:
+        return {
+            "requested": result.requested,
+            "served": result.served.label if result.served else None,
+            "fallback": result.fallback,
+            "notice": result.notice,
+            "cost_usd": result.cost_usd,
+            "attempts": [str(a) for a in result.attempts],
+        }
+
+    # -- chat completions -----------------------------------------------------------------------
+
+    async def _chat(self, scope, receive, send) -> None:
+        raw = await self._read_body(receive, send)
+        if raw is None:
+            return
+        try:
+            body = json.loads(raw)
+            messages = body["messages"]
+            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            await self._respond(send, 400, _error_body("the body must be JSON with a `messages` list",
+                                                       "invalid_request_error", "invalid_body"))
+            return
+        model = body.get("model")
+        tools = tuple(body.get("tools") or ())
+        turn_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        if body.get("stream"):
+            await self._chat_stream(turn_id, messages, model, tools, receive, send)
+            return
+        started = trio.current_time()
+        runs: list[TurnRun] = []
+        with trio.CancelScope() as scope_:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_disconnect, receive, scope_)
+                try:
+                    await self.relay.run_turn(messages, model=model, tools=tools, gateway=True, run_hook=runs.append)
+                finally:
+                    nursery.cancel_scope.cancel()
+        result = runs[0].result if runs else None
+        if result is None:
+            return
+        await self._finish_turn(turn_id, result, started)
+        if result.outcome == "cancelled":
+            return  # the client went away
+        headers = self._attribution(result)
+        if result.outcome != "ok":
+            status, type_, code = ERRORS.get(result.error or "", (502, "upstream_error", result.error))
+            await self._respond(send, status, _error_body(result.message or "failed", type_, code), headers=headers)
+            return
+        served = result.served
+        message: dict = {"role": "assistant", "content": result.text}
+        if result.tool_calls:
+            message["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": "{}"}}
+                                     for i, n in enumerate(result.tool_calls)]
+        accepted = [r for r in result.ledger if r.accepted]
+        usage = {"prompt_tokens": sum(r.input_tokens for r in accepted),
+                 "completion_tokens": sum(r.output_tokens for r in accepted)}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        await self._json(send, 200, {
+            "id": turn_id, "object": "chat.completion", "created": int(time.time()), "model": served.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if result.tool_calls else "stop"}],
+            "usage": usage, "relayline": self._relayline_field(result),
+        }, headers=headers)
+
+    async def _watch_disconnect(self, receive, scope: trio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                scope.cancel()
+                return
+
+    async def _chat_stream(self, turn_id: str, messages, model, tools, receive, send) -> None:
+        started = trio.current_time()
+        runs: list[TurnRun] = []
+        wire = _StreamWire(turn_id, send, runs)
+        gate_s = self.relay.config.timeouts.gate_commit_s
+        with trio.CancelScope() as turn_scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_disconnect, receive, turn_scope)
+                if gate_s > 0:
+                    nursery.start_soon(wire.commit_after, gate_s)
+                try:
+                    await self.relay.run_turn(messages, model=model, tools=tools, stream=True, gateway=True,
+                                              sink=wire.event, run_hook=runs.append)
+                finally:
+                    nursery.cancel_scope.cancel()
+        result = runs[0].result if runs else None
+        if result is None:
+            return
+        await self._finish_turn(turn_id, result, started)
+        if result.outcome == "cancelled":
+            return
+        if not wire.started:
+            # nothing was sent: a failure before commit still gets a real status and body
+            status, type_, code = ERRORS.get(result.error or "", (502, "upstream_error", result.error))
+            await self._respond(send, status, _error_body(result.message or "failed", type_, code),
+                                headers=self._attribution(result))
+            return
+        await wire.finish(result, self._relayline_field(result))
+
+
+class _StreamWire:
+    """One streamed response: OpenAI chunk rendering, held headers, the commit."""
+
+    def __init__(self, turn_id: str, send, runs: list[TurnRun]) -> None:
+        self.turn_id = turn_id
+        self.send = send
+        self.runs = runs
+        self.started = False
+        self.created = int(time.time())
+        self.model = ""
+        self.tools = 0
+        self._lock = trio.Lock()  # the gate timer and the turn both write: keep the wire ordered
+
+    def _served_entry(self):
+        run = self.runs[0] if self.runs else None
+        if run is None:
+            return None
+        if run.result is not None and run.result.served is not None:
+            return run.result.served
+        return run.turn.call.entry if run.turn.call is not None else None
+
+    async def _start(self) -> None:
+        if self.started:
+            return
+        async with self._lock:
+            if not self.started:
+                await self._send_start()
+
+    async def _send_start(self) -> None:
+        self.started = True
+        entry = self._served_entry()
+        self.model = entry.model if entry is not None else ""
+        run = self.runs[0] if self.runs else None
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                   (b"x-relayline-served", (entry.label if entry else "none").encode())]
+        if run is not None:
+            headers.append((b"x-relayline-requested", run.turn.plan.requested.encode()))
+            headers.append((b"x-relayline-attempts", str(len(run.turn.attempts) + 1).encode()))
+        await self.send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self._chunk({"role": "assistant", "content": ""})
+
+    async def commit_after(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+        await self._start()  # a slow model is not an error: the held headers and role go out
+
+    def _frame(self, delta: dict | None, finish: str | None = None, **extra) -> bytes:
+        chunk = {"id": self.turn_id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                 "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+    async def _chunk(self, delta: dict) -> None:
+        await self.send({"type": "http.response.body", "body": self._frame(delta), "more_body": True})
+
+    async def _write(self, delta: dict) -> None:
+        async with self._lock:
+            await self._chunk(delta)
+
+    async def event(self, event: Event) -> None:
+        if not event.visible:
+            return  # held protocol frames: the role chunk is rendered at commit
+        await self._start()
+        if event.kind == "text":
+            await self._write({"content": event.value})
+        elif event.kind == "reasoning":
+            await self._write({"reasoning_content": event.value})
+        elif event.kind == "tool":
+            self.tools += 1
+            await self._write({"tool_calls": [{"index": self.tools - 1, "id": f"call_{self.tools - 1}", "type": "function",
+                                               "function": {"name": event.value, "arguments": ""}}]})
+        elif event.kind == "tool_args":
+            await self._write({"tool_calls": [{"index": max(self.tools - 1, 0), "function": {"arguments": event.value}}]})
+        # executed_tool: provider-side work has no OpenAI chunk shape; it shows in the ledger
+
+    async def finish(self, result: TurnResult, relayline: dict) -> None:
+        if result.outcome == "ok":
+            accepted = [r for r in result.ledger if r.accepted]
+            usage = {"prompt_tokens": sum(r.input_tokens for r in accepted),
+                     "completion_tokens": sum(r.output_tokens for r in accepted)}
+            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+            if result.served is not None:
+                self.model = result.served.model
+            body = self._frame({}, "tool_calls" if self.tools else "stop")
+            body += self._frame(None, usage=usage, relayline=relayline)
+            body += b"data: [DONE]\n\n"
+        else:
+            # after commit: an explicit error event and no [DONE], never a clean-looking end
+            status_type, code = ERRORS.get(result.error or "", (502, "upstream_error", result.error))[1:]
+            error = {"error": {"message": result.message or "failed", "type": status_type, "code": code},
+                     "relayline": relayline}
+            body = b"data: " + json.dumps(error).encode() + b"\n\n"
+        async with self._lock:
+            await self.send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080,
+                task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run the gateway on hypercorn's trio worker until cancelled. Reports the bound URLs."""
+    from hypercorn.config import Config as HypercornConfig
+    from hypercorn.trio import serve as hypercorn_serve
+
+    config = HypercornConfig()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.keep_alive_timeout = 75
+    await hypercorn_serve(gateway, config, task_status=task_status)

@@ -1,0 +1,169 @@
+"""The gateway end to end: the official openai SDK as the client, over real loopback HTTP, in
+front of loopback sim upstreams speaking the OpenAI and Anthropic protocols."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from relayline.adapters.background import BackgroundGateway
+from relayline.adapters.ledger_store import LedgerStore
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def two_profiles(**extra):
+    config = {
+        "active": "anthropic.primary",
+        "reliability": {"provider_retries": 1, "backoff_ms": 50},
+        "notices": {"model_fallback_notice": "detailed"},
+        "providers": {
+            "anthropic.primary": {"family": "sim", "model": "claude-sonnet-4", "fallbacks": ["openai.backup"],
+                                  "price": {"input_per_mtok": 3.0, "output_per_mtok": 15.0}},
+            "openai.backup": {"family": "sim", "model": "gpt-4o-mini", "price": {"input_per_mtok": 1.0, "output_per_mtok": 1.0}},
+        },
+        "routes": [{"hint": "fast", "provider": "openai.backup", "model": "gpt-4o-mini"}],
+    }
+    config.update(extra)
+    return config
+
+
+def client(gw, key="unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0, timeout=20)
+
+
+def test_non_streaming_success_with_attribution():
+    with BackgroundGateway(two_profiles(), [{"provider": "anthropic.primary", "script": [{"text": "hello there"}]}]) as gw:
+        raw = client(gw).chat.completions.with_raw_response.create(model="claude-sonnet-4", messages=HI)
+        completion = raw.parse()
+    assert completion.choices[0].message.content == "hello there"
+    assert completion.model == "claude-sonnet-4"
+    assert raw.headers["x-relayline-served"] == "anthropic.primary/claude-sonnet-4"
+    assert raw.headers["x-relayline-requested"] == "anthropic.primary/claude-sonnet-4"
+    assert raw.headers["x-relayline-fallback"] == "false" and raw.headers["x-relayline-attempts"] == "1"
+    assert float(raw.headers["x-relayline-cost-usd"]) == pytest.approx((10 * 3 + 2 * 15) / 1e6)
+    assert completion.usage.prompt_tokens == 10 and completion.usage.completion_tokens == 2
+
+
+def test_failover_reports_the_served_model_and_a_notice():
+    replies = [{"provider": "anthropic.primary", "script": [{"status": 503}]},
+               {"provider": "openai.backup", "script": [{"text": "from the backup"}]}]
+    with BackgroundGateway(two_profiles(), replies) as gw:
+        raw = client(gw).chat.completions.with_raw_response.create(model="claude-sonnet-4", messages=HI)
+        completion = raw.parse()
+    assert completion.model == "gpt-4o-mini" and completion.choices[0].message.content == "from the backup"
+    assert raw.headers["x-relayline-fallback"] == "true" and raw.headers["x-relayline-attempts"] == "3"
+    extra = completion.model_extra["relayline"]
+    assert "anthropic.primary/claude-sonnet-4" in extra["notice"] and extra["served"] == "openai.backup/gpt-4o-mini"
+
+
+def test_streaming_sends_chunks_and_usage_last():
+    with BackgroundGateway(two_profiles(), [{"provider": "anthropic.primary", "script": [{"text": "one two three"}]}]) as gw:
+        raw = client(gw).chat.completions.with_raw_response.create(model="x", messages=HI, stream=True)
+        chunks = list(raw.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "one two three"
+    assert raw.headers["x-relayline-served"] == "anthropic.primary/claude-sonnet-4"
+    assert chunks[-1].usage.completion_tokens == 3 and chunks[-1].choices == []
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+def test_stream_failing_before_output_is_recovered_invisibly():
+    replies = [{"provider": "anthropic.primary", "script": [{"frames": [{"role": True}, {"error": "overloaded_error"}]}]},
+               {"provider": "openai.backup", "script": [{"text": "recovered answer"}]}]
+    with BackgroundGateway(two_profiles(), replies) as gw:
+        chunks = list(client(gw).chat.completions.create(model="x", messages=HI, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "recovered answer"
+    assert chunks[-1].model == "gpt-4o-mini"
+
+
+def test_stream_cut_after_output_surfaces_as_an_error_in_the_sdk():
+    replies = [{"provider": "anthropic.primary", "script": [
+        {"frames": [{"role": True}, {"text": "Partial"}, {"text": " answer"}, {"error": "overloaded_error"}]}]}]
+    received = []
+    with BackgroundGateway(two_profiles(), replies) as gw:
+        stream = client(gw).chat.completions.create(model="x", messages=HI, stream=True)
+        with pytest.raises(openai.APIError):
+            for chunk in stream:
+                if chunk.choices:
+                    received.append(chunk.choices[0].delta.content or "")
+        health = httpx.get(f"{gw.url}/admin/health").json()
+    assert "".join(received) == "Partial answer"
+    assert health["profiles"]["anthropic.primary"]["attempts_in_window"] == 1
+
+
+def test_a_stream_that_fails_before_commit_gets_a_real_status():
+    replies = [{"provider": "anthropic.primary", "script": [{"status": 400, "error": "context_length_exceeded"}]}]
+    with BackgroundGateway(two_profiles(), replies) as gw, pytest.raises(openai.BadRequestError) as info:
+        client(gw).chat.completions.create(model="x", messages=HI, stream=True)
+    assert info.value.status_code == 400 and info.value.code == "context_length_exceeded"
+
+
+def test_exhaustion_is_a_502_with_the_aggregated_error():
+    replies = [{"provider": "anthropic.primary", "script": [{"status": 503}]},
+               {"provider": "openai.backup", "script": [{"status": 500}]}]
+    with BackgroundGateway(two_profiles(), replies) as gw, pytest.raises(openai.APIStatusError) as info:
+        client(gw).chat.completions.create(model="x", messages=HI)
+    assert info.value.status_code == 502 and "#4 openai.backup/gpt-4o-mini" in info.value.message
+
+
+def test_gateway_keys_are_required_when_configured():
+    with BackgroundGateway(two_profiles(), api_keys={"gw-secret-1"}) as gw:
+        with pytest.raises(openai.AuthenticationError):
+            client(gw, "wrong").chat.completions.create(model="x", messages=HI)
+        assert client(gw, "gw-secret-1").chat.completions.create(model="x", messages=HI).choices[0].message.content == "ok"
+        assert httpx.get(f"{gw.url}/metrics").status_code == 401
+        assert httpx.get(f"{gw.url}/metrics", headers={"authorization": "Bearer gw-secret-1"}).status_code == 200
+
+
+def test_models_plan_metrics_and_a_route_hint_as_model():
+    with BackgroundGateway(two_profiles()) as gw:
+        ids = [m.id for m in client(gw).models.list()]
+        served = client(gw).chat.completions.with_raw_response.create(model="fast", messages=HI)
+        plan = httpx.get(f"{gw.url}/admin/plan", params={"model": "fast"}).json()
+        metrics = httpx.get(f"{gw.url}/metrics").text
+    assert "fast" in ids and "claude-sonnet-4" in ids
+    assert served.headers["x-relayline-served"] == "openai.backup/gpt-4o-mini"
+    assert plan["domain"] == "openai.backup" and plan["entries"][0]["model"] == "gpt-4o-mini"
+    assert 'relayline_attempts_total{provider="openai.backup",outcome="ok"} 1' in metrics
+    assert "relayline_turn_seconds_count 1" in metrics and "relayline_breaker_transitions_total" in metrics
+
+
+def test_oversized_and_malformed_bodies_are_refused():
+    with BackgroundGateway(two_profiles(gateway={"max_body_bytes": 1000})) as gw:
+        big = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "x", "messages": [{"role": "user", "content": "x" * 5000}]})
+        bad = httpx.post(f"{gw.url}/v1/chat/completions", content=b"{nope")
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+    assert bad.status_code == 400
+
+
+def test_ledger_rows_are_written_before_the_response_completes(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    replies = [{"provider": "anthropic.primary", "script": [{"empty": True, "usage": [10, 0]}, {"text": "ok now"}]}]
+    with BackgroundGateway(two_profiles(), replies, ledger_path=str(path)) as gw:
+        client(gw).chat.completions.create(model="x", messages=HI)
+        rows = LedgerStore(path).rows()
+    assert [(r["provider"], r["outcome"], r["accepted"]) for r in rows] == [
+        ("anthropic.primary", "empty", 0), ("anthropic.primary", "ok", 1)]
+
+
+def test_a_client_disconnect_cancels_the_turn_without_a_retry():
+    replies = [{"provider": "anthropic.primary", "script": [
+        {"frames": [{"role": True}, {"text": "first"}, {"wait": 3.0}, {"text": " never"}, {"done": True}]}]}]
+    with BackgroundGateway(two_profiles(), replies) as gw:
+        with httpx.stream("POST", f"{gw.url}/v1/chat/completions",
+                          json={"model": "x", "messages": HI, "stream": True}, timeout=10) as response:
+            for line in response.iter_lines():
+                if "first" in line:
+                    break  # hang up mid-stream
+        deadline = time.monotonic() + 5
+        metrics = ""
+        while time.monotonic() < deadline and 'relayline_turns_total{outcome="cancelled"} 1' not in metrics:
+            time.sleep(0.05)
+            metrics = httpx.get(f"{gw.url}/metrics").text
+        calls = gw.sim.calls
+    assert 'relayline_turns_total{outcome="cancelled"} 1' in metrics
+    assert calls == 1
