@@ -1,10 +1,13 @@
-"""`relayline demo` / `make demo`: the storyline of adapters/demo.toml on the built-in sim
-upstreams, on virtual time, printed as an operator would read it. No credentials, no network.
+"""`relayline demo` / `make demo`: the storyline an operator would want to see, with no
+credentials and no network beyond loopback.
 
-The storyline: a healthy primary; an outage retried and served by the backup (with a notice);
-the breaker opening while the backup is rate limited and cools down; both skipped before
-anything is sent; a stream failing before output, recovered out of the consumer's sight; a
-stream cut after output, ending as a clean interruption; the primary probed and back.
+By default it starts loopback sim upstreams (an Anthropic-shaped primary, OpenAI-shaped backup
+and spare) with scripted faults and the real gateway in front of them, then drives the storyline
+with the official openai SDK, in real time (about ten seconds): a healthy primary; an outage
+retried and served by the backup (with a notice); the breaker opening while the backup is rate
+limited and cools down; both skipped before anything is sent; a stream failing before output,
+recovered out of the client's sight; a stream cut after output, surfacing as an error in the SDK;
+the primary probed and back. `--simulated` runs adapters/demo.toml in process on virtual time.
 """
 
 from __future__ import annotations
@@ -30,7 +33,18 @@ def builtin_relay():
     return Relay(structure_config(scenario.config), env={})
 
 
-def main(out=print, simulated: bool = True) -> int:
+def main(out=print, simulated: bool = False) -> int:
+    if not simulated:
+        try:
+            import openai  # noqa: F401 - the gateway storyline needs the official SDK
+        except ImportError:
+            out("the openai SDK is not installed (make install brings it): running the simulated storyline\n")
+        else:
+            return gateway_main(out)
+    return simulated_main(out)
+
+
+def simulated_main(out=print) -> int:
     path = resources.files("relayline.adapters").joinpath("demo.toml")
     scenario = load_scenario(str(path))
     health_view: list[str] = []
@@ -75,3 +89,113 @@ def main(out=print, simulated: bool = True) -> int:
     total = sum(r["cost_usd"] for r in trace["requests"])
     out(f"\ntotal cost ${total:.6f}; the gateway version of this demo (`relayline serve`) is issue 7.")
     return 1 if failures else 0
+
+
+# -- the gateway storyline ---------------------------------------------------------------------
+
+GATEWAY_CONFIG = {
+    "active": "anthropic.primary",
+    "reliability": {"provider_retries": 1, "backoff_ms": 100},
+    "breaker": {"failure_threshold": 2, "open_s": 4},
+    "notices": {"model_fallback_notice": "detailed"},
+    "providers": {
+        "anthropic.primary": {"family": "sim", "model": "claude-sonnet-4", "fallbacks": ["openai.backup", "openrouter.spare"],
+                              "price": {"input_per_mtok": 3.0, "output_per_mtok": 15.0}},
+        "openai.backup": {"family": "sim", "model": "gpt-4o-mini", "price": {"input_per_mtok": 0.15, "output_per_mtok": 0.6}},
+        "openrouter.spare": {"family": "sim", "model": "llama-3.3-70b", "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.8}},
+    },
+}
+GATEWAY_REPLIES = [
+    {"provider": "anthropic.primary", "script": [
+        {"text": "Hello from the primary."}, {"status": 503}, {"status": 503}, {"status": 503},
+        {"text": "The primary is back."}]},
+    {"provider": "openai.backup", "script": [
+        {"text": "The backup answers while the primary is down."},
+        {"status": 429, "retry_after": 2},
+        {"frames": [{"role": True}, {"ping": True}, {"error": "overloaded_error"}]},
+        {"frames": [{"role": True}, {"text": "Streaming a long"}, {"text": " answer"}, {"error": "overloaded_error"}]}]},
+    {"provider": "openrouter.spare", "script": [{"text": "The spare answers."}]},
+]
+# (pause before, stream?, what it shows)
+STORY = [
+    (0.0, False, "a healthy primary"),
+    (0.0, False, "the primary goes down: retried, then the backup serves"),
+    (0.0, False, "still down: the breaker opens; the backup is rate limited and cools down"),
+    (0.0, False, "the open breaker and the cooldown are skipped before anything is sent"),
+    (2.2, True, "a stream fails before any output: recovered without the client seeing it"),
+    (0.0, True, "a stream is cut after output: the SDK sees an error, never a replay"),
+    (4.2, False, "open_s has passed: one probe, and the primary is back"),
+]
+
+
+def gateway_main(out=print) -> int:
+    import tempfile
+    import time
+
+    import httpx
+    import openai
+
+    from .background import BackgroundGateway
+    from .ledger_store import LedgerStore
+
+    messages = [{"role": "user", "content": "hi"}]
+    seen = {"fallback": 0, "breaker_skip": 0, "interrupted": 0}
+    with tempfile.TemporaryDirectory() as tmp, \
+            BackgroundGateway(GATEWAY_CONFIG, GATEWAY_REPLIES, ledger_path=f"{tmp}/ledger.sqlite3") as gw:
+        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="demo", max_retries=0, timeout=30)
+        out(f"relayline demo: gateway at {gw.url}, sim upstreams at 127.0.0.1:{gw.sim.port}, client: openai SDK\n")
+        for n, (pause, stream, story) in enumerate(STORY, start=1):
+            time.sleep(pause)
+            out(f"{n}. {'stream' if stream else 'complete'}: {story}")
+            extra, text, error = {}, "", None
+            try:
+                raw = client.chat.completions.with_raw_response.create(model="claude-sonnet-4", messages=messages,
+                                                                       stream=stream)
+                headers = raw.headers
+                if stream:
+                    try:
+                        for chunk in raw.parse():
+                            if chunk.choices:
+                                text += chunk.choices[0].delta.content or ""
+                            extra = (chunk.model_extra or {}).get("relayline") or extra
+                    except openai.APIError as exc:
+                        error = f"stream error from the gateway: {exc.message[:90]}"
+                else:
+                    completion = raw.parse()
+                    text = completion.choices[0].message.content or ""
+                    extra = completion.model_extra["relayline"]
+            except openai.APIStatusError as exc:
+                headers, error = exc.response.headers, f"HTTP {exc.status_code}: {exc.message[:90]}"
+            out(f"   requested: {headers.get('x-relayline-requested', '?')}")
+            if extra.get("attempts"):
+                out(f"   attempts:  {' -> '.join(extra['attempts'])}")
+            if extra.get("skipped"):
+                out(f"   skipped:   {', '.join(extra['skipped'])} (nothing sent)")
+                seen["breaker_skip"] += sum("breaker" in s for s in extra["skipped"])
+            out(f"   served:    {extra.get('served') or headers.get('x-relayline-served', 'none')}")
+            if text:
+                out(f"   {'partial:' if error else 'answer: '}   {text!r}")
+            if error:
+                out(f"   error:     {error}")
+                seen["interrupted"] += stream and bool(text)
+            if extra.get("notice"):
+                out(f"   notice:    {extra['notice']}")
+            if extra.get("cost_usd") is not None:
+                out(f"   cost:      ${extra['cost_usd']:.6f}")
+            seen["fallback"] += bool(extra.get("fallback"))
+            out("")
+        health = httpx.get(f"{gw.url}/admin/health").json()
+        ledger = LedgerStore(f"{tmp}/ledger.sqlite3").report()
+    out("health (GET /admin/health):")
+    for alias, h in health["profiles"].items():
+        rate = "n/a" if h["success_rate"] is None else f"{h['success_rate']:.0%}"
+        out(f"  {alias:<20} breaker={h['breaker']:<9} cooldown={h['cooldown_s']:>4.1f}s "
+            f"attempts={h['attempts_in_window']:<2} success={rate}")
+    out("\nledger (SQLite, per profile and model):")
+    for row in ledger:
+        out(f"  {row['provider']:<20} {row['model']:<16} accepted={row['accepted']} rejected={row['rejected']} "
+            f"cost=${row['accepted_cost_usd'] + row['rejected_cost_usd']:.6f}")
+    ok = seen["fallback"] > 0 and seen["breaker_skip"] > 0 and seen["interrupted"] > 0
+    out(f"\nshown: {seen['fallback']} fallbacks, {seen['breaker_skip']} breaker skips, "
+        f"{seen['interrupted']} interruption{'s' if seen['interrupted'] != 1 else ''}")
+    return 0 if ok else 1

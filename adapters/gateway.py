@@ -244,6 +244,7 @@ class Gateway:
             "notice": result.notice,
             "cost_usd": result.cost_usd,
             "attempts": [str(a) for a in result.attempts],
+            "skipped": [str(s) for s in result.skipped],
         }
 
     # -- chat completions -----------------------------------------------------------------------
