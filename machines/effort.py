@@ -7,7 +7,8 @@ the same text always routes the same way and an operator can predict it with `re
 Features and points (the score is their sum):
 - words: > 40: +1, > 120: +2, > 400: +3 (long asks tend to be multi-part)
 - code: one or more fenced code blocks: +2
-- reasoning terms (analyze, prove, design, refactor, debug, optimize, trade-off, ...): +1 each, at most +3
+- reasoning terms (analyze, prove, design, refactor, debug, optimize, trade-off, ...): +1 each, at most +4
+  (four distinct asks of that kind make a turn complex on their own)
 - lines: more than 20: +1
 - questions: three or more question marks: +1
 - constraints (must, should, without, ensure, at least, at most): three or more: +1
@@ -64,7 +65,7 @@ def estimate(text: str) -> tuple[Level, int, dict[str, int]]:
     n = features["words"]
     score = 3 if n > 400 else 2 if n > 120 else 1 if n > 40 else 0
     score += 2 if features["code_blocks"] else 0
-    score += min(features["reasoning_terms"], 3)
+    score += min(features["reasoning_terms"], 4)
     score += 1 if features["lines"] > 20 else 0
     score += 1 if features["questions"] >= 3 else 0
     score += 1 if features["constraints"] >= 3 else 0
