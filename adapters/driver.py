@@ -129,33 +129,40 @@ class TurnRun:
             if headers_scope.cancelled_caught:
                 return fc.timed_out("response headers", t.headers_s)
             turn.stream_headers()
-            opened = trio.current_time()
-            first_token_deadline = opened + t.first_token_s if t.first_token_s > 0 else math.inf
-            idle = t.idle_s if t.idle_s > 0 else math.inf
-            gate = turn.gate
-            draft: list[str] = []
-            with trio.CancelScope(deadline=min(first_token_deadline, opened + idle)) as scope:
-                try:
-                    async for frame in frames:
-                        if frame.kind == DONE:
-                            return None
-                        events = turn.stream_frame(frame)
-                        if events:
-                            scope.deadline = math.inf  # a slow consumer is not a stalled provider
-                            for event in events:
-                                await sink(event)
-                                # frames that arrived in one read have no checkpoint between them:
-                                # a consumer that cancelled in its sink must not be sent one more
-                                await trio.lowlevel.checkpoint_if_cancelled()
-                                if self.on_draft is not None and event.kind == "text":
-                                    draft.append(event.value)
-                                    self.on_draft("".join(draft))
-                        now = trio.current_time()
-                        scope.deadline = now + idle if gate.committed else min(first_token_deadline, now + idle)
-                except ProviderFailure as exc:
-                    return exc.failure
-            if scope.cancelled_caught:
-                if not gate.committed and trio.current_time() >= first_token_deadline:
-                    return fc.timed_out("decisive frame", t.first_token_s)
-                return fc.timed_out("frame (stalled stream)", t.idle_s)
-            return fc.truncated()
+            return await self._frames(frames, sink)
+
+    async def _frames(self, frames, sink: Sink) -> fc.Failure | None:
+        """Run the frames through the gate under first_token_s and idle_s (the provider's time,
+        not the consumer's: the deadline is lifted while a sink write is in progress)."""
+        turn = self.turn
+        t = self.timeouts
+        gate = turn.gate
+        opened = trio.current_time()
+        first_token_deadline = opened + t.first_token_s if t.first_token_s > 0 else math.inf
+        idle = t.idle_s if t.idle_s > 0 else math.inf
+        draft: list[str] = []
+        with trio.CancelScope(deadline=min(first_token_deadline, opened + idle)) as scope:
+            try:
+                async for frame in frames:
+                    if frame.kind == DONE:
+                        return None
+                    events = turn.stream_frame(frame)
+                    if events:
+                        scope.deadline = math.inf  # a slow consumer is not a stalled provider
+                        for event in events:
+                            await sink(event)
+                            # frames that arrived in one read have no checkpoint between them:
+                            # a consumer that cancelled in its sink must not be sent one more
+                            await trio.lowlevel.checkpoint_if_cancelled()
+                            if self.on_draft is not None and event.kind == "text":
+                                draft.append(event.value)
+                                self.on_draft("".join(draft))
+                    now = trio.current_time()
+                    scope.deadline = now + idle if gate.committed else min(first_token_deadline, now + idle)
+            except ProviderFailure as exc:
+                return exc.failure
+        if scope.cancelled_caught:
+            if not gate.committed and trio.current_time() >= first_token_deadline:
+                return fc.timed_out("decisive frame", t.first_token_s)
+            return fc.timed_out("frame (stalled stream)", t.idle_s)
+        return fc.truncated()

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import trio
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from relayline.adapters import Relay
 from relayline.machines.config import structure_config
 from relayline.machines.engine import build_machine, load_spec
@@ -172,7 +174,43 @@ def bench_driver(turns: int = 300) -> dict:
     return {"library_complete_turn_us": statistics.median(samples), "trio_checkpoint_us": statistics.median(base)}
 
 
+def http_benchmarks(quick: bool) -> dict:
+    from peers import Processes, run_litellm, run_trio_side, summarise
+
+    rounds, n = (1, 100) if quick else (3, 300)
+    with Processes(hold_s=2.0) as procs:
+        trio_side = run_trio_side(procs, rounds=rounds, n=n)
+        lite = run_litellm(procs.upstream, rounds=rounds, n=n)
+    if lite is None:
+        print("LiteLLM is not installed (make bench installs the bench extra): its column is skipped")
+    return summarise(trio_side, lite)
+
+
+def print_http(h: dict) -> None:
+    lat = h["latency_ms"]
+    print("\nnon-streaming latency, concurrency 1 (ms; added = minus the direct call of the same loop)")
+    print(f"{'method':<10} {'p50':>8} {'p99':>8} {'added p50':>10} {'added p99':>10} {'x direct':>9}")
+    for name, row in lat.items():
+        print(f"{name:<10} {row['p50']:>8.3f} {row['p99']:>8.3f} {row['added_p50']:>10.3f} {row['added_p99']:>10.3f} "
+              f"{row['ratio_p50']:>9.2f}")
+    if "litellm" in lat and lat["gateway"]["added_p50"] > 0:
+        print(f"LiteLLM adds {lat['litellm']['added_p50'] / lat['gateway']['added_p50']:.1f}x the gateway's p50 "
+              f"and {lat['litellm']['added_p50'] / max(lat['library']['added_p50'], 1e-9):.1f}x the library's")
+    print("\nthroughput (requests/s)")
+    for c, row in h["throughput_rps"].items():
+        print(f"  concurrency {c:>3}: " + ", ".join(f"{k} {v:,.0f}" for k, v in row.items()))
+    print("\n200-frame streams (median)")
+    for name, row in h["stream"].items():
+        extra = f", {row['per_frame_added_us']:.1f} µs added per frame" if "per_frame_added_us" in row else ""
+        print(f"  {name:<8} first byte {row['ttfb_ms']:.2f} ms, total {row['total_ms']:.2f} ms{extra}")
+    held = h["held"]
+    print(f"\n{held['streams']} concurrent streams through the gateway: {held['ok']} ok, {held['errors']} errors; "
+          f"gateway RSS {held['gateway_rss_before_kib'] / 1024:.0f} -> {held['gateway_rss_peak_kib'] / 1024:.0f} MiB "
+          f"({held['gateway_kib_per_stream']:.1f} KiB per in-flight stream)")
+
+
 def main() -> int:
+    quick = "--quick" in sys.argv
     results = {
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "python": sys.version.split()[0],
@@ -181,6 +219,7 @@ def main() -> int:
         "core_turn": bench_core_turn(),
         "stream": bench_stream_frames(),
         "driver": bench_driver(),
+        "http": http_benchmarks(quick),
     }
     e, c, s, d = results["engine"], results["core_turn"], results["stream"], results["driver"]
     rows = [
@@ -196,6 +235,7 @@ def main() -> int:
     print(f"{'measure':<30} {'relayline':>12}   {'baseline':<30} {'value':>10}   note")
     for name, value, base_name, base_value, note in rows:
         print(f"{name:<30} {value:>12}   {base_name:<30} {base_value:>10}   {note}")
+    print_http(results["http"])
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     path = out / f"{dt.date.today().isoformat()}.json"

@@ -8,7 +8,7 @@ Features and points (the score is their sum):
 - words: > 40: +1, > 120: +2, > 400: +3 (long asks tend to be multi-part)
 - code: one or more fenced code blocks: +2
 - reasoning terms (analyze, prove, design, refactor, debug, optimize, trade-off, ...): +1 each, at most +4
-  (four distinct asks of that kind make a turn complex on their own)
+  (four such asks make a turn complex on their own)
 - lines: more than 20: +1
 - questions: three or more question marks: +1
 - constraints (must, should, without, ensure, at least, at most): three or more: +1

@@ -28,7 +28,8 @@ MAX_ERROR_BODY = 64 * 1024  # enough to classify; a provider's error page is not
 
 
 def default_limits() -> httpx.Limits:
-    return httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=30.0)
+    # a gateway holds one upstream connection per in-flight stream: size the pool for thousands
+    return httpx.Limits(max_connections=2048, max_keepalive_connections=256, keepalive_expiry=30.0)
 
 
 def new_client() -> httpx.AsyncClient:
