@@ -21,6 +21,7 @@ import os
 import time
 import uuid
 from collections import defaultdict, deque
+from functools import partial
 from urllib.parse import parse_qs
 
 import trio
@@ -269,25 +270,12 @@ class Gateway:
         if body.get("stream"):
             await self._chat_stream(turn_id, messages, model, tools, receive, send)
             return
-        started = trio.current_time()
-        runs: list[TurnRun] = []
-        with trio.CancelScope() as scope_:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._watch_disconnect, receive, scope_)
-                try:
-                    await self.relay.run_turn(messages, model=model, tools=tools, gateway=True, run_hook=runs.append)
-                finally:
-                    nursery.cancel_scope.cancel()
-        result = runs[0].result if runs else None
-        if result is None:
-            return
-        await self._finish_turn(turn_id, result, started)
-        if result.outcome == "cancelled":
+        result = await self._run_turn(turn_id, receive, [], messages=messages, model=model, tools=tools)
+        if result is None or result.outcome == "cancelled":
             return  # the client went away
         headers = self._attribution(result)
         if result.outcome != "ok":
-            status, type_, code = ERRORS.get(result.error or "", (502, "upstream_error", result.error))
-            await self._respond(send, status, _error_body(result.message or "failed", type_, code), headers=headers)
+            await self._error_response(send, result)
             return
         served = result.served
         message: dict = {"role": "assistant", "content": result.text}
@@ -304,6 +292,29 @@ class Gateway:
             "usage": usage, "relayline": self._relayline_field(result),
         }, headers=headers)
 
+    async def _run_turn(self, turn_id: str, receive, runs: list[TurnRun], tasks=(), **kwargs) -> TurnResult | None:
+        """Run one turn while watching for the client going away (a disconnect cancels it),
+        then account for it: metrics, health view, ledger rows (before any response ends)."""
+        started = trio.current_time()
+        with trio.CancelScope() as turn_scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_disconnect, receive, turn_scope)
+                for task in tasks:
+                    nursery.start_soon(task)
+                try:
+                    await self.relay.run_turn(gateway=True, run_hook=runs.append, **kwargs)
+                finally:
+                    nursery.cancel_scope.cancel()
+        result = runs[0].result if runs else None
+        if result is not None:
+            await self._finish_turn(turn_id, result, started)
+        return result
+
+    async def _error_response(self, send, result: TurnResult) -> None:
+        status, type_, code = ERRORS.get(result.error or "", (502, "upstream_error", result.error))
+        await self._respond(send, status, _error_body(result.message or "failed", type_, code),
+                            headers=self._attribution(result))
+
     async def _watch_disconnect(self, receive, scope: trio.CancelScope) -> None:
         while True:
             message = await receive()
@@ -312,32 +323,17 @@ class Gateway:
                 return
 
     async def _chat_stream(self, turn_id: str, messages, model, tools, receive, send) -> None:
-        started = trio.current_time()
         runs: list[TurnRun] = []
         wire = _StreamWire(turn_id, send, runs)
         gate_s = self.relay.config.timeouts.gate_commit_s
-        with trio.CancelScope() as turn_scope:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._watch_disconnect, receive, turn_scope)
-                nursery.start_soon(wire.flusher)
-                if gate_s > 0:
-                    nursery.start_soon(wire.commit_after, gate_s)
-                try:
-                    await self.relay.run_turn(messages, model=model, tools=tools, stream=True, gateway=True,
-                                              sink=wire.event, run_hook=runs.append)
-                finally:
-                    nursery.cancel_scope.cancel()
-        result = runs[0].result if runs else None
-        if result is None:
-            return
-        await self._finish_turn(turn_id, result, started)
-        if result.outcome == "cancelled":
+        tasks = [wire.flusher] + ([partial(wire.commit_after, gate_s)] if gate_s > 0 else [])
+        result = await self._run_turn(turn_id, receive, runs, tasks, messages=messages, model=model, tools=tools,
+                                      stream=True, sink=wire.event)
+        if result is None or result.outcome == "cancelled":
             return
         if not wire.started:
             # nothing was sent: a failure before commit still gets a real status and body
-            status, type_, code = ERRORS.get(result.error or "", (502, "upstream_error", result.error))
-            await self._respond(send, status, _error_body(result.message or "failed", type_, code),
-                                headers=self._attribution(result))
+            await self._error_response(send, result)
             return
         await wire.finish(result, self._relayline_field(result))
 

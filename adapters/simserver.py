@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 import trio
 
 from .loopback import LoopbackServer, Reply, Seen
-from .providers.sim import Script, default_usage, reply_frames
+from .providers.sim import Script, aggregate_frames, default_usage, reply_frames
 
 SSE = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
 JSON = (("content-type", "application/json"),)
@@ -148,32 +148,6 @@ def anthropic_body(reply: Mapping, model: str) -> dict:
             "stop_reason": "end_turn", "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}}
 
 
-def _aggregate(frames: list[Mapping]) -> dict:
-    """An explicit stream asked for without streaming: its whole answer, or its failure."""
-    text, reasoning, tools, usage = [], [], [], None
-    for frame in frames:
-        if "error" in frame:
-            return {"error": frame["error"]}
-        if frame.get("eof") or frame.get("malformed"):
-            return {"cut": True}
-        if "text" in frame:
-            text.append(frame["text"])
-        elif "reasoning" in frame:
-            reasoning.append(frame["reasoning"])
-        elif "tool_call" in frame:
-            tools.append(frame["tool_call"])
-        elif "usage" in frame:
-            usage = list(frame["usage"])
-    reply: dict = {"text": "".join(text), "usage": usage or [10, len(" ".join(text + reasoning).split())]}
-    if reasoning:
-        reply["reasoning"] = "".join(reasoning)
-    if tools:
-        reply["tool_call"] = tools[0]
-    if not text and not tools:
-        reply["empty"] = True
-    return reply
-
-
 def error_body(shape: str, status: int, error: str | None) -> dict:
     code = error or ("overloaded_error" if status == 529 else "rate_limit_error" if status == 429 else "api_error")
     if shape == "anthropic":
@@ -221,12 +195,13 @@ class SimHTTPServer:
             frames = openai_stream(reply, model) if shape == "openai" else anthropic_stream(reply, model)
             return Reply(headers=SSE, pieces=tuple(frames), delay=delay)
         if "frames" in reply:
-            reply = _aggregate(reply["frames"])
+            reply = aggregate_frames(reply["frames"])
+            delay += reply["wait"]
             if reply.get("cut"):
                 return Reply(headers=JSON, pieces=(b'{"id": "cut',), delay=delay, end=False)
-            if "error" in reply:
+            if "stream_error" in reply:
                 return Reply(status=500, headers=JSON, delay=delay,
-                             pieces=(json.dumps(error_body(shape, 500, reply["error"])).encode(),))
+                             pieces=(json.dumps(error_body(shape, 500, reply["stream_error"])).encode(),))
         rendered = openai_body(reply, model) if shape == "openai" else anthropic_body(reply, model)
         return Reply(headers=JSON, pieces=(json.dumps(rendered).encode(),), delay=delay)
 

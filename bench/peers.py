@@ -133,6 +133,8 @@ async def _stream_timing(client: httpx.AsyncClient, url: str, frames: int) -> tu
     first = None
     seen = 0
     async with client.stream("POST", url, json={"model": f"frames-{frames}", "messages": MESSAGES, "stream": True}) as r:
+        if r.status_code != 200:
+            raise AssertionError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
         async for line in r.aiter_lines():
             if '"content":" w' in line:
                 seen += 1

@@ -63,6 +63,36 @@ def default_usage(reply: Mapping, words_from: Sequence[str] | None = None) -> Us
     return Usage(10, sum(len(p.split()) for p in parts))
 
 
+def aggregate_frames(frames: Sequence[Mapping]) -> dict:
+    """An explicit stream asked for without streaming, as one reply: its whole answer, or its
+    failure (`stream_error`, or `cut` for an EOF or a malformed frame), after its waits."""
+    text, reasoning, tools, usage, wait = [], [], [], None, 0.0
+    for frame in frames:
+        if "wait" in frame:
+            wait += float(frame["wait"])
+        elif "error" in frame:
+            return {"stream_error": frame["error"], "wait": wait}
+        elif frame.get("eof") or frame.get("malformed"):
+            return {"cut": True, "wait": wait}
+        elif "text" in frame:
+            text.append(frame["text"])
+        elif "reasoning" in frame:
+            reasoning.append(frame["reasoning"])
+        elif "tool_call" in frame:
+            tools.append(frame["tool_call"])
+        elif "usage" in frame:
+            usage = list(frame["usage"])
+    reply: dict = {"text": "".join(text), "wait": wait,
+                   "usage": usage or [10, sum(len(p.split()) for p in text + reasoning)]}
+    if reasoning:
+        reply["reasoning"] = "".join(reasoning)
+    if tools:
+        reply["tool_call"] = tools[0]
+    if not text and not tools:
+        reply["empty"] = True
+    return reply
+
+
 def reply_frames(reply: Mapping) -> list[Mapping]:
     """A reply as explicit stream frames (SCENARIOS.md): role preamble, reasoning, one text
     frame per word (spaces kept), tool call, usage, the completion signal."""
@@ -119,32 +149,19 @@ class SimClient:
 
     async def complete(self, request: CallRequest) -> Completion:
         reply = self.upstream.next_reply(request, "complete")
+        if "frames" in reply:
+            reply = {**aggregate_frames(reply["frames"]), "delay": float(reply.get("delay", 0.0))}
         await self._before_headers(reply)
-        if "frames" not in reply:
-            if reply.get("empty"):
-                return Completion(usage=default_usage(reply, []))
-            tools = (reply["tool_call"],) if reply.get("tool_call") else ()
-            return Completion(reply.get("text", ""), reply.get("reasoning", ""), tools, default_usage(reply))
-        # an explicit stream asked for without streaming: its aggregate, or its failure
-        text, reasoning, tools, usage = [], [], [], None
-        for frame in reply["frames"]:
-            if "wait" in frame:
-                await trio.sleep(float(frame["wait"]))
-            elif "error" in frame:
-                raise ProviderFailure(fc.classify_stream_error(frame["error"]))
-            elif frame.get("eof") or frame.get("malformed"):
-                raise ProviderFailure(fc.truncated())
-            elif "text" in frame:
-                text.append(frame["text"])
-            elif "reasoning" in frame:
-                reasoning.append(frame["reasoning"])
-            elif "tool_call" in frame:
-                tools.append(frame["tool_call"])
-            elif "usage" in frame:
-                usage = Usage(*map(int, frame["usage"]))
-        if usage is None:
-            usage = default_usage({}, text + reasoning)
-        return Completion("".join(text), "".join(reasoning), tuple(tools), usage)
+        if reply.get("wait"):
+            await trio.sleep(reply["wait"])
+        if "stream_error" in reply:
+            raise ProviderFailure(fc.classify_stream_error(reply["stream_error"]))
+        if reply.get("cut"):
+            raise ProviderFailure(fc.truncated())
+        if reply.get("empty"):
+            return Completion(usage=default_usage(reply, []))
+        return Completion(reply.get("text", ""), reply.get("reasoning", ""),
+                          (reply["tool_call"],) if reply.get("tool_call") else (), default_usage(reply))
 
     @asynccontextmanager
     async def stream(self, request: CallRequest):
