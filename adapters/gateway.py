@@ -35,6 +35,7 @@ from .relay import Relay
 
 log = logging.getLogger("relayline.gateway")
 
+SEND_GRACE_S = 10.0
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ERRORS = {
     # reason -> (HTTP status, OpenAI error type, code)
@@ -385,7 +386,7 @@ class _StreamWire:
             if run is not None:
                 headers.append((b"x-relayline-requested", run.turn.plan.requested.encode()))
                 headers.append((b"x-relayline-attempts", str(len(run.turn.attempts) + 1).encode()))
-            await self.send({"type": "http.response.start", "status": 200, "headers": headers})
+            await self._send_whole({"type": "http.response.start", "status": 200, "headers": headers})
         await self._queue({"role": "assistant", "content": ""})
 
     async def commit_after(self, seconds: float) -> None:
@@ -406,6 +407,13 @@ class _StreamWire:
             self._room = trio.Event()
             await self._room.wait()
 
+    async def _send_whole(self, message: dict) -> None:
+        # the turn's end cancels the flusher and the gate timer: a write they began must finish
+        # (bytes taken from the buffer would otherwise be lost), bounded in case the peer is stuck
+        with trio.move_on_after(SEND_GRACE_S) as scope:
+            scope.shield = True
+            await self.send(message)
+
     async def flusher(self) -> None:
         while True:
             await self._wake.wait()
@@ -415,7 +423,7 @@ class _StreamWire:
                     data = b"".join(self._pending)
                     self._pending.clear()
                     self._pending_bytes = 0
-                    await self.send({"type": "http.response.body", "body": data, "more_body": True})
+                    await self._send_whole({"type": "http.response.body", "body": data, "more_body": True})
                 self._room.set()
 
     async def event(self, event: Event) -> None:

@@ -148,6 +148,17 @@ def anthropic_body(reply: Mapping, model: str) -> dict:
             "stop_reason": "end_turn", "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}}
 
 
+def _coalesce(pieces: list[bytes | float]) -> tuple[bytes | float, ...]:
+    """Frames with no pause between them leave in one write, as a fast provider's do."""
+    out: list[bytes | float] = []
+    for piece in pieces:
+        if isinstance(piece, bytes) and out and isinstance(out[-1], bytes):
+            out[-1] += piece
+        else:
+            out.append(piece)
+    return tuple(out)
+
+
 def error_body(shape: str, status: int, error: str | None) -> dict:
     code = error or ("overloaded_error" if status == 529 else "rate_limit_error" if status == 429 else "api_error")
     if shape == "anthropic":
@@ -193,7 +204,7 @@ class SimHTTPServer:
                          pieces=(json.dumps(error_body(shape, int(reply["status"]), reply.get("error"))).encode(),))
         if body.get("stream"):
             frames = openai_stream(reply, model) if shape == "openai" else anthropic_stream(reply, model)
-            return Reply(headers=SSE, pieces=tuple(frames), delay=delay)
+            return Reply(headers=SSE, pieces=_coalesce(frames), delay=delay)
         if "frames" in reply:
             reply = aggregate_frames(reply["frames"])
             delay += reply["wait"]

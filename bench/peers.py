@@ -140,7 +140,8 @@ async def _stream_timing(client: httpx.AsyncClient, url: str, frames: int) -> tu
                 seen += 1
                 if first is None:
                     first = time.perf_counter() - start
-    assert seen == frames, seen
+        if seen != frames:
+            raise AssertionError(f"{seen} of {frames} frames; last line {line[:300]!r}")
     return first, time.perf_counter() - start
 
 

@@ -181,7 +181,7 @@ class Turn:
 
     def _follow(self, action, now: float):
         if isinstance(action, Call):
-            if self.call is not None and self.life.state == "streaming" and action.mode == "stream":
+            if self.life.state == "streaming" and self.attempts and action.mode == "stream":
                 self.life.fire("retry_stream")
             return self._begin(action, now)
         if isinstance(action, Sleep):

@@ -167,3 +167,14 @@ def test_a_client_disconnect_cancels_the_turn_without_a_retry():
         calls = gw.sim.calls
     assert 'relayline_turns_total{outcome="cancelled"} 1' in metrics
     assert calls == 1
+
+
+def test_fast_streams_arrive_whole_every_time():
+    """Frames that arrive together are written together, and arrive whole. (`make bench`, whose
+    upstream sends 200 frames in one write from another process, is what caught a flusher
+    cancelled mid-send at the turn's end; this in-process version rarely hits that timing.)"""
+    words = " ".join(f"w{i}" for i in range(300))
+    with BackgroundGateway(two_profiles(), [{"provider": "anthropic.primary", "script": [{"text": words}]}]) as gw:
+        for _ in range(15):
+            chunks = list(client(gw).chat.completions.create(model="x", messages=HI, stream=True))
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == words
