@@ -23,11 +23,14 @@ from relayline.machines.walk import Call, Sleep
 
 from .providers.base import DONE, CallRequest, ProviderClient, ProviderFailure
 
-Sink = Callable[[Event], Awaitable[None]]
+Sink = Callable[[Event], Awaitable[None]]  # may carry `may_block = False` (see TurnRun._frames)
 
 
 async def _discard(event: Event) -> None:
     return None
+
+
+_discard.may_block = False
 
 
 class TurnRun:
@@ -132,14 +135,21 @@ class TurnRun:
             return await self._frames(frames, sink)
 
     async def _frames(self, frames, sink: Sink) -> fc.Failure | None:
-        """Run the frames through the gate under first_token_s and idle_s (the provider's time,
-        not the consumer's: the deadline is lifted while a sink write is in progress)."""
+        """Run the frames through the gate under first_token_s and idle_s.
+
+        Moving a cancel scope's deadline costs more than the rest of a frame's handling, so it
+        is re-armed at most every `slack` seconds (a stall is caught between idle_s and idle_s
+        + slack). A sink that may block (a consumer reading at its own pace, `may_block`) lifts
+        the deadline while it runs: a slow consumer is not a stalled provider."""
         turn = self.turn
         t = self.timeouts
         gate = turn.gate
         opened = trio.current_time()
         first_token_deadline = opened + t.first_token_s if t.first_token_s > 0 else math.inf
         idle = t.idle_s if t.idle_s > 0 else math.inf
+        slack = min(0.25, idle / 20)
+        lift = getattr(sink, "may_block", True)
+        armed_at = opened
         draft: list[str] = []
         with trio.CancelScope(deadline=min(first_token_deadline, opened + idle)) as scope:
             try:
@@ -148,7 +158,9 @@ class TurnRun:
                         return None
                     events = turn.stream_frame(frame)
                     if events:
-                        scope.deadline = math.inf  # a slow consumer is not a stalled provider
+                        if lift:
+                            scope.deadline = math.inf
+                            armed_at = -math.inf
                         for event in events:
                             await sink(event)
                             # frames that arrived in one read have no checkpoint between them:
@@ -158,7 +170,9 @@ class TurnRun:
                                 draft.append(event.value)
                                 self.on_draft("".join(draft))
                     now = trio.current_time()
-                    scope.deadline = now + idle if gate.committed else min(first_token_deadline, now + idle)
+                    if now - armed_at >= slack:
+                        armed_at = now
+                        scope.deadline = now + idle if gate.committed else min(first_token_deadline, now + idle)
             except ProviderFailure as exc:
                 return exc.failure
         if scope.cancelled_caught:

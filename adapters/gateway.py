@@ -429,6 +429,7 @@ class _StreamWire:
     async def event(self, event: Event) -> None:
         if not event.visible:
             return  # held protocol frames: the role chunk is rendered at commit
+        first = not self.started
         await self._start()
         if event.kind == "text":
             await self._queue({"content": event.value})
@@ -441,6 +442,10 @@ class _StreamWire:
         elif event.kind == "tool_args":
             await self._queue({"tool_calls": [{"index": max(self.tools - 1, 0), "function": {"arguments": event.value}}]})
         # executed_tool: provider-side work has no OpenAI chunk shape; it shows in the ledger
+        if first:
+            await trio.lowlevel.checkpoint()  # let the flusher put the first bytes on the wire now
+
+    event.may_block = False  # bounded buffer: it waits only for the flusher, never for the client
 
     async def finish(self, result: TurnResult, relayline: dict) -> None:
         """The end of the response; whatever the flusher had not sent yet goes first."""

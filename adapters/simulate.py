@@ -107,6 +107,8 @@ async def _run_request(relay: Relay, request: Mapping, origin: float) -> dict:
                 if cancel_after is not None and len(events) >= cancel_after:
                     consumer.cancel()
 
+        sink.may_block = False
+
         async def cancel_later() -> None:
             await trio.sleep(float(cancel_at))
             consumer.cancel()

@@ -3,6 +3,9 @@ front of loopback sim upstreams speaking the OpenAI and Anthropic protocols."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import httpx
@@ -148,6 +151,12 @@ def test_ledger_rows_are_written_before_the_response_completes(tmp_path):
         rows = LedgerStore(path).rows()
     assert [(r["provider"], r["outcome"], r["accepted"]) for r in rows] == [
         ("anthropic.primary", "empty", 0), ("anthropic.primary", "ok", 1)]
+    out = subprocess.run([sys.executable, "-m", "relayline.adapters.cli", "ledger", "--path", str(path), "--since", "1h",
+                          "--json"], capture_output=True, text=True, timeout=60)
+    report = json.loads(out.stdout)["rows"]
+    assert report == [{"provider": "anthropic.primary", "model": "claude-sonnet-4", "accepted": 1, "rejected": 1,
+                       "accepted_cost_usd": pytest.approx((10 * 3 + 2 * 15) / 1e6),
+                       "rejected_cost_usd": pytest.approx(10 * 3 / 1e6), "input_tokens": 20, "output_tokens": 2}]
 
 
 def test_a_client_disconnect_cancels_the_turn_without_a_retry():
