@@ -369,10 +369,3 @@ def parse_config(text: str, source: str = "config") -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{source}: not valid TOML: {exc}"]) from None
     return structure_config(raw)
-
-
-def unstructure_config(cfg: Config) -> dict:
-    """A plain dict of `cfg` with every secret masked (for `relayline check --show`)."""
-    conv = cattrs.Converter()
-    conv.register_unstructure_hook(Secret, lambda s: "***")
-    return conv.unstructure(cfg)

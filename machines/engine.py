@@ -327,15 +327,9 @@ class Lifecycle:
             return True
         return False
 
-    def may(self, trigger: str) -> bool:
-        return (self.state, trigger) in self.spec.table
-
     @property
     def terminal(self) -> bool:
         return self.state in self.spec.terminal
-
-    def tagged(self, tag: str) -> bool:
-        return tag in self.spec.states[self.state].tags
 
 
 def machine_kwargs(spec: Spec) -> dict:

@@ -129,6 +129,3 @@ class InMemoryHealth:
 
     def set_key_cursor(self, profile: str, index: int) -> None:
         self._keys[profile] = index
-
-    def profiles(self) -> list[str]:
-        return sorted(set(self._cooldowns) | set(self._breakers) | set(self._keys))

@@ -62,7 +62,3 @@ def row(provider: str, model: str, price: Price, usage: Usage, *, accepted: bool
         outcome=outcome,
         mode=mode,
     )
-
-
-def total(rows) -> float:
-    return sum(r.cost_usd for r in rows)

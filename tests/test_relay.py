@@ -153,3 +153,13 @@ async def test_a_continuation_carries_exactly_the_forwarded_text(autojump_clock)
         received = "".join([e.value async for e in turn])
     assert received == "Hello world." and turn.outcome == "ok" and turn.served == "sim.b/m2"
     assert sent[1][-1] == {"role": "assistant", "content": "Hello wor"} and sent[1][:-1] == sent[0]
+
+
+async def test_turn_cancel_stops_the_stream_and_keeps_the_partial(autojump_clock):
+    relay = relay_with({"sim.a": [{"frames": [{"role": True}, {"text": "kept"}, {"wait": 5}, {"text": " lost"},
+                                              {"done": True}]}]})
+    async with relay.stream(HI) as turn:
+        async for event in turn:
+            assert event.value == "kept"
+            turn.cancel()
+    assert turn.outcome == "cancelled" and turn.partial_text == "kept"
