@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from collections import defaultdict, deque
 from functools import partial
 from urllib.parse import parse_qs
@@ -29,6 +28,7 @@ import trio
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
+from .dialects import ANTHROPIC, OPENAI
 from .driver import TurnRun
 from .ledger_store import LedgerStore
 from .relay import Relay
@@ -37,21 +37,6 @@ log = logging.getLogger("relayline.gateway")
 
 SEND_GRACE_S = 10.0
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-ERRORS = {
-    # reason -> (HTTP status, OpenAI error type, code)
-    "context_window": (400, "invalid_request_error", "context_length_exceeded"),
-    "client_error": (400, "invalid_request_error", "upstream_rejected"),
-    "no_candidate": (503, "service_unavailable", "no_candidate"),
-    "exhausted": (502, "upstream_error", "all_candidates_failed"),
-    "semantic_empty": (502, "upstream_error", "empty_completion"),
-    "interrupted": (502, "upstream_error", "stream_interrupted"),
-}
-
-
-def _error_body(message: str, type_: str, code: str | None) -> bytes:
-    return json.dumps({"error": {"message": message, "type": type_, "code": code, "param": None}}).encode()
-
-
 class Metrics:
     """Prometheus text exposition, kept as plain counters (no client library needed)."""
 
@@ -143,7 +128,9 @@ class Gateway:
         if not await self._authorised(scope, send):
             return
         if path == "/v1/chat/completions" and method == "POST":
-            await self._chat(scope, receive, send)
+            await self._chat(OPENAI, receive, send)
+        elif path == "/v1/messages" and method == "POST":
+            await self._chat(ANTHROPIC, receive, send)
         elif path == "/v1/models" and method == "GET":
             await self._json(send, 200, self._models())
         elif path == "/admin/plan" and method == "GET":
@@ -153,7 +140,8 @@ class Gateway:
         elif path == "/admin/health" and method == "GET":
             await self._json(send, 200, self.health())
         else:
-            await self._respond(send, 404, _error_body(f"no route for {method} {path}", "invalid_request_error", "not_found"))
+            await self._respond(send, 404, OPENAI.error_body(f"no route for {method} {path}", "invalid_request_error",
+                                                             "not_found"))
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -173,8 +161,8 @@ class Gateway:
         token = given[7:] if given.lower().startswith("bearer ") else headers.get(b"x-api-key", b"").decode("latin-1")
         if any(hmac.compare_digest(token.encode(), key.encode()) for key in self.api_keys):
             return True
-        await self._respond(send, 401, _error_body("missing or invalid gateway API key", "invalid_request_error",
-                                                   "invalid_api_key"))
+        await self._respond(send, 401, OPENAI.error_body("missing or invalid gateway API key",
+                                                         "invalid_request_error", "invalid_api_key"))
         return False
 
     async def _read_body(self, receive, send) -> bytes | None:
@@ -185,8 +173,8 @@ class Gateway:
                 return None
             body += message.get("body", b"")
             if len(body) > self.max_body:
-                await self._respond(send, 413, _error_body(f"request body larger than {self.max_body} bytes",
-                                                           "invalid_request_error", "request_too_large"))
+                await self._respond(send, 413, OPENAI.error_body(f"request body larger than {self.max_body} bytes",
+                                                             "invalid_request_error", "request_too_large"))
                 return None
             if not message.get("more_body"):
                 return body
@@ -252,46 +240,40 @@ class Gateway:
 
     # -- chat completions -----------------------------------------------------------------------
 
-    async def _chat(self, scope, receive, send) -> None:
+    async def _chat(self, dialect, receive, send) -> None:
         raw = await self._read_body(receive, send)
         if raw is None:
             return
         try:
-            body = json.loads(raw)
-            messages = body["messages"]
-            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            await self._respond(send, 400, _error_body("the body must be JSON with a `messages` list",
-                                                       "invalid_request_error", "invalid_body"))
+            request = dialect.parse(json.loads(raw))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            status, body = dialect.bad_request("the body is not a valid request: JSON with a `messages` list")
+            await self._respond(send, status, body)
             return
-        model = body.get("model")
-        tools = tuple(body.get("tools") or ())
-        turn_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        if body.get("stream"):
-            await self._chat_stream(turn_id, messages, model, tools, receive, send)
+        turn_id = dialect.new_id()
+        kwargs = dict(messages=request.messages, model=request.model, tools=request.tools)
+        if request.stream:
+            runs: list[TurnRun] = []
+            wire = _StreamWire(turn_id, send, runs, dialect)
+            gate_s = self.relay.config.timeouts.gate_commit_s
+            tasks = [wire.flusher] + ([partial(wire.commit_after, gate_s)] if gate_s > 0 else [])
+            result = await self._run_turn(turn_id, receive, runs, tasks, stream=True, sink=wire.event, **kwargs)
+            if result is None or result.outcome == "cancelled":
+                return  # the client went away
+            if not wire.started:
+                # nothing was sent: a failure before commit still gets a real status and body
+                await self._error_response(send, dialect, result)
+                return
+            await wire.finish(result, self._relayline_field(result))
             return
-        result = await self._run_turn(turn_id, receive, [], messages=messages, model=model, tools=tools)
+        result = await self._run_turn(turn_id, receive, [], **kwargs)
         if result is None or result.outcome == "cancelled":
             return  # the client went away
-        headers = self._attribution(result)
         if result.outcome != "ok":
-            await self._error_response(send, result)
+            await self._error_response(send, dialect, result)
             return
-        served = result.served
-        message: dict = {"role": "assistant", "content": result.text}
-        if result.tool_calls:
-            message["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": "{}"}}
-                                     for i, n in enumerate(result.tool_calls)]
-        accepted = [r for r in result.ledger if r.accepted]
-        usage = {"prompt_tokens": sum(r.input_tokens for r in accepted),
-                 "completion_tokens": sum(r.output_tokens for r in accepted)}
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        await self._json(send, 200, {
-            "id": turn_id, "object": "chat.completion", "created": int(time.time()), "model": served.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if result.tool_calls else "stop"}],
-            "usage": usage, "relayline": self._relayline_field(result),
-        }, headers=headers)
+        await self._json(send, 200, dialect.completion(turn_id, result, self._relayline_field(result)),
+                         headers=self._attribution(result))
 
     async def _run_turn(self, turn_id: str, receive, runs: list[TurnRun], tasks=(), **kwargs) -> TurnResult | None:
         """Run one turn while watching for the client going away (a disconnect cancels it),
@@ -311,10 +293,9 @@ class Gateway:
             await self._finish_turn(turn_id, result, started)
         return result
 
-    async def _error_response(self, send, result: TurnResult) -> None:
-        status, type_, code = ERRORS.get(result.error or "", (502, "upstream_error", result.error))
-        await self._respond(send, status, _error_body(result.message or "failed", type_, code),
-                            headers=self._attribution(result))
+    async def _error_response(self, send, dialect, result: TurnResult) -> None:
+        status, body = dialect.error(result)
+        await self._respond(send, status, body, headers=self._attribution(result))
 
     async def _watch_disconnect(self, receive, scope: trio.CancelScope) -> None:
         while True:
@@ -323,40 +304,22 @@ class Gateway:
                 scope.cancel()
                 return
 
-    async def _chat_stream(self, turn_id: str, messages, model, tools, receive, send) -> None:
-        runs: list[TurnRun] = []
-        wire = _StreamWire(turn_id, send, runs)
-        gate_s = self.relay.config.timeouts.gate_commit_s
-        tasks = [wire.flusher] + ([partial(wire.commit_after, gate_s)] if gate_s > 0 else [])
-        result = await self._run_turn(turn_id, receive, runs, tasks, messages=messages, model=model, tools=tools,
-                                      stream=True, sink=wire.event)
-        if result is None or result.outcome == "cancelled":
-            return
-        if not wire.started:
-            # nothing was sent: a failure before commit still gets a real status and body
-            await self._error_response(send, result)
-            return
-        await wire.finish(result, self._relayline_field(result))
-
-
 class _StreamWire:
-    """One streamed response: OpenAI chunk rendering, held headers, the commit.
+    """One streamed response: held headers, the commit, and a bounded write buffer.
 
-    Events are rendered into a pending buffer and a flusher task writes whatever has gathered
-    in one ASGI send: frames that arrive together leave together, and an idle stream still
-    sends each frame at once. The buffer is bounded: past MAX_PENDING the turn waits.
+    The dialect renders; the wire decides when bytes go out. Events are rendered into a pending
+    buffer and a flusher task writes whatever has gathered in one ASGI send: frames that arrive
+    together leave together, and an idle stream still sends each frame at once. Past
+    MAX_PENDING the turn waits for the flusher.
     """
 
     MAX_PENDING = 256 * 1024
 
-    def __init__(self, turn_id: str, send, runs: list[TurnRun]) -> None:
-        self.turn_id = turn_id
+    def __init__(self, turn_id: str, send, runs: list[TurnRun], dialect) -> None:
         self.send = send
         self.runs = runs
+        self.render = dialect.stream_renderer(turn_id)
         self.started = False
-        self.created = int(time.time())
-        self.model = ""
-        self.tools = 0
         self._lock = trio.Lock()  # the gate timer, the flusher and the end all write: keep the wire ordered
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -371,6 +334,13 @@ class _StreamWire:
             return run.result.served
         return run.turn.call.entry if run.turn.call is not None else None
 
+    async def _send_whole(self, message: dict) -> None:
+        # the turn's end cancels the flusher and the gate timer: a write they began must finish
+        # (bytes taken from the buffer would otherwise be lost), bounded in case the peer is stuck
+        with trio.move_on_after(SEND_GRACE_S) as scope:
+            scope.shield = True
+            await self.send(message)
+
     async def _start(self) -> None:
         if self.started:
             return
@@ -379,7 +349,6 @@ class _StreamWire:
                 return
             self.started = True
             entry = self._served_entry()
-            self.model = entry.model if entry is not None else ""
             run = self.runs[0] if self.runs else None
             headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                        (b"x-relayline-served", (entry.label if entry else "none").encode())]
@@ -387,32 +356,21 @@ class _StreamWire:
                 headers.append((b"x-relayline-requested", run.turn.plan.requested.encode()))
                 headers.append((b"x-relayline-attempts", str(len(run.turn.attempts) + 1).encode()))
             await self._send_whole({"type": "http.response.start", "status": 200, "headers": headers})
-        await self._queue({"role": "assistant", "content": ""})
+        await self._queue(self.render.opening(entry.model if entry is not None else ""))
 
     async def commit_after(self, seconds: float) -> None:
         await trio.sleep(seconds)
-        await self._start()  # a slow model is not an error: the held headers and role go out
+        await self._start()  # a slow model is not an error: the held headers and preamble go out
 
-    def _frame(self, delta: dict | None, finish: str | None = None, **extra) -> bytes:
-        chunk = {"id": self.turn_id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                 "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
-        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-
-    async def _queue(self, delta: dict) -> None:
-        data = self._frame(delta)
+    async def _queue(self, data: bytes) -> None:
+        if not data:
+            return
         self._pending.append(data)
         self._pending_bytes += len(data)
         self._wake.set()
         while self._pending_bytes > self.MAX_PENDING:
             self._room = trio.Event()
             await self._room.wait()
-
-    async def _send_whole(self, message: dict) -> None:
-        # the turn's end cancels the flusher and the gate timer: a write they began must finish
-        # (bytes taken from the buffer would otherwise be lost), bounded in case the peer is stuck
-        with trio.move_on_after(SEND_GRACE_S) as scope:
-            scope.shield = True
-            await self.send(message)
 
     async def flusher(self) -> None:
         while True:
@@ -428,20 +386,10 @@ class _StreamWire:
 
     async def event(self, event: Event) -> None:
         if not event.visible:
-            return  # held protocol frames: the role chunk is rendered at commit
+            return  # held protocol frames: the dialect's preamble is rendered at commit
         first = not self.started
         await self._start()
-        if event.kind == "text":
-            await self._queue({"content": event.value})
-        elif event.kind == "reasoning":
-            await self._queue({"reasoning_content": event.value})
-        elif event.kind == "tool":
-            self.tools += 1
-            await self._queue({"tool_calls": [{"index": self.tools - 1, "id": f"call_{self.tools - 1}", "type": "function",
-                                               "function": {"name": event.value, "arguments": ""}}]})
-        elif event.kind == "tool_args":
-            await self._queue({"tool_calls": [{"index": max(self.tools - 1, 0), "function": {"arguments": event.value}}]})
-        # executed_tool: provider-side work has no OpenAI chunk shape; it shows in the ledger
+        await self._queue(self.render.event(event))
         if first:
             await trio.lowlevel.checkpoint()  # let the flusher put the first bytes on the wire now
 
@@ -449,22 +397,7 @@ class _StreamWire:
 
     async def finish(self, result: TurnResult, relayline: dict) -> None:
         """The end of the response; whatever the flusher had not sent yet goes first."""
-        if result.outcome == "ok":
-            accepted = [r for r in result.ledger if r.accepted]
-            usage = {"prompt_tokens": sum(r.input_tokens for r in accepted),
-                     "completion_tokens": sum(r.output_tokens for r in accepted)}
-            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-            if result.served is not None:
-                self.model = result.served.model
-            body = self._frame({}, "tool_calls" if self.tools else "stop")
-            body += self._frame(None, usage=usage, relayline=relayline)
-            body += b"data: [DONE]\n\n"
-        else:
-            # after commit: an explicit error event and no [DONE], never a clean-looking end
-            status_type, code = ERRORS.get(result.error or "", (502, "upstream_error", result.error))[1:]
-            error = {"error": {"message": result.message or "failed", "type": status_type, "code": code},
-                     "relayline": relayline}
-            body = b"data: " + json.dumps(error).encode() + b"\n\n"
+        body = self.render.ok(result, relayline) if result.outcome == "ok" else self.render.failed(result, relayline)
         async with self._lock:
             body = b"".join(self._pending) + body
             self._pending.clear()

@@ -1,5 +1,5 @@
-"""The gateway end to end: the official openai SDK as the client, over real loopback HTTP, in
-front of loopback sim upstreams speaking the OpenAI and Anthropic protocols."""
+"""The gateway end to end: the official openai and anthropic SDKs as clients, over real
+loopback HTTP, in front of loopback sim upstreams speaking the OpenAI and Anthropic protocols."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -187,3 +188,53 @@ def test_fast_streams_arrive_whole_every_time():
         for _ in range(15):
             chunks = list(client(gw).chat.completions.create(model="x", messages=HI, stream=True))
             assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == words
+
+
+# -- the Anthropic messages dialect, with the official anthropic SDK --------------------------------
+
+def claude(gw, key="unused") -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0, timeout=20)
+
+
+def test_anthropic_sdk_non_streaming_with_failover():
+    replies = [{"provider": "anthropic.primary", "script": [{"status": 529}]},
+               {"provider": "openai.backup", "script": [{"text": "backup here", "reasoning": "hmm"}]}]
+    with BackgroundGateway(two_profiles(), replies) as gw:
+        raw = claude(gw).messages.with_raw_response.create(model="claude-sonnet-4", max_tokens=64, system="be brief",
+                                                            messages=[{"role": "user", "content": "hi"}])
+        message = raw.parse()
+    assert [b.type for b in message.content] == ["thinking", "text"] and message.content[1].text == "backup here"
+    assert message.model == "gpt-4o-mini" and message.stop_reason == "end_turn"
+    assert raw.headers["x-relayline-fallback"] == "true" and message.usage.input_tokens == 10
+
+
+def test_anthropic_sdk_streaming_and_tools():
+    replies = [{"provider": "anthropic.primary", "script": [
+        {"frames": [{"role": True}, {"reasoning": "thinking"}, {"text": "Let me"}, {"text": " look."},
+                    {"tool_call": "get_weather"}, {"done": True}]}]}]
+    with BackgroundGateway(two_profiles(), replies) as gw:
+        with claude(gw).messages.stream(model="x", max_tokens=64, messages=[{"role": "user", "content": "hi"}]) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+    assert text == "Let me look."
+    assert [b.type for b in final.content] == ["thinking", "text", "tool_use"] and final.content[2].name == "get_weather"
+    assert final.stop_reason == "tool_use"
+
+
+def test_anthropic_sdk_sees_an_interruption_as_an_error():
+    replies = [{"provider": "anthropic.primary", "script": [
+        {"frames": [{"role": True}, {"text": "Partial"}, {"error": "overloaded_error"}]}]}]
+    received = []
+    with BackgroundGateway(two_profiles(), replies) as gw:
+        with pytest.raises(anthropic.APIStatusError):
+            with claude(gw).messages.stream(model="x", max_tokens=64, messages=[{"role": "user", "content": "hi"}]) as stream:
+                for text in stream.text_stream:
+                    received.append(text)
+    assert "".join(received) == "Partial"
+
+
+def test_anthropic_sdk_gets_anthropic_errors_before_commit():
+    replies = [{"provider": "anthropic.primary", "script": [{"status": 400, "error": "prompt is too long"}]}]
+    with BackgroundGateway(two_profiles(), replies) as gw, pytest.raises(anthropic.BadRequestError) as info:
+        claude(gw).messages.create(model="x", max_tokens=64, messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert info.value.status_code == 400 and info.value.body["error"]["type"] == "invalid_request_error"
