@@ -39,53 +39,39 @@ def test_a_good_spec_loads():
     assert spec.initial == "a" and spec.terminal == {"done"}
 
 
-def test_unreachable_state_is_named():
-    text = GOOD + '[states.orphan]\n'
-    with pytest.raises(SpecError, match=r"toy.toml: unreachable states \['orphan'\]"):
-        parse_spec(text, "toy.toml")
+def transition(trigger: str, source: str, dest: str, extra: str = "") -> str:
+    return f'[[transitions]]\ntrigger = "{trigger}"\nsource = "{source}"\ndest = "{dest}"\n{extra}'
 
 
-def test_transition_to_undeclared_state_is_named():
-    text = GOOD + '[[transitions]]\ntrigger = "jump"\nsource = "a"\ndest = "nowhere"\n'
-    with pytest.raises(SpecError, match=r"toy.toml: transition 'jump' .* undeclared state 'nowhere'"):
-        parse_spec(text, "toy.toml")
+PINNED_GO = GOOD.replace('source = "a"\ndest = "b"', 'source = "a"\ndest = "b"\nguards = "ok"')
+BROKEN = {
+    "unreachable state": (GOOD + "[states.orphan]\n", r"toy.toml: unreachable states \['orphan'\]"),
+    "undeclared destination": (GOOD + transition("jump", "a", "nowhere"),
+                               r"toy.toml: transition 'jump' .* undeclared state 'nowhere'"),
+    "violated invariant": (GOOD + transition("replay", "b", "a"),
+                           r"invariant violated: immutable_output state 'b' reaches provider_call state 'a'"),
+    "ambiguous trigger": (GOOD + transition("go", "a", "done"), r"ambiguous trigger 'go' from state 'a'"),
+    "state that cannot terminate": (GOOD + "[states.loop]\n" + transition("spin", "a", "loop")
+                                    + transition("spin", "loop", "loop"), r"state 'loop' cannot reach a terminal state"),
+    "undeclared guard": (GOOD.replace('source = "a"\ndest = "b"', 'source = "a"\ndest = "b"\nguards = "nope"'),
+                         r"undeclared guard 'nope'"),
+}
 
 
-def test_violated_invariant_is_named():
-    text = GOOD + '[[transitions]]\ntrigger = "replay"\nsource = "b"\ndest = "a"\n'
-    with pytest.raises(SpecError, match=r"invariant violated: immutable_output state 'b' reaches provider_call state 'a'"):
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_broken_spec_fails_naming_the_problem(case):
+    text, message = BROKEN[case]
+    with pytest.raises(SpecError, match=message):
         parse_spec(text, "toy.toml")
 
 
 def test_invariant_allows_the_named_recovery():
     text = GOOD.replace('to_tag = "provider_call"', 'to_tag = "provider_call"\nvia = ["replay"]')
-    text += '[[transitions]]\ntrigger = "replay"\nsource = "b"\ndest = "a"\n'
-    parse_spec(text, "toy.toml")
-
-
-def test_ambiguous_trigger_is_named():
-    text = GOOD + '[[transitions]]\ntrigger = "go"\nsource = "a"\ndest = "done"\n'
-    with pytest.raises(SpecError, match=r"ambiguous trigger 'go' from state 'a'"):
-        parse_spec(text, "toy.toml")
+    parse_spec(text + transition("replay", "b", "a"), "toy.toml")
 
 
 def test_guards_that_exclude_each_other_are_not_ambiguous():
-    text = GOOD.replace('source = "a"\ndest = "b"', 'source = "a"\ndest = "b"\nguards = "ok"')
-    text += '[[transitions]]\ntrigger = "go"\nsource = "a"\ndest = "done"\nunless = "ok"\n'
-    parse_spec(text, "toy.toml")
-
-
-def test_state_that_cannot_terminate_is_named():
-    text = GOOD + '[states.loop]\n[[transitions]]\ntrigger = "spin"\nsource = "a"\ndest = "loop"\n'
-    text += '[[transitions]]\ntrigger = "spin"\nsource = "loop"\ndest = "loop"\n'
-    with pytest.raises(SpecError, match=r"state 'loop' cannot reach a terminal state"):
-        parse_spec(text, "toy.toml")
-
-
-def test_undeclared_guard_is_named():
-    text = GOOD.replace('source = "a"\ndest = "b"', 'source = "a"\ndest = "b"\nguards = "nope"')
-    with pytest.raises(SpecError, match=r"undeclared guard 'nope'"):
-        parse_spec(text, "toy.toml")
+    parse_spec(PINNED_GO + transition("go", "a", "done", 'unless = "ok"\n'), "toy.toml")
 
 
 @pytest.mark.parametrize("name", SPEC_NAMES)
