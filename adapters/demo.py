@@ -87,7 +87,7 @@ def simulated_main(out=print) -> int:
     for line in health_view:
         out(line)
     total = sum(r["cost_usd"] for r in trace["requests"])
-    out(f"\ntotal cost ${total:.6f}; the gateway version of this demo (`relayline serve`) is issue 7.")
+    out(f"\ntotal cost ${total:.6f} (the same storyline through the gateway: `relayline demo`)")
     return 1 if failures else 0
 
 
