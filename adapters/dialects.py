@@ -39,6 +39,20 @@ def _usage(result: TurnResult) -> tuple[int, int]:
     return sum(r.input_tokens for r in accepted), sum(r.output_tokens for r in accepted)
 
 
+def _tools(result: TurnResult) -> list[tuple[str, str]]:
+    """Each tool call's name and JSON arguments ("{}" when the provider sent none)."""
+    arguments = list(result.tool_arguments) + [""] * (len(result.tool_calls) - len(result.tool_arguments))
+    return [(name, args or "{}") for name, args in zip(result.tool_calls, arguments, strict=False)]
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _sse(obj: dict, event: str | None = None) -> bytes:
     head = f"event: {event}\n".encode() if event else b""
     return head + b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
@@ -72,8 +86,8 @@ class OpenAIDialect:
     def completion(self, turn_id: str, result: TurnResult, relayline: dict) -> dict:
         message: dict = {"role": "assistant", "content": result.text}
         if result.tool_calls:
-            message["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": "{}"}}
-                                     for i, n in enumerate(result.tool_calls)]
+            message["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                                     for i, (n, a) in enumerate(_tools(result))]
         tokens_in, tokens_out = _usage(result)
         return {
             "id": turn_id, "object": "chat.completion", "created": int(time.time()), "model": result.served.model,
@@ -175,7 +189,8 @@ class AnthropicDialect:
             content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
         if result.text:
             content.append({"type": "text", "text": result.text})
-        content += [{"type": "tool_use", "id": f"toolu_{i}", "name": n, "input": {}} for i, n in enumerate(result.tool_calls)]
+        content += [{"type": "tool_use", "id": f"toolu_{i}", "name": n, "input": _json_object(a)}
+                    for i, (n, a) in enumerate(_tools(result))]
         tokens_in, tokens_out = _usage(result)
         return {"id": turn_id, "type": "message", "role": "assistant", "model": result.served.model, "content": content,
                 "stop_reason": "tool_use" if result.tool_calls else "end_turn", "stop_sequence": None,

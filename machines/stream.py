@@ -68,7 +68,7 @@ class Event:
 
 
 class StreamGate:
-    __slots__ = ("life", "held", "text", "reasoning", "tools", "executed_tools", "usage", "decisive_count")
+    __slots__ = ("life", "held", "text", "reasoning", "tools", "arguments", "executed_tools", "usage", "decisive_count")
 
     def __init__(self) -> None:
         self.life: Lifecycle = load_spec("stream").start()
@@ -76,6 +76,7 @@ class StreamGate:
         self.text: list[str] = []  # text forwarded to the immutable sink, in order
         self.reasoning = False
         self.tools: list[str] = []
+        self.arguments: list[list[str]] = []  # argument fragments per tool call
         self.executed_tools: list[str] = []
         self.usage: Usage | None = None
         self.decisive_count = 0
@@ -91,6 +92,10 @@ class StreamGate:
     @property
     def has_answer(self) -> bool:
         return bool(self.tools) or bool(strip_think("".join(self.text)).strip())
+
+    @property
+    def tool_arguments(self) -> tuple[str, ...]:
+        return tuple("".join(parts) for parts in self.arguments)
 
     @property
     def forwarded_text(self) -> str:
@@ -116,6 +121,9 @@ class StreamGate:
             self.reasoning = True
         elif frame.kind == TOOL_CALL:
             self.tools.append(frame.value)
+            self.arguments.append([])
+        elif frame.kind == TOOL_ARGS and self.arguments:
+            self.arguments[-1].append(frame.value)
         elif frame.kind == EXECUTED_TOOL:
             self.executed_tools.append(frame.value)
         if self.life.state == "committed":

@@ -11,6 +11,8 @@ The driver calls it in the h11 style: `start` returns the first action; each rep
 
 from __future__ import annotations
 
+import itertools
+
 import attrs
 
 from . import classify as fc
@@ -34,6 +36,7 @@ class Completion:
     reasoning: str = ""
     tool_calls: tuple[str, ...] = ()
     usage: Usage | None = None
+    tool_arguments: tuple[str, ...] = ()  # each tool call's JSON arguments, aligned with tool_calls
 
     @property
     def has_answer(self) -> bool:
@@ -77,6 +80,7 @@ class TurnResult:
     attempts: tuple[AttemptRecord, ...]
     skipped: tuple[Skip, ...]
     ledger: tuple[LedgerRow, ...]
+    tool_arguments: tuple[str, ...] = ()
 
     @property
     def cost_usd(self) -> float:
@@ -251,7 +255,7 @@ class Turn:
         state = gate.finish()
         if self.life.state == "continuing":
             # the continuation ended cleanly: the answer is everything forwarded, both streams
-            self.answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage)
+            self.answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments)
             self._record(fc.OK if self.answer.has_answer else "semantic_empty", now, usage=usage,
                          accepted=self.answer.has_answer, reason=None if self.answer.has_answer else fc.EMPTY)
             self.health.success(entry.profile, now)
@@ -262,7 +266,7 @@ class Turn:
         if state == "completed":
             self._record(fc.OK, now, usage=usage, accepted=True)
             self.health.success(entry.profile, now)
-            self.answer = Completion("".join(gate.text), "", tuple(gate.tools), usage)
+            self.answer = Completion("".join(gate.text), "", tuple(gate.tools), usage, gate.tool_arguments)
             self.life.fire("complete", self)
             return self._done(WalkDone(ok=True, entry=entry), now)
         self.answer = None
@@ -392,7 +396,12 @@ class Turn:
         if answer.text:
             events.append(Event("text", answer.text))
             self.forwarded.append(answer.text)
-        events.extend(Event("tool", name) for name in answer.tool_calls)
+        for name, arguments in itertools.zip_longest(answer.tool_calls, answer.tool_arguments):
+            if name is None:
+                break
+            events.append(Event("tool", name))
+            if arguments:
+                events.append(Event("tool_args", arguments))
         return tuple(events)
 
     def _result(self, outcome: str, error: str | None, served: PlannedEntry | None, partial: str | None) -> TurnResult:
@@ -414,6 +423,7 @@ class Turn:
             text=answer.text if answer else None,
             reasoning=answer.reasoning if answer else "",
             tool_calls=answer.tool_calls if answer else (),
+            tool_arguments=answer.tool_arguments if answer else (),
             partial_text=partial or None,
             notice=notice,
             fallback=fallback,

@@ -177,20 +177,23 @@ def json_reply(status: int, body: dict, headers=()):
 async def test_openai_complete_with_tools_and_usage():
     body = {"id": "chatcmpl-1", "object": "chat.completion", "choices": [{"index": 0, "message": {
         "role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
-        "function": {"name": "get_weather", "arguments": "{}"}}]}, "finish_reason": "tool_calls"}],
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}, "finish_reason": "tool_calls"}],
         "usage": {"prompt_tokens": 30, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 10}}}
     result, seen = await run_complete("openai", lambda s: json_reply(200, body))
     assert result.outcome == "ok" and result.tool_calls == ("get_weather",)
+    assert result.tool_arguments == ('{"city": "Paris"}',)
     assert result.ledger[0].input_tokens == 30 and result.ledger[0].output_tokens == 5
     assert seen[0].body["messages"][0] == {"role": "system", "content": "be brief"} and not seen[0].body["stream"]
 
 
 async def test_anthropic_complete_moves_system_prompts_to_the_top():
     body = {"id": "msg_1", "type": "message", "role": "assistant", "content": [
-        {"type": "thinking", "thinking": "hm", "signature": "x"}, {"type": "text", "text": "Hi."}],
+        {"type": "thinking", "thinking": "hm", "signature": "x"}, {"type": "text", "text": "Hi."},
+        {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"q": "x"}}],
         "stop_reason": "end_turn", "usage": {"input_tokens": 8, "output_tokens": 3}}
     result, seen = await run_complete("anthropic", lambda s: json_reply(200, body))
     assert (result.outcome, result.text, result.reasoning) == ("ok", "Hi.", "hm")
+    assert result.tool_calls == ("lookup",) and result.tool_arguments == ('{"q": "x"}',)
     assert seen[0].body["system"] == "be brief" and all(m["role"] != "system" for m in seen[0].body["messages"])
 
 

@@ -238,3 +238,18 @@ def test_anthropic_sdk_gets_anthropic_errors_before_commit():
     with BackgroundGateway(two_profiles(), replies) as gw, pytest.raises(anthropic.BadRequestError) as info:
         claude(gw).messages.create(model="x", max_tokens=64, messages=[{"role": "user", "content": "hi"}], stream=True)
     assert info.value.status_code == 400 and info.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_tool_call_arguments_reach_both_dialects():
+    import attrs
+
+    from relayline.adapters.dialects import ANTHROPIC, OPENAI
+    from relayline.machines.turn import TurnResult
+
+    served = attrs.make_class("Served", {"model": attrs.field(), "label": attrs.field()})("m", "p/m")
+    result = TurnResult("ok", None, None, "p/m", served, "", "", ("get_weather",), None, None, False, (), (), (),
+                        tool_arguments=('{"city": "Paris"}',))
+    call = OPENAI.completion("id", result, {})["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    block = ANTHROPIC.completion("id", result, {})["content"][0]
+    assert block == {"type": "tool_use", "id": "toolu_0", "name": "get_weather", "input": {"city": "Paris"}}

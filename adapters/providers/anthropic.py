@@ -10,6 +10,8 @@ message_delta.stop_reason but before message_stop is truncation.
 
 from __future__ import annotations
 
+import json
+
 import httpx
 
 from relayline.machines import classify as fc
@@ -140,7 +142,7 @@ class AnthropicProtocol:
         return client.build_request("POST", f"{base}/v1/messages", json=body, headers=headers)
 
     def completion(self, body: dict) -> Completion:
-        text, reasoning, tools = [], [], []
+        text, reasoning, tools, arguments = [], [], [], []
         for block in body.get("content") or ():
             btype = block.get("type")
             if btype == "text":
@@ -149,7 +151,9 @@ class AnthropicProtocol:
                 reasoning.append(block.get("thinking") or "")
             elif btype == "tool_use":
                 tools.append(block.get("name") or "")
-        return Completion("".join(text), "".join(reasoning), tuple(tools), _usage(body.get("usage") or {}))
+                arguments.append(json.dumps(block.get("input") or {}))
+        return Completion("".join(text), "".join(reasoning), tuple(tools), _usage(body.get("usage") or {}),
+                          tuple(arguments))
 
     def parser(self) -> AnthropicStreamParser:
         return AnthropicStreamParser()

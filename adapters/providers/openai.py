@@ -107,8 +107,9 @@ class OpenAIProtocol:
         message = (choices[0].get("message") if choices and isinstance(choices[0], dict) else None) or {}
         content = message.get("content")
         text = content if isinstance(content, str) else ""
-        tools = tuple((c.get("function") or {}).get("name", "") for c in message.get("tool_calls") or ())
-        return Completion(text, _reasoning(message), tools, _usage(body.get("usage")) or Usage())
+        functions = [c.get("function") or {} for c in message.get("tool_calls") or ()]
+        return Completion(text, _reasoning(message), tuple(f.get("name", "") for f in functions),
+                          _usage(body.get("usage")) or Usage(), tuple(f.get("arguments") or "" for f in functions))
 
     def parser(self) -> OpenAIStreamParser:
         return OpenAIStreamParser()
