@@ -14,6 +14,8 @@ import attrs
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
+from .messages import anthropic_to_openai
+
 # turn error reason -> (HTTP status, OpenAI error type, code, Anthropic error type)
 ERRORS = {
     "context_window": (400, "invalid_request_error", "context_length_exceeded", "invalid_request_error"),
@@ -146,14 +148,6 @@ class OpenAIStream:
 # -- Anthropic messages ----------------------------------------------------------------------------
 
 
-def _text_of(content) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(block.get("text", "") for block in content if isinstance(block, dict) and block.get("type") == "text")
-    raise TypeError("content")
-
-
 class AnthropicDialect:
     @staticmethod
     def new_id() -> str:
@@ -167,13 +161,8 @@ class AnthropicDialect:
         return 400, self.error_body(message, "invalid_request_error")
 
     def parse(self, body: dict) -> ChatRequest:
-        """Anthropic messages in, the turn's (OpenAI-shaped) messages out: the system prompt
-        becomes a system message and content blocks their text."""
-        messages: list[dict] = []
-        if body.get("system"):
-            messages.append({"role": "system", "content": _text_of(body["system"])})
-        for message in body["messages"]:
-            messages.append({"role": message["role"], "content": _text_of(message["content"])})
+        """Anthropic messages in, the turn's (OpenAI-shaped) messages out (adapters/messages.py)."""
+        messages = anthropic_to_openai(body.get("system"), body["messages"])
         tools = tuple({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
                                                         "parameters": t.get("input_schema") or {"type": "object"}}}
                       for t in body.get("tools") or ())

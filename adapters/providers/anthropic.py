@@ -29,6 +29,7 @@ from relayline.machines.stream import (
 )
 from relayline.machines.turn import Completion
 
+from ..messages import openai_to_anthropic
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure
 from .http import HttpProvider, json_frame
@@ -131,12 +132,11 @@ class AnthropicProtocol:
         headers = {"content-type": "application/json", "anthropic-version": API_VERSION, **provider.headers}
         if request.key is not None:
             headers["x-api-key"] = request.key.reveal()
-        system = [m["content"] for m in request.messages if m.get("role") == "system" and isinstance(m.get("content"), str)]
-        messages = [m for m in request.messages if m.get("role") != "system"]
+        system, messages = openai_to_anthropic(request.messages)
         body: dict = {"model": request.model, "max_tokens": DEFAULT_MAX_TOKENS, "messages": messages,
                       "stream": request.stream}
         if system:
-            body["system"] = "\n\n".join(system)
+            body["system"] = system
         if request.tools:
             body["tools"] = _anthropic_tools(request.tools)
         return client.build_request("POST", f"{base}/v1/messages", json=body, headers=headers)
