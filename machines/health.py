@@ -74,9 +74,10 @@ class Breaker:
         while self.failures and self.failures[0] <= window_start:
             self.failures.popleft()
         self.failures.append(now)
-        self.refresh(now)
+        before = self.refresh(now)
         self._fire("failure")
-        if self.life.state == "open" and self.open_until <= now:
+        if self.life.state == "open" and before != "open":
+            # tripped, or a probe (half-open or forced) failed: open for open_s from now
             self.open_until = now + self.config.open_s
             self.failures.clear()
 

@@ -1,0 +1,56 @@
+"""Breakers and cooldowns, directly (the scenarios cover them through turns)."""
+
+from relayline.machines.config import Breaker as BreakerConfig
+from relayline.machines.health import Breaker
+
+CFG = BreakerConfig(window_s=10, failure_threshold=2, open_s=5)
+
+
+def test_failures_outside_the_window_do_not_count():
+    b = Breaker(CFG)
+    b.failure(0.0)
+    b.failure(11.0)
+    assert b.state == "closed"
+    b.failure(12.0)
+    assert b.state == "open" and b.open_until == 17.0
+
+
+def test_half_open_admits_one_probe_and_its_verdict_decides():
+    b = Breaker(CFG)
+    b.failure(0.0)
+    b.failure(1.0)
+    assert b.blocks(3.0)
+    assert b.claim(6.5) and not b.claim(6.6)  # one probe; the others keep skipping
+    assert b.blocks(6.6)
+    b.failure(7.0)
+    assert b.state == "open" and b.open_until == 12.0  # open again for open_s from the failure
+    assert b.claim(12.5)
+    b.success(13.0)
+    assert b.state == "closed" and not b.failures
+
+
+def test_a_forced_probe_that_fails_reopens_for_open_s_from_now():
+    b = Breaker(CFG)
+    b.failure(0.0)
+    b.failure(1.0)  # open until 6
+    assert b.claim(2.0, force=True)
+    b.failure(2.5)
+    assert b.state == "open" and b.open_until == 7.5
+
+
+def test_a_released_probe_returns_to_half_open():
+    b = Breaker(CFG)
+    b.failure(0.0)
+    b.failure(1.0)
+    assert b.claim(6.1)
+    b.release()
+    assert b.state == "half_open" and b.claim(6.2)
+
+
+def test_late_results_do_not_move_an_open_breaker():
+    b = Breaker(CFG)
+    b.failure(0.0)
+    b.failure(1.0)
+    b.success(2.0)
+    b.failure(2.5)
+    assert b.state == "open" and b.open_until == 6.0
