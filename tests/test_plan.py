@@ -1,5 +1,7 @@
 """CONFIG.md "Materialising the attempt order", "Routes and hints", "Effort routing"."""
 
+from collections import deque
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -7,7 +9,7 @@ from hypothesis import strategies as st
 from helpers import config, labels, plan
 from relayline.machines.effort import RouteSelection, estimate
 from relayline.machines.errors import ConfigError
-from relayline.machines.plan import build_router, materialise
+from relayline.machines.plan import build_router, materialise, resolve_ref
 
 # -- materialisation ---------------------------------------------------------------------------
 
@@ -274,11 +276,10 @@ def test_materialisation_properties(cfg, requested):
             assert alias not in seen
             seen.append(alias)
     # every entry's profile is reachable from the root within max_fallback_depth
-    depth = {cfg.active: 0}
-    frontier = [cfg.active]
-    from relayline.machines.plan import resolve_ref
+    depth = {cfg.active: 0}  # shortest reference depth, breadth first
+    frontier = deque([cfg.active])
     while frontier:
-        alias = frontier.pop()
+        alias = frontier.popleft()
         for ref in cfg.providers[alias].fallbacks:
             target = resolve_ref(cfg, ref)
             if target and target not in depth and depth[alias] + 1 <= cfg.reliability.max_fallback_depth:
