@@ -116,6 +116,7 @@ class Turn:
         self.executed_tools = False
         self.recoverable = True  # guard for turn.recover
         self.continuation: PlannedEntry | None = None  # guard for turn.continue_after_interrupt
+        self.spent: dict[int, int] = {}  # attempts made per entry index, across the turn's walks
 
     @property
     def lifecycles(self) -> list[Lifecycle]:
@@ -202,6 +203,7 @@ class Turn:
                 usage: Usage | None = None, accepted: bool = False, bill: bool = True) -> None:
         call = self.call
         entry = call.entry
+        self.spent[entry.index] = self.spent.get(entry.index, 0) + 1
         self.attempts.append(AttemptRecord(entry.profile, entry.model, call.mode, outcome, reason,
                                            self.call_at, call.key_index, call.try_number, call.budget, detail))
         if usage is not None and (bill or usage.billable):
@@ -283,7 +285,12 @@ class Turn:
             for j, e in enumerate(self.plan.entries)
         )
         allowance = 1 if (self.config.reliability.provider_retries > 0 or not others) else 0
-        walk = Walk(self.plan, self.config, self.health, budgets={index: allowance})
+        # the other candidates get their normal budgets, less what this turn already spent on
+        # them (stream.recovery = streaming may have walked them before this stream)
+        normal = self.config.reliability.provider_retries + 1
+        budgets = {j: max(0, normal - n) for j, n in self.spent.items()}
+        budgets[index] = allowance
+        walk = Walk(self.plan, self.config, self.health, budgets=budgets)
         walk.last_failure = fc.EMPTY
         return self._walk_from(walk, now)
 

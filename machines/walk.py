@@ -286,8 +286,8 @@ class Walk:
         if kind == fc.RATE_LIMITED:
             pool = len(entry.keys)
             key = key_index(self.health.store, entry)
-            # a pool rotates to its next key at once, except inside a single-attempt allowance
-            # (the semantic-empty recovery): that one attempt is used once, whatever the key
+            # a pool rotates to its next key at once, except where the turn set the budget (the
+            # semantic-empty recovery): an attempt it allows is used once, whatever the key
             if pool > 1 and key is not None and self.index not in self.budgets:
                 drew = self.health.keys_429.setdefault(profile, set())
                 drew.add(key)
