@@ -280,11 +280,7 @@ class Turn:
         # CONFIG.md: the exact entry gets one non-streaming recovery attempt when retries > 0
         # (replay-safe), or when it is the only candidate; both at once merge into one attempt
         index = entry.index
-        others = any(
-            j != index and self.plan.allows(e.profile) and not self.health.blocked(e.profile, now)
-            for j, e in enumerate(self.plan.entries)
-        )
-        allowance = 1 if (self.config.reliability.provider_retries > 0 or not others) else 0
+        allowance = 1 if (self.config.reliability.provider_retries > 0 or self._only_candidate(index, now)) else 0
         # the other candidates get their normal budgets, less what this turn already spent on
         # them (stream.recovery = streaming may have walked them before this stream)
         normal = self.config.reliability.provider_retries + 1
@@ -326,11 +322,7 @@ class Turn:
         # default: the non-streaming walk in configured order, skipping the exact entry, unless
         # it is the only candidate (then the stream was its first attempt)
         index = entry.index
-        only = not any(
-            j != index and self.plan.allows(e.profile) and not self.health.blocked(e.profile, now)
-            for j, e in enumerate(self.plan.entries)
-        )
-        if only:
+        if self._only_candidate(index, now):
             walk = Walk(self.plan, self.config, self.health)
             self.life.fire("recover", self)
             return self._walk_from(walk, now, walk.adopt(index, failure, now))
@@ -339,6 +331,11 @@ class Turn:
         self.recoverable = stopped is None
         self.life.fire("recover", self)
         return self._walk_from(walk, now, stopped)
+
+    def _only_candidate(self, index: int, now: float) -> bool:
+        """No other entry is allowed and healthy right now."""
+        return not any(j != index and self.plan.allows(e.profile) and not self.health.blocked(e.profile, now)
+                       for j, e in enumerate(self.plan.entries))
 
     def _continuation_candidate(self, failed: PlannedEntry, now: float) -> PlannedEntry | None:
         """stream.continue_after_interrupt: the next entry after the failed one that can stream,

@@ -92,21 +92,18 @@ class TurnHealth:
     def success(self, profile: str, now: float) -> None:
         self.store.breaker(profile).success(now)
         self.probes.discard(profile)
-        if self.store.cooldown_until(profile) > float("-inf"):
-            self.store.clear_cooldown(profile)
+        self.store.clear_cooldown(profile)
 
     def failure(self, profile: str, kind: str, now: float) -> None:
+        """A failure counts once per turn, except that a probe's failure always gives its
+        verdict; a failure that does not count hands a held probe back."""
         breaker = self.store.breaker(profile)
-        if kind in fc.BREAKER_CLASSES and profile not in self.breaker_noted:
+        if kind in fc.BREAKER_CLASSES and (profile not in self.breaker_noted or profile in self.probes):
             self.breaker_noted.add(profile)
             breaker.failure(now)
-            self.probes.discard(profile)
-        elif profile in self.probes and kind in fc.BREAKER_CLASSES:
-            breaker.failure(now)
-            self.probes.discard(profile)
         elif profile in self.probes:
             breaker.release()
-            self.probes.discard(profile)
+        self.probes.discard(profile)
 
     def release_all(self) -> None:
         for profile in self.probes:

@@ -6,6 +6,14 @@ from relayline.machines.health import Breaker
 CFG = BreakerConfig(window_s=10, failure_threshold=2, open_s=5)
 
 
+def tripped() -> Breaker:
+    """A breaker that two failures at t=0 and t=1 opened until t=6."""
+    b = Breaker(CFG)
+    b.failure(0.0)
+    b.failure(1.0)
+    return b
+
+
 def test_failures_outside_the_window_do_not_count():
     b = Breaker(CFG)
     b.failure(0.0)
@@ -16,9 +24,7 @@ def test_failures_outside_the_window_do_not_count():
 
 
 def test_half_open_admits_one_probe_and_its_verdict_decides():
-    b = Breaker(CFG)
-    b.failure(0.0)
-    b.failure(1.0)
+    b = tripped()
     assert b.blocks(3.0)
     assert b.claim(6.5) and not b.claim(6.6)  # one probe; the others keep skipping
     assert b.blocks(6.6)
@@ -30,27 +36,21 @@ def test_half_open_admits_one_probe_and_its_verdict_decides():
 
 
 def test_a_forced_probe_that_fails_reopens_for_open_s_from_now():
-    b = Breaker(CFG)
-    b.failure(0.0)
-    b.failure(1.0)  # open until 6
+    b = tripped()
     assert b.claim(2.0, force=True)
     b.failure(2.5)
     assert b.state == "open" and b.open_until == 7.5
 
 
 def test_a_released_probe_returns_to_half_open():
-    b = Breaker(CFG)
-    b.failure(0.0)
-    b.failure(1.0)
+    b = tripped()
     assert b.claim(6.1)
     b.release()
     assert b.state == "half_open" and b.claim(6.2)
 
 
 def test_late_results_do_not_move_an_open_breaker():
-    b = Breaker(CFG)
-    b.failure(0.0)
-    b.failure(1.0)
+    b = tripped()
     b.success(2.0)
     b.failure(2.5)
     assert b.state == "open" and b.open_until == 6.0
