@@ -41,6 +41,11 @@ def _usage(result: TurnResult) -> tuple[int, int]:
     return sum(r.input_tokens for r in accepted), sum(r.output_tokens for r in accepted)
 
 
+def _openai_usage(result: TurnResult) -> dict:
+    tokens_in, tokens_out = _usage(result)
+    return {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out}
+
+
 def _tools(result: TurnResult) -> list[tuple[str, str]]:
     """Each tool call's name and JSON arguments ("{}" when the provider sent none)."""
     arguments = list(result.tool_arguments) + [""] * (len(result.tool_calls) - len(result.tool_arguments))
@@ -90,11 +95,10 @@ class OpenAIDialect:
         if result.tool_calls:
             message["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
                                      for i, (n, a) in enumerate(_tools(result))]
-        tokens_in, tokens_out = _usage(result)
         return {
             "id": turn_id, "object": "chat.completion", "created": int(time.time()), "model": result.served.model,
             "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if result.tool_calls else "stop"}],
-            "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out},
+            "usage": _openai_usage(result),
             "relayline": relayline,
         }
 
@@ -133,10 +137,8 @@ class OpenAIStream:
     def ok(self, result: TurnResult, relayline: dict) -> bytes:
         if result.served is not None:
             self.model = result.served.model
-        tokens_in, tokens_out = _usage(result)
-        usage = {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out}
         return (self._chunk({}, "tool_calls" if self.tools else "stop")
-                + self._chunk(None, usage=usage, relayline=relayline) + b"data: [DONE]\n\n")
+                + self._chunk(None, usage=_openai_usage(result), relayline=relayline) + b"data: [DONE]\n\n")
 
     def failed(self, result: TurnResult, relayline: dict) -> bytes:
         # after commit: an explicit error event and no [DONE], never a clean-looking end
