@@ -73,7 +73,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from .simulate import main
+    from .sim.simulate import main
 
     return main(args.files, as_json=args.json, http=args.http)
 
@@ -108,7 +108,7 @@ def cmd_serve(args) -> int:
                 print(f"error: {problem}", file=sys.stderr)
             return 1
     else:
-        from .demo import builtin_relay
+        from .sim.demo import builtin_relay
 
         relay = builtin_relay()
         print("no --config: serving the built-in demo config on in-process sim upstreams", file=sys.stderr)
@@ -128,7 +128,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_ledger(args) -> int:
-    from .ledger_store import LedgerStore, parse_since
+    from .stores.ledger import LedgerStore, parse_since
 
     path = args.path
     if path is None and args.config:
@@ -157,7 +157,7 @@ def cmd_ledger(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo import main
+    from .sim.demo import main
 
     return main(simulated=args.simulated)
 

@@ -34,8 +34,8 @@ from .providers.anthropic import AnthropicClient
 from .providers.base import ProviderClient
 from .providers.http import new_client
 from .providers.openai import OpenAIClient
-from .providers.sim import SimClient, SimUpstream
 from .redact import protect
+from .sim.provider import SimClient, SimUpstream
 
 log = logging.getLogger("relayline")
 

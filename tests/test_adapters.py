@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relayline.adapters import Relay
-from relayline.adapters.loopback import LoopbackServer, Reply, sse_events
+from relayline.adapters.sim.loopback import LoopbackServer, Reply, sse_events
 
 TRANSCRIPTS = Path(__file__).parent / "transcripts"
 KEY = "sk-test-transcript-4242"

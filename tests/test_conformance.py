@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from relayline.adapters.simulate import check_scenario, load_scenario
+from relayline.adapters.sim.simulate import check_scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = sorted((ROOT.parent / "shared" / "conformance").glob("*.toml"))
-OWN = sorted((ROOT / "tests" / "scenarios").glob("*.toml")) + [ROOT / "adapters" / "demo.toml"]
+OWN = sorted((ROOT / "tests" / "scenarios").glob("*.toml")) + [ROOT / "adapters" / "sim" / "demo.toml"]
 
 
 def _describe(report):

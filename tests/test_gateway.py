@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from relayline.adapters.background import BackgroundGateway
-from relayline.adapters.ledger_store import LedgerStore
+from relayline.adapters.sim.background import BackgroundGateway
+from relayline.adapters.stores.ledger import LedgerStore
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -243,7 +243,7 @@ def test_anthropic_sdk_gets_anthropic_errors_before_commit():
 def test_tool_call_arguments_reach_both_dialects():
     import attrs
 
-    from relayline.adapters.dialects import ANTHROPIC, OPENAI
+    from relayline.adapters.gateway.dialects import ANTHROPIC, OPENAI
     from relayline.machines.turn import TurnResult
 
     served = attrs.make_class("Served", {"model": attrs.field(), "label": attrs.field()})("m", "p/m")

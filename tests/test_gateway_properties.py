@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relayline.adapters.background import BackgroundGateway
+from relayline.adapters.sim.background import BackgroundGateway
 
 words = st.sampled_from(["alpha", "beta", "gamma"])
 frame = st.one_of(

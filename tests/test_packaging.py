@@ -11,7 +11,8 @@ def run(code: str, tmp_path) -> subprocess.CompletedProcess:
 def test_the_packages_import_under_relayline_and_ship_their_specs(tmp_path):
     out = run("import relayline.machines, relayline.adapters\n"
               "from importlib import resources\n"
-              "print(resources.files('relayline.specs').joinpath('stream.toml').is_file())", tmp_path)
+              "print(resources.files('relayline.specs').joinpath('stream.toml').is_file() and "
+              "resources.files('relayline.adapters.sim').joinpath('demo.toml').is_file())", tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
 
 

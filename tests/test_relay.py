@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from relayline.adapters import Relay
-from relayline.adapters.providers.sim import SimUpstream
+from relayline.adapters.sim.provider import SimUpstream
 from relayline.machines.errors import RelaylineError, TurnError
 
 TWO = """

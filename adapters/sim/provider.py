@@ -27,7 +27,7 @@ from relayline.machines.stream import (
 )
 from relayline.machines.turn import Completion
 
-from .base import DONE, CallRequest, ProviderFailure
+from ..providers.base import DONE, CallRequest, ProviderFailure
 
 DEFAULT_REPLY: Mapping = {"text": "ok"}
 

@@ -15,10 +15,10 @@ import trio
 
 from relayline.machines.config import structure_config
 
-from .gateway import Gateway, serve
-from .ledger_store import LedgerStore
-from .relay import Relay
-from .simserver import SimHTTPServer, shape_by_alias, wire_to
+from ..gateway import Gateway, serve
+from ..relay import Relay
+from ..stores.ledger import LedgerStore
+from .server import SimHTTPServer, shape_by_alias, wire_to
 
 
 class BackgroundGateway:

@@ -14,7 +14,7 @@ import attrs
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
-from .messages import anthropic_to_openai
+from ..messages import anthropic_to_openai
 
 # turn error reason -> (HTTP status, OpenAI error type, code, Anthropic error type)
 ERRORS = {

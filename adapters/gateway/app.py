@@ -28,10 +28,10 @@ import trio
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
+from ..driver import TurnRun
+from ..relay import Relay
+from ..stores.ledger import LedgerStore
 from .dialects import ANTHROPIC, OPENAI
-from .driver import TurnRun
-from .ledger_store import LedgerStore
-from .relay import Relay
 
 log = logging.getLogger("relayline.gateway")
 

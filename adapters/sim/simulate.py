@@ -22,10 +22,10 @@ from relayline.machines.errors import ConfigError
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
-from .driver import TurnRun
-from .providers.sim import SimUpstream
-from .relay import Relay
-from .simserver import SimHTTPServer, wire_to
+from ..driver import TurnRun
+from ..relay import Relay
+from .provider import SimUpstream
+from .server import SimHTTPServer, wire_to
 
 REQUEST_KEYS = {"at", "model", "stream", "tools", "text", "cancel_after", "cancel_at", "operator_model", "expect"}
 EXPECT_KEYS = {

@@ -7,7 +7,7 @@ with the official openai SDK, in real time (about ten seconds): a healthy primar
 retried and served by the backup (with a notice); the breaker opening while the backup is rate
 limited and cools down; both skipped before anything is sent; a stream failing before output,
 recovered out of the client's sight; a stream cut after output, surfacing as an error in the SDK;
-the primary probed and back. `--simulated` runs adapters/demo.toml in process on virtual time.
+the primary probed and back. `--simulated` runs adapters/sim/demo.toml in process on virtual time.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ def builtin_relay():
     """`relayline serve` with no --config: the demo profiles on in-process sim upstreams."""
     from relayline.machines.config import structure_config
 
-    from .relay import Relay
+    from ..relay import Relay
 
-    scenario = load_scenario(str(resources.files("relayline.adapters").joinpath("demo.toml")))
+    scenario = load_scenario(str(resources.files("relayline.adapters.sim").joinpath("demo.toml")))
     return Relay(structure_config(scenario.config), env={})
 
 
@@ -45,7 +45,7 @@ def main(out=print, simulated: bool = False) -> int:
 
 
 def simulated_main(out=print) -> int:
-    path = resources.files("relayline.adapters").joinpath("demo.toml")
+    path = resources.files("relayline.adapters.sim").joinpath("demo.toml")
     scenario = load_scenario(str(path))
     health_view: list[str] = []
 
@@ -135,8 +135,8 @@ def gateway_main(out=print) -> int:
     import httpx
     import openai
 
+    from ..stores.ledger import LedgerStore
     from .background import BackgroundGateway
-    from .ledger_store import LedgerStore
 
     messages = [{"role": "user", "content": "hi"}]
     seen = {"fallback": 0, "breaker_skip": 0, "interrupted": 0}

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 import trio
 
 from .loopback import LoopbackServer, Reply, Seen
-from .providers.sim import Script, aggregate_frames, default_usage, reply_frames
+from .provider import Script, aggregate_frames, default_usage, reply_frames
 
 SSE = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
 JSON = (("content-type", "application/json"),)

@@ -1,0 +1,1 @@
+"""Where a gateway keeps what outlives a turn: the ledger (SQLite)."""
