@@ -96,7 +96,8 @@ class Relay:
         protect(d.root_keys[0].reveal() for d in self.router.domains.values() if d.root_keys)
         for warning in self.router.warnings:
             log.warning("config_warning code=%s path=%s", warning.code, warning.path)
-        self.health = health if health is not None else InMemoryHealth(config.breaker)
+        # a probe is leased for as long as its turn may live: no turn that died holds it longer
+        self.health = health if health is not None else InMemoryHealth(config.breaker, config.timeouts.total_s)
         self.sim = sim if sim is not None else SimUpstream()
         self.clients: dict[str, ProviderClient] = {"sim": SimClient(self.sim)}
         self._http = None

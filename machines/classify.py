@@ -22,8 +22,10 @@ RATE_LIMITED = "rate_limited"
 QUOTA = "quota"
 CONTEXT_WINDOW = "context_window"
 REJECTED = "rejected"
+TOO_LARGE = "too_large"  # the answer outgrew limits.max_response_bytes: advance, never retried
+INTERNAL = "internal"  # relayline could not make or read the call (its own fault, not the provider's)
 
-FAILURE_CLASSES = (EMPTY, RETRYABLE, TIMEOUT, RATE_LIMITED, QUOTA, CONTEXT_WINDOW, REJECTED)
+FAILURE_CLASSES = (EMPTY, RETRYABLE, TIMEOUT, RATE_LIMITED, QUOTA, CONTEXT_WINDOW, REJECTED, TOO_LARGE, INTERNAL)
 # CONFIG.md: only these teach the breaker anything about a profile's health
 BREAKER_CLASSES = frozenset({RETRYABLE, TIMEOUT})
 
@@ -130,3 +132,12 @@ def truncated(detail: str = "stream truncated before its completion signal") -> 
 
 def timed_out(what: str, seconds: float) -> Failure:
     return Failure(TIMEOUT, f"no {what} within {seconds:g}s")
+
+
+def too_large(limit: int, what: str = "response") -> Failure:
+    return Failure(TOO_LARGE, f"{what} larger than limits.max_response_bytes ({limit} bytes)")
+
+
+def internal(exc: BaseException) -> Failure:
+    # the exception's type only: its message may quote a provider body or a request
+    return Failure(INTERNAL, f"internal error ({type(exc).__name__})")

@@ -369,6 +369,47 @@ class Turn:
         partial = "".join(self.forwarded) if self.cancellation.state == "persisted_partial" else None
         return Finish(self._result("cancelled", "cancelled", None, partial))
 
+    # -- ends the walk does not choose --------------------------------------------------------
+
+    def expire(self, now: float) -> Finish:
+        """timeouts.total_s passed: the turn ends where it stands and nothing more is sent. An
+        attempt in flight is a timeout of the turn's own budget, not evidence against the
+        provider (a long answer is not ill health; a silent one already met headers_s or
+        idle_s): no breaker failure, a held probe is handed back. Forwarded output ends as
+        interrupted, exactly as a stream cut after commit."""
+        detail = f"turn deadline: timeouts.total_s ({self.config.timeouts.total_s:g}s) passed"
+        committed = self.gate is not None and self.gate.committed
+        if self.call is not None:
+            streaming = self.call.mode == "stream" and self.gate is not None
+            usage = self.gate.usage if streaming else None
+            if streaming and not self.gate.life.terminal:
+                self.gate.fail()
+            self._record("interrupted" if committed else fc.TIMEOUT, now, reason=fc.TIMEOUT, detail=detail,
+                         usage=usage or (Usage() if committed else None), bill=committed)
+            self.call = None
+        return self._end("interrupted" if committed or self.life.state == "continuing" else "deadline", now)
+
+    def abort(self, now: float) -> Finish:
+        """relayline's own code failed mid-turn (a machine, a sink): settle what is known, hand
+        every held probe back, and report an internal error. The machines may be in any state
+        here, so this fires nothing: it only builds the result."""
+        if self.call is not None:
+            self._record(fc.INTERNAL, now, reason=fc.INTERNAL, detail="the turn failed inside relayline",
+                         usage=self.gate.usage if self.gate is not None else None, bill=False)
+            self.call = None
+        self.health.release_all()
+        return Finish(self._result("error", "internal", None, None))
+
+    def _end(self, error: str, now: float) -> Finish:
+        if self.walk is not None and not self.walk.life.terminal:
+            self.walk.cancel()  # the walk ends without a verdict: nothing more is attempted
+        self.health.release_all()
+        self.life.fire("fail")
+        self.cancellation.fire("finish")
+        if error == "interrupted":
+            return Finish(self._result("interrupted", "interrupted", None, "".join(self.forwarded)))
+        return Finish(self._result("error", error, None, None))
+
     # -- the end ------------------------------------------------------------------------------
 
     def _done(self, done: WalkDone, now: float) -> Finish:
@@ -446,6 +487,8 @@ class Turn:
             "client_error": "the provider rejected the request",
             "no_candidate": "no entry could be attempted",
             "cancelled": "cancelled by the consumer",
+            "deadline": f"the turn did not end within timeouts.total_s ({self.config.timeouts.total_s:g}s)",
+            "internal": "relayline failed to make or read the call (an internal error, logged)",
             "interrupted": "the stream failed after output was forwarded; it is not replayed",
         }.get(error, error)
         parts = [f"{head} ({len(self.attempts)} attempts"

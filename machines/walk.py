@@ -43,7 +43,7 @@ class Sleep:
 class WalkDone:
     ok: bool
     entry: PlannedEntry | None = None
-    error: str | None = None  # exhausted, semantic_empty, context_window, client_error, no_candidate
+    error: str | None = None  # exhausted, semantic_empty, context_window, client_error, no_candidate, internal
 
 
 @attrs.frozen
@@ -194,6 +194,8 @@ class Walk:
             error = "no_candidate"
         elif self.last_failure == fc.EMPTY:
             error = "semantic_empty"
+        elif self.last_failure == fc.INTERNAL:
+            error = "internal"
         else:
             error = "exhausted"
         return self._finish("exhaust", ok=False, error=error)
@@ -278,7 +280,7 @@ class Walk:
         stop = self._stop_error(failure)
         if stop:
             return self._finish("stop", ok=False, entry=entry, error=stop)
-        if kind in (fc.CONTEXT_WINDOW, fc.REJECTED, fc.QUOTA):
+        if kind in (fc.CONTEXT_WINDOW, fc.REJECTED, fc.QUOTA, fc.TOO_LARGE, fc.INTERNAL):
             return self._advance(now)
         if kind == fc.RATE_LIMITED:
             pool = len(entry.keys)

@@ -18,6 +18,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import time
 from collections import defaultdict, deque
 from functools import partial
@@ -36,6 +37,20 @@ from .dialects import ANTHROPIC, OPENAI
 log = logging.getLogger("relayline.gateway")
 
 SEND_GRACE_S = 10.0
+MAX_OUTCOMES = 4096  # per profile, for /admin/health's success rate: bounded between reads
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
+
+
+def _unencodable(raw: bytes, obj) -> bool:
+    """JSON can escape a lone surrogate ("\\ud800") that no UTF-8 request to a provider can
+    carry: a client's mistake, refused with a 400 rather than failing every attempt."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return False
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 class Metrics:
     """Prometheus text exposition, kept as plain counters (no client library needed)."""
@@ -119,6 +134,28 @@ class Gateway:
                     return
         if scope["type"] != "http":
             return
+        started = False
+
+        async def tracked_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._route(scope, receive, tracked_send)
+        except Exception:
+            # relayline's own bug: logged once with its stack; the client gets a JSON 500, never
+            # an empty body (after the headers went out, the connection is all that is left)
+            log.exception("gateway_internal_error path=%s", scope.get("path", "")[:200])
+            if not started:
+                message = "internal error in the gateway (logged)"
+                if scope.get("path") == "/v1/messages":
+                    body = ANTHROPIC.error_body(message, "api_error")
+                else:
+                    body = OPENAI.error_body(message, "server_error", "internal_error")
+                await self._respond(send, 500, body)
+
+    async def _route(self, scope, receive, send) -> None:
         method, path = scope["method"], scope["path"]
         if path == "/metrics" and method == "GET":
             if await self._authorised(scope, send):
@@ -211,8 +248,12 @@ class Gateway:
 
     async def _finish_turn(self, turn_id: str, result: TurnResult, started: float) -> None:
         now = trio.current_time()
+        horizon = now - self.relay.config.breaker.window_s
         for attempt in result.attempts:
-            self._outcomes[attempt.provider].append((now, attempt.outcome == "ok"))
+            seen = self._outcomes[attempt.provider]
+            seen.append((now, attempt.outcome == "ok"))
+            while seen and (seen[0][0] < horizon or len(seen) > MAX_OUTCOMES):
+                seen.popleft()
         self.metrics.observe(result, now - started)
         if self.ledger is not None and result.ledger:
             # in the loop's thread: a WAL insert takes ~60 µs here, a hop to a worker thread ~250 µs
@@ -245,9 +286,15 @@ class Gateway:
         if raw is None:
             return
         try:
-            request = dialect.parse(json.loads(raw))
+            obj = json.loads(raw)
+            request = dialect.parse(obj)
         except (ValueError, KeyError, TypeError, AttributeError):
             status, body = dialect.bad_request("the body is not a valid request: JSON with a `messages` list")
+            await self._respond(send, status, body)
+            return
+        if _unencodable(raw, obj):
+            status, body = dialect.bad_request("the body contains a lone UTF-16 surrogate escape (such as \\ud800), "
+                                               "which cannot be sent as UTF-8")
             await self._respond(send, status, body)
             return
         turn_id = dialect.new_id()
@@ -257,7 +304,8 @@ class Gateway:
             wire = _StreamWire(turn_id, send, runs, dialect)
             gate_s = self.relay.config.timeouts.gate_commit_s
             tasks = [wire.flusher] + ([partial(wire.commit_after, gate_s)] if gate_s > 0 else [])
-            result = await self._run_turn(turn_id, receive, runs, tasks, stream=True, sink=wire.event, **kwargs)
+            result = await self._run_turn(turn_id, receive, runs, tasks, on_end=wire.ending, stream=True,
+                                          sink=wire.event, **kwargs)
             if result is None or result.outcome == "cancelled":
                 return  # the client went away
             if not wire.started:
@@ -275,7 +323,8 @@ class Gateway:
         await self._json(send, 200, dialect.completion(turn_id, result, self._relayline_field(result)),
                          headers=self._attribution(result))
 
-    async def _run_turn(self, turn_id: str, receive, runs: list[TurnRun], tasks=(), **kwargs) -> TurnResult | None:
+    async def _run_turn(self, turn_id: str, receive, runs: list[TurnRun], tasks=(), on_end=None,
+                        **kwargs) -> TurnResult | None:
         """Run one turn while watching for the client going away (a disconnect cancels it),
         then account for it: metrics, health view, ledger rows (before any response ends)."""
         started = trio.current_time()
@@ -286,7 +335,14 @@ class Gateway:
                     nursery.start_soon(task)
                 try:
                     await self.relay.run_turn(gateway=True, run_hook=runs.append, **kwargs)
+                except Exception:
+                    if not runs or runs[0].result is None:
+                        raise
+                    # the driver settled the turn (outcome error, reason internal) and logged
+                    # it: it is answered and accounted like any failed turn
                 finally:
+                    if on_end is not None:
+                        on_end()
                     nursery.cancel_scope.cancel()
         result = runs[0].result if runs else None
         if result is not None:
@@ -325,6 +381,8 @@ class _StreamWire:
         self._pending_bytes = 0
         self._wake = trio.Event()
         self._room = trio.Event()
+        self._sending: trio.CancelScope | None = None
+        self._ending = False
 
     def _served_entry(self):
         run = self.runs[0] if self.runs else None
@@ -336,10 +394,22 @@ class _StreamWire:
 
     async def _send_whole(self, message: dict) -> None:
         # the turn's end cancels the flusher and the gate timer: a write they began must finish
-        # (bytes taken from the buffer would otherwise be lost), bounded in case the peer is stuck
-        with trio.move_on_after(SEND_GRACE_S) as scope:
-            scope.shield = True
-            await self.send(message)
+        # (bytes taken from the buffer would otherwise be lost). While the turn runs a write
+        # takes the client's time (backpressure); once it ended, SEND_GRACE_S at most
+        with trio.CancelScope(shield=True) as scope:
+            if self._ending:
+                scope.deadline = trio.current_time() + SEND_GRACE_S
+            self._sending = scope
+            try:
+                await self.send(message)
+            finally:
+                self._sending = None
+
+    def ending(self) -> None:
+        """The turn is over: a write still in progress gets SEND_GRACE_S, not the client's pace."""
+        self._ending = True
+        if self._sending is not None:
+            self._sending.deadline = trio.current_time() + SEND_GRACE_S
 
     async def _start(self) -> None:
         if self.started:
@@ -354,7 +424,9 @@ class _StreamWire:
                        (b"x-relayline-served", (entry.label if entry else "none").encode())]
             if run is not None:
                 headers.append((b"x-relayline-requested", run.turn.plan.requested.encode()))
-                headers.append((b"x-relayline-attempts", str(len(run.turn.attempts) + 1).encode()))
+                # the attempt in flight is not recorded yet; a recovered answer's already is
+                in_flight = 1 if run.turn.call is not None else 0
+                headers.append((b"x-relayline-attempts", str(len(run.turn.attempts) + in_flight).encode()))
             await self._send_whole({"type": "http.response.start", "status": 200, "headers": headers})
         await self._queue(self.render.opening(entry.model if entry is not None else ""))
 
@@ -369,8 +441,14 @@ class _StreamWire:
         self._pending_bytes += len(data)
         self._wake.set()
         while self._pending_bytes > self.MAX_PENDING:
+            # the client reads slower than the provider writes: the turn waits, and with it the
+            # upstream read (TCP backpressure); the provider's idle deadline is lifted meanwhile
             self._room = trio.Event()
-            await self._room.wait()
+            if self.runs:
+                with self.runs[0].consumer_paused():
+                    await self._room.wait()
+            else:
+                await self._room.wait()
 
     async def flusher(self) -> None:
         while True:
@@ -393,7 +471,7 @@ class _StreamWire:
         if first:
             await trio.lowlevel.checkpoint()  # let the flusher put the first bytes on the wire now
 
-    event.may_block = False  # bounded buffer: it waits only for the flusher, never for the client
+    event.may_block = False  # bounded buffer: when it must wait for the client, it says so (consumer_paused)
 
     async def finish(self, result: TurnResult, relayline: dict) -> None:
         """The end of the response; whatever the flusher had not sent yet goes first."""
