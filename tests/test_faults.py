@@ -67,7 +67,7 @@ async def turn(handler, *, backup=ok, stream=False, bound=6.0, **sections):
         cfg = structure_config(config(primary.url, second.url if second else None, **sections))
         async with Relay(cfg, env={}) as relay:
             with trio.fail_after(bound):
-                result = await relay.run_turn(HI, stream=stream)
+                result = await relay._run_turn(HI, stream=stream)
         nursery.cancel_scope.cancel()
     return result, relay, primary.seen, (second.seen if second else [])
 
@@ -176,7 +176,7 @@ async def test_headers_s_runs_from_the_write_not_from_the_pool_queue():
             results = []
 
             async def one():
-                results.append(await relay.run_turn(HI))
+                results.append(await relay._run_turn(HI))
 
             with trio.fail_after(5):
                 async with trio.open_nursery() as turns:
@@ -225,21 +225,21 @@ async def test_a_turn_that_raises_while_probing_never_wedges_the_breaker(fault, 
         cfg = structure_config(config(upstream.url, reliability={"provider_retries": 0}, breaker={"open_s": 10}))
         async with Relay(cfg, env={}) as relay:
             crashing = CrashingProbe(relay.clients["openai"])
-            first = await relay.run_turn(HI)
+            first = await relay._run_turn(HI)
             assert first.error == "exhausted" and relay.health.breaker("primary").state == "open"
             await trio.sleep(10)
             assert relay.health.breaker("primary").refresh(trio.current_time()) == "half_open"
             if fault == "adapter raises":
                 relay.clients["openai"] = crashing
-                raised = await relay.run_turn(HI)
+                raised = await relay._run_turn(HI)
             else:
-                raised = await relay.run_turn([{"role": "user", "content": "bad \ud800 text"}])
+                raised = await relay._run_turn([{"role": "user", "content": "bad \ud800 text"}])
             relay.clients["openai"] = crashing.real
             assert relay.health.breaker("primary").state != "probing"
             if fault == "adapter raises":
                 assert raised.outcome == "error" and raised.error == "internal"
                 assert raised.attempts[0].outcome == "internal" and raised.attempts[0].detail == "internal error (Boom)"
-            healthy = await relay.run_turn(HI)
+            healthy = await relay._run_turn(HI)
         nursery.cancel_scope.cancel()
     assert healthy.outcome == "ok" and healthy.text == "healthy again"
     assert relay.health.breaker("primary").state == "closed"
