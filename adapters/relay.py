@@ -47,7 +47,7 @@ from .hosts import (
     require_sync_host,
     run_from_thread,
     run_in_host,
-    settle,
+    settler,
     unwind,
 )
 from .providers.anthropic import AnthropicClient
@@ -219,7 +219,8 @@ class Relay:
         re-raised. `run_hook` sees the run before it starts (the result survives a cancellation)."""
         plan = self.plan(model=model, text=turn_text(messages), operator_model=operator_model, gateway=gateway)
         turn = self._turn_factory(plan, self.config, self.health, stream=stream, tools=bool(tools))
-        run = TurnRun(turn, self.clients, tuple(messages), tools=tuple(tools), on_draft=on_draft)
+        run = TurnRun(turn, self.clients, tuple(dict(m) for m in messages), tools=tuple(dict(t) for t in tools),
+                      on_draft=on_draft)
         if run_hook is not None:
             run_hook(run)
         try:
@@ -229,7 +230,7 @@ class Relay:
                 self._observe(run.result)
 
     def _observe(self, result: TurnResult) -> None:
-        if result.outcome == "ok":
+        if result.outcome == "ok" and result.served is not None:
             domain = result.requested.split("/", 1)[0]
             if result.fallback:
                 self.fallback_record[domain] = result.served.label
@@ -339,10 +340,8 @@ class StreamTurn:
             nursery.start_soon(produce)
         elif self._host == "asyncio":
             self._handoff = Handoff()
-            loop = asyncio.get_running_loop()
-            self._done: asyncio.Future[Outcome[None]] = loop.create_future()
-            Runtime.get().start(partial(self._produce, self._handoff.send),
-                                lambda outcome: loop.call_soon_threadsafe(settle, self._done, outcome))
+            self._done: asyncio.Future[Outcome[None]] = asyncio.get_running_loop().create_future()
+            Runtime.get().start(partial(self._produce, self._handoff.send), settler(self._done))
         else:
             raise RuntimeError(f"relayline runs under trio or asyncio, not {self._host}")
         return self
@@ -357,9 +356,8 @@ class StreamTurn:
             except trio.EndOfChannel:
                 pass
         else:
-            loop = asyncio.get_running_loop()
-            item: asyncio.Future[Event | None] = loop.create_future()
-            Runtime.get().call_soon(self._handoff.demand, lambda e: loop.call_soon_threadsafe(settle, item, e))
+            item: asyncio.Future[Event | None] = asyncio.get_running_loop().create_future()
+            Runtime.get().call_soon(self._handoff.demand, settler(item))
             event = await item
             if event is not None:
                 return event
