@@ -64,8 +64,8 @@ log = logging.getLogger("relayline")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-def wire_request(messages: Sequence[Mapping] | wire.Request, tools: Sequence[Mapping] = (),
-                 params: Mapping | None = None) -> wire.Request:
+def wire_request(messages: Sequence[Mapping[str, Any]] | wire.Request, tools: Sequence[Mapping[str, Any]] = (),
+                 params: Mapping[str, Any] | None = None) -> wire.Request:
     """The canonical request for OpenAI-style chat messages, tools and request parameters
     (temperature, max_tokens, stop, tool_choice, response_format, reasoning_effort, seed...), or
     a `wire.Request` as given. A parameter of the wrong shape raises WireError naming it."""
@@ -261,7 +261,7 @@ class Relay:
         for observer in self.observers:
             observer(result)
 
-    async def complete(self, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
+    async def complete(self, /, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
                        tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None,
                        **params: Any) -> Reply:
         """One non-streaming turn, from trio or asyncio. `params` are chat completions request
