@@ -12,6 +12,7 @@ the protocol adapters. Every turn, library or gateway or simulator, runs through
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +39,15 @@ from .redact import protect
 from .sim.provider import SimClient, SimUpstream
 
 log = logging.getLogger("relayline")
+
+
+def open_health(config: Config) -> HealthStore:
+    """The health store a config names: in memory (each process alone), or Redis (a fleet)."""
+    if config.health.store == "memory":
+        return InMemoryHealth(config.breaker)
+    from .stores.health import RedisHealth
+
+    return RedisHealth(config.health, config.breaker)
 
 
 def turn_text(messages: Sequence[Mapping]) -> str:
@@ -96,7 +106,7 @@ class Relay:
         protect(d.root_keys[0].reveal() for d in self.router.domains.values() if d.root_keys)
         for warning in self.router.warnings:
             log.warning("config_warning code=%s path=%s", warning.code, warning.path)
-        self.health = health if health is not None else InMemoryHealth(config.breaker)
+        self.health = health if health is not None else open_health(config)
         self.sim = sim if sim is not None else SimUpstream()
         self.clients: dict[str, ProviderClient] = {"sim": SimClient(self.sim)}
         self._http = None
@@ -118,10 +128,18 @@ class Relay:
             await self._http.aclose()
 
     async def __aenter__(self) -> Relay:
+        # a shared health store ([health] store = redis://) stays connected for the block
+        self._exit = contextlib.AsyncExitStack()
+        connected = getattr(self.health, "connected", None)
+        if connected is not None:
+            await self._exit.enter_async_context(connected())
         return self
 
     async def __aexit__(self, *exc_info) -> None:
-        await self.aclose()
+        try:
+            await self._exit.aclose()
+        finally:
+            await self.aclose()
 
     @classmethod
     def from_toml(cls, text: str, **kwargs) -> Relay:
