@@ -1,8 +1,8 @@
 """[health] and [ledger] url: the keys of a fleet, checked with their key paths."""
 
 import pytest
-from helpers import config
 
+from helpers import config
 from relayline.machines.errors import ConfigError
 
 ONE = {"active": "a", "providers": {"a": {}}}
