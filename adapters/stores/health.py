@@ -214,6 +214,8 @@ class RedisHealth(InMemoryHealth):
         self._offset = 0.0  # the server's clock minus trio's, measured at each round
         self.conflicts = 0  # probe claims that found another worker's probe (a stalled loop)
         self.rounds = 0
+        self._hosted = False  # `connected()` runs: someone keeps the connection
+        self._said_unhosted = False
 
     # -- HealthStore (the mirror; synchronous) ---------------------------------------------
 
@@ -260,6 +262,7 @@ class RedisHealth(InMemoryHealth):
             from coredis.retry import NoRetryPolicy
         except ImportError:  # pragma: no cover - the fleet extra is part of dev
             raise RuntimeError("health.store = redis://... needs the fleet extra: pip install 'relayline[fleet]'") from None
+        self._hosted = True
         async with trio.open_nursery() as nursery:
             await nursery.start(self._connection, coredis, NoRetryPolicy)
             try:
@@ -310,6 +313,10 @@ class RedisHealth(InMemoryHealth):
         it started. Never raises for the store's sake; gives up after TIMEOUT_S."""
         self._wanted.update(profiles)
         if self._client is None or trio.current_time() < self._retry_at:
+            if not self._hosted and not self._said_unhosted:
+                self._said_unhosted = True
+                log.warning("health_store_not_connected store=%s serving=local_health hint=%s", self.where,
+                            "run turns inside `async with relay:` (a trio host) or the gateway")
             return
         ticket = self._rounds_started
         async with self._lock:
