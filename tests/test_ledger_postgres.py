@@ -46,7 +46,7 @@ def pg_url(postgres_server):
 async def _turns(relay, n):
     results = []
     for _ in range(n):
-        results.append(await relay.run_turn(HI))
+        results.append(await relay._run_turn(HI))
     return results
 
 
@@ -58,7 +58,7 @@ async def test_the_schema_is_migrated_once_and_a_turn_writes_one_row_per_billabl
         {"provider": "sim.a", "script": [{"text": "", "usage": [5, 0]}, {"text": "", "usage": [5, 0]}]},
         {"provider": "sim.b", "script": [{"text": "from b", "usage": [100, 50]}]}])
     relay = Relay.from_toml(TWO, env={}, sim=sim)
-    result = await relay.run_turn(HI)
+    result = await relay._run_turn(HI)
     # two empty completions (billable, rejected) then the fallback's answer (accepted)
     assert await first.record("turn-1", result) == 3
     rows = second.rows()
