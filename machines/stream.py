@@ -26,6 +26,7 @@ TOOL_CALL = "tool_call"
 TOOL_ARGS = "tool_args"  # a fragment of a tool call's JSON arguments, after its TOOL_CALL
 EXECUTED_TOOL = "executed_tool"
 USAGE = "usage"
+FINISH = "finish"  # the provider's finish reason (canonical, machines/wire.py): bookkeeping, never shown
 
 # event kinds, as they reach the immutable sink (and the trace: "text:...", "tool:NAME")
 EVENT_NAMES = {TEXT: "text", REASONING: "reasoning", TOOL_CALL: "tool", TOOL_ARGS: "tool_args",
@@ -68,7 +69,8 @@ class Event:
 
 
 class StreamGate:
-    __slots__ = ("life", "held", "text", "reasoning", "tools", "arguments", "executed_tools", "usage", "decisive_count")
+    __slots__ = ("life", "held", "text", "reasoning", "tools", "arguments", "executed_tools", "usage",
+                 "finish_reason", "decisive_count")
 
     def __init__(self) -> None:
         self.life: Lifecycle = load_spec("stream").start()
@@ -79,6 +81,7 @@ class StreamGate:
         self.arguments: list[list[str]] = []  # argument fragments per tool call
         self.executed_tools: list[str] = []
         self.usage: Usage | None = None
+        self.finish_reason: str | None = None
         self.decisive_count = 0
 
     @property
@@ -108,6 +111,9 @@ class StreamGate:
         """One frame in; the events to forward now (none while held)."""
         if frame.kind == USAGE:
             self.usage = frame.usage
+            return ()
+        if frame.kind == FINISH:
+            self.finish_reason = frame.value
             return ()
         if not frame.decisive:
             if self.life.state == "held":
