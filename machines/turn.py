@@ -262,8 +262,9 @@ class Turn:
             return WalkDone(ok=False, entry=refusal.entry, error="client_error")
         if last:
             self.attempts[-1] = attrs.evolve(self.attempts[-1], outcome=fc.OK, reason=None)
-        if refusal.row is not None:
-            self.ledger[refusal.row] = attrs.evolve(self.ledger[refusal.row], accepted=True)
+        if refusal.row is not None:  # the client gets it: its row is the accepted one
+            row = self.ledger[refusal.row]
+            self.ledger[refusal.row] = attrs.evolve(row, accepted=True, outcome=fc.OK if last else row.outcome)
         self.answer = refusal.answer
         return WalkDone(ok=True, entry=refusal.entry)
 
