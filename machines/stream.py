@@ -44,6 +44,7 @@ class Frame:
     kind: str
     value: str = ""
     usage: Usage | None = None
+    ref: str = ""  # a tool call's id, as the provider sent it
 
     @property
     def decisive(self) -> bool:
@@ -59,6 +60,7 @@ class Event:
 
     kind: str
     value: str
+    ref: str = ""  # a tool call's id, as the provider sent it ("" when it sent none)
 
     @property
     def visible(self) -> bool:
@@ -69,7 +71,7 @@ class Event:
 
 
 class StreamGate:
-    __slots__ = ("life", "held", "text", "reasoning", "tools", "arguments", "executed_tools", "usage",
+    __slots__ = ("life", "held", "text", "reasoning", "tools", "tool_ids", "arguments", "executed_tools", "usage",
                  "finish_reason", "decisive_count")
 
     def __init__(self) -> None:
@@ -78,6 +80,7 @@ class StreamGate:
         self.text: list[str] = []  # text forwarded to the immutable sink, in order
         self.reasoning = False
         self.tools: list[str] = []
+        self.tool_ids: list[str] = []
         self.arguments: list[list[str]] = []  # argument fragments per tool call
         self.executed_tools: list[str] = []
         self.usage: Usage | None = None
@@ -119,7 +122,7 @@ class StreamGate:
             if self.life.state == "held":
                 self.held.append(Event("preamble", frame.kind))
             return ()
-        event = Event(EVENT_NAMES[frame.kind], frame.value)
+        event = Event(EVENT_NAMES[frame.kind], frame.value, frame.ref)
         self.decisive_count += 1
         if frame.kind == TEXT:
             self.text.append(frame.value)
@@ -127,6 +130,7 @@ class StreamGate:
             self.reasoning = True
         elif frame.kind == TOOL_CALL:
             self.tools.append(frame.value)
+            self.tool_ids.append(frame.ref)
             self.arguments.append([])
         elif frame.kind == TOOL_ARGS and self.arguments:
             self.arguments[-1].append(frame.value)

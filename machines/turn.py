@@ -23,10 +23,18 @@ from .ledger import LedgerRow, Usage, row
 from .plan import Plan, PlannedEntry
 from .stream import Event, Frame, StreamGate, strip_think
 from .walk import Call, Skip, Sleep, TurnHealth, Walk, WalkDone, key_index
+from .wire import CONTENT_FILTER
 
 MAX_ERROR_ATTEMPTS = 16
 MAX_ERROR_CHARS = 2000
-CONTENT_FILTER = "content_filter"  # the canonical finish reason of a refusal (machines/wire.py)
+REJECTION_STATUSES = (400, 413, 422)
+
+
+def _rejection(failure: fc.Failure | None) -> Rejection | None:
+    if failure is None or failure.kind not in (fc.REJECTED, fc.REFUSED) or failure.status not in REJECTION_STATUSES:
+        return None
+    return Rejection(failure.status, failure.error_type or "invalid_request_error",
+                     failure.error_message or failure.detail)
 
 
 @attrs.frozen
@@ -38,6 +46,7 @@ class Completion:
     tool_calls: tuple[str, ...] = ()
     usage: Usage | None = None
     tool_arguments: tuple[str, ...] = ()  # each tool call's JSON arguments, aligned with tool_calls
+    tool_ids: tuple[str, ...] = ()  # each tool call's id as the provider sent it ("" when absent)
     finish_reason: str | None = None  # canonical (machines/wire.py), as the provider said it
 
     @property
@@ -84,6 +93,16 @@ class Refusal:
 
 
 @attrs.frozen
+class Rejection:
+    """What the upstream said when it rejected the request itself (400, 413, 422): bounded and
+    redacted by the adapter, given back to a client whose every attempt was rejected so."""
+
+    status: int
+    type: str
+    message: str
+
+
+@attrs.frozen
 class TurnResult:
     outcome: str  # ok | error | interrupted | cancelled
     error: str | None
@@ -100,7 +119,10 @@ class TurnResult:
     skipped: tuple[Skip, ...]
     ledger: tuple[LedgerRow, ...]
     tool_arguments: tuple[str, ...] = ()
+    tool_ids: tuple[str, ...] = ()
     finish_reason: str | None = None
+    usage: Usage | None = None  # the accepted answer's usage
+    rejection: Rejection | None = None  # every attempt was a client rejection: the upstream's words
 
     @property
     def cost_usd(self) -> float:
@@ -139,6 +161,7 @@ class Turn:
         self.spent: dict[int, int] = {}  # attempts made per entry index, across the turn's walks
         self.refusal: Refusal | None = None
         self.advance_refusals = config.reliability.on_refusal == "advance"
+        self.rejections: list[Rejection | None] = []  # per failed attempt: its client rejection, if it was one
 
     @property
     def lifecycles(self) -> list[Lifecycle]:
@@ -181,6 +204,8 @@ class Turn:
         for entry in self.plan.entries:
             if not self.plan.allows(entry.profile):
                 self.health.skip(entry, "allowlist")
+            elif entry.profile in self.plan.unfit:
+                self.health.skip(entry, "unsupported", self.plan.unfit[entry.profile])
             elif not self.can_stream(entry):
                 self.health.skip(entry, "capability")
             elif reason := self.health.blocked(entry.profile, now):
@@ -222,8 +247,11 @@ class Turn:
     # -- records ------------------------------------------------------------------------------
 
     def _record(self, outcome: str, now: float, *, reason: str | None = None, detail: str = "",
-                usage: Usage | None = None, accepted: bool = False, bill: bool = True) -> None:
+                usage: Usage | None = None, accepted: bool = False, bill: bool = True,
+                failure: fc.Failure | None = None) -> None:
         call = self.call
+        if outcome != fc.OK:
+            self.rejections.append(_rejection(failure))
         entry = call.entry
         self.spent[entry.index] = self.spent.get(entry.index, 0) + 1
         self.attempts.append(AttemptRecord(entry.profile, entry.model, call.mode, outcome, reason,
@@ -240,15 +268,16 @@ class Turn:
             return attrs.evolve(failure, kind=fc.REJECTED)
         return failure
 
-    def _refused(self, answer: Completion | None, now: float, *, detail: str, usage: Usage | None) -> fc.Failure:
+    def _refused(self, failure: fc.Failure, now: float, *, answer: Completion | None = None,
+                 usage: Usage | None = None) -> fc.Failure:
         """Record a refusal the walk advances past; the profile is not asked again this turn."""
         rows = len(self.ledger)
-        self._record(fc.REFUSED, now, reason=fc.REFUSED, detail=detail, usage=usage)
+        self._record(fc.REFUSED, now, reason=fc.REFUSED, detail=failure.detail, usage=usage, failure=failure)
         entry = self.call.entry
         self.refusal = Refusal(entry, answer, len(self.attempts) - 1, rows if len(self.ledger) > rows else None,
                                self.call.mode)
         self.health.refused.add(entry.profile)
-        return fc.Failure(fc.REFUSED, detail)
+        return failure
 
     def _settle_refusal(self, done: WalkDone) -> WalkDone:
         """Nothing was left to advance to: the last refusal is the answer, as it came."""
@@ -275,14 +304,14 @@ class Turn:
         if isinstance(result, fc.Failure):
             result = self._as_configured(result)
             if result.kind == fc.REFUSED:
-                return self._follow(self.walk.on_result(self._refused(None, now, detail=result.detail, usage=None),
-                                                        now), now)
+                return self._follow(self.walk.on_result(self._refused(result, now), now), now)
             self._record(result.kind, now, reason=result.kind, detail=result.detail,
-                         usage=None)
+                         usage=None, failure=result)
             return self._follow(self.walk.on_result(result, now), now)
         usage = result.usage or Usage()
         if result.refusal and self.advance_refusals:
-            failure = self._refused(result, now, detail="refusal: finish reason content_filter", usage=usage)
+            failure = self._refused(fc.Failure(fc.REFUSED, "refusal: finish reason content_filter"), now,
+                                    answer=result, usage=usage)
             return self._follow(self.walk.on_result(failure, now), now)
         if not result.has_answer:
             self._record(fc.EMPTY, now, reason=fc.EMPTY, detail="empty completion", usage=usage)
@@ -323,7 +352,8 @@ class Turn:
         state = gate.finish()
         if self.life.state == "continuing":
             # the continuation ended cleanly: the answer is everything forwarded, both streams
-            self.answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments)
+            self.answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments,
+                                     tuple(gate.tool_ids), gate.finish_reason)
             self._record(fc.OK if self.answer.has_answer else "semantic_empty", now, usage=usage,
                          accepted=self.answer.has_answer, reason=None if self.answer.has_answer else fc.EMPTY)
             self.health.success(entry.profile, now)
@@ -334,15 +364,14 @@ class Turn:
         if refused_early and self.advance_refusals:
             # a refusal known before commit: nothing was shown, so the turn advances as it
             # would after a pre-commit failure (after commit the stream rules stand)
-            answer = Completion(usage=usage, finish_reason=CONTENT_FILTER)
-            failure = self._refused(answer, now, detail="refusal before output: finish reason content_filter",
-                                    usage=usage)
+            failure = self._refused(fc.Failure(fc.REFUSED, "refusal before output: finish reason content_filter"),
+                                    now, answer=Completion(usage=usage, finish_reason=CONTENT_FILTER), usage=usage)
             return self._recover_before_commit(entry, failure, now)
         if state == "completed" or refused_early:
             self._record(fc.OK, now, usage=usage, accepted=True)
             self.health.success(entry.profile, now)
             self.answer = Completion("".join(gate.text), "", tuple(gate.tools), usage, gate.tool_arguments,
-                                     gate.finish_reason)
+                                     tuple(gate.tool_ids), gate.finish_reason)
             if self.life.state == "streaming":
                 self.life.fire("commit")  # a refusal with nothing to show is still the answer
             self.life.fire("complete", self)
@@ -394,9 +423,10 @@ class Turn:
             self.life.fire("fail")
             return self._done(WalkDone(ok=False, entry=entry, error="interrupted"), now)
         if failure.kind == fc.REFUSED:
-            self._refused(None, now, detail=failure.detail, usage=usage)
+            self._refused(failure, now, usage=usage)
         else:
-            self._record("stream_failed", now, reason=failure.kind, detail=failure.detail, usage=usage, bill=False)
+            self._record("stream_failed", now, reason=failure.kind, detail=failure.detail, usage=usage, bill=False,
+                         failure=failure)
         return self._recover_before_commit(entry, failure, now)
 
     def _recover_before_commit(self, entry: PlannedEntry, failure: fc.Failure, now: float):
@@ -417,7 +447,7 @@ class Turn:
 
     def _only_candidate(self, index: int, now: float) -> bool:
         """No other entry is allowed and healthy right now."""
-        return not any(j != index and self.plan.allows(e.profile) and e.profile not in self.health.refused
+        return not any(j != index and self.plan.serves(e.profile) and e.profile not in self.health.refused
                        and not self.health.blocked(e.profile, now) for j, e in enumerate(self.plan.entries))
 
     def _continuation_candidate(self, failed: PlannedEntry, now: float) -> PlannedEntry | None:
@@ -427,7 +457,7 @@ class Turn:
             return None
         for entry in self.plan.entries[failed.index + 1:]:
             caps = entry.provider.capabilities
-            if (caps.prefill and self.can_stream(entry) and self.plan.allows(entry.profile)
+            if (caps.prefill and self.can_stream(entry) and self.plan.serves(entry.profile)
                     and not self.health.blocked(entry.profile, now)):
                 return entry
         return None
@@ -486,10 +516,11 @@ class Turn:
         if answer.text:
             events.append(Event("text", answer.text))
             self.forwarded.append(answer.text)
-        for name, arguments in itertools.zip_longest(answer.tool_calls, answer.tool_arguments):
+        ids = answer.tool_ids + ("",) * (len(answer.tool_calls) - len(answer.tool_ids))
+        for name, arguments, ref in itertools.zip_longest(answer.tool_calls, answer.tool_arguments, ids):
             if name is None:
                 break
-            events.append(Event("tool", name))
+            events.append(Event("tool", name, ref))
             if arguments:
                 events.append(Event("tool_args", arguments))
         return tuple(events)
@@ -514,7 +545,10 @@ class Turn:
             reasoning=answer.reasoning if answer else "",
             tool_calls=answer.tool_calls if answer else (),
             tool_arguments=answer.tool_arguments if answer else (),
+            tool_ids=answer.tool_ids if answer else (),
             finish_reason=answer.finish_reason if answer else None,
+            usage=answer.usage if answer else None,
+            rejection=self._rejection(error),
             partial_text=partial or None,
             notice=notice,
             fallback=fallback,
@@ -522,6 +556,14 @@ class Turn:
             skipped=tuple(self.health.skips),
             ledger=tuple(self.ledger),
         )
+
+    def _rejection(self, error: str | None) -> Rejection | None:
+        """The upstream's own rejection, when every attempt of the turn was one."""
+        if error not in ("exhausted", "client_error") or not self.rejections:
+            return None
+        if any(r is None for r in self.rejections):
+            return None
+        return self.rejections[-1]
 
     def _error_message(self, error: str) -> str:
         """The aggregated error: every attempt's number, retry counter and reason class, bounded;
@@ -532,6 +574,8 @@ class Turn:
             "context_window": "the prompt exceeds the model's context window; compact and call again",
             "client_error": "the provider rejected the request",
             "no_candidate": "no entry could be attempted",
+            "unsupported": "no entry can honour the request as asked: "
+                           + ", ".join(dict.fromkeys(f for s in self.health.skips for f in s.fields)),
             "cancelled": "cancelled by the consumer",
             "interrupted": "the stream failed after output was forwarded; it is not replayed",
         }.get(error, error)

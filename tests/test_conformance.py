@@ -46,8 +46,5 @@ def test_scenario_over_real_http(path, shape):
     decoder and the driver give the in-process results."""
     if shape == "openai" and _uses_executed_tools(path):
         pytest.skip("the OpenAI shape has no provider-executed tool events")
-    if "finish = " in path.read_text():
-        # TEMPORARY (issue 19 waits on issue 11): the HTTP adapters do not parse finish reasons yet
-        pytest.skip("finish reasons over HTTP arrive with the wire adapters (issue 11)")
     report = check_scenario(load_scenario(path), http=shape)
     assert report.ok, _describe(report)
