@@ -34,6 +34,7 @@ from .providers.base import DONE, CallRequest, ProviderClient, ProviderFailure
 log = logging.getLogger("relayline.driver")
 
 Sink = Callable[[Event], Awaitable[None]]  # may carry `may_block = False` (see TurnRun._frames)
+SETTLE_SYNC_S = 5.0
 _SIZED = frozenset({TEXT, REASONING, TOOL_ARGS})  # frames whose text a stream accumulates
 
 
@@ -113,16 +114,34 @@ class TurnRun:
         self.result: TurnResult | None = None
         self._frames_scope: trio.CancelScope | None = None  # the open stream's idle deadline
         self._first_token_deadline = math.inf
+        # a fleet's shared health (stores/health.py): its mirror is synced with the store before
+        # each step of the turn's machines and after the last, so every decision sees the fleet
+        self._store_sync = getattr(turn.health.store, "sync", None)
+        self._profiles = tuple({e.profile: None for e in turn.plan.entries})
+
+    async def _sync_health(self) -> None:
+        if self._store_sync is not None:
+            await self._store_sync(self._profiles)
+
+    async def _sync_settled(self) -> None:
+        """After a turn was settled by cancellation or a crash: its held probes go back to the
+        fleet even though the turn's own scope is cancelled (bounded: a store may be down)."""
+        if self._store_sync is not None:
+            with trio.move_on_after(SETTLE_SYNC_S) as scope:
+                scope.shield = True
+                await self._sync_health()
 
     async def run(self, sink: Sink = _discard) -> TurnResult:
         turn = self.turn
         try:
             with trio.move_on_after(self.timeouts.total_s) as budget:
                 try:
+                    await self._sync_health()
                     action = turn.start(trio.current_time())
                     while not isinstance(action, Finish):
                         if isinstance(action, Sleep):
                             await trio.sleep(action.seconds)
+                            await self._sync_health()
                             action = turn.on_timer(trio.current_time())
                         elif action.mode == "stream":
                             action = await self._stream(action, sink)
@@ -133,12 +152,14 @@ class TurnRun:
             if budget.cancelled_caught:
                 action = turn.expire(trio.current_time())
             self.result = action.result
+            await self._sync_health()
             for event in action.deliver:
                 await sink(event)
             return self.result
         except trio.Cancelled:
             if self.result is None:
                 self.result = self._settle(turn.cancel)
+                await self._sync_settled()
             raise
         except Exception:
             # relayline's own bug, or the consumer's sink failed: the turn still ends, and the
@@ -146,6 +167,7 @@ class TurnRun:
             log.exception("turn_internal_error requested=%s", turn.plan.requested)
             if self.result is None:
                 self.result = self._settle(turn.abort)
+                await self._sync_settled()
             raise
         finally:
             turn.health.release_all()  # whatever happened above, no probe outlives its turn
@@ -223,6 +245,7 @@ class TurnRun:
             completion = self._internal(call, exc)
         if scope.cancelled_caught:
             completion = clock.failure()
+        await self._sync_health()
         try:
             return turn.on_completion(completion, trio.current_time())
         except Exception as exc:
@@ -231,6 +254,7 @@ class TurnRun:
     async def _stream(self, call: Call, sink: Sink):
         turn = self.turn
         failure = await self._pump(call, sink)
+        await self._sync_health()
         now = trio.current_time()
         try:
             if failure is None:

@@ -16,6 +16,7 @@ trio, relayline's runtime thread (adapters/hosts.py) under asyncio or from synch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -48,7 +49,7 @@ from .hosts import (
     require_sync_host,
     run_from_thread,
     run_in_host,
-    settle,
+    settler,
     unwind,
 )
 from .providers.anthropic import AnthropicClient
@@ -64,8 +65,18 @@ log = logging.getLogger("relayline")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-def wire_request(messages: Sequence[Mapping] | wire.Request, tools: Sequence[Mapping] = (),
-                 params: Mapping | None = None) -> wire.Request:
+def open_health(config: Config) -> HealthStore:
+    """The health store a config names: in memory (each process alone), or Redis (a fleet)."""
+    if config.health.store == "memory":
+        # a probe is leased for as long as its turn may live: no turn that died holds it longer
+        return InMemoryHealth(config.breaker, config.timeouts.total_s)
+    from .stores.health import RedisHealth
+
+    return RedisHealth(config.health, config.breaker)
+
+
+def wire_request(messages: Sequence[Mapping[str, Any]] | wire.Request, tools: Sequence[Mapping[str, Any]] = (),
+                 params: Mapping[str, Any] | None = None) -> wire.Request:
     """The canonical request for OpenAI-style chat messages, tools and request parameters
     (temperature, max_tokens, stop, tool_choice, response_format, reasoning_effort, seed...), or
     a `wire.Request` as given. A parameter of the wrong shape raises WireError naming it."""
@@ -153,9 +164,7 @@ class Relay:
         protect(d.root_keys[0].reveal() for d in self.router.domains.values() if d.root_keys)
         for warning in self.router.warnings:
             log.warning("config_warning code=%s path=%s", warning.code, warning.path)
-        # a probe is leased for as long as its turn may live: no turn that died holds it longer
-        self.health: HealthStore = (health if health is not None
-                                    else InMemoryHealth(config.breaker, config.timeouts.total_s))
+        self.health: HealthStore = health if health is not None else open_health(config)
         self.sim = sim if sim is not None else SimUpstream()
         self.clients: dict[str, ProviderClient] = {"sim": SimClient(self.sim)}
         self._http = None
@@ -180,10 +189,19 @@ class Relay:
         await run_in_host(self._close)
 
     async def __aenter__(self) -> Relay:
+        # a shared health store ([health] store = redis://) stays connected for the block (trio
+        # hosts and the gateway; elsewhere it serves on local health and says so once)
+        self._exit = contextlib.AsyncExitStack()
+        connected = getattr(self.health, "connected", None)
+        if connected is not None and host() == "trio":
+            await self._exit.enter_async_context(connected())
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+        try:
+            await self._exit.aclose()
+        finally:
+            await self.aclose()
 
     @classmethod
     def from_toml(cls, text: str, **kwargs: Any) -> Relay:
@@ -251,7 +269,7 @@ class Relay:
                 self._observe(run.result)
 
     def _observe(self, result: TurnResult) -> None:
-        if result.outcome == "ok":
+        if result.outcome == "ok" and result.served is not None:
             domain = result.requested.split("/", 1)[0]
             if result.fallback:
                 self.fallback_record[domain] = result.served.label
@@ -263,13 +281,13 @@ class Relay:
         for observer in self.observers:
             observer(result)
 
-    async def complete(self, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
+    async def complete(self, /, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
                        tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None,
                        **params: Any) -> Reply:
         """One non-streaming turn, from trio or asyncio. `params` are chat completions request
         parameters (temperature, max_tokens, stop, tool_choice, response_format, reasoning_effort,
         user, seed...), translated for each entry's family as the gateway does. Raises TurnError
-        (its `reason` a TurnErrorReason) when no answer came."""
+        (its `reason` an ErrorReason) when no answer came."""
         request = wire_request(messages, tools, params)  # a bad parameter raises here, in the caller
         result = await run_in_host(partial(self._run_turn, request, model=model, operator_model=operator_model))
         raise_for(result)
@@ -367,10 +385,8 @@ class StreamTurn:
             nursery.start_soon(produce)
         elif self._host == "asyncio":
             self._handoff = Handoff()
-            loop = asyncio.get_running_loop()
-            self._done: asyncio.Future[Outcome[None]] = loop.create_future()
-            Runtime.get().start(partial(self._produce, self._handoff.send),
-                                lambda outcome: loop.call_soon_threadsafe(settle, self._done, outcome))
+            self._done: asyncio.Future[Outcome[None]] = asyncio.get_running_loop().create_future()
+            Runtime.get().start(partial(self._produce, self._handoff.send), settler(self._done))
         else:
             raise RuntimeError(f"relayline runs under trio or asyncio, not {self._host}")
         return self
@@ -385,9 +401,8 @@ class StreamTurn:
             except trio.EndOfChannel:
                 pass
         else:
-            loop = asyncio.get_running_loop()
-            item: asyncio.Future[Event | None] = loop.create_future()
-            Runtime.get().call_soon(self._handoff.demand, lambda e: loop.call_soon_threadsafe(settle, item, e))
+            item: asyncio.Future[Event | None] = asyncio.get_running_loop().create_future()
+            Runtime.get().call_soon(self._handoff.demand, settler(item))
             event = await item
             if event is not None:
                 return event

@@ -31,5 +31,7 @@ class ErrorReason(StrEnum):
     CLIENT_ERROR = "client_error"
     NO_CANDIDATE = "no_candidate"
     UNSUPPORTED = "unsupported"  # no entry can honour the request as asked (CONFIG.md "The wire")
+    DEADLINE = "deadline"  # timeouts.total_s passed before an answer
+    INTERNAL = "internal"  # relayline failed to make or read the call (logged with its stack)
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"
