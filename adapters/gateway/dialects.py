@@ -24,6 +24,7 @@ ERRORS = {
     "exhausted": (502, "upstream_error", "all_candidates_failed", "api_error"),
     "semantic_empty": (502, "upstream_error", "empty_completion", "api_error"),
     "interrupted": (502, "upstream_error", "stream_interrupted", "api_error"),
+    "shutdown": (503, "service_unavailable", "shutting_down", "overloaded_error"),
 }
 UNKNOWN_ERROR = (502, "upstream_error", None, "api_error")
 
