@@ -70,7 +70,7 @@ def cmd_check(args) -> int:
         return 1
     warnings = [str(w) for w in router.warnings if w.code not in CHECK_ERRORS]
     warnings += [f"missing_price at {join_path('providers', alias)}.price: no price, so its attempts cost 0 "
-                 "in the ledger" for alias, p in config.providers.items() if p.price == Price() and p.family != "sim"]
+                 "in the ledger" for alias, p in config.providers.items() if p.price == Price() and not p.prices and p.family != "sim"]
     for warning in warnings:
         print(f"warning: {warning}")
     print(f"ok: {args.config}: {len(config.providers)} profiles, {len(router.domains)} routes, "

@@ -25,11 +25,11 @@ OTHER = "other"
 
 
 def configured_models(config: Config) -> frozenset[str]:
-    models = {r.model for r in config.routes}
+    models = {r.model for r in config.routes} | {c.model for c in config.catalog}
     if config.model:
         models.add(config.model)
     for p in config.providers.values():
-        models.update(m for m in (p.model, *p.fallback_models) if m)
+        models.update(m for m in (p.model, *p.fallback_models, *p.models.values()) if m)
     return frozenset(models)
 
 
