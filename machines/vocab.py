@@ -30,5 +30,6 @@ class ErrorReason(StrEnum):
     CONTEXT_WINDOW = "context_window"
     CLIENT_ERROR = "client_error"
     NO_CANDIDATE = "no_candidate"
+    UNSUPPORTED = "unsupported"  # no entry can honour the request as asked (CONFIG.md "The wire")
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"

@@ -35,6 +35,7 @@ from urllib.parse import parse_qs
 import attrs
 import trio
 
+from relayline.machines import wire
 from relayline.machines.errors import ConfigError
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
@@ -57,11 +58,13 @@ class Exchange:
     """One HTTP request as the access line and the metrics see it: a wrapper around ASGI `send`
     that notes the status and the first body byte, and echoes the request id."""
 
-    __slots__ = ("send", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
+    __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
                  "drained", "turn")
 
     def __init__(self, send, method: str, path: str, request_id: str) -> None:
         self.send = send
+        # every answer on the Anthropic route speaks Anthropic, errors included (CONFIG.md "The wire")
+        self.dialect = ANTHROPIC if path.startswith("/v1/messages") else OPENAI
         self.method = method
         self.path = path
         self.request_id = request_id
@@ -156,9 +159,9 @@ class Gateway:
         # hypercorn bounds a head still arriving; a whole one that came in one read is checked here
         head = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or ())
         if head > self.settings.max_header_bytes:
-            await self._respond(send, 431, OPENAI.error_body(
-                f"request headers larger than {self.settings.max_header_bytes} bytes", "invalid_request_error",
-                "headers_too_large"), headers=[(b"connection", b"close")])
+            await self._respond(send, 431, send.dialect.http_error(
+                431, f"request headers larger than {self.settings.max_header_bytes} bytes", "headers_too_large"),
+                headers=[(b"connection", b"close")])
             return
         if path == "/healthz" and method == "GET":
             await self._json(send, 200, {"status": "ok"})
@@ -184,9 +187,9 @@ class Gateway:
         if not await self._authorised(exchange, headers):
             return
         if path == "/v1/chat/completions" and method == "POST":
-            await self._admitted(exchange, OPENAI, receive)
+            await self._admitted(exchange, OPENAI, scope, receive)
         elif path == "/v1/messages" and method == "POST":
-            await self._admitted(exchange, ANTHROPIC, receive)
+            await self._admitted(exchange, ANTHROPIC, scope, receive)
         elif path == "/v1/models" and method == "GET":
             await self._json(send, 200, self._models())
         else:
@@ -203,11 +206,11 @@ class Gateway:
         await self._respond(send, status, json.dumps(obj).encode(), headers=headers)
 
     async def _not_found(self, send, method: str, path: str) -> None:
-        await self._respond(send, 404, OPENAI.error_body(f"no route for {method} {path[:200]}",
-                                                         "invalid_request_error", "not_found"))
+        await self._respond(send, 404, send.dialect.http_error(404, f"no route for {method} {path[:200]}",
+                                                               "not_found"))
 
     async def _unauthorised(self, send, message: str) -> None:
-        await self._respond(send, 401, OPENAI.error_body(message, "invalid_request_error", "invalid_api_key"),
+        await self._respond(send, 401, send.dialect.http_error(401, message, "invalid_api_key"),
                             headers=[(b"www-authenticate", b"Bearer")])
 
     async def _authorised(self, exchange: Exchange, headers) -> bool:
@@ -235,9 +238,9 @@ class Gateway:
             return False
         if is_loopback(scope.get("client")):
             return True
-        await self._respond(send, 403, OPENAI.error_body(
-            "admin endpoints answer loopback clients only when no admin or client keys are configured "
-            "([gateway] admin_keys_env)", "permission_error", "forbidden"))
+        await self._respond(send, 403, send.dialect.http_error(
+            403, "admin endpoints answer loopback clients only when no admin or client keys are configured "
+            "([gateway] admin_keys_env)", "forbidden"))
         return False
 
     async def _ready(self, send) -> None:
@@ -254,7 +257,7 @@ class Gateway:
     async def _ledger_ready(self) -> str | None:
         return None if self.ledger.writable() else "the ledger is not writable"
 
-    async def _read_body(self, receive, send) -> bytes | None:
+    async def _read_body(self, receive, send, dialect) -> bytes | None:
         body = b""
         with trio.move_on_after(self.settings.body_timeout_s):
             while True:
@@ -263,15 +266,15 @@ class Gateway:
                     return None
                 body += message.get("body", b"")
                 if len(body) > self.max_body:
-                    await self._respond(send, 413, OPENAI.error_body(
-                        f"request body larger than {self.max_body} bytes", "invalid_request_error",
-                        "request_too_large"), headers=[(b"connection", b"close")])
+                    await self._respond(send, 413, dialect.http_error(
+                        413, f"request body larger than {self.max_body} bytes", "request_too_large"),
+                        headers=[(b"connection", b"close")])
                     return None
                 if not message.get("more_body"):
                     return body
-        await self._respond(send, 408, OPENAI.error_body(
-            f"the request body did not arrive within {self.settings.body_timeout_s:g} s",
-            "invalid_request_error", "request_timeout"), headers=[(b"connection", b"close")])
+        await self._respond(send, 408, dialect.http_error(
+            408, f"the request body did not arrive within {self.settings.body_timeout_s:g} s", "request_timeout"),
+            headers=[(b"connection", b"close")])
         return None
 
     def _models(self) -> dict:
@@ -380,7 +383,7 @@ class Gateway:
 
     # -- admission and drain --------------------------------------------------------------------
 
-    async def _admitted(self, exchange: Exchange, dialect, receive) -> None:
+    async def _admitted(self, exchange: Exchange, dialect, scope, receive) -> None:
         """Run a chat request unless the gateway is full or draining: then 503 with Retry-After,
         before its body is read (load shedding costs next to nothing)."""
         limit = self.settings.max_in_flight
@@ -393,7 +396,7 @@ class Gateway:
         self.in_flight += 1
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         try:
-            await self._chat(dialect, receive, exchange)
+            await self._chat(dialect, scope, receive, exchange)
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
@@ -417,33 +420,45 @@ class Gateway:
 
     # -- chat completions -----------------------------------------------------------------------
 
-    async def _chat(self, dialect, receive, send: Exchange) -> None:
-        raw = await self._read_body(receive, send)
+    async def _chat(self, dialect, scope, receive, send: Exchange) -> None:
+        raw = await self._read_body(receive, send, dialect)
         if raw is None:
             return
         try:
-            request = dialect.parse(json.loads(raw))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            status, body = dialect.bad_request("the body is not a valid request: JSON with a `messages` list")
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            body = wire.WireError("", "the body is not valid JSON")
+        try:
+            if isinstance(body, wire.WireError):
+                raise body
+            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers") or ()]
+            request = dialect.parse(body, headers)
+        except wire.WireError as error:
+            status, body = dialect.bad_request(error)
+            await self._respond(send, status, body)
+            return
+        except RecursionError:
+            status, body = dialect.bad_request(wire.WireError("", "the body is nested too deeply"))
             await self._respond(send, status, body)
             return
         turn_id = dialect.new_id()
-        kwargs = dict(messages=request.messages, model=request.model, tools=request.tools)
+        kwargs = dict(messages=request, model=request.model)
         if request.stream:
             runs: list[TurnRun] = []
-            wire = _StreamWire(turn_id, send, runs, dialect)
+            stream = _StreamWire(turn_id, send, runs, dialect, request)
             gate_s = self.relay.config.timeouts.gate_commit_s
-            tasks = [wire.flusher] + ([partial(wire.commit_after, gate_s)] if gate_s > 0 else [])
-            result = await self._run_turn(send, turn_id, receive, runs, tasks, stream=True, sink=wire.event, **kwargs)
+            tasks = [stream.flusher] + ([partial(stream.commit_after, gate_s)] if gate_s > 0 else [])
+            result = await self._run_turn(send, turn_id, receive, runs, tasks, stream=True, sink=stream.event,
+                                          **kwargs)
             if result is not None and send.drained:
                 result = _shut_down(result)
             elif result is None or result.outcome == "cancelled":
                 return  # the client went away
-            if not wire.started:
+            if not stream.started:
                 # nothing was sent: a failure before commit still gets a real status and body
                 await self._error_response(send, dialect, result)
                 return
-            await wire.finish(result, self._relayline_field(result))
+            await stream.finish(result, self._relayline_field(result))
             return
         result = await self._run_turn(send, turn_id, receive, [], **kwargs)
         if result is not None and send.drained:
@@ -454,7 +469,7 @@ class Gateway:
             await self._error_response(send, dialect, result)
             return
         await self._json(send, 200, dialect.completion(turn_id, result, self._relayline_field(result)),
-                         headers=self._attribution(result))
+                         headers=self._attribution(result) + dropped_header(request, result.served))
 
     async def _run_turn(self, exchange: Exchange, turn_id: str, receive, runs: list[TurnRun], tasks=(),
                         **kwargs) -> TurnResult | None:
@@ -493,6 +508,9 @@ class Gateway:
         headers = self._attribution(result)
         if result.error == "shutdown":
             headers.append((b"retry-after", b"1"))
+        if result.attempts:
+            # relayline already spent its own retries on this turn: an SDK's would multiply them
+            headers.append((b"x-should-retry", b"false"))
         await self._respond(send, status, body, headers=headers)
 
     async def _watch_disconnect(self, receive, scope: trio.CancelScope) -> None:
@@ -502,6 +520,13 @@ class Gateway:
                 scope.cancel()
                 return
 
+def dropped_header(request: wire.Request, entry) -> list[tuple[bytes, bytes]]:
+    """x-relayline-dropped: the fields `drop_unsupported_params` dropped for the serving entry."""
+    if entry is None or request is None:
+        return []
+    provider = entry.provider
+    dropped = wire.unsupported(request, provider.family, provider.capabilities)
+    return [(b"x-relayline-dropped", ", ".join(dropped).encode())] if dropped else []
 
 def _shut_down(result: TurnResult) -> TurnResult:
     """A turn the drain cancelled: said as such to its client, never as a client disconnect."""
@@ -510,9 +535,7 @@ def _shut_down(result: TurnResult) -> TurnResult:
 
 
 def _unavailable(dialect, message: str) -> tuple[int, bytes]:
-    if dialect is ANTHROPIC:
-        return 503, ANTHROPIC.error_body(message, "overloaded_error")
-    return 503, OPENAI.error_body(message, "service_unavailable", "overloaded")
+    return 503, dialect.http_error(503, message, "overloaded")
 
 
 class _StreamWire:
@@ -526,10 +549,11 @@ class _StreamWire:
 
     MAX_PENDING = 256 * 1024
 
-    def __init__(self, turn_id: str, send, runs: list[TurnRun], dialect) -> None:
+    def __init__(self, turn_id: str, send, runs: list[TurnRun], dialect, request: wire.Request) -> None:
         self.send = send
         self.runs = runs
-        self.render = dialect.stream_renderer(turn_id)
+        self.request = request
+        self.render = dialect.stream_renderer(turn_id, request)
         self.started = False
         self._lock = trio.Lock()  # the gate timer, the flusher and the end all write: keep the wire ordered
         self._pending: list[bytes] = []
@@ -566,8 +590,11 @@ class _StreamWire:
             if run is not None:
                 headers.append((b"x-relayline-requested", run.turn.plan.requested.encode()))
                 headers.append((b"x-relayline-attempts", str(len(run.turn.attempts) + 1).encode()))
+            headers += dropped_header(self.request, entry)
             await self._send_whole({"type": "http.response.start", "status": 200, "headers": headers})
-        await self._queue(self.render.opening(entry.model if entry is not None else ""))
+        gate = self.runs[0].turn.gate if self.runs else None
+        await self._queue(self.render.opening(entry.model if entry is not None else "",
+                                              gate.usage if gate is not None else None))
 
     async def commit_after(self, seconds: float) -> None:
         await trio.sleep(seconds)
