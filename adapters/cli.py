@@ -165,24 +165,40 @@ def cmd_serve(args) -> int:
 
 
 def cmd_ledger(args) -> int:
-    from .stores.ledger import LedgerStore, parse_since
+    from relayline.machines.config import Ledger
 
-    path = args.path
-    if path is None and args.config:
-        path = _load_config_file(args.config).ledger.path
-    path = path or "relayline-ledger.sqlite3"
-    if not Path(path).exists():
-        print(f"error: no ledger at {path}", file=sys.stderr)
-        return 1
+    from .stores.ledger import DEFAULT_PATH, LedgerStore, open_ledger, parse_since
+
     try:
         since = parse_since(args.since)
+        config = _load_config_file(args.config).ledger if args.config else Ledger()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    store = LedgerStore(path)
-    report = store.report(since, by=args.by)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
+    url = args.url or (None if args.path else config.url)
+    if url:
+        where = url.rsplit("@", 1)[-1]  # never the password
+        try:
+            store = open_ledger(Ledger(url=url))
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    else:
+        where = args.path or config.path or DEFAULT_PATH
+        if not Path(where).exists():
+            print(f"error: no ledger at {where}", file=sys.stderr)
+            return 1
+        store = LedgerStore(where)
+    try:
+        report = store.report(since, by=args.by)
+    finally:
+        store.close()
     if args.json:
-        print(json.dumps({"path": path, "since": since, "by": args.by, "rows": report}, indent=2))
+        print(json.dumps({"path": where, "since": since, "by": args.by, "rows": report}, indent=2))
         return 0
     if args.by == "client":
         print(f"{'client':<16} {'accepted':>8} {'rejected':>8} {'accepted $':>12} {'rejected $':>12}")
@@ -273,9 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-format", dest="log_format", choices=["text", "json"], default="text",
                    help="key=value lines or one JSON object per line, on stderr")
 
-    p = command("ledger", "report cost per profile and model (or per client key) from the SQLite ledger", cmd_ledger)
-    p.add_argument("--config", help="read [ledger] path from this config")
-    p.add_argument("--path", help="the ledger file (default: [ledger] path, else relayline-ledger.sqlite3)")
+    p = command("ledger", "report cost per profile and model (or per client key) from the ledger (SQLite or "
+                "PostgreSQL)", cmd_ledger)
+    p.add_argument("--config", help="read [ledger] url or path from this config")
+    p.add_argument("--path", help="the SQLite ledger file (default: [ledger] path, else relayline-ledger.sqlite3)")
+    p.add_argument("--url", help="a PostgreSQL ledger: postgresql://user@host/db")
     p.add_argument("--since", help="only rows newer than this: 90s, 15m, 1h, 2d (default: every row)")
     p.add_argument("--by", choices=["model", "client"], default="model",
                    help="group by profile and model, or by the gateway client's key id")

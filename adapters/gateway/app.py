@@ -43,7 +43,7 @@ from relayline.machines.turn import TurnResult
 from ..driver import TurnRun
 from ..providers.http import REQUEST_ID
 from ..relay import Relay
-from ..stores.ledger import LedgerStore
+from ..stores.ledger import DEFAULT_PATH, LedgerStore, open_ledger
 from .auth import Access, KeyRing, bearer, is_loopback, load_access
 from .dialects import ANTHROPIC, OPENAI
 from .metrics import CONTENT_TYPE, Metrics
@@ -127,11 +127,12 @@ class Gateway:
         env = os.environ if env is None else env
         cfg = relay.config
         access = load_access(cfg, env)
-        path = cfg.ledger.path or "relayline-ledger.sqlite3"
         try:
-            ledger = LedgerStore(path)
-        except (OSError, sqlite3.Error) as exc:
-            raise ConfigError([f"ledger.path: cannot open {path}: {exc}"]) from None
+            ledger = open_ledger(cfg.ledger)
+        except (OSError, sqlite3.Error, RuntimeError) as exc:
+            where = "ledger.url" if cfg.ledger.url else "ledger.path"
+            raise ConfigError([str(exc) if isinstance(exc, RuntimeError) else f"{where}: cannot open "
+                               f"{cfg.ledger.path or DEFAULT_PATH}: {exc}"]) from None
         return cls(relay, ledger=ledger, access=access)
 
     # -- ASGI -----------------------------------------------------------------------------------
@@ -255,7 +256,8 @@ class Gateway:
         await self._json(send, 200 if ready else 503, body)
 
     async def _ledger_ready(self) -> str | None:
-        return None if self.ledger.writable() else "the ledger is not writable"
+        writable = await trio.to_thread.run_sync(self.ledger.writable)
+        return None if writable else "the ledger is not writable"
 
     async def _read_body(self, receive, send, dialect) -> bytes | None:
         body = b""
@@ -327,8 +329,7 @@ class Gateway:
             self._outcomes[attempt.provider].append((now, attempt.outcome == "ok"))
         self.metrics.turn(result, now - started)
         if self.ledger is not None and result.ledger:
-            # in the loop's thread: a WAL insert takes ~60 µs here, a hop to a worker thread ~250 µs
-            self.ledger.write(exchange.turn, result, client=exchange.client)
+            await self.ledger.record(exchange.turn, result, client=exchange.client)
         served = result.served.label if result.served else "none"
         if result.fallback:
             log.warning("fallback request_id=%s requested=%s served=%s attempts=%d", exchange.request_id,
@@ -454,10 +455,11 @@ class Gateway:
                 result = _shut_down(result)
             elif result is None or result.outcome == "cancelled":
                 return  # the client went away
-            if not stream.started:
+            if not stream.started and result.outcome != "ok":
                 # nothing was sent: a failure before commit still gets a real status and body
                 await self._error_response(send, dialect, result)
                 return
+            await stream._start()  # an answer with nothing to show (a refusal) still is a stream
             await stream.finish(result, self._relayline_field(result))
             return
         result = await self._run_turn(send, turn_id, receive, [], **kwargs)

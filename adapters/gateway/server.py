@@ -11,6 +11,7 @@ A reload or a pool of workers goes beside these two, with the same `stop` event.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 from collections.abc import Callable
@@ -61,7 +62,9 @@ async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080, 
         await stop.wait()
         await gateway.drain(gateway.settings.drain_s)
 
-    async with trio.open_nursery() as nursery:
+    # a shared health store (stores/health.py) keeps its connection for as long as the server runs
+    connected = getattr(gateway.relay.health, "connected", None)
+    async with connected() if connected is not None else contextlib.nullcontext(), trio.open_nursery() as nursery:
         nursery.start_soon(drain_on_stop)
         binds = await nursery.start(lambda task_status: worker_serve(
             wrap_app(gateway, config.wsgi_max_body_size, "asgi"), config, sockets=sockets,
