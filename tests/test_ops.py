@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from relayline.adapters.gateway.auth import KeyRing, is_loopback, key_id
 from relayline.adapters.logs import JsonFormatter
-from relayline.adapters.sim.background import BackgroundGateway, BackgroundSim
+from relayline.adapters.sim.background import BackgroundGateway, BackgroundUpstreams
 from relayline.adapters.stores.ledger import LedgerStore
 
 HI = [{"role": "user", "content": "hi"}]
@@ -483,7 +483,7 @@ def test_sigterm_during_50_streams_drains_then_cancels_and_exits_0(tmp_path):
                       "openai.long": {"family": "sim", "model": "long-model"}},
         "routes": [{"hint": "long", "provider": "openai.long", "model": "long-model"}],
     }
-    with BackgroundSim([{"provider": "openai.short", "script": [short]},
+    with BackgroundUpstreams([{"provider": "openai.short", "script": [short]},
                         {"provider": "openai.long", "script": [long]}]) as sim:
         path = tmp_path / "gw.toml"
         path.write_text(to_toml(sim.wire(config)))
