@@ -26,7 +26,7 @@ from relayline.machines import wire
 from relayline.machines.config import Timeouts
 from relayline.machines.errors import RelaylineError
 from relayline.machines.stream import REASONING, TEXT, TOOL_ARGS, Event
-from relayline.machines.turn import Finish, Turn, TurnResult
+from relayline.machines.turn import Completion, Finish, Turn, TurnResult
 from relayline.machines.walk import Call, Sleep
 
 from .providers.base import DONE, CallRequest, ProviderClient, ProviderFailure
@@ -115,21 +115,23 @@ class TurnRun:
         self._frames_scope: trio.CancelScope | None = None  # the open stream's idle deadline
         self._first_token_deadline = math.inf
         # a fleet's shared health (stores/health.py): its mirror is synced with the store before
-        # each step of the turn's machines and after the last, so every decision sees the fleet
-        self._store_sync = getattr(turn.health.store, "sync", None)
+        # each decision of the turn's machines, so each sees the fleet (an answer needs none:
+        # whatever the fleet says, the turn is done), and what the turn did is pushed at its end
+        self._store = turn.health.store if hasattr(turn.health.store, "sync") else None
         self._profiles = tuple({e.profile: None for e in turn.plan.entries})
 
-    async def _sync_health(self) -> None:
-        if self._store_sync is not None:
-            await self._store_sync(self._profiles)
+    async def _sync_health(self, *, read: bool = True) -> None:
+        store = self._store
+        if store is not None and (read or store.pending):
+            await store.sync(self._profiles if read else ())
 
     async def _sync_settled(self) -> None:
         """After a turn was settled by cancellation or a crash: its held probes go back to the
         fleet even though the turn's own scope is cancelled (bounded: a store may be down)."""
-        if self._store_sync is not None:
+        if self._store is not None:
             with trio.move_on_after(SETTLE_SYNC_S) as scope:
                 scope.shield = True
-                await self._sync_health()
+                await self._sync_health(read=False)
 
     async def run(self, sink: Sink = _discard) -> TurnResult:
         turn = self.turn
@@ -152,7 +154,7 @@ class TurnRun:
             if budget.cancelled_caught:
                 action = turn.expire(trio.current_time())
             self.result = action.result
-            await self._sync_health()
+            await self._sync_health(read=False)
             for event in action.deliver:
                 await sink(event)
             return self.result
@@ -245,7 +247,8 @@ class TurnRun:
             completion = self._internal(call, exc)
         if scope.cancelled_caught:
             completion = clock.failure()
-        await self._sync_health()
+        if not (isinstance(completion, Completion) and completion.has_answer):
+            await self._sync_health()
         try:
             return turn.on_completion(completion, trio.current_time())
         except Exception as exc:
@@ -254,7 +257,8 @@ class TurnRun:
     async def _stream(self, call: Call, sink: Sink):
         turn = self.turn
         failure = await self._pump(call, sink)
-        await self._sync_health()
+        if failure is not None:
+            await self._sync_health()
         now = trio.current_time()
         try:
             if failure is None:

@@ -166,8 +166,14 @@ class Notices:
 
 @attrs.frozen
 class Gateway:
-    api_keys_env: str | None = None
+    api_keys_env: str | None = None  # names a variable of comma-separated client keys
+    admin_keys_env: str | None = None  # names a variable of comma-separated admin keys
     max_body_bytes: int = 4 * 1024 * 1024
+    max_header_bytes: int = 16 * 1024
+    max_in_flight: int = 0  # 0 = unbounded
+    body_timeout_s: float = 30.0
+    keep_alive_s: float = 75.0
+    drain_s: float = 30.0
     drop_unsupported_params: bool = False  # drop (and name) what an entry cannot honour instead of skipping it
 
 
@@ -342,11 +348,30 @@ def _base_url_problems(url: str, where: str) -> list[str]:
     """A base_url is an endpoint, never a credential: `user:pass@` in it would be logged with
     the URL and sent instead of the configured key, so it is refused (and never repeated)."""
     parsed = urlsplit(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+    if parsed.scheme not in ("http", "https") or not parsed.netloc or any(c.isspace() for c in url):
         return [f"{where}: must be an http(s) URL such as https://api.example.com/v1"]
     if "@" in parsed.netloc:
         return [f"{where}: must not carry credentials (user:password@); give the key with api_key_env"]
     return []
+
+
+def _gateway_problems(g: Gateway) -> list[str]:
+    problems = []
+    for name in ("max_body_bytes", "max_header_bytes"):
+        if getattr(g, name) < 1:
+            problems.append(f"gateway.{name}: must be at least 1")
+    if g.max_in_flight < 0:
+        problems.append("gateway.max_in_flight: must not be negative (0 = unbounded)")
+    for name in ("body_timeout_s", "keep_alive_s"):
+        if getattr(g, name) <= 0:
+            problems.append(f"gateway.{name}: must be positive")
+    if g.drain_s < 0:
+        problems.append("gateway.drain_s: must not be negative")
+    for name in ("api_keys_env", "admin_keys_env"):
+        value = getattr(g, name)
+        if value is not None and not value.strip():
+            problems.append(f"gateway.{name}: must name an environment variable (leave it out for none)")
+    return problems
 
 
 def _semantic_problems(cfg: Config) -> list[str]:
@@ -377,6 +402,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
         problems.append("timeouts.total_s: must be positive (every turn ends)")
     if cfg.limits.max_response_bytes < 1:
         problems.append("limits.max_response_bytes: must be at least 1")
+    problems += _gateway_problems(cfg.gateway)
     for alias, p in cfg.providers.items():
         where = join_path("providers", alias)
         given = [k for k in ("api_key", "api_key_env", "api_keys") if getattr(p, k)]
