@@ -21,6 +21,7 @@ demo: install
 test: install
 	$(BIN)/relayline diagram --check
 	$(BIN)/ruff check machines adapters tests bench
+	$(BIN)/mypy
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest
 
 fuzz: install
@@ -35,6 +36,7 @@ diagrams: install
 
 lint: install
 	$(BIN)/ruff check machines adapters tests bench
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

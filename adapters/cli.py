@@ -13,6 +13,7 @@ from pathlib import Path
 
 from relayline.machines.config import structure_config
 from relayline.machines.errors import ConfigError
+from relayline.machines.families import WIRES
 from relayline.machines.plan import build_router, plan_turn
 
 
@@ -182,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="run scenario files on virtual time; exit 1 if an expectation fails")
     p.add_argument("files", nargs="+")
     p.add_argument("--json", action="store_true", help="print the trace and check nothing")
-    p.add_argument("--http", choices=["openai", "anthropic"],
+    p.add_argument("--http", choices=WIRES,
                    help="serve the sim profiles over real loopback HTTP in this protocol's shape")
     p.set_defaults(func=cmd_simulate)
 

@@ -14,16 +14,18 @@ from collections.abc import Mapping
 
 import attrs
 
-OK = "ok"
-EMPTY = "empty"
-RETRYABLE = "retryable"
-TIMEOUT = "timeout"
-RATE_LIMITED = "rate_limited"
-QUOTA = "quota"
-CONTEXT_WINDOW = "context_window"
-REJECTED = "rejected"
+from .vocab import FailureClass, Outcome
 
-FAILURE_CLASSES = (EMPTY, RETRYABLE, TIMEOUT, RATE_LIMITED, QUOTA, CONTEXT_WINDOW, REJECTED)
+OK = Outcome.OK
+EMPTY = FailureClass.EMPTY
+RETRYABLE = FailureClass.RETRYABLE
+TIMEOUT = FailureClass.TIMEOUT
+RATE_LIMITED = FailureClass.RATE_LIMITED
+QUOTA = FailureClass.QUOTA
+CONTEXT_WINDOW = FailureClass.CONTEXT_WINDOW
+REJECTED = FailureClass.REJECTED
+
+FAILURE_CLASSES = tuple(FailureClass)
 # CONFIG.md: only these teach the breaker anything about a profile's health
 BREAKER_CLASSES = frozenset({RETRYABLE, TIMEOUT})
 
@@ -47,7 +49,7 @@ _OVERLOADED = re.compile(r"overloaded|server_error|internal|unavailable|timeout|
 
 @attrs.frozen
 class Failure:
-    kind: str
+    kind: FailureClass
     detail: str  # written by relayline: "HTTP 503", "connection error", never a provider body
     status: int | None = None
     retry_after_s: float | None = None

@@ -50,7 +50,8 @@ class TurnError(RelaylineError):
 
     reason = "exhausted"
 
-    def __init__(self, message: str, *, reason: str, attempts: tuple = (), partial_text=None):
+    def __init__(self, message: str, *, reason: str, attempts: tuple[object, ...] = (),
+                 partial_text: str | None = None):
         super().__init__(message, reason=reason)
         self.attempts = attempts
         self.partial_text = partial_text
@@ -59,5 +60,5 @@ class TurnError(RelaylineError):
 class StreamInterruptedAfterOutput(TurnError):
     """The stream failed after output reached the consumer: it is never replayed."""
 
-    def __init__(self, message: str, *, attempts: tuple = (), partial_text: str = ""):
+    def __init__(self, message: str, *, attempts: tuple[object, ...] = (), partial_text: str = ""):
         super().__init__(message, reason="interrupted", attempts=attempts, partial_text=partial_text)

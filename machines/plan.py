@@ -18,8 +18,9 @@ from collections.abc import Mapping
 import attrs
 
 from . import effort
-from .config import KNOWN_FAMILIES, Config, Provider, Secret, join_path
+from .config import Config, Provider, Secret, join_path
 from .errors import ConfigError
+from .families import FAMILIES
 
 HINT_PREFIX = "hint:"
 
@@ -96,7 +97,7 @@ class Plan:
     def allows(self, profile: str) -> bool:
         return self.allowlist is None or profile in self.allowlist
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, object]:
         return {
             "domain": self.domain,
             "effort": self.effort.as_json() if self.effort else None,
@@ -176,7 +177,8 @@ def profile_keys(alias: str, profile: Provider, env: Mapping[str, str]) -> tuple
         if not value:
             return (), f"{where}.api_key_env: environment variable {profile.api_key_env} is not set"
         return (Secret(value),), None
-    if profile.family in ("openai", "anthropic") and profile.base_url is None:
+    family = FAMILIES.get(profile.family)
+    if family is not None and family.public_api and profile.base_url is None:
         return (), f"{where}: the {profile.family} public API needs a credential (api_key, api_key_env or api_keys)"
     return (), None
 
@@ -214,9 +216,9 @@ def build_router(config: Config, env: Mapping[str, str]) -> Router:
             if alias in keys:
                 continue
             profile = config.providers[alias]
-            if profile.family not in KNOWN_FAMILIES:
+            if profile.family not in FAMILIES:
                 problems.append(f"{join_path('providers', alias)}.family: unknown family {profile.family!r} "
-                                f"(known: {', '.join(KNOWN_FAMILIES)})")
+                                f"(known: {', '.join(FAMILIES)})")
             found, problem = profile_keys(alias, profile, env)
             if problem and alias not in route_keyed:
                 problems.append(problem)
@@ -274,7 +276,7 @@ def plan_turn(
             notes.append(f"unknown_hint: {chosen!r} names no route; the default domain serves it")
     elif gateway and chosen in router.domains:
         domain, requested, hint = router.domains[chosen], router.route_models[chosen], chosen
-    entries = []
+    entries: list[PlannedEntry] = []
     for entry in domain.entries:
         entry_model = entry.model if entry.pinned else requested
         if entry_model is None:
