@@ -42,7 +42,7 @@ def cmd_check(args) -> int:
     for warning in router.warnings:
         print(f"warning: {warning}")
     print(f"ok: {args.config}: {len(config.providers)} profiles, {len(router.domains)} routes, "
-          f"{len(router.warnings)} warnings")
+          f"{len(router.catalog)} catalog models, {len(router.warnings)} warnings")
     return 0
 
 
@@ -59,14 +59,20 @@ def cmd_plan(args) -> int:
         print(json.dumps(plan.as_json(), indent=2))
         return 0
     print(f"domain:    {plan.domain}" + (f"  (hint:{plan.hint})" if plan.hint else ""))
+    if plan.catalog:
+        print(f"catalog:   {plan.catalog.model}: {len(plan.catalog.channels)} channels, order {plan.catalog.order}, "
+              f"max_hops {plan.catalog.max_hops}")
     print(f"requested: {plan.requested}")
     if plan.effort:
         print(f"effort:    {plan.effort.level} -> hint:{plan.effort.hint} (score {plan.effort.score})")
     print(f"allowlist: {', '.join(sorted(plan.allowlist)) if plan.allowlist is not None else 'any profile'}")
     print()
-    print(f"  {'#':>2}  {'provider':<24} {'model':<28} {'pinned':<6} {'allowed'}")
+    pw = max([24, *(len(e.profile) for e in plan.entries)])
+    mw = max([28, *(len(e.model) for e in plan.entries)])
+    print(f"  {'#':>2}  {'provider':<{pw}} {'model':<{mw}} {'pinned':<6} {'$/Mtok in':>9} {'out':>7}  {'allowed'}")
     for e in plan.entries:
-        print(f"  {e.index + 1:>2}  {e.profile:<24} {e.model:<28} {'yes' if e.pinned else 'no':<6} "
+        print(f"  {e.index + 1:>2}  {e.profile:<{pw}} {e.model:<{mw}} {'yes' if e.pinned else 'no':<6} "
+              f"{e.price.input_per_mtok:>9.2f} {e.price.output_per_mtok:>7.2f}  "
               f"{'yes' if plan.allows(e.profile) else 'no (allowlist)'}")
     for warning in plan.warnings:
         print(f"warning: {warning}")

@@ -72,6 +72,15 @@ class Provider:
     locality: Literal["cloud", "local"] = "cloud"
     capabilities: Capabilities = Capabilities()
     price: Price = Price()
+    models: dict[str, str] = attrs.Factory(dict)  # catalog model name -> this profile's id for it
+    prices: dict[str, Price] = attrs.Factory(dict)  # model name -> its price (else `price`)
+
+    def price_of(self, *names: str | None) -> Price:
+        """The price of the first of `names` this profile prices on its own, else its `price`."""
+        for name in names:
+            if name is not None and name in self.prices:
+                return self.prices[name]
+        return self.price
 
 
 @attrs.frozen
@@ -85,6 +94,7 @@ class Reliability:
     max_fallback_depth: int = 3
     client_errors: Literal["advance", "stop"] = "advance"
     context_window: Literal["return", "advance"] = "return"
+    on_refusal: Literal["return", "advance"] = "return"
 
     @property
     def first_backoff_s(self) -> float:
@@ -123,6 +133,16 @@ class Route:
 
 
 @attrs.frozen
+class CatalogModel:
+    """A model clients ask for by name, and the profiles (channels) that can serve it."""
+
+    model: str
+    channels: tuple[str, ...]
+    order: Literal["cost", "config"] = "cost"
+    max_hops: int = 3
+
+
+@attrs.frozen
 class EffortRouting:
     local_hint: str = "local"
     cloud_hint: str = "cloud"
@@ -155,6 +175,7 @@ class Config:
     timeouts: Timeouts = Timeouts()
     stream: Stream = Stream()
     routes: tuple[Route, ...] = ()
+    catalog: tuple[CatalogModel, ...] = ()
     effort_routing: EffortRouting | None = None
     notices: Notices = Notices()
     gateway: Gateway = Gateway()
@@ -247,7 +268,7 @@ _converter.register_structure_hook_func(
 def _require_tables(converter: cattrs.Converter) -> None:
     # leaves first: a class's generated hook captures the hooks of its fields when it is made
     for cls in (Capabilities, Price, Provider, Reliability, Breaker, Timeouts, Stream, Route,
-                EffortRouting, Notices, Gateway, Ledger, Config):
+                CatalogModel, EffortRouting, Notices, Gateway, Ledger, Config):
         base = converter.get_structure_hook(cls)
 
         def structure(value: Any, type_: Any, _base: Any = base) -> Any:
@@ -345,7 +366,63 @@ def _semantic_problems(cfg: Config) -> list[str]:
             hint = getattr(cfg.effort_routing, name)
             if hint not in seen_hints:
                 problems.append(f"effort_routing.{name}: no route has hint {hint!r}")
+    return problems + _catalog_problems(cfg, seen_hints)
+
+
+def _catalog_problems(cfg: Config, hints: dict[str, int]) -> list[str]:
+    """The catalog is static and read by operators: every entry must be exactly right, so what
+    would be a pruning warning in the fallback graph (a channel naming no profile) is an error."""
+    problems = []
+    names: dict[str, int] = {}
+    for i, item in enumerate(cfg.catalog):
+        where = f"catalog[{i}]"
+        name = item.model
+        if not name or name != name.strip():
+            problems.append(f"{where}.model: must be a non-blank name without surrounding spaces")
+        elif name.startswith("hint:") or name == "auto":
+            problems.append(f"{where}.model: {name!r} is reserved (hint:NAME selects a route, auto effort routing)")
+        elif name in names:
+            problems.append(f"{where}.model: {name!r} is already catalog[{names[name]}].model")
+        elif name in hints:
+            problems.append(f"{where}.model: {name!r} is also routes[{hints[name]}].hint; "
+                            "a name is either a route hint or a catalog model")
+        else:
+            names[name] = i
+        if not item.channels:
+            problems.append(f"{where}.channels: must list at least one profile")
+        seen: dict[str, int] = {}
+        for j, ref in enumerate(item.channels):
+            alias = resolve_ref(cfg, ref)
+            if alias is None:
+                problems.append(f"{where}.channels[{j}]: {ref!r} names no profile (or an ambiguous bare alias)")
+            elif alias in seen:
+                problems.append(f"{where}.channels[{j}]: {ref!r} is already channels[{seen[alias]}]")
+            else:
+                seen[alias] = j
+        if item.max_hops < 1:
+            problems.append(f"{where}.max_hops: must be at least 1")
+    for alias, p in cfg.providers.items():
+        where = join_path("providers", alias)
+        for name, model_id in p.models.items():
+            at = join_path(f"{where}.models", name)
+            if name not in names:
+                problems.append(f"{at}: names no [[catalog]] model")
+            if not model_id.strip():
+                problems.append(f"{at}: must not be blank")
+        for name, price in p.prices.items():
+            for field in ("input_per_mtok", "output_per_mtok"):
+                if getattr(price, field) < 0:
+                    problems.append(f"{join_path(f'{where}.prices', name)}.{field}: must not be negative")
     return problems
+
+
+def resolve_ref(cfg: Config, ref: str) -> str | None:
+    """A full alias, or a bare alias (the part after the family prefix) unique across families.
+    An ambiguous or unknown bare alias resolves to None (dangling)."""
+    if ref in cfg.providers:
+        return ref
+    matches = [a for a in cfg.providers if "." in a and a.split(".", 1)[1] == ref]
+    return matches[0] if len(matches) == 1 else None
 
 
 def structure_config(raw: dict[str, Any]) -> Config:

@@ -5,9 +5,11 @@ attempt order"): the pinned primary, its fallback_models, then each fallback pro
 model, its own fallback_models and its own fallbacks. Bad edges are pruned with a warning, never
 fatal; a reachable profile that cannot supply its credential, or whose family is unknown, is fatal.
 
-The router holds one domain for the active profile and one per unique route target. `plan_turn`
-picks the domain for a request (model, hint:NAME, operator selection or effort decision) and fills
-unpinned entries with the requested model. Everything here is pure: the environment comes in as a
+The router holds one domain for the active profile, one per unique route target, and one per
+catalog model (CONFIG.md "Model catalog": its channels, cheapest first, cut at max_hops; a
+channel's own fallbacks are not walked). `plan_turn` picks the domain for a request (model,
+hint:NAME, catalog name, operator selection or effort decision), fills unpinned entries with the
+requested model and prices every entry. Everything here is pure: the environment comes in as a
 mapping, and the result is a frozen value the walk consumes.
 """
 
@@ -18,11 +20,20 @@ from collections.abc import Mapping
 import attrs
 
 from . import effort
-from .config import Config, Provider, Secret, join_path
+from .config import (
+    CatalogModel,
+    Config,
+    Price,
+    Provider,
+    Secret,
+    join_path,
+    resolve_ref,
+)
 from .errors import ConfigError
 from .families import FAMILIES
 
 HINT_PREFIX = "hint:"
+CATALOG_DOMAIN = "catalog"  # the domain name of every catalog chain; the requested model names it
 
 
 @attrs.frozen
@@ -51,6 +62,7 @@ class Domain:
     entries: tuple[Entry, ...]
     # a route's api_key for its target profile (the first route credential wins)
     root_keys: tuple[Secret, ...] = ()
+    catalog: CatalogModel | None = None
 
 
 @attrs.frozen
@@ -59,6 +71,7 @@ class Router:
     default: Domain
     domains: dict[str, Domain]  # by route hint
     route_models: dict[str, str]  # by route hint
+    catalog: dict[str, Domain]  # by catalog model name
     keys: dict[str, tuple[Secret, ...]]  # each profile's own credentials (a pool or one key)
     warnings: tuple[ConfigWarning, ...]
 
@@ -73,6 +86,7 @@ class PlannedEntry:
     pinned: bool
     provider: Provider
     keys: tuple[Secret, ...] = attrs.field(repr=False)
+    price: Price = Price()  # this model's price on this profile (the ledger bills with it)
 
     @property
     def label(self) -> str:
@@ -88,6 +102,7 @@ class Plan:
     effort: effort.EffortDecision | None
     warnings: tuple[str, ...]
     hint: str | None = None
+    catalog: CatalogModel | None = None
 
     @property
     def requested(self) -> str:
@@ -102,22 +117,15 @@ class Plan:
             "domain": self.domain,
             "effort": self.effort.as_json() if self.effort else None,
             "allowlist": sorted(self.allowlist) if self.allowlist is not None else None,
-            "entries": [{"provider": e.profile, "model": e.model, "pinned": e.pinned} for e in self.entries],
+            "catalog": attrs.asdict(self.catalog) if self.catalog else None,
+            "entries": [{"provider": e.profile, "model": e.model, "pinned": e.pinned,
+                         "price": attrs.asdict(e.price)} for e in self.entries],
             "warnings": list(self.warnings),
         }
 
 
 # ---------------------------------------------------------------------------------------------
 # fallback references and materialisation
-
-
-def resolve_ref(config: Config, ref: str) -> str | None:
-    """A full alias, or a bare alias (the part after the family prefix) unique across families.
-    An ambiguous or unknown bare alias resolves to None (dangling)."""
-    if ref in config.providers:
-        return ref
-    matches = [a for a in config.providers if "." in a and a.split(".", 1)[1] == ref]
-    return matches[0] if len(matches) == 1 else None
 
 
 def materialise(config: Config, root: str, primary: str | None) -> tuple[tuple[Entry, ...], list[ConfigWarning]]:
@@ -165,6 +173,25 @@ def materialise(config: Config, root: str, primary: str | None) -> tuple[tuple[E
     return tuple(entries), warnings
 
 
+def catalog_chain(config: Config, item: CatalogModel) -> tuple[Entry, ...]:
+    """One pinned entry per channel with the channel's id for the model, cheapest first by that
+    model's input + output price (a stable sort: ties keep the listed order), cut at max_hops.
+    Channels were validated with the config: each names a profile, once."""
+    chain = []
+    for ref in item.channels:
+        alias = resolve_ref(config, ref)
+        assert alias is not None  # channels were validated with the config
+        model = config.providers[alias].models.get(item.model, item.model)
+        chain.append(Entry(alias, model, True))
+    if item.order == "cost":
+        def cost(entry: Entry) -> float:
+            price = config.providers[entry.profile].price_of(item.model, entry.model)
+            return price.input_per_mtok + price.output_per_mtok
+
+        chain.sort(key=cost)
+    return tuple(chain[: item.max_hops])
+
+
 def profile_keys(alias: str, profile: Provider, env: Mapping[str, str]) -> tuple[tuple[Secret, ...], str | None]:
     """The profile's credentials and, when it cannot supply a required one, the problem."""
     if profile.api_keys:
@@ -206,11 +233,14 @@ def build_router(config: Config, env: Mapping[str, str]) -> Router:
             by_target[target] = attrs.evolve(by_target[target], root_keys=(route.api_key,))
         domains[route.hint] = by_target[target]
         route_models[route.hint] = route.model
+    catalog = {item.model: Domain(CATALOG_DOMAIN, catalog_chain(config, item), catalog=item) for item in config.catalog}
     # fatal problems, for every profile any domain can reach
     problems: list[str] = []
     keys: dict[str, tuple[Secret, ...]] = {}
+    # a route's own credential stands in for its target's, but not inside a catalog chain
     route_keyed = {d.root for d in by_target.values() if d.root_keys}
-    for domain in by_target.values():
+    route_keyed -= {e.profile for d in catalog.values() for e in d.entries}
+    for domain in [*by_target.values(), *catalog.values()]:
         for entry in domain.entries:
             alias = entry.profile
             if alias in keys:
@@ -228,7 +258,7 @@ def build_router(config: Config, env: Mapping[str, str]) -> Router:
     unique: dict[tuple[str, str], ConfigWarning] = {}
     for warning in warnings:
         unique.setdefault((warning.code, warning.path), warning)
-    return Router(config, default, domains, route_models, keys, tuple(unique.values()))
+    return Router(config, default, domains, route_models, catalog, keys, tuple(unique.values()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,6 +304,8 @@ def plan_turn(
             domain, requested, hint = router.domains[name], router.route_models[name], name
         else:
             notes.append(f"unknown_hint: {chosen!r} names no route; the default domain serves it")
+    elif chosen in router.catalog:
+        domain = router.catalog[chosen]
     elif gateway and chosen in router.domains:
         domain, requested, hint = router.domains[chosen], router.route_models[chosen], chosen
     entries: list[PlannedEntry] = []
@@ -283,8 +315,10 @@ def plan_turn(
             notes.append(f"no_model: {entry.profile} is unpinned and the request names no model; skipped")
             continue
         keys = domain.root_keys if entry.profile == domain.root and domain.root_keys else router.keys[entry.profile]
-        entries.append(PlannedEntry(len(entries), entry.profile, entry_model, entry.pinned,
-                                    config.providers[entry.profile], keys))
+        provider = config.providers[entry.profile]
+        # a catalog chain prices by the catalog name first: `prices` is keyed by the names clients ask for
+        price = provider.price_of(requested if domain.catalog else None, entry_model)
+        entries.append(PlannedEntry(len(entries), entry.profile, entry_model, entry.pinned, provider, keys, price))
     return Plan(
         domain=domain.root,
         requested_model=requested,
@@ -293,4 +327,5 @@ def plan_turn(
         effort=decision,
         warnings=tuple(str(w) for w in router.warnings) + tuple(notes),
         hint=hint,
+        catalog=domain.catalog,
     )

@@ -238,7 +238,7 @@ class Turn:
         self.attempts.append(AttemptRecord(entry.profile, entry.model, call.mode, outcome, reason,
                                            self.call_at, call.key_index, call.try_number, call.budget, detail))
         if usage is not None and (bill or usage.billable):
-            self.ledger.append(row(entry.profile, entry.model, entry.provider.price, usage,
+            self.ledger.append(row(entry.profile, entry.model, entry.price, usage,
                                    accepted=accepted, outcome=outcome, mode=call.mode))
 
     # -- non-streaming results ----------------------------------------------------------------

@@ -31,3 +31,35 @@ def test_production_routes_simple_turns_locally_and_complex_ones_to_the_cloud():
     assert hard.domain == "anthropic.main"
     assert [e.label for e in hard.entries][:3] == ["anthropic.main/claude-sonnet-4-20250514",
                                                   "anthropic.main/claude-3-5-haiku-20241022", "openai.main/gpt-4o"]
+
+
+CATALOG_ENV = {"GROQ_API_KEY": "x", "TOGETHER_API_KEY": "x", "FIREWORKS_API_KEY": "x", "DEEPINFRA_API_KEY": "x"}
+
+
+def catalog_plan_output() -> str:
+    import contextlib
+    import io
+    import os
+    from unittest import mock
+
+    from relayline.adapters.cli import main
+
+    out = io.StringIO()
+    with mock.patch.dict(os.environ, CATALOG_ENV), contextlib.redirect_stdout(out):
+        assert main(["plan", str(EXAMPLES / "catalog.toml"), "--model", "llama-3.3-70b"]) == 0
+    return out.getvalue().rstrip()
+
+
+def test_catalog_example_loads_and_orders_its_hosts_by_price():
+    router = build_router(parse_config((EXAMPLES / "catalog.toml").read_text()), CATALOG_ENV)
+    assert router.warnings == () and set(router.catalog) == {"llama-3.3-70b", "deepseek-v3"}
+    llama = plan_turn(router, model="llama-3.3-70b")
+    assert [e.profile for e in llama.entries] == ["deepinfra.main", "groq.main", "together.main"]
+    assert [e.profile for e in plan_turn(router, model="deepseek-v3").entries] == ["fireworks.main", "together.main"]
+
+
+def test_readme_shows_the_catalog_examples_plan_as_it_is():
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    block = readme.split("<!-- catalog-plan:start")[1].split("<!-- catalog-plan:end -->")[0]
+    shown = block.split("```\n", 1)[1].rsplit("\n```", 1)[0]
+    assert shown == catalog_plan_output()

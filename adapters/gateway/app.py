@@ -181,7 +181,8 @@ class Gateway:
 
     def _models(self) -> dict:
         created = int(time.time())
-        ids = list(self.relay.router.domains)
+        # what clients may name: route hints, catalog models, and the default model
+        ids = [*self.relay.router.domains, *self.relay.router.catalog]
         default = self.relay.router.default.entries[0].model if self.relay.router.default.entries else None
         if default and default not in ids:
             ids.append(default)
