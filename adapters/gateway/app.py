@@ -286,7 +286,7 @@ class Gateway:
                 for task in tasks:
                     nursery.start_soon(task)
                 try:
-                    await self.relay.run_turn(gateway=True, run_hook=runs.append, **kwargs)
+                    await self.relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
                 finally:
                     nursery.cancel_scope.cancel()
         result = runs[0].result if runs else None
