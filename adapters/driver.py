@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import trio
 
 from relayline.machines import classify as fc
+from relayline.machines import wire
 from relayline.machines.config import Timeouts
 from relayline.machines.errors import RelaylineError
 from relayline.machines.stream import Event
@@ -40,15 +41,13 @@ class TurnRun:
         self,
         turn: Turn,
         clients: Mapping[str, ProviderClient],
-        messages: tuple[dict, ...],
+        request: wire.Request,
         *,
-        tools: tuple[dict, ...] = (),
         on_draft: Callable[[str], None] | None = None,
     ) -> None:
         self.turn = turn
         self.clients = clients
-        self.messages = messages
-        self.tools = tools
+        self.request = request
         self.timeouts: Timeouts = turn.config.timeouts
         self.on_draft = on_draft
         self.result: TurnResult | None = None
@@ -82,12 +81,12 @@ class TurnRun:
             key = entry.keys[call.key_index]
         else:
             key = entry.keys[0] if entry.keys else None
-        messages = self.messages
+        request = self.request
         if call.prefill is not None:
             # the forwarded text as a trailing assistant message, byte for byte
-            messages = (*messages, {"role": "assistant", "content": call.prefill})
-        return CallRequest(entry, entry.model, messages, key, call.key_index, self.tools, call.mode == "stream",
-                           call.probe)
+            request = request.with_prefill(call.prefill)
+        return CallRequest(entry, entry.model, request, key, call.key_index, call.mode == "stream", call.probe,
+                           self.turn.config.gateway.drop_unsupported_params)
 
     def _client(self, call: Call) -> ProviderClient:
         family = call.entry.provider.family

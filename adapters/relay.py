@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 import attrs
 import trio
 
+from relayline.machines import wire
 from relayline.machines.config import Config, parse_config
 from relayline.machines.effort import RouteSelection
 from relayline.machines.errors import StreamInterruptedAfterOutput, TurnError
 from relayline.machines.families import FAMILIES
 from relayline.machines.health import HealthStore, InMemoryHealth
-from relayline.machines.ledger import LedgerRow
+from relayline.machines.ledger import LedgerRow, Usage
 from relayline.machines.plan import Plan, build_router, plan_turn
 from relayline.machines.stream import Event
 from relayline.machines.turn import Turn, TurnResult
@@ -54,6 +55,7 @@ from .hosts import (
 )
 from .providers.base import ProviderClient
 from .providers.http import new_client
+from .providers.openai import parse_request as parse_openai
 from .redact import protect
 
 if TYPE_CHECKING:
@@ -66,16 +68,17 @@ log = logging.getLogger("relayline")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-
-def turn_text(messages: Sequence[Mapping[str, Any]]) -> str:
-    """The user's turn text: the last user message's text content."""
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            content = message.get("content", "")
-            if isinstance(content, str):
-                return content
-            return " ".join(p.get("text", "") for p in content if isinstance(p, Mapping))
-    return ""
+def wire_request(messages: Sequence[Mapping] | wire.Request, tools: Sequence[Mapping] = (),
+                 params: Mapping | None = None) -> wire.Request:
+    """The canonical request for OpenAI-style chat messages, tools and request parameters
+    (temperature, max_tokens, stop, tool_choice, response_format, reasoning_effort, seed...), or
+    a `wire.Request` as given. A parameter of the wrong shape raises WireError naming it."""
+    if isinstance(messages, wire.Request):
+        return messages
+    body = {**(params or {}), "messages": list(messages)}
+    if tools:
+        body["tools"] = list(tools)
+    return parse_openai(body, passthrough=False)
 
 
 @attrs.frozen
@@ -90,13 +93,20 @@ class Reply:
     ledger: tuple[LedgerRow, ...]
     cost_usd: float
     result: TurnResult = attrs.field(repr=False)
+    finish_reason: str = wire.STOP  # canonical: stop, stop_sequence, length, tool_calls, content_filter
+    tool_call_ids: tuple[str, ...] = ()  # as the provider sent them ("" where it sent none)
+    tool_arguments: tuple[str, ...] = ()  # JSON text, aligned with tool_calls
+    usage: Usage = Usage()  # input, output, cache read/write and reasoning tokens of the answer
 
     @classmethod
     def of(cls, result: TurnResult) -> Reply:
         assert result.served is not None  # an accepted answer always has a server
         return cls(text=result.text or "", tool_calls=result.tool_calls, reasoning=result.reasoning,
                    requested=result.requested, served=result.served.label, notice=result.notice,
-                   fallback=result.fallback, ledger=result.ledger, cost_usd=result.cost_usd, result=result)
+                   fallback=result.fallback, ledger=result.ledger, cost_usd=result.cost_usd, result=result,
+                   finish_reason=wire.finish_reason(result.finish_reason, len(result.tool_calls)),
+                   tool_call_ids=result.tool_ids, tool_arguments=result.tool_arguments,
+                   usage=result.usage or Usage())
 
     @property
     def outbound_text(self) -> str:
@@ -209,10 +219,11 @@ class Relay:
 
     async def _run_turn(
         self,
-        messages: Sequence[Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]] | wire.Request,
         *,
         model: str | None = None,
         tools: Sequence[Mapping[str, Any]] = (),
+        params: Mapping[str, Any] | None = None,
         operator_model: str | None = None,
         stream: bool = False,
         sink: Sink = _discard,
@@ -223,9 +234,18 @@ class Relay:
         """Run one turn to its result, in the current trio run: the one entry point for the
         library, the gateway and the simulator. Cancellation is recorded on the result and
         re-raised. `run_hook` sees the run before it starts (the result survives a cancellation)."""
-        plan = self.plan(model=model, text=turn_text(messages), operator_model=operator_model, gateway=gateway)
-        turn = self._turn_factory(plan, self.config, self.health, stream=stream, tools=bool(tools))
-        run = TurnRun(turn, self.clients, tuple(messages), tools=tuple(tools), on_draft=on_draft)
+        request = wire_request(messages, tools, params)
+        plan = self.plan(model=model, text=request.turn_text, operator_model=operator_model, gateway=gateway)
+        if not self.config.gateway.drop_unsupported_params:
+            # CONFIG.md "The wire": an entry that cannot honour the request is skipped, not sent
+            unfit = {}
+            for entry in plan.entries:
+                fields = wire.unsupported(request, entry.provider.family, entry.provider.capabilities)
+                if fields:
+                    unfit[entry.profile] = fields
+            plan = attrs.evolve(plan, unfit=unfit)
+        turn = self._turn_factory(plan, self.config, self.health, stream=stream, tools=bool(request.tools))
+        run = TurnRun(turn, self.clients, request, on_draft=on_draft)
         if run_hook is not None:
             run_hook(run)
         try:
@@ -247,21 +267,27 @@ class Relay:
         for observer in self.observers:
             observer(result)
 
-    async def complete(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
-                       tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None) -> Reply:
-        """One non-streaming turn, from trio or asyncio. Raises TurnError (its `reason` a
-        TurnErrorReason) when no answer came."""
-        result = await run_in_host(partial(self._run_turn, messages, model=model, tools=tools,
-                                           operator_model=operator_model))
+    async def complete(self, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
+                       tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None,
+                       **params: Any) -> Reply:
+        """One non-streaming turn, from trio or asyncio. `params` are chat completions request
+        parameters (temperature, max_tokens, stop, tool_choice, response_format, reasoning_effort,
+        user, seed...), translated for each entry's family as the gateway does. Raises TurnError
+        (its `reason` a TurnErrorReason) when no answer came."""
+        request = wire_request(messages, tools, params)  # a bad parameter raises here, in the caller
+        result = await run_in_host(partial(self._run_turn, request, model=model, operator_model=operator_model))
         raise_for(result)
         return Reply.of(result)
 
-    def stream(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
+    def stream(self, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
                tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None,
-               on_draft: Callable[[str], None] | None = None) -> StreamTurn:
-        """One streamed turn: `async with` from trio or asyncio, `with` from synchronous code."""
-        return StreamTurn(self, partial(self._run_turn, messages, model=model, tools=tools,
-                                        operator_model=operator_model, on_draft=on_draft, stream=True))
+               on_draft: Callable[[str], None] | None = None, **params: Any) -> StreamTurn:
+        """One streamed turn: `async with` from trio or asyncio, `with` from synchronous code.
+        `params` as for `complete`. Events carry tool call ids (`event.ref`); after the block,
+        `finish_reason` and `usage` as on a Reply."""
+        request = wire_request(messages, tools, params)
+        return StreamTurn(self, partial(self._run_turn, request, model=model, operator_model=operator_model,
+                                        on_draft=on_draft, stream=True))
 
     # -- synchronous hosts ----------------------------------------------------------------------
 
@@ -445,3 +471,12 @@ class StreamTurn:
     @property
     def notice(self) -> str | None:
         return self.result.notice if self.result else None
+
+    @property
+    def finish_reason(self) -> str | None:
+        result = self.result
+        return wire.finish_reason(result.finish_reason, len(result.tool_calls)) if result and result.outcome == "ok" else None
+
+    @property
+    def usage(self) -> Usage | None:
+        return self.result.usage if self.result else None

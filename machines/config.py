@@ -46,9 +46,10 @@ class Secret:
 
 @attrs.frozen
 class Capabilities:
+    # CONFIG.md "The wire": capabilities left unset default to true, except prefill
     streaming: bool = True
     tools: bool = True
-    vision: bool = False
+    vision: bool = True
     prefill: bool = False  # accepts a trailing assistant message to continue from
 
 
@@ -72,6 +73,7 @@ class Provider:
     locality: Literal["cloud", "local"] = "cloud"
     capabilities: Capabilities = Capabilities()
     price: Price = Price()
+    max_output_tokens: int | None = None  # max_tokens for an anthropic entry when the request sets none
     models: dict[str, str] = attrs.Factory(dict)  # catalog model name -> this profile's id for it
     prices: dict[str, Price] = attrs.Factory(dict)  # model name -> its price (else `price`)
 
@@ -158,6 +160,7 @@ class Notices:
 class Gateway:
     api_keys_env: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
+    drop_unsupported_params: bool = False  # drop (and name) what an entry cannot honour instead of skipping it
 
 
 @attrs.frozen
@@ -348,6 +351,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
         for name in ("input_per_mtok", "output_per_mtok"):
             if getattr(p.price, name) < 0:
                 problems.append(f"{where}.price.{name}: must not be negative")
+        if p.max_output_tokens is not None and p.max_output_tokens < 1:
+            problems.append(f"{where}.max_output_tokens: must be at least 1")
         if p.model is not None and not p.model.strip():
             problems.append(f"{where}.model: must not be blank (leave it out for an unpinned profile)")
     seen_hints: dict[str, int] = {}

@@ -27,6 +27,7 @@ TOOL_CALL = FrameKind.TOOL_CALL
 TOOL_ARGS = FrameKind.TOOL_ARGS
 EXECUTED_TOOL = FrameKind.EXECUTED_TOOL
 USAGE = FrameKind.USAGE
+FINISH = FrameKind.FINISH
 
 # the event a decisive frame becomes at the immutable sink
 EVENT_NAMES: dict[str, EventKind] = {TEXT: EventKind.TEXT, REASONING: EventKind.REASONING, TOOL_CALL: EventKind.TOOL,
@@ -44,6 +45,7 @@ class Frame:
     kind: str  # a FrameKind (adapters may pass the plain string)
     value: str = ""
     usage: Usage | None = None
+    ref: str = ""  # a tool call's id, as the provider sent it
 
     @property
     def decisive(self) -> bool:
@@ -59,6 +61,7 @@ class Event:
 
     kind: EventKind
     value: str
+    ref: str = ""  # a tool call's id, as the provider sent it ("" when it sent none)
 
     @property
     def visible(self) -> bool:
@@ -69,7 +72,8 @@ class Event:
 
 
 class StreamGate:
-    __slots__ = ("life", "held", "text", "reasoning", "tools", "arguments", "executed_tools", "usage", "decisive_count")
+    __slots__ = ("life", "held", "text", "reasoning", "tools", "tool_ids", "arguments", "executed_tools", "usage",
+                 "finish_reason", "decisive_count")
 
     def __init__(self) -> None:
         self.life: Lifecycle = load_spec("stream").start()
@@ -77,9 +81,11 @@ class StreamGate:
         self.text: list[str] = []  # text forwarded to the immutable sink, in order
         self.reasoning = False
         self.tools: list[str] = []
+        self.tool_ids: list[str] = []
         self.arguments: list[list[str]] = []  # argument fragments per tool call
         self.executed_tools: list[str] = []
         self.usage: Usage | None = None
+        self.finish_reason: str | None = None
         self.decisive_count = 0
 
     @property
@@ -110,11 +116,14 @@ class StreamGate:
         if frame.kind == USAGE:
             self.usage = frame.usage
             return ()
+        if frame.kind == FINISH:
+            self.finish_reason = frame.value
+            return ()
         if not frame.decisive:
             if self.life.state == StreamState.HELD:
                 self.held.append(Event(EventKind.PREAMBLE, frame.kind))
             return ()
-        event = Event(EVENT_NAMES[frame.kind], frame.value)
+        event = Event(EVENT_NAMES[frame.kind], frame.value, frame.ref)
         self.decisive_count += 1
         if frame.kind == TEXT:
             self.text.append(frame.value)
@@ -122,6 +131,7 @@ class StreamGate:
             self.reasoning = True
         elif frame.kind == TOOL_CALL:
             self.tools.append(frame.value)
+            self.tool_ids.append(frame.ref)
             self.arguments.append([])
         elif frame.kind == TOOL_ARGS and self.arguments:
             self.arguments[-1].append(frame.value)

@@ -41,6 +41,14 @@ from .walk import Call, Skip, Sleep, TurnHealth, Walk, WalkDone, key_index
 
 MAX_ERROR_ATTEMPTS = 16
 MAX_ERROR_CHARS = 2000
+REJECTION_STATUSES = (400, 413, 422)
+
+
+def _rejection(failure: fc.Failure | None) -> Rejection | None:
+    if failure is None or failure.kind != fc.REJECTED or failure.status not in REJECTION_STATUSES:
+        return None
+    return Rejection(failure.status, failure.error_type or "invalid_request_error",
+                     failure.error_message or failure.detail)
 
 
 @attrs.frozen
@@ -52,6 +60,8 @@ class Completion:
     tool_calls: tuple[str, ...] = ()
     usage: Usage | None = None
     tool_arguments: tuple[str, ...] = ()  # each tool call's JSON arguments, aligned with tool_calls
+    tool_ids: tuple[str, ...] = ()  # each tool call's id as the provider sent it ("" when absent)
+    finish_reason: str | None = None  # canonical (machines/wire.py), as the provider said it
 
     @property
     def has_answer(self) -> bool:
@@ -80,6 +90,16 @@ class AttemptRecord:
 
 
 @attrs.frozen
+class Rejection:
+    """What the upstream said when it rejected the request itself (400, 413, 422): bounded and
+    redacted by the adapter, given back to a client whose every attempt was rejected so."""
+
+    status: int
+    type: str
+    message: str
+
+
+@attrs.frozen
 class TurnResult:
     outcome: Outcome
     error: ErrorReason | None
@@ -96,6 +116,10 @@ class TurnResult:
     skipped: tuple[Skip, ...]
     ledger: tuple[LedgerRow, ...]
     tool_arguments: tuple[str, ...] = ()
+    tool_ids: tuple[str, ...] = ()
+    finish_reason: str | None = None
+    usage: Usage | None = None  # the accepted answer's usage
+    rejection: Rejection | None = None  # every attempt was a client rejection: the upstream's words
 
     @property
     def cost_usd(self) -> float:
@@ -135,6 +159,7 @@ class Turn:
         self.recoverable = True  # guard for turn.recover
         self.continuation: PlannedEntry | None = None  # guard for turn.continue_after_interrupt
         self.spent: dict[int, int] = {}  # attempts made per entry index, across the turn's walks
+        self.rejections: list[Rejection | None] = []  # per failed attempt: its client rejection, if it was one
 
     @property
     def lifecycles(self) -> list[Lifecycle]:
@@ -189,6 +214,8 @@ class Turn:
         for entry in self.plan.entries:
             if not self.plan.allows(entry.profile):
                 self.health.skip(entry, SkipReason.ALLOWLIST)
+            elif entry.profile in self.plan.unfit:
+                self.health.skip(entry, SkipReason.UNSUPPORTED, self.plan.unfit[entry.profile])
             elif not self.can_stream(entry):
                 self.health.skip(entry, SkipReason.CAPABILITY)
             elif reason := self.health.blocked(entry.profile, now):
@@ -231,8 +258,11 @@ class Turn:
 
     def _record(self, outcome: Outcome | FailureClass | StreamOutcome, now: float, *,
                 reason: FailureClass | StreamOutcome | None = None, detail: str = "",
-                usage: Usage | None = None, accepted: bool = False, bill: bool = True) -> None:
+                usage: Usage | None = None, accepted: bool = False, bill: bool = True,
+                failure: fc.Failure | None = None) -> None:
         call = self._call()
+        if outcome != fc.OK:
+            self.rejections.append(_rejection(failure))
         entry = call.entry
         self.spent[entry.index] = self.spent.get(entry.index, 0) + 1
         self.attempts.append(AttemptRecord(entry.profile, entry.model, call.mode, outcome, reason,
@@ -247,7 +277,7 @@ class Turn:
         """The pending complete-mode call answered (a Completion) or failed (a Failure)."""
         if isinstance(result, fc.Failure):
             self._record(result.kind, now, reason=result.kind, detail=result.detail,
-                         usage=None)
+                         usage=None, failure=result)
             return self._follow(self._walk().on_result(result, now), now)
         usage = result.usage or Usage()
         if not result.has_answer:
@@ -288,7 +318,8 @@ class Turn:
         state = gate.finish()
         if self.life.state == TurnState.CONTINUING:
             # the continuation ended cleanly: the answer is everything forwarded, both streams
-            self.answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments)
+            self.answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments,
+                                     tuple(gate.tool_ids), gate.finish_reason)
             self._record(fc.OK if self.answer.has_answer else StreamOutcome.SEMANTIC_EMPTY, now, usage=usage,
                          accepted=self.answer.has_answer, reason=None if self.answer.has_answer else fc.EMPTY)
             self.health.success(entry.profile, now)
@@ -299,7 +330,8 @@ class Turn:
         if state == StreamState.COMPLETED:
             self._record(fc.OK, now, usage=usage, accepted=True)
             self.health.success(entry.profile, now)
-            self.answer = Completion("".join(gate.text), "", tuple(gate.tools), usage, gate.tool_arguments)
+            self.answer = Completion("".join(gate.text), "", tuple(gate.tools), usage, gate.tool_arguments,
+                                     tuple(gate.tool_ids), gate.finish_reason)
             self.life.fire(TurnTrigger.COMPLETE, self)
             return self._done(WalkDone(ok=True, entry=entry), now)
         self.answer = None
@@ -347,7 +379,8 @@ class Turn:
                                         prefill="".join(self.forwarded)), now)
             self.life.fire(TurnTrigger.FAIL)
             return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.INTERRUPTED), now)
-        self._record(StreamOutcome.STREAM_FAILED, now, reason=failure.kind, detail=failure.detail, usage=usage, bill=False)
+        self._record(StreamOutcome.STREAM_FAILED, now, reason=failure.kind, detail=failure.detail, usage=usage,
+                     bill=False, failure=failure)
         if self.config.stream.recovery == "streaming":
             return self._follow(self._walk().on_result(failure, now), now)
         # default: the non-streaming walk in configured order, skipping the exact entry, unless
@@ -365,7 +398,7 @@ class Turn:
 
     def _only_candidate(self, index: int, now: float) -> bool:
         """No other entry is allowed and healthy right now."""
-        return not any(j != index and self.plan.allows(e.profile) and not self.health.blocked(e.profile, now)
+        return not any(j != index and self.plan.serves(e.profile) and not self.health.blocked(e.profile, now)
                        for j, e in enumerate(self.plan.entries))
 
     def _continuation_candidate(self, failed: PlannedEntry, now: float) -> PlannedEntry | None:
@@ -375,7 +408,7 @@ class Turn:
             return None
         for entry in self.plan.entries[failed.index + 1:]:
             caps = entry.provider.capabilities
-            if (caps.prefill and self.can_stream(entry) and self.plan.allows(entry.profile)
+            if (caps.prefill and self.can_stream(entry) and self.plan.serves(entry.profile)
                     and not self.health.blocked(entry.profile, now)):
                 return entry
         return None
@@ -431,10 +464,11 @@ class Turn:
         if answer.text:
             events.append(Event(EventKind.TEXT, answer.text))
             self.forwarded.append(answer.text)
-        for name, arguments in itertools.zip_longest(answer.tool_calls, answer.tool_arguments):
+        ids = answer.tool_ids + ("",) * (len(answer.tool_calls) - len(answer.tool_ids))
+        for name, arguments, ref in itertools.zip_longest(answer.tool_calls, answer.tool_arguments, ids):
             if name is None:
                 break
-            events.append(Event(EventKind.TOOL, name))
+            events.append(Event(EventKind.TOOL, name, ref))
             if arguments:
                 events.append(Event(EventKind.TOOL_ARGS, arguments))
         return tuple(events)
@@ -460,6 +494,10 @@ class Turn:
             reasoning=answer.reasoning if answer else "",
             tool_calls=answer.tool_calls if answer else (),
             tool_arguments=answer.tool_arguments if answer else (),
+            tool_ids=answer.tool_ids if answer else (),
+            finish_reason=answer.finish_reason if answer else None,
+            usage=answer.usage if answer else None,
+            rejection=self._rejection(error),
             partial_text=partial or None,
             notice=notice,
             fallback=fallback,
@@ -467,6 +505,14 @@ class Turn:
             skipped=tuple(self.health.skips),
             ledger=tuple(self.ledger),
         )
+
+    def _rejection(self, error: ErrorReason | None) -> Rejection | None:
+        """The upstream's own rejection, when every attempt of the turn was one."""
+        if error not in (ErrorReason.EXHAUSTED, ErrorReason.CLIENT_ERROR) or not self.rejections:
+            return None
+        if any(r is None for r in self.rejections):
+            return None
+        return self.rejections[-1]
 
     def _error_message(self, error: ErrorReason) -> str:
         """The aggregated error: every attempt's number, retry counter and reason class, bounded;
@@ -477,6 +523,8 @@ class Turn:
             ErrorReason.CONTEXT_WINDOW: "the prompt exceeds the model's context window; compact and call again",
             ErrorReason.CLIENT_ERROR: "the provider rejected the request",
             ErrorReason.NO_CANDIDATE: "no entry could be attempted",
+            ErrorReason.UNSUPPORTED: "no entry can honour the request as asked: "
+                                     + ", ".join(dict.fromkeys(f for s in self.health.skips for f in s.fields)),
             ErrorReason.CANCELLED: "cancelled by the consumer",
             ErrorReason.INTERRUPTED: "the stream failed after output was forwarded; it is not replayed",
         }[error]

@@ -138,6 +138,7 @@ class FrameKind(StrEnum):
     TOOL_ARGS = "tool_args"  # a fragment of a tool call's JSON arguments, after its TOOL_CALL
     EXECUTED_TOOL = "executed_tool"
     USAGE = "usage"
+    FINISH = "finish"  # the provider's finish reason (canonical, machines/wire.py): bookkeeping, never shown
     DONE = "done"  # a protocol's completion signal
 
 
@@ -164,6 +165,7 @@ class FailureClass(StrEnum):
 
     EMPTY = "empty"
     RETRYABLE = "retryable"
+    MALFORMED = "malformed"  # a reply that does not parse into the canonical model: retried like retryable
     TIMEOUT = "timeout"
     RATE_LIMITED = "rate_limited"
     QUOTA = "quota"
@@ -197,6 +199,7 @@ class ErrorReason(StrEnum):
     CONTEXT_WINDOW = "context_window"
     CLIENT_ERROR = "client_error"
     NO_CANDIDATE = "no_candidate"
+    UNSUPPORTED = "unsupported"  # no entry can honour the request as asked (CONFIG.md "The wire")
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"
 
@@ -208,3 +211,4 @@ class SkipReason(StrEnum):
     BREAKER = "breaker"
     ALLOWLIST = "allowlist"
     CAPABILITY = "capability"
+    UNSUPPORTED = "unsupported"  # the entry cannot honour fields of the request

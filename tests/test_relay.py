@@ -7,6 +7,7 @@ import trio
 
 from relayline.adapters import Relay
 from relayline.adapters.sim.provider import SimUpstream
+from relayline.machines import wire
 from relayline.machines.errors import RelaylineError, StreamInterruptedAfterOutput, TurnError
 
 TWO = """
@@ -167,14 +168,14 @@ async def test_a_continuation_carries_exactly_the_forwarded_text(autojump_clock)
             return await sim_client.complete(request)
 
         def stream(self, request):
-            sent.append(request.messages)
+            sent.append(request.request.messages)
             return sim_client.stream(request)
 
     relay.clients["sim"] = Recording()
     async with relay.stream(HI) as turn:
         received = "".join([e.value async for e in turn])
     assert received == "Hello world." and turn.outcome == "ok" and turn.served == "sim.b/m2"
-    assert sent[1][-1] == {"role": "assistant", "content": "Hello wor"} and sent[1][:-1] == sent[0]
+    assert sent[1][-1] == wire.Message("assistant", (wire.Part("text", "Hello wor"),)) and sent[1][:-1] == sent[0]
 
 
 async def test_turn_cancel_stops_the_stream_and_keeps_the_partial(autojump_clock):
