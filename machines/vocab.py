@@ -171,6 +171,10 @@ class FailureClass(StrEnum):
     QUOTA = "quota"
     CONTEXT_WINDOW = "context_window"
     REJECTED = "rejected"
+    # a content-policy refusal (CONFIG.md "Refusals"): a 400 naming a content policy, or a completion
+    # whose finish reason is content_filter. With on_refusal = "return" the turn demotes it to what
+    # it was before refusals had a class of their own (rejected, or an ordinary answer).
+    REFUSED = "refused"
 
 
 class Outcome(StrEnum):
