@@ -19,6 +19,7 @@ demo: install
 	$(BIN)/relayline demo
 
 test: install
+	bash .ci/services
 	$(BIN)/relayline diagram --check
 	$(BIN)/ruff check machines adapters tests bench
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest

@@ -16,6 +16,7 @@ trio, relayline's runtime thread (adapters/hosts.py) under asyncio or from synch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -63,6 +64,15 @@ log = logging.getLogger("relayline")
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+def open_health(config: Config) -> HealthStore:
+    """The health store a config names: in memory (each process alone), or Redis (a fleet)."""
+    if config.health.store == "memory":
+        return InMemoryHealth(config.breaker)
+    from .stores.health import RedisHealth
+
+    return RedisHealth(config.health, config.breaker)
+
 
 def wire_request(messages: Sequence[Mapping] | wire.Request, tools: Sequence[Mapping] = (),
                  params: Mapping | None = None) -> wire.Request:
@@ -153,7 +163,7 @@ class Relay:
         protect(d.root_keys[0].reveal() for d in self.router.domains.values() if d.root_keys)
         for warning in self.router.warnings:
             log.warning("config_warning code=%s path=%s", warning.code, warning.path)
-        self.health: HealthStore = health if health is not None else InMemoryHealth(config.breaker)
+        self.health: HealthStore = health if health is not None else open_health(config)
         self.sim = sim if sim is not None else SimUpstream()
         self.clients: dict[str, ProviderClient] = {"sim": SimClient(self.sim)}
         self._http = None
@@ -178,10 +188,19 @@ class Relay:
         await run_in_host(self._close)
 
     async def __aenter__(self) -> Relay:
+        # a shared health store ([health] store = redis://) stays connected for the block (trio
+        # hosts and the gateway; elsewhere it serves on local health and says so once)
+        self._exit = contextlib.AsyncExitStack()
+        connected = getattr(self.health, "connected", None)
+        if connected is not None and host() == "trio":
+            await self._exit.enter_async_context(connected())
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+        try:
+            await self._exit.aclose()
+        finally:
+            await self.aclose()
 
     @classmethod
     def from_toml(cls, text: str, **kwargs: Any) -> Relay:

@@ -167,6 +167,13 @@ class Gateway:
 @attrs.frozen
 class Ledger:
     path: str | None = None
+    url: str | None = None  # postgresql://...: a fleet's ledger (wins over path when both are set)
+
+
+@attrs.frozen
+class Health:
+    store: str = "memory"  # or redis://host:port/db: health shared by every worker of a fleet
+    key_prefix: str = "relayline:"
 
 
 @attrs.frozen
@@ -184,6 +191,7 @@ class Config:
     notices: Notices = Notices()
     gateway: Gateway = Gateway()
     ledger: Ledger = Ledger()
+    health: Health = Health()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,7 +279,7 @@ _converter.register_structure_hook_func(
 def _require_tables(converter: cattrs.Converter) -> None:
     # leaves first: a class's generated hook captures the hooks of its fields when it is made
     for cls in (Capabilities, Price, Provider, Reliability, Breaker, Timeouts, Stream, Route,
-                CatalogModel, EffortRouting, Notices, Gateway, Ledger, Config):
+                CatalogModel, EffortRouting, Notices, Gateway, Ledger, Health, Config):
         base = converter.get_structure_hook(cls)
 
         def structure(value, type_, _base=base):
@@ -366,6 +374,12 @@ def _semantic_problems(cfg: Config) -> list[str]:
             seen_hints[route.hint] = i
         if not route.model.strip():
             problems.append(f"{where}.model: must not be blank")
+    if cfg.health.store != "memory" and not cfg.health.store.startswith(("redis://", "rediss://", "unix://")):
+        problems.append("health.store: must be \"memory\" or a redis://host:port/db URL")
+    if not cfg.health.key_prefix:
+        problems.append("health.key_prefix: must not be empty (every worker's keys live under it)")
+    if cfg.ledger.url is not None and not cfg.ledger.url.startswith(("postgresql://", "postgres://")):
+        problems.append("ledger.url: must be a postgresql://user@host/db URL")
     if cfg.effort_routing is not None:
         for name in ("local_hint", "cloud_hint"):
             hint = getattr(cfg.effort_routing, name)

@@ -14,6 +14,7 @@ GET /metrics. Attribution rides on x-relayline-* headers and a `relayline` field
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -31,7 +32,7 @@ from relayline.machines.turn import TurnResult
 
 from ..driver import TurnRun
 from ..relay import Relay
-from ..stores.ledger import LedgerStore
+from ..stores.ledger import LedgerStore, open_ledger
 from .dialects import ANTHROPIC, OPENAI
 
 log = logging.getLogger("relayline.gateway")
@@ -104,8 +105,7 @@ class Gateway:
         keys = set()
         if cfg.gateway.api_keys_env:
             keys = {k.strip() for k in env.get(cfg.gateway.api_keys_env, "").split(",") if k.strip()}
-        path = cfg.ledger.path or "relayline-ledger.sqlite3"
-        return cls(relay, api_keys=keys, ledger=LedgerStore(path))
+        return cls(relay, api_keys=keys, ledger=open_ledger(cfg.ledger))
 
     # -- ASGI -----------------------------------------------------------------------------------
 
@@ -217,8 +217,7 @@ class Gateway:
             self._outcomes[attempt.provider].append((now, attempt.outcome == "ok"))
         self.metrics.observe(result, now - started)
         if self.ledger is not None and result.ledger:
-            # in the loop's thread: a WAL insert takes ~60 µs here, a hop to a worker thread ~250 µs
-            self.ledger.write(turn_id, result)
+            await self.ledger.record(turn_id, result)
 
     def _attribution(self, result: TurnResult) -> list[tuple[bytes, bytes]]:
         return [
@@ -446,4 +445,6 @@ async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080,
     config.errorlog = logging.getLogger("hypercorn.error")
     config.keep_alive_timeout = 75
     config.backlog = 2048  # bursts of new connections must queue, not be refused
-    await hypercorn_serve(gateway, config, task_status=task_status)
+    connected = getattr(gateway.relay.health, "connected", None)
+    async with connected() if connected is not None else contextlib.nullcontext():
+        await hypercorn_serve(gateway, config, task_status=task_status)
