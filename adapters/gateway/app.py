@@ -112,6 +112,8 @@ class Gateway:
         self.readiness: dict[str, Callable[[], Awaitable[str | None]]] = {}
         if ledger is not None:
             self.readiness["ledger"] = self._ledger_ready
+        if hasattr(relay.health, "reachable"):  # a shared health store (stores/health.py)
+            self.readiness["shared_store"] = self._store_ready
         self.in_flight = 0
         self.draining = False
         self._turns: set[trio.CancelScope] = set()
@@ -254,6 +256,9 @@ class Gateway:
         body = {"status": "ready" if ready else "not ready",
                 "checks": {name: problem or "ok" for name, problem in checks.items()}}
         await self._json(send, 200 if ready else 503, body)
+
+    async def _store_ready(self) -> str | None:
+        return None if self.relay.health.reachable else "the shared health store does not answer"
 
     async def _ledger_ready(self) -> str | None:
         writable = await trio.to_thread.run_sync(self.ledger.writable)
