@@ -174,6 +174,17 @@ class Request:
         return attrs.evolve(self, messages=messages, passthrough=passthrough)
 
 
+# values that say nothing: a client that sends them asked for nothing another family must honour
+# (the official SDKs echo `refusal: null`, `annotations: []`, `citations: null` back in history)
+NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "logprobs": False, "store": False}
+
+
+def extras(fields: Mapping, known) -> list[str]:
+    """The names of `fields` outside `known` that carry something (not null, empty or neutral)."""
+    return [k for k, v in fields.items()
+            if k not in known and v is not None and v != [] and v != {} and not (k in NEUTRAL and v == NEUTRAL[k])]
+
+
 def unsupported(request: Request, family: str, capabilities: Capabilities) -> tuple[str, ...]:
     """The request fields an entry of `family` with `capabilities` cannot honour (CONFIG.md "The
     wire"), by name. Empty: the entry can serve the request as asked."""
