@@ -487,7 +487,7 @@ def test_anthropic_body_errors_have_the_anthropic_shape(gw):
 def test_drop_unsupported_params_drops_and_names_them():
     with RecordingUpstream() as upstream:
         config = {"active": "anthropic.up", "gateway": {"drop_unsupported_params": True},
-                  "providers": {"anthropic.up": {"family": "anthropic", "base_url": upstream.url, "api_key": "k",
+                  "providers": {"anthropic.up": {"family": "anthropic", "base_url": upstream.url, "api_key": "sk-wire-test-0002",
                                                  "model": "claude-up"}}}
         with BackgroundGateway(config) as gw:
             raw = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.with_raw_response
@@ -508,7 +508,7 @@ active = "anthropic.up"
 [providers."anthropic.up"]
 family = "anthropic"
 base_url = "{url}"
-api_key = "k"
+api_key = "sk-wire-test-0001"
 model = "claude-up"
 """
         async with Relay.from_toml(toml, env={}) as relay:
