@@ -101,11 +101,31 @@ def cmd_diagram(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    import signal
+
     import trio
 
     from .gateway import Gateway, serve
+    from .gateway.reload import Reloader
     from .relay import Relay
 
+    if args.workers < 1:
+        print("error: --workers must be at least 1", file=sys.stderr)
+        return 1
+    if args.workers > 1:
+        from .gateway.workers import supervise
+
+        if not args.config:
+            print("error: --workers needs --config (every worker loads the same file)", file=sys.stderr)
+            return 1
+        try:
+            config = _load_config_file(args.config)
+            build_router(config, os.environ)  # a config that cannot serve fails here, not in N workers
+        except ConfigError as exc:
+            for problem in exc.problems:
+                print(f"error: {problem}", file=sys.stderr)
+            return 1
+        return supervise(args.config, config, host=args.host, port=args.port, workers=args.workers)
     if args.config:
         try:
             relay = Relay(_load_config_file(args.config))
@@ -119,12 +139,22 @@ def cmd_serve(args) -> int:
         relay = builtin_relay()
         print("no --config: serving the built-in demo config on in-process sim upstreams", file=sys.stderr)
     gateway = Gateway.from_relay_config(relay)
+    if args.config:
+        gateway.reloader = Reloader(gateway, args.config)
+
+    async def reload_on_sighup():
+        # SIGHUP loads the config file again (a bad one changes nothing and is logged)
+        with trio.open_signal_receiver(signal.SIGHUP) as signals:
+            async for _ in signals:
+                if gateway.reloader is not None:
+                    await gateway.reloader.reload()
 
     async def main():
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(reload_on_sighup)
             binds = await nursery.start(lambda task_status: serve(gateway, host=args.host, port=args.port,
-                                                                  task_status=task_status))
-            print(f"relayline gateway listening on {', '.join(binds)}", file=sys.stderr)
+                                                                  fd=args.listen_fd, task_status=task_status))
+            print(f"relayline gateway listening on {', '.join(binds)}", file=sys.stderr, flush=True)
 
     try:
         trio.run(main)
@@ -217,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="a relayline config (default: the built-in demo config on sim upstreams)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes on the one port (their health is shared only with [health] store = redis://)")
+    p.add_argument("--listen-fd", dest="listen_fd", type=int, help=argparse.SUPPRESS)  # a worker's inherited socket
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("ledger", help="report cost per profile and model from the ledger (SQLite or PostgreSQL)")

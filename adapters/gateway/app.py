@@ -97,6 +97,20 @@ class Gateway:
         self.metrics = Metrics()
         self.max_body = relay.config.gateway.max_body_bytes
         self._outcomes: dict[str, deque[tuple[float, bool]]] = defaultdict(deque)
+        self.reloader = None  # a Reloader (gateway/reload.py) when serving from a config file
+        self._turns_of: dict[Relay, int] = {}  # turns in flight per relay (a reload retires one)
+
+    async def swap(self, relay: Relay, env=None) -> None:
+        """A reload: new turns use `relay`; turns in flight finish on the one they started with,
+        which is closed when its last turn ends."""
+        env = os.environ if env is None else env
+        old, self.relay = self.relay, relay
+        cfg = relay.config
+        self.max_body = cfg.gateway.max_body_bytes
+        if cfg.gateway.api_keys_env:
+            self.api_keys = {k.strip() for k in env.get(cfg.gateway.api_keys_env, "").split(",") if k.strip()}
+        if old is not relay and not self._turns_of.get(old):
+            await old.aclose()
 
     @classmethod
     def from_relay_config(cls, relay: Relay, env=None) -> Gateway:
@@ -142,8 +156,25 @@ class Gateway:
             await self._json(send, 200, plan.as_json())
         elif path == "/admin/health" and method == "GET":
             await self._json(send, 200, self.health())
+        elif path == "/admin/reload" and method == "POST":
+            await self._reload(send)
         else:
             await self._respond(send, 404, dialect.http_error(404, f"no route for {method} {path}", "not_found"))
+
+    async def _reload(self, send) -> None:
+        """POST /admin/reload: 200 with the profiles now served, or 422 listing the problems of a
+        file that was refused (nothing changed)."""
+        if self.reloader is None:
+            await self._respond(send, 409, OPENAI.http_error(409, "this gateway serves no config file to reload",
+                                                            "no_config_file"))
+            return
+        if not self.api_keys:
+            # reloading is an operator's act: never open to anyone who can reach the port
+            await self._respond(send, 403, OPENAI.http_error(
+                403, "/admin/reload needs gateway keys ([gateway] api_keys_env); send SIGHUP instead", "forbidden"))
+            return
+        report = await self.reloader.reload()
+        await self._json(send, 200 if report.ok else 422, report.as_json())
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -297,10 +328,18 @@ class Gateway:
                 nursery.start_soon(self._watch_disconnect, receive, turn_scope)
                 for task in tasks:
                     nursery.start_soon(task)
+                relay = self.relay  # the turn runs on this one to its end, whatever a reload does
+                self._turns_of[relay] = self._turns_of.get(relay, 0) + 1
                 try:
-                    await self.relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
+                    await relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
                 finally:
                     nursery.cancel_scope.cancel()
+                    self._turns_of[relay] -= 1
+                    if not self._turns_of[relay]:
+                        del self._turns_of[relay]
+                        if relay is not self.relay:  # retired by a reload: its last turn ended
+                            with trio.CancelScope(shield=True):
+                                await relay.aclose()
         result = runs[0].result if runs else None
         if result is not None:
             await self._finish_turn(turn_id, result, started)
@@ -434,14 +473,14 @@ class _StreamWire:
             await self.send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080,
+async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080, fd: int | None = None,
                 task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Run the gateway on hypercorn's trio worker until cancelled. Reports the bound URLs."""
     from hypercorn.config import Config as HypercornConfig
     from hypercorn.trio import serve as hypercorn_serve
 
     config = HypercornConfig()
-    config.bind = [f"{host}:{port}"]
+    config.bind = [f"fd://{fd}" if fd is not None else f"{host}:{port}"]  # fd: a worker of `serve --workers`
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.keep_alive_timeout = 75
