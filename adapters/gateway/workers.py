@@ -41,14 +41,15 @@ def health_note(config: Config, workers: int) -> str:
     return f"health: shared by the {workers} workers in Redis at {where}"
 
 
-def supervise(config_path: str, config: Config, *, host: str, port: int, workers: int) -> int:
+def supervise(config_path: str, config: Config, *, host: str, port: int, workers: int,
+              worker_args: tuple[str, ...] = ()) -> int:
     sock = listening_socket(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     print(f"{health_note(config, workers)}\nrelayline gateway listening on http://{shown}:{bound_port} "
           f"({workers} workers)", file=sys.stderr, flush=True)
     command = [sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", config_path,
-               "--listen-fd", str(sock.fileno())]
+               "--listen-fd", str(sock.fileno()), *worker_args]
 
     def start() -> subprocess.Popen:
         return subprocess.Popen(command, pass_fds=(sock.fileno(),))
