@@ -6,7 +6,8 @@ machine. This file measures the sans-I/O core:
 - spec engine: one trigger on the compiled table vs the same trigger on a transitions.Machine;
 - core turn: plan + walk + turn machine for a non-streaming success, vs a bare function call;
 - stream core: per-frame cost of the gate after commit for a 200-frame stream, vs a bare loop;
-- whole driver turn on the in-process sim upstream (trio), vs a bare trio checkpoint loop.
+- whole driver turn on the in-process sim upstream (trio), vs a bare trio checkpoint loop;
+- the library from asyncio, synchronous code and a trio guest run, beside trio (bench/hosts.py).
 
 Results: a table on stdout and bench/results/<date>.json.
 """
@@ -24,6 +25,8 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from hosts import bench_hosts, print_hosts
 
 from relayline.adapters import Relay
 from relayline.machines.config import structure_config
@@ -219,6 +222,7 @@ def main() -> int:
         "core_turn": bench_core_turn(),
         "stream": bench_stream_frames(),
         "driver": bench_driver(),
+        "hosts": bench_hosts(quick),
         "http": http_benchmarks(quick),
     }
     e, c, s, d = results["engine"], results["core_turn"], results["stream"], results["driver"]
@@ -235,6 +239,7 @@ def main() -> int:
     print(f"{'measure':<30} {'relayline':>12}   {'baseline':<30} {'value':>10}   note")
     for name, value, base_name, base_value, note in rows:
         print(f"{name:<30} {value:>12}   {base_name:<30} {base_value:>10}   {note}")
+    print_hosts(results["hosts"])
     print_http(results["http"])
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
