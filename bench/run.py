@@ -7,7 +7,8 @@ machine. This file measures the sans-I/O core:
 - core turn: plan + walk + turn machine for a non-streaming success, vs a bare function call;
 - stream core: per-frame cost of the gate after commit for a 200-frame stream, vs a bare loop;
 - whole driver turn on the in-process sim upstream (trio), vs a bare trio checkpoint loop;
-- the library from asyncio, synchronous code and a trio guest run, beside trio (bench/hosts.py).
+- the library from asyncio, synchronous code and a trio guest run, beside trio (bench/hosts.py);
+- a fleet's shared state (bench/fleet.py): Redis health vs the memory store, PostgreSQL vs SQLite.
 
 Results: a table on stdout and bench/results/<date>.json.
 """
@@ -26,7 +27,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hosts import bench_hosts, print_hosts
+import fleet  # noqa: E402  (bench/fleet.py: the shared store and ledger beside one process)
+from hosts import bench_hosts, print_hosts  # noqa: E402  (bench/hosts.py: the library from each host)
 
 from relayline.adapters import Relay
 from relayline.machines.config import structure_config
@@ -224,6 +226,7 @@ def main() -> int:
         "driver": bench_driver(),
         "hosts": bench_hosts(quick),
         "http": http_benchmarks(quick),
+        "fleet": fleet.run(),
     }
     e, c, s, d = results["engine"], results["core_turn"], results["stream"], results["driver"]
     rows = [
@@ -241,6 +244,7 @@ def main() -> int:
         print(f"{name:<30} {value:>12}   {base_name:<30} {base_value:>10}   {note}")
     print_hosts(results["hosts"])
     print_http(results["http"])
+    fleet.report(results["fleet"])
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     path = out / f"{dt.date.today().isoformat()}.json"
