@@ -68,7 +68,8 @@ class TurnHealth:
     keys_429: dict[str, set[int]] = attrs.Factory(dict)  # pool keys that drew a 429 in this turn
     skips: list[Skip] = attrs.Factory(list)
     # on_refusal = "advance": a profile that refused is not asked again in this turn (its other
-    # models sit behind the same policy); not a skip, since nothing about its health is known
+    # models sit behind the same policy); not a skip, since nothing about its health is known.
+    # The turn fills it: it knows the policy, and needs it before the walk hears of the refusal
     refused: set[str] = attrs.Factory(set)
 
     def skip(self, entry: PlannedEntry, reason: str, fields: tuple[str, ...] = ()) -> None:
@@ -103,8 +104,6 @@ class TurnHealth:
         """A failure counts once per turn, except that a probe's failure always gives its
         verdict; a failure that does not count hands a held probe back."""
         breaker = self.store.breaker(profile)
-        if kind == fc.REFUSED:
-            self.refused.add(profile)
         if kind in fc.BREAKER_CLASSES and (profile not in self.breaker_noted or profile in self.probes):
             self.breaker_noted.add(profile)
             breaker.failure(now)

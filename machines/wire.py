@@ -21,7 +21,10 @@ from collections.abc import Mapping
 import attrs
 import cattrs
 
-from .config import Capabilities
+from .config import Capabilities, _strict
+
+# the config's strict scalar rules (a string is not a number) serve the canonical model too
+from .config import _describe as config_describe
 from .errors import RelaylineError
 
 SYSTEM, USER, ASSISTANT, TOOL = "system", "user", "assistant", "tool"
@@ -229,35 +232,13 @@ def check_model(model, param: str = "model") -> str | None:
 
 
 def describe(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+    """A JSON value's kind in a client's words: null, a string, an object..."""
+    return "null" if value is None else "an object" if isinstance(value, dict) else config_describe(value)
 
 
 # -- structuring from plain data (embedders) --------------------------------------------------------
 
 converter = cattrs.Converter(forbid_extra_keys=True)
-
-
-def _strict(kind: type, label: str):
-    def structure(value, _type):
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-            raise ValueError(f"expected {label}, got {describe(value)}")
-        return value
-
-    return structure
 
 
 for _kind, _label in ((str, "a string"), (int, "an integer"), (float, "a number"), (bool, "a boolean")):
