@@ -121,3 +121,15 @@ def test_table_and_transitions_agree(name, data):
             assert life.state == before
         assert life.state == reference.state
         assert life.state in spec.states
+
+
+def test_a_shipped_spec_and_its_vocabulary_must_agree():
+    """vocab.py's enums are the names the core branches on: a spec that renames a state or a
+    trigger without them fails at load, naming the enum and the difference."""
+    from importlib import resources
+
+    text = resources.files("relayline.specs").joinpath("stream.toml").read_text()
+    with pytest.raises(SpecError, match=r"differs from vocab.StreamState: missing \['held'\], not in the vocabulary \['waiting'\]"):
+        parse_spec(text.replace("held", "waiting"), "specs/stream.toml")
+    with pytest.raises(SpecError, match=r"differs from vocab.StreamTrigger: missing \['headers'\]"):
+        parse_spec(text.replace('"headers"', '"hdrs"'), "specs/stream.toml")
