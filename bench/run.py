@@ -10,6 +10,7 @@ machine. This file measures the sans-I/O core:
 - whole driver turn on the in-process sim upstream (trio), vs a bare trio checkpoint loop;
 - the wire: a chat completions body read into the canonical request and written for the other
   family (and for its own, as the client sent it), vs json.loads of the same bytes;
+- the library from asyncio, synchronous code and a trio guest run, beside trio (bench/hosts.py);
 - a fleet's shared state (bench/fleet.py): Redis health vs the memory store, PostgreSQL vs SQLite.
 
 Results: a table on stdout and bench/results/<date>.json.
@@ -30,6 +31,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fleet  # noqa: E402  (bench/fleet.py: the shared store and ledger beside one process)
+from hosts import bench_hosts, print_hosts  # noqa: E402  (bench/hosts.py: the library from each host)
 
 from relayline.adapters import Relay
 from relayline.machines.config import structure_config
@@ -268,6 +270,7 @@ def main() -> int:
         "stream": bench_stream_frames(),
         "driver": bench_driver(),
         "wire": bench_wire(),
+        "hosts": bench_hosts(quick),
         "http": http_benchmarks(quick),
         "fleet": fleet.run(),
     }
@@ -290,6 +293,7 @@ def main() -> int:
     print(f"{'measure':<30} {'relayline':>12}   {'baseline':<30} {'value':>10}   note")
     for name, value, base_name, base_value, note in rows:
         print(f"{name:<30} {value:>12}   {base_name:<30} {base_value:>10}   {note}")
+    print_hosts(results["hosts"])
     print_http(results["http"])
     fleet.report(results["fleet"])
     out = Path(__file__).parent / "results"
