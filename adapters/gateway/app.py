@@ -694,6 +694,7 @@ class _StreamWire:
                 # the attempt in flight is not recorded yet; a recovered answer's already is
                 in_flight = 1 if run.turn.call is not None else 0
                 headers.append((b"x-relayline-attempts", str(len(run.turn.attempts) + in_flight).encode()))
+            headers += dropped_header(self.request, entry)
             await self._send_whole({"type": "http.response.start", "status": 200, "headers": headers})
         gate = self.runs[0].turn.gate if self.runs else None
         await self._queue(self.render.opening(entry.model if entry is not None else "",
