@@ -63,6 +63,7 @@ class Completion:
     tool_arguments: tuple[str, ...] = ()  # each tool call's JSON arguments, aligned with tool_calls
     tool_ids: tuple[str, ...] = ()  # each tool call's id as the provider sent it ("" when absent)
     finish_reason: str | None = None  # canonical (machines/wire.py), as the provider said it
+    stop_sequence: str | None = None  # which stop sequence ended it, when the provider says (Anthropic)
 
     @property
     def refusal(self) -> bool:
@@ -136,6 +137,7 @@ class TurnResult:
     tool_arguments: tuple[str, ...] = ()
     tool_ids: tuple[str, ...] = ()
     finish_reason: str | None = None
+    stop_sequence: str | None = None
     usage: Usage | None = None  # the accepted answer's usage
     rejection: Rejection | None = None  # every attempt was a client rejection: the upstream's words
 
@@ -398,7 +400,7 @@ class Turn:
             return self._recover_before_commit(entry, failure, now)
         # everything forwarded is the answer: one stream's text, or a continuation's two
         answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments,
-                            tuple(gate.tool_ids), gate.finish_reason)
+                            tuple(gate.tool_ids), gate.finish_reason, gate.stop_sequence)
         if answer.has_answer or refused_early:
             self._record(fc.OK, now, usage=usage, accepted=True)
             self.answer = answer
@@ -585,6 +587,7 @@ class Turn:
             tool_arguments=answer.tool_arguments if answer else (),
             tool_ids=answer.tool_ids if answer else (),
             finish_reason=answer.finish_reason if answer else None,
+            stop_sequence=answer.stop_sequence if answer else None,
             usage=answer.usage if answer else None,
             rejection=self._rejection(error),
             partial_text=partial or None,

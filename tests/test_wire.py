@@ -195,6 +195,24 @@ def test_same_family_passes_unknown_fields_and_client_headers(gw, upstream, stre
     assert seen.headers["authorization"] == "Bearer sk-upstream-openai" and seen.headers["x-team"] == "core"
 
 
+def test_sdk_objects_echoed_into_history_cross_families(gw, upstream):
+    """The SDKs' own reply objects, appended to the history as they are (refusal: null,
+    annotations: [], citations: null...), say nothing another family must honour."""
+    upstream.answer = Answer(text="", tool_calls=(TOOL,))
+    first = openai_call(gw, False, model="anthropic", messages=[{"role": "user", "content": "weather?"}])
+    history = [{"role": "user", "content": "weather?"}, first.choices[0].message.model_dump(),
+               {"role": "tool", "tool_call_id": "call_UP1", "content": "sunny"}]
+    upstream.answer = Answer(text="Sunny.")
+    assert openai_call(gw, False, model="anthropic", messages=history).choices[0].message.content == "Sunny."
+    sent = upstream.seen[-1].body["messages"]
+    assert sent[1]["content"] == [{"type": "tool_use", "id": "call_UP1", "name": "get_weather", "input": {"city": "Paris"}}]
+    upstream.answer = Answer(text="Cited.")
+    message = anthropic_call(gw, False, model="openai")
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [b.model_dump() for b in message.content]},
+               {"role": "user", "content": "more"}]
+    assert anthropic_call(gw, False, model="openai", messages=history).content[0].text == "Cited."
+
+
 @pytest.mark.parametrize("fields,named", [
     ({"seed": 7}, "seed"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
@@ -366,9 +384,11 @@ def test_anthropic_clients_get_stop_reasons_ids_and_real_usage(gw, upstream, str
     assert message.stop_reason == "tool_use" and message.content[-1].id == "call_UP1"
     assert message.content[-1].input == {"city": "Paris"}
     assert (message.usage.input_tokens, message.usage.output_tokens, message.usage.cache_read_input_tokens) == (20, 7, 100)
-    upstream.answer = Answer(text="The end", finish="stop" if route == "openai" else "stop_sequence")
-    message = anthropic_call(gw, stream, model=route)
+    upstream.answer = Answer(text="The end", finish="stop" if route == "openai" else "stop_sequence",
+                             stop_sequence=None if route == "openai" else "END")
+    message = anthropic_call(gw, stream, model=route, stop_sequences=["END"])
     assert message.stop_reason == ("end_turn" if route == "openai" else "stop_sequence")
+    assert message.stop_sequence == (None if route == "openai" else "END")  # OpenAI never says which
 
 
 def test_anthropic_stream_message_start_carries_the_input_tokens(gw, upstream):
@@ -466,10 +486,47 @@ def test_anthropic_body_errors_have_the_anthropic_shape(gw):
     assert r.status_code == 400 and "messages[0].content[0].source" in r.json()["error"]["message"]
 
 
+@STREAM
+def test_an_entry_that_cannot_honour_the_request_is_skipped_and_the_walk_goes_on(stream):
+    with RecordingUpstream() as upstream:
+        config = {"active": "anthropic.a", "providers": {
+            "anthropic.a": {"family": "anthropic", "base_url": upstream.url, "api_key": "sk-wire-test-0003",
+                            "model": "claude-a", "fallbacks": ["openai.b"]},
+            "openai.b": {"family": "openai", "base_url": f"{upstream.url}/v1", "api_key": "sk-wire-test-0004",
+                         "model": "gpt-b"}}}
+        with BackgroundGateway(config) as gw:
+            raw = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.with_raw_response
+            reply = raw.create(model="claude-a", messages=[{"role": "user", "content": "hi"}], seed=7, stream=stream)
+            chunks = list(reply.parse()) if stream else [reply.parse()]
+        assert [s.path for s in upstream.seen] == ["/v1/chat/completions"] and upstream.seen[0].body["seed"] == 7
+    assert reply.headers["x-relayline-served"] == "openai.b/gpt-b"
+    extra = next(c.model_extra["relayline"] for c in reversed(chunks) if "relayline" in c.model_extra)
+    assert extra["skipped"] == ["anthropic.a/claude-a unsupported (seed)"]
+
+
+@STREAM
+def test_drop_unsupported_params_strips_images_for_a_profile_without_vision(stream):
+    with RecordingUpstream() as upstream:
+        config = {"active": "openai.plain", "gateway": {"drop_unsupported_params": True},
+                  "providers": {"openai.plain": {"family": "openai", "base_url": f"{upstream.url}/v1",
+                                                 "api_key": "sk-wire-test-0005", "model": "gpt-plain",
+                                                 "capabilities": {"vision": False}}}}
+        messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                                 {"type": "image_url", "image_url": {"url": "https://x/c.png"}}]}]
+        with BackgroundGateway(config) as gw:
+            raw = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.with_raw_response
+            reply = raw.create(model="gpt-plain", messages=messages, stream=stream, user="u-1")
+            if stream:
+                list(reply.parse())
+        sent = upstream.seen[-1].body
+    assert reply.headers["x-relayline-dropped"] == "image"
+    assert sent["messages"] == [{"role": "user", "content": "what is this?"}] and sent["user"] == "u-1"
+
+
 def test_drop_unsupported_params_drops_and_names_them():
     with RecordingUpstream() as upstream:
         config = {"active": "anthropic.up", "gateway": {"drop_unsupported_params": True},
-                  "providers": {"anthropic.up": {"family": "anthropic", "base_url": upstream.url, "api_key": "k",
+                  "providers": {"anthropic.up": {"family": "anthropic", "base_url": upstream.url, "api_key": "sk-wire-test-0002",
                                                  "model": "claude-up"}}}
         with BackgroundGateway(config) as gw:
             raw = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.with_raw_response
@@ -490,7 +547,7 @@ active = "anthropic.up"
 [providers."anthropic.up"]
 family = "anthropic"
 base_url = "{url}"
-api_key = "k"
+api_key = "sk-wire-test-0001"
 model = "claude-up"
 """
         async with Relay.from_toml(toml, env={}) as relay:
