@@ -10,6 +10,7 @@ crashes. A mutation nothing catches is a transition whose diagram is not what ru
 from __future__ import annotations
 
 import copy
+import signal
 import tomllib
 from collections.abc import Iterator
 from importlib import resources
@@ -77,14 +78,26 @@ def all_mutations() -> list[Mutation]:
 _LOADED = {p: load_scenario(p) for p in SCENARIOS}
 
 
-def caught_by(mutation: Mutation, checks=()) -> str | None:
-    """What catches `mutation` (the validator, a scenario's name, a check's name), or None."""
+class Hung(Exception):
+    """A mutant ran a scenario without end (virtual time jumps, real time does not)."""
+
+
+def _hang(signum: int, frame: object) -> None:
+    raise Hung
+
+
+def caught_by(mutation: Mutation, checks=(), limit_s: float = 10.0) -> str | None:
+    """What catches `mutation` (the validator, a scenario's name, a check's name), or None. A
+    scenario that does not end within `limit_s` of real time caught it too (a lifecycle that
+    loops forever is not the one drawn)."""
     try:
         spec = engine.build_spec(mutation.apply(raw_spec(mutation.spec)), f"specs/{mutation.spec}.toml")
     except SpecError:
         return "the spec validator"
     real = engine.load_spec(mutation.spec)
     engine._CACHE[mutation.spec] = spec
+    previous = signal.signal(signal.SIGALRM, _hang)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
     try:
         for check in checks:
             try:
@@ -99,5 +112,9 @@ def caught_by(mutation: Mutation, checks=()) -> str | None:
             except Exception:
                 return path.stem
         return None
+    except Hung:
+        return "a scenario that never ends"
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
         engine._CACHE[mutation.spec] = real
