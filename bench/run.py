@@ -27,6 +27,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fleet  # noqa: E402  (bench/fleet.py: the shared store and ledger beside one process)
+import ops  # noqa: E402  (bench/ops.py: what the access line and metrics cost per request)
 
 from relayline.adapters import Relay
 from relayline.machines.config import structure_config
@@ -224,6 +225,7 @@ def main() -> int:
         "driver": bench_driver(),
         "http": http_benchmarks(quick),
         "fleet": fleet.run(),
+        "ops": ops.run(rounds=2 if quick else 5),
     }
     e, c, s, d = results["engine"], results["core_turn"], results["stream"], results["driver"]
     rows = [
@@ -241,6 +243,7 @@ def main() -> int:
         print(f"{name:<30} {value:>12}   {base_name:<30} {base_value:>10}   {note}")
     print_http(results["http"])
     fleet.report(results["fleet"])
+    ops.report(results["ops"])
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     path = out / f"{dt.date.today().isoformat()}.json"
