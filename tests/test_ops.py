@@ -612,3 +612,13 @@ def test_the_production_example_checks_clean_only_with_its_gateway_keys():
     env.pop("RELAYLINE_ADMIN_KEYS")
     out = run("check", example, env=env)
     assert out.returncode == 1 and "gateway.admin_keys_env: names RELAYLINE_ADMIN_KEYS" in out.stderr
+
+
+def test_an_answer_before_the_body_was_read_closes_the_connection():
+    with BackgroundGateway(profiles(), api_keys={"k"}) as gw:
+        refused = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "gpt-4o", "messages": HI})
+        answered = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "gpt-4o", "messages": HI},
+                              headers={"authorization": "Bearer k"})
+    # the 401 came before the body was read: the client must not send its next request on it
+    assert refused.status_code == 401 and refused.headers["connection"] == "close"
+    assert answered.status_code == 200 and "connection" not in answered.headers
