@@ -550,7 +550,12 @@ class Turn:
             self.walk.cancel()  # the walk ends without a verdict: nothing more is attempted
         self.health.release_all()
         interrupted = committed or self.life.state == TurnState.CONTINUING
-        self.life.fire(TurnTrigger.FAIL)
+        self.continuation = None  # nothing continues past the deadline
+        if self.life.state in (TurnState.COMMITTED, TurnState.CONTINUING):
+            self.life.fire(TurnTrigger.FAIL, self)
+        elif not self.life.terminal:
+            self.walk_result = WalkDone(ok=False, error=ErrorReason.DEADLINE)
+            self.life.fire(TurnTrigger.END, self)
         self.cancellation.fire(CancellationTrigger.FINISH)
         if interrupted:
             return Finish(self._result(Outcome.INTERRUPTED, ErrorReason.INTERRUPTED, None, "".join(self.forwarded)))
