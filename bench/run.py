@@ -66,16 +66,17 @@ def bench_engine() -> dict:
     spec = load_spec("walk")
 
     class Model:
-        pass
+        blocked = False  # the walk's one guard: the retry goes to the same entry
 
     life = spec.start(history_limit=8)
+    walk = Model()
 
     def table():
         life.state = "choosing"
-        life.fire("call")
-        life.fire("backoff")
-        life.fire("timer")
-        life.fire("succeed")
+        life.fire("call", walk)
+        life.fire("backoff", walk)
+        life.fire("timer", walk)
+        life.fire("succeed", walk)
 
     def reference():
         model = Model()

@@ -11,14 +11,26 @@ import attrs
 
 from .config import Price
 
+MAX_TOKENS = 10**9  # no real reply reports more; the adapters refuse more as malformed
+
+
+def tokens(value: object) -> int:
+    """A token count the ledger can bill: a backstop behind the adapters' validation, so that a
+    negative count never becomes a negative cost and a huge one never overflows a row."""
+    try:
+        count = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return min(max(count, 0), MAX_TOKENS)
+
 
 @attrs.frozen
 class Usage:
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-    reasoning_tokens: int = 0  # part of output_tokens (billed with them), reported apart
+    input_tokens: int = attrs.field(default=0, converter=tokens)
+    output_tokens: int = attrs.field(default=0, converter=tokens)
+    cache_read_tokens: int = attrs.field(default=0, converter=tokens)
+    cache_write_tokens: int = attrs.field(default=0, converter=tokens)
+    reasoning_tokens: int = attrs.field(default=0, converter=tokens)  # part of output_tokens, reported apart
 
     @property
     def billable(self) -> bool:
