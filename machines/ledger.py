@@ -18,7 +18,7 @@ def tokens(value: object) -> int:
     """A token count the ledger can bill: a backstop behind the adapters' validation, so that a
     negative count never becomes a negative cost and a huge one never overflows a row."""
     try:
-        count = int(value)  # type: ignore[call-overload]
+        count: int = int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError, OverflowError):
         return 0
     return min(max(count, 0), MAX_TOKENS)
