@@ -31,6 +31,7 @@ from relayline.machines.turn import TurnResult
 from ..driver import TurnRun
 from ..relay import Relay
 from ..stores.ledger import LedgerStore
+from .console import Console
 from .dialects import ANTHROPIC, OPENAI
 
 log = logging.getLogger("relayline.gateway")
@@ -95,6 +96,7 @@ class Gateway:
         self.metrics = Metrics()
         self.max_body = relay.config.gateway.max_body_bytes
         self._outcomes: dict[str, deque[tuple[float, bool]]] = defaultdict(deque)
+        self.console = Console(self)
 
     @classmethod
     def from_relay_config(cls, relay: Relay, env=None) -> Gateway:
@@ -139,6 +141,8 @@ class Gateway:
             await self._json(send, 200, plan.as_json())
         elif path == "/admin/health" and method == "GET":
             await self._json(send, 200, self.health())
+        elif path == "/admin/" or path.startswith("/admin/console/"):
+            await self.console.handle(scope, receive, send)
         else:
             await self._respond(send, 404, OPENAI.error_body(f"no route for {method} {path}", "invalid_request_error",
                                                              "not_found"))
@@ -215,6 +219,7 @@ class Gateway:
         for attempt in result.attempts:
             self._outcomes[attempt.provider].append((now, attempt.outcome == "ok"))
         self.metrics.observe(result, now - started)
+        self.console.observe(turn_id, result, now - started)
         if self.ledger is not None and result.ledger:
             # in the loop's thread: a WAL insert takes ~60 µs here, a hop to a worker thread ~250 µs
             self.ledger.write(turn_id, result)
