@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SHARED := $(wildcard ../shared/conformance/*.toml)
 
-.PHONY: install demo test fuzz bench diagrams lint clean
+.PHONY: install browser demo test fuzz bench diagrams lint clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -15,10 +15,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# the console tests drive a real headless browser: Debian's chromium (apt-get needs root)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }
+
 demo: install
 	$(BIN)/relayline demo
 
-test: install
+test: install browser
 	$(BIN)/relayline diagram --check
 	$(BIN)/ruff check machines adapters tests bench
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest
@@ -26,9 +30,10 @@ test: install
 fuzz: install
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -m "property or fuzz" -x
 
-bench: install
+bench: install browser
 	$(PY) -m pip install --quiet -e '.[bench]' || echo "bench extras unavailable: peers will be skipped"
 	$(PY) bench/run.py
+	$(PY) bench/console.py
 
 diagrams: install
 	$(BIN)/relayline diagram

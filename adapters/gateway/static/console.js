@@ -254,9 +254,10 @@ function onCounts(counts) {
   }
 }
 
+let events = null;
 function connect() {
   const live = document.getElementById("live");
-  const events = new EventSource("console/events");
+  events = new EventSource("console/events");
   events.onopen = () => { live.dataset.state = "live"; live.textContent = "live"; };
   events.onerror = () => { live.dataset.state = "lost"; live.textContent = "reconnecting"; };
   const on = (name, handler) => events.addEventListener(name, (ev) => {
@@ -274,6 +275,10 @@ function connect() {
     drawTurns();
   });
 }
+
+// a page kept in the back/forward cache must not hold a stream open on the gateway
+window.addEventListener("pagehide", () => { if (events) events.close(); });
+window.addEventListener("pageshow", (ev) => { if (ev.persisted) location.reload(); });
 
 async function start() {
   const response = await fetch("console/state", { cache: "no-store" });
