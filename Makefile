@@ -17,12 +17,15 @@ install: $(STAMP)
 
 # the console tests drive a real headless browser: Debian's chromium (apt-get needs root)
 browser:
-	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }
+	@command -v chromium >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -q -o DPkg::Lock::Timeout=120 >/dev/null && \
+	  apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=120 chromium >/dev/null; }
 
 demo: install
 	$(BIN)/relayline demo
 
 test: install browser
+	bash .ci/services
 	$(BIN)/relayline diagram --check
 	$(BIN)/ruff check machines adapters tests bench
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest

@@ -1,12 +1,44 @@
 """relayline's I/O edge: the trio driver, protocol adapters, the simulator, the CLI.
 
-The embedder's entry point is `Relay`:
+This module is the embedder's whole surface (README "Use it from Python"): the same `Relay`
+serves trio, asyncio and synchronous code.
 
     from relayline.adapters import Relay
     relay = Relay.from_file("relayline.toml")
-    reply = await relay.complete(messages, model="hint:fast")
+    reply = await relay.complete(messages, model="hint:fast")     # trio or asyncio
+    reply = relay.complete_sync(messages, model="hint:fast")      # synchronous code
 """
+
+from relayline.machines.config import Config, parse_config
+from relayline.machines.errors import (
+    ConfigError,
+    RelaylineError,
+    StreamInterruptedAfterOutput,
+    TurnError,
+)
+from relayline.machines.health import HealthStore, InMemoryHealth
+from relayline.machines.ledger import LedgerRow
+from relayline.machines.stream import Event
+from relayline.machines.turn import TurnResult
+from relayline.machines.vocab import ErrorReason, Outcome
 
 from .relay import Relay, Reply, StreamTurn
 
-__all__ = ["Relay", "Reply", "StreamTurn"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "ErrorReason",
+    "Event",
+    "HealthStore",
+    "InMemoryHealth",
+    "LedgerRow",
+    "Outcome",
+    "Relay",
+    "RelaylineError",
+    "Reply",
+    "StreamInterruptedAfterOutput",
+    "StreamTurn",
+    "TurnError",
+    "TurnResult",
+    "parse_config",
+]

@@ -134,24 +134,40 @@ def cmd_serve(args) -> int:
 
 
 def cmd_ledger(args) -> int:
-    from .stores.ledger import LedgerStore, parse_since
+    from relayline.machines.config import Ledger
 
-    path = args.path
-    if path is None and args.config:
-        path = _load_config_file(args.config).ledger.path
-    path = path or "relayline-ledger.sqlite3"
-    if not Path(path).exists():
-        print(f"error: no ledger at {path}", file=sys.stderr)
-        return 1
+    from .stores.ledger import DEFAULT_PATH, LedgerStore, open_ledger, parse_since
+
     try:
         since = parse_since(args.since)
+        config = _load_config_file(args.config).ledger if args.config else Ledger()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    store = LedgerStore(path)
-    report = store.report(since)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
+    url = args.url or (None if args.path else config.url)
+    if url:
+        where = url.rsplit("@", 1)[-1]  # never the password
+        try:
+            store = open_ledger(Ledger(url=url))
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    else:
+        where = args.path or config.path or DEFAULT_PATH
+        if not Path(where).exists():
+            print(f"error: no ledger at {where}", file=sys.stderr)
+            return 1
+        store = LedgerStore(where)
+    try:
+        report = store.report(since)
+    finally:
+        store.close()
     if args.json:
-        print(json.dumps({"path": path, "since": since, "rows": report}, indent=2))
+        print(json.dumps({"path": where, "since": since, "rows": report}, indent=2))
         return 0
     print(f"{'provider':<24} {'model':<28} {'accepted':>8} {'rejected':>8} {'accepted $':>12} {'rejected $':>12}")
     for row in report:
@@ -203,9 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080)
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("ledger", help="report cost per profile and model from the SQLite ledger")
-    p.add_argument("--config", help="read [ledger] path from this config")
-    p.add_argument("--path", help="the ledger file (default: relayline-ledger.sqlite3)")
+    p = sub.add_parser("ledger", help="report cost per profile and model from the ledger (SQLite or PostgreSQL)")
+    p.add_argument("--config", help="read [ledger] url or path from this config")
+    p.add_argument("--path", help="the SQLite ledger file (default: relayline-ledger.sqlite3)")
+    p.add_argument("--url", help="a PostgreSQL ledger: postgresql://user@host/db")
     p.add_argument("--since", help="only rows newer than this: 90s, 15m, 1h, 2d")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ledger)

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import trio
 
 from relayline.machines import classify as fc
+from relayline.machines import wire
 from relayline.machines.config import Timeouts
 from relayline.machines.errors import RelaylineError
 from relayline.machines.stream import Event
@@ -40,38 +41,50 @@ class TurnRun:
         self,
         turn: Turn,
         clients: Mapping[str, ProviderClient],
-        messages: tuple[dict, ...],
+        request: wire.Request,
         *,
-        tools: tuple[dict, ...] = (),
         on_draft: Callable[[str], None] | None = None,
     ) -> None:
         self.turn = turn
         self.clients = clients
-        self.messages = messages
-        self.tools = tools
+        self.request = request
         self.timeouts: Timeouts = turn.config.timeouts
         self.on_draft = on_draft
         self.result: TurnResult | None = None
+        # a fleet's shared health (stores/health.py): its mirror is synced with the store before
+        # each step of the turn's machines and after the last, so every decision sees the fleet
+        self._store_sync = getattr(turn.health.store, "sync", None)
+        self._profiles = tuple({e.profile: None for e in turn.plan.entries})
+
+    async def _sync_health(self) -> None:
+        if self._store_sync is not None:
+            await self._store_sync(self._profiles)
 
     async def run(self, sink: Sink = _discard) -> TurnResult:
         turn = self.turn
         try:
+            await self._sync_health()
             action = turn.start(trio.current_time())
             while not isinstance(action, Finish):
                 if isinstance(action, Sleep):
                     await trio.sleep(action.seconds)
+                    await self._sync_health()
                     action = turn.on_timer(trio.current_time())
                 elif action.mode == "stream":
                     action = await self._stream(action, sink)
                 else:
                     action = await self._complete(action)
             self.result = action.result
+            await self._sync_health()
             for event in action.deliver:
                 await sink(event)
             return self.result
         except trio.Cancelled:
             if self.result is None:
                 self.result = turn.cancel(trio.current_time()).result
+                if self._store_sync is not None:
+                    with trio.CancelScope(shield=True):  # a held probe goes back to the fleet
+                        await self._sync_health()
             raise
 
     # -- one call -----------------------------------------------------------------------------
@@ -82,12 +95,12 @@ class TurnRun:
             key = entry.keys[call.key_index]
         else:
             key = entry.keys[0] if entry.keys else None
-        messages = self.messages
+        request = self.request
         if call.prefill is not None:
             # the forwarded text as a trailing assistant message, byte for byte
-            messages = (*messages, {"role": "assistant", "content": call.prefill})
-        return CallRequest(entry, entry.model, messages, key, call.key_index, self.tools, call.mode == "stream",
-                           call.probe)
+            request = request.with_prefill(call.prefill)
+        return CallRequest(entry, entry.model, request, key, call.key_index, call.mode == "stream", call.probe,
+                           self.turn.config.gateway.drop_unsupported_params)
 
     def _client(self, call: Call) -> ProviderClient:
         family = call.entry.provider.family
@@ -103,14 +116,16 @@ class TurnRun:
             with trio.fail_after(headers_s) if headers_s > 0 else contextlib.nullcontext():
                 completion = await self._client(call).complete(self._request(call))
         except trio.TooSlowError:
-            return turn.on_completion(fc.timed_out("response headers", headers_s), trio.current_time())
+            completion = fc.timed_out("response headers", headers_s)
         except ProviderFailure as exc:
-            return turn.on_completion(exc.failure, trio.current_time())
+            completion = exc.failure
+        await self._sync_health()
         return turn.on_completion(completion, trio.current_time())
 
     async def _stream(self, call: Call, sink: Sink):
         turn = self.turn
         failure = await self._pump(call, sink)
+        await self._sync_health()
         now = trio.current_time()
         if failure is None:
             return turn.stream_done(now)

@@ -45,3 +45,11 @@ def protect(secrets: Iterable[str]) -> None:
         for name in LOGGERS:
             logging.getLogger(name).addFilter(_filter)
         _installed = True
+
+
+def redact(text: str) -> str:
+    """`text` with every protected secret masked (for the few provider words a client is shown)."""
+    for secret in _filter.secrets:
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return text

@@ -1,54 +1,90 @@
-"""The embedder's API: `Relay`, `Reply` and `StreamTurn`.
+"""The embedder's API: `Relay`, `Reply` and `StreamTurn`, from trio, asyncio or plain threads.
 
     relay = Relay.from_file("relayline.toml")
-    reply = await relay.complete(messages, model="hint:fast")
-    async with relay.stream(messages) as turn:
+    reply = await relay.complete(messages, model="hint:fast")      # trio or asyncio
+    reply = relay.complete_sync(messages, model="hint:fast")       # synchronous code
+    async with relay.stream(messages) as turn:                     # `with relay.stream_sync(...)`
         async for event in turn: ...
     turn.outcome
 
-A Relay owns the router (config materialised once), the health store shared by its turns, and
-the protocol adapters. Every turn, library or gateway or simulator, runs through `run_turn`.
+A Relay owns the router (config materialised once), the health store its turns consult (pass
+one to several relays to share breakers and cooldowns), and the protocol adapters. Every turn,
+library or gateway or simulator, runs through `_run_turn` in a trio run: the caller's own under
+trio, relayline's runtime thread (adapters/hosts.py) under asyncio or from synchronous code.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+import queue
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
+from types import TracebackType
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 import trio
 
+from relayline.machines import wire
 from relayline.machines.config import Config, parse_config
 from relayline.machines.effort import RouteSelection
 from relayline.machines.errors import StreamInterruptedAfterOutput, TurnError
 from relayline.machines.health import HealthStore, InMemoryHealth
-from relayline.machines.ledger import LedgerRow
+from relayline.machines.ledger import LedgerRow, Usage
 from relayline.machines.plan import Plan, build_router, plan_turn
 from relayline.machines.stream import Event
 from relayline.machines.turn import Turn, TurnResult
 
 from .driver import Sink, TurnRun, _discard
+from .hosts import (
+    Handoff,
+    Outcome,
+    Runtime,
+    host,
+    require_sync_host,
+    run_from_thread,
+    run_in_host,
+    settle,
+    unwind,
+)
 from .providers.anthropic import AnthropicClient
 from .providers.base import ProviderClient
 from .providers.http import new_client
 from .providers.openai import OpenAIClient
+from .providers.openai import parse_request as parse_openai
 from .redact import protect
 from .sim.provider import SimClient, SimUpstream
 
 log = logging.getLogger("relayline")
 
+P = ParamSpec("P")
+T = TypeVar("T")
 
-def turn_text(messages: Sequence[Mapping]) -> str:
-    """The user's turn text: the last user message's text content."""
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            content = message.get("content", "")
-            if isinstance(content, str):
-                return content
-            return " ".join(p.get("text", "") for p in content if isinstance(p, Mapping))
-    return ""
+def open_health(config: Config) -> HealthStore:
+    """The health store a config names: in memory (each process alone), or Redis (a fleet)."""
+    if config.health.store == "memory":
+        return InMemoryHealth(config.breaker)
+    from .stores.health import RedisHealth
+
+    return RedisHealth(config.health, config.breaker)
+
+
+def wire_request(messages: Sequence[Mapping] | wire.Request, tools: Sequence[Mapping] = (),
+                 params: Mapping | None = None) -> wire.Request:
+    """The canonical request for OpenAI-style chat messages, tools and request parameters
+    (temperature, max_tokens, stop, tool_choice, response_format, reasoning_effort, seed...), or
+    a `wire.Request` as given. A parameter of the wrong shape raises WireError naming it."""
+    if isinstance(messages, wire.Request):
+        return messages
+    body = {**(params or {}), "messages": list(messages)}
+    if tools:
+        body["tools"] = list(tools)
+    return parse_openai(body, passthrough=False)
 
 
 @attrs.frozen
@@ -63,6 +99,20 @@ class Reply:
     ledger: tuple[LedgerRow, ...]
     cost_usd: float
     result: TurnResult = attrs.field(repr=False)
+    finish_reason: str = wire.STOP  # canonical: stop, stop_sequence, length, tool_calls, content_filter
+    tool_call_ids: tuple[str, ...] = ()  # as the provider sent them ("" where it sent none)
+    tool_arguments: tuple[str, ...] = ()  # JSON text, aligned with tool_calls
+    usage: Usage = Usage()  # input, output, cache read/write and reasoning tokens of the answer
+
+    @classmethod
+    def of(cls, result: TurnResult) -> Reply:
+        assert result.served is not None  # an accepted answer always has a server
+        return cls(text=result.text or "", tool_calls=result.tool_calls, reasoning=result.reasoning,
+                   requested=result.requested, served=result.served.label, notice=result.notice,
+                   fallback=result.fallback, ledger=result.ledger, cost_usd=result.cost_usd, result=result,
+                   finish_reason=wire.finish_reason(result.finish_reason, len(result.tool_calls)),
+                   tool_call_ids=result.tool_ids, tool_arguments=result.tool_arguments,
+                   usage=result.usage or Usage())
 
     @property
     def outbound_text(self) -> str:
@@ -71,6 +121,7 @@ class Reply:
 
 
 def raise_for(result: TurnResult) -> None:
+    """The exception an embedder catches for a turn that did not answer."""
     if result.outcome == "ok":
         return
     if result.outcome == "interrupted":
@@ -78,6 +129,22 @@ def raise_for(result: TurnResult) -> None:
                                            partial_text=result.partial_text or "")
     raise TurnError(result.message or result.error or "failed", reason=result.error or "exhausted",
                     attempts=result.attempts, partial_text=result.partial_text)
+
+
+def _blocking(method: Callable[Concatenate[Relay, P], Awaitable[T]],
+              name: str) -> Callable[Concatenate[Relay, P], T]:
+    """An async Relay method as a blocking one for synchronous code (scripts, thread-based
+    servers), run in the runtime; safe from many threads at once. It takes exactly what the
+    async method takes, so a parameter added there flows through."""
+
+    @functools.wraps(method)
+    def blocking(self: Relay, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        require_sync_host(f"Relay.{name}")
+        return run_from_thread(partial(method, self, *args, **kwargs))
+
+    blocking.__name__ = blocking.__qualname__ = name
+    blocking.__doc__ = f"`{method.__name__}` for synchronous code: blocks this thread until it returns."
+    return blocking
 
 
 class Relay:
@@ -96,7 +163,7 @@ class Relay:
         protect(d.root_keys[0].reveal() for d in self.router.domains.values() if d.root_keys)
         for warning in self.router.warnings:
             log.warning("config_warning code=%s path=%s", warning.code, warning.path)
-        self.health = health if health is not None else InMemoryHealth(config.breaker)
+        self.health: HealthStore = health if health is not None else open_health(config)
         self.sim = sim if sim is not None else SimUpstream()
         self.clients: dict[str, ProviderClient] = {"sim": SimClient(self.sim)}
         self._http = None
@@ -110,25 +177,37 @@ class Relay:
         self.selection = RouteSelection()
         self.fallback_record: dict[str, str] = {}  # domain -> served label while a fallback serves
         self.observers: list[Callable[[TurnResult], None]] = []
-        self.turn_factory: Callable[..., Turn] = Turn  # tests plug faulty machines in here
+        self._turn_factory: Callable[..., Turn] = Turn  # tests plug faulty machines in here
 
-    async def aclose(self) -> None:
-        """Close pooled connections. `async with Relay(...) as relay:` does it for you."""
+    async def _close(self) -> None:
         if self._http is not None:
             await self._http.aclose()
 
+    async def aclose(self) -> None:
+        """Close pooled connections. `async with Relay(...) as relay:` does it for you."""
+        await run_in_host(self._close)
+
     async def __aenter__(self) -> Relay:
+        # a shared health store ([health] store = redis://) stays connected for the block (trio
+        # hosts and the gateway; elsewhere it serves on local health and says so once)
+        self._exit = contextlib.AsyncExitStack()
+        connected = getattr(self.health, "connected", None)
+        if connected is not None and host() == "trio":
+            await self._exit.enter_async_context(connected())
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
-        await self.aclose()
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            await self._exit.aclose()
+        finally:
+            await self.aclose()
 
     @classmethod
-    def from_toml(cls, text: str, **kwargs) -> Relay:
+    def from_toml(cls, text: str, **kwargs: Any) -> Relay:
         return cls(parse_config(text), **kwargs)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, **kwargs) -> Relay:
+    def from_file(cls, path: str | os.PathLike[str], **kwargs: Any) -> Relay:
         return cls.from_toml(Path(path).read_text(encoding="utf-8"), **kwargs)
 
     # -- routing ownership --------------------------------------------------------------------
@@ -151,12 +230,13 @@ class Relay:
 
     # -- turns --------------------------------------------------------------------------------
 
-    async def run_turn(
+    async def _run_turn(
         self,
-        messages: Sequence[Mapping],
+        messages: Sequence[Mapping[str, Any]] | wire.Request,
         *,
         model: str | None = None,
-        tools: Sequence[Mapping] = (),
+        tools: Sequence[Mapping[str, Any]] = (),
+        params: Mapping[str, Any] | None = None,
         operator_model: str | None = None,
         stream: bool = False,
         sink: Sink = _discard,
@@ -164,10 +244,21 @@ class Relay:
         gateway: bool = False,
         run_hook: Callable[[TurnRun], None] | None = None,
     ) -> TurnResult:
-        """Run one turn to its result. Cancellation is recorded on the result and re-raised."""
-        plan = self.plan(model=model, text=turn_text(messages), operator_model=operator_model, gateway=gateway)
-        turn = self.turn_factory(plan, self.config, self.health, stream=stream, tools=bool(tools))
-        run = TurnRun(turn, self.clients, tuple(messages), tools=tuple(tools), on_draft=on_draft)
+        """Run one turn to its result, in the current trio run: the one entry point for the
+        library, the gateway and the simulator. Cancellation is recorded on the result and
+        re-raised. `run_hook` sees the run before it starts (the result survives a cancellation)."""
+        request = wire_request(messages, tools, params)
+        plan = self.plan(model=model, text=request.turn_text, operator_model=operator_model, gateway=gateway)
+        if not self.config.gateway.drop_unsupported_params:
+            # CONFIG.md "The wire": an entry that cannot honour the request is skipped, not sent
+            unfit = {}
+            for entry in plan.entries:
+                fields = wire.unsupported(request, entry.provider.family, entry.provider.capabilities)
+                if fields:
+                    unfit[entry.profile] = fields
+            plan = attrs.evolve(plan, unfit=unfit)
+        turn = self._turn_factory(plan, self.config, self.health, stream=stream, tools=bool(request.tools))
+        run = TurnRun(turn, self.clients, request, on_draft=on_draft)
         if run_hook is not None:
             run_hook(run)
         try:
@@ -189,79 +280,183 @@ class Relay:
         for observer in self.observers:
             observer(result)
 
-    async def complete(self, messages: Sequence[Mapping], *, model: str | None = None,
-                       tools: Sequence[Mapping] = (), operator_model: str | None = None) -> Reply:
-        """One non-streaming turn. Raises TurnError (with a reason class) when no answer came."""
-        result = await self.run_turn(messages, model=model, tools=tools, operator_model=operator_model)
+    async def complete(self, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
+                       tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None,
+                       **params: Any) -> Reply:
+        """One non-streaming turn, from trio or asyncio. `params` are chat completions request
+        parameters (temperature, max_tokens, stop, tool_choice, response_format, reasoning_effort,
+        user, seed...), translated for each entry's family as the gateway does. Raises TurnError
+        (its `reason` a TurnErrorReason) when no answer came."""
+        request = wire_request(messages, tools, params)  # a bad parameter raises here, in the caller
+        result = await run_in_host(partial(self._run_turn, request, model=model, operator_model=operator_model))
         raise_for(result)
-        return Reply(
-            text=result.text or "",
-            tool_calls=result.tool_calls,
-            reasoning=result.reasoning,
-            requested=result.requested,
-            served=result.served.label,
-            notice=result.notice,
-            fallback=result.fallback,
-            ledger=result.ledger,
-            cost_usd=result.cost_usd,
-            result=result,
-        )
+        return Reply.of(result)
 
-    def stream(self, messages: Sequence[Mapping], *, model: str | None = None, tools: Sequence[Mapping] = (),
-               operator_model: str | None = None, on_draft: Callable[[str], None] | None = None) -> StreamTurn:
-        return StreamTurn(self, messages, model=model, tools=tools, operator_model=operator_model, on_draft=on_draft)
+    def stream(self, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
+               tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None,
+               on_draft: Callable[[str], None] | None = None, **params: Any) -> StreamTurn:
+        """One streamed turn: `async with` from trio or asyncio, `with` from synchronous code.
+        `params` as for `complete`. Events carry tool call ids (`event.ref`); after the block,
+        `finish_reason` and `usage` as on a Reply."""
+        request = wire_request(messages, tools, params)
+        return StreamTurn(self, partial(self._run_turn, request, model=model, operator_model=operator_model,
+                                        on_draft=on_draft, stream=True))
+
+    # -- synchronous hosts ----------------------------------------------------------------------
+
+    complete_sync = _blocking(complete, "complete_sync")
+
+    stream_sync = stream  # `with relay.stream_sync(...) as turn: for event in turn:` reads as what it is
+
+    def close(self) -> None:
+        """`aclose` for synchronous code; `with Relay(...) as relay:` does it for you."""
+        require_sync_host("Relay.close")
+        run_from_thread(self._close)
+
+    def __enter__(self) -> Relay:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 class StreamTurn:
-    """A streamed turn. Iterating yields immutable events only (text, reasoning, tool calls);
-    leaving the block early cancels the turn (never a retry). After the block: `outcome`,
-    `partial_text`, `served`, `ledger`, `notice`, `result`."""
+    """A streamed turn. Iterating yields immutable events only (text, reasoning, tool calls).
 
-    def __init__(self, relay: Relay, messages, **kwargs) -> None:
+    The iteration ends cleanly when the turn succeeded, or when the consumer cancelled it
+    (`cancel()`); otherwise it raises: `StreamInterruptedAfterOutput` when the stream failed
+    after output (never replayed; what was forwarded is in `partial_text`), `TurnError` when no
+    answer came. Leaving the block early cancels the turn (never a retry); so does cancelling
+    the host's task. After the block: `outcome`, `partial_text`, `served`, `ledger`, `notice`,
+    `result`.
+    """
+
+    def __init__(self, relay: Relay, run_turn: Callable[..., Awaitable[TurnResult]]) -> None:
         self._relay = relay
-        self._messages = messages
-        self._kwargs = kwargs
+        self._run_turn = run_turn
         self._run: TurnRun | None = None
         self._scope = trio.CancelScope()
+        self._host = ""
 
-    async def __aenter__(self) -> StreamTurn:
-        self._send, self._receive = trio.open_memory_channel[Event](0)  # unbuffered: forwarded == received
-        self._nursery_manager = trio.open_nursery()
-        nursery = await self._nursery_manager.__aenter__()
-        nursery.start_soon(self._produce)
-        return self
+    # -- the producer, in a trio run (the host's own, or the runtime's) ---------------------------
 
-    async def _produce(self) -> None:
-        async with self._send:
+    async def _produce(self, send: Callable[[Event], Awaitable[None]]) -> None:
+        async def sink(event: Event) -> None:
+            if event.visible:
+                await send(event)
+
+        try:
             with self._scope:
-                await self._relay.run_turn(self._messages, stream=True, sink=self._sink,
-                                           run_hook=self._attach, **self._kwargs)
+                await self._run_turn(sink=sink, run_hook=self._attach)
+        finally:
+            if self._host != "trio":
+                self._handoff.close()
 
     def _attach(self, run: TurnRun) -> None:
         self._run = run
 
-    async def _sink(self, event: Event) -> None:
-        if event.visible:
-            await self._send.send(event)
-
     def cancel(self) -> None:
-        self._scope.cancel()
+        """Cancel the turn from the consuming code: the iteration ends, never a retry."""
+        if self._host == "trio":
+            self._scope.cancel()
+        elif self._host:
+            Runtime.get().call_soon(self._scope.cancel)
+
+    def _end(self) -> None:
+        """The producer finished: a turn that did not answer raises, unless it was cancelled
+        (by the consumer: any other cancellation reaches the host as its own exception)."""
+        if self.result is not None and self.result.outcome != "cancelled":
+            raise_for(self.result)
+
+    # -- trio and asyncio hosts -----------------------------------------------------------------
+
+    async def __aenter__(self) -> StreamTurn:
+        self._host = host()
+        if self._host == "trio":
+            send, self._receive = trio.open_memory_channel[Event](0)  # unbuffered: one event per receive
+
+            async def produce() -> None:
+                async with send:
+                    await self._produce(send.send)
+
+            self._nursery_manager = trio.open_nursery()
+            nursery = await self._nursery_manager.__aenter__()
+            nursery.start_soon(produce)
+        elif self._host == "asyncio":
+            self._handoff = Handoff()
+            loop = asyncio.get_running_loop()
+            self._done: asyncio.Future[Outcome[None]] = loop.create_future()
+            Runtime.get().start(partial(self._produce, self._handoff.send),
+                                lambda outcome: loop.call_soon_threadsafe(settle, self._done, outcome))
+        else:
+            raise RuntimeError(f"relayline runs under trio or asyncio, not {self._host}")
+        return self
 
     def __aiter__(self) -> StreamTurn:
         return self
 
     async def __anext__(self) -> Event:
-        try:
-            return await self._receive.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
+        if self._host == "trio":
+            try:
+                return await self._receive.receive()
+            except trio.EndOfChannel:
+                pass
+        else:
+            loop = asyncio.get_running_loop()
+            item: asyncio.Future[Event | None] = loop.create_future()
+            Runtime.get().call_soon(self._handoff.demand, lambda e: loop.call_soon_threadsafe(settle, item, e))
+            event = await item
+            if event is not None:
+                return event
+        self._end()
+        raise StopAsyncIteration
 
-    async def __aexit__(self, *exc_info) -> bool | None:
-        self._scope.cancel()  # a no-op when the turn already finished
-        try:
-            return await self._nursery_manager.__aexit__(*exc_info)
-        finally:
-            self._receive.close()
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._host == "trio":
+            self._scope.cancel()  # a no-op when the turn already finished
+            try:
+                await self._nursery_manager.__aexit__(exc_type, exc, tb)
+            except BaseExceptionGroup as group:
+                if exc is None or group.exceptions != (exc,):
+                    raise
+                # the block's own exception, wrapped by the nursery: it propagates as it was
+            finally:
+                self._receive.close()
+        else:
+            self.cancel()  # a no-op when the turn already finished
+            await unwind(self._done)
+            if exc is None:
+                self._done.result().unwrap()
+
+    # -- synchronous hosts ------------------------------------------------------------------------
+
+    def __enter__(self) -> StreamTurn:
+        require_sync_host("Relay.stream_sync")
+        self._host = "sync"
+        self._handoff = Handoff()
+        self._finished: queue.SimpleQueue[Outcome[None]] = queue.SimpleQueue()
+        Runtime.get().start(partial(self._produce, self._handoff.send), self._finished.put)
+        return self
+
+    def __iter__(self) -> StreamTurn:
+        return self
+
+    def __next__(self) -> Event:
+        box: queue.SimpleQueue[Event | None] = queue.SimpleQueue()
+        Runtime.get().call_soon(self._handoff.demand, box.put)
+        event = box.get()
+        if event is not None:
+            return event
+        self._end()
+        raise StopIteration
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.cancel()
+        outcome = self._finished.get()
+        if exc is None:
+            outcome.unwrap()
 
     # -- after the block ------------------------------------------------------------------------
 
@@ -289,3 +484,12 @@ class StreamTurn:
     @property
     def notice(self) -> str | None:
         return self.result.notice if self.result else None
+
+    @property
+    def finish_reason(self) -> str | None:
+        result = self.result
+        return wire.finish_reason(result.finish_reason, len(result.tool_calls)) if result and result.outcome == "ok" else None
+
+    @property
+    def usage(self) -> Usage | None:
+        return self.result.usage if self.result else None

@@ -17,15 +17,16 @@ import attrs
 OK = "ok"
 EMPTY = "empty"
 RETRYABLE = "retryable"
+MALFORMED = "malformed"  # a reply that does not parse into the canonical model: retried like retryable
 TIMEOUT = "timeout"
 RATE_LIMITED = "rate_limited"
 QUOTA = "quota"
 CONTEXT_WINDOW = "context_window"
 REJECTED = "rejected"
 
-FAILURE_CLASSES = (EMPTY, RETRYABLE, TIMEOUT, RATE_LIMITED, QUOTA, CONTEXT_WINDOW, REJECTED)
+FAILURE_CLASSES = (EMPTY, RETRYABLE, MALFORMED, TIMEOUT, RATE_LIMITED, QUOTA, CONTEXT_WINDOW, REJECTED)
 # CONFIG.md: only these teach the breaker anything about a profile's health
-BREAKER_CLASSES = frozenset({RETRYABLE, TIMEOUT})
+BREAKER_CLASSES = frozenset({RETRYABLE, MALFORMED, TIMEOUT})
 
 # Context-window phrasings seen from OpenAI, Anthropic, OpenRouter, Groq, vLLM, Ollama, llama.cpp
 _CONTEXT = re.compile(
@@ -51,6 +52,10 @@ class Failure:
     detail: str  # written by relayline: "HTTP 503", "connection error", never a provider body
     status: int | None = None
     retry_after_s: float | None = None
+    # a client rejection's upstream error type and message, bounded and redacted by the adapter:
+    # the one provider text a client gets back (CONFIG.md "The wire"), never in `detail`
+    error_type: str | None = attrs.field(default=None, repr=False)
+    error_message: str | None = attrs.field(default=None, repr=False)
 
 
 def parse_retry_after(headers: Mapping[str, str] | None, now_epoch: float | None = None) -> float | None:
@@ -118,6 +123,11 @@ def classify_stream_error(error: str | None) -> Failure:
     if text.lower() in ("invalid_request_error", "authentication_error", "permission_error", "not_found_error"):
         return Failure(REJECTED, f"stream error: {text.lower()}")
     return Failure(RETRYABLE, "stream error: overloaded" if _OVERLOADED.search(text) else "stream error")
+
+
+def malformed(detail: str) -> Failure:
+    """A reply of the wrong shape; `detail` names the field, never its value."""
+    return Failure(MALFORMED, f"malformed response: {detail}")
 
 
 def connection_error() -> Failure:

@@ -47,9 +47,10 @@ class Secret:
 
 @attrs.frozen
 class Capabilities:
+    # CONFIG.md "The wire": capabilities left unset default to true, except prefill
     streaming: bool = True
     tools: bool = True
-    vision: bool = False
+    vision: bool = True
     prefill: bool = False  # accepts a trailing assistant message to continue from
 
 
@@ -73,6 +74,7 @@ class Provider:
     locality: Literal["cloud", "local"] = "cloud"
     capabilities: Capabilities = Capabilities()
     price: Price = Price()
+    max_output_tokens: int | None = None  # max_tokens for an anthropic entry when the request sets none
     models: dict[str, str] = attrs.Factory(dict)  # catalog model name -> this profile's id for it
     prices: dict[str, Price] = attrs.Factory(dict)  # model name -> its price (else `price`)
 
@@ -159,11 +161,19 @@ class Notices:
 class Gateway:
     api_keys_env: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
+    drop_unsupported_params: bool = False  # drop (and name) what an entry cannot honour instead of skipping it
 
 
 @attrs.frozen
 class Ledger:
     path: str | None = None
+    url: str | None = None  # postgresql://...: a fleet's ledger (wins over path when both are set)
+
+
+@attrs.frozen
+class Health:
+    store: str = "memory"  # or redis://host:port/db: health shared by every worker of a fleet
+    key_prefix: str = "relayline:"
 
 
 @attrs.frozen
@@ -181,6 +191,7 @@ class Config:
     notices: Notices = Notices()
     gateway: Gateway = Gateway()
     ledger: Ledger = Ledger()
+    health: Health = Health()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,7 +279,7 @@ _converter.register_structure_hook_func(
 def _require_tables(converter: cattrs.Converter) -> None:
     # leaves first: a class's generated hook captures the hooks of its fields when it is made
     for cls in (Capabilities, Price, Provider, Reliability, Breaker, Timeouts, Stream, Route,
-                CatalogModel, EffortRouting, Notices, Gateway, Ledger, Config):
+                CatalogModel, EffortRouting, Notices, Gateway, Ledger, Health, Config):
         base = converter.get_structure_hook(cls)
 
         def structure(value, type_, _base=base):
@@ -348,6 +359,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
         for name in ("input_per_mtok", "output_per_mtok"):
             if getattr(p.price, name) < 0:
                 problems.append(f"{where}.price.{name}: must not be negative")
+        if p.max_output_tokens is not None and p.max_output_tokens < 1:
+            problems.append(f"{where}.max_output_tokens: must be at least 1")
         if p.model is not None and not p.model.strip():
             problems.append(f"{where}.model: must not be blank (leave it out for an unpinned profile)")
     seen_hints: dict[str, int] = {}
@@ -361,6 +374,12 @@ def _semantic_problems(cfg: Config) -> list[str]:
             seen_hints[route.hint] = i
         if not route.model.strip():
             problems.append(f"{where}.model: must not be blank")
+    if cfg.health.store != "memory" and not cfg.health.store.startswith(("redis://", "rediss://", "unix://")):
+        problems.append("health.store: must be \"memory\" or a redis://host:port/db URL")
+    if not cfg.health.key_prefix:
+        problems.append("health.key_prefix: must not be empty (every worker's keys live under it)")
+    if cfg.ledger.url is not None and not cfg.ledger.url.startswith(("postgresql://", "postgres://")):
+        problems.append("ledger.url: must be a postgresql://user@host/db URL")
     if cfg.effort_routing is not None:
         for name in ("local_hint", "cloud_hint"):
             hint = getattr(cfg.effort_routing, name)

@@ -7,6 +7,8 @@ exceptions because exceptions end up in logs, traces and HTTP error bodies.
 
 from __future__ import annotations
 
+from .vocab import ErrorReason
+
 
 class RelaylineError(Exception):
     """Base class. `reason` is a stable machine-readable class of the failure."""
@@ -44,14 +46,17 @@ class ConfigError(RelaylineError):
 class TurnError(RelaylineError):
     """A turn ended without an accepted answer.
 
-    reason is one of: exhausted, semantic_empty, context_window, client_error, no_candidate,
-    cancelled, interrupted. `attempts` is the bounded aggregated summary (never bodies).
+    `reason` is an ErrorReason (a StrEnum: it equals its string): exhausted, semantic_empty,
+    context_window, client_error, no_candidate, cancelled, interrupted. `attempts` is the
+    bounded aggregated summary (never bodies); `partial_text` what a stream forwarded.
     """
 
-    reason = "exhausted"
+    reason: ErrorReason = ErrorReason.EXHAUSTED
 
-    def __init__(self, message: str, *, reason: str, attempts: tuple = (), partial_text=None):
-        super().__init__(message, reason=reason)
+    def __init__(self, message: str, *, reason: str, attempts: tuple[object, ...] = (),
+                 partial_text: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = ErrorReason(reason)
         self.attempts = attempts
         self.partial_text = partial_text
 
@@ -59,5 +64,7 @@ class TurnError(RelaylineError):
 class StreamInterruptedAfterOutput(TurnError):
     """The stream failed after output reached the consumer: it is never replayed."""
 
-    def __init__(self, message: str, *, attempts: tuple = (), partial_text: str = ""):
+    partial_text: str
+
+    def __init__(self, message: str, *, attempts: tuple[object, ...] = (), partial_text: str = "") -> None:
         super().__init__(message, reason="interrupted", attempts=attempts, partial_text=partial_text)

@@ -11,6 +11,7 @@ its MockClock in `relayline simulate`, and under Hypothesis.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from typing import Protocol
 
 from .config import Breaker as BreakerConfig
@@ -91,6 +92,19 @@ class Breaker:
     def release(self) -> None:
         if self.life.state == "probing":
             self._fire("release")
+
+    def adopt(self, state: str, failures: Iterable[float], open_until: float) -> None:
+        """Take a shared store's view as this breaker's own. The store decided it atomically
+        for every worker of a fleet, so it replaces the local lifecycle's state rather than
+        stepping it (there is no local event to fire for another worker's decision)."""
+        if state not in self.life.spec.states:
+            raise ValueError(f"breaker: no state {state!r}")
+        if state != self.life.state:
+            self.life.state = state
+            self.life.history.append(state)
+            self.transitions += 1
+        self.failures = deque(failures)
+        self.open_until = open_until
 
 
 class HealthStore(Protocol):

@@ -18,6 +18,7 @@ class Usage:
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0  # part of output_tokens (billed with them), reported apart
 
     @property
     def billable(self) -> bool:

@@ -102,6 +102,8 @@ class Plan:
     effort: effort.EffortDecision | None
     warnings: tuple[str, ...]
     hint: str | None = None
+    # profiles that cannot honour this turn's request, with the fields they cannot (wire.unsupported)
+    unfit: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     catalog: CatalogModel | None = None
 
     @property
@@ -111,6 +113,10 @@ class Plan:
 
     def allows(self, profile: str) -> bool:
         return self.allowlist is None or profile in self.allowlist
+
+    def serves(self, profile: str) -> bool:
+        """Allowed, and able to honour the request as asked."""
+        return self.allows(profile) and profile not in self.unfit
 
     def as_json(self) -> dict:
         return {

@@ -26,6 +26,7 @@ TOOL_CALL = "tool_call"
 TOOL_ARGS = "tool_args"  # a fragment of a tool call's JSON arguments, after its TOOL_CALL
 EXECUTED_TOOL = "executed_tool"
 USAGE = "usage"
+FINISH = "finish"  # the provider's finish reason (canonical, machines/wire.py): bookkeeping, never shown
 
 # event kinds, as they reach the immutable sink (and the trace: "text:...", "tool:NAME")
 EVENT_NAMES = {TEXT: "text", REASONING: "reasoning", TOOL_CALL: "tool", TOOL_ARGS: "tool_args",
@@ -43,6 +44,7 @@ class Frame:
     kind: str
     value: str = ""
     usage: Usage | None = None
+    ref: str = ""  # a tool call's id, as the provider sent it
 
     @property
     def decisive(self) -> bool:
@@ -58,6 +60,7 @@ class Event:
 
     kind: str
     value: str
+    ref: str = ""  # a tool call's id, as the provider sent it ("" when it sent none)
 
     @property
     def visible(self) -> bool:
@@ -68,7 +71,8 @@ class Event:
 
 
 class StreamGate:
-    __slots__ = ("life", "held", "text", "reasoning", "tools", "arguments", "executed_tools", "usage", "decisive_count")
+    __slots__ = ("life", "held", "text", "reasoning", "tools", "tool_ids", "arguments", "executed_tools", "usage",
+                 "finish_reason", "decisive_count")
 
     def __init__(self) -> None:
         self.life: Lifecycle = load_spec("stream").start()
@@ -76,9 +80,11 @@ class StreamGate:
         self.text: list[str] = []  # text forwarded to the immutable sink, in order
         self.reasoning = False
         self.tools: list[str] = []
+        self.tool_ids: list[str] = []
         self.arguments: list[list[str]] = []  # argument fragments per tool call
         self.executed_tools: list[str] = []
         self.usage: Usage | None = None
+        self.finish_reason: str | None = None
         self.decisive_count = 0
 
     @property
@@ -109,11 +115,14 @@ class StreamGate:
         if frame.kind == USAGE:
             self.usage = frame.usage
             return ()
+        if frame.kind == FINISH:
+            self.finish_reason = frame.value
+            return ()
         if not frame.decisive:
             if self.life.state == "held":
                 self.held.append(Event("preamble", frame.kind))
             return ()
-        event = Event(EVENT_NAMES[frame.kind], frame.value)
+        event = Event(EVENT_NAMES[frame.kind], frame.value, frame.ref)
         self.decisive_count += 1
         if frame.kind == TEXT:
             self.text.append(frame.value)
@@ -121,6 +130,7 @@ class StreamGate:
             self.reasoning = True
         elif frame.kind == TOOL_CALL:
             self.tools.append(frame.value)
+            self.tool_ids.append(frame.ref)
             self.arguments.append([])
         elif frame.kind == TOOL_ARGS and self.arguments:
             self.arguments[-1].append(frame.value)

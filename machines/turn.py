@@ -26,6 +26,14 @@ from .walk import Call, Skip, Sleep, TurnHealth, Walk, WalkDone, key_index
 
 MAX_ERROR_ATTEMPTS = 16
 MAX_ERROR_CHARS = 2000
+REJECTION_STATUSES = (400, 413, 422)
+
+
+def _rejection(failure: fc.Failure | None) -> Rejection | None:
+    if failure is None or failure.kind != fc.REJECTED or failure.status not in REJECTION_STATUSES:
+        return None
+    return Rejection(failure.status, failure.error_type or "invalid_request_error",
+                     failure.error_message or failure.detail)
 
 
 @attrs.frozen
@@ -37,6 +45,8 @@ class Completion:
     tool_calls: tuple[str, ...] = ()
     usage: Usage | None = None
     tool_arguments: tuple[str, ...] = ()  # each tool call's JSON arguments, aligned with tool_calls
+    tool_ids: tuple[str, ...] = ()  # each tool call's id as the provider sent it ("" when absent)
+    finish_reason: str | None = None  # canonical (machines/wire.py), as the provider said it
 
     @property
     def has_answer(self) -> bool:
@@ -66,6 +76,16 @@ class AttemptRecord:
 
 
 @attrs.frozen
+class Rejection:
+    """What the upstream said when it rejected the request itself (400, 413, 422): bounded and
+    redacted by the adapter, given back to a client whose every attempt was rejected so."""
+
+    status: int
+    type: str
+    message: str
+
+
+@attrs.frozen
 class TurnResult:
     outcome: str  # ok | error | interrupted | cancelled
     error: str | None
@@ -82,6 +102,10 @@ class TurnResult:
     skipped: tuple[Skip, ...]
     ledger: tuple[LedgerRow, ...]
     tool_arguments: tuple[str, ...] = ()
+    tool_ids: tuple[str, ...] = ()
+    finish_reason: str | None = None
+    usage: Usage | None = None  # the accepted answer's usage
+    rejection: Rejection | None = None  # every attempt was a client rejection: the upstream's words
 
     @property
     def cost_usd(self) -> float:
@@ -118,6 +142,7 @@ class Turn:
         self.recoverable = True  # guard for turn.recover
         self.continuation: PlannedEntry | None = None  # guard for turn.continue_after_interrupt
         self.spent: dict[int, int] = {}  # attempts made per entry index, across the turn's walks
+        self.rejections: list[Rejection | None] = []  # per failed attempt: its client rejection, if it was one
 
     @property
     def lifecycles(self) -> list[Lifecycle]:
@@ -160,6 +185,8 @@ class Turn:
         for entry in self.plan.entries:
             if not self.plan.allows(entry.profile):
                 self.health.skip(entry, "allowlist")
+            elif entry.profile in self.plan.unfit:
+                self.health.skip(entry, "unsupported", self.plan.unfit[entry.profile])
             elif not self.can_stream(entry):
                 self.health.skip(entry, "capability")
             elif reason := self.health.blocked(entry.profile, now):
@@ -201,8 +228,11 @@ class Turn:
     # -- records ------------------------------------------------------------------------------
 
     def _record(self, outcome: str, now: float, *, reason: str | None = None, detail: str = "",
-                usage: Usage | None = None, accepted: bool = False, bill: bool = True) -> None:
+                usage: Usage | None = None, accepted: bool = False, bill: bool = True,
+                failure: fc.Failure | None = None) -> None:
         call = self.call
+        if outcome != fc.OK:
+            self.rejections.append(_rejection(failure))
         entry = call.entry
         self.spent[entry.index] = self.spent.get(entry.index, 0) + 1
         self.attempts.append(AttemptRecord(entry.profile, entry.model, call.mode, outcome, reason,
@@ -217,7 +247,7 @@ class Turn:
         """The pending complete-mode call answered (a Completion) or failed (a Failure)."""
         if isinstance(result, fc.Failure):
             self._record(result.kind, now, reason=result.kind, detail=result.detail,
-                         usage=None)
+                         usage=None, failure=result)
             return self._follow(self.walk.on_result(result, now), now)
         usage = result.usage or Usage()
         if not result.has_answer:
@@ -258,7 +288,8 @@ class Turn:
         state = gate.finish()
         if self.life.state == "continuing":
             # the continuation ended cleanly: the answer is everything forwarded, both streams
-            self.answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments)
+            self.answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments,
+                                     tuple(gate.tool_ids), gate.finish_reason)
             self._record(fc.OK if self.answer.has_answer else "semantic_empty", now, usage=usage,
                          accepted=self.answer.has_answer, reason=None if self.answer.has_answer else fc.EMPTY)
             self.health.success(entry.profile, now)
@@ -269,7 +300,8 @@ class Turn:
         if state == "completed":
             self._record(fc.OK, now, usage=usage, accepted=True)
             self.health.success(entry.profile, now)
-            self.answer = Completion("".join(gate.text), "", tuple(gate.tools), usage, gate.tool_arguments)
+            self.answer = Completion("".join(gate.text), "", tuple(gate.tools), usage, gate.tool_arguments,
+                                     tuple(gate.tool_ids), gate.finish_reason)
             self.life.fire("complete", self)
             return self._done(WalkDone(ok=True, entry=entry), now)
         self.answer = None
@@ -317,7 +349,8 @@ class Turn:
                                         prefill="".join(self.forwarded)), now)
             self.life.fire("fail")
             return self._done(WalkDone(ok=False, entry=entry, error="interrupted"), now)
-        self._record("stream_failed", now, reason=failure.kind, detail=failure.detail, usage=usage, bill=False)
+        self._record("stream_failed", now, reason=failure.kind, detail=failure.detail, usage=usage, bill=False,
+                     failure=failure)
         if self.config.stream.recovery == "streaming":
             return self._follow(self.walk.on_result(failure, now), now)
         # default: the non-streaming walk in configured order, skipping the exact entry, unless
@@ -335,7 +368,7 @@ class Turn:
 
     def _only_candidate(self, index: int, now: float) -> bool:
         """No other entry is allowed and healthy right now."""
-        return not any(j != index and self.plan.allows(e.profile) and not self.health.blocked(e.profile, now)
+        return not any(j != index and self.plan.serves(e.profile) and not self.health.blocked(e.profile, now)
                        for j, e in enumerate(self.plan.entries))
 
     def _continuation_candidate(self, failed: PlannedEntry, now: float) -> PlannedEntry | None:
@@ -345,7 +378,7 @@ class Turn:
             return None
         for entry in self.plan.entries[failed.index + 1:]:
             caps = entry.provider.capabilities
-            if (caps.prefill and self.can_stream(entry) and self.plan.allows(entry.profile)
+            if (caps.prefill and self.can_stream(entry) and self.plan.serves(entry.profile)
                     and not self.health.blocked(entry.profile, now)):
                 return entry
         return None
@@ -401,10 +434,11 @@ class Turn:
         if answer.text:
             events.append(Event("text", answer.text))
             self.forwarded.append(answer.text)
-        for name, arguments in itertools.zip_longest(answer.tool_calls, answer.tool_arguments):
+        ids = answer.tool_ids + ("",) * (len(answer.tool_calls) - len(answer.tool_ids))
+        for name, arguments, ref in itertools.zip_longest(answer.tool_calls, answer.tool_arguments, ids):
             if name is None:
                 break
-            events.append(Event("tool", name))
+            events.append(Event("tool", name, ref))
             if arguments:
                 events.append(Event("tool_args", arguments))
         return tuple(events)
@@ -429,6 +463,10 @@ class Turn:
             reasoning=answer.reasoning if answer else "",
             tool_calls=answer.tool_calls if answer else (),
             tool_arguments=answer.tool_arguments if answer else (),
+            tool_ids=answer.tool_ids if answer else (),
+            finish_reason=answer.finish_reason if answer else None,
+            usage=answer.usage if answer else None,
+            rejection=self._rejection(error),
             partial_text=partial or None,
             notice=notice,
             fallback=fallback,
@@ -436,6 +474,14 @@ class Turn:
             skipped=tuple(self.health.skips),
             ledger=tuple(self.ledger),
         )
+
+    def _rejection(self, error: str | None) -> Rejection | None:
+        """The upstream's own rejection, when every attempt of the turn was one."""
+        if error not in ("exhausted", "client_error") or not self.rejections:
+            return None
+        if any(r is None for r in self.rejections):
+            return None
+        return self.rejections[-1]
 
     def _error_message(self, error: str) -> str:
         """The aggregated error: every attempt's number, retry counter and reason class, bounded;
@@ -446,6 +492,8 @@ class Turn:
             "context_window": "the prompt exceeds the model's context window; compact and call again",
             "client_error": "the provider rejected the request",
             "no_candidate": "no entry could be attempted",
+            "unsupported": "no entry can honour the request as asked: "
+                           + ", ".join(dict.fromkeys(f for s in self.health.skips for f in s.fields)),
             "cancelled": "cancelled by the consumer",
             "interrupted": "the stream failed after output was forwarded; it is not replayed",
         }.get(error, error)

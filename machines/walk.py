@@ -43,17 +43,19 @@ class Sleep:
 class WalkDone:
     ok: bool
     entry: PlannedEntry | None = None
-    error: str | None = None  # exhausted, semantic_empty, context_window, client_error, no_candidate
+    error: str | None = None  # exhausted, semantic_empty, context_window, client_error, no_candidate, unsupported
 
 
 @attrs.frozen
 class Skip:
     profile: str
     model: str
-    reason: str  # cooldown, breaker, allowlist, capability
+    reason: str  # cooldown, breaker, allowlist, capability, unsupported
+    fields: tuple[str, ...] = ()  # unsupported: the request fields the entry cannot honour
 
     def __str__(self) -> str:
-        return f"{self.profile}/{self.model} {self.reason}"
+        named = f" ({', '.join(self.fields)})" if self.fields else ""
+        return f"{self.profile}/{self.model} {self.reason}{named}"
 
 
 @attrs.define
@@ -66,8 +68,8 @@ class TurnHealth:
     keys_429: dict[str, set[int]] = attrs.Factory(dict)  # pool keys that drew a 429 in this turn
     skips: list[Skip] = attrs.Factory(list)
 
-    def skip(self, entry: PlannedEntry, reason: str) -> None:
-        skip = Skip(entry.profile, entry.model, reason)
+    def skip(self, entry: PlannedEntry, reason: str, fields: tuple[str, ...] = ()) -> None:
+        skip = Skip(entry.profile, entry.model, reason, fields)
         if skip not in self.skips:
             self.skips.append(skip)
 
@@ -161,6 +163,10 @@ class Walk:
             if record:
                 self.health.skip(entry, "allowlist")
             return False
+        if entry.profile in self.plan.unfit:
+            if record:
+                self.health.skip(entry, "unsupported", self.plan.unfit[entry.profile])
+            return False
         reason = self.health.blocked(entry.profile, now)
         if reason:
             if record:
@@ -190,7 +196,10 @@ class Walk:
         return WalkDone(**kw)
 
     def _exhausted(self) -> WalkDone:
-        if not self.attempted:
+        if not self.attempted and self.plan.unfit and not any(
+                self.plan.serves(e.profile) for j, e in enumerate(self.plan.entries) if j not in self.exclude):
+            error = "unsupported"  # no entry can honour the request: the client's to change
+        elif not self.attempted:
             error = "no_candidate"
         elif self.last_failure == fc.EMPTY:
             error = "semantic_empty"
@@ -215,7 +224,7 @@ class Walk:
             # whose window ends soonest, once, rather than failing without trying
             skipped = [
                 j for j, e in enumerate(self.plan.entries)
-                if j not in self.exclude and self.budgets.get(j, 1) > 0 and self.plan.allows(e.profile)
+                if j not in self.exclude and self.budgets.get(j, 1) > 0 and self.plan.serves(e.profile)
                 and e.profile not in self.health.probes
                 and self.health.store.breaker(e.profile).state != "probing"
             ]

@@ -4,7 +4,10 @@ randomized run of `make fuzz`."""
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from services import PostgresServer, RedisServer
 
 _ci = settings.get_profile("ci")
 settings.register_profile(
@@ -23,3 +26,33 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# -- real servers for the fleet tests (tests/services.py) ---------------------------------------
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A real redis-server on a loopback port, for the whole session (tests may kill and restart it)."""
+    reason = RedisServer.unavailable()
+    if reason:
+        pytest.skip(reason)
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL cluster on a loopback port, for the whole session."""
+    reason = PostgresServer.unavailable()
+    if reason:
+        pytest.skip(reason)
+    server = PostgresServer()
+    try:
+        server.start()
+    except Exception:
+        server.stop()
+        raise
+    yield server
+    server.stop()

@@ -59,7 +59,7 @@ async def run_stream(family: str, handler, retries: int = 0):
         await server.start(nursery)
         async with Relay.from_toml(config(family, server.url, retries), env={}) as relay:
             with trio.fail_after(10):
-                result = await relay.run_turn([{"role": "user", "content": "hi"}], stream=True, sink=sink)
+                result = await relay._run_turn([{"role": "user", "content": "hi"}], stream=True, sink=sink)
         nursery.cancel_scope.cancel()
     return summary(result, events), server.seen
 
@@ -163,7 +163,7 @@ async def run_complete(family: str, handler, retries: int = 0):
         await server.start(nursery)
         async with Relay.from_toml(config(family, server.url, retries), env={}) as relay:
             with trio.fail_after(10):
-                result = await relay.run_turn([{"role": "system", "content": "be brief"},
+                result = await relay._run_turn([{"role": "system", "content": "be brief"},
                                                {"role": "user", "content": "hi"}])
         nursery.cancel_scope.cancel()
     return result, server.seen
@@ -230,7 +230,7 @@ async def test_the_retry_after_header_drives_the_wait(autojump_clock):
 async def test_connection_refused_is_retryable():
     relay = Relay.from_toml(config("openai", "http://127.0.0.1:9"), env={})
     async with relay:
-        result = await relay.run_turn([{"role": "user", "content": "hi"}])
+        result = await relay._run_turn([{"role": "user", "content": "hi"}])
     assert result.attempts[0].outcome == "retryable" and result.attempts[0].detail == "connection error"
 
 
@@ -242,7 +242,7 @@ async def test_headers_s_is_enforced_on_the_real_socket():
         await server.start(nursery)
         async with Relay.from_toml(text.replace("URL", server.url), env={}) as relay:
             with trio.fail_after(5):
-                result = await relay.run_turn([{"role": "user", "content": "hi"}])
+                result = await relay._run_turn([{"role": "user", "content": "hi"}])
         nursery.cancel_scope.cancel()
     assert [a.outcome for a in result.attempts] == ["timeout"]
 

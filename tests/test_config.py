@@ -20,7 +20,7 @@ def test_defaults_are_config_md():
     assert cfg.notices.model_fallback_notice == "off"
     p = cfg.providers["a"]
     assert (p.locality, p.capabilities.streaming, p.capabilities.tools, p.capabilities.vision,
-            p.capabilities.prefill) == ("cloud", True, True, False, False)
+            p.capabilities.prefill) == ("cloud", True, True, True, False)  # CONFIG.md "The wire"
 
 
 def test_backoff_floor_is_50ms():

@@ -64,15 +64,25 @@ def test_failover_reports_the_served_model_and_a_notice():
     assert "anthropic.primary/claude-sonnet-4" in extra["notice"] and extra["served"] == "openai.backup/gpt-4o-mini"
 
 
-def test_streaming_sends_chunks_and_usage_last():
+def test_streaming_sends_chunks_and_usage_last_when_asked():
     with BackgroundGateway(two_profiles(), [{"provider": "anthropic.primary", "script": [{"text": "one two three"}]}]) as gw:
-        raw = client(gw).chat.completions.with_raw_response.create(model="x", messages=HI, stream=True)
+        raw = client(gw).chat.completions.with_raw_response.create(model="x", messages=HI, stream=True,
+                                                                   stream_options={"include_usage": True})
         chunks = list(raw.parse())
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "one two three"
     assert raw.headers["x-relayline-served"] == "anthropic.primary/claude-sonnet-4"
     assert chunks[-1].usage.completion_tokens == 3 and chunks[-1].choices == []
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+def test_the_sdk_quickstart_loop_works_without_include_usage():
+    """Every chunk has a choice unless the client asked for the usage chunk (the OpenAI API's
+    own rule), so `chunk.choices[0].delta.content` never raises IndexError."""
+    with BackgroundGateway(two_profiles(), [{"provider": "anthropic.primary", "script": [{"text": "one two"}]}]) as gw:
+        stream = client(gw).chat.completions.create(model="x", messages=HI, stream=True)
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+    assert text == "one two"
 
 
 def test_stream_failing_before_output_is_recovered_invisibly():
@@ -251,5 +261,6 @@ def test_tool_call_arguments_reach_both_dialects():
                         tool_arguments=('{"city": "Paris"}',))
     call = OPENAI.completion("id", result, {})["choices"][0]["message"]["tool_calls"][0]
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
-    block = ANTHROPIC.completion("id", result, {})["content"][0]
-    assert block == {"type": "tool_use", "id": "toolu_0", "name": "get_weather", "input": {"city": "Paris"}}
+    assert call["id"].startswith("call_")  # the upstream sent none: a unique one
+    block = ANTHROPIC.completion("id", attrs.evolve(result, tool_ids=("toolu_up1",)), {})["content"][0]
+    assert block == {"type": "tool_use", "id": "toolu_up1", "name": "get_weather", "input": {"city": "Paris"}}

@@ -7,7 +7,8 @@ import trio
 
 from relayline.adapters import Relay
 from relayline.adapters.sim.provider import SimUpstream
-from relayline.machines.errors import RelaylineError, TurnError
+from relayline.machines import wire
+from relayline.machines.errors import RelaylineError, StreamInterruptedAfterOutput, TurnError
 
 TWO = """
 active = "sim.a"
@@ -102,12 +103,34 @@ async def test_outer_cancellation_of_complete_is_recorded_and_never_retried(auto
     assert [r.outcome for r in seen] == ["cancelled"] and len(relay.sim.calls) == 1
 
 
-async def test_interruption_after_output_is_an_outcome_not_a_replay(autojump_clock):
+async def test_interruption_after_output_raises_at_the_end_of_the_stream_and_is_not_replayed(autojump_clock):
     relay = relay_with({"sim.a": [{"frames": [{"role": True}, {"text": "partial"}, {"error": "overloaded_error"}]}]})
-    async with relay.stream(HI) as turn:
-        received = "".join([e.value async for e in turn])
-    assert (turn.outcome, turn.partial_text, received) == ("interrupted", "partial", "partial")
+    received = []
+    with pytest.raises(StreamInterruptedAfterOutput) as info:
+        async with relay.stream(HI) as turn:
+            async for event in turn:
+                received.append(event.value)
+    assert (turn.outcome, turn.partial_text, received) == ("interrupted", "partial", ["partial"])
+    assert info.value.partial_text == "partial" and info.value.reason == "interrupted"
     assert len(relay.sim.calls) == 1
+
+
+async def test_a_stream_that_never_answered_raises_turn_error(autojump_clock):
+    relay = relay_with({"sim.a": [{"status": 400, "error": "context_length_exceeded"}]})
+    with pytest.raises(TurnError) as info:
+        async with relay.stream(HI) as turn:
+            async for _ in turn:
+                raise AssertionError("no event was expected")
+    assert info.value.reason == "context_window" and turn.outcome == "error"
+
+
+async def test_an_exception_in_the_block_propagates_as_it_was_and_cancels_the_turn(autojump_clock):
+    relay = relay_with({"sim.a": [{"frames": [{"role": True}, {"text": "one"}, {"wait": 5}, {"done": True}]}]})
+    with pytest.raises(KeyError):
+        async with relay.stream(HI) as turn:
+            async for _ in turn:
+                raise KeyError("the consumer's own")
+    assert turn.outcome == "cancelled" and len(relay.sim.calls) == 1
 
 
 async def test_secrets_never_reach_logs_errors_or_results(autojump_clock, caplog):
@@ -145,14 +168,14 @@ async def test_a_continuation_carries_exactly_the_forwarded_text(autojump_clock)
             return await sim_client.complete(request)
 
         def stream(self, request):
-            sent.append(request.messages)
+            sent.append(request.request.messages)
             return sim_client.stream(request)
 
     relay.clients["sim"] = Recording()
     async with relay.stream(HI) as turn:
         received = "".join([e.value async for e in turn])
     assert received == "Hello world." and turn.outcome == "ok" and turn.served == "sim.b/m2"
-    assert sent[1][-1] == {"role": "assistant", "content": "Hello wor"} and sent[1][:-1] == sent[0]
+    assert sent[1][-1] == wire.Message("assistant", (wire.Part("text", "Hello wor"),)) and sent[1][:-1] == sent[0]
 
 
 async def test_turn_cancel_stops_the_stream_and_keeps_the_partial(autojump_clock):

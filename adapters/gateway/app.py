@@ -14,6 +14,7 @@ GET /metrics. Attribution rides on x-relayline-* headers and a `relayline` field
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -25,12 +26,13 @@ from urllib.parse import parse_qs
 
 import trio
 
+from relayline.machines import wire
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
 from ..driver import TurnRun
 from ..relay import Relay
-from ..stores.ledger import LedgerStore
+from ..stores.ledger import LedgerStore, open_ledger
 from .console import Console
 from .dialects import ANTHROPIC, OPENAI
 
@@ -105,8 +107,7 @@ class Gateway:
         keys = set()
         if cfg.gateway.api_keys_env:
             keys = {k.strip() for k in env.get(cfg.gateway.api_keys_env, "").split(",") if k.strip()}
-        path = cfg.ledger.path or "relayline-ledger.sqlite3"
-        return cls(relay, api_keys=keys, ledger=LedgerStore(path))
+        return cls(relay, api_keys=keys, ledger=open_ledger(cfg.ledger))
 
     # -- ASGI -----------------------------------------------------------------------------------
 
@@ -122,17 +123,19 @@ class Gateway:
         if scope["type"] != "http":
             return
         method, path = scope["method"], scope["path"]
+        # every answer on the Anthropic route speaks Anthropic, errors included (CONFIG.md "The wire")
+        dialect = ANTHROPIC if path.startswith("/v1/messages") else OPENAI
         if path == "/metrics" and method == "GET":
-            if await self._authorised(scope, send):
+            if await self._authorised(scope, send, dialect):
                 await self._respond(send, 200, self.metrics.render(self.relay).encode(),
                                     content_type="text/plain; version=0.0.4")
             return
-        if not await self._authorised(scope, send):
+        if not await self._authorised(scope, send, dialect):
             return
         if path == "/v1/chat/completions" and method == "POST":
-            await self._chat(OPENAI, receive, send)
+            await self._chat(OPENAI, scope, receive, send)
         elif path == "/v1/messages" and method == "POST":
-            await self._chat(ANTHROPIC, receive, send)
+            await self._chat(ANTHROPIC, scope, receive, send)
         elif path == "/v1/models" and method == "GET":
             await self._json(send, 200, self._models())
         elif path == "/admin/plan" and method == "GET":
@@ -144,8 +147,7 @@ class Gateway:
         elif path == "/admin/" or path.startswith("/admin/console/"):
             await self.console.handle(scope, receive, send)
         else:
-            await self._respond(send, 404, OPENAI.error_body(f"no route for {method} {path}", "invalid_request_error",
-                                                             "not_found"))
+            await self._respond(send, 404, dialect.http_error(404, f"no route for {method} {path}", "not_found"))
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -157,7 +159,7 @@ class Gateway:
     async def _json(self, send, status: int, obj, headers=()) -> None:
         await self._respond(send, status, json.dumps(obj).encode(), headers=headers)
 
-    async def _authorised(self, scope, send) -> bool:
+    async def _authorised(self, scope, send, dialect) -> bool:
         if not self.api_keys:
             return True
         headers = dict(scope.get("headers") or [])
@@ -165,11 +167,10 @@ class Gateway:
         token = given[7:] if given.lower().startswith("bearer ") else headers.get(b"x-api-key", b"").decode("latin-1")
         if any(hmac.compare_digest(token.encode(), key.encode()) for key in self.api_keys):
             return True
-        await self._respond(send, 401, OPENAI.error_body("missing or invalid gateway API key",
-                                                         "invalid_request_error", "invalid_api_key"))
+        await self._respond(send, 401, dialect.http_error(401, "missing or invalid gateway API key", "invalid_api_key"))
         return False
 
-    async def _read_body(self, receive, send) -> bytes | None:
+    async def _read_body(self, receive, send, dialect) -> bytes | None:
         body = b""
         while True:
             message = await receive()
@@ -177,8 +178,8 @@ class Gateway:
                 return None
             body += message.get("body", b"")
             if len(body) > self.max_body:
-                await self._respond(send, 413, OPENAI.error_body(f"request body larger than {self.max_body} bytes",
-                                                             "invalid_request_error", "request_too_large"))
+                await self._respond(send, 413, dialect.http_error(413, f"request body larger than {self.max_body} bytes",
+                                                                  "request_too_large"))
                 return None
             if not message.get("more_body"):
                 return body
@@ -221,8 +222,7 @@ class Gateway:
         self.metrics.observe(result, now - started)
         self.console.observe(turn_id, result, now - started)
         if self.ledger is not None and result.ledger:
-            # in the loop's thread: a WAL insert takes ~60 µs here, a hop to a worker thread ~250 µs
-            self.ledger.write(turn_id, result)
+            await self.ledger.record(turn_id, result)
 
     def _attribution(self, result: TurnResult) -> list[tuple[bytes, bytes]]:
         return [
@@ -246,31 +246,42 @@ class Gateway:
 
     # -- chat completions -----------------------------------------------------------------------
 
-    async def _chat(self, dialect, receive, send) -> None:
-        raw = await self._read_body(receive, send)
+    async def _chat(self, dialect, scope, receive, send) -> None:
+        raw = await self._read_body(receive, send, dialect)
         if raw is None:
             return
         try:
-            request = dialect.parse(json.loads(raw))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            status, body = dialect.bad_request("the body is not a valid request: JSON with a `messages` list")
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            body = wire.WireError("", "the body is not valid JSON")
+        try:
+            if isinstance(body, wire.WireError):
+                raise body
+            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers") or ()]
+            request = dialect.parse(body, headers)
+        except wire.WireError as error:
+            status, body = dialect.bad_request(error)
+            await self._respond(send, status, body)
+            return
+        except RecursionError:
+            status, body = dialect.bad_request(wire.WireError("", "the body is nested too deeply"))
             await self._respond(send, status, body)
             return
         turn_id = dialect.new_id()
-        kwargs = dict(messages=request.messages, model=request.model, tools=request.tools)
+        kwargs = dict(messages=request, model=request.model)
         if request.stream:
             runs: list[TurnRun] = []
-            wire = _StreamWire(turn_id, send, runs, dialect)
+            stream = _StreamWire(turn_id, send, runs, dialect, request)
             gate_s = self.relay.config.timeouts.gate_commit_s
-            tasks = [wire.flusher] + ([partial(wire.commit_after, gate_s)] if gate_s > 0 else [])
-            result = await self._run_turn(turn_id, receive, runs, tasks, stream=True, sink=wire.event, **kwargs)
+            tasks = [stream.flusher] + ([partial(stream.commit_after, gate_s)] if gate_s > 0 else [])
+            result = await self._run_turn(turn_id, receive, runs, tasks, stream=True, sink=stream.event, **kwargs)
             if result is None or result.outcome == "cancelled":
                 return  # the client went away
-            if not wire.started:
+            if not stream.started:
                 # nothing was sent: a failure before commit still gets a real status and body
                 await self._error_response(send, dialect, result)
                 return
-            await wire.finish(result, self._relayline_field(result))
+            await stream.finish(result, self._relayline_field(result))
             return
         result = await self._run_turn(turn_id, receive, [], **kwargs)
         if result is None or result.outcome == "cancelled":
@@ -279,7 +290,7 @@ class Gateway:
             await self._error_response(send, dialect, result)
             return
         await self._json(send, 200, dialect.completion(turn_id, result, self._relayline_field(result)),
-                         headers=self._attribution(result))
+                         headers=self._attribution(result) + dropped_header(request, result.served))
 
     async def _run_turn(self, turn_id: str, receive, runs: list[TurnRun], tasks=(), **kwargs) -> TurnResult | None:
         """Run one turn while watching for the client going away (a disconnect cancels it),
@@ -291,7 +302,7 @@ class Gateway:
                 for task in tasks:
                     nursery.start_soon(task)
                 try:
-                    await self.relay.run_turn(gateway=True, run_hook=runs.append, **kwargs)
+                    await self.relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
                 finally:
                     nursery.cancel_scope.cancel()
         result = runs[0].result if runs else None
@@ -301,7 +312,11 @@ class Gateway:
 
     async def _error_response(self, send, dialect, result: TurnResult) -> None:
         status, body = dialect.error(result)
-        await self._respond(send, status, body, headers=self._attribution(result))
+        headers = self._attribution(result)
+        if result.attempts:
+            # relayline already spent its own retries on this turn: an SDK's would multiply them
+            headers.append((b"x-should-retry", b"false"))
+        await self._respond(send, status, body, headers=headers)
 
     async def _watch_disconnect(self, receive, scope: trio.CancelScope) -> None:
         while True:
@@ -309,6 +324,15 @@ class Gateway:
             if message["type"] == "http.disconnect":
                 scope.cancel()
                 return
+
+def dropped_header(request: wire.Request, entry) -> list[tuple[bytes, bytes]]:
+    """x-relayline-dropped: the fields `drop_unsupported_params` dropped for the serving entry."""
+    if entry is None or request is None:
+        return []
+    provider = entry.provider
+    dropped = wire.unsupported(request, provider.family, provider.capabilities)
+    return [(b"x-relayline-dropped", ", ".join(dropped).encode())] if dropped else []
+
 
 class _StreamWire:
     """One streamed response: held headers, the commit, and a bounded write buffer.
@@ -321,10 +345,11 @@ class _StreamWire:
 
     MAX_PENDING = 256 * 1024
 
-    def __init__(self, turn_id: str, send, runs: list[TurnRun], dialect) -> None:
+    def __init__(self, turn_id: str, send, runs: list[TurnRun], dialect, request: wire.Request) -> None:
         self.send = send
         self.runs = runs
-        self.render = dialect.stream_renderer(turn_id)
+        self.request = request
+        self.render = dialect.stream_renderer(turn_id, request)
         self.started = False
         self._lock = trio.Lock()  # the gate timer, the flusher and the end all write: keep the wire ordered
         self._pending: list[bytes] = []
@@ -361,8 +386,11 @@ class _StreamWire:
             if run is not None:
                 headers.append((b"x-relayline-requested", run.turn.plan.requested.encode()))
                 headers.append((b"x-relayline-attempts", str(len(run.turn.attempts) + 1).encode()))
+            headers += dropped_header(self.request, entry)
             await self._send_whole({"type": "http.response.start", "status": 200, "headers": headers})
-        await self._queue(self.render.opening(entry.model if entry is not None else ""))
+        gate = self.runs[0].turn.gate if self.runs else None
+        await self._queue(self.render.opening(entry.model if entry is not None else "",
+                                              gate.usage if gate is not None else None))
 
     async def commit_after(self, seconds: float) -> None:
         await trio.sleep(seconds)
@@ -422,4 +450,6 @@ async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080,
     config.errorlog = logging.getLogger("hypercorn.error")
     config.keep_alive_timeout = 75
     config.backlog = 2048  # bursts of new connections must queue, not be refused
-    await hypercorn_serve(gateway, config, task_status=task_status)
+    connected = getattr(gateway.relay.health, "connected", None)
+    async with connected() if connected is not None else contextlib.nullcontext():
+        await hypercorn_serve(gateway, config, task_status=task_status)

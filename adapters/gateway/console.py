@@ -243,7 +243,19 @@ class Console:
                 "key_cursor": self.relay.health.key_cursor(alias) if pool > 1 else None,
                 "key_pool": pool,
             })
-        return {"window_s": window, "store": type(self.relay.health).__name__, "profiles": profiles}
+        return {"window_s": window, "store": self.store(), "profiles": profiles}
+
+    def store(self) -> dict:
+        """Where health lives: this process, or a fleet's shared store (named by host and port
+        only: its URL may carry a password)."""
+        health = self.relay.health
+        where = getattr(health, "where", None)
+        if where is None:
+            return {"kind": "memory", "shared": False, "state": "this process only"}
+        local = getattr(health, "local", False)
+        return {"kind": "shared", "shared": True, "where": where,
+                "state": "unreachable: serving on local state" if local else "connected",
+                "rounds": getattr(health, "rounds", None)}
 
     def lifecycles(self) -> list[dict]:
         out = []
@@ -258,19 +270,23 @@ class Console:
         """Only the numbers, in edge order: what the event stream sends when they change."""
         return {name: [e["count"] for e in edge_counts(load_spec(name))] for name in SPEC_NAMES}
 
-    def cost(self) -> dict:
+    async def cost(self) -> dict:
         ledger = self.gateway.ledger
         if ledger is None:
             return {"ledger": False, "windows": {}}
         wall = time.time()
-        return {"ledger": True, "windows": {label: ledger.report(since=wall - seconds)
-                                            for label, seconds in COST_WINDOWS}}
 
-    def snapshot(self) -> dict:
+        def report() -> dict:
+            return {label: ledger.report(since=wall - seconds) for label, seconds in COST_WINDOWS}
+
+        # a worker thread: a PostgreSQL ledger answers over the network, SQLite from the disk
+        return {"ledger": True, "windows": await trio.to_thread.run_sync(report)}
+
+    async def snapshot(self) -> dict:
+        cost = await self.cost()
         now = trio.current_time()
         return {"routes": self.routes(now), "health": self.health(now), "lifecycles": self.lifecycles(),
-                "turns": [t.as_json() for t in self.turns], "cost": self.cost(),
-                "recent_limit": RECENT_TURNS}
+                "turns": [t.as_json() for t in self.turns], "cost": cost, "recent_limit": RECENT_TURNS}
 
     # -- HTTP -------------------------------------------------------------------------------
 
@@ -292,7 +308,7 @@ class Console:
             await _send(send, 200, self._asset("console.html"), "text/html; charset=utf-8",
                         [(b"content-security-policy", CSP.encode()), (b"cache-control", b"no-cache")])
         elif path == "/admin/console/state":
-            await _send(send, 200, json.dumps(self.snapshot()).encode(), "application/json",
+            await _send(send, 200, json.dumps(await self.snapshot()).encode(), "application/json",
                         [(b"cache-control", b"no-store")])
         elif path == "/admin/console/turns":
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
@@ -349,7 +365,8 @@ class Console:
                 last_seq = self.turns[-1].seq
             if last_seq != cost_seq and now - cost_at >= COST_EVERY_S:
                 cost_seq, cost_at = last_seq, now
-                frames.append(f"event: cost\ndata: {json.dumps(self.cost(), separators=(',', ':'))}\n\n")
+                cost = json.dumps(await self.cost(), separators=(",", ":"))
+                frames.append(f"event: cost\ndata: {cost}\n\n")
             if not frames and now - quiet_since >= SSE_KEEPALIVE_S:
                 frames.append(": keep-alive\n\n")
             if frames:

@@ -1,6 +1,7 @@
 """The wire dialects the gateway speaks to its clients: OpenAI chat completions and Anthropic
-messages. A dialect parses a request into the turn's inputs and renders results and stream
-events back; the gateway (what to hold, when to commit, when to flush) is the same for both.
+messages. A dialect reads a request into the canonical model (machines/wire.py, through the
+family codecs in providers/) and renders results, stream events and errors back in its own
+shape; the gateway (what to hold, when to commit, when to flush) is the same for both.
 """
 
 from __future__ import annotations
@@ -9,47 +10,65 @@ import json
 import time
 import uuid
 
-import attrs
-
+from relayline.machines import wire
+from relayline.machines.ledger import Usage
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
-from ..messages import anthropic_to_openai
+from ..providers import anthropic as anthropic_family
+from ..providers import openai as openai_family
 
 # turn error reason -> (HTTP status, OpenAI error type, code, Anthropic error type)
 ERRORS = {
     "context_window": (400, "invalid_request_error", "context_length_exceeded", "invalid_request_error"),
     "client_error": (400, "invalid_request_error", "upstream_rejected", "invalid_request_error"),
+    "unsupported": (400, "invalid_request_error", "unsupported_parameter", "invalid_request_error"),
     "no_candidate": (503, "service_unavailable", "no_candidate", "overloaded_error"),
     "exhausted": (502, "upstream_error", "all_candidates_failed", "api_error"),
     "semantic_empty": (502, "upstream_error", "empty_completion", "api_error"),
     "interrupted": (502, "upstream_error", "stream_interrupted", "api_error"),
 }
 UNKNOWN_ERROR = (502, "upstream_error", None, "api_error")
+# HTTP status -> Anthropic error type (https://docs.anthropic.com/en/api/errors)
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
+                   429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 
 
-@attrs.frozen
-class ChatRequest:
-    messages: list[dict]
-    model: str | None
-    tools: tuple[dict, ...]
-    stream: bool
+def _usage(result: TurnResult) -> Usage:
+    return result.usage or Usage()
 
 
-def _usage(result: TurnResult) -> tuple[int, int]:
-    accepted = [r for r in result.ledger if r.accepted]
-    return sum(r.input_tokens for r in accepted), sum(r.output_tokens for r in accepted)
+def openai_usage(usage: Usage) -> dict:
+    prompt = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": usage.output_tokens,
+            "total_tokens": prompt + usage.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cache_read_tokens},
+            "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}
 
 
-def _openai_usage(result: TurnResult) -> dict:
-    tokens_in, tokens_out = _usage(result)
-    return {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out}
+def anthropic_usage(usage: Usage) -> dict:
+    return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+            "cache_read_input_tokens": usage.cache_read_tokens,
+            "cache_creation_input_tokens": usage.cache_write_tokens}
 
 
-def _tools(result: TurnResult) -> list[tuple[str, str]]:
-    """Each tool call's name and JSON arguments ("{}" when the provider sent none)."""
-    arguments = list(result.tool_arguments) + [""] * (len(result.tool_calls) - len(result.tool_arguments))
-    return [(name, args or "{}") for name, args in zip(result.tool_calls, arguments, strict=False)]
+class ToolIds:
+    """Tool call ids as the upstream sent them; one generated (unique) only where it sent none."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def __call__(self, given: str) -> str:
+        return given or f"{self.prefix}{uuid.uuid4().hex[:24]}"
+
+
+def _tools(result: TurnResult, ids: ToolIds) -> list[tuple[str, str, str]]:
+    """Each tool call's id, name and JSON arguments ("{}" when the provider sent none)."""
+    n = len(result.tool_calls)
+    arguments = list(result.tool_arguments) + [""] * (n - len(result.tool_arguments))
+    given = list(result.tool_ids) + [""] * (n - len(result.tool_ids))
+    return [(ids(i), name, args or "{}") for i, name, args in zip(given, result.tool_calls, arguments, strict=False)]
 
 
 def _json_object(text: str) -> dict:
@@ -65,59 +84,74 @@ def _sse(obj: dict, event: str | None = None) -> bytes:
     return head + b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
+def _finish(result: TurnResult, tools: int) -> str:
+    return wire.finish_reason(result.finish_reason, tools)
+
+
 # -- OpenAI chat completions -----------------------------------------------------------------------
 
 
 class OpenAIDialect:
+    name = "openai"
+
     @staticmethod
     def new_id() -> str:
         return f"chatcmpl-{uuid.uuid4().hex[:24]}"
 
     @staticmethod
-    def error_body(message: str, type_: str, code: str | None) -> bytes:
-        return json.dumps({"error": {"message": message, "type": type_, "code": code, "param": None}}).encode()
+    def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
+        return json.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}}).encode()
 
-    def bad_request(self, message: str) -> tuple[int, bytes]:
-        return 400, self.error_body(message, "invalid_request_error", "invalid_body")
+    def http_error(self, status: int, message: str, code: str | None = None) -> bytes:
+        type_ = "invalid_request_error" if status < 500 else "server_error"
+        return self.error_body(message, type_, code)
 
-    def parse(self, body: dict) -> ChatRequest:
-        messages = body["messages"]
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise TypeError("messages")
-        return ChatRequest(messages, body.get("model"), tuple(body.get("tools") or ()), bool(body.get("stream")))
+    def bad_request(self, error: wire.WireError) -> tuple[int, bytes]:
+        return 400, self.error_body(str(error), "invalid_request_error", "invalid_body", error.param or None)
+
+    def parse(self, body, headers=()) -> wire.Request:
+        return openai_family.parse_request(body, headers)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
+        if result.rejection is not None:
+            r = result.rejection
+            return r.status, self.error_body(r.message, r.type, "upstream_rejected")
         status, type_, code, _ = ERRORS.get(result.error or "", UNKNOWN_ERROR)
         return status, self.error_body(result.message or "failed", type_, code)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict) -> dict:
-        message: dict = {"role": "assistant", "content": result.text}
-        if result.tool_calls:
-            message["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-                                     for i, (n, a) in enumerate(_tools(result))]
+        tools = _tools(result, ToolIds("call_"))
+        message: dict = {"role": "assistant", "content": result.text or (None if tools else "")}
+        if result.reasoning:
+            message["reasoning_content"] = result.reasoning
+        if tools:
+            message["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                                     for i, n, a in tools]
         return {
             "id": turn_id, "object": "chat.completion", "created": int(time.time()), "model": result.served.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if result.tool_calls else "stop"}],
-            "usage": _openai_usage(result),
+            "choices": [{"index": 0, "message": message, "finish_reason": wire.TO_OPENAI[_finish(result, len(tools))]}],
+            "usage": openai_usage(_usage(result)),
             "relayline": relayline,
         }
 
-    def stream_renderer(self, turn_id: str) -> OpenAIStream:
-        return OpenAIStream(turn_id)
+    def stream_renderer(self, turn_id: str, request: wire.Request) -> OpenAIStream:
+        return OpenAIStream(turn_id, request.include_usage)
 
 
 class OpenAIStream:
-    def __init__(self, turn_id: str) -> None:
+    def __init__(self, turn_id: str, include_usage: bool) -> None:
         self.turn_id = turn_id
+        self.include_usage = include_usage
         self.created = int(time.time())
         self.model = ""
         self.tools = 0
+        self.ids = ToolIds("call_")
 
     def _chunk(self, delta: dict | None, finish: str | None = None, **extra) -> bytes:
         return _sse({"id": self.turn_id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                      "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}], **extra})
 
-    def opening(self, model: str) -> bytes:
+    def opening(self, model: str, usage: Usage | None = None) -> bytes:
         self.model = model
         return self._chunk({"role": "assistant", "content": ""})
 
@@ -128,7 +162,7 @@ class OpenAIStream:
             return self._chunk({"reasoning_content": event.value})
         if event.kind == "tool":
             self.tools += 1
-            return self._chunk({"tool_calls": [{"index": self.tools - 1, "id": f"call_{self.tools - 1}",
+            return self._chunk({"tool_calls": [{"index": self.tools - 1, "id": self.ids(event.ref),
                                                 "type": "function", "function": {"name": event.value, "arguments": ""}}]})
         if event.kind == "tool_args":
             return self._chunk({"tool_calls": [{"index": max(self.tools - 1, 0), "function": {"arguments": event.value}}]})
@@ -137,8 +171,13 @@ class OpenAIStream:
     def ok(self, result: TurnResult, relayline: dict) -> bytes:
         if result.served is not None:
             self.model = result.served.model
-        return (self._chunk({}, "tool_calls" if self.tools else "stop")
-                + self._chunk(None, usage=_openai_usage(result), relayline=relayline) + b"data: [DONE]\n\n")
+        finish = wire.TO_OPENAI[_finish(result, self.tools)]
+        if not self.include_usage:
+            # the relayline field rides on the last chunk: a usage-only chunk (choices: []) goes
+            # only to clients that asked for it, as the OpenAI API does
+            return self._chunk({}, finish, relayline=relayline) + b"data: [DONE]\n\n"
+        return (self._chunk({}, finish)
+                + self._chunk(None, usage=openai_usage(_usage(result)), relayline=relayline) + b"data: [DONE]\n\n")
 
     def failed(self, result: TurnResult, relayline: dict) -> bytes:
         # after commit: an explicit error event and no [DONE], never a clean-looking end
@@ -151,6 +190,8 @@ class OpenAIStream:
 
 
 class AnthropicDialect:
+    name = "anthropic"
+
     @staticmethod
     def new_id() -> str:
         return f"msg_{uuid.uuid4().hex[:24]}"
@@ -159,18 +200,20 @@ class AnthropicDialect:
     def error_body(message: str, type_: str) -> bytes:
         return json.dumps({"type": "error", "error": {"type": type_, "message": message}}).encode()
 
-    def bad_request(self, message: str) -> tuple[int, bytes]:
-        return 400, self.error_body(message, "invalid_request_error")
+    def http_error(self, status: int, message: str, code: str | None = None) -> bytes:
+        return self.error_body(message, ANTHROPIC_TYPES.get(status, "api_error"))
 
-    def parse(self, body: dict) -> ChatRequest:
-        """Anthropic messages in, the turn's (OpenAI-shaped) messages out (adapters/messages.py)."""
-        messages = anthropic_to_openai(body.get("system"), body["messages"])
-        tools = tuple({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
-                                                        "parameters": t.get("input_schema") or {"type": "object"}}}
-                      for t in body.get("tools") or ())
-        return ChatRequest(messages, body.get("model"), tools, bool(body.get("stream")))
+    def bad_request(self, error: wire.WireError) -> tuple[int, bytes]:
+        return 400, self.error_body(str(error), "invalid_request_error")
+
+    def parse(self, body, headers=()) -> wire.Request:
+        return anthropic_family.parse_request(body, headers)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
+        if result.rejection is not None:
+            r = result.rejection
+            return r.status, self.error_body(r.message, ANTHROPIC_TYPES.get(r.status, "invalid_request_error")
+                                             if r.type not in ANTHROPIC_TYPES.values() else r.type)
         status, _, _, type_ = ERRORS.get(result.error or "", UNKNOWN_ERROR)
         return status, self.error_body(result.message or "failed", type_)
 
@@ -180,14 +223,13 @@ class AnthropicDialect:
             content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
         if result.text:
             content.append({"type": "text", "text": result.text})
-        content += [{"type": "tool_use", "id": f"toolu_{i}", "name": n, "input": _json_object(a)}
-                    for i, (n, a) in enumerate(_tools(result))]
-        tokens_in, tokens_out = _usage(result)
+        tools = _tools(result, ToolIds("toolu_"))
+        content += [{"type": "tool_use", "id": i, "name": n, "input": _json_object(a)} for i, n, a in tools]
         return {"id": turn_id, "type": "message", "role": "assistant", "model": result.served.model, "content": content,
-                "stop_reason": "tool_use" if result.tool_calls else "end_turn", "stop_sequence": None,
-                "usage": {"input_tokens": tokens_in, "output_tokens": tokens_out}, "relayline": relayline}
+                "stop_reason": wire.TO_ANTHROPIC[_finish(result, len(tools))], "stop_sequence": None,
+                "usage": anthropic_usage(_usage(result)), "relayline": relayline}
 
-    def stream_renderer(self, turn_id: str) -> AnthropicStream:
+    def stream_renderer(self, turn_id: str, request: wire.Request) -> AnthropicStream:
         return AnthropicStream(turn_id)
 
 
@@ -201,10 +243,13 @@ class AnthropicStream:
         self.index = -1
         self.block: str | None = None
         self.tools = 0
+        self.ids = ToolIds("toolu_")
 
-    def opening(self, model: str) -> bytes:
+    def opening(self, model: str, usage: Usage | None = None) -> bytes:
+        # the input tokens are known here when the upstream said them before its first token
+        # (Anthropic's message_start); message_delta carries the final counts either way
         message = {"id": self.turn_id, "type": "message", "role": "assistant", "content": [], "model": model,
-                   "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+                   "stop_reason": None, "stop_sequence": None, "usage": anthropic_usage(usage or Usage())}
         return _sse({"type": "message_start", "message": message}, "message_start")
 
     def _close(self) -> bytes:
@@ -231,18 +276,16 @@ class AnthropicStream:
                                "delta": {"type": delta_type, field: event.value}}, "content_block_delta")
         if event.kind == "tool":
             self.tools += 1
-            return self._open("tool", {"type": "tool_use", "id": f"toolu_{self.tools - 1}", "name": event.value,
-                                       "input": {}})
+            return self._open("tool", {"type": "tool_use", "id": self.ids(event.ref), "name": event.value, "input": {}})
         if event.kind == "tool_args" and self.block == "tool":
             return _sse({"type": "content_block_delta", "index": self.index,
                          "delta": {"type": "input_json_delta", "partial_json": event.value}}, "content_block_delta")
         return b""
 
     def ok(self, result: TurnResult, relayline: dict) -> bytes:
-        _, tokens_out = _usage(result)
-        delta = {"type": "message_delta", "delta": {"stop_reason": "tool_use" if self.tools else "end_turn",
-                                                    "stop_sequence": None},
-                 "usage": {"output_tokens": tokens_out}, "relayline": relayline}
+        delta = {"type": "message_delta",
+                 "delta": {"stop_reason": wire.TO_ANTHROPIC[_finish(result, self.tools)], "stop_sequence": None},
+                 "usage": anthropic_usage(_usage(result)), "relayline": relayline}
         return self._close() + _sse(delta, "message_delta") + _sse({"type": "message_stop"}, "message_stop")
 
     def failed(self, result: TurnResult, relayline: dict) -> bytes:

@@ -1,6 +1,10 @@
 """Anthropic Messages: POST {base_url}/v1/messages (base_url without the version, as the official
 SDK's: https://api.anthropic.com).
 
+The family's whole wire lives here, both ways: a messages body read into the canonical request
+(the gateway's Anthropic dialect), the canonical request written as a body for an `anthropic`
+profile, and replies (JSON and SSE) read into the canonical response.
+
 Stream events: message_start (preamble; input and cache usage), content_block_start / delta /
 stop (text, thinking as reasoning, tool_use with input_json_delta, server_tool_use and its
 results as provider-executed tool work), ping, message_delta (stop_reason, output usage),
@@ -15,9 +19,11 @@ import json
 import httpx
 
 from relayline.machines import classify as fc
+from relayline.machines import wire as w
 from relayline.machines.ledger import Usage
 from relayline.machines.stream import (
     EXECUTED_TOOL,
+    FINISH,
     PING,
     PREAMBLE,
     REASONING,
@@ -29,27 +35,316 @@ from relayline.machines.stream import (
 )
 from relayline.machines.turn import Completion
 
-from ..messages import openai_to_anthropic
 from ..sse import SSEEvent
-from .base import CallRequest, ProviderFailure
+from .base import CallRequest, ProviderFailure, client_headers
 from .http import HttpProvider, json_frame
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
 
+KNOWN = frozenset({"model", "messages", "system", "max_tokens", "stream", "temperature", "top_p", "top_k",
+                   "stop_sequences", "tools", "tool_choice", "metadata", "thinking"})
 
-def _usage(raw: dict, output: int | None = None) -> Usage:
-    return Usage(
-        int(raw.get("input_tokens") or 0),
-        int(output if output is not None else raw.get("output_tokens") or 0),
-        int(raw.get("cache_read_input_tokens") or 0),
-        int(raw.get("cache_creation_input_tokens") or 0),
+
+# -- requests: messages body -> canonical ------------------------------------------------------------
+
+
+def _source(raw, param: str) -> dict:
+    source = w.want_dict(raw.get("source"), w.path(param, "source"))
+    kind = w.want_str(source.get("type"), w.path(param, "source.type"))
+    if kind == "base64":
+        return {"media_type": w.want_str(source.get("media_type"), w.path(param, "source.media_type")),
+                "data": w.want_str(source.get("data"), w.path(param, "source.data"))}
+    if kind == "url":
+        return {"url": w.want_str(source.get("url"), w.path(param, "source.url"))}
+    raise w.WireError(w.path(param, "source.type"), "must be base64 or url")
+
+
+def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.Message | None:
+    raw = w.want_dict(raw, param)
+    kind = w.want_str(raw.get("type"), w.path(param, "type"))
+    extra = tuple(k for k in raw if k not in ("type", "text", "source", "id", "name", "input", "tool_use_id",
+                                              "content", "is_error"))
+    if kind == "text":
+        return w.Part(w.TEXT, w.want_str(raw.get("text"), w.path(param, "text")), extra=extra)
+    if kind in ("image", "document"):
+        return w.Part(w.IMAGE if kind == "image" else w.DOCUMENT, extra=extra, **_source(raw, param))
+    if kind == "tool_use":
+        arguments = raw.get("input", {})
+        return w.ToolCall(w.want_str(raw.get("id"), w.path(param, "id")), w.want_str(raw.get("name"), w.path(param, "name")),
+                          json.dumps(w.want_dict(arguments, w.path(param, "input"))))
+    if kind == "tool_result":
+        content = raw.get("content", "")
+        if isinstance(content, str):
+            parts = (w.Part(w.TEXT, content),) if content else ()
+        else:
+            parts = tuple(p for p in (_block(b, w.path(w.path(param, "content"), i), extra_names)
+                                      for i, b in enumerate(w.want_list(content, w.path(param, "content"))))
+                          if isinstance(p, w.Part))
+        return w.Message(w.TOOL, parts, tool_call_id=w.want_str(raw.get("tool_use_id"), w.path(param, "tool_use_id")),
+                         is_error=bool(w.optional(raw, "is_error", w.want_bool, param)), )
+    extra_names.append(f"content.{kind}")  # thinking, redacted_thinking, server tools: this family's own
+    return None
+
+
+def _messages(raw, param: str, extra_names: list[str]) -> list[w.Message]:
+    raw = w.want_dict(raw, param)
+    role = w.want_str(raw.get("role"), w.path(param, "role"))
+    if role not in ("user", "assistant"):
+        raise w.WireError(w.path(param, "role"), "must be user or assistant")
+    content = raw.get("content")
+    where = w.path(param, "content")
+    if isinstance(content, str):
+        return [w.Message(role, (w.Part(w.TEXT, content),) if content else ())]
+    blocks = [_block(b, w.path(where, i), extra_names) for i, b in enumerate(w.want_list(content, where))]
+    parts = tuple(b for b in blocks if isinstance(b, w.Part))
+    if role == "assistant":
+        return [w.Message(w.ASSISTANT, parts, tuple(b for b in blocks if isinstance(b, w.ToolCall)))]
+    # tool results become tool messages, first: they answer the assistant turn just before
+    out = [b for b in blocks if isinstance(b, w.Message)]
+    if parts or not out:
+        out.append(w.Message(w.USER, parts))
+    return out
+
+
+def _system(raw) -> tuple[w.Message, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        return (w.Message(w.SYSTEM, (w.Part(w.TEXT, raw),)),) if raw else ()
+    blocks = w.want_list(raw, "system")
+    parts = []
+    for i, block in enumerate(blocks):
+        part = _block(block, w.path("system", i), [])
+        if not isinstance(part, w.Part) or part.type != w.TEXT:
+            raise w.WireError(w.path("system", i), "expected a text block")
+        parts.append(part)
+    return (w.Message(w.SYSTEM, tuple(parts)),)
+
+
+def _tool(raw, param: str, extra_names: list[str]) -> w.Tool | None:
+    raw = w.want_dict(raw, param)
+    if raw.get("type") not in (None, "custom"):
+        extra_names.append(f"tools.{w.want_str(raw['type'], w.path(param, 'type'))}")  # server tools
+        return None
+    extra_names.extend(f"tools.{k}" for k in raw if k not in ("type", "name", "description", "input_schema"))
+    schema = w.optional(raw, "input_schema", w.want_dict, param)
+    return w.Tool(w.want_str(raw.get("name"), w.path(param, "name")),
+                  w.optional(raw, "description", w.want_str, param) or "",
+                  schema if schema is not None else {"type": "object"})
+
+
+def _tool_choice(raw) -> tuple[w.ToolChoice | None, bool | None]:
+    if raw is None:
+        return None, None
+    raw = w.want_dict(raw, "tool_choice")
+    kind = w.want_str(raw.get("type"), "tool_choice.type")
+    modes = {"auto": "auto", "none": "none", "any": "required", "tool": "tool"}
+    if kind not in modes:
+        raise w.WireError("tool_choice.type", "must be auto, any, tool or none")
+    name = w.want_str(raw.get("name"), "tool_choice.name") if kind == "tool" else None
+    disable = w.optional(raw, "disable_parallel_tool_use", w.want_bool, "tool_choice")
+    return w.ToolChoice(modes[kind], name), (None if disable is None else not disable)
+
+
+def _thinking(raw) -> w.Reasoning | None:
+    if raw is None:
+        return None
+    raw = w.want_dict(raw, "thinking")
+    kind = w.want_str(raw.get("type"), "thinking.type")
+    if kind == "disabled":
+        return None
+    if kind != "enabled":
+        raise w.WireError("thinking.type", "must be enabled or disabled")
+    return w.Reasoning(budget_tokens=w.want_int(raw.get("budget_tokens"), "thinking.budget_tokens", 1))
+
+
+def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
+    """A messages body (and its request headers) as the canonical request; a body of the wrong
+    shape raises WireError naming the field."""
+    body = w.want_dict(body, "")
+    messages = w.want_list(body.get("messages"), "messages")
+    if not messages:
+        raise w.WireError("messages", "must not be empty")
+    extra_names: list[str] = []
+    parsed = [m for i, raw in enumerate(messages) for m in _messages(raw, w.path("messages", i), extra_names)]
+    stop = w.optional(body, "stop_sequences", w.want_list) or []
+    tools = [_tool(t, w.path("tools", i), extra_names) for i, t in enumerate(w.optional(body, "tools", w.want_list) or ())]
+    choice, parallel = _tool_choice(body.get("tool_choice"))
+    metadata = w.optional(body, "metadata", w.want_dict) or {}
+    extra_names.extend(f"metadata.{k}" for k in metadata if k != "user_id")
+    extra = {k: v for k, v in body.items() if k not in KNOWN}
+    extra.update({name: None for name in extra_names})
+    return w.Request(
+        messages=(*_system(body.get("system")), *parsed),
+        model=w.check_model(body.get("model")),
+        stream=bool(w.optional(body, "stream", w.want_bool)),
+        include_usage=True,  # Anthropic streams always carry usage
+        max_tokens=w.optional(body, "max_tokens", w.want_int, "", 1),
+        temperature=w.optional(body, "temperature", w.want_number, "", 0, 1),
+        top_p=w.optional(body, "top_p", w.want_number, "", 0, 1),
+        top_k=w.optional(body, "top_k", w.want_int, "", 1),
+        stop=tuple(w.want_str(s, w.path("stop_sequences", i)) for i, s in enumerate(stop)),
+        tools=tuple(t for t in tools if t is not None),
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+        reasoning=_thinking(body.get("thinking")),
+        user=w.optional(metadata, "user_id", w.want_str, "metadata"),
+        extra=extra,
+        source="anthropic",
+        passthrough=w.Passthrough(body, client_headers(headers, "anthropic")) if passthrough else None,
     )
+
+
+# -- requests: canonical -> messages body ------------------------------------------------------------
+
+
+def _render_part(part: w.Part) -> dict | None:
+    if part.type == w.TEXT:
+        return {"type": "text", "text": part.text}
+    if part.type in (w.IMAGE, w.DOCUMENT):
+        source = ({"type": "url", "url": part.url} if part.url is not None
+                  else {"type": "base64", "media_type": part.media_type, "data": part.data})
+        return {"type": part.type, "source": source}
+    return None
+
+
+def _blocks(parts: tuple[w.Part, ...]) -> list[dict]:
+    return [b for b in map(_render_part, parts) if b is not None and (b["type"] != "text" or b["text"])]
+
+
+def _input(arguments: str) -> dict:
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def render_messages(messages: tuple[w.Message, ...]) -> tuple[list[dict], list[dict]]:
+    """(system blocks, messages): Anthropic wants the system prompt apart and roles alternating,
+    so consecutive messages of one role (tool results and the user's next words) become one."""
+    system: list[dict] = []
+    out: list[dict] = []
+
+    def add(role: str, blocks: list[dict]) -> None:
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+
+    for message in messages:
+        if message.role == w.SYSTEM:
+            system.extend(_blocks(message.content))
+        elif message.role == w.TOOL:
+            result: dict = {"type": "tool_result", "tool_use_id": message.tool_call_id,
+                            "content": _blocks(message.content)}
+            if message.is_error:
+                result["is_error"] = True
+            add("user", [result])
+        elif message.role == w.ASSISTANT:
+            blocks = _blocks(message.content) + [
+                {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)} for c in message.tool_calls]
+            add("assistant", blocks or [{"type": "text", "text": ""}])
+        else:
+            add("user", _blocks(message.content) or [{"type": "text", "text": ""}])
+    return system, out
+
+
+def render_request(request: w.Request, model: str, stream: bool, max_output_tokens: int = DEFAULT_MAX_TOKENS) -> dict:
+    """The body for an anthropic-family entry: the client's own body when it spoke this dialect,
+    else the canonical request translated (CONFIG.md "The wire")."""
+    if request.passthrough is not None and request.source == "anthropic":
+        body = dict(request.passthrough.body)
+        body.setdefault("max_tokens", max_output_tokens)
+    else:
+        system, messages = render_messages(request.messages)
+        body = {"messages": messages}
+        if system:
+            body["system"] = system if any(set(b) != {"type", "text"} for b in system) else "\n\n".join(
+                b["text"] for b in system)
+        budget = request.reasoning.as_budget() if request.reasoning is not None else None
+        # thinking spends from max_tokens: with no limit asked for, leave room for the answer
+        body["max_tokens"] = request.max_tokens or (max_output_tokens + (budget or 0))
+        for name in ("temperature", "top_p", "top_k"):
+            if getattr(request, name) is not None:
+                body[name] = getattr(request, name)
+        if request.stop:
+            body["stop_sequences"] = list(request.stop)
+        if request.tools:
+            body["tools"] = [{"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
+                             for t in request.tools]
+        choice = request.tool_choice
+        if choice is not None or request.parallel_tool_calls is False:
+            mode = choice.mode if choice is not None else "auto"
+            rendered = {"type": {"auto": "auto", "none": "none", "required": "any", "tool": "tool"}[mode]}
+            if mode == "tool":
+                rendered["name"] = choice.name
+            if request.parallel_tool_calls is False:
+                rendered["disable_parallel_tool_use"] = True
+            body["tool_choice"] = rendered
+        if request.user is not None:
+            body["metadata"] = {"user_id": request.user}
+        if budget is not None:
+            body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        if request.source == "anthropic":
+            body.update({k: v for k, v in request.extra.items() if "." not in k})
+    body["model"] = model
+    body["stream"] = stream
+    return body
+
+
+# -- replies --------------------------------------------------------------------------------------
+
+
+def _usage(raw, param: str = "usage", base: Usage | None = None) -> Usage:
+    raw = w.want_dict(raw, param)
+    base = base or Usage()
+
+    def count(name: str, default: int) -> int:
+        value = w.optional(raw, name, w.want_int, param)
+        return default if value is None else value
+
+    return Usage(count("input_tokens", base.input_tokens), count("output_tokens", base.output_tokens),
+                 count("cache_read_input_tokens", base.cache_read_tokens),
+                 count("cache_creation_input_tokens", base.cache_write_tokens))
+
+
+def _raise_error(error) -> None:
+    error = error if isinstance(error, dict) else {}
+    raise ProviderFailure(fc.classify_stream_error(f"{error.get('type', '')} {error.get('message', '')}".strip()))
+
+
+def _stop(raw, param: str) -> str | None:
+    if raw is None:
+        return None
+    return w.ANTHROPIC_STOP.get(w.want_str(raw, param), w.STOP)
 
 
 def _executed(block_type: str) -> bool:
     return block_type == "server_tool_use" or block_type.endswith("_tool_result")
+
+
+def parse_completion(body: dict) -> Completion:
+    if body.get("type") == "error" or body.get("error"):
+        _raise_error(body.get("error"))
+    text, reasoning, tools, arguments, ids = [], [], [], [], []
+    for i, block in enumerate(w.want_list(body.get("content"), "content")):
+        where = f"content[{i}]"
+        block = w.want_dict(block, where)
+        btype = block.get("type")
+        if btype == "text":
+            text.append(w.want_str(block.get("text"), f"{where}.text"))
+        elif btype == "thinking":
+            reasoning.append(w.want_str(block.get("thinking"), f"{where}.thinking"))
+        elif btype == "tool_use":
+            tools.append(w.want_str(block.get("name"), f"{where}.name"))
+            arguments.append(json.dumps(w.want_dict(block.get("input", {}), f"{where}.input")))
+            ids.append(w.optional(block, "id", w.want_str, where) or "")
+    usage = _usage(body["usage"]) if body.get("usage") is not None else Usage()
+    return Completion("".join(text), "".join(reasoning), tuple(tools), usage, tuple(arguments), tuple(ids),
+                      _stop(body.get("stop_reason"), "stop_reason"))
 
 
 class AnthropicStreamParser:
@@ -64,96 +359,77 @@ class AnthropicStreamParser:
 
     def feed(self, event: SSEEvent) -> list[Frame]:
         obj = json_frame(event)
-        kind = obj.get("type") or event.event
+        try:
+            return self._frames(obj, obj.get("type") or event.event)
+        except w.WireError as exc:
+            raise ProviderFailure(fc.malformed(f"stream event {exc}")) from None
+
+    def _frames(self, obj: dict, kind) -> list[Frame]:
         if kind == "content_block_delta":
-            delta = obj.get("delta") or {}
+            delta = w.want_dict(obj.get("delta"), "delta")
             dtype = delta.get("type")
             if dtype == "text_delta":
-                return [Frame(TEXT, delta.get("text") or "")]
+                return [Frame(TEXT, w.want_str(delta.get("text", ""), "delta.text"))]
             if dtype == "thinking_delta":
-                return [Frame(REASONING, delta.get("thinking") or "")]
+                return [Frame(REASONING, w.want_str(delta.get("thinking", ""), "delta.thinking"))]
             if dtype == "input_json_delta" and not _executed(self.blocks.get(obj.get("index"), "")):
-                return [Frame(TOOL_ARGS, delta.get("partial_json") or "")]
+                return [Frame(TOOL_ARGS, w.want_str(delta.get("partial_json", ""), "delta.partial_json"))]
             return []  # signature_delta, citations_delta: nothing to show
         if kind == "content_block_start":
-            block = obj.get("content_block") or {}
-            btype = block.get("type", "")
+            block = w.want_dict(obj.get("content_block"), "content_block")
+            btype = w.want_str(block.get("type", ""), "content_block.type")
             self.blocks[obj.get("index")] = btype
             if btype == "text":
-                return [Frame(TEXT, block.get("text") or "")]
+                return [Frame(TEXT, w.want_str(block.get("text", ""), "content_block.text"))]
             if btype == "thinking":
-                return [Frame(REASONING, block.get("thinking") or "")]
+                return [Frame(REASONING, w.want_str(block.get("thinking", ""), "content_block.thinking"))]
             if btype == "tool_use":
-                return [Frame(TOOL_CALL, block.get("name") or "")]
+                return [Frame(TOOL_CALL, w.want_str(block.get("name"), "content_block.name"),
+                              ref=w.optional(block, "id", w.want_str, "content_block") or "")]
             if _executed(btype):
                 return [Frame(EXECUTED_TOOL, block.get("name") or btype)]
             return [Frame(PREAMBLE, btype)]
         if kind == "ping":
             return [Frame(PING)]
         if kind == "message_start":
-            self.usage = _usage((obj.get("message") or {}).get("usage") or {})
-            return [Frame(PREAMBLE, "message_start")]
+            message = w.want_dict(obj.get("message"), "message")
+            if message.get("usage") is not None:
+                self.usage = _usage(message["usage"], "message.usage")
+            return [Frame(PREAMBLE, "message_start"), Frame(USAGE, usage=self.usage)]
         if kind == "message_delta":
-            if (obj.get("delta") or {}).get("stop_reason"):
+            frames = []
+            delta = w.optional(obj, "delta", w.want_dict) or {}
+            stop = _stop(delta.get("stop_reason"), "delta.stop_reason")
+            if stop:
                 self.stopped = True
-            usage = obj.get("usage") or {}
-            self.usage = Usage(
-                int(usage.get("input_tokens") or self.usage.input_tokens),
-                int(usage.get("output_tokens") or 0),
-                int(usage.get("cache_read_input_tokens") or self.usage.cache_read_tokens),
-                int(usage.get("cache_creation_input_tokens") or self.usage.cache_write_tokens),
-            )
-            return [Frame(USAGE, usage=self.usage)]
+                frames.append(Frame(FINISH, stop))
+            if obj.get("usage") is not None:
+                self.usage = _usage(obj["usage"], "usage", self.usage)
+            return [*frames, Frame(USAGE, usage=self.usage)]
         if kind == "message_stop":
             self.done = True
             return []
         if kind == "error":
-            error = obj.get("error") or {}
-            raise ProviderFailure(fc.classify_stream_error(f"{error.get('type', '')} {error.get('message', '')}".strip()))
+            _raise_error(obj.get("error"))
         return []  # content_block_stop, unknown future events
 
 
-def _anthropic_tools(tools) -> list[dict]:
-    out = []
-    for tool in tools:
-        fn = tool.get("function") if tool.get("type") == "function" else None
-        if fn is not None:
-            out.append({"name": fn.get("name"), "description": fn.get("description", ""),
-                        "input_schema": fn.get("parameters") or {"type": "object"}})
-        else:
-            out.append(dict(tool))
-    return out
-
-
 class AnthropicProtocol:
+    family = "anthropic"
+
     def build(self, client: httpx.AsyncClient, request: CallRequest) -> httpx.Request:
         provider = request.entry.provider
         base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
-        headers = {"content-type": "application/json", "anthropic-version": API_VERSION, **provider.headers}
+        headers = {"content-type": "application/json", "anthropic-version": API_VERSION,
+                   **request.forwarded_headers("anthropic"), **provider.headers}
         if request.key is not None:
             headers["x-api-key"] = request.key.reveal()
-        system, messages = openai_to_anthropic(request.messages)
-        body: dict = {"model": request.model, "max_tokens": DEFAULT_MAX_TOKENS, "messages": messages,
-                      "stream": request.stream}
-        if system:
-            body["system"] = system
-        if request.tools:
-            body["tools"] = _anthropic_tools(request.tools)
+        body = render_request(request.wire_request(), request.model, request.stream,
+                              provider.max_output_tokens or DEFAULT_MAX_TOKENS)
         return client.build_request("POST", f"{base}/v1/messages", json=body, headers=headers)
 
     def completion(self, body: dict) -> Completion:
-        text, reasoning, tools, arguments = [], [], [], []
-        for block in body.get("content") or ():
-            btype = block.get("type")
-            if btype == "text":
-                text.append(block.get("text") or "")
-            elif btype == "thinking":
-                reasoning.append(block.get("thinking") or "")
-            elif btype == "tool_use":
-                tools.append(block.get("name") or "")
-                arguments.append(json.dumps(block.get("input") or {}))
-        return Completion("".join(text), "".join(reasoning), tuple(tools), _usage(body.get("usage") or {}),
-                          tuple(arguments))
+        return parse_completion(body)
 
     def parser(self) -> AnthropicStreamParser:
         return AnthropicStreamParser()

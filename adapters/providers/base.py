@@ -9,12 +9,13 @@ which the driver reports; adapters never decide retries.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 import attrs
 
+from relayline.machines import wire
 from relayline.machines.classify import Failure
 from relayline.machines.config import Secret
 from relayline.machines.plan import PlannedEntry
@@ -32,16 +33,44 @@ class ProviderFailure(Exception):
         self.failure = failure
 
 
+def client_headers(headers: Iterable[tuple[str, str]], dialect: str) -> tuple[tuple[str, str], ...]:
+    """The client request headers that travel to a provider of the dialect's own family: the
+    API's version and feature flags, never credentials or hop-by-hop headers."""
+    def travels(name: str) -> bool:
+        if dialect == "anthropic":
+            return name in ("anthropic-beta", "anthropic-version")
+        return name.startswith("openai-")
+
+    return tuple((k.lower(), v) for k, v in headers if travels(k.lower()))
+
+
 @attrs.frozen
 class CallRequest:
     entry: PlannedEntry
     model: str
-    messages: tuple[dict, ...]
+    request: wire.Request
     key: Secret | None = attrs.field(default=None, repr=False)
     key_index: int | None = None
-    tools: tuple[dict, ...] = ()
     stream: bool = False
     probe: bool = False
+    drop_unsupported: bool = False  # [gateway] drop_unsupported_params: drop what the entry cannot honour
+
+    @property
+    def dropped(self) -> tuple[str, ...]:
+        if not self.drop_unsupported:
+            return ()
+        provider = self.entry.provider
+        return wire.unsupported(self.request, provider.family, provider.capabilities)
+
+    def wire_request(self) -> wire.Request:
+        """The canonical request as this entry is sent it (unsupported fields dropped if asked)."""
+        return wire.without(self.request, self.dropped)
+
+    def forwarded_headers(self, family: str) -> dict[str, str]:
+        request = self.request
+        if request.passthrough is None or request.source != family:
+            return {}
+        return dict(request.passthrough.headers)
 
 
 class ProviderClient(Protocol):

@@ -15,16 +15,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol
 
+import attrs
 import httpx
 
 from relayline.machines import classify as fc
+from relayline.machines import wire
 from relayline.machines.stream import Frame
 from relayline.machines.turn import Completion
 
+from ..redact import redact
 from ..sse import SSEDecoder, SSEEvent, SSEProtocolError
 from .base import DONE, CallRequest, ProviderFailure
 
 MAX_ERROR_BODY = 64 * 1024  # enough to classify; a provider's error page is not read further
+MAX_REJECTION_CHARS = 1000  # an upstream's rejection message given back to the client, at most
 
 
 def default_limits() -> httpx.Limits:
@@ -60,6 +64,22 @@ def error_text(body: bytes) -> str:
 
     collect(obj)
     return " ".join(parts)
+
+
+def rejection(body: bytes) -> tuple[str | None, str | None]:
+    """An error body's type and message (OpenAI's and Anthropic's shapes), bounded and with every
+    configured secret masked: what a client whose request was rejected is told."""
+    try:
+        obj = json.loads(body[:MAX_ERROR_BODY])
+    except ValueError:
+        return None, None
+    error = obj.get("error") if isinstance(obj, dict) else None
+    if not isinstance(error, dict):
+        return None, None
+    kind = error.get("type") if isinstance(error.get("type"), str) else None
+    message = error.get("message") if isinstance(error.get("message"), str) else None
+    bound = lambda text: redact(text)[:MAX_REJECTION_CHARS] if text else None  # noqa: E731
+    return bound(kind), bound(message)
 
 
 def json_frame(event: SSEEvent) -> dict:
@@ -117,7 +137,11 @@ class HttpProvider:
                 body = b""
             finally:
                 await response.aclose()
-            raise ProviderFailure(fc.classify_http(response.status_code, error_text(body), response.headers, time.time()))
+            failure = fc.classify_http(response.status_code, error_text(body), response.headers, time.time())
+            if failure.kind == fc.REJECTED:
+                kind, message = rejection(body)
+                failure = attrs.evolve(failure, error_type=kind, error_message=message)
+            raise ProviderFailure(failure)
         return response
 
     async def complete(self, request: CallRequest) -> Completion:
@@ -133,8 +157,11 @@ class HttpProvider:
         except ValueError:
             raise ProviderFailure(fc.truncated("malformed response: not JSON")) from None
         if not isinstance(obj, dict):
-            raise ProviderFailure(fc.truncated("malformed response: not a JSON object"))
-        return self.protocol.completion(obj)
+            raise ProviderFailure(fc.malformed("not a JSON object"))
+        try:
+            return self.protocol.completion(obj)
+        except wire.WireError as exc:
+            raise ProviderFailure(fc.malformed(str(exc))) from None
 
     @asynccontextmanager
     async def stream(self, request: CallRequest):

@@ -1,18 +1,27 @@
 """OpenAI-compatible chat completions: OpenAI, OpenRouter, Groq, vLLM, Ollama, llama.cpp server.
 
+The family's whole wire lives here, both ways: a chat completions body read into the canonical
+request (the gateway's OpenAI dialect and the library use it), the canonical request written as
+a body for an `openai` profile, and replies (JSON and SSE) read into the canonical response.
+
 base_url includes the version prefix, as the official SDK's does (https://api.openai.com/v1,
 http://127.0.0.1:11434/v1); requests go to {base_url}/chat/completions. Streams ask for usage
 (`stream_options.include_usage`). Completion is `data: [DONE]`, or a choice with a finish_reason
-(some compatible servers close right after it); EOF before either is truncation.
+(some compatible servers close right after it); EOF before either is truncation. A reply of the
+wrong shape is a `malformed` failure naming the field; a 200 carrying `error` is a failure.
 """
 
 from __future__ import annotations
 
+import json
+
 import httpx
 
 from relayline.machines import classify as fc
+from relayline.machines import wire as w
 from relayline.machines.ledger import Usage
 from relayline.machines.stream import (
+    FINISH,
     PREAMBLE,
     REASONING,
     ROLE,
@@ -25,24 +34,311 @@ from relayline.machines.stream import (
 from relayline.machines.turn import Completion
 
 from ..sse import SSEEvent
-from .base import CallRequest, ProviderFailure
+from .base import CallRequest, ProviderFailure, client_headers
 from .http import HttpProvider, json_frame
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
+# request fields the canonical model holds; anything else is the family's own (Request.extra)
+KNOWN = frozenset({"model", "messages", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens",
+                   "temperature", "top_p", "stop", "tools", "tool_choice", "parallel_tool_calls",
+                   "response_format", "reasoning_effort", "user"})
 
-def _usage(raw) -> Usage | None:
-    if not isinstance(raw, dict):
+
+# -- requests: chat completions body -> canonical ----------------------------------------------------
+
+
+def _data_url(url: str) -> tuple[str, str] | None:
+    """(media type, base64) of a `data:` URL."""
+    if not url.startswith("data:") or ";base64," not in url:
         return None
-    details = raw.get("prompt_tokens_details") or {}
-    cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    head, data = url[5:].split(";base64,", 1)
+    return head or "application/octet-stream", data
+
+
+def _part(raw, param: str, extra_names: list[str]) -> w.Part:
+    if isinstance(raw, str):
+        return w.Part(w.TEXT, raw)
+    raw = w.want_dict(raw, param)
+    kind = w.want_str(raw.get("type"), w.path(param, "type"))
+    extra = tuple(k for k in raw if k not in ("type", "text", "image_url", "file"))
+    if kind in ("text", "input_text"):
+        return w.Part(w.TEXT, w.want_str(raw.get("text"), w.path(param, "text")), extra=extra)
+    if kind == "image_url":
+        image = raw.get("image_url")
+        url = image if isinstance(image, str) else w.want_str(w.want_dict(image, w.path(param, "image_url")).get("url"),
+                                                             w.path(param, "image_url.url"))
+        data = _data_url(url)
+        if data is not None:
+            return w.Part(w.IMAGE, data=data[1], media_type=data[0], extra=extra)
+        return w.Part(w.IMAGE, url=url, extra=extra)
+    if kind == "file":
+        file = w.want_dict(raw.get("file"), w.path(param, "file"))
+        data = _data_url(w.want_str(file.get("file_data"), w.path(param, "file.file_data")))
+        if data is None:
+            raise w.WireError(w.path(param, "file.file_data"), "expected a base64 data: URL")
+        return w.Part(w.DOCUMENT, data=data[1], media_type=data[0], extra=extra)
+    extra_names.append(f"content.{kind}")  # audio and other parts: this family's own
+    return w.Part(kind, extra=extra)
+
+
+def _content(raw, param: str, extra_names: list[str], *, nullable: bool) -> tuple[w.Part, ...]:
+    if raw is None:
+        if nullable:
+            return ()
+        raise w.WireError(param, "expected a string or a list of content parts, got null")
+    if isinstance(raw, str):
+        return (w.Part(w.TEXT, raw),) if raw else ()
+    if not isinstance(raw, list):
+        raise w.WireError(param, f"expected a string or a list of content parts, got {w.describe(raw)}")
+    return tuple(_part(p, w.path(param, i), extra_names) for i, p in enumerate(raw))
+
+
+def _tool_call(raw, param: str) -> w.ToolCall:
+    raw = w.want_dict(raw, param)
+    function = w.want_dict(raw.get("function"), w.path(param, "function"))
+    arguments = function.get("arguments")
+    arguments = "{}" if arguments is None else w.want_str(arguments, w.path(param, "function.arguments"))
+    return w.ToolCall(w.want_str(raw.get("id"), w.path(param, "id")),
+                      w.want_str(function.get("name"), w.path(param, "function.name")), arguments)
+
+
+def _message(raw, param: str, extra_names: list[str]) -> w.Message:
+    raw = w.want_dict(raw, param)
+    role = w.want_str(raw.get("role"), w.path(param, "role"))
+    content = raw.get("content")
+    where = w.path(param, "content")
+    extra_names.extend(f"messages.{k}" for k in raw if k not in ("role", "content", "tool_calls", "tool_call_id"))
+    if role in ("system", "developer"):
+        return w.Message(w.SYSTEM, _content(content, where, extra_names, nullable=False))
+    if role == "user":
+        return w.Message(w.USER, _content(content, where, extra_names, nullable=False))
+    if role == "assistant":
+        calls = raw.get("tool_calls")
+        calls = () if calls is None else tuple(
+            _tool_call(c, w.path(w.path(param, "tool_calls"), i)) for i, c in enumerate(w.want_list(calls, w.path(param, "tool_calls"))))
+        return w.Message(w.ASSISTANT, _content(content, where, extra_names, nullable=True), calls)
+    if role == "tool":
+        call_id = w.want_str(raw.get("tool_call_id"), w.path(param, "tool_call_id"))
+        return w.Message(w.TOOL, _content(content, where, extra_names, nullable=False), tool_call_id=call_id)
+    raise w.WireError(w.path(param, "role"), "must be one of system, developer, user, assistant, tool")
+
+
+def _tool(raw, param: str) -> w.Tool:
+    raw = w.want_dict(raw, param)
+    if raw.get("type", "function") != "function":
+        raise w.WireError(w.path(param, "type"), "only function tools are supported")
+    function = w.want_dict(raw.get("function"), w.path(param, "function"))
+    parameters = w.optional(function, "parameters", w.want_dict, w.path(param, "function"))
+    return w.Tool(w.want_str(function.get("name"), w.path(param, "function.name")),
+                  w.optional(function, "description", w.want_str, w.path(param, "function")) or "",
+                  parameters if parameters is not None else {"type": "object"})
+
+
+def _tool_choice(raw) -> w.ToolChoice:
+    if isinstance(raw, str):
+        if raw not in ("auto", "none", "required"):
+            raise w.WireError("tool_choice", "must be auto, none, required or a function")
+        return w.ToolChoice(raw)
+    raw = w.want_dict(raw, "tool_choice")
+    function = w.want_dict(raw.get("function"), "tool_choice.function")
+    return w.ToolChoice("tool", w.want_str(function.get("name"), "tool_choice.function.name"))
+
+
+def _response_format(raw) -> w.ResponseFormat:
+    raw = w.want_dict(raw, "response_format")
+    kind = w.want_str(raw.get("type"), "response_format.type")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise w.WireError("response_format.type", "must be text, json_object or json_schema")
+    schema = w.optional(raw, "json_schema", w.want_dict, "response_format")
+    return w.ResponseFormat(kind, schema)
+
+
+def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
+    """A chat completions body (and its request headers) as the canonical request; a body of the
+    wrong shape raises WireError naming the field."""
+    body = w.want_dict(body, "")
+    if body.get("n") not in (None, 1):
+        raise w.WireError("n", "only n = 1 is supported")
+    messages = w.want_list(body.get("messages"), "messages")
+    if not messages:
+        raise w.WireError("messages", "must not be empty")
+    extra_names: list[str] = []
+    parsed = tuple(_message(m, w.path("messages", i), extra_names) for i, m in enumerate(messages))
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    stop = () if stop is None else tuple(w.want_str(s, w.path("stop", i)) for i, s in enumerate(w.want_list(stop, "stop")))
+    tools = w.optional(body, "tools", w.want_list)
+    options = w.optional(body, "stream_options", w.want_dict) or {}
+    effort = w.optional(body, "reasoning_effort", w.want_str)
+    max_tokens = w.optional(body, "max_completion_tokens", w.want_int, "", 1)
+    extra = {k: v for k, v in body.items() if k not in KNOWN}
+    extra.update({name: None for name in extra_names})
+    return w.Request(
+        messages=parsed,
+        model=w.check_model(body.get("model")),
+        stream=bool(w.optional(body, "stream", w.want_bool)),
+        include_usage=bool(w.optional(options, "include_usage", w.want_bool, "stream_options")),
+        max_tokens=max_tokens if max_tokens is not None else w.optional(body, "max_tokens", w.want_int, "", 1),
+        temperature=w.optional(body, "temperature", w.want_number, "", 0, 2),
+        top_p=w.optional(body, "top_p", w.want_number, "", 0, 1),
+        stop=stop,
+        tools=tuple(_tool(t, w.path("tools", i)) for i, t in enumerate(tools or ())),
+        tool_choice=_tool_choice(body["tool_choice"]) if body.get("tool_choice") is not None else None,
+        parallel_tool_calls=w.optional(body, "parallel_tool_calls", w.want_bool),
+        response_format=_response_format(body["response_format"]) if body.get("response_format") is not None else None,
+        reasoning=w.Reasoning(effort=effort) if effort else None,
+        user=w.optional(body, "user", w.want_str),
+        extra=extra,
+        source="openai",
+        passthrough=w.Passthrough(body, client_headers(headers, "openai")) if passthrough else None,
+    )
+
+
+# -- requests: canonical -> chat completions body ----------------------------------------------------
+
+
+def _render_part(part: w.Part) -> dict:
+    if part.type == w.IMAGE:
+        url = part.url if part.url is not None else f"data:{part.media_type};base64,{part.data}"
+        return {"type": "image_url", "image_url": {"url": url}}
+    if part.type == w.DOCUMENT:
+        return {"type": "file", "file": {"filename": "document.pdf",
+                                         "file_data": f"data:{part.media_type};base64,{part.data}"}}
+    return {"type": "text", "text": part.text}
+
+
+def _render_content(parts: tuple[w.Part, ...]):
+    if all(p.type == w.TEXT for p in parts):
+        return "".join(p.text for p in parts)
+    return [_render_part(p) for p in parts if p.type in (w.TEXT, w.IMAGE, w.DOCUMENT)]
+
+
+def _render_message(message: w.Message) -> dict:
+    if message.role == w.TOOL:
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": _render_content(message.content)}
+    out: dict = {"role": message.role, "content": _render_content(message.content)}
+    if message.tool_calls:
+        out["content"] = out["content"] or None
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in message.tool_calls]
+    return out
+
+
+def render_request(request: w.Request, model: str, stream: bool) -> dict:
+    """The body for an openai-family entry: the client's own body when it spoke this dialect,
+    else the canonical request translated (CONFIG.md "The wire")."""
+    if request.passthrough is not None and request.source == "openai":
+        body = dict(request.passthrough.body)
+    else:
+        body = {"messages": [_render_message(m) for m in request.messages]}
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
+        for name in ("temperature", "top_p", "user", "parallel_tool_calls"):
+            if getattr(request, name) is not None:
+                body[name] = getattr(request, name)
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if request.tools:
+            body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                               "parameters": dict(t.parameters)}}
+                             for t in request.tools]
+        choice = request.tool_choice
+        if choice is not None:
+            body["tool_choice"] = choice.mode if choice.mode != "tool" else {"type": "function",
+                                                                               "function": {"name": choice.name}}
+        if request.response_format is not None:
+            body["response_format"] = {"type": request.response_format.type} | (
+                {"json_schema": dict(request.response_format.json_schema)} if request.response_format.json_schema else {})
+        if request.reasoning is not None and request.reasoning.as_effort():
+            body["reasoning_effort"] = request.reasoning.as_effort()
+        if request.source == "openai":
+            body.update({k: v for k, v in request.extra.items() if "." not in k})
+    body["model"] = model
+    body["stream"] = stream
+    if stream:
+        # usage is requested for the ledger; the gateway shows it to the client only if asked
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    else:
+        body.pop("stream_options", None)
+    return body
+
+
+# -- replies --------------------------------------------------------------------------------------
+
+
+def _usage(raw, param: str = "usage") -> Usage | None:
+    if raw is None:
+        return None
+    raw = w.want_dict(raw, param)
+    details = w.optional(raw, "prompt_tokens_details", w.want_dict, param) or {}
+    cached = w.optional(details, "cached_tokens", w.want_int, w.path(param, "prompt_tokens_details")) or 0
+    out_details = w.optional(raw, "completion_tokens_details", w.want_dict, param) or {}
+    reasoning = w.optional(out_details, "reasoning_tokens", w.want_int, w.path(param, "completion_tokens_details")) or 0
+    prompt = w.optional(raw, "prompt_tokens", w.want_int, param) or 0
     # prompt_tokens already counts cached tokens: keep them apart so they are not billed twice
-    return Usage(int(raw.get("prompt_tokens") or 0) - cached, int(raw.get("completion_tokens") or 0), cached)
+    return Usage(max(prompt - cached, 0), w.optional(raw, "completion_tokens", w.want_int, param) or 0, cached,
+                 0, reasoning)
 
 
-def _reasoning(message: dict) -> str:
-    value = message.get("reasoning_content") or message.get("reasoning") or ""
-    return value if isinstance(value, str) else ""
+def _reasoning(message: dict, param: str) -> str:
+    value = message.get("reasoning_content")
+    if value is None:
+        value = message.get("reasoning")
+    return "" if value is None else w.want_str(value, w.path(param, "reasoning_content"))
+
+
+def _arguments(value, param: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict):  # some compatible servers send the object itself
+        return json.dumps(value)
+    return w.want_str(value, param)
+
+
+def _finish(raw, param: str) -> str | None:
+    if raw is None:
+        return None
+    return w.OPENAI_FINISH.get(w.want_str(raw, param), w.STOP)
+
+
+def _raise_error(error) -> None:
+    text = error if isinstance(error, str) else " ".join(
+        str(error.get(k, "")) for k in ("code", "type", "message")) if isinstance(error, dict) else "error"
+    raise ProviderFailure(fc.classify_stream_error(text))
+
+
+def _text(content, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, list):  # a few compatible servers answer with text parts
+        return "".join(w.want_str(w.want_dict(p, w.path(param, i)).get("text", ""), w.path(w.path(param, i), "text"))
+                       for i, p in enumerate(content))
+    return w.want_str(content, param)
+
+
+def parse_completion(body: dict) -> Completion:
+    if body.get("error"):
+        _raise_error(body["error"])
+    choices = w.want_list(body.get("choices"), "choices")
+    if not choices:
+        return Completion(usage=_usage(body.get("usage")) or Usage())
+    choice = w.want_dict(choices[0], "choices[0]")
+    message = w.want_dict(choice.get("message"), "choices[0].message")
+    calls = w.optional(message, "tool_calls", w.want_list, "choices[0].message") or []
+    names, arguments, ids = [], [], []
+    for i, call in enumerate(calls):
+        where = f"choices[0].message.tool_calls[{i}]"
+        call = w.want_dict(call, where)
+        function = w.want_dict(call.get("function"), f"{where}.function")
+        names.append(w.want_str(function.get("name"), f"{where}.function.name"))
+        arguments.append(_arguments(function.get("arguments"), f"{where}.function.arguments"))
+        ids.append(w.optional(call, "id", w.want_str, where) or "")
+    return Completion(_text(message.get("content"), "choices[0].message.content"),
+                      _reasoning(message, "choices[0].message"), tuple(names),
+                      _usage(body.get("usage")) or Usage(), tuple(arguments), tuple(ids),
+                      _finish(choice.get("finish_reason"), "choices[0].finish_reason"))
 
 
 class OpenAIStreamParser:
@@ -58,30 +354,42 @@ class OpenAIStreamParser:
             self.done = True
             return []
         obj = json_frame(event)
-        error = obj.get("error")
-        if error:
-            text = error if isinstance(error, str) else " ".join(
-                str(error.get(k, "")) for k in ("code", "type", "message") if isinstance(error, dict))
-            raise ProviderFailure(fc.classify_stream_error(text))
+        try:
+            return self._frames(obj)
+        except w.WireError as exc:
+            raise ProviderFailure(fc.malformed(f"stream chunk {exc}")) from None
+
+    def _frames(self, obj: dict) -> list[Frame]:
+        if obj.get("error"):
+            _raise_error(obj["error"])
         frames: list[Frame] = []
-        for choice in obj.get("choices") or ():
-            delta = choice.get("delta") or {}
+        for i, choice in enumerate(w.optional(obj, "choices", w.want_list) or ()):
+            where = f"choices[{i}]"
+            choice = w.want_dict(choice, where)
+            delta = w.optional(choice, "delta", w.want_dict, where) or {}
             if delta.get("role"):
                 frames.append(Frame(ROLE))
-            reasoning = _reasoning(delta)
+            reasoning = _reasoning(delta, f"{where}.delta")
             if reasoning:
                 frames.append(Frame(REASONING, reasoning))
             content = delta.get("content")
-            if isinstance(content, str):
+            if content is not None:
+                content = w.want_str(content, f"{where}.delta.content")
                 frames.append(Frame(TEXT, content) if content else Frame(PREAMBLE))
-            for call in delta.get("tool_calls") or ():
-                function = call.get("function") or {}
-                if function.get("name"):
-                    frames.append(Frame(TOOL_CALL, function["name"]))
-                if function.get("arguments"):
-                    frames.append(Frame(TOOL_ARGS, function["arguments"]))
-            if choice.get("finish_reason"):
+            for j, call in enumerate(w.optional(delta, "tool_calls", w.want_list, f"{where}.delta") or ()):
+                at = f"{where}.delta.tool_calls[{j}]"
+                call = w.want_dict(call, at)
+                function = w.optional(call, "function", w.want_dict, at) or {}
+                name = w.optional(function, "name", w.want_str, f"{at}.function")
+                if name:
+                    frames.append(Frame(TOOL_CALL, name, ref=w.optional(call, "id", w.want_str, at) or ""))
+                arguments = _arguments(function.get("arguments"), f"{at}.function.arguments")
+                if arguments:
+                    frames.append(Frame(TOOL_ARGS, arguments))
+            finish = _finish(choice.get("finish_reason"), f"{where}.finish_reason")
+            if finish:
                 self.finished = True
+                frames.append(Frame(FINISH, finish))
         usage = _usage(obj.get("usage"))
         if usage is not None:
             frames.append(Frame(USAGE, usage=usage))
@@ -89,27 +397,19 @@ class OpenAIStreamParser:
 
 
 class OpenAIProtocol:
+    family = "openai"
+
     def build(self, client: httpx.AsyncClient, request: CallRequest) -> httpx.Request:
         provider = request.entry.provider
         base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
-        headers = {"content-type": "application/json", **provider.headers}
+        headers = {"content-type": "application/json", **request.forwarded_headers("openai"), **provider.headers}
         if request.key is not None:
             headers["authorization"] = f"Bearer {request.key.reveal()}"
-        body: dict = {"model": request.model, "messages": list(request.messages), "stream": request.stream}
-        if request.stream:
-            body["stream_options"] = {"include_usage": True}
-        if request.tools:
-            body["tools"] = list(request.tools)
+        body = render_request(request.wire_request(), request.model, request.stream)
         return client.build_request("POST", f"{base}/chat/completions", json=body, headers=headers)
 
     def completion(self, body: dict) -> Completion:
-        choices = body.get("choices") or []
-        message = (choices[0].get("message") if choices and isinstance(choices[0], dict) else None) or {}
-        content = message.get("content")
-        text = content if isinstance(content, str) else ""
-        functions = [c.get("function") or {} for c in message.get("tool_calls") or ()]
-        return Completion(text, _reasoning(message), tuple(f.get("name", "") for f in functions),
-                          _usage(body.get("usage")) or Usage(), tuple(f.get("arguments") or "" for f in functions))
+        return parse_completion(body)
 
     def parser(self) -> OpenAIStreamParser:
         return OpenAIStreamParser()

@@ -42,6 +42,7 @@ def _openai_chunk(delta: dict | None = None, finish: str | None = None, usage: d
 
 def openai_stream(reply: Mapping, model: str) -> list[bytes | float]:
     out: list[bytes | float] = []
+    tools = 0
     for frame in reply_frames(reply):
         if "wait" in frame:
             out.append(float(frame["wait"]))
@@ -54,7 +55,9 @@ def openai_stream(reply: Mapping, model: str) -> list[bytes | float]:
         elif "reasoning" in frame:
             out.append(_sse(_openai_chunk({"reasoning_content": frame["reasoning"]}, model=model)))
         elif "tool_call" in frame:
-            call = {"index": 0, "id": "call_sim", "type": "function", "function": {"name": frame["tool_call"], "arguments": "{}"}}
+            call = {"index": tools, "id": f"call_sim{tools}", "type": "function",
+                    "function": {"name": frame["tool_call"], "arguments": "{}"}}
+            tools += 1
             out.append(_sse(_openai_chunk({"tool_calls": [call]}, model=model)))
         elif "usage" in frame:
             tokens_in, tokens_out = frame["usage"]
@@ -67,7 +70,7 @@ def openai_stream(reply: Mapping, model: str) -> list[bytes | float]:
         elif frame.get("eof"):
             break
         elif frame.get("done"):
-            out.append(_sse(_openai_chunk({}, "stop", model=model)))
+            out.append(_sse(_openai_chunk({}, "tool_calls" if tools else "stop", model=model)))
             out.append(_sse("[DONE]"))
             break
         # executed_tool: the OpenAI shape has no provider-executed tool events
@@ -78,6 +81,7 @@ def anthropic_stream(reply: Mapping, model: str) -> list[bytes | float]:
     out: list[bytes | float] = []
     index = 0
     usage = {"input_tokens": 10, "output_tokens": 1}
+    tools = False
     out.append(_sse({"type": "message_start", "message": {"id": "msg_sim", "type": "message", "role": "assistant",
                                                           "content": [], "model": model, "usage": usage}}, "message_start"))
 
@@ -102,8 +106,9 @@ def anthropic_stream(reply: Mapping, model: str) -> list[bytes | float]:
         elif "reasoning" in frame:
             out.extend(block({"type": "thinking", "thinking": ""}, {"type": "thinking_delta", "thinking": frame["reasoning"]}))
         elif "tool_call" in frame:
-            out.extend(block({"type": "tool_use", "id": "toolu_sim", "name": frame["tool_call"], "input": {}},
+            out.extend(block({"type": "tool_use", "id": f"toolu_sim{index}", "name": frame["tool_call"], "input": {}},
                              {"type": "input_json_delta", "partial_json": "{}"}))
+            tools = True
         elif "executed_tool" in frame:
             out.extend(block({"type": "server_tool_use", "id": "srvtoolu_sim", "name": frame["executed_tool"], "input": {}}, None))
         elif "usage" in frame:
@@ -115,7 +120,8 @@ def anthropic_stream(reply: Mapping, model: str) -> list[bytes | float]:
         elif frame.get("eof"):
             break
         elif frame.get("done"):
-            out.append(_sse({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            out.append(_sse({"type": "message_delta", "delta": {"stop_reason": "tool_use" if tools else "end_turn",
+                                                                 "stop_sequence": None},
                              "usage": usage}, "message_delta"))
             out.append(_sse({"type": "message_stop"}, "message_stop"))
             break
@@ -131,7 +137,7 @@ def openai_body(reply: Mapping, model: str) -> dict:
         message["tool_calls"] = [{"id": "call_sim", "type": "function",
                                   "function": {"name": reply["tool_call"], "arguments": "{}"}}]
     return {"id": "chatcmpl-sim", "object": "chat.completion", "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.get("tool_call") else "stop"}],
             "usage": {"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens}}
 
 
@@ -145,7 +151,7 @@ def anthropic_body(reply: Mapping, model: str) -> dict:
     if reply.get("tool_call"):
         content.append({"type": "tool_use", "id": "toolu_sim", "name": reply["tool_call"], "input": {}})
     return {"id": "msg_sim", "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": "end_turn", "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}}
+            "stop_reason": "tool_use" if reply.get("tool_call") else "end_turn", "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}}
 
 
 def _coalesce(pieces: list[bytes | float]) -> tuple[bytes | float, ...]:

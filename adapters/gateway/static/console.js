@@ -38,7 +38,8 @@ function drawHealth() {
   const h = state.health;
   if (!h) return;
   document.getElementById("health-window").textContent =
-    `success and latency over the breaker window (${h.window_s} s); store: ${h.store}`;
+    `success and latency over the breaker window (${h.window_s} s); health store: ` +
+    (h.store.shared ? `shared at ${h.store.where}, ${h.store.state}` : h.store.state);
   const body = document.querySelector("#health tbody");
   body.replaceChildren(...h.profiles.map((p) => el("tr", { "data-profile": p.profile, "data-breaker": p.breaker },
     el("td", {}, el("code", {}, p.profile)),

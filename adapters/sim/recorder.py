@@ -1,0 +1,159 @@
+"""A recording loopback upstream on a thread of its own: it answers as an OpenAI-compatible or
+Anthropic provider would (by the request path: /v1/chat/completions or /v1/messages; JSON or SSE
+by the request's `stream`) and keeps every request it got, bodies and headers, so a test can
+say exactly what reached the provider. The official SDKs are blocking clients: this upstream,
+like the gateway (background.py), runs its own trio loop.
+
+    with RecordingUpstream() as upstream:
+        upstream.answer = Answer(text="hi", finish="length")
+        ... a gateway profile with base_url = upstream.url ...
+        upstream.seen[-1].body
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import attrs
+import trio
+
+from .loopback import LoopbackServer, Reply, Seen
+
+SSE = (("content-type", "text/event-stream"),)
+JSON = (("content-type", "application/json"),)
+
+
+@attrs.frozen
+class Answer:
+    """What the upstream says, in the family's own words (finish is the family's own value)."""
+
+    text: str = "ok"
+    reasoning: str = ""
+    tool_calls: tuple[tuple[str, str, str], ...] = ()  # (id, name, JSON arguments)
+    finish: str | None = None  # e.g. "length" / "max_tokens"; None: the natural one
+    usage: dict | None = None  # the family's usage object; None: a small default
+    status: int = 200
+    error: dict | None = None  # the error body for a status >= 400 (or an `error` in a 200)
+
+
+def _sse(obj, event: str | None = None) -> bytes:
+    data = obj if isinstance(obj, str) else json.dumps(obj)
+    return (f"event: {event}\n" if event else "").encode() + f"data: {data}\n\n".encode()
+
+
+def openai_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ...]:
+    finish = answer.finish or ("tool_calls" if answer.tool_calls else "stop")
+    usage = answer.usage or {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+    if not stream:
+        message: dict = {"role": "assistant", "content": answer.text or None}
+        if answer.reasoning:
+            message["reasoning_content"] = answer.reasoning
+        if answer.tool_calls:
+            message["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                                     for i, n, a in answer.tool_calls]
+        body = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage}
+        if answer.error is not None:
+            body["error"] = answer.error
+        return (json.dumps(body).encode(),)
+
+    def chunk(delta, finish_reason=None, **extra):
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
+        return _sse({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": model,
+                     "choices": choices, **extra})
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    if answer.reasoning:
+        out.append(chunk({"reasoning_content": answer.reasoning}))
+    if answer.text:
+        out.append(chunk({"content": answer.text}))
+    for index, (call_id, name, arguments) in enumerate(answer.tool_calls):
+        out.append(chunk({"tool_calls": [{"index": index, "id": call_id, "type": "function",
+                                          "function": {"name": name, "arguments": ""}}]}))
+        out.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}))
+    out.append(chunk({}, finish))
+    out.append(chunk(None, usage=usage))
+    out.append(_sse("[DONE]"))
+    return tuple(out)
+
+
+def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ...]:
+    finish = answer.finish or ("tool_use" if answer.tool_calls else "end_turn")
+    usage = answer.usage or {"input_tokens": 12, "output_tokens": 3}
+    content: list[dict] = []
+    if answer.reasoning:
+        content.append({"type": "thinking", "thinking": answer.reasoning, "signature": "sig"})
+    if answer.text:
+        content.append({"type": "text", "text": answer.text})
+    content += [{"type": "tool_use", "id": i, "name": n, "input": json.loads(a)} for i, n, a in answer.tool_calls]
+    if not stream:
+        if answer.error is not None:
+            return (json.dumps({"type": "error", "error": answer.error}).encode(),)
+        return (json.dumps({"id": "msg_up", "type": "message", "role": "assistant", "model": model, "content": content,
+                            "stop_reason": finish, "stop_sequence": None, "usage": usage}).encode(),)
+    start_usage = {k: v for k, v in usage.items() if k != "output_tokens"} | {"output_tokens": 1}
+    out = [_sse({"type": "message_start", "message": {"id": "msg_up", "type": "message", "role": "assistant",
+                                                      "model": model, "content": [], "stop_reason": None,
+                                                      "stop_sequence": None, "usage": start_usage}}, "message_start")]
+    for index, block in enumerate(content):
+        if block["type"] == "tool_use":
+            start = {**block, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        elif block["type"] == "thinking":
+            start, delta = {"type": "thinking", "thinking": ""}, {"type": "thinking_delta", "thinking": block["thinking"]}
+        else:
+            start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+        out.append(_sse({"type": "content_block_start", "index": index, "content_block": start}, "content_block_start"))
+        out.append(_sse({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"))
+        out.append(_sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+    out.append(_sse({"type": "message_delta", "delta": {"stop_reason": finish, "stop_sequence": None},
+                     "usage": {"output_tokens": usage.get("output_tokens", 0)}}, "message_delta"))
+    out.append(_sse({"type": "message_stop"}, "message_stop"))
+    return tuple(out)
+
+
+class RecordingUpstream:
+    def __init__(self) -> None:
+        self.answer = Answer()
+        self.seen: list[Seen] = []
+        self.url = ""
+        self._ready = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._thread = threading.Thread(target=lambda: trio.run(self._main), name="relayline-upstream", daemon=True)
+
+    def _answer(self, seen: Seen) -> Reply:
+        self.seen.append(seen)
+        answer = self.answer
+        family = "anthropic" if seen.path.endswith("/v1/messages") else "openai"
+        if answer.status >= 400:
+            error = answer.error or {"type": "invalid_request_error", "message": "rejected"}
+            body = {"type": "error", "error": error} if family == "anthropic" else {"error": error}
+            return Reply(status=answer.status, headers=JSON, pieces=(json.dumps(body).encode(),))
+        body = seen.body or {}
+        stream = bool(body.get("stream"))
+        render = anthropic_reply if family == "anthropic" else openai_reply
+        return Reply(headers=SSE if stream else JSON, pieces=render(answer, body.get("model", ""), stream))
+
+    async def _main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            server = LoopbackServer(self._answer)
+            await server.start(nursery)
+            self.url = server.url
+            self._ready.set()
+            await self._stop.wait()
+            nursery.cancel_scope.cancel()
+
+    def __enter__(self) -> RecordingUpstream:
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the upstream did not start within 30 s")
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._token is not None and self._stop is not None:
+            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join(30)

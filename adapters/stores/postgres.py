@@ -1,0 +1,126 @@
+"""The ledger of a fleet: one PostgreSQL row per billable attempt, shared by every worker.
+
+The same rows and report as the SQLite ledger (stores/ledger.py), so `relayline ledger` reads
+either. psycopg 3's async connections need asyncio, so the gateway (trio) writes through the
+blocking driver and its connection pool in worker threads, at most as many at once as the pool
+has connections. A turn's rows go in one transaction before its response completes.
+
+The schema is migrated on start: each migration runs once, in order, under an advisory lock so
+that workers starting together do not race, and is recorded in relayline_schema.
+"""
+
+from __future__ import annotations
+
+import time
+
+import trio
+
+from relayline.machines.turn import TurnResult
+
+from .ledger import COLUMNS, ledger_rows
+
+MIGRATIONS = (
+    # 1: the attempts table (the SQLite ledger's columns)
+    """
+    CREATE TABLE IF NOT EXISTS relayline_attempts (
+        id BIGSERIAL PRIMARY KEY,
+        ts DOUBLE PRECISION NOT NULL,
+        turn TEXT NOT NULL,
+        requested TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        model TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        accepted INTEGER NOT NULL,
+        input_tokens BIGINT NOT NULL,
+        output_tokens BIGINT NOT NULL,
+        cost_usd DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS relayline_attempts_ts ON relayline_attempts (ts);
+    """,
+)
+MIGRATION_LOCK = 0x72656C61  # any constant shared by every worker: "rela"
+POOL_SIZE = 4
+
+
+def _connect_error(url: str, exc: Exception) -> RuntimeError:
+    # the URL may carry a password: name the host part only
+    where = url.rsplit("@", 1)[-1]
+    return RuntimeError(f"ledger.url: cannot use the PostgreSQL ledger at {where}: {type(exc).__name__}")
+
+
+class PostgresLedger:
+    def __init__(self, url: str, *, pool_size: int = POOL_SIZE, timeout_s: float = 10.0) -> None:
+        try:
+            import psycopg
+            from psycopg_pool import ConnectionPool
+        except ImportError:  # pragma: no cover - the fleet extra is part of dev
+            raise RuntimeError("ledger.url needs the fleet extra: pip install 'relayline[fleet]'") from None
+        self.url = url
+        try:
+            # one direct connection first: an unreachable server fails at once, not after the
+            # pool's retries, and the schema is ready before any worker writes
+            with psycopg.connect(url, connect_timeout=max(1, int(timeout_s)), autocommit=True) as conn:
+                self._migrate(conn)
+        except Exception as exc:
+            raise _connect_error(url, exc) from None
+        self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, timeout=timeout_s, open=True,
+                                    kwargs={"autocommit": True})
+        self._limiter = trio.CapacityLimiter(pool_size)
+
+    @staticmethod
+    def _migrate(conn) -> None:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            conn.execute("CREATE TABLE IF NOT EXISTS relayline_schema (version INTEGER PRIMARY KEY, "
+                         "applied_at DOUBLE PRECISION NOT NULL)")
+            done = {v for (v,) in conn.execute("SELECT version FROM relayline_schema").fetchall()}
+            for version, sql in enumerate(MIGRATIONS, start=1):
+                if version not in done:
+                    conn.execute(sql)
+                    conn.execute("INSERT INTO relayline_schema (version, applied_at) VALUES (%s, %s)",
+                                  (version, time.time()))
+
+    @property
+    def schema_version(self) -> int:
+        with self._pool.connection() as conn:
+            return conn.execute("SELECT COALESCE(MAX(version), 0) FROM relayline_schema").fetchone()[0]
+
+    def write(self, turn_id: str, result: TurnResult, now: float | None = None) -> int:
+        rows = ledger_rows(turn_id, result, now)
+        if not rows:
+            return 0
+        placeholders = ", ".join(["%s"] * len(COLUMNS))
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            cur.executemany(f"INSERT INTO relayline_attempts ({', '.join(COLUMNS)}) VALUES ({placeholders})", rows)
+        return len(rows)
+
+    async def record(self, turn_id: str, result: TurnResult) -> int:
+        """Write a turn's rows from the event loop: a blocking insert in a bounded worker thread."""
+        if not result.ledger:
+            return 0
+        # shielded: a client that went away after its turn ended still leaves the turn's rows
+        with trio.CancelScope(shield=True):
+            return await trio.to_thread.run_sync(self.write, turn_id, result, limiter=self._limiter)
+
+    def rows(self, since: float = 0.0) -> list[dict]:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            cur.execute(f"SELECT {', '.join(COLUMNS)} FROM relayline_attempts WHERE ts >= %s ORDER BY id", (since,))
+            return [dict(zip(COLUMNS, row, strict=True)) for row in cur.fetchall()]
+
+    def report(self, since: float = 0.0) -> list[dict]:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            cur.execute(
+                "SELECT provider, model, SUM(accepted), SUM(1 - accepted), "
+                "SUM(CASE WHEN accepted = 1 THEN cost_usd ELSE 0 END), "
+                "SUM(CASE WHEN accepted = 1 THEN 0 ELSE cost_usd END), SUM(input_tokens), SUM(output_tokens) "
+                "FROM relayline_attempts WHERE ts >= %s GROUP BY provider, model ORDER BY provider, model",
+                (since,))
+            return [
+                {"provider": p, "model": m, "accepted": int(a), "rejected": int(r), "accepted_cost_usd": float(ac),
+                 "rejected_cost_usd": float(rc), "input_tokens": int(ti), "output_tokens": int(to)}
+                for p, m, a, r, ac, rc, ti, to in cur.fetchall()
+            ]
+
+    def close(self) -> None:
+        self._pool.close()

@@ -1,0 +1,365 @@
+"""The canonical request and response: what a client asked for and what a provider said, in one
+shape that both client dialects and both provider families translate to and from.
+
+The walk, the gate and the ledger see only this model, never dialect JSON. A request remembers
+the dialect it was written in (`source`) and, from the gateway, the client's own body
+(`passthrough`): a same-family entry is sent that body with only model/stream/stream_options set,
+so fields relayline does not know still reach the provider. Across families only what the model
+holds is translated, and `unsupported` names what an entry cannot honour, so the walk skips that
+entry (or, with `drop_unsupported_params`, the adapter drops those fields and says so) instead of
+sending a request with a parameter silently gone.
+
+Values are frozen attrs classes; `converter` structures them from plain data with the same strict
+rules as the config (a string is not a number) for embedders who build requests as dicts.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+
+import attrs
+import cattrs
+
+from .config import Capabilities
+from .errors import RelaylineError
+
+SYSTEM, USER, ASSISTANT, TOOL = "system", "user", "assistant", "tool"
+ROLES = (SYSTEM, USER, ASSISTANT, TOOL)
+TEXT, IMAGE, DOCUMENT = "text", "image", "document"
+
+# finish reasons, canonical (OpenAI's words, with stop_sequence kept apart for Anthropic clients)
+STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER = "stop", "stop_sequence", "length", "tool_calls", "content_filter"
+FINISH_REASONS = (STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER)
+
+# reasoning_effort <-> thinking.budget_tokens (CONFIG.md "The wire")
+EFFORT_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384}
+
+MAX_MODEL_CHARS = 256  # a model name reaches headers, logs and the ledger: bounded and printable
+
+
+class WireError(RelaylineError):
+    """A body of the wrong shape. `param` names the field, in the client's own notation."""
+
+    reason = "invalid_request"
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}" if param else message)
+        self.param = param
+        self.detail = message
+
+
+@attrs.frozen
+class Part:
+    """One content part: text, an image (by URL or base64 with its media type) or a document."""
+
+    type: str = TEXT
+    text: str = ""
+    url: str | None = None
+    data: str | None = None  # base64
+    media_type: str | None = None
+    extra: tuple[str, ...] = ()  # fields of the part relayline does not translate (cache_control...)
+
+
+@attrs.frozen
+class ToolCall:
+    id: str
+    name: str
+    arguments: str = "{}"  # JSON text, as the provider sent it
+
+
+@attrs.frozen
+class Message:
+    role: str
+    content: tuple[Part, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None  # a tool result answers this call
+    is_error: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.content if p.type == TEXT)
+
+
+@attrs.frozen
+class Tool:
+    name: str
+    description: str = ""
+    parameters: Mapping = attrs.field(factory=lambda: {"type": "object"})
+
+
+@attrs.frozen
+class ToolChoice:
+    mode: str  # auto | none | required | tool
+    name: str | None = None
+
+
+@attrs.frozen
+class ResponseFormat:
+    type: str  # text | json_object | json_schema
+    json_schema: Mapping | None = None
+
+
+@attrs.frozen
+class Reasoning:
+    effort: str | None = None  # OpenAI reasoning_effort
+    budget_tokens: int | None = None  # Anthropic thinking.budget_tokens
+
+    def as_effort(self) -> str | None:
+        if self.effort is not None or self.budget_tokens is None:
+            return self.effort
+        return "low" if self.budget_tokens < 2048 else "medium" if self.budget_tokens < 8192 else "high"
+
+    def as_budget(self) -> int | None:
+        if self.budget_tokens is not None:
+            return self.budget_tokens
+        return EFFORT_BUDGETS.get(self.effort or "")
+
+
+@attrs.frozen
+class Passthrough:
+    """The client's body, unchanged, and the request headers that travel with it to a provider
+    of the same family (anthropic-beta, anthropic-version, openai-*)."""
+
+    body: Mapping
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@attrs.frozen
+class Request:
+    messages: tuple[Message, ...]
+    model: str | None = None
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: the client wants a usage chunk
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: tuple[str, ...] = ()
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    reasoning: Reasoning | None = None
+    user: str | None = None
+    # fields one family has and the canonical model does not translate (seed, logprobs, metadata
+    # beyond user_id, service_tier...), as the source dialect wrote them
+    extra: Mapping = attrs.field(factory=dict)
+    source: str = "openai"  # the dialect the request was written in
+    passthrough: Passthrough | None = None
+
+    @property
+    def has_images(self) -> bool:
+        return any(p.type == IMAGE for m in self.messages for p in m.content)
+
+    @property
+    def turn_text(self) -> str:
+        """The user's turn text (effort routing reads it): the last user message's text."""
+        for message in reversed(self.messages):
+            if message.role == USER and message.tool_call_id is None:
+                return " ".join(p.text for p in message.content if p.type == TEXT)
+        return ""
+
+    def with_prefill(self, text: str) -> Request:
+        """This request continued from exactly `text`: a trailing assistant message."""
+        messages = (*self.messages, Message(ASSISTANT, (Part(TEXT, text),)))
+        passthrough = self.passthrough
+        if passthrough is not None:
+            body = dict(passthrough.body)
+            body["messages"] = [*body.get("messages", ()), {"role": "assistant", "content": text}]
+            passthrough = attrs.evolve(passthrough, body=body)
+        return attrs.evolve(self, messages=messages, passthrough=passthrough)
+
+
+def unsupported(request: Request, family: str, capabilities: Capabilities) -> tuple[str, ...]:
+    """The request fields an entry of `family` with `capabilities` cannot honour (CONFIG.md "The
+    wire"), by name. Empty: the entry can serve the request as asked."""
+    names: list[str] = []
+    if request.has_images and not capabilities.vision:
+        names.append("image")
+    if request.tools and not capabilities.tools:
+        names.append("tools")
+    if family not in ("openai", "anthropic") or family == request.source:
+        return tuple(names)  # the sim family takes anything; the same family gets the body as sent
+    names.extend(request.extra)
+    names.extend(x for m in request.messages for p in m.content for x in p.extra)
+    if family == "openai":
+        if request.top_k is not None:
+            names.append("top_k")
+        if any(p.type == DOCUMENT and p.data is None for m in request.messages for p in m.content):
+            names.append("document.source.url")
+        if any(m.is_error for m in request.messages):
+            names.append("tool_result.is_error")
+    else:
+        if request.response_format is not None and request.response_format.type != "text":
+            names.append("response_format")
+        if request.reasoning is not None and request.reasoning.as_budget() is None:
+            names.append("reasoning_effort")
+    return tuple(dict.fromkeys(names))
+
+
+# -- responses ------------------------------------------------------------------------------------
+
+OPENAI_FINISH = {"stop": STOP, "length": LENGTH, "tool_calls": TOOL_CALLS, "function_call": TOOL_CALLS,
+                 "content_filter": CONTENT_FILTER}
+ANTHROPIC_STOP = {"end_turn": STOP, "stop_sequence": STOP_SEQUENCE, "max_tokens": LENGTH, "tool_use": TOOL_CALLS,
+                  "refusal": CONTENT_FILTER, "pause_turn": STOP, "model_context_window_exceeded": LENGTH}
+TO_OPENAI = {STOP: "stop", STOP_SEQUENCE: "stop", LENGTH: "length", TOOL_CALLS: "tool_calls",
+             CONTENT_FILTER: "content_filter"}
+TO_ANTHROPIC = {STOP: "end_turn", STOP_SEQUENCE: "stop_sequence", LENGTH: "max_tokens", TOOL_CALLS: "tool_use",
+                CONTENT_FILTER: "refusal"}
+
+
+def finish_reason(reason: str | None, tool_calls: int) -> str:
+    """The canonical finish reason of an answer: the provider's, else what the answer shows."""
+    if reason in FINISH_REASONS:
+        return reason
+    return TOOL_CALLS if tool_calls else STOP
+
+
+def check_model(model, param: str = "model") -> str | None:
+    """A model name a client may send: a printable string of bounded length (or absent)."""
+    if model is None:
+        return None
+    if not isinstance(model, str):
+        raise WireError(param, f"expected a string, got {describe(model)}")
+    if not model or len(model) > MAX_MODEL_CHARS or not model.isprintable():
+        raise WireError(param, f"must be 1 to {MAX_MODEL_CHARS} printable characters")
+    return model
+
+
+def describe(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+# -- structuring from plain data (embedders) --------------------------------------------------------
+
+converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def _strict(kind: type, label: str):
+    def structure(value, _type):
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise ValueError(f"expected {label}, got {describe(value)}")
+        return value
+
+    return structure
+
+
+for _kind, _label in ((str, "a string"), (int, "an integer"), (float, "a number"), (bool, "a boolean")):
+    converter.register_structure_hook(_kind, _strict(_kind, _label))
+converter.register_structure_hook(Mapping, lambda v, _t: v if isinstance(v, dict) else _bad_mapping(v))
+converter.register_structure_hook_func(
+    lambda t: typing.get_origin(t) is tuple,
+    lambda v, t: tuple(converter.structure(x, typing.get_args(t)[0]) for x in _as_list(v)),
+)
+
+
+def _bad_mapping(value):
+    raise ValueError(f"expected an object, got {describe(value)}")
+
+
+def _as_list(value) -> list:
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"expected a list, got {describe(value)}")
+    return list(value)
+
+
+# -- reading JSON of a known shape ------------------------------------------------------------------
+# Dialect bodies (a client's mistake: a 400 naming `param`) and provider replies (a provider's
+# mistake: a `malformed` failure) are read with the same checks.
+
+MAX_TOKENS = 10**9  # a usage count or a token limit beyond this is not a real number of tokens
+
+
+def path(base: str, key) -> str:
+    if isinstance(key, int):
+        return f"{base}[{key}]"
+    return f"{base}.{key}" if base else str(key)
+
+
+def want(value, kind, param: str, label: str):
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
+        raise WireError(param, f"expected {label}, got {describe(value)}")
+    return value
+
+
+def _kinds(kind) -> tuple:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def want_str(value, param: str) -> str:
+    return want(value, str, param, "a string")
+
+
+def want_list(value, param: str) -> list:
+    return want(value, list, param, "a list")
+
+
+def want_dict(value, param: str) -> dict:
+    return want(value, dict, param, "an object")
+
+
+def want_bool(value, param: str) -> bool:
+    return want(value, bool, param, "a boolean")
+
+
+def want_int(value, param: str, low: int = 0, high: int = MAX_TOKENS) -> int:
+    value = want(value, int, param, "an integer")
+    if not low <= value <= high:
+        raise WireError(param, f"must be between {low} and {high}")
+    return value
+
+
+def want_number(value, param: str, low: float, high: float) -> float:
+    value = want(value, int | float, param, "a number")
+    if not low <= value <= high:
+        raise WireError(param, f"must be between {low:g} and {high:g}")
+    return float(value)
+
+
+def optional(obj: dict, key: str, check, base: str = "", *args):
+    """obj[key] checked by `check`, or None when absent or null."""
+    value = obj.get(key)
+    return None if value is None else check(value, path(base, key), *args)
+
+
+def without(request: Request, names: tuple[str, ...]) -> Request:
+    """The request with the named unsupported fields dropped (`drop_unsupported_params`). The
+    client's own body no longer goes out as sent: it is rendered from what is left."""
+    if not names:
+        return request
+
+    def keep(part: Part) -> bool:
+        if part.type == IMAGE:
+            return "image" not in names
+        return not (part.type == DOCUMENT and part.data is None and "document.source.url" in names)
+
+    messages = tuple(attrs.evolve(m, content=tuple(p for p in m.content if keep(p)),
+                                  is_error=m.is_error and "tool_result.is_error" not in names)
+                     for m in request.messages)
+    tools = "tools" in names
+    return attrs.evolve(
+        request, messages=messages, passthrough=None,
+        tools=() if tools else request.tools,
+        tool_choice=None if tools else request.tool_choice,
+        parallel_tool_calls=None if tools else request.parallel_tool_calls,
+        top_k=None if "top_k" in names else request.top_k,
+        response_format=None if "response_format" in names else request.response_format,
+        reasoning=None if "reasoning_effort" in names else request.reasoning,
+        extra={k: v for k, v in request.extra.items() if k not in names},
+    )

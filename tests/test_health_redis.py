@@ -1,0 +1,159 @@
+"""[health] store = "redis://...": two workers (two Relays, each with its own mirror) sharing one
+real redis-server. The breaker one opens is the other's, exactly one probe goes out when
+half-open, a cooldown and a key cursor cross workers, and a store that goes away costs nothing
+but a warning. Real clock: the store keeps time on Redis' clock."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+
+from relayline.adapters import Relay
+from relayline.adapters.sim.provider import SimUpstream
+from relayline.adapters.stores.health import RedisHealth
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def fleet_toml(url, prefix, **breaker):
+    b = {"failure_threshold": 2, "window_s": 30, "open_s": 0.6, **breaker}
+    return f"""
+active = "sim.a"
+[reliability]
+provider_retries = 0
+backoff_ms = 50
+rate_limit_cooldown_default_s = 30
+[breaker]
+{chr(10).join(f"{k} = {v}" for k, v in b.items())}
+[health]
+store = "{url}"
+key_prefix = "{prefix}"
+[providers."sim.a"]
+family = "sim"
+model = "m1"
+fallbacks = ["sim.b"]
+[providers."sim.b"]
+family = "sim"
+model = "m2"
+"""
+
+
+@pytest.fixture
+def prefix(request):
+    return f"t:{request.node.name}:"
+
+
+def worker(url, prefix, a_replies, **breaker):
+    """One gateway worker: its own Relay, its own mirror, its own sim upstream (calls logged)."""
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": a_replies},
+                                    {"provider": "sim.b", "script": [{"text": "from b"}]}])
+    return Relay.from_toml(fleet_toml(url, prefix, **breaker), env={}, sim=sim)
+
+
+def sent_to(relay, profile):
+    return sum(1 for c in relay.sim.calls if c.provider == profile)
+
+
+async def test_a_breaker_opened_through_one_worker_is_honoured_by_the_other(redis_server, prefix):
+    one = worker(redis_server.url, prefix, [{"status": 503}])
+    two = worker(redis_server.url, prefix, [{"text": "a is fine here"}])
+    assert isinstance(one.health, RedisHealth)
+    async with one, two:
+        for _ in range(2):  # failure_threshold = 2, one counted failure per turn
+            result = await one._run_turn(HI)
+            assert result.served.profile == "sim.b"
+        result = await two._run_turn(HI)
+        assert one.health.reachable and two.health.reachable
+    assert sent_to(two, "sim.a") == 0, "nothing is sent to a profile the fleet opened"
+    assert [str(s) for s in result.skipped] == ["sim.a/m1 breaker"]
+    assert result.served.profile == "sim.b" and two.health.breaker("sim.a").state == "open"
+
+
+async def test_failures_of_two_workers_add_up_to_the_fleet_threshold(redis_server, prefix):
+    one = worker(redis_server.url, prefix, [{"status": 503}])
+    two = worker(redis_server.url, prefix, [{"status": 503}])
+    async with one, two:
+        await one._run_turn(HI)
+        assert one.health.breaker("sim.a").state == "closed"
+        await two._run_turn(HI)  # the second failure in the window is the fleet's second
+        assert two.health.breaker("sim.a").state == "open"
+        result = await one._run_turn(HI)
+    assert [str(s) for s in result.skipped] == ["sim.a/m1 breaker"] and sent_to(one, "sim.a") == 1
+
+
+async def test_exactly_one_probe_in_the_fleet_when_half_open(redis_server, prefix):
+    # the probe is slow, so every other turn of both workers arrives while it is in flight
+    replies = [{"status": 503}, {"status": 503}, {"text": "recovered", "delay": 0.5}]
+    one = worker(redis_server.url, prefix, replies)
+    two = worker(redis_server.url, prefix, [{"text": "recovered", "delay": 0.5}])
+    async with one, two:
+        await one._run_turn(HI)
+        await one._run_turn(HI)
+        assert one.health.breaker("sim.a").state == "open"
+        await trio.sleep(0.7)  # open_s = 0.6: half-open now
+        results = []
+
+        async def turn(relay):
+            results.append(await relay._run_turn(HI))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(10):
+                nursery.start_soon(turn, one)
+                nursery.start_soon(turn, two)
+        probes = (sent_to(one, "sim.a") - 2) + sent_to(two, "sim.a")
+        assert probes == 1, "exactly one turn in the fleet probes a half-open profile"
+        assert sum(r.served.profile == "sim.a" for r in results) == 1
+        assert sum(any(s.reason == "breaker" for s in r.skipped) for r in results) == 19
+        # the probe succeeded: the breaker is closed for the whole fleet
+        after = await two._run_turn(HI)
+    assert after.served.profile == "sim.a" and not after.skipped
+
+
+async def test_a_429_cooldown_set_by_one_worker_is_seen_by_the_other(redis_server, prefix):
+    one = worker(redis_server.url, prefix, [{"status": 429, "retry_after": 20}])
+    two = worker(redis_server.url, prefix, [{"text": "a would answer"}])
+    async with one, two:
+        first = await one._run_turn(HI)
+        assert first.served.profile == "sim.b"
+        result = await two._run_turn(HI)
+        cooling = two.health.cooldown_until("sim.a") - trio.current_time()
+    assert [str(s) for s in result.skipped] == ["sim.a/m1 cooldown"] and sent_to(two, "sim.a") == 0
+    assert 15 < cooling <= 20
+
+
+async def test_every_key_has_an_expiry(redis_server, prefix):
+    import coredis
+
+    one = worker(redis_server.url, prefix, [{"status": 503}, {"status": 429}])
+    async with one:
+        for _ in range(3):
+            await one._run_turn(HI)
+    client = coredis.Redis.from_url(redis_server.url, decode_responses=True)
+    async with client:
+        keys = [k async for k in client.scan_iter(match=f"{prefix}*")]
+        assert keys, "the turns wrote shared state"
+        for key in keys:
+            assert await client.pttl(key) > 0, key
+
+
+async def test_a_store_that_goes_away_costs_a_warning_once_and_the_fleet_resumes_after(redis_server, prefix, caplog):
+    caplog.set_level(logging.WARNING, logger="relayline.health")
+    one = worker(redis_server.url, prefix, [{"text": "ok"}])
+    async with one:
+        assert (await one._run_turn(HI)).outcome == "ok" and one.health.reachable
+        redis_server.kill()
+        try:
+            for _ in range(5):
+                assert (await one._run_turn(HI)).outcome == "ok"
+            assert not one.health.reachable
+        finally:
+            redis_server.start()
+        warnings = [r.getMessage() for r in caplog.records if "health_store_unreachable" in r.getMessage()]
+        assert len(warnings) == 1 and str(redis_server.port) in warnings[0]
+        with trio.fail_after(10):
+            while not one.health.reachable:
+                await trio.sleep(0.2)
+                await one._run_turn(HI)
+    assert any("health_store_reachable" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,514 @@
+"""Wire fidelity (CONFIG.md "The wire"): the official openai and anthropic SDKs in front of the
+gateway, and a loopback upstream that records every body and header it received. Each request
+field is checked in each direction (OpenAI->openai, OpenAI->anthropic, Anthropic->anthropic,
+Anthropic->openai), streamed and not; then what the provider said on the way back."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from relayline.adapters.sim.background import BackgroundGateway
+from relayline.adapters.sim.recorder import Answer, RecordingUpstream
+
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+PDF = "JVBERi0xLjQKJcOkw7zDtsOfCjIgMCBvYmoKPDwvTGVuZ3RoIDMgMCBSPj4Kc3RyZWFtCg=="
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+@pytest.fixture(scope="module")
+def gw():
+    with RecordingUpstream() as upstream:
+        def profile(family, model, **extra):
+            base = f"{upstream.url}/v1" if family == "openai" else upstream.url
+            return {"family": family, "base_url": base, "api_key": f"sk-upstream-{family}", "model": model,
+                    "headers": {"x-team": "core"}, **extra}
+
+        config = {
+            "active": "openai.up",
+            "reliability": {"provider_retries": 0, "backoff_ms": 50},
+            "providers": {
+                "openai.up": profile("openai", "gpt-up"),
+                "anthropic.up": profile("anthropic", "claude-up", max_output_tokens=2048),
+                "openai.plain": profile("openai", "gpt-plain", capabilities={"vision": False, "tools": False}),
+                "anthropic.lenient": profile("anthropic", "claude-lenient"),
+            },
+            "routes": [{"hint": "openai", "provider": "openai.up", "model": "gpt-up"},
+                       {"hint": "anthropic", "provider": "anthropic.up", "model": "claude-up"},
+                       {"hint": "plain", "provider": "openai.plain", "model": "gpt-plain"}],
+        }
+        with BackgroundGateway(config, api_keys={"gw-key"}) as gateway:
+            gateway.upstream = upstream
+            yield gateway
+
+
+@pytest.fixture
+def upstream(gw):
+    gw.upstream.answer = Answer()
+    gw.upstream.seen.clear()
+    return gw.upstream
+
+
+def oai(gw, **kwargs) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key="gw-key", max_retries=0, timeout=20, **kwargs)
+
+
+def claude(gw, **kwargs) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gw.url, api_key="gw-key", max_retries=0, timeout=20, **kwargs)
+
+
+def openai_call(gw, stream: bool, **kwargs):
+    kwargs.setdefault("messages", [{"role": "user", "content": "hi"}])
+    if stream:
+        with oai(gw).chat.completions.create(stream=True, **kwargs) as chunks:
+            return list(chunks)
+    return oai(gw).chat.completions.create(**kwargs)
+
+
+def anthropic_call(gw, stream: bool, **kwargs):
+    kwargs.setdefault("messages", [{"role": "user", "content": "hi"}])
+    kwargs.setdefault("max_tokens", 64)
+    # this SDK version no longer has sampling parameters of its own: they travel as body fields
+    sampling = {k: kwargs.pop(k) for k in ("temperature", "top_p", "top_k") if k in kwargs}
+    if sampling:
+        kwargs["extra_body"] = {**kwargs.get("extra_body", {}), **sampling}
+    if stream:
+        with claude(gw).messages.stream(**kwargs) as events:
+            return events.get_final_message()
+    return claude(gw).messages.create(**kwargs)
+
+
+STREAM = pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+
+
+# -- requests: OpenAI clients -------------------------------------------------------------------------
+
+# (case, OpenAI request fields, expected on an openai upstream, expected on an anthropic upstream)
+OPENAI_FIELDS = [
+    ("temperature_top_p", {"temperature": 0.25, "top_p": 0.5}, {"temperature": 0.25, "top_p": 0.5},
+     {"temperature": 0.25, "top_p": 0.5}),
+    ("max_tokens", {"max_tokens": 77}, {"max_tokens": 77}, {"max_tokens": 77}),
+    ("max_completion_tokens", {"max_completion_tokens": 55}, {"max_completion_tokens": 55}, {"max_tokens": 55}),
+    ("default_max_tokens", {}, {}, {"max_tokens": 2048}),
+    ("stop", {"stop": ["END", "STOP"]}, {"stop": ["END", "STOP"]}, {"stop_sequences": ["END", "STOP"]}),
+    ("stop_string", {"stop": "END"}, {"stop": "END"}, {"stop_sequences": ["END"]}),
+    ("user", {"user": "u-42"}, {"user": "u-42"}, {"metadata": {"user_id": "u-42"}}),
+    ("system", {"messages": [{"role": "system", "content": "be brief"}, {"role": "developer", "content": "in French"},
+                             {"role": "user", "content": "hi"}]},
+     {"messages": [{"role": "system", "content": "be brief"}, {"role": "developer", "content": "in French"},
+                   {"role": "user", "content": "hi"}]},
+     {"system": "be brief\n\nin French", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
+    ("tools_required", {"tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+                                                                    "parameters": WEATHER}}],
+                        "tool_choice": "required"},
+     {"tools": [{"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": WEATHER}}],
+      "tool_choice": "required"},
+     {"tools": [{"name": "get_weather", "description": "d", "input_schema": WEATHER}], "tool_choice": {"type": "any"}}),
+    ("tool_choice_named", {"tools": [{"type": "function", "function": {"name": "f", "parameters": WEATHER}}],
+                           "tool_choice": {"type": "function", "function": {"name": "f"}}, "parallel_tool_calls": False},
+     {"tool_choice": {"type": "function", "function": {"name": "f"}}, "parallel_tool_calls": False},
+     {"tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": True}}),
+    ("reasoning_effort", {"reasoning_effort": "medium"}, {"reasoning_effort": "medium"},
+     {"thinking": {"type": "enabled", "budget_tokens": 4096}, "max_tokens": 2048 + 4096}),
+    ("image_base64", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]}]},
+     {"messages": [{"role": "user", "content": [
+         {"type": "text", "text": "what is this?"},
+         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]}]},
+     {"messages": [{"role": "user", "content": [
+         {"type": "text", "text": "what is this?"},
+         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}]}),
+    ("image_url", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]},
+     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]},
+     {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url",
+                                                                             "url": "https://example.com/cat.png"}}]}]}),
+    ("pdf", {"messages": [{"role": "user", "content": [
+        {"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{PDF}"}}]}]},
+     {"messages": [{"role": "user", "content": [
+         {"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{PDF}"}}]}]},
+     {"messages": [{"role": "user", "content": [
+         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF}}]}]}),
+    ("tool_loop", {"messages": [
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_abc", "content": "sunny"},
+        {"role": "user", "content": "thanks"}]},
+     {"messages": [
+         {"role": "user", "content": "weather in Paris?"},
+         {"role": "assistant", "content": None, "tool_calls": [
+             {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+         {"role": "tool", "tool_call_id": "call_abc", "content": "sunny"},
+         {"role": "user", "content": "thanks"}]},
+     {"messages": [
+         {"role": "user", "content": [{"type": "text", "text": "weather in Paris?"}]},
+         {"role": "assistant", "content": [{"type": "tool_use", "id": "call_abc", "name": "get_weather",
+                                            "input": {"city": "Paris"}}]},
+         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_abc",
+                                       "content": [{"type": "text", "text": "sunny"}]},
+                                      {"type": "text", "text": "thanks"}]}]}),
+]
+
+
+def subset(expected: dict, body: dict) -> None:
+    for key, value in expected.items():
+        assert body.get(key) == value, (key, body.get(key))
+
+
+@STREAM
+@pytest.mark.parametrize("case,fields,to_openai,to_anthropic", OPENAI_FIELDS, ids=[c[0] for c in OPENAI_FIELDS])
+def test_openai_client_fields_reach_both_families(gw, upstream, stream, case, fields, to_openai, to_anthropic):
+    openai_call(gw, stream, model="openai", **fields)
+    sent = upstream.seen[-1].body
+    subset(to_openai, sent)
+    # same family: the client's body as sent, only model/stream/stream_options set by relayline
+    assert sent["model"] == "gpt-up" and sent["stream"] is stream
+    assert ("stream_options" in sent) is stream and (not stream or sent["stream_options"]["include_usage"])
+    assert {k for k in sent if k not in ("model", "stream", "stream_options")} == {
+        k for k in {"messages", *fields} if k != "stream_options"}
+    openai_call(gw, stream, model="anthropic", **fields)
+    sent = upstream.seen[-1].body
+    subset(to_anthropic, sent)
+    assert sent["model"] == "claude-up" and sent["stream"] is stream and "stream_options" not in sent
+
+
+@STREAM
+def test_same_family_passes_unknown_fields_and_client_headers(gw, upstream, stream):
+    client = oai(gw, organization="org-7", project="proj-9")
+    kwargs = dict(model="openai", messages=[{"role": "user", "content": "hi"}], seed=7, logprobs=True,
+                  extra_body={"provider": {"order": ["x"]}, "guided_json": {"type": "object"}})
+    if stream:
+        list(client.chat.completions.create(stream=True, **kwargs))
+    else:
+        client.chat.completions.create(**kwargs)
+    seen = upstream.seen[-1]
+    assert seen.body["seed"] == 7 and seen.body["logprobs"] is True
+    assert seen.body["provider"] == {"order": ["x"]} and seen.body["guided_json"] == {"type": "object"}
+    assert seen.headers["openai-organization"] == "org-7" and seen.headers["openai-project"] == "proj-9"
+    # the profile's credential and headers, never the client's
+    assert seen.headers["authorization"] == "Bearer sk-upstream-openai" and seen.headers["x-team"] == "core"
+
+
+@pytest.mark.parametrize("fields,named", [
+    ({"seed": 7}, "seed"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"extra_body": {"provider": {"order": ["x"]}}}, "provider"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+])
+def test_openai_fields_anthropic_cannot_honour_are_a_400_naming_them(gw, upstream, fields, named):
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_call(gw, False, model="anthropic", **fields)
+    assert named in info.value.message and info.value.code == "unsupported_parameter"
+    assert upstream.seen == []  # nothing was sent
+
+
+def test_images_and_tools_skip_a_profile_without_the_capability(gw, upstream):
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/c.png"}}]}]
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_call(gw, False, model="plain", messages=image)
+    assert "image" in info.value.message and upstream.seen == []
+    tools = [{"type": "function", "function": {"name": "f", "parameters": WEATHER}}]
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_call(gw, False, model="plain", tools=tools)
+    assert "tools" in info.value.message and upstream.seen == []
+
+
+# -- requests: Anthropic clients ----------------------------------------------------------------------
+
+ANTHROPIC_FIELDS = [
+    ("max_tokens", {"max_tokens": 99}, {"max_tokens": 99}, {"max_tokens": 99}),
+    ("temperature_top_p", {"temperature": 0.25, "top_p": 0.5}, {"temperature": 0.25, "top_p": 0.5},
+     {"temperature": 0.25, "top_p": 0.5}),
+    ("stop_sequences", {"stop_sequences": ["END"]}, {"stop_sequences": ["END"]}, {"stop": ["END"]}),
+    ("system_string", {"system": "be brief"}, {"system": "be brief"},
+     {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}),
+    ("system_blocks", {"system": [{"type": "text", "text": "be brief"}]}, {"system": [{"type": "text", "text": "be brief"}]},
+     {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}),
+    ("metadata", {"metadata": {"user_id": "u-42"}}, {"metadata": {"user_id": "u-42"}}, {"user": "u-42"}),
+    ("thinking", {"thinking": {"type": "enabled", "budget_tokens": 4096}, "max_tokens": 8000},
+     {"thinking": {"type": "enabled", "budget_tokens": 4096}}, {"reasoning_effort": "medium", "max_tokens": 8000}),
+    ("tools_any", {"tools": [{"name": "get_weather", "description": "d", "input_schema": WEATHER}],
+                   "tool_choice": {"type": "any", "disable_parallel_tool_use": True}},
+     {"tools": [{"name": "get_weather", "description": "d", "input_schema": WEATHER}],
+      "tool_choice": {"type": "any", "disable_parallel_tool_use": True}},
+     {"tools": [{"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": WEATHER}}],
+      "tool_choice": "required", "parallel_tool_calls": False}),
+    ("tool_named", {"tools": [{"name": "f", "input_schema": WEATHER}], "tool_choice": {"type": "tool", "name": "f"}},
+     {"tool_choice": {"type": "tool", "name": "f"}}, {"tool_choice": {"type": "function", "function": {"name": "f"}}}),
+    ("image_base64", {"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+        {"type": "text", "text": "what is this?"}]}]},
+     {"messages": [{"role": "user", "content": [
+         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+         {"type": "text", "text": "what is this?"}]}]},
+     {"messages": [{"role": "user", "content": [
+         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+         {"type": "text", "text": "what is this?"}]}]}),
+    ("image_url", {"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]}]},
+     {"messages": [{"role": "user", "content": [
+         {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]}]},
+     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]}),
+    ("pdf", {"messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF}}]}]},
+     {"messages": [{"role": "user", "content": [
+         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF}}]}]},
+     {"messages": [{"role": "user", "content": [
+         {"type": "file", "file": {"filename": "document.pdf", "file_data": f"data:application/pdf;base64,{PDF}"}}]}]}),
+    ("tool_loop", {"messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                          {"type": "tool_use", "id": "toolu_abc", "name": "get_weather",
+                                           "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_abc", "content": "sunny"},
+                                     {"type": "text", "text": "thanks"}]}]},
+     {"messages": [
+         {"role": "user", "content": "weather?"},
+         {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                           {"type": "tool_use", "id": "toolu_abc", "name": "get_weather",
+                                            "input": {"city": "Paris"}}]},
+         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_abc", "content": "sunny"},
+                                      {"type": "text", "text": "thanks"}]}]},
+     {"messages": [
+         {"role": "user", "content": "weather?"},
+         {"role": "assistant", "content": "Checking.", "tool_calls": [
+             {"id": "toolu_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+         {"role": "tool", "tool_call_id": "toolu_abc", "content": "sunny"},
+         {"role": "user", "content": "thanks"}]}),
+]
+
+
+@STREAM
+@pytest.mark.parametrize("case,fields,to_anthropic,to_openai", ANTHROPIC_FIELDS, ids=[c[0] for c in ANTHROPIC_FIELDS])
+def test_anthropic_client_fields_reach_both_families(gw, upstream, stream, case, fields, to_anthropic, to_openai):
+    anthropic_call(gw, stream, model="anthropic", **fields)
+    sent = upstream.seen[-1].body
+    subset(to_anthropic, sent)
+    assert sent["model"] == "claude-up" and sent["stream"] is stream
+    anthropic_call(gw, stream, model="openai", **fields)
+    sent = upstream.seen[-1].body
+    subset(to_openai, sent)
+    assert sent["model"] == "gpt-up" and sent["stream"] is stream
+
+
+@STREAM
+def test_anthropic_passthrough_keeps_cache_control_top_k_and_the_beta_header(gw, upstream, stream):
+    messages = [{"role": "user", "content": [{"type": "text", "text": "long context",
+                                              "cache_control": {"type": "ephemeral"}}]}]
+    anthropic_call(gw, stream, model="anthropic", messages=messages, top_k=5, max_tokens=64,
+                   extra_headers={"anthropic-beta": "prompt-caching-2024-07-31"})
+    seen = upstream.seen[-1]
+    assert seen.body["messages"] == messages and seen.body["top_k"] == 5 and seen.body["max_tokens"] == 64
+    assert seen.headers["anthropic-beta"] == "prompt-caching-2024-07-31"
+    assert seen.headers["x-api-key"] == "sk-upstream-anthropic" and "authorization" not in seen.headers
+
+
+@pytest.mark.parametrize("fields,named", [
+    ({"top_k": 5}, "top_k"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}]},
+     "cache_control"),
+    ({"messages": [{"role": "user", "content": "q"},
+                   {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "boom",
+                                                 "is_error": True}]}]}, "is_error"),
+])
+def test_anthropic_fields_openai_cannot_honour_are_an_anthropic_400(gw, upstream, fields, named):
+    with pytest.raises(anthropic.BadRequestError) as info:
+        anthropic_call(gw, False, model="openai", **fields)
+    assert named in info.value.message and info.value.body["type"] == "error"
+    assert upstream.seen == []
+
+
+# -- responses --------------------------------------------------------------------------------------
+
+TOOL = ("call_UP1", "get_weather", '{"city": "Paris"}')
+
+
+@STREAM
+@pytest.mark.parametrize("route", ["openai", "anthropic"])
+def test_openai_clients_get_finish_reasons_ids_and_usage(gw, upstream, stream, route):
+    native = {"openai": "length", "anthropic": "max_tokens"}[route]
+    upstream.answer = Answer(text="cut sho", finish=native)
+    if stream:
+        chunks = openai_call(gw, True, model=route)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finish == ["length"] and all(c.choices for c in chunks)  # no usage chunk: not asked for
+    else:
+        assert openai_call(gw, False, model=route).choices[0].finish_reason == "length"
+    upstream.answer = Answer(text="", tool_calls=(TOOL,))
+    if stream:
+        chunks = openai_call(gw, True, model=route, stream_options={"include_usage": True})
+        calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or ()]
+        assert calls[0].id == "call_UP1" and calls[0].function.name == "get_weather"
+        assert "".join(t.function.arguments or "" for t in calls).replace(" ", "") == '{"city":"Paris"}'
+        assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == 12
+    else:
+        reply = openai_call(gw, False, model=route)
+        message = reply.choices[0].message
+        assert message.content is None and message.tool_calls[0].id == "call_UP1"
+        assert reply.choices[0].finish_reason == "tool_calls"
+
+
+@STREAM
+@pytest.mark.parametrize("route", ["openai", "anthropic"])
+def test_anthropic_clients_get_stop_reasons_ids_and_real_usage(gw, upstream, stream, route):
+    upstream.answer = Answer(text="", tool_calls=(TOOL,), usage=(
+        {"prompt_tokens": 120, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 100}}
+        if route == "openai" else
+        {"input_tokens": 20, "output_tokens": 7, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 0}))
+    message = anthropic_call(gw, stream, model=route)
+    assert message.stop_reason == "tool_use" and message.content[-1].id == "call_UP1"
+    assert message.content[-1].input == {"city": "Paris"}
+    assert (message.usage.input_tokens, message.usage.output_tokens, message.usage.cache_read_input_tokens) == (20, 7, 100)
+    upstream.answer = Answer(text="The end", finish="stop" if route == "openai" else "stop_sequence")
+    message = anthropic_call(gw, stream, model=route)
+    assert message.stop_reason == ("end_turn" if route == "openai" else "stop_sequence")
+
+
+def test_anthropic_stream_message_start_carries_the_input_tokens(gw, upstream):
+    upstream.answer = Answer(text="hello", usage={"input_tokens": 321, "output_tokens": 9})
+    with claude(gw).messages.create(model="anthropic", max_tokens=64, stream=True,
+                                    messages=[{"role": "user", "content": "hi"}]) as events:
+        events = list(events)
+    assert events[0].type == "message_start" and events[0].message.usage.input_tokens == 321
+    delta = next(e for e in events if e.type == "message_delta")
+    assert delta.usage.output_tokens == 9
+
+
+def test_usage_details_and_reasoning_reach_an_openai_client(gw, upstream):
+    upstream.answer = Answer(text="42", reasoning="let me think", usage={
+        "prompt_tokens": 50, "completion_tokens": 30, "prompt_tokens_details": {"cached_tokens": 20},
+        "completion_tokens_details": {"reasoning_tokens": 25}})
+    reply = openai_call(gw, False, model="openai")
+    assert reply.choices[0].message.model_extra["reasoning_content"] == "let me think"
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (50, 30)
+    assert reply.usage.prompt_tokens_details.cached_tokens == 20
+    assert reply.usage.completion_tokens_details.reasoning_tokens == 25
+
+
+# -- errors -----------------------------------------------------------------------------------------
+
+
+def test_an_upstream_rejection_is_the_clients_rejection_with_the_upstreams_words(gw, upstream):
+    upstream.answer = Answer(status=400, error={"type": "invalid_request_error",
+                                                "message": "max_tokens: 999999 > 8192, the maximum for this model"})
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_call(gw, False, model="openai")
+    assert info.value.status_code == 400 and "the maximum for this model" in info.value.message
+    assert info.value.response.headers["x-should-retry"] == "false"
+    with pytest.raises(anthropic.BadRequestError) as info:
+        anthropic_call(gw, False, model="anthropic")
+    assert info.value.body["error"] == {"type": "invalid_request_error",
+                                        "message": "max_tokens: 999999 > 8192, the maximum for this model"}
+
+
+def test_an_upstream_rejection_never_echoes_a_key(gw, upstream):
+    upstream.answer = Answer(status=422, error={"type": "invalid_request_error",
+                                                "message": "bad key sk-upstream-openai in request"})
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        openai_call(gw, False, model="openai")
+    assert "sk-upstream-openai" not in info.value.response.text and "***" in info.value.message
+
+
+def test_spent_retries_tell_the_sdk_not_to_retry(gw, upstream):
+    upstream.answer = Answer(status=500, error={"type": "server_error", "message": "boom"})
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="gw-key", max_retries=2, timeout=20)
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="openai", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.status_code == 502 and info.value.response.headers["x-should-retry"] == "false"
+    assert len(upstream.seen) == 1  # the SDK did not multiply relayline's attempts
+
+
+def test_a_200_carrying_an_error_is_a_failure_not_an_empty_answer(gw, upstream):
+    upstream.answer = Answer(text="", error={"type": "server_error", "message": "overloaded"})
+    with pytest.raises(openai.APIStatusError) as info:
+        openai_call(gw, False, model="openai")
+    assert info.value.status_code == 502 and "empty" not in info.value.message
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": "x", "messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+    ({"model": 5, "messages": [{"role": "user", "content": "hi"}]}, "model"),
+    ({"model": "x", "messages": "x"}, "messages"),
+    ({"model": "x", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"model": "x", "messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    ({"model": "x", "messages": [{"role": "user", "content": "hi"}], "tools": [1]}, "tools[0]"),
+    ({"model": "x\nforged log line", "messages": [{"role": "user", "content": "hi"}]}, "model"),
+    ({"model": "m" * 300, "messages": [{"role": "user", "content": "hi"}]}, "model"),
+    ({"model": "x", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+])
+def test_wrong_shapes_are_a_400_naming_the_field(gw, upstream, body, param):
+    r = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers={"authorization": "Bearer gw-key"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert upstream.seen == []
+
+
+@pytest.mark.parametrize("path,headers,status", [
+    ("/v1/messages", {}, 401),
+    ("/v1/messages/nope", {"x-api-key": "gw-key"}, 404),
+])
+def test_every_anthropic_route_error_has_the_anthropic_shape(gw, path, headers, status):
+    r = httpx.post(f"{gw.url}{path}", json={"model": "x", "max_tokens": 5, "messages": []}, headers=headers)
+    assert r.status_code == status and r.json()["type"] == "error" and set(r.json()["error"]) == {"type", "message"}
+
+
+def test_anthropic_body_errors_have_the_anthropic_shape(gw):
+    r = httpx.post(f"{gw.url}/v1/messages", content=b"{nope", headers={"x-api-key": "gw-key"})
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    r = httpx.post(f"{gw.url}/v1/messages", headers={"x-api-key": "gw-key"},
+                   json={"model": "x", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]})
+    assert r.status_code == 400 and "messages[0].content[0].source" in r.json()["error"]["message"]
+
+
+def test_drop_unsupported_params_drops_and_names_them():
+    with RecordingUpstream() as upstream:
+        config = {"active": "anthropic.up", "gateway": {"drop_unsupported_params": True},
+                  "providers": {"anthropic.up": {"family": "anthropic", "base_url": upstream.url, "api_key": "k",
+                                                 "model": "claude-up"}}}
+        with BackgroundGateway(config) as gw:
+            raw = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.with_raw_response
+            reply = raw.create(model="claude-up", messages=[{"role": "user", "content": "hi"}], seed=7, temperature=0.5)
+        sent = upstream.seen[-1].body
+    assert reply.headers["x-relayline-dropped"] == "seed"
+    assert "seed" not in sent and sent["temperature"] == 0.5
+
+
+def test_the_library_takes_and_returns_the_same_model():
+    import trio
+
+    from relayline.adapters import Relay
+
+    async def main(url):
+        toml = f"""
+active = "anthropic.up"
+[providers."anthropic.up"]
+family = "anthropic"
+base_url = "{url}"
+api_key = "k"
+model = "claude-up"
+"""
+        async with Relay.from_toml(toml, env={}) as relay:
+            reply = await relay.complete([{"role": "user", "content": "hi"}], temperature=0.2, max_tokens=33,
+                                         stop=["X"], tools=[{"type": "function", "function": {"name": "get_weather",
+                                                                                              "parameters": WEATHER}}])
+            async with relay.stream([{"role": "user", "content": "hi"}], max_tokens=12) as turn:
+                events = [e async for e in turn]
+        return reply, events, turn
+
+    with RecordingUpstream() as upstream:
+        upstream.answer = Answer(text="", tool_calls=(TOOL,), usage={"input_tokens": 5, "output_tokens": 2,
+                                                                    "cache_read_input_tokens": 7})
+        reply, events, turn = trio.run(main, upstream.url)
+        first, second = (s.body for s in upstream.seen)
+    assert (first["temperature"], first["max_tokens"], first["stop_sequences"]) == (0.2, 33, ["X"])
+    assert first["tools"][0]["input_schema"] == WEATHER and second["max_tokens"] == 12
+    assert reply.finish_reason == "tool_calls" and reply.tool_call_ids == ("call_UP1",)
+    assert json.loads(reply.tool_arguments[0]) == {"city": "Paris"}
+    assert (reply.usage.input_tokens, reply.usage.output_tokens, reply.usage.cache_read_tokens) == (5, 2, 7)
+    assert [e.ref for e in events if e.kind == "tool"] == ["call_UP1"] and turn.finish_reason == "tool_calls"
