@@ -125,9 +125,11 @@ class Page:
     def dom(self) -> str:
         return self.evaluate("document.documentElement.outerHTML")
 
-    def screenshot(self, path: Path, width: int = 1400) -> Path:
-        height = int(self.evaluate("Math.ceil(document.documentElement.scrollHeight)") or 900)
-        self.call("Emulation.setDeviceMetricsOverride", width=width, height=min(height, 6000), deviceScaleFactor=1,
+    def screenshot(self, path: Path, width: int = 1400, height: int | None = None) -> Path:
+        """The whole page, or its top `height` pixels."""
+        if height is None:
+            height = min(int(self.evaluate("Math.ceil(document.documentElement.scrollHeight)") or 900), 6000)
+        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
                   mobile=False)
         shot = self.call("Page.captureScreenshot", format="png")
         path.write_bytes(base64.b64decode(shot["data"]))

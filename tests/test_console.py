@@ -164,7 +164,8 @@ def test_the_page_follows_an_outage_live(browser, tmp_path):
         # cost from the ledger, as a chart (pushed at most every few seconds)
         page.wait_for("document.querySelector('#cost-table tr[data-profile=\"sim.backup\"]') !== null", timeout=10)
         assert page.evaluate("document.querySelectorAll('#cost svg rect').length") >= 2
-        shot = page.screenshot(tmp_path / "console-2-breaker-open.png")
+        page.screenshot(tmp_path / "console-2-breaker-open.png")
+        shot = page.screenshot(tmp_path / "console-2-breaker-open-top.png", height=1180)
         dom = page.dom()
         state = httpx.get(f"{gw.url}/admin/console/state", headers=auth).text
         assert page.problems() == []

@@ -51,7 +51,7 @@ function drawHealth() {
     el("td", {}, ms(p.latency_p50_ms)),
     el("td", {}, ms(p.latency_p95_ms)),
     el("td", {}, p.attempts),
-    el("td", {}, p.key_pool > 1 ? `${p.key_cursor} of ${p.key_pool}` : p.key_pool === 1 ? "single key" : "no key"),
+    el("td", {}, p.key_pool > 1 ? `key #${p.key_cursor} of ${p.key_pool}` : p.key_pool === 1 ? "single key" : "no key"),
   )));
   if (!h.profiles.length) body.replaceChildren(el("tr", {}, el("td", { colspan: 10, class: "empty" }, "no profiles")));
 }
