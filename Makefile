@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SHARED := $(wildcard ../shared/conformance/*.toml)
 
-.PHONY: install browser demo test fuzz bench diagrams lint clean
+.PHONY: install browser demo test fuzz bench diagrams lint typecheck clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,7 +27,8 @@ demo: install
 test: install browser
 	bash .ci/services
 	$(BIN)/relayline diagram --check
-	$(BIN)/ruff check machines adapters tests bench
+	$(BIN)/ruff check machines adapters tests bench examples
+	$(MAKE) --no-print-directory typecheck
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest
 
 fuzz: install
@@ -42,7 +43,16 @@ diagrams: install
 	$(BIN)/relayline diagram
 
 lint: install
-	$(BIN)/ruff check machines adapters tests bench
+	$(BIN)/ruff check machines adapters tests bench examples
+
+# mypy resolves `relayline.*` through a symlinked view of the source folders (the editable
+# install's import hook is invisible to it)
+TYPEVIEW := $(VENV)/typecheck
+typecheck: install
+	mkdir -p $(TYPEVIEW)/relayline
+	for p in adapters machines specs; do ln -sfn $(CURDIR)/$$p $(TYPEVIEW)/relayline/$$p; done
+	MYPYPATH=$(TYPEVIEW):examples $(BIN)/mypy -m relayline.adapters -m relayline.adapters.relay \
+		-m relayline.adapters.hosts -m fastapi_app -m sync_script
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -17,10 +17,11 @@ from relayline.machines.errors import (
     TurnError,
 )
 from relayline.machines.health import HealthStore, InMemoryHealth
-from relayline.machines.ledger import LedgerRow
+from relayline.machines.ledger import LedgerRow, Usage
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 from relayline.machines.vocab import ErrorReason, Outcome
+from relayline.machines.wire import Message, Request, Tool, ToolCall, WireError
 
 from .relay import Relay, Reply, StreamTurn
 
@@ -32,13 +33,19 @@ __all__ = [
     "HealthStore",
     "InMemoryHealth",
     "LedgerRow",
+    "Message",
     "Outcome",
     "Relay",
     "RelaylineError",
     "Reply",
+    "Request",
     "StreamInterruptedAfterOutput",
     "StreamTurn",
+    "Tool",
+    "ToolCall",
     "TurnError",
     "TurnResult",
+    "Usage",
+    "WireError",
     "parse_config",
 ]

@@ -19,7 +19,7 @@ from relayline.machines import wire
 from relayline.machines.config import Timeouts
 from relayline.machines.errors import RelaylineError
 from relayline.machines.stream import Event
-from relayline.machines.turn import Finish, Turn, TurnResult
+from relayline.machines.turn import Completion, Finish, Turn, TurnResult
 from relayline.machines.walk import Call, Sleep
 
 from .providers.base import DONE, CallRequest, ProviderClient, ProviderFailure
@@ -52,13 +52,15 @@ class TurnRun:
         self.on_draft = on_draft
         self.result: TurnResult | None = None
         # a fleet's shared health (stores/health.py): its mirror is synced with the store before
-        # each step of the turn's machines and after the last, so every decision sees the fleet
-        self._store_sync = getattr(turn.health.store, "sync", None)
+        # each decision of the turn's machines, so each sees the fleet (an answer needs none:
+        # whatever the fleet says, the turn is done), and what the turn did is pushed at its end
+        self._store = turn.health.store if hasattr(turn.health.store, "sync") else None
         self._profiles = tuple({e.profile: None for e in turn.plan.entries})
 
-    async def _sync_health(self) -> None:
-        if self._store_sync is not None:
-            await self._store_sync(self._profiles)
+    async def _sync_health(self, *, read: bool = True) -> None:
+        store = self._store
+        if store is not None and (read or store.pending):
+            await store.sync(self._profiles if read else ())
 
     async def run(self, sink: Sink = _discard) -> TurnResult:
         turn = self.turn
@@ -75,16 +77,15 @@ class TurnRun:
                 else:
                     action = await self._complete(action)
             self.result = action.result
-            await self._sync_health()
+            await self._sync_health(read=False)
             for event in action.deliver:
                 await sink(event)
             return self.result
         except trio.Cancelled:
             if self.result is None:
                 self.result = turn.cancel(trio.current_time()).result
-                if self._store_sync is not None:
-                    with trio.CancelScope(shield=True):  # a held probe goes back to the fleet
-                        await self._sync_health()
+                with trio.CancelScope(shield=True):  # a held probe goes back to the fleet
+                    await self._sync_health(read=False)
             raise
 
     # -- one call -----------------------------------------------------------------------------
@@ -119,13 +120,15 @@ class TurnRun:
             completion = fc.timed_out("response headers", headers_s)
         except ProviderFailure as exc:
             completion = exc.failure
-        await self._sync_health()
+        if not (isinstance(completion, Completion) and completion.has_answer):
+            await self._sync_health()
         return turn.on_completion(completion, trio.current_time())
 
     async def _stream(self, call: Call, sink: Sink):
         turn = self.turn
         failure = await self._pump(call, sink)
-        await self._sync_health()
+        if failure is not None:
+            await self._sync_health()
         now = trio.current_time()
         if failure is None:
             return turn.stream_done(now)

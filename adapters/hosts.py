@@ -161,13 +161,8 @@ def require_sync_host(what: str) -> None:
 async def run_from_asyncio(fn: Callable[[], Awaitable[T]]) -> T:
     """Await `fn()` run in the runtime. Cancelling the awaiting task cancels it there, waits
     until it unwound, then raises CancelledError."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[Outcome[T]] = loop.create_future()
-
-    def deliver(outcome: Outcome[T]) -> None:
-        loop.call_soon_threadsafe(settle, done, outcome)
-
-    call = Runtime.get().start(fn, deliver)
+    done: asyncio.Future[Outcome[T]] = asyncio.get_running_loop().create_future()
+    call = Runtime.get().start(fn, settler(done))
     try:
         outcome = await asyncio.shield(done)
     except asyncio.CancelledError:
@@ -187,9 +182,18 @@ async def unwind(done: asyncio.Future[Any]) -> None:
             continue
 
 
-def settle(future: asyncio.Future[T], value: T) -> None:
-    if not future.done():
-        future.set_result(value)
+def settler(future: asyncio.Future[T]) -> Callable[[T], None]:
+    """A callback, for any thread, that settles `future` on its loop (unless it was cancelled)."""
+    loop = future.get_loop()
+
+    def settle(value: T) -> None:
+        if not future.done():
+            future.set_result(value)
+
+    def settle_soon(value: T) -> None:
+        loop.call_soon_threadsafe(settle, value)
+
+    return settle_soon
 
 
 def run_from_thread(fn: Callable[[], Awaitable[T]]) -> T:

@@ -49,7 +49,7 @@ from .hosts import (
     require_sync_host,
     run_from_thread,
     run_in_host,
-    settle,
+    settler,
     unwind,
 )
 from .providers.anthropic import AnthropicClient
@@ -74,8 +74,8 @@ def open_health(config: Config) -> HealthStore:
     return RedisHealth(config.health, config.breaker)
 
 
-def wire_request(messages: Sequence[Mapping] | wire.Request, tools: Sequence[Mapping] = (),
-                 params: Mapping | None = None) -> wire.Request:
+def wire_request(messages: Sequence[Mapping[str, Any]] | wire.Request, tools: Sequence[Mapping[str, Any]] = (),
+                 params: Mapping[str, Any] | None = None) -> wire.Request:
     """The canonical request for OpenAI-style chat messages, tools and request parameters
     (temperature, max_tokens, stop, tool_choice, response_format, reasoning_effort, seed...), or
     a `wire.Request` as given. A parameter of the wrong shape raises WireError naming it."""
@@ -268,7 +268,7 @@ class Relay:
                 self._observe(run.result)
 
     def _observe(self, result: TurnResult) -> None:
-        if result.outcome == "ok":
+        if result.outcome == "ok" and result.served is not None:
             domain = result.requested.split("/", 1)[0]
             if result.fallback:
                 self.fallback_record[domain] = result.served.label
@@ -280,13 +280,13 @@ class Relay:
         for observer in self.observers:
             observer(result)
 
-    async def complete(self, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
+    async def complete(self, /, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
                        tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None,
                        **params: Any) -> Reply:
         """One non-streaming turn, from trio or asyncio. `params` are chat completions request
         parameters (temperature, max_tokens, stop, tool_choice, response_format, reasoning_effort,
         user, seed...), translated for each entry's family as the gateway does. Raises TurnError
-        (its `reason` a TurnErrorReason) when no answer came."""
+        (its `reason` an ErrorReason) when no answer came."""
         request = wire_request(messages, tools, params)  # a bad parameter raises here, in the caller
         result = await run_in_host(partial(self._run_turn, request, model=model, operator_model=operator_model))
         raise_for(result)
@@ -384,10 +384,8 @@ class StreamTurn:
             nursery.start_soon(produce)
         elif self._host == "asyncio":
             self._handoff = Handoff()
-            loop = asyncio.get_running_loop()
-            self._done: asyncio.Future[Outcome[None]] = loop.create_future()
-            Runtime.get().start(partial(self._produce, self._handoff.send),
-                                lambda outcome: loop.call_soon_threadsafe(settle, self._done, outcome))
+            self._done: asyncio.Future[Outcome[None]] = asyncio.get_running_loop().create_future()
+            Runtime.get().start(partial(self._produce, self._handoff.send), settler(self._done))
         else:
             raise RuntimeError(f"relayline runs under trio or asyncio, not {self._host}")
         return self
@@ -402,9 +400,8 @@ class StreamTurn:
             except trio.EndOfChannel:
                 pass
         else:
-            loop = asyncio.get_running_loop()
-            item: asyncio.Future[Event | None] = loop.create_future()
-            Runtime.get().call_soon(self._handoff.demand, lambda e: loop.call_soon_threadsafe(settle, item, e))
+            item: asyncio.Future[Event | None] = asyncio.get_running_loop().create_future()
+            Runtime.get().call_soon(self._handoff.demand, settler(item))
             event = await item
             if event is not None:
                 return event

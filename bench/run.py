@@ -6,7 +6,8 @@ machine. This file measures the sans-I/O core:
 - spec engine: one trigger on the compiled table vs the same trigger on a transitions.Machine;
 - core turn: plan + walk + turn machine for a non-streaming success, vs a bare function call;
 - stream core: per-frame cost of the gate after commit for a 200-frame stream, vs a bare loop;
-- whole driver turn on the in-process sim upstream (trio), vs a bare trio checkpoint loop.
+- whole driver turn on the in-process sim upstream (trio), vs a bare trio checkpoint loop;
+- a fleet's shared state (bench/fleet.py): Redis health vs the memory store, PostgreSQL vs SQLite.
 
 Results: a table on stdout and bench/results/<date>.json.
 """
@@ -24,6 +25,8 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fleet  # noqa: E402  (bench/fleet.py: the shared store and ledger beside one process)
 
 from relayline.adapters import Relay
 from relayline.machines.config import structure_config
@@ -220,6 +223,7 @@ def main() -> int:
         "stream": bench_stream_frames(),
         "driver": bench_driver(),
         "http": http_benchmarks(quick),
+        "fleet": fleet.run(),
     }
     e, c, s, d = results["engine"], results["core_turn"], results["stream"], results["driver"]
     rows = [
@@ -236,6 +240,7 @@ def main() -> int:
     for name, value, base_name, base_value, note in rows:
         print(f"{name:<30} {value:>12}   {base_name:<30} {base_value:>10}   {note}")
     print_http(results["http"])
+    fleet.report(results["fleet"])
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     path = out / f"{dt.date.today().isoformat()}.json"

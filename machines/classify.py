@@ -23,8 +23,12 @@ RATE_LIMITED = "rate_limited"
 QUOTA = "quota"
 CONTEXT_WINDOW = "context_window"
 REJECTED = "rejected"
+# a content-policy refusal (CONFIG.md "Refusals"): a 400 naming a content policy, or a completion
+# whose finish reason is content_filter. With on_refusal = "return" the turn demotes it to what
+# it was before refusals had a class of their own (rejected, or an ordinary answer).
+REFUSED = "refused"
 
-FAILURE_CLASSES = (EMPTY, RETRYABLE, MALFORMED, TIMEOUT, RATE_LIMITED, QUOTA, CONTEXT_WINDOW, REJECTED)
+FAILURE_CLASSES = (EMPTY, RETRYABLE, MALFORMED, TIMEOUT, RATE_LIMITED, QUOTA, CONTEXT_WINDOW, REJECTED, REFUSED)
 # CONFIG.md: only these teach the breaker anything about a profile's health
 BREAKER_CLASSES = frozenset({RETRYABLE, MALFORMED, TIMEOUT})
 
@@ -43,6 +47,9 @@ _QUOTA = re.compile(
     r"(?:on|in) your (?:current )?plan|upgrade your plan",
     re.IGNORECASE,
 )
+# Content policy: OpenAI's content_policy_violation, Azure's content_filter, and their phrasings
+_CONTENT_POLICY = re.compile(r"content_policy_violation|content_filter|content[ _-]policy|content management policy",
+                             re.IGNORECASE)
 _OVERLOADED = re.compile(r"overloaded|server_error|internal|unavailable|timeout|api_error", re.IGNORECASE)
 
 
@@ -104,6 +111,8 @@ def classify_http(
         return Failure(CONTEXT_WINDOW, f"{detail} context window exceeded", status)
     if _QUOTA.search(text) and status in (400, 402, 403, 429):
         return Failure(QUOTA, f"{detail} quota or billing", status)
+    if _CONTENT_POLICY.search(text) and status == 400:
+        return Failure(REFUSED, f"{detail} content policy", status)
     if status == 429:
         return Failure(RATE_LIMITED, f"{detail} rate limited", status, retry_after)
     if status in (408, 409, 425) or status >= 500:
@@ -120,6 +129,8 @@ def classify_stream_error(error: str | None) -> Failure:
         return Failure(QUOTA, "stream error: quota or billing")
     if "rate_limit" in text.lower():
         return Failure(RATE_LIMITED, "stream error: rate limited")
+    if _CONTENT_POLICY.search(text):
+        return Failure(REFUSED, "stream error: content policy")
     if text.lower() in ("invalid_request_error", "authentication_error", "permission_error", "not_found_error"):
         return Failure(REJECTED, f"stream error: {text.lower()}")
     return Failure(RETRYABLE, "stream error: overloaded" if _OVERLOADED.search(text) else "stream error")

@@ -23,6 +23,7 @@ from .ledger import LedgerRow, Usage, row
 from .plan import Plan, PlannedEntry
 from .stream import Event, Frame, StreamGate, strip_think
 from .walk import Call, Skip, Sleep, TurnHealth, Walk, WalkDone, key_index
+from .wire import CONTENT_FILTER
 
 MAX_ERROR_ATTEMPTS = 16
 MAX_ERROR_CHARS = 2000
@@ -30,7 +31,7 @@ REJECTION_STATUSES = (400, 413, 422)
 
 
 def _rejection(failure: fc.Failure | None) -> Rejection | None:
-    if failure is None or failure.kind != fc.REJECTED or failure.status not in REJECTION_STATUSES:
+    if failure is None or failure.kind not in (fc.REJECTED, fc.REFUSED) or failure.status not in REJECTION_STATUSES:
         return None
     return Rejection(failure.status, failure.error_type or "invalid_request_error",
                      failure.error_message or failure.detail)
@@ -49,8 +50,13 @@ class Completion:
     finish_reason: str | None = None  # canonical (machines/wire.py), as the provider said it
 
     @property
+    def refusal(self) -> bool:
+        return self.finish_reason == CONTENT_FILTER
+
+    @property
     def has_answer(self) -> bool:
-        return bool(self.tool_calls) or bool(strip_think(self.text).strip())
+        # a refusal is what the provider answered, text or not: retrying it as empty asks the same policy again
+        return bool(self.tool_calls) or bool(strip_think(self.text).strip()) or self.refusal
 
 
 @attrs.frozen
@@ -73,6 +79,18 @@ class AttemptRecord:
     def as_json(self) -> dict:
         return {"provider": self.provider, "model": self.model, "mode": self.mode, "outcome": self.outcome,
                 "reason": self.reason, "at": round(self.at, 6), "key": self.key}
+
+
+@attrs.frozen
+class Refusal:
+    """The turn's last refusal (on_refusal = "advance"): when nothing is left to advance to, it is
+    the answer (a refusal completion) or the error (a content-policy 400 is a client error)."""
+
+    entry: PlannedEntry
+    answer: Completion | None  # None: an HTTP 400 or an in-band error event
+    attempt: int  # its index in the turn's attempts
+    row: int | None  # its index in the turn's ledger, when it was billed
+    mode: str
 
 
 @attrs.frozen
@@ -142,6 +160,8 @@ class Turn:
         self.recoverable = True  # guard for turn.recover
         self.continuation: PlannedEntry | None = None  # guard for turn.continue_after_interrupt
         self.spent: dict[int, int] = {}  # attempts made per entry index, across the turn's walks
+        self.refusal: Refusal | None = None
+        self.advance_refusals = config.reliability.on_refusal == "advance"
         self.rejections: list[Rejection | None] = []  # per failed attempt: its client rejection, if it was one
 
     @property
@@ -241,15 +261,59 @@ class Turn:
             self.ledger.append(row(entry.profile, entry.model, entry.price, usage,
                                    accepted=accepted, outcome=outcome, mode=call.mode))
 
+    # -- refusals ------------------------------------------------------------------------------
+
+    def _as_configured(self, failure: fc.Failure) -> fc.Failure:
+        """on_refusal = "return": a content-policy 400 is the client error it always was."""
+        if failure.kind == fc.REFUSED and not self.advance_refusals:
+            return attrs.evolve(failure, kind=fc.REJECTED)
+        return failure
+
+    def _refused(self, failure: fc.Failure, now: float, *, answer: Completion | None = None,
+                 usage: Usage | None = None) -> fc.Failure:
+        """Record a refusal the walk advances past; the profile is not asked again this turn."""
+        rows = len(self.ledger)
+        self._record(fc.REFUSED, now, reason=fc.REFUSED, detail=failure.detail, usage=usage, failure=failure)
+        entry = self.call.entry
+        self.refusal = Refusal(entry, answer, len(self.attempts) - 1, rows if len(self.ledger) > rows else None,
+                               self.call.mode)
+        self.health.refused.add(entry.profile)
+        return failure
+
+    def _settle_refusal(self, done: WalkDone) -> WalkDone:
+        """Nothing was left to advance to: the last refusal is the answer, as it came."""
+        refusal = self.refusal
+        if done.ok or refusal is None or done.error not in ("exhausted", "semantic_empty", "no_candidate"):
+            return done
+        last = refusal.attempt == len(self.attempts) - 1  # nothing was tried after it: not advanced past
+        if refusal.answer is None:
+            if last:
+                self.attempts[-1] = attrs.evolve(self.attempts[-1], outcome=fc.REJECTED)
+            return WalkDone(ok=False, entry=refusal.entry, error="client_error")
+        if last:
+            self.attempts[-1] = attrs.evolve(self.attempts[-1], outcome=fc.OK, reason=None)
+        if refusal.row is not None:  # the client gets it: its row is the accepted one
+            row = self.ledger[refusal.row]
+            self.ledger[refusal.row] = attrs.evolve(row, accepted=True, outcome=fc.OK if last else row.outcome)
+        self.answer = refusal.answer
+        return WalkDone(ok=True, entry=refusal.entry)
+
     # -- non-streaming results ----------------------------------------------------------------
 
     def on_completion(self, result: Completion | fc.Failure, now: float):
         """The pending complete-mode call answered (a Completion) or failed (a Failure)."""
         if isinstance(result, fc.Failure):
+            result = self._as_configured(result)
+            if result.kind == fc.REFUSED:
+                return self._follow(self.walk.on_result(self._refused(result, now), now), now)
             self._record(result.kind, now, reason=result.kind, detail=result.detail,
                          usage=None, failure=result)
             return self._follow(self.walk.on_result(result, now), now)
         usage = result.usage or Usage()
+        if result.refusal and self.advance_refusals:
+            failure = self._refused(fc.Failure(fc.REFUSED, "refusal: finish reason content_filter"), now,
+                                    answer=result, usage=usage)
+            return self._follow(self.walk.on_result(failure, now), now)
         if not result.has_answer:
             self._record(fc.EMPTY, now, reason=fc.EMPTY, detail="empty completion", usage=usage)
             return self._follow(self.walk.on_result(fc.Failure(fc.EMPTY, "empty completion"), now), now)
@@ -285,6 +349,7 @@ class Turn:
         gate = self.gate
         entry = self.call.entry
         usage = gate.usage or Usage()
+        refused_early = gate.finish_reason == CONTENT_FILTER and not gate.committed
         state = gate.finish()
         if self.life.state == "continuing":
             # the continuation ended cleanly: the answer is everything forwarded, both streams
@@ -297,11 +362,19 @@ class Turn:
             if self.life.state == "completed":
                 return self._done(WalkDone(ok=True, entry=entry), now)
             return self._done(WalkDone(ok=False, entry=entry, error="interrupted"), now)
-        if state == "completed":
+        if refused_early and self.advance_refusals:
+            # a refusal known before commit: nothing was shown, so the turn advances as it
+            # would after a pre-commit failure (after commit the stream rules stand)
+            failure = self._refused(fc.Failure(fc.REFUSED, "refusal before output: finish reason content_filter"),
+                                    now, answer=Completion(usage=usage, finish_reason=CONTENT_FILTER), usage=usage)
+            return self._recover_before_commit(entry, failure, now)
+        if state == "completed" or refused_early:
             self._record(fc.OK, now, usage=usage, accepted=True)
             self.health.success(entry.profile, now)
             self.answer = Completion("".join(gate.text), "", tuple(gate.tools), usage, gate.tool_arguments,
                                      tuple(gate.tool_ids), gate.finish_reason)
+            if self.life.state == "streaming":
+                self.life.fire("commit")  # a refusal with nothing to show is still the answer
             self.life.fire("complete", self)
             return self._done(WalkDone(ok=True, entry=entry), now)
         self.answer = None
@@ -325,6 +398,7 @@ class Turn:
 
     def stream_failed(self, failure: fc.Failure, now: float):
         """The open stream failed (HTTP error, in-band error, truncation, timeout, connection)."""
+        failure = self._as_configured(failure)
         gate = self.gate
         entry = self.call.entry
         state = gate.fail()
@@ -349,8 +423,14 @@ class Turn:
                                         prefill="".join(self.forwarded)), now)
             self.life.fire("fail")
             return self._done(WalkDone(ok=False, entry=entry, error="interrupted"), now)
-        self._record("stream_failed", now, reason=failure.kind, detail=failure.detail, usage=usage, bill=False,
-                     failure=failure)
+        if failure.kind == fc.REFUSED:
+            self._refused(failure, now, usage=usage)
+        else:
+            self._record("stream_failed", now, reason=failure.kind, detail=failure.detail, usage=usage, bill=False,
+                         failure=failure)
+        return self._recover_before_commit(entry, failure, now)
+
+    def _recover_before_commit(self, entry: PlannedEntry, failure: fc.Failure, now: float):
         if self.config.stream.recovery == "streaming":
             return self._follow(self.walk.on_result(failure, now), now)
         # default: the non-streaming walk in configured order, skipping the exact entry, unless
@@ -368,8 +448,8 @@ class Turn:
 
     def _only_candidate(self, index: int, now: float) -> bool:
         """No other entry is allowed and healthy right now."""
-        return not any(j != index and self.plan.serves(e.profile) and not self.health.blocked(e.profile, now)
-                       for j, e in enumerate(self.plan.entries))
+        return not any(j != index and self.plan.serves(e.profile) and e.profile not in self.health.refused
+                       and not self.health.blocked(e.profile, now) for j, e in enumerate(self.plan.entries))
 
     def _continuation_candidate(self, failed: PlannedEntry, now: float) -> PlannedEntry | None:
         """stream.continue_after_interrupt: the next entry after the failed one that can stream,
@@ -407,6 +487,9 @@ class Turn:
 
     def _done(self, done: WalkDone, now: float) -> Finish:
         mode = self.call.mode if self.call is not None else "stream"
+        settled = self._settle_refusal(done)
+        if settled is not done:
+            done, mode = settled, self.refusal.mode
         self.call = None
         self.health.release_all()
         state = self.life.state

@@ -67,6 +67,9 @@ class TurnHealth:
     probes: set[str] = attrs.Factory(set)  # profiles whose half-open probe this turn holds
     keys_429: dict[str, set[int]] = attrs.Factory(dict)  # pool keys that drew a 429 in this turn
     skips: list[Skip] = attrs.Factory(list)
+    # on_refusal = "advance": a profile that refused is not asked again in this turn (its other
+    # models sit behind the same policy); not a skip, since nothing about its health is known
+    refused: set[str] = attrs.Factory(set)
 
     def skip(self, entry: PlannedEntry, reason: str, fields: tuple[str, ...] = ()) -> None:
         skip = Skip(entry.profile, entry.model, reason, fields)
@@ -100,6 +103,8 @@ class TurnHealth:
         """A failure counts once per turn, except that a probe's failure always gives its
         verdict; a failure that does not count hands a held probe back."""
         breaker = self.store.breaker(profile)
+        if kind == fc.REFUSED:
+            self.refused.add(profile)
         if kind in fc.BREAKER_CLASSES and (profile not in self.breaker_noted or profile in self.probes):
             self.breaker_noted.add(profile)
             breaker.failure(now)
@@ -156,9 +161,9 @@ class Walk:
         return self.budgets.get(index, self.rel.provider_retries + 1)
 
     def _eligible(self, index: int, now: float, *, record: bool) -> bool:
-        if index in self.exclude or self.budget(index) <= 0:
-            return False
         entry = self.plan.entries[index]
+        if index in self.exclude or self.budget(index) <= 0 or entry.profile in self.health.refused:
+            return False
         if not self.plan.allows(entry.profile):
             if record:
                 self.health.skip(entry, "allowlist")
@@ -225,6 +230,7 @@ class Walk:
             skipped = [
                 j for j, e in enumerate(self.plan.entries)
                 if j not in self.exclude and self.budgets.get(j, 1) > 0 and self.plan.serves(e.profile)
+                and e.profile not in self.health.refused
                 and e.profile not in self.health.probes
                 and self.health.store.breaker(e.profile).state != "probing"
             ]
@@ -287,7 +293,7 @@ class Walk:
         stop = self._stop_error(failure)
         if stop:
             return self._finish("stop", ok=False, entry=entry, error=stop)
-        if kind in (fc.CONTEXT_WINDOW, fc.REJECTED, fc.QUOTA):
+        if kind in (fc.CONTEXT_WINDOW, fc.REJECTED, fc.QUOTA, fc.REFUSED):
             return self._advance(now)
         if kind == fc.RATE_LIMITED:
             pool = len(entry.keys)

@@ -29,7 +29,12 @@ from relayline.machines import classify as fc
     (401, '{"error":{"code":"invalid_api_key"}}', fc.REJECTED),
     (404, "model_not_found", fc.REJECTED),
     (422, None, fc.REJECTED),
-    (400, "content_policy_violation", fc.REJECTED),
+    # content policy: a refusal (the turn keeps it a rejection unless on_refusal = "advance")
+    (400, "content_policy_violation", fc.REFUSED),
+    (400, '{"error":{"code":"content_filter","message":"The response was filtered"}}', fc.REFUSED),
+    (400, '{"error":{"message":"Your request was rejected as a result of our safety system","code":'
+          '"content_policy_violation","type":"invalid_request_error"}}', fc.REFUSED),
+    (403, "content_policy_violation", fc.REJECTED),  # only a 400 names a refusal
 ])
 def test_http_classification(status, body, kind):
     assert fc.classify_http(status, body).kind == kind
@@ -59,6 +64,7 @@ def test_a_429_carries_its_retry_after():
     ("api_error", fc.RETRYABLE),
     ("rate_limit_error", fc.RATE_LIMITED),
     ("invalid_request_error", fc.REJECTED),
+    ("content_filter", fc.REFUSED),
 ])
 def test_in_band_stream_errors(error, kind):
     assert fc.classify_stream_error(error).kind == kind

@@ -11,7 +11,7 @@ def test_defaults_are_config_md():
     r = cfg.reliability
     assert (r.provider_retries, r.backoff_ms, r.backoff_max_ms, r.retry_after_max_ms) == (2, 500, 10000, 30000)
     assert (r.rate_limit_cooldown_default_s, r.rate_limit_cooldown_max_s, r.max_fallback_depth) == (10, 60, 3)
-    assert (r.client_errors, r.context_window) == ("advance", "return")
+    assert (r.client_errors, r.context_window, r.on_refusal) == ("advance", "return", "return")
     b = cfg.breaker
     assert (b.enabled, b.window_s, b.failure_threshold, b.open_s) == (True, 300, 3, 60)
     t = cfg.timeouts
@@ -34,7 +34,7 @@ def test_every_problem_is_reported_with_its_key_path():
             "active": "anthropic.main",
             "providers": {"anthropic.main": {"family": "anthropic", "fallbacks": ["x", 7], "colour": "red",
                                              "capabilities": {"streaming": "yes"}}},
-            "reliability": {"provider_retries": "2", "client_errors": "maybe"},
+            "reliability": {"provider_retries": "2", "client_errors": "maybe", "on_refusal": "retry"},
             "routes": [{"hint": "fast"}],
         })
     problems = info.value.problems
@@ -43,6 +43,7 @@ def test_every_problem_is_reported_with_its_key_path():
     assert 'providers."anthropic.main".capabilities.streaming: expected a boolean, got a string' in problems
     assert "reliability.provider_retries: expected an integer, got a string" in problems
     assert any(p.startswith("reliability.client_errors: must be one of 'advance', 'stop'") for p in problems)
+    assert "reliability.on_refusal: must be one of 'return', 'advance', got 'retry'" in problems
     assert "routes[0].provider: required key is missing" in problems
     assert "routes[0].model: required key is missing" in problems
 

@@ -14,7 +14,13 @@ import threading
 import pytest
 import trio
 
-from relayline.adapters import Relay, StreamInterruptedAfterOutput, TurnError
+from relayline.adapters import (
+    InMemoryHealth,
+    Relay,
+    StreamInterruptedAfterOutput,
+    TurnError,
+    parse_config,
+)
 from relayline.adapters.sim.provider import SimUpstream
 
 TWO = """
@@ -247,3 +253,23 @@ def test_an_exception_in_the_block_propagates_as_it_was_under_asyncio():
         return turn.outcome, [r.outcome for r in results], len(relay.sim.calls)
 
     assert asyncio.run(scenario()) == ("cancelled", ["cancelled"], 1)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_relays_built_per_request_keep_breakers_only_through_a_shared_health_store(shared):
+    """The FastAPI pattern of one Relay per request: a shared health store keeps what earlier
+    requests learned (sim.a's breaker opened after 2 failures), a relay of its own forgets it."""
+    config = parse_config(TWO + "[breaker]\nfailure_threshold = 2\nopen_s = 60\n")
+    health = InMemoryHealth(config.breaker)
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"status": 503}]}])
+
+    async def request():
+        async with Relay(config, env={}, sim=sim, health=health if shared else None) as relay:
+            return (await relay.complete(HI)).served
+
+    async def service():
+        return [await request() for _ in range(5)]
+
+    assert asyncio.run(service()) == ["sim.b/m2"] * 5
+    tried_a = sum(1 for c in sim.calls if c.provider == "sim.a")
+    assert tried_a == (2 if shared else 5)

@@ -9,6 +9,7 @@ errors and cancellation points, through the real core and the real trio driver o
 4. Cancellation never causes a provider call.
 5. Ledger rows equal the billable attempts, and the cost equals their sum.
 6. Every machine's state sequence is a path of its spec.
+A profile that refused (on_refusal = "advance") is not asked again in the turn.
 And from the walk: attempts per entry stay within budget (plus the documented pool and stream
 cases), no call leaves the allowlist or reaches a profile while it is skipped (cooling down or
 breaker open; only a forced probe may call a cooling profile), and no configured secret appears in any trace, error,
@@ -48,7 +49,8 @@ frame = st.one_of(
     st.floats(0.1, 6.0).map(lambda s: {"wait": round(s, 2)}),
     st.tuples(st.integers(1, 50), st.integers(0, 50)).map(lambda u: {"usage": list(u)}),
 )
-ending = st.sampled_from([{"done": True}, {"eof": True}, {"error": "overloaded_error"}, {"malformed": True}, None])
+ending = st.sampled_from([{"done": True}, {"eof": True}, {"error": "overloaded_error"}, {"malformed": True}, None,
+                          {"done": True, "finish": "content_filter"}, {"error": "content_filter"}])
 
 
 @st.composite
@@ -70,6 +72,9 @@ reply = st.one_of(
     st.just({"status": 400, "error": "context_length_exceeded"}),
     st.just({"status": 401, "error": "invalid_api_key"}),
     st.just({"status": 400, "error": "bad request"}),
+    st.just({"status": 400, "error": "content_policy_violation"}),
+    words.map(lambda w: {"text": f"{w} refused", "finish": "content_filter"}),
+    st.just({"empty": True, "finish": "content_filter"}),
     st.just({"connect_error": True}),
     st.just({"hang": True}),
     st.floats(0.1, 8.0).map(lambda d: {"delay": round(d, 2), "text": "slow answer"}),
@@ -107,6 +112,7 @@ def scenarios(draw):
             "backoff_ms": draw(st.sampled_from([50, 200, 500])),
             "client_errors": draw(st.sampled_from(["advance", "stop"])),
             "context_window": draw(st.sampled_from(["return", "advance"])),
+            "on_refusal": draw(st.sampled_from(["return", "advance"])),
         },
         "breaker": {"failure_threshold": draw(st.integers(1, 3)), "open_s": 30.0},
         "timeouts": {"headers_s": 5.0, "idle_s": 3.0, "first_token_s": draw(st.sampled_from([0.0, 2.0]))},
@@ -278,6 +284,10 @@ def violations(config, replies, requests, turn_factory=Turn) -> list[str]:
         allow = turn.plan.allowlist
         if allow is not None and any(e[1] not in allow for e in log if e[0] == "call"):
             problems.append(f"{where}: a call left the allowlist {sorted(allow)}")
+        # refusals (on_refusal = "advance"): a profile that refused is not asked again in the turn
+        for i, attempt in enumerate(result.attempts):
+            if attempt.outcome == "refused" and any(a.provider == attempt.provider for a in result.attempts[i + 1:]):
+                problems.append(f"{where}: {attempt.provider} asked again after it refused")
         # secrets
         text = json.dumps([a.as_json() for a in result.attempts]) + str(result.message) + str(result.notice)
         text += repr(result)

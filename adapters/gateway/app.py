@@ -277,10 +277,11 @@ class Gateway:
             result = await self._run_turn(turn_id, receive, runs, tasks, stream=True, sink=stream.event, **kwargs)
             if result is None or result.outcome == "cancelled":
                 return  # the client went away
-            if not stream.started:
+            if not stream.started and result.outcome != "ok":
                 # nothing was sent: a failure before commit still gets a real status and body
                 await self._error_response(send, dialect, result)
                 return
+            await stream._start()  # an answer with nothing to show (a refusal) still is a stream
             await stream.finish(result, self._relayline_field(result))
             return
         result = await self._run_turn(turn_id, receive, [], **kwargs)

@@ -1,15 +1,18 @@
-"""A gateway and its loopback sim upstreams on a background thread, for the demo, the SDK tests
-and the benchmarks: the official SDKs are ordinary blocking clients, so the server gets a trio
-loop of its own and the caller keeps the main thread.
+"""Loopback servers on a background thread, for the demo, the SDK tests, the examples and the
+benchmarks: the official SDKs (and the example apps) are ordinary blocking clients or other
+event loops, so the servers get a trio loop of their own and the caller keeps its thread.
 
     with BackgroundGateway(config_dict, replies) as gw:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="...")
+    with BackgroundUpstreams(replies) as up:
+        Relay(structure_config(up.wire(config_dict)))   # sim profiles now speak HTTP to `up`
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Self
 
 import trio
 
@@ -21,22 +24,15 @@ from ..stores.ledger import LedgerStore
 from .server import SimHTTPServer, shape_by_alias, wire_to
 
 
-class BackgroundGateway:
-    def __init__(self, config: Mapping, replies: Sequence[Mapping] = (), *, api_keys: set[str] | None = None,
-                 ledger_path: str | None = None, env: Mapping[str, str] | None = None) -> None:
-        self.config = config
-        self.replies = list(replies)
-        self.api_keys = api_keys
-        self.ledger_path = ledger_path
-        self.env = env or {}
-        self.url = ""
-        self.gateway: Gateway | None = None
-        self.sim: SimHTTPServer | None = None
+class BackgroundTrio:
+    """A trio run on a daemon thread that serves until the `with` block ends."""
+
+    def __init__(self, name: str) -> None:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="relayline-gateway", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _run(self) -> None:
         try:
@@ -49,18 +45,19 @@ class BackgroundGateway:
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            self.sim = await SimHTTPServer(self.replies).start(nursery)
-            relay = Relay(structure_config(wire_to(self.config, self.sim, shape_by_alias)), env=self.env)
-            ledger = LedgerStore(self.ledger_path) if self.ledger_path else None
-            self.gateway = Gateway(relay, api_keys=self.api_keys, ledger=ledger)
-            binds = await nursery.start(lambda task_status: serve(self.gateway, port=0, task_status=task_status))
-            self.url = binds[0]
+            await self._serve(nursery)
             self._ready.set()
             await self._stop.wait()
-            await relay.aclose()
+            await self._close()
             nursery.cancel_scope.cancel()
 
-    def __enter__(self) -> BackgroundGateway:
+    async def _serve(self, nursery: trio.Nursery) -> None:
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        pass
+
+    def __enter__(self) -> Self:
         self._thread.start()
         if not self._ready.wait(30):
             raise RuntimeError("the gateway did not start within 30 s")
@@ -75,3 +72,46 @@ class BackgroundGateway:
             except trio.RunFinishedError:
                 pass
         self._thread.join(30)
+
+
+class BackgroundUpstreams(BackgroundTrio):
+    """Scripted sim upstreams over loopback HTTP (SimHTTPServer), for code that is not trio."""
+
+    def __init__(self, replies: Sequence[Mapping] = ()) -> None:
+        super().__init__("relayline-upstreams")
+        self.sim = SimHTTPServer(list(replies))
+
+    async def _serve(self, nursery: trio.Nursery) -> None:
+        await self.sim.start(nursery)
+
+    def wire(self, config: Mapping) -> dict:
+        """`config` with every sim profile pointed at these upstreams (anthropic.* profiles in
+        the Anthropic shape, the others in the OpenAI one)."""
+        return wire_to(config, self.sim, shape_by_alias)
+
+
+class BackgroundGateway(BackgroundTrio):
+    def __init__(self, config: Mapping, replies: Sequence[Mapping] = (), *, api_keys: set[str] | None = None,
+                 ledger_path: str | None = None, env: Mapping[str, str] | None = None) -> None:
+        super().__init__("relayline-gateway")
+        self.config = config
+        self.replies = list(replies)
+        self.api_keys = api_keys
+        self.ledger_path = ledger_path
+        self.env = env or {}
+        self.url = ""
+        self.gateway: Gateway | None = None
+        self.sim: SimHTTPServer | None = None
+        self._relay: Relay | None = None
+
+    async def _serve(self, nursery: trio.Nursery) -> None:
+        self.sim = await SimHTTPServer(self.replies).start(nursery)
+        self._relay = Relay(structure_config(wire_to(self.config, self.sim, shape_by_alias)), env=self.env)
+        ledger = LedgerStore(self.ledger_path) if self.ledger_path else None
+        self.gateway = Gateway(self._relay, api_keys=self.api_keys, ledger=ledger)
+        binds = await nursery.start(lambda task_status: serve(self.gateway, port=0, task_status=task_status))
+        self.url = binds[0]
+
+    async def _close(self) -> None:
+        if self._relay is not None:
+            await self._relay.aclose()

@@ -17,6 +17,7 @@ from relayline.machines import classify as fc
 from relayline.machines.ledger import Usage
 from relayline.machines.stream import (
     EXECUTED_TOOL,
+    FINISH,
     PING,
     REASONING,
     ROLE,
@@ -30,6 +31,15 @@ from relayline.machines.turn import Completion
 from ..providers.base import DONE, CallRequest, ProviderFailure
 
 DEFAULT_REPLY: Mapping = {"text": "ok"}
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")  # a reply's `finish`, OpenAI's words
+
+
+def finish_of(reply: Mapping, frame: Mapping | None = None) -> str | None:
+    """A reply's scripted finish reason (a `done` frame may carry its own); None: the default."""
+    finish = (frame or {}).get("finish", reply.get("finish"))
+    if finish is not None and finish not in FINISH_REASONS:
+        raise ValueError(f"finish = {finish!r}: expected one of {', '.join(FINISH_REASONS)}")
+    return finish
 
 
 @attrs.define
@@ -84,6 +94,9 @@ def aggregate_frames(frames: Sequence[Mapping]) -> dict:
             usage = list(frame["usage"])
     reply: dict = {"text": "".join(text), "wait": wait,
                    "usage": usage or [10, sum(len(p.split()) for p in text + reasoning)]}
+    finish = next((f["finish"] for f in frames if f.get("done") and "finish" in f), None)
+    if finish is not None:
+        reply["finish"] = finish
     if reasoning:
         reply["reasoning"] = "".join(reasoning)
     if tools:
@@ -159,9 +172,10 @@ class SimClient:
         if reply.get("cut"):
             raise ProviderFailure(fc.truncated())
         if reply.get("empty"):
-            return Completion(usage=default_usage(reply, []))
+            return Completion(usage=default_usage(reply, []), finish_reason=finish_of(reply))
         return Completion(reply.get("text", ""), reply.get("reasoning", ""),
-                          (reply["tool_call"],) if reply.get("tool_call") else (), default_usage(reply))
+                          (reply["tool_call"],) if reply.get("tool_call") else (), default_usage(reply),
+                          finish_reason=finish_of(reply))
 
     @asynccontextmanager
     async def stream(self, request: CallRequest):
@@ -203,5 +217,7 @@ class SimClient:
             elif spec.get("done"):
                 if not explicit_usage:
                     yield Frame(USAGE, usage=default_usage(reply, words))
+                if finish := finish_of(reply, spec):
+                    yield Frame(FINISH, finish)
                 yield Frame(DONE)
                 return

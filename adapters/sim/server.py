@@ -21,9 +21,11 @@ from collections.abc import Callable, Mapping
 import trio
 
 from .loopback import LoopbackServer, Reply, Seen
-from .provider import Script, aggregate_frames, default_usage, reply_frames
+from .provider import Script, aggregate_frames, default_usage, finish_of, reply_frames
 
 SSE = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
+# a scripted finish reason (OpenAI's words) as Anthropic's stop_reason
+ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
 JSON = (("content-type", "application/json"),)
 
 
@@ -70,7 +72,7 @@ def openai_stream(reply: Mapping, model: str) -> list[bytes | float]:
         elif frame.get("eof"):
             break
         elif frame.get("done"):
-            out.append(_sse(_openai_chunk({}, "tool_calls" if tools else "stop", model=model)))
+            out.append(_sse(_openai_chunk({}, finish_of(reply, frame) or ("tool_calls" if tools else "stop"), model=model)))
             out.append(_sse("[DONE]"))
             break
         # executed_tool: the OpenAI shape has no provider-executed tool events
@@ -120,8 +122,8 @@ def anthropic_stream(reply: Mapping, model: str) -> list[bytes | float]:
         elif frame.get("eof"):
             break
         elif frame.get("done"):
-            out.append(_sse({"type": "message_delta", "delta": {"stop_reason": "tool_use" if tools else "end_turn",
-                                                                 "stop_sequence": None},
+            stop = ANTHROPIC_STOP[finish_of(reply, frame) or ("tool_calls" if tools else "stop")]
+            out.append(_sse({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
                              "usage": usage}, "message_delta"))
             out.append(_sse({"type": "message_stop"}, "message_stop"))
             break
@@ -137,7 +139,8 @@ def openai_body(reply: Mapping, model: str) -> dict:
         message["tool_calls"] = [{"id": "call_sim", "type": "function",
                                   "function": {"name": reply["tool_call"], "arguments": "{}"}}]
     return {"id": "chatcmpl-sim", "object": "chat.completion", "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.get("tool_call") else "stop"}],
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": finish_of(reply) or ("tool_calls" if reply.get("tool_call") else "stop")}],
             "usage": {"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens}}
 
 
@@ -151,7 +154,8 @@ def anthropic_body(reply: Mapping, model: str) -> dict:
     if reply.get("tool_call"):
         content.append({"type": "tool_use", "id": "toolu_sim", "name": reply["tool_call"], "input": {}})
     return {"id": "msg_sim", "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": "tool_use" if reply.get("tool_call") else "end_turn", "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}}
+            "stop_reason": ANTHROPIC_STOP[finish_of(reply) or ("tool_calls" if reply.get("tool_call") else "stop")],
+            "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}}
 
 
 def _coalesce(pieces: list[bytes | float]) -> tuple[bytes | float, ...]:

@@ -24,14 +24,14 @@ from relayline.machines.turn import TurnResult
 
 from ..driver import TurnRun
 from ..relay import Relay
-from .provider import SimUpstream
+from .provider import SimUpstream, finish_of
 from .server import SimHTTPServer, wire_to
 
 REQUEST_KEYS = {"at", "model", "stream", "tools", "text", "cancel_after", "cancel_at", "operator_model", "expect"}
 EXPECT_KEYS = {
     "attempts", "skipped", "outcome", "error", "served", "text", "partial_text", "events_text",
     "notice_contains", "no_notice", "ledger", "cost_usd", "warnings_contain", "init_error_contains",
-    "keys", "attempt_at",
+    "keys", "attempt_at", "finish",
 }
 SCENARIO_KEYS = {"name", "config", "replies", "requests"}
 SIM_TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
@@ -69,6 +69,12 @@ def load_scenario(path: str | os.PathLike) -> Scenario:
     for i, reply in enumerate(raw.get("replies", [])):
         if "provider" not in reply:
             raise ScenarioError(f"{source}: replies[{i}]: missing 'provider'")
+        for j, item in enumerate(reply.get("script", [])):
+            for frame in [item, *item.get("frames", ())]:
+                try:
+                    finish_of(frame)
+                except ValueError as exc:
+                    raise ScenarioError(f"{source}: replies[{i}].script[{j}]: {exc}") from None
     return Scenario(raw.get("name", Path(path).stem), source, raw.get("config", {}),
                     tuple(raw.get("replies", [])), tuple(raw.get("requests", [])))
 
@@ -86,6 +92,7 @@ def _trace(result: TurnResult, events: list[Event], origin: float) -> dict:
         "error": result.error,
         "served": result.served.label if result.served else None,
         "text": result.text if result.outcome == "ok" else None,
+        "finish": (result.finish_reason or ("tool_calls" if result.tool_calls else "stop")) if result.outcome == "ok" else None,
         "partial_text": result.partial_text,
         "events": [str(e) for e in events],
         "notice": result.notice,
@@ -205,7 +212,7 @@ def check_request(expect: Mapping, actual: dict | None, trace: dict) -> list[tup
     if "skipped" in expect:
         differs("skipped", list(expect["skipped"]),
                 [f"{s['provider']}/{s['model']} {s['reason']}" for s in actual["skipped"]])
-    for key in ("outcome", "error", "text"):
+    for key in ("outcome", "error", "text", "finish"):
         if key in expect:
             differs(key, expect[key], actual[key])
     if "served" in expect:

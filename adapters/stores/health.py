@@ -243,6 +243,11 @@ class RedisHealth(InMemoryHealth):
         if not self.local:
             self._ops.append((op, profile, value))
 
+    @property
+    def pending(self) -> bool:
+        """This worker's turns did something the fleet has not learnt yet."""
+        return bool(self._ops)
+
     def failure_id(self) -> str:
         return f"{self.worker}:{next(self._ids)}"
 
