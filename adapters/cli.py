@@ -1,26 +1,40 @@
-"""The `relayline` command: simulate, check, plan, diagram, demo (serve and ledger come with the
-gateway). Each subcommand is a thin shell over the same objects an embedder uses."""
+"""The `relayline` command: check, plan, simulate, serve, ledger, diagram, demo. Each subcommand
+is a thin shell over the same objects an embedder uses.
+
+An operator's mistake (a bad config, a port in use, a closed pipe) ends in one line on stderr and
+a non-zero exit, never a traceback: 1 for a command that ran and failed, 2 for one that could not
+start (argparse's usage errors, a config that does not load, a key variable that is unset).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import tomllib
+from functools import partial
+from importlib import metadata
 from pathlib import Path
 
-from relayline.machines.config import structure_config
+from relayline.machines.config import Price, join_path, structure_config
 from relayline.machines.errors import ConfigError
 from relayline.machines.plan import build_router, plan_turn
+
+from .logs import LEVELS, configure
 
 
 def _load_config_file(path: str):
     try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError([f"{path}: {exc.strerror}"]) from None
+    try:
+        # utf-8-sig: a byte order mark (Windows editors write one) is read past, not an error
+        raw = tomllib.loads(data.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                           "save it as UTF-8"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
     # a scenario file carries its config under [config]: accept it, operators copy them around
@@ -29,19 +43,38 @@ def _load_config_file(path: str):
     return structure_config(raw)
 
 
+# plan.py prunes these with a warning (a library keeps running); an operator's `check` refuses
+# them: a route that names no profile is a typo that silently sends its traffic elsewhere
+CHECK_ERRORS = {"unknown_route_provider"}
+
+
 def cmd_check(args) -> int:
+    from .gateway.auth import load_access
+
+    problems = []
     try:
         config = _load_config_file(args.config)
         router = build_router(config, os.environ)
     except ConfigError as exc:
+        problems = list(exc.problems)
+    else:
+        problems += [f"{w.path}: {w.message}" for w in router.warnings if w.code in CHECK_ERRORS]
+        try:
+            load_access(config, os.environ)
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
         print(f"error: {args.config}: configuration is not usable", file=sys.stderr)
-        for problem in exc.problems:
+        for problem in problems:
             print(f"  {problem}", file=sys.stderr)
         return 1
-    for warning in router.warnings:
+    warnings = [str(w) for w in router.warnings if w.code not in CHECK_ERRORS]
+    warnings += [f"missing_price at {join_path('providers', alias)}.price: no price, so its attempts cost 0 "
+                 "in the ledger" for alias, p in config.providers.items() if p.price == Price() and not p.prices and p.family != "sim"]
+    for warning in warnings:
         print(f"warning: {warning}")
     print(f"ok: {args.config}: {len(config.providers)} profiles, {len(router.domains)} routes, "
-          f"{len(router.catalog)} catalog models, {len(router.warnings)} warnings")
+          f"{len(router.catalog)} catalog models, {len(warnings)} warnings")
     return 0
 
 
@@ -103,33 +136,31 @@ def cmd_diagram(args) -> int:
 def cmd_serve(args) -> int:
     import trio
 
-    from .gateway import Gateway, serve
+    from .gateway import Gateway, run_until_signalled
     from .relay import Relay
 
-    if args.config:
-        try:
+    try:
+        if args.config:
             relay = Relay(_load_config_file(args.config))
-        except ConfigError as exc:
-            for problem in exc.problems:
-                print(f"error: {problem}", file=sys.stderr)
-            return 1
-    else:
-        from .sim.demo import builtin_relay
+        else:
+            from .sim.demo import builtin_relay
 
-        relay = builtin_relay()
-        print("no --config: serving the built-in demo config on in-process sim upstreams", file=sys.stderr)
-    gateway = Gateway.from_relay_config(relay)
+            relay = builtin_relay()
+            print("no --config: serving the built-in demo config on in-process sim upstreams", file=sys.stderr)
+        gateway = Gateway.from_relay_config(relay)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
 
-    async def main():
-        async with trio.open_nursery() as nursery:
-            binds = await nursery.start(lambda task_status: serve(gateway, host=args.host, port=args.port,
-                                                                  task_status=task_status))
-            print(f"relayline gateway listening on {', '.join(binds)}", file=sys.stderr)
+    def listening(binds: list[str]) -> None:
+        print(f"relayline gateway listening on {', '.join(binds)}", file=sys.stderr)
 
     try:
-        trio.run(main)
-    except KeyboardInterrupt:
-        pass
+        trio.run(partial(run_until_signalled, gateway, host=args.host, port=args.port, on_listening=listening))
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -163,19 +194,29 @@ def cmd_ledger(args) -> int:
             return 1
         store = LedgerStore(where)
     try:
-        report = store.report(since)
+        report = store.report(since, by=args.by)
     finally:
         store.close()
     if args.json:
-        print(json.dumps({"path": where, "since": since, "rows": report}, indent=2))
+        print(json.dumps({"path": where, "since": since, "by": args.by, "rows": report}, indent=2))
         return 0
+    if args.by == "client":
+        print(f"{'client':<16} {'accepted':>8} {'rejected':>8} {'accepted $':>12} {'rejected $':>12}")
+        for row in report:
+            print(f"{row['client'] or '(no key)':<16} {row['accepted']:>8} {row['rejected']:>8} "
+                  f"{row['accepted_cost_usd']:>12.6f} {row['rejected_cost_usd']:>12.6f}")
+    else:
+        _print_model_report(report)
+    total = sum(r["accepted_cost_usd"] + r["rejected_cost_usd"] for r in report)
+    print(f"total ${total:.6f}")
+    return 0
+
+
+def _print_model_report(report: list[dict]) -> None:
     print(f"{'provider':<24} {'model':<28} {'accepted':>8} {'rejected':>8} {'accepted $':>12} {'rejected $':>12}")
     for row in report:
         print(f"{row['provider']:<24} {row['model']:<28} {row['accepted']:>8} {row['rejected']:>8} "
               f"{row['accepted_cost_usd']:>12.6f} {row['rejected_cost_usd']:>12.6f}")
-    total = sum(r["accepted_cost_usd"] + r["rejected_cost_usd"] for r in report)
-    print(f"total ${total:.6f}")
-    return 0
 
 
 def cmd_demo(args) -> int:
@@ -184,63 +225,110 @@ def cmd_demo(args) -> int:
     return main(simulated=args.simulated)
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535 (0: any free port), got {text!r}")
+    return port
+
+
+def _version() -> str:
+    try:
+        return metadata.version("relayline")
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a bare checkout
+        return "unknown"
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default; a default of None (nothing set) is not worth a line."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="relayline", description="LLM provider routing that stays correct when providers fail.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="relayline", formatter_class=_Help,
+                                     description="LLM provider routing that stays correct when providers fail.")
+    parser.add_argument("--version", action="version", version=f"relayline {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("check", help="validate a config: exit 0 (warnings printed) or 1 (errors printed)")
-    p.add_argument("config")
-    p.set_defaults(func=cmd_check)
+    def command(name: str, help: str, func):
+        p = sub.add_parser(name, help=help, description=help, formatter_class=_Help)
+        p.set_defaults(func=func)
+        return p
 
-    p = sub.add_parser("plan", help="print the exact attempt order for a config and a model or hint")
-    p.add_argument("config")
-    p.add_argument("--model")
+    p = command("check", "validate a config: exit 0 (warnings printed) or 1 (errors printed, each with its key path)",
+                cmd_check)
+    p.add_argument("config", help="the relayline TOML config")
+
+    p = command("plan", "print the exact attempt order for a config and a model or hint", cmd_plan)
+    p.add_argument("config", help="the relayline TOML config")
+    p.add_argument("--model", help="the requested model, or hint:NAME (default: the active profile's)")
     p.add_argument("--text", help="the turn text (drives effort routing)")
-    p.add_argument("--operator-model", dest="operator_model")
+    p.add_argument("--operator-model", dest="operator_model", help="an explicit operator selection (auto: none)")
     p.add_argument("--gateway", action="store_true", help="resolve a bare route hint as the gateway does")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_plan)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    p = sub.add_parser("simulate", help="run scenario files on virtual time; exit 1 if an expectation fails")
-    p.add_argument("files", nargs="+")
+    p = command("simulate", "run scenario files on virtual time; exit 1 if an expectation fails", cmd_simulate)
+    p.add_argument("files", nargs="+", help="scenario TOML files (SCENARIOS.md)")
     p.add_argument("--json", action="store_true", help="print the trace and check nothing")
     p.add_argument("--http", choices=["openai", "anthropic"],
                    help="serve the sim profiles over real loopback HTTP in this protocol's shape")
-    p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("diagram", help="write Mermaid and DOT diagrams of every lifecycle spec")
+    p = command("serve", "run the OpenAI- and Anthropic-compatible gateway (SIGTERM or Ctrl-C drains it)", cmd_serve)
+    p.add_argument("--config", help="a relayline config (default: the built-in demo config on sim upstreams)")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    p.add_argument("--port", type=_port, default=8080, help="the port to listen on (0: any free port)")
+    p.add_argument("--log-level", dest="log_level", choices=LEVELS, default="info",
+                   help="the least severe records logged (info: one access line per request)")
+    p.add_argument("--log-format", dest="log_format", choices=["text", "json"], default="text",
+                   help="key=value lines or one JSON object per line, on stderr")
+
+    p = command("ledger", "report cost per profile and model (or per client key) from the ledger (SQLite or "
+                "PostgreSQL)", cmd_ledger)
+    p.add_argument("--config", help="read [ledger] url or path from this config")
+    p.add_argument("--path", help="the SQLite ledger file (default: [ledger] path, else relayline-ledger.sqlite3)")
+    p.add_argument("--url", help="a PostgreSQL ledger: postgresql://user@host/db")
+    p.add_argument("--since", help="only rows newer than this: 90s, 15m, 1h, 2d (default: every row)")
+    p.add_argument("--by", choices=["model", "client"], default="model",
+                   help="group by profile and model, or by the gateway client's key id")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    p = command("diagram", "write Mermaid and DOT diagrams of every lifecycle spec", cmd_diagram)
     p.add_argument("--check", action="store_true", help="exit 1 when a checked-in diagram is stale")
     p.add_argument("--out", help="the diagrams folder (default: specs/diagrams of the source tree)")
-    p.set_defaults(func=cmd_diagram)
 
-    p = sub.add_parser("serve", help="run the OpenAI-compatible gateway")
-    p.add_argument("--config", help="a relayline config (default: the built-in demo config on sim upstreams)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-    p.set_defaults(func=cmd_serve)
-
-    p = sub.add_parser("ledger", help="report cost per profile and model from the ledger (SQLite or PostgreSQL)")
-    p.add_argument("--config", help="read [ledger] url or path from this config")
-    p.add_argument("--path", help="the SQLite ledger file (default: relayline-ledger.sqlite3)")
-    p.add_argument("--url", help="a PostgreSQL ledger: postgresql://user@host/db")
-    p.add_argument("--since", help="only rows newer than this: 90s, 15m, 1h, 2d")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_ledger)
-
-    p = sub.add_parser("demo", help="run the demo storyline: gateway, sim upstreams, the openai SDK")
+    p = command("demo", "run the demo storyline: gateway, sim upstreams, the openai SDK", cmd_demo)
     p.add_argument("--simulated", action="store_true", help="the in-process storyline on virtual time instead")
-    p.set_defaults(func=cmd_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    # structured key=value lines on stderr; RELAYLINE_LOG=INFO shows every turn. The simulator
-    # and check print warnings themselves, so their log stays quiet unless asked.
-    quiet = args.command in ("simulate", "check", "plan", "demo")
-    level = os.environ.get("RELAYLINE_LOG", "ERROR" if quiet else "WARNING").upper()
-    logging.basicConfig(level=level, format="level=%(levelname)s logger=%(name)s %(message)s", stream=sys.stderr)
-    return args.func(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if args.command == "serve":
+        configure(args.log_level, args.log_format)
+    else:
+        # the other commands print what matters themselves: their log stays quiet unless asked
+        # (RELAYLINE_LOG=INFO shows every turn of a simulation)
+        configure(os.environ.get("RELAYLINE_LOG", "error"))
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        # the reader went away (`relayline plan --json | head`): nothing left to say to it
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 
 # filters do not inherit: each logger that emits records needs its own
 LOGGERS = ("relayline", "httpx", "httpcore", "httpcore.connection", "httpcore.http11", "httpcore.http2",
-           "httpcore.proxy", "hpack", "hypercorn.error", "hypercorn.access")
+           "httpcore.proxy", "hpack", "hypercorn.error", "hypercorn.access", "relayline.gateway",
+           "relayline.access")
 MASK = "***"
 
 
@@ -30,7 +31,16 @@ class SecretFilter(logging.Filter):
                 for secret in self.secrets:
                     message = message.replace(secret, MASK)
                 record.msg, record.args = message, ()
+            fields = getattr(record, "fields", None)
+            if fields:  # structured fields (the access line) are masked the same way
+                record.fields = {k: self._mask(v) for k, v in fields.items()}
         return True
+
+    def _mask(self, value):
+        if isinstance(value, str):
+            for secret in self.secrets:
+                value = value.replace(secret, MASK)
+        return value
 
 
 _filter = SecretFilter()

@@ -159,8 +159,14 @@ class Notices:
 
 @attrs.frozen
 class Gateway:
-    api_keys_env: str | None = None
+    api_keys_env: str | None = None  # names a variable of comma-separated client keys
+    admin_keys_env: str | None = None  # names a variable of comma-separated admin keys
     max_body_bytes: int = 4 * 1024 * 1024
+    max_header_bytes: int = 16 * 1024
+    max_in_flight: int = 0  # 0 = unbounded
+    body_timeout_s: float = 30.0
+    keep_alive_s: float = 75.0
+    drain_s: float = 30.0
     drop_unsupported_params: bool = False  # drop (and name) what an entry cannot honour instead of skipping it
 
 
@@ -327,6 +333,28 @@ def _problems(exc: BaseException, path: str) -> list[str]:
     return [f"{path or 'config'}: {exc}"]
 
 
+_URL = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
+
+
+def _gateway_problems(g: Gateway) -> list[str]:
+    problems = []
+    for name in ("max_body_bytes", "max_header_bytes"):
+        if getattr(g, name) < 1:
+            problems.append(f"gateway.{name}: must be at least 1")
+    if g.max_in_flight < 0:
+        problems.append("gateway.max_in_flight: must not be negative (0 = unbounded)")
+    for name in ("body_timeout_s", "keep_alive_s"):
+        if getattr(g, name) <= 0:
+            problems.append(f"gateway.{name}: must be positive")
+    if g.drain_s < 0:
+        problems.append("gateway.drain_s: must not be negative")
+    for name in ("api_keys_env", "admin_keys_env"):
+        value = getattr(g, name)
+        if value is not None and not value.strip():
+            problems.append(f"gateway.{name}: must name an environment variable (leave it out for none)")
+    return problems
+
+
 def _semantic_problems(cfg: Config) -> list[str]:
     """Checks that need more than one key. Graph problems are plan.py's (warnings)."""
     problems = []
@@ -351,8 +379,11 @@ def _semantic_problems(cfg: Config) -> list[str]:
     for name in ("headers_s", "first_token_s", "idle_s", "gate_commit_s"):
         if getattr(cfg.timeouts, name) < 0:
             problems.append(f"timeouts.{name}: must not be negative")
+    problems += _gateway_problems(cfg.gateway)
     for alias, p in cfg.providers.items():
         where = join_path("providers", alias)
+        if p.base_url is not None and not _URL.match(p.base_url):
+            problems.append(f"{where}.base_url: not an http(s) URL ({p.base_url!r})")
         given = [k for k in ("api_key", "api_key_env", "api_keys") if getattr(p, k)]
         if len(given) > 1:
             problems.append(f"{where}: set only one of api_key, api_key_env, api_keys (found {', '.join(given)})")

@@ -8,106 +8,134 @@ anyway (a slow model is not an error). After commit, a failure ends the stream w
 error event and no `[DONE]`, never a clean-looking truncated success. A client that goes away
 cancels the turn: never a provider retry, and the partial-text rules apply.
 
-Endpoints: POST /v1/chat/completions, GET /v1/models, GET /admin/plan, GET /admin/health,
-GET /metrics. Attribution rides on x-relayline-* headers and a `relayline` field in bodies.
+Endpoints: POST /v1/chat/completions, POST /v1/messages, GET /v1/models (client keys);
+GET /admin/plan, GET /admin/health, GET /metrics (admin keys, auth.py); GET /healthz, GET /readyz
+(no key: probes). Attribution rides on x-relayline-* headers and a `relayline` field in bodies.
+
+Operating it: one access line per request (logger relayline.access), a request id accepted or
+made, echoed and sent upstream; chat requests beyond `[gateway] max_in_flight`, or during a
+drain, are shed with 503 and Retry-After before their body is read; a body slower than
+`body_timeout_s` is a 408. `drain()` is what SIGTERM runs (server.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hmac
 import json
 import logging
 import os
+import re
+import sqlite3
 import time
+import uuid
 from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable
 from functools import partial
 from urllib.parse import parse_qs
 
+import attrs
 import trio
 
 from relayline.machines import wire
+from relayline.machines.errors import ConfigError
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
 from ..driver import TurnRun
+from ..providers.http import REQUEST_ID
 from ..relay import Relay
-from ..stores.ledger import LedgerStore, open_ledger
+from ..stores.ledger import DEFAULT_PATH, LedgerStore, open_ledger
+from .auth import Access, KeyRing, bearer, is_loopback, load_access
 from .console import Console
 from .dialects import ANTHROPIC, OPENAI
+from .metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("relayline.gateway")
+access_log = logging.getLogger("relayline.access")
 
 SEND_GRACE_S = 10.0
-LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-class Metrics:
-    """Prometheus text exposition, kept as plain counters (no client library needed)."""
+REQUEST_ID_SHAPE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+QUIET_ERRORS = {"client_error", "context_window"}  # the client's own doing: the access line says enough
+class Exchange:
+    """One HTTP request as the access line and the metrics see it: a wrapper around ASGI `send`
+    that notes the status and the first body byte, and echoes the request id."""
 
-    def __init__(self) -> None:
-        self.attempts: dict[tuple[str, str], int] = defaultdict(int)
-        self.turns: dict[str, int] = defaultdict(int)
-        self.fallbacks = 0
-        self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
-        self.latency_sum = 0.0
+    __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
+                 "drained", "turn")
 
-    def observe(self, result: TurnResult, seconds: float) -> None:
-        self.turns[result.outcome] += 1
-        self.fallbacks += int(result.fallback)
-        for attempt in result.attempts:
-            self.attempts[(attempt.provider, attempt.outcome)] += 1
-        self.latency_sum += seconds
-        for i, bound in enumerate(LATENCY_BUCKETS):
-            if seconds <= bound:
-                self.latency_counts[i] += 1
-                break
-        else:
-            self.latency_counts[-1] += 1
+    def __init__(self, send, method: str, path: str, request_id: str) -> None:
+        self.send = send
+        # every answer on the Anthropic route speaks Anthropic, errors included (CONFIG.md "The wire")
+        self.dialect = ANTHROPIC if path.startswith("/v1/messages") else OPENAI
+        self.method = method
+        self.path = path
+        self.request_id = request_id
+        self.started = trio.current_time()
+        self.status: int | None = None
+        self.first_byte: float | None = None
+        self.result: TurnResult | None = None
+        self.client = ""
+        self.drained = False
+        self.turn: str | None = None
 
-    def render(self, relay: Relay) -> str:
-        lines = ["# HELP relayline_attempts_total Provider attempts by profile and outcome.",
-                 "# TYPE relayline_attempts_total counter"]
-        for (provider, outcome), n in sorted(self.attempts.items()):
-            lines.append(f'relayline_attempts_total{{provider="{provider}",outcome="{outcome}"}} {n}')
-        lines += ["# HELP relayline_turns_total Turns by outcome.", "# TYPE relayline_turns_total counter"]
-        for outcome, n in sorted(self.turns.items()):
-            lines.append(f'relayline_turns_total{{outcome="{outcome}"}} {n}')
-        lines += ["# HELP relayline_fallbacks_total Turns answered by a fallback entry.",
-                  "# TYPE relayline_fallbacks_total counter", f"relayline_fallbacks_total {self.fallbacks}"]
-        lines += ["# HELP relayline_breaker_transitions_total Breaker state changes by profile.",
-                  "# TYPE relayline_breaker_transitions_total counter"]
-        for alias in sorted(relay.config.providers):
-            lines.append(f'relayline_breaker_transitions_total{{provider="{alias}"}} '
-                         f'{relay.health.breaker(alias).transitions}')
-        lines += ["# HELP relayline_turn_seconds Turn latency.", "# TYPE relayline_turn_seconds histogram"]
-        cumulative = 0
-        for bound, n in zip(LATENCY_BUCKETS, self.latency_counts, strict=False):
-            cumulative += n
-            lines.append(f'relayline_turn_seconds_bucket{{le="{bound}"}} {cumulative}')
-        cumulative += self.latency_counts[-1]
-        lines.append(f'relayline_turn_seconds_bucket{{le="+Inf"}} {cumulative}')
-        lines.append(f"relayline_turn_seconds_sum {self.latency_sum:.6f}")
-        lines.append(f"relayline_turn_seconds_count {cumulative}")
-        return "\n".join(lines) + "\n"
+    async def __call__(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            message = {**message, "headers": [*message.get("headers", ()),
+                                              (b"x-request-id", self.request_id.encode())]}
+        elif self.first_byte is None and message.get("body"):
+            self.first_byte = trio.current_time()
+        await self.send(message)
+
+
+def request_id(headers: dict[bytes, bytes]) -> str:
+    """The client's x-request-id when it is a plain token, else a new one: it is echoed, logged
+    and sent upstream, so nothing a client sends reaches a log or a header unchecked."""
+    given = headers.get(b"x-request-id", b"").decode("latin-1")
+    return given if REQUEST_ID_SHAPE.match(given) else uuid.uuid4().hex
 
 
 class Gateway:
-    def __init__(self, relay: Relay, *, api_keys: set[str] | None = None, ledger: LedgerStore | None = None) -> None:
+    ROUTES = frozenset({"/v1/chat/completions", "/v1/messages", "/v1/models", "/admin/plan", "/admin/health",
+                        "/metrics", "/healthz", "/readyz"})
+
+    def __init__(self, relay: Relay, *, api_keys: set[str] | None = None, ledger: LedgerStore | None = None,
+                 access: Access | None = None) -> None:
         self.relay = relay
-        self.api_keys = {k for k in (api_keys or ()) if k}
+        self.access = access if access is not None else Access(clients=KeyRing.of(api_keys or ()))
         self.ledger = ledger
-        self.metrics = Metrics()
-        self.max_body = relay.config.gateway.max_body_bytes
+        self.settings = relay.config.gateway
+        self.metrics = Metrics(relay.config, self.ROUTES, self._live)
+        self.max_body = self.settings.max_body_bytes
         self._outcomes: dict[str, deque[tuple[float, bool]]] = defaultdict(deque)
+        self._breakers: dict[str, str] = {}
+        # readiness checks beyond "config loaded": name -> callable answering an error or None;
+        # a shared health store adds its own here ("shared store reachable")
+        self.readiness: dict[str, Callable[[], Awaitable[str | None]]] = {}
+        if ledger is not None:
+            self.readiness["ledger"] = self._ledger_ready
+        self.in_flight = 0
+        self.draining = False
+        self._turns: set[trio.CancelScope] = set()
+        self._cancelled_by_drain: set[trio.CancelScope] = set()
+        self._cut = False  # the drain ran out of time: a turn that starts now is cancelled at once
+        self._idle = trio.Event()
+        self._idle.set()
         self.console = Console(self)
 
     @classmethod
     def from_relay_config(cls, relay: Relay, env=None) -> Gateway:
+        """The gateway a config describes. Raises ConfigError when a key variable it names is
+        unset or empty (fail closed), or the ledger cannot be opened."""
         env = os.environ if env is None else env
         cfg = relay.config
-        keys = set()
-        if cfg.gateway.api_keys_env:
-            keys = {k.strip() for k in env.get(cfg.gateway.api_keys_env, "").split(",") if k.strip()}
-        return cls(relay, api_keys=keys, ledger=open_ledger(cfg.ledger))
+        access = load_access(cfg, env)
+        try:
+            ledger = open_ledger(cfg.ledger)
+        except (OSError, sqlite3.Error, RuntimeError) as exc:
+            where = "ledger.url" if cfg.ledger.url else "ledger.path"
+            raise ConfigError([str(exc) if isinstance(exc, RuntimeError) else f"{where}: cannot open "
+                               f"{cfg.ledger.path or DEFAULT_PATH}: {exc}"]) from None
+        return cls(relay, ledger=ledger, access=access)
 
     # -- ASGI -----------------------------------------------------------------------------------
 
@@ -122,32 +150,55 @@ class Gateway:
                     return
         if scope["type"] != "http":
             return
-        method, path = scope["method"], scope["path"]
-        # every answer on the Anthropic route speaks Anthropic, errors included (CONFIG.md "The wire")
-        dialect = ANTHROPIC if path.startswith("/v1/messages") else OPENAI
-        if path == "/metrics" and method == "GET":
-            if await self._authorised(scope, send, dialect):
-                await self._respond(send, 200, self.metrics.render(self.relay).encode(),
-                                    content_type="text/plain; version=0.0.4")
+        headers = dict(scope.get("headers") or [])
+        exchange = Exchange(send, scope["method"], scope["path"], request_id(headers))
+        try:
+            await self._route(exchange, scope, headers, receive)
+        finally:
+            self._account(exchange)
+
+    async def _route(self, exchange: Exchange, scope, headers, receive) -> None:
+        method, path, send = exchange.method, exchange.path, exchange
+        # hypercorn bounds a head still arriving; a whole one that came in one read is checked here
+        head = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or ())
+        if head > self.settings.max_header_bytes:
+            await self._respond(send, 431, send.dialect.http_error(
+                431, f"request headers larger than {self.settings.max_header_bytes} bytes", "headers_too_large"),
+                headers=[(b"connection", b"close")])
             return
-        if not await self._authorised(scope, send, dialect):
+        if path == "/healthz" and method == "GET":
+            await self._json(send, 200, {"status": "ok"})
+            return
+        if path == "/readyz" and method == "GET":
+            await self._ready(send)
+            return
+        if path == "/metrics" or path.startswith("/admin/"):
+            if not await self._admin(scope, headers, send):
+                return
+            if path == "/metrics" and method == "GET":
+                await self._respond(send, 200, self.metrics.render(), content_type=CONTENT_TYPE)
+            elif path == "/admin/plan" and method == "GET":
+                query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+                plan = self.relay.plan(model=query.get("model", [None])[0], text=query.get("text", [""])[0],
+                                       gateway=True)
+                await self._json(send, 200, plan.as_json())
+            elif path == "/admin/health" and method == "GET":
+                await self._json(send, 200, self.health())
+            elif path == "/admin/" or path.startswith("/admin/console/"):
+                await self.console.handle(scope, receive, send)
+            else:
+                await self._not_found(send, method, path)
+            return
+        if not await self._authorised(exchange, headers):
             return
         if path == "/v1/chat/completions" and method == "POST":
-            await self._chat(OPENAI, scope, receive, send)
+            await self._admitted(exchange, OPENAI, scope, receive)
         elif path == "/v1/messages" and method == "POST":
-            await self._chat(ANTHROPIC, scope, receive, send)
+            await self._admitted(exchange, ANTHROPIC, scope, receive)
         elif path == "/v1/models" and method == "GET":
             await self._json(send, 200, self._models())
-        elif path == "/admin/plan" and method == "GET":
-            query = parse_qs(scope.get("query_string", b"").decode())
-            plan = self.relay.plan(model=query.get("model", [None])[0], text=query.get("text", [""])[0], gateway=True)
-            await self._json(send, 200, plan.as_json())
-        elif path == "/admin/health" and method == "GET":
-            await self._json(send, 200, self.health())
-        elif path == "/admin/" or path.startswith("/admin/console/"):
-            await self.console.handle(scope, receive, send)
         else:
-            await self._respond(send, 404, dialect.http_error(404, f"no route for {method} {path}", "not_found"))
+            await self._not_found(send, method, path)
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -159,30 +210,78 @@ class Gateway:
     async def _json(self, send, status: int, obj, headers=()) -> None:
         await self._respond(send, status, json.dumps(obj).encode(), headers=headers)
 
-    async def _authorised(self, scope, send, dialect) -> bool:
-        if not self.api_keys:
+    async def _not_found(self, send, method: str, path: str) -> None:
+        await self._respond(send, 404, send.dialect.http_error(404, f"no route for {method} {path[:200]}",
+                                                               "not_found"))
+
+    async def _unauthorised(self, send, message: str) -> None:
+        await self._respond(send, 401, send.dialect.http_error(401, message, "invalid_api_key"),
+                            headers=[(b"www-authenticate", b"Bearer")])
+
+    async def _authorised(self, exchange: Exchange, headers) -> bool:
+        if not self.access.clients:
             return True
-        headers = dict(scope.get("headers") or [])
-        given = headers.get(b"authorization", b"").decode("latin-1")
-        token = given[7:] if given.lower().startswith("bearer ") else headers.get(b"x-api-key", b"").decode("latin-1")
-        if any(hmac.compare_digest(token.encode(), key.encode()) for key in self.api_keys):
+        kid = self.access.clients.match(bearer(headers))
+        if kid is not None:
+            exchange.client = kid
             return True
-        await self._respond(send, 401, dialect.http_error(401, "missing or invalid gateway API key", "invalid_api_key"))
+        await self._unauthorised(exchange, "missing or invalid gateway API key")
         return False
+
+    async def _admin(self, scope, headers, send) -> bool:
+        """/admin/* and /metrics: an admin key when admin keys are configured, else a client key
+        when client keys are, else loopback clients only."""
+        if self.access.admins:
+            if self.access.admins.match(bearer(headers)) is not None:
+                return True
+            await self._unauthorised(send, "missing or invalid admin key")
+            return False
+        if self.access.clients:
+            if self.access.clients.match(bearer(headers)) is not None:
+                return True
+            await self._unauthorised(send, "missing or invalid gateway API key")
+            return False
+        if is_loopback(scope.get("client")):
+            return True
+        await self._respond(send, 403, send.dialect.http_error(
+            403, "admin endpoints answer loopback clients only when no admin or client keys are configured "
+            "([gateway] admin_keys_env)", "forbidden"))
+        return False
+
+    async def _ready(self, send) -> None:
+        checks = {"config": None}
+        for name, check in self.readiness.items():
+            checks[name] = await check()
+        if self.draining:
+            checks["draining"] = "the gateway is shutting down"
+        ready = all(problem is None for problem in checks.values())
+        body = {"status": "ready" if ready else "not ready",
+                "checks": {name: problem or "ok" for name, problem in checks.items()}}
+        await self._json(send, 200 if ready else 503, body)
+
+    async def _ledger_ready(self) -> str | None:
+        writable = await trio.to_thread.run_sync(self.ledger.writable)
+        return None if writable else "the ledger is not writable"
 
     async def _read_body(self, receive, send, dialect) -> bytes | None:
         body = b""
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            body += message.get("body", b"")
-            if len(body) > self.max_body:
-                await self._respond(send, 413, dialect.http_error(413, f"request body larger than {self.max_body} bytes",
-                                                                  "request_too_large"))
-                return None
-            if not message.get("more_body"):
-                return body
+        with trio.move_on_after(self.settings.body_timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return None
+                body += message.get("body", b"")
+                if len(body) > self.max_body:
+                    await self._respond(send, 413, dialect.http_error(
+                        413, f"request body larger than {self.max_body} bytes", "request_too_large"),
+                        headers=[(b"connection", b"close")])
+                    return None
+                if not message.get("more_body"):
+                    return body
+        await self._respond(send, 408, dialect.http_error(
+            408, f"the request body did not arrive within {self.settings.body_timeout_s:g} s", "request_timeout"),
+            headers=[(b"connection", b"close")])
+        return None
 
     def _models(self) -> dict:
         created = int(time.time())
@@ -212,17 +311,61 @@ class Gateway:
                 "cooldown_s": round(cooling, 3) if cooling > 0 else 0.0,
                 "attempts_in_window": len(seen),
                 "success_rate": round(sum(ok for _, ok in seen) / len(seen), 4) if seen else None,
+                "transitions": breaker.transitions,
             }
-        return {"window_s": window, "profiles": profiles, "fallback_record": dict(self.relay.fallback_record)}
+        self._note_breakers(profiles)
+        return {"window_s": window, "profiles": profiles, "fallback_record": dict(self.relay.fallback_record),
+                "in_flight": self.in_flight, "draining": self.draining}
 
-    async def _finish_turn(self, turn_id: str, result: TurnResult, started: float) -> None:
+    def _live(self) -> dict:
+        return self.health()
+
+    def _note_breakers(self, profiles: dict) -> None:
+        for alias, profile in profiles.items():
+            before = self._breakers.get(alias, "closed")
+            if profile["breaker"] != before:
+                log.warning("breaker_transition profile=%s from=%s to=%s", alias, before, profile["breaker"])
+            self._breakers[alias] = profile["breaker"]
+
+    async def _finish_turn(self, exchange: Exchange, result: TurnResult, started: float) -> None:
         now = trio.current_time()
         for attempt in result.attempts:
             self._outcomes[attempt.provider].append((now, attempt.outcome == "ok"))
-        self.metrics.observe(result, now - started)
-        self.console.observe(turn_id, result, now - started)
+        self.metrics.turn(result, now - started)
+        self.console.observe(exchange.turn, result, now - started)
         if self.ledger is not None and result.ledger:
-            await self.ledger.record(turn_id, result)
+            await self.ledger.record(exchange.turn, result, client=exchange.client)
+        served = result.served.label if result.served else "none"
+        if result.fallback:
+            log.warning("fallback request_id=%s requested=%s served=%s attempts=%d", exchange.request_id,
+                        result.requested, served, len(result.attempts))
+        if result.outcome in ("error", "interrupted") and result.error not in QUIET_ERRORS:
+            log.warning("turn_failed request_id=%s outcome=%s reason=%s requested=%s attempts=%d",
+                        exchange.request_id, result.outcome, result.error, result.requested, len(result.attempts))
+        self._note_breakers({alias: {"breaker": self.relay.health.breaker(alias).refresh(now)}
+                             for alias in {a.provider for a in result.attempts}})
+
+    def _account(self, exchange: Exchange) -> None:
+        """The access line and the request metrics, once the response ended (or the client left)."""
+        now = trio.current_time()
+        status = exchange.status if exchange.status is not None else 499  # the client went away first
+        self.metrics.request(exchange.path, status)
+        result = exchange.result
+        if result is not None and exchange.first_byte is not None and result.served is not None:
+            self.metrics.first_token(result.served.profile, result.served.model, exchange.first_byte - exchange.started)
+        fields = {
+            "method": exchange.method, "path": exchange.path[:200], "status": status,
+            "latency_ms": round((now - exchange.started) * 1000, 2),
+            "ttfb_ms": round((exchange.first_byte - exchange.started) * 1000, 2) if exchange.first_byte else None,
+            "request_id": exchange.request_id, "client": exchange.client or None, "turn": exchange.turn,
+        }
+        if result is not None:
+            fields.update(
+                requested=result.requested, served=result.served.label if result.served else None,
+                outcome=result.outcome, attempts=len(result.attempts),
+                input_tokens=sum(r.input_tokens for r in result.ledger),
+                output_tokens=sum(r.output_tokens for r in result.ledger), cost_usd=round(result.cost_usd, 8))
+        access_log.info("access", extra={"fields": fields})
 
     def _attribution(self, result: TurnResult) -> list[tuple[bytes, bytes]]:
         return [
@@ -244,9 +387,46 @@ class Gateway:
             "skipped": [str(s) for s in result.skipped],
         }
 
+    # -- admission and drain --------------------------------------------------------------------
+
+    async def _admitted(self, exchange: Exchange, dialect, scope, receive) -> None:
+        """Run a chat request unless the gateway is full or draining: then 503 with Retry-After,
+        before its body is read (load shedding costs next to nothing)."""
+        limit = self.settings.max_in_flight
+        if self.draining or (limit and self.in_flight >= limit):
+            why = "the gateway is shutting down" if self.draining else f"{limit} turns are in flight, the limit"
+            status, body = _unavailable(dialect, f"{why}: retry shortly")
+            await self._respond(exchange, status, body, headers=[(b"retry-after", b"1")]
+                                + ([(b"connection", b"close")] if self.draining else []))
+            return
+        self.in_flight += 1
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        try:
+            await self._chat(dialect, scope, receive, exchange)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+
+    async def drain(self, seconds: float) -> None:
+        """Stop admitting turns, wait up to `seconds` for those in flight, then cancel the rest:
+        a cancelled stream ends with the explicit error event, a held one gets a 503, and every
+        billable attempt still gets its ledger row. Returns once no turn is in flight."""
+        self.draining = True
+        with trio.move_on_after(seconds):
+            await self._idle.wait()
+        self.cancel_turns()
+        await self._idle.wait()
+
+    def cancel_turns(self) -> None:
+        self._cut = True
+        for scope in list(self._turns):
+            self._cancelled_by_drain.add(scope)
+            scope.cancel()
+
     # -- chat completions -----------------------------------------------------------------------
 
-    async def _chat(self, dialect, scope, receive, send) -> None:
+    async def _chat(self, dialect, scope, receive, send: Exchange) -> None:
         raw = await self._read_body(receive, send, dialect)
         if raw is None:
             return
@@ -274,8 +454,11 @@ class Gateway:
             stream = _StreamWire(turn_id, send, runs, dialect, request)
             gate_s = self.relay.config.timeouts.gate_commit_s
             tasks = [stream.flusher] + ([partial(stream.commit_after, gate_s)] if gate_s > 0 else [])
-            result = await self._run_turn(turn_id, receive, runs, tasks, stream=True, sink=stream.event, **kwargs)
-            if result is None or result.outcome == "cancelled":
+            result = await self._run_turn(send, turn_id, receive, runs, tasks, stream=True, sink=stream.event,
+                                          **kwargs)
+            if result is not None and send.drained:
+                result = _shut_down(result)
+            elif result is None or result.outcome == "cancelled":
                 return  # the client went away
             if not stream.started and result.outcome != "ok":
                 # nothing was sent: a failure before commit still gets a real status and body
@@ -284,8 +467,10 @@ class Gateway:
             await stream._start()  # an answer with nothing to show (a refusal) still is a stream
             await stream.finish(result, self._relayline_field(result))
             return
-        result = await self._run_turn(turn_id, receive, [], **kwargs)
-        if result is None or result.outcome == "cancelled":
+        result = await self._run_turn(send, turn_id, receive, [], **kwargs)
+        if result is not None and send.drained:
+            result = _shut_down(result)
+        elif result is None or result.outcome == "cancelled":
             return  # the client went away
         if result.outcome != "ok":
             await self._error_response(send, dialect, result)
@@ -293,27 +478,43 @@ class Gateway:
         await self._json(send, 200, dialect.completion(turn_id, result, self._relayline_field(result)),
                          headers=self._attribution(result) + dropped_header(request, result.served))
 
-    async def _run_turn(self, turn_id: str, receive, runs: list[TurnRun], tasks=(), **kwargs) -> TurnResult | None:
-        """Run one turn while watching for the client going away (a disconnect cancels it),
-        then account for it: metrics, health view, ledger rows (before any response ends)."""
+    async def _run_turn(self, exchange: Exchange, turn_id: str, receive, runs: list[TurnRun], tasks=(),
+                        **kwargs) -> TurnResult | None:
+        """Run one turn while watching for the client going away (a disconnect cancels it) and
+        for a drain running out of time, then account for it: metrics, health view, ledger rows
+        (before any response ends)."""
         started = trio.current_time()
+        REQUEST_ID.set(exchange.request_id)  # sent upstream as x-request-id
         with trio.CancelScope() as turn_scope:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._watch_disconnect, receive, turn_scope)
-                for task in tasks:
-                    nursery.start_soon(task)
-                try:
-                    await self.relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
-                finally:
-                    nursery.cancel_scope.cancel()
+            self._turns.add(turn_scope)
+            if self._cut:
+                self._cancelled_by_drain.add(turn_scope)
+                turn_scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._watch_disconnect, receive, turn_scope)
+                    for task in tasks:
+                        nursery.start_soon(task)
+                    try:
+                        await self.relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
+                    finally:
+                        nursery.cancel_scope.cancel()
+            finally:
+                self._turns.discard(turn_scope)
+        exchange.drained = turn_scope in self._cancelled_by_drain
+        self._cancelled_by_drain.discard(turn_scope)
         result = runs[0].result if runs else None
         if result is not None:
-            await self._finish_turn(turn_id, result, started)
+            exchange.result = result
+            exchange.turn = turn_id
+            await self._finish_turn(exchange, result, started)
         return result
 
     async def _error_response(self, send, dialect, result: TurnResult) -> None:
         status, body = dialect.error(result)
         headers = self._attribution(result)
+        if result.error == "shutdown":
+            headers.append((b"retry-after", b"1"))
         if result.attempts:
             # relayline already spent its own retries on this turn: an SDK's would multiply them
             headers.append((b"x-should-retry", b"false"))
@@ -333,6 +534,15 @@ def dropped_header(request: wire.Request, entry) -> list[tuple[bytes, bytes]]:
     provider = entry.provider
     dropped = wire.unsupported(request, provider.family, provider.capabilities)
     return [(b"x-relayline-dropped", ", ".join(dropped).encode())] if dropped else []
+
+def _shut_down(result: TurnResult) -> TurnResult:
+    """A turn the drain cancelled: said as such to its client, never as a client disconnect."""
+    return attrs.evolve(result, outcome="error", error="shutdown",
+                        message="the gateway is shutting down: this turn was cancelled before it finished")
+
+
+def _unavailable(dialect, message: str) -> tuple[int, bytes]:
+    return 503, dialect.http_error(503, message, "overloaded")
 
 
 class _StreamWire:
@@ -437,20 +647,3 @@ class _StreamWire:
             body = b"".join(self._pending) + body
             self._pending.clear()
             await self.send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080,
-                task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Run the gateway on hypercorn's trio worker until cancelled. Reports the bound URLs."""
-    from hypercorn.config import Config as HypercornConfig
-    from hypercorn.trio import serve as hypercorn_serve
-
-    config = HypercornConfig()
-    config.bind = [f"{host}:{port}"]
-    config.accesslog = None
-    config.errorlog = logging.getLogger("hypercorn.error")
-    config.keep_alive_timeout = 75
-    config.backlog = 2048  # bursts of new connections must queue, not be refused
-    connected = getattr(gateway.relay.health, "connected", None)
-    async with connected() if connected is not None else contextlib.nullcontext():
-        await hypercorn_serve(gateway, config, task_status=task_status)

@@ -27,11 +27,13 @@ ERRORS = {
     "exhausted": (502, "upstream_error", "all_candidates_failed", "api_error"),
     "semantic_empty": (502, "upstream_error", "empty_completion", "api_error"),
     "interrupted": (502, "upstream_error", "stream_interrupted", "api_error"),
+    "shutdown": (503, "service_unavailable", "shutting_down", "overloaded_error"),
 }
 UNKNOWN_ERROR = (502, "upstream_error", None, "api_error")
 # HTTP status -> Anthropic error type (https://docs.anthropic.com/en/api/errors)
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
+                   404: "not_found_error", 408: "invalid_request_error", 413: "request_too_large",
+                   431: "invalid_request_error", 422: "invalid_request_error",
                    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 
 

@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import Protocol
 
 import attrs
@@ -27,6 +28,9 @@ from ..redact import redact
 from ..sse import SSEDecoder, SSEEvent, SSEProtocolError
 from .base import DONE, CallRequest, ProviderFailure
 
+# the gateway's request id for the turn running in this task: sent upstream as x-request-id, so a
+# provider's logs and ours can be joined (trio tasks inherit it from the request's handler)
+REQUEST_ID: ContextVar[str | None] = ContextVar("relayline_request_id", default=None)
 MAX_ERROR_BODY = 64 * 1024  # enough to classify; a provider's error page is not read further
 MAX_REJECTION_CHARS = 1000  # an upstream's rejection message given back to the client, at most
 
@@ -120,6 +124,9 @@ class HttpProvider:
 
     async def _send(self, request: CallRequest) -> httpx.Response:
         http_request = self.protocol.build(self.client, request)
+        request_id = REQUEST_ID.get()
+        if request_id is not None:
+            http_request.headers["x-request-id"] = request_id
         try:
             response = await self.client.send(http_request, stream=True)
         except httpx.TimeoutException:

@@ -19,6 +19,7 @@ import trio
 from relayline.machines.config import structure_config
 
 from ..gateway import Gateway, serve
+from ..gateway.auth import Access, KeyRing
 from ..relay import Relay
 from ..stores.ledger import LedgerStore
 from .server import SimHTTPServer, shape_by_alias, wire_to
@@ -92,11 +93,12 @@ class BackgroundUpstreams(BackgroundTrio):
 
 class BackgroundGateway(BackgroundTrio):
     def __init__(self, config: Mapping, replies: Sequence[Mapping] = (), *, api_keys: set[str] | None = None,
-                 ledger_path: str | None = None, env: Mapping[str, str] | None = None) -> None:
+                 admin_keys: set[str] | None = None, ledger_path: str | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         super().__init__("relayline-gateway")
         self.config = config
         self.replies = list(replies)
-        self.api_keys = api_keys
+        self.access = Access(KeyRing.of(api_keys or ()), KeyRing.of(admin_keys or ()))
         self.ledger_path = ledger_path
         self.env = env or {}
         self.url = ""
@@ -108,7 +110,7 @@ class BackgroundGateway(BackgroundTrio):
         self.sim = await SimHTTPServer(self.replies).start(nursery)
         self._relay = Relay(structure_config(wire_to(self.config, self.sim, shape_by_alias)), env=self.env)
         ledger = LedgerStore(self.ledger_path) if self.ledger_path else None
-        self.gateway = Gateway(self._relay, api_keys=self.api_keys, ledger=ledger)
+        self.gateway = Gateway(self._relay, access=self.access, ledger=ledger)
         binds = await nursery.start(lambda task_status: serve(self.gateway, port=0, task_status=task_status))
         self.url = binds[0]
 

@@ -184,6 +184,7 @@ class SimHTTPServer:
                         for r in replies}
         self.server = LoopbackServer(self._answer)
         self.calls = 0
+        self.request_ids: list[str | None] = []  # each call's x-request-id (the gateway sends one)
 
     @property
     def port(self) -> int:
@@ -198,6 +199,7 @@ class SimHTTPServer:
 
     def _answer(self, seen: Seen) -> Reply:
         self.calls += 1
+        self.request_ids.append(seen.headers.get("x-request-id"))
         path = seen.path
         shape = "anthropic" if path.endswith("/v1/messages") else "openai"
         alias = path.strip("/").split("/", 1)[0]

@@ -2,8 +2,10 @@
 
 The gateway writes a turn's rows before its response completes, so a client that saw an answer
 can find what it cost. One connection and a lock serialise writes. `report` backs `relayline
-ledger`. A fleet keeps the same rows in PostgreSQL instead (stores/postgres.py); `open_ledger`
-picks the store a config names.
+ledger`. Each row names the gateway client by its key id (a short hash, never the key; empty
+for library turns and gateways without keys). A ledger written before that column existed is
+migrated in place when opened. A fleet keeps the same rows in PostgreSQL instead
+(stores/postgres.py); `open_ledger` picks the store a config names.
 """
 
 from __future__ import annotations
@@ -31,21 +33,26 @@ CREATE TABLE IF NOT EXISTS attempts (
     accepted INTEGER NOT NULL,
     input_tokens INTEGER NOT NULL,
     output_tokens INTEGER NOT NULL,
-    cost_usd REAL NOT NULL
+    cost_usd REAL NOT NULL,
+    client TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS attempts_ts ON attempts (ts);
 """
 
+# columns added after the first release: (name, definition), applied to older files in order
+MIGRATIONS = (("client", "TEXT NOT NULL DEFAULT ''"),)
+# what `relayline ledger --by` groups on (both stores)
+GROUPS = {"model": ("provider", "model"), "client": ("client",)}
 
 COLUMNS = ("ts", "turn", "requested", "provider", "model", "mode", "outcome", "accepted", "input_tokens",
-           "output_tokens", "cost_usd")
+           "output_tokens", "cost_usd", "client")
 
 
-def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None) -> list[tuple]:
+def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "") -> list[tuple]:
     """A turn's ledger rows as tuples in COLUMNS order (both stores write these)."""
     ts = time.time() if now is None else now
     return [(ts, turn_id, result.requested, r.provider, r.model, r.mode, r.outcome, int(r.accepted),
-             r.input_tokens, r.output_tokens, r.cost_usd) for r in result.ledger]
+             r.input_tokens, r.output_tokens, r.cost_usd, client) for r in result.ledger]
 
 
 class LedgerStore:
@@ -59,43 +66,68 @@ class LedgerStore:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(SCHEMA)
+            self._migrate()
 
-    def write(self, turn_id: str, result: TurnResult, now: float | None = None) -> int:
-        rows = ledger_rows(turn_id, result, now)
+    def _migrate(self) -> None:
+        have = {row[1] for row in self._conn.execute("PRAGMA table_info(attempts)")}
+        for name, definition in MIGRATIONS:
+            if name not in have:
+                self._conn.execute(f"ALTER TABLE attempts ADD COLUMN {name} {definition}")
+
+    def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "") -> int:
+        rows = ledger_rows(turn_id, result, now, client=client)
         if not rows:
             return 0
         with self._lock:
             self._conn.executemany(
-                "INSERT INTO attempts (ts, turn, requested, provider, model, mode, outcome, accepted, "
-                "input_tokens, output_tokens, cost_usd) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})", rows)
         return len(rows)
 
-    async def record(self, turn_id: str, result: TurnResult) -> int:
+    def writable(self) -> bool:
+        """Whether a write could be made now (readiness): takes and releases the write lock on a
+        connection of its own that waits at most 50 ms, so a probe never stalls the gateway."""
+        if self.path == ":memory:":
+            return True
+        try:
+            probe = sqlite3.connect(self.path, timeout=0.05, isolation_level=None)
+            try:
+                probe.execute("BEGIN IMMEDIATE")
+                probe.execute("ROLLBACK")
+            finally:
+                probe.close()
+        except sqlite3.Error:
+            return False
+        return True
+
+    async def record(self, turn_id: str, result: TurnResult, *, client: str = "") -> int:
         # in the loop's thread: a WAL insert takes ~60 µs here, a hop to a worker thread ~250 µs
-        return self.write(turn_id, result)
+        return self.write(turn_id, result, client=client)
 
     def rows(self, since: float = 0.0) -> list[dict]:
         with self._lock:
-            cur = self._conn.execute(
-                "SELECT ts, turn, requested, provider, model, mode, outcome, accepted, input_tokens, "
-                "output_tokens, cost_usd FROM attempts WHERE ts >= ? ORDER BY id", (since,))
+            cur = self._conn.execute(f"SELECT {', '.join(COLUMNS)} FROM attempts WHERE ts >= ? ORDER BY id", (since,))
             names = [d[0] for d in cur.description]
             return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
-    def report(self, since: float = 0.0) -> list[dict]:
-        """Cost per profile and model, accepted versus rejected."""
+    def report(self, since: float = 0.0, by: str = "model") -> list[dict]:
+        """Cost per profile and model (by="model") or per client key id (by="client"),
+        accepted versus rejected."""
+        group = GROUPS[by]
+        columns = ", ".join(group)
         with self._lock:
             cur = self._conn.execute(
-                "SELECT provider, model, "
+                f"SELECT {columns}, "
                 "SUM(accepted), SUM(1 - accepted), "
                 "SUM(CASE WHEN accepted THEN cost_usd ELSE 0 END), SUM(CASE WHEN accepted THEN 0 ELSE cost_usd END), "
                 "SUM(input_tokens), SUM(output_tokens) "
-                "FROM attempts WHERE ts >= ? GROUP BY provider, model ORDER BY provider, model", (since,))
-            return [
-                {"provider": p, "model": m, "accepted": int(a), "rejected": int(r), "accepted_cost_usd": ac,
-                 "rejected_cost_usd": rc, "input_tokens": int(ti), "output_tokens": int(to)}
-                for p, m, a, r, ac, rc, ti, to in cur.fetchall()
-            ]
+                f"FROM attempts WHERE ts >= ? GROUP BY {columns} ORDER BY {columns}", (since,))
+            out = []
+            for row in cur.fetchall():
+                a, r, ac, rc, ti, to = row[len(group):]
+                out.append({**dict(zip(group, row, strict=False)), "accepted": int(a), "rejected": int(r),
+                            "accepted_cost_usd": ac, "rejected_cost_usd": rc, "input_tokens": int(ti),
+                            "output_tokens": int(to)})
+            return out
 
     def close(self) -> None:
         with self._lock:

@@ -12,12 +12,13 @@ that workers starting together do not race, and is recorded in relayline_schema.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import trio
 
 from relayline.machines.turn import TurnResult
 
-from .ledger import COLUMNS, ledger_rows
+from .ledger import COLUMNS, GROUPS, ledger_rows
 
 MIGRATIONS = (
     # 1: the attempts table (the SQLite ledger's columns)
@@ -38,6 +39,8 @@ MIGRATIONS = (
     );
     CREATE INDEX IF NOT EXISTS relayline_attempts_ts ON relayline_attempts (ts);
     """,
+    # 2: the gateway client's key id (a short hash, never the key), as in the SQLite ledger
+    "ALTER TABLE relayline_attempts ADD COLUMN IF NOT EXISTS client TEXT NOT NULL DEFAULT ''",
 )
 MIGRATION_LOCK = 0x72656C61  # any constant shared by every worker: "rela"
 POOL_SIZE = 4
@@ -86,8 +89,8 @@ class PostgresLedger:
         with self._pool.connection() as conn:
             return conn.execute("SELECT COALESCE(MAX(version), 0) FROM relayline_schema").fetchone()[0]
 
-    def write(self, turn_id: str, result: TurnResult, now: float | None = None) -> int:
-        rows = ledger_rows(turn_id, result, now)
+    def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "") -> int:
+        rows = ledger_rows(turn_id, result, now, client=client)
         if not rows:
             return 0
         placeholders = ", ".join(["%s"] * len(COLUMNS))
@@ -95,32 +98,45 @@ class PostgresLedger:
             cur.executemany(f"INSERT INTO relayline_attempts ({', '.join(COLUMNS)}) VALUES ({placeholders})", rows)
         return len(rows)
 
-    async def record(self, turn_id: str, result: TurnResult) -> int:
+    async def record(self, turn_id: str, result: TurnResult, *, client: str = "") -> int:
         """Write a turn's rows from the event loop: a blocking insert in a bounded worker thread."""
         if not result.ledger:
             return 0
         # shielded: a client that went away after its turn ended still leaves the turn's rows
         with trio.CancelScope(shield=True):
-            return await trio.to_thread.run_sync(self.write, turn_id, result, limiter=self._limiter)
+            return await trio.to_thread.run_sync(partial(self.write, turn_id, result, client=client),
+                                                 limiter=self._limiter)
+
+    def writable(self) -> bool:
+        """Readiness: a connection from the pool answers (blocking: run it in a worker thread)."""
+        try:
+            with self._pool.connection(timeout=2.0) as conn:
+                conn.execute("SELECT 1")
+        except Exception:
+            return False
+        return True
 
     def rows(self, since: float = 0.0) -> list[dict]:
         with self._pool.connection() as conn, conn.cursor() as cur:
             cur.execute(f"SELECT {', '.join(COLUMNS)} FROM relayline_attempts WHERE ts >= %s ORDER BY id", (since,))
             return [dict(zip(COLUMNS, row, strict=True)) for row in cur.fetchall()]
 
-    def report(self, since: float = 0.0) -> list[dict]:
+    def report(self, since: float = 0.0, by: str = "model") -> list[dict]:
+        group = GROUPS[by]
+        columns = ", ".join(group)
         with self._pool.connection() as conn, conn.cursor() as cur:
             cur.execute(
-                "SELECT provider, model, SUM(accepted), SUM(1 - accepted), "
+                f"SELECT {columns}, SUM(accepted), SUM(1 - accepted), "
                 "SUM(CASE WHEN accepted = 1 THEN cost_usd ELSE 0 END), "
                 "SUM(CASE WHEN accepted = 1 THEN 0 ELSE cost_usd END), SUM(input_tokens), SUM(output_tokens) "
-                "FROM relayline_attempts WHERE ts >= %s GROUP BY provider, model ORDER BY provider, model",
-                (since,))
-            return [
-                {"provider": p, "model": m, "accepted": int(a), "rejected": int(r), "accepted_cost_usd": float(ac),
-                 "rejected_cost_usd": float(rc), "input_tokens": int(ti), "output_tokens": int(to)}
-                for p, m, a, r, ac, rc, ti, to in cur.fetchall()
-            ]
+                f"FROM relayline_attempts WHERE ts >= %s GROUP BY {columns} ORDER BY {columns}", (since,))
+            out = []
+            for row in cur.fetchall():
+                a, r, ac, rc, ti, to = row[len(group):]
+                out.append({**dict(zip(group, row, strict=False)), "accepted": int(a), "rejected": int(r),
+                            "accepted_cost_usd": float(ac), "rejected_cost_usd": float(rc), "input_tokens": int(ti),
+                            "output_tokens": int(to)})
+            return out
 
     def close(self) -> None:
         self._pool.close()

@@ -1,0 +1,113 @@
+"""Who may call the gateway: client keys for /v1/*, admin keys for /admin/* and /metrics.
+
+Fail closed: a config that names a key variable which is unset or empty refuses to start (and
+`relayline check` says so), because an operator who wrote `api_keys_env` meant to require keys.
+Keys are compared as SHA-256 digests with `hmac.compare_digest`, against every configured key
+without stopping early, so neither a key's length nor its position leaks through timing. A
+client is known afterwards only by its key id, a short hash: that is what the ledger, the logs
+and the metrics may carry, never the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+from collections.abc import Mapping
+
+import attrs
+
+from relayline.machines.config import Config
+from relayline.machines.errors import ConfigError
+
+from ..redact import protect
+
+
+def key_id(key: str) -> str:
+    """A stable, short, non-reversible name for a key (12 hex digits of its SHA-256)."""
+    return "k-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+
+
+@attrs.frozen
+class KeyRing:
+    """A set of keys, held as digests: the ring itself never holds a key in clear."""
+
+    digests: tuple[tuple[bytes, str], ...] = ()  # (sha256, key id)
+
+    @classmethod
+    def of(cls, keys) -> KeyRing:
+        return cls(tuple((_digest(k), key_id(k)) for k in sorted(set(keys)) if k))
+
+    def __bool__(self) -> bool:
+        return bool(self.digests)
+
+    def match(self, token: str | None) -> str | None:
+        """The key id of `token` when it is one of the ring's keys, else None."""
+        if not token or not self.digests:
+            return None
+        given = _digest(token)
+        found = None
+        for digest, kid in self.digests:  # no early exit: every key costs the same
+            if hmac.compare_digest(given, digest) and found is None:
+                found = kid
+        return found
+
+
+@attrs.frozen
+class Access:
+    clients: KeyRing = KeyRing()
+    admins: KeyRing = KeyRing()
+
+    def admin_rule(self) -> str:
+        if self.admins:
+            return "admin key"
+        return "client key" if self.clients else "loopback only"
+
+
+def _read_keys(env: Mapping[str, str], name: str | None, path: str) -> KeyRing:
+    if name is None:
+        return KeyRing()
+    keys = [k.strip() for k in env.get(name, "").split(",") if k.strip()]
+    if not keys:
+        raise ConfigError([f"{path}: names {name}, which is unset or empty: the gateway would run "
+                           f"without authentication (set {name} to comma-separated keys, or remove {path})"])
+    protect(keys)  # a key a client echoes back into a path or header never reaches a log line
+    return KeyRing.of(keys)
+
+
+def load_access(config: Config, env: Mapping[str, str]) -> Access:
+    """The gateway's keys from the environment; ConfigError (with the key path) when a named
+    variable holds no key."""
+    problems = []
+    rings = []
+    for name in ("api_keys_env", "admin_keys_env"):
+        try:
+            rings.append(_read_keys(env, getattr(config.gateway, name), f"gateway.{name}"))
+        except ConfigError as exc:
+            problems += exc.problems
+            rings.append(KeyRing())
+    if problems:
+        raise ConfigError(problems)
+    return Access(*rings)
+
+
+def bearer(headers: Mapping[bytes, bytes]) -> str | None:
+    """The key a client presented: `Authorization: Bearer K` (OpenAI) or `x-api-key: K` (Anthropic)."""
+    given = headers.get(b"authorization", b"").decode("latin-1")
+    if given[:7].lower() == "bearer ":
+        return given[7:].strip()
+    token = headers.get(b"x-api-key")
+    return token.decode("latin-1").strip() if token else None
+
+
+def is_loopback(client) -> bool:
+    if not client:
+        return False
+    try:
+        return ipaddress.ip_address(client[0]).is_loopback
+    except ValueError:
+        return False
