@@ -5,6 +5,7 @@ RELAYLINE_CONSOLE_SCREENSHOT=path also copies the outage screenshot there (the R
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shutil
@@ -25,7 +26,10 @@ ANSWER = "ANSWER-CANARY forty two"
 POOL = ("sk-console-pool-AAAA1111", "sk-console-pool-BBBB2222")
 BACKUP_KEY = "sk-console-backup-CCCC3333"
 CLIENT_KEY = "gw-console-client-DDDD4444"
-SECRETS = (*POOL, BACKUP_KEY, CLIENT_KEY)
+ADMIN_KEY = "gw-console-admin-EEEE5555"
+SECRETS = (*POOL, BACKUP_KEY, CLIENT_KEY, ADMIN_KEY)
+# what a browser sends once its user typed the admin key into the login prompt
+BASIC = {"authorization": "Basic " + base64.b64encode(f"operator:{ADMIN_KEY}".encode()).decode()}
 
 
 def outage_config() -> dict:
@@ -107,12 +111,12 @@ def health_row(page, profile: str, attribute: str) -> str:
 
 
 def test_the_page_follows_an_outage_live(browser, tmp_path):
-    auth = {"authorization": f"Bearer {CLIENT_KEY}"}
-    with BackgroundGateway(outage_config(), OUTAGE, api_keys={CLIENT_KEY}, ledger_path=str(tmp_path / "ledger.sqlite3"),
-                           env={"BACKUP_KEY": BACKUP_KEY}) as gw, \
+    auth = {"authorization": f"Bearer {ADMIN_KEY}"}
+    with BackgroundGateway(outage_config(), OUTAGE, api_keys={CLIENT_KEY}, admin_keys={ADMIN_KEY},
+                           ledger_path=str(tmp_path / "ledger.sqlite3"), env={"BACKUP_KEY": BACKUP_KEY}) as gw, \
             EventTap(f"{gw.url}/admin/console/events", auth) as tap:
         page = browser.page()
-        page.call("Network.setExtraHTTPHeaders", headers=auth)
+        page.call("Network.setExtraHTTPHeaders", headers=BASIC)
         page.navigate(f"{gw.url}/admin/")
         page.wait_for("document.body.dataset.ready === 'yes'", timeout=20)
         page.wait_for("document.getElementById('live').dataset.state === 'live'")
@@ -220,14 +224,22 @@ def test_the_page_and_its_assets_are_served_from_package_data():
         assert "fetch(\"http" not in text and "EventSource(\"http" not in text
 
 
-def test_the_console_needs_the_key_that_guards_admin_endpoints():
-    with BackgroundGateway(outage_config(), OUTAGE, api_keys={CLIENT_KEY}, env={"BACKUP_KEY": BACKUP_KEY}) as gw:
+def test_the_console_needs_the_admin_key_and_a_browser_can_send_it():
+    with BackgroundGateway(outage_config(), OUTAGE, api_keys={CLIENT_KEY}, admin_keys={ADMIN_KEY},
+                           env={"BACKUP_KEY": BACKUP_KEY}) as gw:
         refused = [httpx.get(f"{gw.url}{path}").status_code
                    for path in ("/admin/", "/admin/console/state", "/admin/console/events", f"/admin/console/{MERMAID}")]
-        wrong = httpx.get(f"{gw.url}/admin/", headers={"authorization": "Bearer nope"})
-        allowed = httpx.get(f"{gw.url}/admin/", headers={"authorization": f"Bearer {CLIENT_KEY}"})
-    assert refused == [401, 401, 401, 401] and wrong.status_code == 401
-    assert allowed.status_code == 200
+        page = httpx.get(f"{gw.url}/admin/")
+        client_key = httpx.get(f"{gw.url}/admin/", headers={"authorization": f"Bearer {CLIENT_KEY}"})
+        wrong_password = httpx.get(f"{gw.url}/admin/", auth=("operator", CLIENT_KEY))
+        garbled = httpx.get(f"{gw.url}/admin/", headers={"authorization": "Basic %%%"})
+        allowed = [httpx.get(f"{gw.url}/admin/console/state", headers=h).status_code
+                   for h in (BASIC, {"authorization": f"Bearer {ADMIN_KEY}"})]
+    assert refused == [401, 401, 401, 401]
+    # the page's 401 makes a browser ask for the key; API clients still see the Bearer scheme
+    assert page.headers.get_list("www-authenticate") == ["Bearer", 'Basic realm="relayline admin", charset="UTF-8"']
+    assert client_key.status_code == wrong_password.status_code == garbled.status_code == 401
+    assert allowed == [200, 200]
 
 
 def test_the_event_stream_pushes_a_turn_and_only_what_changed(tmp_path):

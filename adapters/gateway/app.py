@@ -215,8 +215,11 @@ class Gateway:
                                                                "not_found"))
 
     async def _unauthorised(self, send, message: str) -> None:
-        await self._respond(send, 401, send.dialect.http_error(401, message, "invalid_api_key"),
-                            headers=[(b"www-authenticate", b"Bearer")])
+        challenges = [(b"www-authenticate", b"Bearer")]
+        if send.path == "/admin/":
+            # a browser opening the console asks its user for the key
+            challenges.append((b"www-authenticate", b'Basic realm="relayline admin", charset="UTF-8"'))
+        await self._respond(send, 401, send.dialect.http_error(401, message, "invalid_api_key"), headers=challenges)
 
     async def _authorised(self, exchange: Exchange, headers) -> bool:
         if not self.access.clients:
