@@ -14,6 +14,7 @@ import time
 
 import httpx
 import pytest
+import trio
 from browser import Chromium
 
 from relayline.adapters.gateway.console import CSP, MERMAID, turn_view
@@ -66,6 +67,7 @@ class EventTap:
     def __init__(self, url: str, headers: dict) -> None:
         self.url, self.headers = url, headers
         self.data = bytearray()
+        self.ended = threading.Event()  # the gateway ended the stream (a clean end of the response)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -77,6 +79,7 @@ class EventTap:
                     self.data += chunk
                     if self._stop.is_set():
                         return
+                self.ended.set()
             except httpx.ReadTimeout:
                 if not self._stop.is_set():
                     self._run()
@@ -257,6 +260,11 @@ def test_the_event_stream_pushes_a_turn_and_only_what_changed(tmp_path):
         turns = tap.events("turn")
         state = httpx.get(f"{gw.url}/admin/console/state").json()
         errors = httpx.get(f"{gw.url}/admin/console/turns", params={"outcome": "error"}).json()
+        # a draining gateway ends the stream, rather than wait for the console to go away
+        trio.from_thread.run_sync(setattr, gw.gateway, "draining", True, trio_token=gw._token)
+        assert tap.ended.wait(5)
+        refused = httpx.get(f"{gw.url}/admin/console/events")
+    assert refused.status_code == 503
     assert len(turns) == 1 and '"outcome":"ok"' in turns[0] and '"served":"sim.primary/prime-1"' in turns[0]
     assert len(tap.events("routes")) == 1 and len(tap.events("counts")) == 2  # at start, after the turn
     assert len(tap.events("health")) == 2

@@ -327,6 +327,9 @@ class Console:
                         "application/json")
 
     async def _events(self, receive, send) -> None:
+        if self.gateway.draining:
+            await _send(send, 503, b'{"error": {"message": "the gateway is shutting down"}}', "application/json")
+            return
         if self._streams >= MAX_STREAMS:
             await _send(send, 503, b'{"error": {"message": "too many open console streams"}}', "application/json",
                         [(b"retry-after", b"5")])
@@ -350,6 +353,11 @@ class Console:
         cost_seq, cost_at = last_seq, quiet_since
         await send({"type": "http.response.body", "body": b"retry: 2000\n\n", "more_body": True})
         while True:
+            if self.gateway.draining:
+                # a console must not hold a shutting-down gateway open: end the stream (the page
+                # says it lost its connection and retries, and the next gateway answers)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
             now = trio.current_time()
             frames = []
             for event, part in (("health", self.health(now)), ("routes", self.routes(now)),
