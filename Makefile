@@ -53,6 +53,7 @@ typecheck: install
 	for p in adapters machines specs; do ln -sfn $(CURDIR)/$$p $(TYPEVIEW)/relayline/$$p; done
 	MYPYPATH=$(TYPEVIEW):examples $(BIN)/mypy -m relayline.adapters -m relayline.adapters.relay \
 		-m relayline.adapters.hosts -m fastapi_app -m sync_script
+	$(BIN)/mypy  # machines/, strict ([tool.mypy] in pyproject.toml)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

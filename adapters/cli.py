@@ -19,6 +19,7 @@ from pathlib import Path
 
 from relayline.machines.config import Price, join_path, structure_config
 from relayline.machines.errors import ConfigError
+from relayline.machines.families import WIRES
 from relayline.machines.plan import build_router, plan_turn
 
 from .logs import LEVELS, configure
@@ -277,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("simulate", "run scenario files on virtual time; exit 1 if an expectation fails", cmd_simulate)
     p.add_argument("files", nargs="+", help="scenario TOML files (SCENARIOS.md)")
     p.add_argument("--json", action="store_true", help="print the trace and check nothing")
-    p.add_argument("--http", choices=["openai", "anthropic"],
+    p.add_argument("--http", choices=WIRES,
                    help="serve the sim profiles over real loopback HTTP in this protocol's shape")
 
     p = command("serve", "run the OpenAI- and Anthropic-compatible gateway (SIGTERM or Ctrl-C drains it)", cmd_serve)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib
 import logging
 import os
 import queue
@@ -25,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 import trio
@@ -34,6 +35,7 @@ from relayline.machines import wire
 from relayline.machines.config import Config, parse_config
 from relayline.machines.effort import RouteSelection
 from relayline.machines.errors import StreamInterruptedAfterOutput, TurnError
+from relayline.machines.families import FAMILIES
 from relayline.machines.health import HealthStore, InMemoryHealth
 from relayline.machines.ledger import LedgerRow, Usage
 from relayline.machines.plan import Plan, build_router, plan_turn
@@ -52,13 +54,15 @@ from .hosts import (
     settler,
     unwind,
 )
-from .providers.anthropic import AnthropicClient
 from .providers.base import ProviderClient
 from .providers.http import new_client
-from .providers.openai import OpenAIClient
 from .providers.openai import parse_request as parse_openai
 from .redact import protect
-from .sim.provider import SimClient, SimUpstream
+
+if TYPE_CHECKING:
+    import httpx
+
+    from .sim.provider import SimUpstream
 
 log = logging.getLogger("relayline")
 
@@ -164,16 +168,12 @@ class Relay:
         for warning in self.router.warnings:
             log.warning("config_warning code=%s path=%s", warning.code, warning.path)
         self.health: HealthStore = health if health is not None else open_health(config)
-        self.sim = sim if sim is not None else SimUpstream()
-        self.clients: dict[str, ProviderClient] = {"sim": SimClient(self.sim)}
-        self._http = None
-        families = {p.family for p in config.providers.values()}
-        if families & {"openai", "anthropic"}:
-            # one pooled HTTP client for every profile: connections are reused across turns
-            self._http = new_client()
-            self.clients["openai"] = OpenAIClient(self._http)
-            self.clients["anthropic"] = AnthropicClient(self._http)
-        self.clients.update(clients or {})
+        self.sim = sim  # the scripted upstreams of the sim family (scenarios, tests)
+        self._http: httpx.AsyncClient | None = None
+        self.clients: dict[str, ProviderClient] = dict(clients or {})
+        for name in sorted({p.family for p in config.providers.values()} & set(FAMILIES) - set(self.clients)):
+            module, _, factory = FAMILIES[name].adapter.partition(":")
+            self.clients[name] = getattr(importlib.import_module(module), factory)(self)
         self.selection = RouteSelection()
         self.fallback_record: dict[str, str] = {}  # domain -> served label while a fallback serves
         self.observers: list[Callable[[TurnResult], None]] = []
@@ -182,6 +182,12 @@ class Relay:
     async def _close(self) -> None:
         if self._http is not None:
             await self._http.aclose()
+
+    def http_client(self) -> httpx.AsyncClient:
+        """One pooled HTTP client for every profile: connections are reused across turns."""
+        if self._http is None:
+            self._http = new_client()
+        return self._http
 
     async def aclose(self) -> None:
         """Close pooled connections. `async with Relay(...) as relay:` does it for you."""

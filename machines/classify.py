@@ -14,21 +14,20 @@ from collections.abc import Mapping
 
 import attrs
 
-OK = "ok"
-EMPTY = "empty"
-RETRYABLE = "retryable"
-MALFORMED = "malformed"  # a reply that does not parse into the canonical model: retried like retryable
-TIMEOUT = "timeout"
-RATE_LIMITED = "rate_limited"
-QUOTA = "quota"
-CONTEXT_WINDOW = "context_window"
-REJECTED = "rejected"
-# a content-policy refusal (CONFIG.md "Refusals"): a 400 naming a content policy, or a completion
-# whose finish reason is content_filter. With on_refusal = "return" the turn demotes it to what
-# it was before refusals had a class of their own (rejected, or an ordinary answer).
-REFUSED = "refused"
+from .vocab import FailureClass, Outcome
 
-FAILURE_CLASSES = (EMPTY, RETRYABLE, MALFORMED, TIMEOUT, RATE_LIMITED, QUOTA, CONTEXT_WINDOW, REJECTED, REFUSED)
+OK = Outcome.OK
+EMPTY = FailureClass.EMPTY
+RETRYABLE = FailureClass.RETRYABLE
+MALFORMED = FailureClass.MALFORMED
+TIMEOUT = FailureClass.TIMEOUT
+RATE_LIMITED = FailureClass.RATE_LIMITED
+QUOTA = FailureClass.QUOTA
+CONTEXT_WINDOW = FailureClass.CONTEXT_WINDOW
+REJECTED = FailureClass.REJECTED
+REFUSED = FailureClass.REFUSED
+
+FAILURE_CLASSES = tuple(FailureClass)
 # CONFIG.md: only these teach the breaker anything about a profile's health
 BREAKER_CLASSES = frozenset({RETRYABLE, MALFORMED, TIMEOUT})
 
@@ -55,7 +54,7 @@ _OVERLOADED = re.compile(r"overloaded|server_error|internal|unavailable|timeout|
 
 @attrs.frozen
 class Failure:
-    kind: str
+    kind: FailureClass
     detail: str  # written by relayline: "HTTP 503", "connection error", never a provider body
     status: int | None = None
     retry_after_s: float | None = None

@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 import tomllib
 import typing
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import attrs
 import cattrs
@@ -26,8 +27,6 @@ from cattrs.errors import (
 )
 
 from .errors import ConfigError
-
-KNOWN_FAMILIES = ("openai", "anthropic", "sim")
 
 
 @attrs.frozen(repr=False)
@@ -204,8 +203,8 @@ class Config:
 # structuring
 
 
-def _strict(kind: type, label: str):
-    def structure(value, _type):
+def _strict(kind: type, label: str) -> Callable[[Any, Any], Any]:
+    def structure(value: Any, _type: Any) -> Any:
         ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
@@ -216,7 +215,7 @@ def _strict(kind: type, label: str):
     return structure
 
 
-def _describe(value) -> str:
+def _describe(value: object) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int | float):
@@ -230,20 +229,20 @@ def _describe(value) -> str:
     return type(value).__name__
 
 
-def _structure_literal(value, literal_type):
+def _structure_literal(value: Any, literal_type: Any) -> Any:
     options = typing.get_args(literal_type)
     if value not in options:
         raise ValueError(f"must be one of {', '.join(repr(o) for o in options)}, got {value!r}")
     return value
 
 
-def _structure_secret(value, _type) -> Secret:
+def _structure_secret(value: Any, _type: Any) -> Secret:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {_describe(value)}")
     return Secret(value)
 
 
-def _structure_mapping_table(value, type_):
+def _structure_mapping_table(value: Any, type_: Any) -> Any:
     if not isinstance(value, dict):
         raise ValueError(f"expected a table, got {_describe(value)}")
     return value
@@ -256,16 +255,17 @@ _converter.register_structure_hook(float, _strict(float, "a number"))
 _converter.register_structure_hook(bool, _strict(bool, "a boolean"))
 _converter.register_structure_hook(Secret, _structure_secret)
 _converter.register_structure_hook_func(
-    lambda t: typing.get_origin(t) is Literal, _structure_literal
+    lambda t: typing.get_origin(t) is Literal, _structure_literal  # type: ignore[comparison-overlap]
 )
 
 
-def _structure_tuple(value, type_):
+def _structure_tuple(value: Any, type_: Any) -> tuple[Any, ...]:
     # cattrs would read a string as a sequence of characters: only a TOML array is a list here.
     if not isinstance(value, list):
         raise ValueError(f"expected a list, got {_describe(value)}")
     elem = typing.get_args(type_)[0]
-    out, errors = [], []
+    out: list[Any] = []
+    errors: list[Exception] = []
     for i, item in enumerate(value):
         try:
             out.append(_converter.structure(item, elem))
@@ -278,7 +278,7 @@ def _structure_tuple(value, type_):
 
 
 _converter.register_structure_hook_func(
-    lambda t: typing.get_origin(t) is tuple, _structure_tuple
+    lambda t: typing.get_origin(t) is tuple, _structure_tuple  # type: ignore[comparison-overlap]
 )
 
 
@@ -288,7 +288,7 @@ def _require_tables(converter: cattrs.Converter) -> None:
                 CatalogModel, EffortRouting, Notices, Gateway, Ledger, Health, Config):
         base = converter.get_structure_hook(cls)
 
-        def structure(value, type_, _base=base):
+        def structure(value: Any, type_: Any, _base: Any = base) -> Any:
             return _base(_structure_mapping_table(value, type_), type_)
 
         converter.register_structure_hook(cls, structure)
@@ -299,7 +299,7 @@ _require_tables(_converter)
 _BARE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
-def key_segment(key) -> str:
+def key_segment(key: object) -> str:
     """One path segment in the operator's notation: `.name`, `."dotted.alias"`, `[3]`."""
     if isinstance(key, int):
         return f"[{key}]"
@@ -307,7 +307,7 @@ def key_segment(key) -> str:
     return f".{key}" if _BARE.match(key) else f'."{key}"'
 
 
-def join_path(path: str, key) -> str:
+def join_path(path: str, key: object) -> str:
     seg = key_segment(key)
     if not path and seg.startswith("."):
         return seg[1:]
@@ -475,7 +475,7 @@ def resolve_ref(cfg: Config, ref: str) -> str | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def structure_config(raw: dict) -> Config:
+def structure_config(raw: dict[str, Any]) -> Config:
     """Structure a parsed TOML document; raise ConfigError listing every problem."""
     if not isinstance(raw, dict):
         raise ConfigError(["config: expected a table"])

@@ -47,7 +47,7 @@ class EffortDecision:
     score: int
     features: dict[str, int]  # counts only: safe to log
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, object]:
         return {"level": self.level, "hint": self.hint, "score": self.score, "features": dict(self.features)}
 
 
@@ -90,7 +90,7 @@ def allowlist(config: Config, decision: EffortDecision | None) -> frozenset[str]
     if decision is None:
         return None
     routing = config.effort_routing
-    if decision.hint == routing.local_hint:
+    if routing is not None and decision.hint == routing.local_hint:
         return frozenset(a for a, p in config.providers.items() if p.locality == "local")
     return frozenset(a for a, p in config.providers.items() if p.locality in ("local", "cloud"))
 

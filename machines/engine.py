@@ -20,10 +20,12 @@ import tomllib
 from collections import deque
 from collections.abc import Iterable
 from importlib import resources
+from typing import Any
 
 import attrs
 
 from .errors import IllegalTransition, SpecError
+from .vocab import SPEC_VOCABULARY
 
 SPEC_NAMES = ("turn", "stream", "cancellation", "breaker", "walk")
 
@@ -103,7 +105,7 @@ class Spec:
 # loading and validation
 
 
-def _as_tuple(value, where: str, source: str) -> tuple[str, ...]:
+def _as_tuple(value: object, where: str, source: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
@@ -176,6 +178,7 @@ def parse_spec(text: str, source: str) -> Spec:
         recurrent=bool(raw.get("recurrent", False)),
     )
     validate(spec)
+    _check_vocabulary(spec)
     table: dict[tuple[str, str], tuple[TransitionSpec, ...]] = {}
     for t in spec.transitions:
         for s in t.sources:
@@ -277,6 +280,18 @@ def validate(spec: Spec) -> None:
                 )
 
 
+def _check_vocabulary(spec: Spec) -> None:
+    """A shipped lifecycle's states and triggers are exactly its enums in vocab.py: the code
+    that branches on them and the spec that declares them cannot drift apart."""
+    if spec.name not in SPEC_VOCABULARY:
+        return
+    for enum, declared in zip(SPEC_VOCABULARY[spec.name], (set(spec.states), set(spec.triggers)), strict=True):
+        known = {member.value for member in enum}
+        if declared != known:
+            raise SpecError(f"{spec.source}: differs from vocab.{enum.__name__}: missing "
+                            f"{sorted(known - declared)}, not in the vocabulary {sorted(declared - known)}")
+
+
 def load_spec(name: str) -> Spec:
     """Load a spec shipped with relayline (`relayline.specs`), validated."""
     try:
@@ -296,12 +311,12 @@ _CACHE: dict[str, Spec] = {}
 # running
 
 
-def _guard(model, name: str) -> bool:
+def _guard(model: Any, name: str) -> bool:
     value = getattr(model, name)
     return bool(value() if callable(value) else value)
 
 
-def _passes(t: TransitionSpec, model) -> bool:
+def _passes(t: TransitionSpec, model: Any) -> bool:
     for g in t.guards:
         if not _guard(model, g):
             return False
@@ -327,7 +342,7 @@ class Lifecycle:
         # bounded: a breaker lives as long as the process; a turn's machines stay far below it
         self.history: deque[str] = deque([spec.initial], maxlen=history_limit)
 
-    def fire(self, trigger: str, model=None) -> bool:
+    def fire(self, trigger: str, model: Any = None) -> bool:
         key = (self.state, trigger)
         candidates = self.spec.table.get(key)
         if candidates is None:
@@ -348,7 +363,7 @@ class Lifecycle:
         return self.state in self.spec.terminal
 
 
-def machine_kwargs(spec: Spec) -> dict:
+def machine_kwargs(spec: Spec) -> dict[str, Any]:
     """The arguments that build a transitions machine equivalent to `spec`."""
     return dict(
         states=list(spec.states),
@@ -369,7 +384,7 @@ def machine_kwargs(spec: Spec) -> dict:
     )
 
 
-def build_machine(spec: Spec, model):
+def build_machine(spec: Spec, model: Any) -> Any:
     """The executable reference: a transitions.Machine on `model` (tests, audits)."""
     from transitions import Machine
 

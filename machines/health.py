@@ -16,6 +16,7 @@ from typing import Protocol
 
 from .config import Breaker as BreakerConfig
 from .engine import Lifecycle, load_spec
+from .vocab import BreakerState, BreakerTrigger
 
 
 class Breaker:
@@ -32,19 +33,19 @@ class Breaker:
         self.transitions = 0  # state changes, for metrics
 
     @property
-    def state(self) -> str:
-        return self.life.state
+    def state(self) -> BreakerState:
+        return BreakerState(self.life.state)
 
     @property
     def threshold_reached(self) -> bool:
         return len(self.failures) >= self.config.failure_threshold
 
-    def refresh(self, now: float) -> str:
-        if self.life.state == "open" and now >= self.open_until:
-            self._fire("cool_off")
-        return self.life.state
+    def refresh(self, now: float) -> BreakerState:
+        if self.life.state == BreakerState.OPEN and now >= self.open_until:
+            self._fire(BreakerTrigger.COOL_OFF)
+        return self.state
 
-    def _fire(self, trigger: str) -> None:
+    def _fire(self, trigger: BreakerTrigger) -> None:
         before = self.life.state
         self.life.fire(trigger, self)
         if self.life.state != before:
@@ -54,7 +55,7 @@ class Breaker:
         """True when a turn must skip this profile before sending anything."""
         if not self.config.enabled:
             return False
-        return self.refresh(now) in ("open", "probing")
+        return self.refresh(now) in (BreakerState.OPEN, BreakerState.PROBING)
 
     def claim(self, now: float, *, force: bool = False) -> bool:
         """Before an attempt: take the half-open probe (or, forced, probe an open breaker).
@@ -62,11 +63,11 @@ class Breaker:
         if not self.config.enabled:
             return False
         state = self.refresh(now)
-        if state == "half_open":
-            self._fire("probe")
+        if state == BreakerState.HALF_OPEN:
+            self._fire(BreakerTrigger.PROBE)
             return True
-        if state == "open" and force:
-            self._fire("force_probe")
+        if state == BreakerState.OPEN and force:
+            self._fire(BreakerTrigger.FORCE_PROBE)
             return True
         return False
 
@@ -76,22 +77,22 @@ class Breaker:
             self.failures.popleft()
         self.failures.append(now)
         before = self.refresh(now)
-        self._fire("failure")
-        if self.life.state == "open" and before != "open":
+        self._fire(BreakerTrigger.FAILURE)
+        if self.life.state == BreakerState.OPEN and before != BreakerState.OPEN:
             # tripped, or a probe (half-open or forced) failed: open for open_s from now
             self.open_until = now + self.config.open_s
             self.failures.clear()
 
     def success(self, now: float) -> None:
         self.refresh(now)
-        probing = self.life.state == "probing"
-        self._fire("success")
+        probing = self.life.state == BreakerState.PROBING
+        self._fire(BreakerTrigger.SUCCESS)
         if probing:
             self.failures.clear()
 
     def release(self) -> None:
-        if self.life.state == "probing":
-            self._fire("release")
+        if self.life.state == BreakerState.PROBING:
+            self._fire(BreakerTrigger.RELEASE)
 
     def adopt(self, state: str, failures: Iterable[float], open_until: float) -> None:
         """Take a shared store's view as this breaker's own. The store decided it atomically

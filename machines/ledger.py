@@ -41,7 +41,7 @@ class LedgerRow:
     outcome: str = ""
     mode: str = "complete"
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, object]:
         return {
             "provider": self.provider,
             "model": self.model,

@@ -21,7 +21,6 @@ import attrs
 
 from . import effort
 from .config import (
-    KNOWN_FAMILIES,
     CatalogModel,
     Config,
     Price,
@@ -31,6 +30,7 @@ from .config import (
     resolve_ref,
 )
 from .errors import ConfigError
+from .families import FAMILIES
 
 HINT_PREFIX = "hint:"
 CATALOG_DOMAIN = "catalog"  # the domain name of every catalog chain; the requested model names it
@@ -118,7 +118,7 @@ class Plan:
         """Allowed, and able to honour the request as asked."""
         return self.allows(profile) and profile not in self.unfit
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, object]:
         return {
             "domain": self.domain,
             "effort": self.effort.as_json() if self.effort else None,
@@ -186,6 +186,7 @@ def catalog_chain(config: Config, item: CatalogModel) -> tuple[Entry, ...]:
     chain = []
     for ref in item.channels:
         alias = resolve_ref(config, ref)
+        assert alias is not None  # channels were validated with the config
         model = config.providers[alias].models.get(item.model, item.model)
         chain.append(Entry(alias, model, True))
     if item.order == "cost":
@@ -209,7 +210,8 @@ def profile_keys(alias: str, profile: Provider, env: Mapping[str, str]) -> tuple
         if not value:
             return (), f"{where}.api_key_env: environment variable {profile.api_key_env} is not set"
         return (Secret(value),), None
-    if profile.family in ("openai", "anthropic") and profile.base_url is None:
+    family = FAMILIES.get(profile.family)
+    if family is not None and family.public_api and profile.base_url is None:
         return (), f"{where}: the {profile.family} public API needs a credential (api_key, api_key_env or api_keys)"
     return (), None
 
@@ -250,9 +252,9 @@ def build_router(config: Config, env: Mapping[str, str]) -> Router:
             if alias in keys:
                 continue
             profile = config.providers[alias]
-            if profile.family not in KNOWN_FAMILIES:
+            if profile.family not in FAMILIES:
                 problems.append(f"{join_path('providers', alias)}.family: unknown family {profile.family!r} "
-                                f"(known: {', '.join(KNOWN_FAMILIES)})")
+                                f"(known: {', '.join(FAMILIES)})")
             found, problem = profile_keys(alias, profile, env)
             if problem and alias not in route_keyed:
                 problems.append(problem)
@@ -312,7 +314,7 @@ def plan_turn(
         domain = router.catalog[chosen]
     elif gateway and chosen in router.domains:
         domain, requested, hint = router.domains[chosen], router.route_models[chosen], chosen
-    entries = []
+    entries: list[PlannedEntry] = []
     for entry in domain.entries:
         entry_model = entry.model if entry.pinned else requested
         if entry_model is None:

@@ -15,22 +15,23 @@ import attrs
 
 from .engine import Lifecycle, load_spec
 from .ledger import Usage
+from .vocab import EventKind, FrameKind, StreamState, StreamTrigger
 
 # frame kinds, as protocol adapters and the simulator produce them
-ROLE = "role"
-PING = "ping"
-PREAMBLE = "preamble"
-TEXT = "text"
-REASONING = "reasoning"
-TOOL_CALL = "tool_call"
-TOOL_ARGS = "tool_args"  # a fragment of a tool call's JSON arguments, after its TOOL_CALL
-EXECUTED_TOOL = "executed_tool"
-USAGE = "usage"
-FINISH = "finish"  # the provider's finish reason (canonical, machines/wire.py): bookkeeping, never shown
+ROLE = FrameKind.ROLE
+PING = FrameKind.PING
+PREAMBLE = FrameKind.PREAMBLE
+TEXT = FrameKind.TEXT
+REASONING = FrameKind.REASONING
+TOOL_CALL = FrameKind.TOOL_CALL
+TOOL_ARGS = FrameKind.TOOL_ARGS
+EXECUTED_TOOL = FrameKind.EXECUTED_TOOL
+USAGE = FrameKind.USAGE
+FINISH = FrameKind.FINISH
 
-# event kinds, as they reach the immutable sink (and the trace: "text:...", "tool:NAME")
-EVENT_NAMES = {TEXT: "text", REASONING: "reasoning", TOOL_CALL: "tool", TOOL_ARGS: "tool_args",
-               EXECUTED_TOOL: "executed_tool"}
+# the event a decisive frame becomes at the immutable sink
+EVENT_NAMES: dict[str, EventKind] = {TEXT: EventKind.TEXT, REASONING: EventKind.REASONING, TOOL_CALL: EventKind.TOOL,
+               TOOL_ARGS: EventKind.TOOL_ARGS, EXECUTED_TOOL: EventKind.EXECUTED_TOOL}
 
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
 
@@ -41,7 +42,7 @@ def strip_think(text: str) -> str:
 
 @attrs.frozen(slots=True)
 class Frame:
-    kind: str
+    kind: str  # a FrameKind (adapters may pass the plain string)
     value: str = ""
     usage: Usage | None = None
     ref: str = ""  # a tool call's id, as the provider sent it
@@ -58,13 +59,13 @@ class Event:
     """What a consumer sees. `kind` is text, reasoning, tool, executed_tool, or preamble (held
     protocol frames released at commit, which library consumers skip and the gateway renders)."""
 
-    kind: str
+    kind: EventKind
     value: str
     ref: str = ""  # a tool call's id, as the provider sent it ("" when it sent none)
 
     @property
     def visible(self) -> bool:
-        return self.kind != "preamble"
+        return self.kind != EventKind.PREAMBLE
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.value}"
@@ -88,12 +89,12 @@ class StreamGate:
         self.decisive_count = 0
 
     @property
-    def state(self) -> str:
-        return self.life.state
+    def state(self) -> StreamState:
+        return StreamState(self.life.state)
 
     @property
     def committed(self) -> bool:
-        return self.life.state == "committed"
+        return self.life.state == StreamState.COMMITTED
 
     @property
     def has_answer(self) -> bool:
@@ -108,7 +109,7 @@ class StreamGate:
         return "".join(self.text)
 
     def headers(self) -> None:
-        self.life.fire("headers")
+        self.life.fire(StreamTrigger.HEADERS)
 
     def feed(self, frame: Frame) -> tuple[Event, ...]:
         """One frame in; the events to forward now (none while held)."""
@@ -119,8 +120,8 @@ class StreamGate:
             self.finish_reason = frame.value
             return ()
         if not frame.decisive:
-            if self.life.state == "held":
-                self.held.append(Event("preamble", frame.kind))
+            if self.life.state == StreamState.HELD:
+                self.held.append(Event(EventKind.PREAMBLE, frame.kind))
             return ()
         event = Event(EVENT_NAMES[frame.kind], frame.value, frame.ref)
         self.decisive_count += 1
@@ -136,22 +137,22 @@ class StreamGate:
             self.arguments[-1].append(frame.value)
         elif frame.kind == EXECUTED_TOOL:
             self.executed_tools.append(frame.value)
-        if self.life.state == "committed":
+        if self.life.state == StreamState.COMMITTED:
             return (event,)
-        self.life.fire("decisive")
+        self.life.fire(StreamTrigger.DECISIVE)
         out = (*self.held, event)
         self.held = []
         return out
 
-    def finish(self) -> str:
+    def finish(self) -> StreamState:
         """The completion signal came: completed, or semantic_empty."""
-        self.life.fire("finish", self)
-        return self.life.state
+        self.life.fire(StreamTrigger.FINISH, self)
+        return self.state
 
-    def fail(self) -> str:
+    def fail(self) -> StreamState:
         """A failure: `failed` before commit (recoverable), `interrupted` after."""
-        self.life.fire("fail")
-        return self.life.state
+        self.life.fire(StreamTrigger.FAIL)
+        return self.state
 
     def cancel(self) -> None:
-        self.life.fire("cancel")
+        self.life.fire(StreamTrigger.CANCEL)

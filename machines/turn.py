@@ -22,6 +22,21 @@ from .health import HealthStore
 from .ledger import LedgerRow, Usage, row
 from .plan import Plan, PlannedEntry
 from .stream import Event, Frame, StreamGate, strip_think
+from .vocab import (
+    CancellationState,
+    CancellationTrigger,
+    ErrorReason,
+    EventKind,
+    FailureClass,
+    Mode,
+    Outcome,
+    SkipReason,
+    StreamOutcome,
+    StreamState,
+    TurnState,
+    TurnTrigger,
+    WalkState,
+)
 from .walk import Call, Skip, Sleep, TurnHealth, Walk, WalkDone, key_index
 from .wire import CONTENT_FILTER
 
@@ -63,9 +78,9 @@ class Completion:
 class AttemptRecord:
     provider: str
     model: str
-    mode: str
-    outcome: str  # ok, a failure class, or stream_failed / interrupted / semantic_empty / cancelled
-    reason: str | None
+    mode: Mode
+    outcome: Outcome | FailureClass | StreamOutcome  # ok, a failure class, or a stream's end
+    reason: FailureClass | StreamOutcome | None  # the failure class; cancelled for a cancellation
     at: float
     key: int | None
     try_number: int = 1
@@ -76,7 +91,7 @@ class AttemptRecord:
     def __str__(self) -> str:
         return f"{self.provider}/{self.model} {self.outcome}"
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, object]:
         return {"provider": self.provider, "model": self.model, "mode": self.mode, "outcome": self.outcome,
                 "reason": self.reason, "at": round(self.at, 6), "key": self.key}
 
@@ -90,7 +105,7 @@ class Refusal:
     answer: Completion | None  # None: an HTTP 400 or an in-band error event
     attempt: int  # its index in the turn's attempts
     row: int | None  # its index in the turn's ledger, when it was billed
-    mode: str
+    mode: Mode
 
 
 @attrs.frozen
@@ -105,8 +120,8 @@ class Rejection:
 
 @attrs.frozen
 class TurnResult:
-    outcome: str  # ok | error | interrupted | cancelled
-    error: str | None
+    outcome: Outcome
+    error: ErrorReason | None
     message: str | None
     requested: str
     served: PlannedEntry | None
@@ -134,6 +149,9 @@ class TurnResult:
 class Finish:
     result: TurnResult
     deliver: tuple[Event, ...] = ()  # a stream turn served without streaming: one decisive delivery
+
+
+Action = Call | Sleep | Finish  # what the driver does next
 
 
 class Turn:
@@ -169,6 +187,18 @@ class Turn:
         """Every machine this turn ran, in the order they started."""
         return [self.life, self.cancellation, *(w.life for w in self.walks), *(g.life for g in self.gates)]
 
+    def _walk(self) -> Walk:
+        assert self.walk is not None, "no walk is running"
+        return self.walk
+
+    def _gate(self) -> StreamGate:
+        assert self.gate is not None, "no stream is open"
+        return self.gate
+
+    def _call(self) -> Call:
+        assert self.call is not None, "no call is pending"
+        return self.call
+
     # -- guards (specs/turn.toml, specs/cancellation.toml) ------------------------------------
 
     @property
@@ -193,64 +223,65 @@ class Turn:
         caps = entry.provider.capabilities
         return caps.streaming and (caps.tools or not self.tools)
 
-    def start(self, now: float):
+    def start(self, now: float) -> Action:
         if not self.stream_requested:
-            self.life.fire("walk")
+            self.life.fire(TurnTrigger.WALK)
             return self._walk_from(Walk(self.plan, self.config, self.health), now)
         if self.config.stream.recovery == "streaming":
-            self.life.fire("open_stream")
+            self.life.fire(TurnTrigger.OPEN_STREAM)
             walk = Walk(self.plan, self.config, self.health,
-                        mode_for=lambda e: "stream" if self.can_stream(e) else "complete")
+                        mode_for=lambda e: Mode.STREAM if self.can_stream(e) else Mode.COMPLETE)
             return self._walk_from(walk, now)
         for entry in self.plan.entries:
             if not self.plan.allows(entry.profile):
-                self.health.skip(entry, "allowlist")
+                self.health.skip(entry, SkipReason.ALLOWLIST)
             elif entry.profile in self.plan.unfit:
-                self.health.skip(entry, "unsupported", self.plan.unfit[entry.profile])
+                self.health.skip(entry, SkipReason.UNSUPPORTED, self.plan.unfit[entry.profile])
             elif not self.can_stream(entry):
-                self.health.skip(entry, "capability")
+                self.health.skip(entry, SkipReason.CAPABILITY)
             elif reason := self.health.blocked(entry.profile, now):
                 self.health.skip(entry, reason)
             else:
-                self.life.fire("open_stream")
+                self.life.fire(TurnTrigger.OPEN_STREAM)
                 self.health.before_attempt(entry.profile, now)
                 budget = self.config.reliability.provider_retries + 1
-                return self._begin(Call(entry, "stream", key_index(self.health.store, entry), 1, budget), now)
+                return self._begin(Call(entry, Mode.STREAM, key_index(self.health.store, entry), 1, budget), now)
         # no entry can stream: the walk answers, delivered as one decisive event
-        self.life.fire("walk")
+        self.life.fire(TurnTrigger.WALK)
         return self._walk_from(Walk(self.plan, self.config, self.health), now)
 
     def _begin(self, call: Call, now: float) -> Call:
         self.call, self.call_at = call, now
-        if call.mode == "stream":
+        if call.mode == Mode.STREAM:
             self.gate = StreamGate()
             self.gates.append(self.gate)
         return call
 
-    def _walk_from(self, walk: Walk, now: float, action=None):
+    def _walk_from(self, walk: Walk, now: float, action: Call | Sleep | WalkDone | None = None) -> Action:
         self.walk = walk
         self.walks.append(walk)
         return self._follow(action if action is not None else walk.start(now), now)
 
-    def _follow(self, action, now: float):
+    def _follow(self, action: Call | Sleep | WalkDone, now: float) -> Action:
         if isinstance(action, Call):
-            if self.life.state == "streaming" and self.attempts and action.mode == "stream":
-                self.life.fire("retry_stream")
+            if self.life.state == TurnState.STREAMING and self.attempts and action.mode == Mode.STREAM:
+                self.life.fire(TurnTrigger.RETRY_STREAM)
             return self._begin(action, now)
         if isinstance(action, Sleep):
             self.call = None
             return action
         return self._done(action, now)
 
-    def on_timer(self, now: float):
-        return self._follow(self.walk.on_timer(now), now)
+    def on_timer(self, now: float) -> Action:
+        return self._follow(self._walk().on_timer(now), now)
 
     # -- records ------------------------------------------------------------------------------
 
-    def _record(self, outcome: str, now: float, *, reason: str | None = None, detail: str = "",
+    def _record(self, outcome: Outcome | FailureClass | StreamOutcome, now: float, *,
+                reason: FailureClass | StreamOutcome | None = None, detail: str = "",
                 usage: Usage | None = None, accepted: bool = False, bill: bool = True,
                 failure: fc.Failure | None = None) -> None:
-        call = self.call
+        call = self._call()
         if outcome != fc.OK:
             self.rejections.append(_rejection(failure))
         entry = call.entry
@@ -274,22 +305,24 @@ class Turn:
         """Record a refusal the walk advances past; the profile is not asked again this turn."""
         rows = len(self.ledger)
         self._record(fc.REFUSED, now, reason=fc.REFUSED, detail=failure.detail, usage=usage, failure=failure)
-        entry = self.call.entry
+        call = self._call()
+        entry = call.entry
         self.refusal = Refusal(entry, answer, len(self.attempts) - 1, rows if len(self.ledger) > rows else None,
-                               self.call.mode)
+                               call.mode)
         self.health.refused.add(entry.profile)
         return failure
 
     def _settle_refusal(self, done: WalkDone) -> WalkDone:
         """Nothing was left to advance to: the last refusal is the answer, as it came."""
         refusal = self.refusal
-        if done.ok or refusal is None or done.error not in ("exhausted", "semantic_empty", "no_candidate"):
+        if done.ok or refusal is None or done.error not in (ErrorReason.EXHAUSTED, ErrorReason.SEMANTIC_EMPTY,
+                                                                 ErrorReason.NO_CANDIDATE):
             return done
         last = refusal.attempt == len(self.attempts) - 1  # nothing was tried after it: not advanced past
         if refusal.answer is None:
             if last:
                 self.attempts[-1] = attrs.evolve(self.attempts[-1], outcome=fc.REJECTED)
-            return WalkDone(ok=False, entry=refusal.entry, error="client_error")
+            return WalkDone(ok=False, entry=refusal.entry, error=ErrorReason.CLIENT_ERROR)
         if last:
             self.attempts[-1] = attrs.evolve(self.attempts[-1], outcome=fc.OK, reason=None)
         if refusal.row is not None:  # the client gets it: its row is the accepted one
@@ -300,89 +333,89 @@ class Turn:
 
     # -- non-streaming results ----------------------------------------------------------------
 
-    def on_completion(self, result: Completion | fc.Failure, now: float):
+    def on_completion(self, result: Completion | fc.Failure, now: float) -> Action:
         """The pending complete-mode call answered (a Completion) or failed (a Failure)."""
         if isinstance(result, fc.Failure):
             result = self._as_configured(result)
             if result.kind == fc.REFUSED:
-                return self._follow(self.walk.on_result(self._refused(result, now), now), now)
+                return self._follow(self._walk().on_result(self._refused(result, now), now), now)
             self._record(result.kind, now, reason=result.kind, detail=result.detail,
                          usage=None, failure=result)
-            return self._follow(self.walk.on_result(result, now), now)
+            return self._follow(self._walk().on_result(result, now), now)
         usage = result.usage or Usage()
         if result.refusal and self.advance_refusals:
             failure = self._refused(fc.Failure(fc.REFUSED, "refusal: finish reason content_filter"), now,
                                     answer=result, usage=usage)
-            return self._follow(self.walk.on_result(failure, now), now)
+            return self._follow(self._walk().on_result(failure, now), now)
         if not result.has_answer:
             self._record(fc.EMPTY, now, reason=fc.EMPTY, detail="empty completion", usage=usage)
-            return self._follow(self.walk.on_result(fc.Failure(fc.EMPTY, "empty completion"), now), now)
+            return self._follow(self._walk().on_result(fc.Failure(fc.EMPTY, "empty completion"), now), now)
         self._record(fc.OK, now, usage=usage, accepted=True)
         self.answer = result
-        return self._follow(self.walk.on_result(None, now), now)
+        return self._follow(self._walk().on_result(None, now), now)
 
     # -- streaming ----------------------------------------------------------------------------
 
     def stream_headers(self) -> None:
-        self.gate.headers()
+        self._gate().headers()
 
     def stream_frame(self, frame: Frame) -> tuple[Event, ...]:
         """One frame of the open stream; returns the events to forward to the immutable sink."""
-        gate = self.gate
+        gate = self._gate()
         was_committed = gate.committed
         events = gate.feed(frame)
-        if events and not was_committed and self.life.state == "streaming":
-            self.life.fire("commit")
-            if self.walk is not None and self.walk.life.state == "calling":
+        if events and not was_committed and self.life.state == TurnState.STREAMING:
+            self.life.fire(TurnTrigger.COMMIT)
+            if self.walk is not None and self.walk.life.state == WalkState.CALLING:
                 self.walk.on_committed()
         for event in events:
-            if event.kind == "text":
+            if event.kind == EventKind.TEXT:
                 self.forwarded.append(event.value)
-            elif event.kind == "reasoning":
+            elif event.kind == EventKind.REASONING:
                 self.shown_reasoning = True
-            elif event.kind == "executed_tool":
+            elif event.kind == EventKind.EXECUTED_TOOL:
                 self.executed_tools = True
         return events
 
-    def stream_done(self, now: float):
+    def stream_done(self, now: float) -> Action:
         """The stream's completion signal arrived."""
-        gate = self.gate
-        entry = self.call.entry
+        gate = self._gate()
+        entry = self._call().entry
         usage = gate.usage or Usage()
         refused_early = gate.finish_reason == CONTENT_FILTER and not gate.committed
         state = gate.finish()
-        if self.life.state == "continuing":
+        if self.life.state == TurnState.CONTINUING:
             # the continuation ended cleanly: the answer is everything forwarded, both streams
             self.answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments,
                                      tuple(gate.tool_ids), gate.finish_reason)
-            self._record(fc.OK if self.answer.has_answer else "semantic_empty", now, usage=usage,
+            self._record(fc.OK if self.answer.has_answer else StreamOutcome.SEMANTIC_EMPTY, now, usage=usage,
                          accepted=self.answer.has_answer, reason=None if self.answer.has_answer else fc.EMPTY)
             self.health.success(entry.profile, now)
-            self.life.fire("complete", self)
-            if self.life.state == "completed":
+            self.life.fire(TurnTrigger.COMPLETE, self)
+            if self.life.state == TurnState.COMPLETED:
                 return self._done(WalkDone(ok=True, entry=entry), now)
-            return self._done(WalkDone(ok=False, entry=entry, error="interrupted"), now)
+            return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.INTERRUPTED), now)
         if refused_early and self.advance_refusals:
             # a refusal known before commit: nothing was shown, so the turn advances as it
             # would after a pre-commit failure (after commit the stream rules stand)
             failure = self._refused(fc.Failure(fc.REFUSED, "refusal before output: finish reason content_filter"),
                                     now, answer=Completion(usage=usage, finish_reason=CONTENT_FILTER), usage=usage)
             return self._recover_before_commit(entry, failure, now)
-        if state == "completed" or refused_early:
+        if state == StreamState.COMPLETED or refused_early:
             self._record(fc.OK, now, usage=usage, accepted=True)
             self.health.success(entry.profile, now)
             self.answer = Completion("".join(gate.text), "", tuple(gate.tools), usage, gate.tool_arguments,
                                      tuple(gate.tool_ids), gate.finish_reason)
-            if self.life.state == "streaming":
-                self.life.fire("commit")  # a refusal with nothing to show is still the answer
-            self.life.fire("complete", self)
+            if self.life.state == TurnState.STREAMING:
+                self.life.fire(TurnTrigger.COMMIT)  # a refusal with nothing to show is still the answer
+            self.life.fire(TurnTrigger.COMPLETE, self)
             return self._done(WalkDone(ok=True, entry=entry), now)
         self.answer = None
-        self._record("semantic_empty", now, reason=fc.EMPTY, detail="stream completed without an answer", usage=usage)
+        self._record(StreamOutcome.SEMANTIC_EMPTY, now, reason=fc.EMPTY, detail="stream completed without an answer", usage=usage)
         self.health.success(entry.profile, now)  # the profile answered; emptiness is not ill health
-        self.life.fire("complete", self)
-        if self.life.state == "failed":
-            return self._done(WalkDone(ok=False, entry=entry, error="semantic_empty"), now)
+        self.life.fire(TurnTrigger.COMPLETE, self)
+        if self.life.state == TurnState.FAILED:
+            return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.SEMANTIC_EMPTY), now)
         # CONFIG.md: the exact entry gets one non-streaming recovery attempt when retries > 0
         # (replay-safe), or when it is the only candidate; both at once merge into one attempt
         index = entry.index
@@ -396,54 +429,54 @@ class Turn:
         walk.last_failure = fc.EMPTY
         return self._walk_from(walk, now)
 
-    def stream_failed(self, failure: fc.Failure, now: float):
+    def stream_failed(self, failure: fc.Failure, now: float) -> Action:
         """The open stream failed (HTTP error, in-band error, truncation, timeout, connection)."""
         failure = self._as_configured(failure)
-        gate = self.gate
-        entry = self.call.entry
+        gate = self._gate()
+        entry = self._call().entry
         state = gate.fail()
         usage = gate.usage
-        if self.life.state == "continuing":
+        if self.life.state == TurnState.CONTINUING:
             # a failed or rejected continuation surfaces the original interruption
-            self._record("interrupted" if state == "interrupted" else "stream_failed", now, reason=failure.kind,
-                         detail=f"continuation: {failure.detail}", usage=usage, bill=state != "interrupted")
+            self._record(StreamOutcome.INTERRUPTED if state == StreamState.INTERRUPTED else StreamOutcome.STREAM_FAILED, now, reason=failure.kind,
+                         detail=f"continuation: {failure.detail}", usage=usage, bill=state != StreamState.INTERRUPTED)
             self.health.failure(entry.profile, failure.kind, now)
-            self.life.fire("fail")
-            return self._done(WalkDone(ok=False, entry=entry, error="interrupted"), now)
-        if state == "interrupted":
-            self._record("interrupted", now, reason=failure.kind, detail=failure.detail,
+            self.life.fire(TurnTrigger.FAIL)
+            return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.INTERRUPTED), now)
+        if state == StreamState.INTERRUPTED:
+            self._record(StreamOutcome.INTERRUPTED, now, reason=failure.kind, detail=failure.detail,
                          usage=usage or Usage())
             self.health.failure(entry.profile, failure.kind, now)
             self.continuation = self._continuation_candidate(entry, now)
             if self.continuation is not None:
-                self.life.fire("continue_after_interrupt", self)
+                self.life.fire(TurnTrigger.CONTINUE_AFTER_INTERRUPT, self)
                 candidate = self.continuation
                 self.health.before_attempt(candidate.profile, now)
-                return self._begin(Call(candidate, "stream", key_index(self.health.store, candidate), 1, 1,
+                return self._begin(Call(candidate, Mode.STREAM, key_index(self.health.store, candidate), 1, 1,
                                         prefill="".join(self.forwarded)), now)
-            self.life.fire("fail")
-            return self._done(WalkDone(ok=False, entry=entry, error="interrupted"), now)
+            self.life.fire(TurnTrigger.FAIL)
+            return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.INTERRUPTED), now)
         if failure.kind == fc.REFUSED:
             self._refused(failure, now, usage=usage)
         else:
-            self._record("stream_failed", now, reason=failure.kind, detail=failure.detail, usage=usage, bill=False,
-                         failure=failure)
+            self._record(StreamOutcome.STREAM_FAILED, now, reason=failure.kind, detail=failure.detail, usage=usage,
+                         bill=False, failure=failure)
         return self._recover_before_commit(entry, failure, now)
 
-    def _recover_before_commit(self, entry: PlannedEntry, failure: fc.Failure, now: float):
+    def _recover_before_commit(self, entry: PlannedEntry, failure: fc.Failure, now: float) -> Action:
         if self.config.stream.recovery == "streaming":
-            return self._follow(self.walk.on_result(failure, now), now)
+            return self._follow(self._walk().on_result(failure, now), now)
         # default: the non-streaming walk in configured order, skipping the exact entry, unless
         # it is the only candidate (then the stream was its first attempt)
         index = entry.index
         if self._only_candidate(index, now):
             walk = Walk(self.plan, self.config, self.health)
-            self.life.fire("recover", self)
+            self.life.fire(TurnTrigger.RECOVER, self)
             return self._walk_from(walk, now, walk.adopt(index, failure, now))
         walk = Walk(self.plan, self.config, self.health, exclude=frozenset({index}))
         stopped = walk.note_failure(index, failure, now)
         self.recoverable = stopped is None
-        self.life.fire("recover", self)
+        self.life.fire(TurnTrigger.RECOVER, self)
         return self._walk_from(walk, now, stopped)
 
     def _only_candidate(self, index: int, now: float) -> bool:
@@ -454,7 +487,7 @@ class Turn:
     def _continuation_candidate(self, failed: PlannedEntry, now: float) -> PlannedEntry | None:
         """stream.continue_after_interrupt: the next entry after the failed one that can stream,
         accepts a prefill, is allowed and healthy. Only text can be continued."""
-        if not self.config.stream.continue_after_interrupt or not self.has_forwarded_text or self.gate.tools:
+        if not self.config.stream.continue_after_interrupt or not self.has_forwarded_text or self._gate().tools:
             return None
         for entry in self.plan.entries[failed.index + 1:]:
             caps = entry.provider.capabilities
@@ -471,70 +504,71 @@ class Turn:
             usage = self.gate.usage if self.gate is not None else None
             if self.gate is not None and not self.gate.life.terminal:
                 self.gate.cancel()
-            self._record("cancelled", now, reason="cancelled", detail="cancelled by the consumer",
+            self._record(StreamOutcome.CANCELLED, now, reason=StreamOutcome.CANCELLED, detail="cancelled by the consumer",
                          usage=usage, bill=False)
             self.call = None
         if self.walk is not None:
             self.walk.cancel()
         self.health.release_all()
-        self.life.fire("cancel")
-        self.cancellation.fire("cancel")
-        self.cancellation.fire("settle", self)
-        partial = "".join(self.forwarded) if self.cancellation.state == "persisted_partial" else None
-        return Finish(self._result("cancelled", "cancelled", None, partial))
+        self.life.fire(TurnTrigger.CANCEL)
+        self.cancellation.fire(CancellationTrigger.CANCEL)
+        self.cancellation.fire(CancellationTrigger.SETTLE, self)
+        partial = "".join(self.forwarded) if self.cancellation.state == CancellationState.PERSISTED_PARTIAL else None
+        return Finish(self._result(Outcome.CANCELLED, ErrorReason.CANCELLED, None, partial))
 
     # -- the end ------------------------------------------------------------------------------
 
     def _done(self, done: WalkDone, now: float) -> Finish:
-        mode = self.call.mode if self.call is not None else "stream"
+        mode = self.call.mode if self.call is not None else Mode.STREAM
         settled = self._settle_refusal(done)
-        if settled is not done:
+        if settled is not done and self.refusal is not None:
             done, mode = settled, self.refusal.mode
         self.call = None
         self.health.release_all()
         state = self.life.state
-        if state in ("walking", "recovering", "semantic_empty_recovery"):
-            self.life.fire("succeed" if done.ok else "fail")
-        elif state == "streaming":
+        if state in (TurnState.WALKING, TurnState.RECOVERING, TurnState.SEMANTIC_EMPTY_RECOVERY):
+            self.life.fire(TurnTrigger.SUCCEED if done.ok else TurnTrigger.FAIL)
+        elif state == TurnState.STREAMING:
             # stream.recovery = streaming, and the answer came from an entry that cannot stream
             if done.ok:
-                self.life.fire("commit")
-                self.life.fire("complete", self)
+                self.life.fire(TurnTrigger.COMMIT)
+                self.life.fire(TurnTrigger.COMPLETE, self)
             else:
-                self.life.fire("fail")
-        self.cancellation.fire("finish")
+                self.life.fire(TurnTrigger.FAIL)
+        self.cancellation.fire(CancellationTrigger.FINISH)
         if done.ok:
-            deliver = self._delivery(self.answer) if self.stream_requested and mode == "complete" else ()
-            return Finish(self._result("ok", None, done.entry, None), deliver)
-        if done.error == "interrupted":
-            return Finish(self._result("interrupted", "interrupted", None, "".join(self.forwarded)))
-        return Finish(self._result("error", done.error, None, None))
+            deliver = self._delivery(self.answer) if self.answer and self.stream_requested and mode == Mode.COMPLETE else ()
+            return Finish(self._result(Outcome.OK, None, done.entry, None), deliver)
+        if done.error == ErrorReason.INTERRUPTED:
+            return Finish(self._result(Outcome.INTERRUPTED, ErrorReason.INTERRUPTED, None, "".join(self.forwarded)))
+        return Finish(self._result(Outcome.ERROR, done.error, None, None))
 
     def _delivery(self, answer: Completion) -> tuple[Event, ...]:
         events = []
         if answer.reasoning and not self.shown_reasoning:
-            events.append(Event("reasoning", answer.reasoning))
+            events.append(Event(EventKind.REASONING, answer.reasoning))
         if answer.text:
-            events.append(Event("text", answer.text))
+            events.append(Event(EventKind.TEXT, answer.text))
             self.forwarded.append(answer.text)
         ids = answer.tool_ids + ("",) * (len(answer.tool_calls) - len(answer.tool_ids))
         for name, arguments, ref in itertools.zip_longest(answer.tool_calls, answer.tool_arguments, ids):
             if name is None:
                 break
-            events.append(Event("tool", name, ref))
+            events.append(Event(EventKind.TOOL, name, ref))
             if arguments:
-                events.append(Event("tool_args", arguments))
+                events.append(Event(EventKind.TOOL_ARGS, arguments))
         return tuple(events)
 
-    def _result(self, outcome: str, error: str | None, served: PlannedEntry | None, partial: str | None) -> TurnResult:
-        answer = self.answer if outcome == "ok" else None
+    def _result(self, outcome: Outcome, error: ErrorReason | None, served: PlannedEntry | None,
+                partial: str | None) -> TurnResult:
+        answer = self.answer if outcome == Outcome.OK else None
         fallback = served is not None and served.index != 0
         notice = None
         mode = self.config.notices.model_fallback_notice
         requested_entry = self.plan.entries[0].label if self.plan.entries else self.plan.requested
         if fallback and mode == "redacted":
             notice = "Note: a fallback model answered this request."
-        elif fallback and mode == "detailed":
+        elif served is not None and fallback and mode == "detailed":
             notice = f"Note: {served.label} answered because {requested_entry} was unavailable."
         return TurnResult(
             outcome=outcome,
@@ -558,28 +592,28 @@ class Turn:
             ledger=tuple(self.ledger),
         )
 
-    def _rejection(self, error: str | None) -> Rejection | None:
+    def _rejection(self, error: ErrorReason | None) -> Rejection | None:
         """The upstream's own rejection, when every attempt of the turn was one."""
-        if error not in ("exhausted", "client_error") or not self.rejections:
+        if error not in (ErrorReason.EXHAUSTED, ErrorReason.CLIENT_ERROR) or not self.rejections:
             return None
         if any(r is None for r in self.rejections):
             return None
         return self.rejections[-1]
 
-    def _error_message(self, error: str) -> str:
+    def _error_message(self, error: ErrorReason) -> str:
         """The aggregated error: every attempt's number, retry counter and reason class, bounded;
         never a provider body or a secret (details are written by relayline)."""
         head = {
-            "exhausted": "every candidate failed",
-            "semantic_empty": "every candidate answered without text or tool calls",
-            "context_window": "the prompt exceeds the model's context window; compact and call again",
-            "client_error": "the provider rejected the request",
-            "no_candidate": "no entry could be attempted",
-            "unsupported": "no entry can honour the request as asked: "
-                           + ", ".join(dict.fromkeys(f for s in self.health.skips for f in s.fields)),
-            "cancelled": "cancelled by the consumer",
-            "interrupted": "the stream failed after output was forwarded; it is not replayed",
-        }.get(error, error)
+            ErrorReason.EXHAUSTED: "every candidate failed",
+            ErrorReason.SEMANTIC_EMPTY: "every candidate answered without text or tool calls",
+            ErrorReason.CONTEXT_WINDOW: "the prompt exceeds the model's context window; compact and call again",
+            ErrorReason.CLIENT_ERROR: "the provider rejected the request",
+            ErrorReason.NO_CANDIDATE: "no entry could be attempted",
+            ErrorReason.UNSUPPORTED: "no entry can honour the request as asked: "
+                                     + ", ".join(dict.fromkeys(f for s in self.health.skips for f in s.fields)),
+            ErrorReason.CANCELLED: "cancelled by the consumer",
+            ErrorReason.INTERRUPTED: "the stream failed after output was forwarded; it is not replayed",
+        }[error]
         parts = [f"{head} ({len(self.attempts)} attempts"
                  + (f", {len(self.health.skips)} skipped" if self.health.skips else "") + ")"]
         for n, a in enumerate(self.attempts[:MAX_ERROR_ATTEMPTS], start=1):

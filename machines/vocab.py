@@ -12,6 +12,170 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+# -- lifecycle states and triggers (specs/*.toml) --------------------------------------------
+
+
+class TurnState(StrEnum):
+    PLANNED = "planned"
+    STREAMING = "streaming"
+    COMMITTED = "committed"
+    WALKING = "walking"
+    RECOVERING = "recovering"
+    SEMANTIC_EMPTY_RECOVERY = "semantic_empty_recovery"
+    CONTINUING = "continuing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    CANCELLED = "cancelled"
+
+
+class TurnTrigger(StrEnum):
+    OPEN_STREAM = "open_stream"
+    WALK = "walk"
+    COMMIT = "commit"
+    RETRY_STREAM = "retry_stream"
+    RECOVER = "recover"
+    COMPLETE = "complete"
+    FAIL = "fail"
+    CONTINUE_AFTER_INTERRUPT = "continue_after_interrupt"
+    SUCCEED = "succeed"
+    CANCEL = "cancel"
+
+
+class StreamState(StrEnum):
+    OPENING = "opening"
+    HELD = "held"
+    COMMITTED = "committed"
+    COMPLETED = "completed"
+    SEMANTIC_EMPTY = "semantic_empty"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    CANCELLED = "cancelled"
+
+
+class StreamTrigger(StrEnum):
+    HEADERS = "headers"
+    DECISIVE = "decisive"
+    FINISH = "finish"
+    FAIL = "fail"
+    CANCEL = "cancel"
+
+
+class WalkState(StrEnum):
+    CHOOSING = "choosing"
+    CALLING = "calling"
+    BACKING_OFF = "backing_off"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class WalkTrigger(StrEnum):
+    CALL = "call"
+    EXHAUST = "exhaust"
+    SUCCEED = "succeed"
+    BACKOFF = "backoff"
+    TIMER = "timer"
+    ABANDON = "abandon"
+    RETRY_NOW = "retry_now"
+    ADVANCE = "advance"
+    STOP = "stop"
+    CANCEL = "cancel"
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+    PROBING = "probing"
+
+
+class BreakerTrigger(StrEnum):
+    FAILURE = "failure"
+    SUCCESS = "success"
+    COOL_OFF = "cool_off"
+    FORCE_PROBE = "force_probe"
+    PROBE = "probe"
+    RELEASE = "release"
+
+
+class CancellationState(StrEnum):
+    RUNNING = "running"
+    CANCEL_REQUESTED = "cancel_requested"
+    ABORTED = "aborted"
+    PERSISTED_PARTIAL = "persisted_partial"
+    FINISHED = "finished"
+
+
+class CancellationTrigger(StrEnum):
+    CANCEL = "cancel"
+    SETTLE = "settle"
+    FINISH = "finish"
+
+
+# spec name -> (its states, its triggers); engine.load_spec checks both against the spec
+SPEC_VOCABULARY: dict[str, tuple[type[StrEnum], type[StrEnum]]] = {
+    "turn": (TurnState, TurnTrigger),
+    "stream": (StreamState, StreamTrigger),
+    "walk": (WalkState, WalkTrigger),
+    "breaker": (BreakerState, BreakerTrigger),
+    "cancellation": (CancellationState, CancellationTrigger),
+}
+
+
+# -- what flows through a turn -----------------------------------------------------------------
+
+
+class FrameKind(StrEnum):
+    """Frames as protocol adapters and the simulator produce them."""
+
+    ROLE = "role"
+    PING = "ping"
+    PREAMBLE = "preamble"
+    TEXT = "text"
+    REASONING = "reasoning"
+    TOOL_CALL = "tool_call"
+    TOOL_ARGS = "tool_args"  # a fragment of a tool call's JSON arguments, after its TOOL_CALL
+    EXECUTED_TOOL = "executed_tool"
+    USAGE = "usage"
+    FINISH = "finish"  # the provider's finish reason (canonical, machines/wire.py): bookkeeping, never shown
+    DONE = "done"  # a protocol's completion signal
+
+
+class EventKind(StrEnum):
+    """Events as they reach the immutable sink (and the trace: "text:...", "tool:NAME")."""
+
+    TEXT = "text"
+    REASONING = "reasoning"
+    TOOL = "tool"
+    TOOL_ARGS = "tool_args"
+    EXECUTED_TOOL = "executed_tool"
+    PREAMBLE = "preamble"  # held protocol frames released at commit (not visible to library consumers)
+
+
+class Mode(StrEnum):
+    """How one attempt is made."""
+
+    COMPLETE = "complete"
+    STREAM = "stream"
+
+
+class FailureClass(StrEnum):
+    """CONFIG.md's failure classes: each is one column of the walk's decision table."""
+
+    EMPTY = "empty"
+    RETRYABLE = "retryable"
+    MALFORMED = "malformed"  # a reply that does not parse into the canonical model: retried like retryable
+    TIMEOUT = "timeout"
+    RATE_LIMITED = "rate_limited"
+    QUOTA = "quota"
+    CONTEXT_WINDOW = "context_window"
+    REJECTED = "rejected"
+    # a content-policy refusal (CONFIG.md "Refusals"): a 400 naming a content policy, or a completion
+    # whose finish reason is content_filter. With on_refusal = "return" the turn demotes it to what
+    # it was before refusals had a class of their own (rejected, or an ordinary answer).
+    REFUSED = "refused"
+
 
 class Outcome(StrEnum):
     """How a turn ended."""
@@ -19,6 +183,15 @@ class Outcome(StrEnum):
     OK = "ok"
     ERROR = "error"
     INTERRUPTED = "interrupted"
+    CANCELLED = "cancelled"
+
+
+class StreamOutcome(StrEnum):
+    """A stream-mode attempt's outcome when it is not a success (a failure class is the reason)."""
+
+    STREAM_FAILED = "stream_failed"
+    INTERRUPTED = "interrupted"
+    SEMANTIC_EMPTY = "semantic_empty"
     CANCELLED = "cancelled"
 
 
@@ -33,3 +206,13 @@ class ErrorReason(StrEnum):
     UNSUPPORTED = "unsupported"  # no entry can honour the request as asked (CONFIG.md "The wire")
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"
+
+
+class SkipReason(StrEnum):
+    """Why an entry was skipped before anything was sent."""
+
+    COOLDOWN = "cooldown"
+    BREAKER = "breaker"
+    ALLOWLIST = "allowlist"
+    CAPABILITY = "capability"
+    UNSUPPORTED = "unsupported"  # the entry cannot honour fields of the request

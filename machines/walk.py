@@ -13,6 +13,7 @@ the pool size; a forced probe (every candidate skipped) is one attempt.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -21,12 +22,13 @@ from .config import Config
 from .engine import Lifecycle, load_spec
 from .health import HealthStore
 from .plan import Plan, PlannedEntry
+from .vocab import BreakerState, ErrorReason, FailureClass, Mode, SkipReason, WalkTrigger
 
 
 @attrs.frozen
 class Call:
     entry: PlannedEntry
-    mode: str  # "complete" | "stream"
+    mode: Mode
     key_index: int | None  # index into entry.keys (None: no key or a single key)
     try_number: int  # 1-based, within this entry
     budget: int
@@ -43,14 +45,14 @@ class Sleep:
 class WalkDone:
     ok: bool
     entry: PlannedEntry | None = None
-    error: str | None = None  # exhausted, semantic_empty, context_window, client_error, no_candidate, unsupported
+    error: ErrorReason | None = None
 
 
 @attrs.frozen
 class Skip:
     profile: str
     model: str
-    reason: str  # cooldown, breaker, allowlist, capability, unsupported
+    reason: SkipReason
     fields: tuple[str, ...] = ()  # unsupported: the request fields the entry cannot honour
 
     def __str__(self) -> str:
@@ -68,25 +70,26 @@ class TurnHealth:
     keys_429: dict[str, set[int]] = attrs.Factory(dict)  # pool keys that drew a 429 in this turn
     skips: list[Skip] = attrs.Factory(list)
     # on_refusal = "advance": a profile that refused is not asked again in this turn (its other
-    # models sit behind the same policy); not a skip, since nothing about its health is known
+    # models sit behind the same policy); not a skip, since nothing about its health is known.
+    # The turn fills it: it knows the policy, and needs it before the walk hears of the refusal
     refused: set[str] = attrs.Factory(set)
 
-    def skip(self, entry: PlannedEntry, reason: str, fields: tuple[str, ...] = ()) -> None:
+    def skip(self, entry: PlannedEntry, reason: SkipReason, fields: tuple[str, ...] = ()) -> None:
         skip = Skip(entry.profile, entry.model, reason, fields)
         if skip not in self.skips:
             self.skips.append(skip)
 
-    def blocked(self, profile: str, now: float) -> str | None:
+    def blocked(self, profile: str, now: float) -> SkipReason | None:
         if self.store.cooldown_until(profile) > now:
-            return "cooldown"
+            return SkipReason.COOLDOWN
         if profile not in self.probes and self.store.breaker(profile).blocks(now):
-            return "breaker"
+            return SkipReason.BREAKER
         return None
 
     def window_end(self, profile: str) -> float:
         breaker = self.store.breaker(profile)
         ends = [self.store.cooldown_until(profile)]
-        if breaker.state == "open":
+        if breaker.state == BreakerState.OPEN:
             ends.append(breaker.open_until)
         return max(ends)
 
@@ -99,12 +102,10 @@ class TurnHealth:
         self.probes.discard(profile)
         self.store.clear_cooldown(profile)
 
-    def failure(self, profile: str, kind: str, now: float) -> None:
+    def failure(self, profile: str, kind: FailureClass, now: float) -> None:
         """A failure counts once per turn, except that a probe's failure always gives its
         verdict; a failure that does not count hands a held probe back."""
         breaker = self.store.breaker(profile)
-        if kind == fc.REFUSED:
-            self.refused.add(profile)
         if kind in fc.BREAKER_CLASSES and (profile not in self.breaker_noted or profile in self.probes):
             self.breaker_noted.add(profile)
             breaker.failure(now)
@@ -135,7 +136,7 @@ class Walk:
         config: Config,
         health: TurnHealth,
         *,
-        mode_for: Callable[[PlannedEntry], str] = lambda e: "complete",
+        mode_for: Callable[[PlannedEntry], Mode] = lambda e: Mode.COMPLETE,
         budgets: dict[int, int] | None = None,
         exclude: frozenset[int] = frozenset(),
     ) -> None:
@@ -151,7 +152,7 @@ class Walk:
         self.backoff = self.rel.first_backoff_s
         self.attempted = False
         self.forced = False
-        self.last_failure: str | None = None
+        self.last_failure: FailureClass | None = None
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -166,11 +167,11 @@ class Walk:
             return False
         if not self.plan.allows(entry.profile):
             if record:
-                self.health.skip(entry, "allowlist")
+                self.health.skip(entry, SkipReason.ALLOWLIST)
             return False
         if entry.profile in self.plan.unfit:
             if record:
-                self.health.skip(entry, "unsupported", self.plan.unfit[entry.profile])
+                self.health.skip(entry, SkipReason.UNSUPPORTED, self.plan.unfit[entry.profile])
             return False
         reason = self.health.blocked(entry.profile, now)
         if reason:
@@ -195,7 +196,7 @@ class Walk:
         return Call(entry, self.mode_for(entry), key_index(self.health.store, entry), self.tries,
                     self.budget(self.index), self.forced)
 
-    def _finish(self, trigger: str, **kw) -> WalkDone:
+    def _finish(self, trigger: WalkTrigger, **kw: Any) -> WalkDone:
         self.life.fire(trigger)
         self.health.release_all()
         return WalkDone(**kw)
@@ -203,14 +204,14 @@ class Walk:
     def _exhausted(self) -> WalkDone:
         if not self.attempted and self.plan.unfit and not any(
                 self.plan.serves(e.profile) for j, e in enumerate(self.plan.entries) if j not in self.exclude):
-            error = "unsupported"  # no entry can honour the request: the client's to change
+            error = ErrorReason.UNSUPPORTED  # no entry can honour the request: the client's to change
         elif not self.attempted:
-            error = "no_candidate"
+            error = ErrorReason.NO_CANDIDATE
         elif self.last_failure == fc.EMPTY:
-            error = "semantic_empty"
+            error = ErrorReason.SEMANTIC_EMPTY
         else:
-            error = "exhausted"
-        return self._finish("exhaust", ok=False, error=error)
+            error = ErrorReason.EXHAUSTED
+        return self._finish(WalkTrigger.EXHAUST, ok=False, error=error)
 
     # -- the walk -----------------------------------------------------------------------------
 
@@ -221,7 +222,7 @@ class Walk:
         for j in range(self.index + 1, len(self.plan.entries)):
             if self._eligible(j, now, record=True):
                 self.index, self.tries, self.backoff = j, 0, self.rel.first_backoff_s
-                self.life.fire("call")
+                self.life.fire(WalkTrigger.CALL)
                 return self._call(now)
         self.index = len(self.plan.entries)
         if not self.attempted and not self.forced:
@@ -232,13 +233,13 @@ class Walk:
                 if j not in self.exclude and self.budgets.get(j, 1) > 0 and self.plan.serves(e.profile)
                 and e.profile not in self.health.refused
                 and e.profile not in self.health.probes
-                and self.health.store.breaker(e.profile).state != "probing"
+                and self.health.store.breaker(e.profile).state != BreakerState.PROBING
             ]
             if skipped:
                 j = min(skipped, key=lambda k: (self.health.window_end(self.plan.entries[k].profile), k))
                 self.forced = True
                 self.index, self.tries = j, 0
-                self.life.fire("call")
+                self.life.fire(WalkTrigger.CALL)
                 return self._call(now)
         return self._exhausted()
 
@@ -246,7 +247,7 @@ class Walk:
         """Take a failed attempt made outside this walk (a stream) as this walk's own first
         attempt on `index`, and go on from there (retry it, or advance)."""
         self.index, self.tries, self.attempted = index, 1, True
-        self.life.fire("call")
+        self.life.fire(WalkTrigger.CALL)
         return self.on_result(failure, now)
 
     def note_failure(self, index: int, failure: fc.Failure, now: float) -> WalkDone | None:
@@ -262,15 +263,15 @@ class Walk:
         finally:
             self.index = -1
         if stop:
-            self.life.fire("call")
-            return self._finish("stop", ok=False, entry=entry, error=stop)
+            self.life.fire(WalkTrigger.CALL)
+            return self._finish(WalkTrigger.STOP, ok=False, entry=entry, error=stop)
         return None
 
-    def _stop_error(self, failure: fc.Failure) -> str | None:
+    def _stop_error(self, failure: fc.Failure) -> ErrorReason | None:
         if failure.kind == fc.CONTEXT_WINDOW and self.rel.context_window == "return":
-            return "context_window"
+            return ErrorReason.CONTEXT_WINDOW
         if failure.kind == fc.REJECTED and self.rel.client_errors == "stop" and failure.status in (400, 413, 422):
-            return "client_error"
+            return ErrorReason.CLIENT_ERROR
         return None
 
     def _cool_down(self, profile: str, failure: fc.Failure, now: float) -> None:
@@ -285,14 +286,14 @@ class Walk:
         profile = entry.profile
         if failure is None:
             self.health.success(profile, now)
-            return self._finish("succeed", ok=True, entry=entry)
+            return self._finish(WalkTrigger.SUCCEED, ok=True, entry=entry)
         kind = failure.kind
         self.last_failure = kind
         self.health.failure(profile, kind, now)
         budget = self.budget(self.index)
         stop = self._stop_error(failure)
         if stop:
-            return self._finish("stop", ok=False, entry=entry, error=stop)
+            return self._finish(WalkTrigger.STOP, ok=False, entry=entry, error=stop)
         if kind in (fc.CONTEXT_WINDOW, fc.REJECTED, fc.QUOTA, fc.REFUSED):
             return self._advance(now)
         if kind == fc.RATE_LIMITED:
@@ -306,7 +307,7 @@ class Walk:
                 if len(drew) < pool:
                     self.health.store.set_key_cursor(profile, (key + 1) % pool)
                     self.tries -= 1  # a rotation is not a retry: the pool size bounds it
-                    self.life.fire("retry_now")
+                    self.life.fire(WalkTrigger.RETRY_NOW)
                     return self._call(now)
             if self.other_candidate(now) and not self.forced:
                 self._cool_down(profile, failure, now)
@@ -332,11 +333,11 @@ class Walk:
             self.health.skip(entry, reason)
             return self._advance(now)
         self.backoff = min(self.backoff * 2, max(self.rel.backoff_max_ms / 1000.0, self.rel.first_backoff_s))
-        self.life.fire("backoff")
+        self.life.fire(WalkTrigger.BACKOFF)
         return Sleep(seconds)
 
     def _advance(self, now: float) -> Call | WalkDone:
-        self.life.fire("advance")
+        self.life.fire(WalkTrigger.ADVANCE)
         if self.forced:
             self.index = len(self.plan.entries)
             return self._exhausted()
@@ -349,18 +350,18 @@ class Walk:
             # the breaker opened (this turn's failure may have been the last straw) or another
             # turn put the profile on cooldown: a retry would send to a profile that is skipped
             self.health.skip(entry, reason)
-            self.life.fire("abandon")
+            self.life.fire(WalkTrigger.ABANDON)
             return self._choose(now)
-        self.life.fire("timer")
+        self.life.fire(WalkTrigger.TIMER)
         return self._call(now)
 
     def on_committed(self) -> WalkDone:
         """A streamed attempt committed: the turn leaves the walk for good. The stream's own end
         (completed, interrupted) is what reaches the profile's health, and any probe stays held."""
-        self.life.fire("succeed")
+        self.life.fire(WalkTrigger.SUCCEED)
         return WalkDone(ok=True, entry=self.plan.entries[self.index])
 
     def cancel(self) -> None:
         if not self.life.terminal:
-            self.life.fire("cancel")
+            self.life.fire(WalkTrigger.CANCEL)
         self.health.release_all()

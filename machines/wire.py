@@ -16,12 +16,16 @@ rules as the config (a string is not a number) for embedders who build requests 
 from __future__ import annotations
 
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
 
 import attrs
 import cattrs
 
-from .config import Capabilities
+from .config import Capabilities, _strict
+
+# the config's strict scalar rules (a string is not a number) serve the canonical model too
+from .config import _describe as config_describe
 from .errors import RelaylineError
 
 SYSTEM, USER, ASSISTANT, TOOL = "system", "user", "assistant", "tool"
@@ -85,7 +89,7 @@ class Message:
 class Tool:
     name: str
     description: str = ""
-    parameters: Mapping = attrs.field(factory=lambda: {"type": "object"})
+    parameters: Mapping[str, Any] = attrs.field(factory=lambda: {"type": "object"})
 
 
 @attrs.frozen
@@ -97,7 +101,7 @@ class ToolChoice:
 @attrs.frozen
 class ResponseFormat:
     type: str  # text | json_object | json_schema
-    json_schema: Mapping | None = None
+    json_schema: Mapping[str, Any] | None = None
 
 
 @attrs.frozen
@@ -121,7 +125,7 @@ class Passthrough:
     """The client's body, unchanged, and the request headers that travel with it to a provider
     of the same family (anthropic-beta, anthropic-version, openai-*)."""
 
-    body: Mapping
+    body: Mapping[str, Any]
     headers: tuple[tuple[str, str], ...] = ()
 
 
@@ -144,7 +148,7 @@ class Request:
     user: str | None = None
     # fields one family has and the canonical model does not translate (seed, logprobs, metadata
     # beyond user_id, service_tier...), as the source dialect wrote them
-    extra: Mapping = attrs.field(factory=dict)
+    extra: Mapping[str, Any] = attrs.field(factory=dict)
     source: str = "openai"  # the dialect the request was written in
     passthrough: Passthrough | None = None
 
@@ -217,7 +221,7 @@ def finish_reason(reason: str | None, tool_calls: int) -> str:
     return TOOL_CALLS if tool_calls else STOP
 
 
-def check_model(model, param: str = "model") -> str | None:
+def check_model(model: object, param: str = "model") -> str | None:
     """A model name a client may send: a printable string of bounded length (or absent)."""
     if model is None:
         return None
@@ -228,20 +232,9 @@ def check_model(model, param: str = "model") -> str | None:
     return model
 
 
-def describe(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+def describe(value: object) -> str:
+    """A JSON value's kind in a client's words: null, a string, an object..."""
+    return "null" if value is None else "an object" if isinstance(value, dict) else config_describe(value)
 
 
 # -- structuring from plain data (embedders) --------------------------------------------------------
@@ -249,31 +242,20 @@ def describe(value) -> str:
 converter = cattrs.Converter(forbid_extra_keys=True)
 
 
-def _strict(kind: type, label: str):
-    def structure(value, _type):
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-            raise ValueError(f"expected {label}, got {describe(value)}")
-        return value
-
-    return structure
-
-
 for _kind, _label in ((str, "a string"), (int, "an integer"), (float, "a number"), (bool, "a boolean")):
     converter.register_structure_hook(_kind, _strict(_kind, _label))
 converter.register_structure_hook(Mapping, lambda v, _t: v if isinstance(v, dict) else _bad_mapping(v))
 converter.register_structure_hook_func(
-    lambda t: typing.get_origin(t) is tuple,
+    lambda t: typing.get_origin(t) is tuple,  # type: ignore[comparison-overlap]
     lambda v, t: tuple(converter.structure(x, typing.get_args(t)[0]) for x in _as_list(v)),
 )
 
 
-def _bad_mapping(value):
+def _bad_mapping(value: object) -> NoReturn:
     raise ValueError(f"expected an object, got {describe(value)}")
 
 
-def _as_list(value) -> list:
+def _as_list(value: object) -> list[Any]:
     if not isinstance(value, list | tuple):
         raise ValueError(f"expected a list, got {describe(value)}")
     return list(value)
@@ -286,53 +268,57 @@ def _as_list(value) -> list:
 MAX_TOKENS = 10**9  # a usage count or a token limit beyond this is not a real number of tokens
 
 
-def path(base: str, key) -> str:
+def path(base: str, key: object) -> str:
     if isinstance(key, int):
         return f"{base}[{key}]"
     return f"{base}.{key}" if base else str(key)
 
 
-def want(value, kind, param: str, label: str):
+def want(value: Any, kind: Any, param: str, label: str) -> Any:
     if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
         raise WireError(param, f"expected {label}, got {describe(value)}")
     return value
 
 
-def _kinds(kind) -> tuple:
+def _kinds(kind: Any) -> tuple[Any, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
 
 
-def want_str(value, param: str) -> str:
-    return want(value, str, param, "a string")
+def want_str(value: object, param: str) -> str:
+    checked: str = want(value, str, param, "a string")
+    return checked
 
 
-def want_list(value, param: str) -> list:
-    return want(value, list, param, "a list")
+def want_list(value: object, param: str) -> list[Any]:
+    checked: list[Any] = want(value, list, param, "a list")
+    return checked
 
 
-def want_dict(value, param: str) -> dict:
-    return want(value, dict, param, "an object")
+def want_dict(value: object, param: str) -> dict[str, Any]:
+    checked: dict[str, Any] = want(value, dict, param, "an object")
+    return checked
 
 
-def want_bool(value, param: str) -> bool:
-    return want(value, bool, param, "a boolean")
+def want_bool(value: object, param: str) -> bool:
+    checked: bool = want(value, bool, param, "a boolean")
+    return checked
 
 
-def want_int(value, param: str, low: int = 0, high: int = MAX_TOKENS) -> int:
-    value = want(value, int, param, "an integer")
-    if not low <= value <= high:
+def want_int(value: object, param: str, low: int = 0, high: int = MAX_TOKENS) -> int:
+    number: int = want(value, int, param, "an integer")
+    if not low <= number <= high:
         raise WireError(param, f"must be between {low} and {high}")
-    return value
+    return number
 
 
-def want_number(value, param: str, low: float, high: float) -> float:
-    value = want(value, int | float, param, "a number")
-    if not low <= value <= high:
+def want_number(value: object, param: str, low: float, high: float) -> float:
+    number: float = want(value, int | float, param, "a number")
+    if not low <= number <= high:
         raise WireError(param, f"must be between {low:g} and {high:g}")
-    return float(value)
+    return float(number)
 
 
-def optional(obj: dict, key: str, check, base: str = "", *args):
+def optional(obj: dict[str, Any], key: str, check: Callable[..., Any], base: str = "", *args: Any) -> Any:
     """obj[key] checked by `check`, or None when absent or null."""
     value = obj.get(key)
     return None if value is None else check(value, path(base, key), *args)

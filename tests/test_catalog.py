@@ -1,13 +1,11 @@
 """CONFIG.md "Model catalog: cost-ordered chains": validation with key paths, the chain, prices."""
 
-import subprocess
-import sys
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import config, labels, plan
+from relayline.adapters.cli import main as cli
 from relayline.machines.errors import ConfigError
 from relayline.machines.plan import build_router
 
@@ -93,7 +91,7 @@ def test_every_malformed_catalog_entry_is_an_error_naming_its_key_path():
         assert problem in text, text
 
 
-def test_check_prints_the_key_paths_and_exits_1(tmp_path):
+def test_check_prints_the_key_paths_and_exits_1(tmp_path, capsys):
     path = tmp_path / "relayline.toml"
     path.write_text("""
 active = "a"
@@ -105,12 +103,11 @@ model = "llama"
 channels = ["a", "b"]
 max_hops = 0
 """)
-    out = subprocess.run([sys.executable, "-m", "relayline.adapters.cli", "check", str(path)],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1
-    assert "catalog[0].channels[1]: 'b' names no profile" in out.stderr
-    assert "catalog[0].max_hops: must be at least 1" in out.stderr
-    assert "providers.a.models.qwen: names no [[catalog]] model" in out.stderr
+    assert cli(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "catalog[0].channels[1]: 'b' names no profile" in err
+    assert "catalog[0].max_hops: must be at least 1" in err
+    assert "providers.a.models.qwen: names no [[catalog]] model" in err
 
 
 def test_a_catalog_channel_needs_its_own_credential_even_when_a_route_keys_it():
@@ -235,7 +232,7 @@ def test_gateway_lists_catalog_models_and_serves_the_chain():
         ("sim.together", 0.1), ("sim.groq", 0.59)]
 
 
-def test_plan_cli_prints_the_chain_with_prices(tmp_path):
+def test_plan_cli_prints_the_chain_with_prices(tmp_path, capsys):
     path = tmp_path / "relayline.toml"
     path.write_text(f"""
 active = "groq.main"
@@ -250,10 +247,9 @@ family = "sim"
 models = {{ "{LLAMA}" = "meta-llama/llama-3.3-70b-instruct" }}
 prices = {{ "{LLAMA}" = {{ input_per_mtok = 0.12, output_per_mtok = 0.3 }} }}
 """)
-    out = subprocess.run([sys.executable, "-m", "relayline.adapters.cli", "plan", str(path), "--model", LLAMA],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    rows = [line.split() for line in out.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert cli(["plan", str(path), "--model", LLAMA]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert rows == [["1", "openrouter.main", "meta-llama/llama-3.3-70b-instruct", "yes", "0.12", "0.30", "yes"],
                     ["2", "groq.main", LLAMA, "yes", "0.59", "0.79", "yes"]]
-    assert f"catalog:   {LLAMA}: 2 channels, order cost, max_hops 3" in out.stdout
+    assert f"catalog:   {LLAMA}: 2 channels, order cost, max_hops 3" in out

@@ -9,9 +9,11 @@ import base64
 import os
 import re
 import shutil
+import socket
 import threading
 import time
 
+import h11
 import httpx
 import pytest
 import trio
@@ -62,27 +64,39 @@ def chat(gw, *, key: str | None = CLIENT_KEY) -> httpx.Response:
 
 
 class EventTap:
-    """The console's event stream, read raw in a thread for as long as the test runs."""
+    """The console's event stream, read raw (h11 over a socket) in a thread for as long as the
+    test runs: polled in short reads, so it stops the moment the test is done with it."""
 
     def __init__(self, url: str, headers: dict) -> None:
-        self.url, self.headers = url, headers
+        self.url = httpx.URL(url)
+        self.headers = [("host", f"{self.url.host}:{self.url.port}"), *headers.items()]
         self.data = bytearray()
-        self.ended = threading.Event()  # the gateway ended the stream (a clean end of the response)
+        self.status: int | None = None
+        self.content_type = ""
+        self.ended = threading.Event()  # the gateway ended the response cleanly
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        with httpx.stream("GET", self.url, headers=self.headers, timeout=httpx.Timeout(30, read=2)) as answer:
-            assert answer.headers["content-type"] == "text/event-stream"
-            try:
-                for chunk in answer.iter_raw():
-                    self.data += chunk
-                    if self._stop.is_set():
-                        return
-                self.ended.set()
-            except httpx.ReadTimeout:
-                if not self._stop.is_set():
-                    self._run()
+        client = h11.Connection(h11.CLIENT)
+        with socket.create_connection((self.url.host, self.url.port), timeout=10) as sock:
+            sock.sendall(client.send(h11.Request(method="GET", target=self.url.raw_path, headers=self.headers)))
+            sock.settimeout(0.1)
+            while not self._stop.is_set():
+                event = client.next_event()
+                if event is h11.NEED_DATA:
+                    try:
+                        client.receive_data(sock.recv(65536))
+                    except TimeoutError:
+                        continue
+                elif isinstance(event, h11.Response):
+                    self.status = event.status_code
+                    self.content_type = dict(event.headers).get(b"content-type", b"").decode()
+                elif isinstance(event, h11.Data):
+                    self.data += event.data
+                elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                    self.ended.set()
+                    return
 
     def __enter__(self) -> EventTap:
         self._thread.start()
@@ -178,6 +192,7 @@ def test_the_page_follows_an_outage_live(browser, tmp_path):
         assert page.problems() == []
     if os.environ.get("RELAYLINE_CONSOLE_SCREENSHOT"):
         shutil.copy(shot, os.environ["RELAYLINE_CONSOLE_SCREENSHOT"])
+    assert tap.status == 200 and tap.content_type == "text/event-stream"
     assert tap.events("turn") and '"breaker":"open"' in "".join(tap.events("health"))
     for where, text in (("the page", dom), ("the state", state), ("the event stream", tap.data.decode())):
         assert_clean(where, text)

@@ -136,3 +136,15 @@ def test_each_taken_transition_is_counted_on_its_edge():
     counts = spec.fired_counts()
     assert counts[("a", "go", "b")] == 2 and sum(counts.values()) == 2
     assert set(counts) == {(s, t.trigger, t.dest) for t in spec.transitions for s in t.sources}
+
+
+def test_a_shipped_spec_and_its_vocabulary_must_agree():
+    """vocab.py's enums are the names the core branches on: a spec that renames a state or a
+    trigger without them fails at load, naming the enum and the difference."""
+    from importlib import resources
+
+    text = resources.files("relayline.specs").joinpath("stream.toml").read_text()
+    with pytest.raises(SpecError, match=r"differs from vocab.StreamState: missing \['held'\], not in the vocabulary \['waiting'\]"):
+        parse_spec(text.replace("held", "waiting"), "specs/stream.toml")
+    with pytest.raises(SpecError, match=r"differs from vocab.StreamTrigger: missing \['headers'\]"):
+        parse_spec(text.replace('"headers"', '"hdrs"'), "specs/stream.toml")

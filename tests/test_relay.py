@@ -186,3 +186,20 @@ async def test_turn_cancel_stops_the_stream_and_keeps_the_partial(autojump_clock
             assert event.value == "kept"
             turn.cancel()
     assert turn.outcome == "cancelled" and turn.partial_text == "kept"
+
+
+def test_clients_come_from_the_family_registry():
+    """The library builds one client per family its profiles use, from machines/families.py: the
+    library and the gateway never import the scripted sim family."""
+    import subprocess
+    import sys
+
+    from relayline.machines.families import FAMILIES
+
+    code = ("import sys, relayline.adapters.relay, relayline.adapters.gateway.app; "
+            "print(sorted(m for m in sys.modules if m.startswith('relayline.adapters.sim')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    relay = Relay.from_toml('active = "a"\n[providers.a]\nfamily = "sim"\nmodel = "m"\n', env={})
+    assert set(relay.clients) == {"sim"} and relay.sim is not None
+    assert {f.wire for f in FAMILIES.values()} == {"openai", "anthropic", None}

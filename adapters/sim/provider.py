@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -29,6 +30,9 @@ from relayline.machines.stream import (
 from relayline.machines.turn import Completion
 
 from ..providers.base import DONE, CallRequest, ProviderFailure
+
+if TYPE_CHECKING:
+    from ..relay import Relay
 
 DEFAULT_REPLY: Mapping = {"text": "ok"}
 FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")  # a reply's `finish`, OpenAI's words
@@ -221,3 +225,11 @@ class SimClient:
                     yield Frame(FINISH, finish)
                 yield Frame(DONE)
                 return
+
+
+def family_client(relay: Relay) -> SimClient:
+    """The sim family's factory (machines/families.py): the relay's scripted upstreams, or a
+    fresh set answering `{ text = "ok" }`."""
+    if relay.sim is None:
+        relay.sim = SimUpstream()
+    return SimClient(relay.sim)

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 
 import trio
 
+from relayline.machines.families import FAMILIES, WIRES
+
 from .loopback import LoopbackServer, Reply, Seen
 from .provider import Script, aggregate_frames, default_usage, finish_of, reply_frames
 
@@ -230,8 +232,10 @@ class SimHTTPServer:
 
 
 def shape_by_alias(alias: str) -> str:
-    """Profiles named anthropic.* speak the Anthropic shape; everything else the OpenAI one."""
-    return "anthropic" if alias.split(".", 1)[0] == "anthropic" else "openai"
+    """A profile named after a wire family (anthropic.*) speaks that family's shape; everything
+    else the first wire's (openai)."""
+    family = FAMILIES.get(alias.split(".", 1)[0])
+    return family.wire if family is not None and family.wire is not None else WIRES[0]
 
 
 def wire_to(config: Mapping, server: SimHTTPServer, shape_for: Callable[[str], str] = shape_by_alias) -> dict:
@@ -239,8 +243,11 @@ def wire_to(config: Mapping, server: SimHTTPServer, shape_for: Callable[[str], s
     `shape_for(alias)` gives (openai or anthropic)."""
     config = json.loads(json.dumps(config))
     for alias, profile in config.get("providers", {}).items():
-        if profile.get("family") == "sim":
+        family = FAMILIES.get(profile.get("family", ""))
+        if family is not None and family.wire is None:
             shape = shape_for(alias)
+            if shape not in WIRES:
+                raise ValueError(f"no wire shape {shape!r} (known: {', '.join(WIRES)})")
             profile["family"] = shape
             profile["base_url"] = server.base_url(alias, shape)
             if not any(k in profile for k in ("api_key", "api_key_env", "api_keys")):

@@ -21,6 +21,7 @@ from relayline.machines.config import structure_config
 from relayline.machines.errors import ConfigError
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
+from relayline.machines.wire import TO_OPENAI, finish_reason
 
 from ..driver import TurnRun
 from ..relay import Relay
@@ -92,7 +93,8 @@ def _trace(result: TurnResult, events: list[Event], origin: float) -> dict:
         "error": result.error,
         "served": result.served.label if result.served else None,
         "text": result.text if result.outcome == "ok" else None,
-        "finish": (result.finish_reason or ("tool_calls" if result.tool_calls else "stop")) if result.outcome == "ok" else None,
+        # OpenAI's words (SCENARIOS.md), e.g. an Anthropic stop_sequence reads "stop"
+        "finish": TO_OPENAI[finish_reason(result.finish_reason, len(result.tool_calls))] if result.outcome == "ok" else None,
         "partial_text": result.partial_text,
         "events": [str(e) for e in events],
         "notice": result.notice,
