@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .app import Gateway
 
 RECENT_TURNS = 200  # kept in memory, newest last; the page shows them all, filtered by outcome
+ATTEMPTS_KEPT = 2048  # per profile, for success rate and latency: the window's most recent ones
 SSE_TICK_S = 1.0  # how often a stream re-reads state that changes with time alone (time left)
 SSE_KEEPALIVE_S = 15.0
 COST_EVERY_S = 5.0  # the ledger is re-read for a stream at most this often, and only after new turns
@@ -162,7 +163,9 @@ class Console:
         self.turns: deque[TurnView] = deque(maxlen=RECENT_TURNS)
         self._seq = 0
         # per profile: (ended on the trio clock, ok, latency ms) of attempts, pruned to the window
-        self._attempts: dict[str, deque[tuple[float, bool, float | None]]] = defaultdict(deque)
+        # and bounded, so a busy gateway's console costs the same as an idle one's
+        self._attempts: dict[str, deque[tuple[float, bool, float | None]]] = defaultdict(
+            lambda: deque(maxlen=ATTEMPTS_KEPT))
         self._changed = trio.Event()
         self._streams = 0
         self._static: dict[str, bytes] = {}
