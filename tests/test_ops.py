@@ -563,3 +563,41 @@ def test_sigint_exits_0_without_a_traceback(tmp_path):
             proc.kill()
     assert "Traceback" not in proc.stderr.read()
 
+
+
+# -- OpenTelemetry (the otel extra; part of dev, so make test runs this) ------------------------------
+
+
+def test_turns_and_attempts_are_genai_spans():
+    sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="the otel extra is not installed")
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from relayline.adapters.otel import Tracing
+
+    exporter = InMemorySpanExporter()
+    provider = sdk.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    replies = [{"provider": "openai.main", "script": [{"status": 503}]},
+               {"provider": "openai.backup", "script": [{"text": "from the backup"}]}]
+    with BackgroundGateway(profiles(), replies) as gw:
+        gw.gateway.tracing = Tracing(provider)
+        response = httpx.post(f"{gw.url}/v1/chat/completions", headers={"x-request-id": "trace-me-1"},
+                              json={"model": "gpt-4o", "messages": [{"role": "user", "content": "SECRET PROMPT"}]})
+        assert response.status_code == 200
+    spans = exporter.get_finished_spans()
+    turn = next(s for s in spans if s.parent is None)
+    attempts = sorted((s for s in spans if s.parent is not None), key=lambda s: s.start_time)
+    assert turn.name == "chat gpt-4o" and turn.attributes["gen_ai.operation.name"] == "chat"
+    assert turn.attributes["gen_ai.response.model"] == "gpt-4o-mini"
+    assert turn.attributes["relayline.served"] == "openai.backup/gpt-4o-mini"
+    assert turn.attributes["relayline.request_id"] == "trace-me-1" and turn.attributes["relayline.fallback"]
+    assert turn.attributes["gen_ai.usage.input_tokens"] == 10 and turn.attributes["gen_ai.usage.output_tokens"] == 3
+    assert [(s.name, s.attributes["relayline.outcome"]) for s in attempts] == [
+        ("chat gpt-4o", "retryable"), ("chat gpt-4o-mini", "ok")]
+    assert all(s.parent.span_id == turn.context.span_id for s in attempts)
+    assert attempts[0].attributes["error.type"] == "retryable" and attempts[0].status.status_code.name == "ERROR"
+    assert attempts[1].attributes["gen_ai.provider.name"] == "openai"
+    assert attempts[1].attributes["gen_ai.usage.output_tokens"] == 3
+    assert turn.start_time <= attempts[0].start_time <= attempts[1].end_time <= turn.end_time
+    assert "SECRET PROMPT" not in repr([dict(s.attributes) for s in spans])

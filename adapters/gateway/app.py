@@ -41,6 +41,7 @@ from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
 from ..driver import TurnRun
+from ..otel import Tracing
 from ..providers.http import REQUEST_ID
 from ..relay import Relay
 from ..stores.ledger import DEFAULT_PATH, LedgerStore, open_ledger
@@ -105,6 +106,8 @@ class Gateway:
         self.ledger = ledger
         self.settings = relay.config.gateway
         self.metrics = Metrics(relay.config, self.ROUTES, self._live)
+        self.tracing = Tracing()  # OpenTelemetry spans when relayline[otel] is installed
+        self._families = {alias: p.family for alias, p in relay.config.providers.items()}
         self.max_body = self.settings.max_body_bytes
         self._outcomes: dict[str, deque[tuple[float, bool]]] = defaultdict(deque)
         self._breakers: dict[str, str] = {}
@@ -113,6 +116,8 @@ class Gateway:
         self.readiness: dict[str, Callable[[], Awaitable[str | None]]] = {}
         if ledger is not None:
             self.readiness["ledger"] = self._ledger_ready
+        if hasattr(relay.health, "reachable"):  # a shared health store (stores/health.py)
+            self.readiness["shared_store"] = self._store_ready
         self.in_flight = 0
         self.draining = False
         self._turns: set[trio.CancelScope] = set()
@@ -262,6 +267,9 @@ class Gateway:
                 "checks": {name: problem or "ok" for name, problem in checks.items()}}
         await self._json(send, 200 if ready else 503, body)
 
+    async def _store_ready(self) -> str | None:
+        return None if self.relay.health.reachable else "the shared health store does not answer"
+
     async def _ledger_ready(self) -> str | None:
         writable = await trio.to_thread.run_sync(self.ledger.writable)
         return None if writable else "the ledger is not writable"
@@ -336,6 +344,8 @@ class Gateway:
             self._outcomes[attempt.provider].append((now, attempt.outcome == "ok"))
         self.metrics.turn(result, now - started)
         self.console.observe(exchange.turn, result, now - started)
+        self.tracing.turn(result, started=started, ended=now, clock_now=now, request_id=exchange.request_id,
+                          families=self._families)
         if self.ledger is not None and result.ledger:
             await self.ledger.record(exchange.turn, result, client=exchange.client)
         served = result.served.label if result.served else "none"

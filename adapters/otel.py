@@ -1,0 +1,94 @@
+"""OpenTelemetry spans for turns and their attempts, when `relayline[otel]` is installed.
+
+One span per turn (`chat REQUESTED`) and one child per provider attempt (`chat MODEL`), with
+the GenAI semantic conventions' attributes (gen_ai.operation.name, gen_ai.provider.name,
+gen_ai.request.model, gen_ai.response.model, gen_ai.usage.*, error.type) and relayline's own
+(relayline.profile, relayline.outcome, relayline.cost_usd, ...). Spans are written when the
+turn ends, from its attempt records: an attempt's span runs from the end of the one before it
+(or the turn's start) to its own end, backoff waits included. Never an attribute with prompt or
+completion text, never a key. Without the opentelemetry API installed this is a no-op; without
+an SDK configured, the API's own no-op tracer makes it nearly free.
+"""
+
+from __future__ import annotations
+
+import time
+
+from relayline.machines.turn import TurnResult
+
+try:
+    from opentelemetry import trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError:  # the otel extra is not installed
+    trace = None
+
+INSTRUMENTATION = "relayline"
+
+
+class Tracing:
+    def __init__(self, tracer_provider=None) -> None:
+        self.tracer = trace.get_tracer(INSTRUMENTATION, tracer_provider=tracer_provider) if trace else None
+
+    def turn(self, result: TurnResult, *, started: float, ended: float, clock_now: float,
+             request_id: str | None = None, families: dict[str, str] | None = None) -> None:
+        """Record a finished turn. `started`, `ended` and the attempts' times are on the clock
+        whose current reading is `clock_now` (trio's): they are placed on the wall clock here."""
+        if self.tracer is None:
+            return
+        offset_ns = time.time_ns() - int(clock_now * 1e9)
+
+        def wall(t: float) -> int:
+            return offset_ns + int(t * 1e9)
+
+        families = families or {}
+        served = result.served
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": result.requested.split("/", 1)[-1],
+            "relayline.requested": result.requested,
+            "relayline.outcome": result.outcome,
+            "relayline.attempts": len(result.attempts),
+            "relayline.fallback": result.fallback,
+            "relayline.cost_usd": result.cost_usd,
+            "gen_ai.usage.input_tokens": sum(r.input_tokens for r in result.ledger),
+            "gen_ai.usage.output_tokens": sum(r.output_tokens for r in result.ledger),
+        }
+        if served is not None:
+            attributes |= {"gen_ai.response.model": served.model, "relayline.served": served.label,
+                           "gen_ai.provider.name": families.get(served.profile, "unknown")}
+        if request_id:
+            attributes["relayline.request_id"] = request_id
+        span = self.tracer.start_span(f"chat {attributes['gen_ai.request.model']}", kind=SpanKind.INTERNAL,
+                                      start_time=wall(started), attributes=attributes)
+        if result.outcome != "ok":
+            span.set_attribute("error.type", result.error or result.outcome)
+            span.set_status(Status(StatusCode.ERROR, result.error or result.outcome))
+        context = trace.set_span_in_context(span)
+        rows = list(result.ledger)
+        begin = started
+        for attempt in result.attempts:
+            usage = next((r for r in rows if (r.provider, r.model, r.outcome) ==
+                          (attempt.provider, attempt.model, attempt.outcome)), None)
+            if usage is not None:
+                rows.remove(usage)
+            child = {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": families.get(attempt.provider, "unknown"),
+                "gen_ai.request.model": attempt.model,
+                "relayline.profile": attempt.provider,
+                "relayline.mode": attempt.mode,
+                "relayline.outcome": attempt.outcome,
+                "relayline.try": attempt.try_number,
+            }
+            if usage is not None:
+                child |= {"gen_ai.usage.input_tokens": usage.input_tokens,
+                          "gen_ai.usage.output_tokens": usage.output_tokens, "relayline.cost_usd": usage.cost_usd}
+            end = max(attempt.at, begin)
+            attempt_span = self.tracer.start_span(f"chat {attempt.model}", context=context, kind=SpanKind.CLIENT,
+                                                  start_time=wall(begin), attributes=child)
+            if attempt.outcome != "ok":
+                attempt_span.set_attribute("error.type", attempt.outcome)
+                attempt_span.set_status(Status(StatusCode.ERROR, attempt.outcome))
+            attempt_span.end(end_time=wall(end))
+            begin = end
+        span.end(end_time=wall(max(ended, begin)))
