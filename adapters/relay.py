@@ -254,6 +254,7 @@ class Relay:
         library, the gateway and the simulator. Cancellation is recorded on the result and
         re-raised. `run_hook` sees the run before it starts (the result survives a cancellation)."""
         request = wire_request(messages, tools, params)
+        wire.check_model(model)  # it reaches headers, logs and the ledger: printable and bounded
         plan = self.plan(model=model, text=request.turn_text, operator_model=operator_model, gateway=gateway)
         if not self.config.gateway.drop_unsupported_params:
             # CONFIG.md "The wire": an entry that cannot honour the request is skipped, not sent

@@ -5,6 +5,7 @@ machine. This file measures the sans-I/O core:
 
 - spec engine: one trigger on the compiled table vs the same trigger on a transitions.Machine;
 - core turn: plan + walk + turn machine for a non-streaming success, vs a bare function call;
+- catalog plan: a turn's plan for a 4-channel catalog model vs the default domain's plan;
 - stream core: per-frame cost of the gate after commit for a 200-frame stream, vs a bare loop;
 - whole driver turn on the in-process sim upstream (trio), vs a bare trio checkpoint loop;
 - a fleet's shared state (bench/fleet.py): Redis health vs the memory store, PostgreSQL vs SQLite.
@@ -119,6 +120,18 @@ def bench_core_turn() -> dict:
     return {"core_turn_us": t_turn, "bare_call_us": t_bare}
 
 
+def bench_catalog_plan() -> dict:
+    """The chain is ordered once when the router is built; a turn only looks it up and prices it."""
+    channels = {f"c{i}": {"family": "sim", "models": {"llama": f"id{i}"},
+                          "prices": {"llama": {"input_per_mtok": 4.0 - i, "output_per_mtok": 1.0}}} for i in range(4)}
+    config = structure_config({"active": "c0", "providers": channels,
+                               "catalog": [{"model": "llama", "channels": list(channels), "max_hops": 3}]})
+    router = build_router(config, {})
+    t_catalog = per_call_us(lambda: plan_turn(router, model="llama"), 20000)
+    t_default = per_call_us(lambda: plan_turn(router, model="other"), 20000)
+    return {"catalog_plan_us": t_catalog, "default_plan_us": t_default}
+
+
 def bench_stream_frames(frames: int = 200) -> dict:
     router = build_router(CONFIG, {})
     health = InMemoryHealth(CONFIG.breaker)
@@ -220,6 +233,7 @@ def main() -> int:
         "machine": platform.machine(),
         "engine": bench_engine(),
         "core_turn": bench_core_turn(),
+        "catalog_plan": bench_catalog_plan(),
         "stream": bench_stream_frames(),
         "driver": bench_driver(),
         "http": http_benchmarks(quick),
@@ -231,6 +245,8 @@ def main() -> int:
          f"{e['transitions_4_triggers_us']:.2f} µs", f"{e['transitions_over_table']:.0f}x slower"),
         ("core turn (plan+walk+turn)", f"{c['core_turn_us']:.1f} µs", "bare call",
          f"{c['bare_call_us']:.3f} µs", "target <= 100 µs"),
+        ("plan, 3-hop catalog chain", f"{results['catalog_plan']['catalog_plan_us']:.1f} µs",
+         "plan, default domain (1 entry)", f"{results['catalog_plan']['default_plan_us']:.1f} µs", ""),
         ("gate per frame after commit", f"{s['per_frame_after_commit_us']:.2f} µs", "bare loop per frame",
          f"{s['bare_loop_per_frame_us']:.3f} µs", "target <= 5 µs"),
         ("library complete() on sim", f"{d['library_complete_turn_us']:.0f} µs", "trio checkpoint",

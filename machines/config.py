@@ -93,6 +93,7 @@ class Reliability:
     retry_after_max_ms: int = 30000
     rate_limit_cooldown_default_s: float = 10.0
     rate_limit_cooldown_max_s: float = 60.0
+    retry_after_wait_max_s: float = 0.0  # a 429 with a Retry-After at most this is waited out (0 = off)
     max_fallback_depth: int = 3
     client_errors: Literal["advance", "stop"] = "advance"
     context_window: Literal["return", "advance"] = "return"
@@ -367,7 +368,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
             problems.append(f"reliability.{name}: must not be negative")
     if r.provider_retries > 20:
         problems.append("reliability.provider_retries: at most 20")
-    for name in ("rate_limit_cooldown_default_s", "rate_limit_cooldown_max_s"):
+    for name in ("rate_limit_cooldown_default_s", "rate_limit_cooldown_max_s", "retry_after_wait_max_s"):
         if getattr(r, name) < 0:
             problems.append(f"reliability.{name}: must not be negative")
     b = cfg.breaker

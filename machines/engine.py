@@ -16,6 +16,7 @@ zero-argument method), in both the table and the transitions machine.
 
 from __future__ import annotations
 
+import itertools
 import tomllib
 from collections import deque
 from collections.abc import Iterable
@@ -25,7 +26,9 @@ from typing import Any
 import attrs
 
 from .errors import IllegalTransition, SpecError
-from .vocab import SPEC_VOCABULARY
+from .vocab import SPEC_VOCABULARY, FailureClass
+
+FAILURE_CLASSES = tuple(FailureClass)
 
 SPEC_NAMES = ("turn", "stream", "cancellation", "breaker", "walk")
 
@@ -60,6 +63,44 @@ class Invariant:
 
 
 @attrs.frozen
+class Decision:
+    """One row of a decision table: for these failure classes, when every `when` situation has
+    its value and not every `unless` one has, fire `then` (and let the model run `actions`)."""
+
+    failures: tuple[str, ...]
+    then: str
+    when: tuple[tuple[str, bool], ...] = ()
+    unless: tuple[tuple[str, bool], ...] = ()
+    wait: str | None = None
+    actions: tuple[str, ...] = ()
+    doc: str = ""
+
+    def matches(self, facts: dict[str, bool]) -> bool:
+        if not all(facts[name] == value for name, value in self.when):
+            return False
+        return not (self.unless and all(facts[name] == value for name, value in self.unless))
+
+
+@attrs.frozen
+class DecisionTable:
+    """A lifecycle's policy as data: which trigger a failure fires from `state`, by failure
+    class and situation. Validated complete and unambiguous: every class, under every combination
+    of the situations, is decided by exactly one row, so no row's position matters."""
+
+    state: str
+    situations: dict[str, str]
+    waits: dict[str, str]
+    actions: dict[str, str]
+    rows: tuple[Decision, ...]
+    # failure class -> (the situations its rows read, their values -> the deciding row)
+    index: dict[str, tuple[tuple[str, ...], dict[tuple[bool, ...], Decision]]] = attrs.field(factory=dict, eq=False)
+
+    def decide(self, failure: str, model: Any) -> Decision:
+        names, rows = self.index[failure]
+        return rows[tuple(_guard(model, name) for name in names)]
+
+
+@attrs.frozen
 class Spec:
     name: str
     source: str
@@ -70,6 +111,7 @@ class Spec:
     invariants: tuple[Invariant, ...]
     doc: str = ""
     recurrent: bool = False
+    decisions: DecisionTable | None = None
     # (state, trigger) -> candidate transitions, in declaration order
     table: dict[tuple[str, str], tuple[TransitionSpec, ...]] = attrs.field(factory=dict, eq=False)
     # (state, trigger) -> how often each candidate fired, summed over every Lifecycle of this spec
@@ -121,7 +163,8 @@ def parse_spec(text: str, source: str) -> Spec:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{source}: not valid TOML: {exc}") from None
-    known = {"name", "doc", "initial", "recurrent", "states", "transitions", "guards", "invariants"}
+    known = {"name", "doc", "initial", "recurrent", "states", "transitions", "guards", "invariants",
+             "decide", "situations", "waits", "actions", "decisions"}
     unknown = set(raw) - known
     if unknown:
         raise SpecError(f"{source}: unknown top-level keys {sorted(unknown)}")
@@ -176,9 +219,12 @@ def parse_spec(text: str, source: str) -> Spec:
         invariants=invariants,
         doc=str(raw.get("doc", "")),
         recurrent=bool(raw.get("recurrent", False)),
+        decisions=_parse_decisions(raw, source) if "decisions" in raw else None,
     )
     validate(spec)
     _check_vocabulary(spec)
+    if spec.decisions is not None:
+        _validate_decisions(spec, spec.decisions)
     table: dict[tuple[str, str], tuple[TransitionSpec, ...]] = {}
     for t in spec.transitions:
         for s in t.sources:
@@ -186,6 +232,83 @@ def parse_spec(text: str, source: str) -> Spec:
     spec.table.update(table)
     spec.fired.update((key, [0] * len(candidates)) for key, candidates in table.items())
     return spec
+
+
+def _situations(value: object, where: str, source: str) -> tuple[tuple[str, bool], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
+        raise SpecError(f"{source}: {where} must be a table of situation = true/false")
+    return tuple((str(k), v) for k, v in value.items())
+
+
+def _parse_decisions(raw: dict[str, Any], source: str) -> DecisionTable:
+    docs = {key: {str(k): str(v) for k, v in raw.get(key, {}).items()} for key in ("situations", "waits", "actions")}
+    rows = []
+    for i, body in enumerate(raw["decisions"]):
+        where = f"decisions[{i}]"
+        unknown = set(body) - {"failure", "when", "unless", "then", "wait", "actions", "doc"}
+        if unknown:
+            raise SpecError(f"{source}: {where} has unknown keys {sorted(unknown)}")
+        for key in ("failure", "then"):
+            if key not in body:
+                raise SpecError(f"{source}: {where} is missing {key!r}")
+        wait = body.get("wait")
+        rows.append(Decision(
+            failures=_as_tuple(body["failure"], f"{where}.failure", source),
+            then=str(body["then"]),
+            when=_situations(body.get("when"), f"{where}.when", source),
+            unless=_situations(body.get("unless"), f"{where}.unless", source),
+            wait=None if wait is None else str(wait),
+            actions=_as_tuple(body.get("actions"), f"{where}.actions", source),
+            doc=str(body.get("doc", "")),
+        ))
+    return DecisionTable(state=str(raw.get("decide", "")), situations=docs["situations"], waits=docs["waits"],
+                         actions=docs["actions"], rows=tuple(rows))
+
+
+def _validate_decisions(spec: Spec, table: DecisionTable) -> None:
+    """Every failure class, under every combination of the situations, decided exactly once;
+    every row reachable; names declared; each trigger one the deciding state accepts."""
+    src = spec.source
+    if table.state not in spec.states:
+        raise SpecError(f"{src}: decide names undeclared state {table.state!r}")
+    accepted = {t.trigger for t in spec.transitions if table.state in t.sources}
+    for i, row in enumerate(table.rows):
+        where = f"decisions[{i}]"
+        for failure in row.failures:
+            if failure not in FAILURE_CLASSES:
+                raise SpecError(f"{src}: {where} names unknown failure class {failure!r}")
+        for name, _ in row.when + row.unless:
+            if name not in table.situations:
+                raise SpecError(f"{src}: {where} uses undeclared situation {name!r}")
+        if row.then not in accepted:
+            raise SpecError(f"{src}: {where} fires {row.then!r}, which state {table.state!r} does not accept")
+        if row.wait is not None and row.wait not in table.waits:
+            raise SpecError(f"{src}: {where} uses undeclared wait {row.wait!r}")
+        for action in row.actions:
+            if action not in table.actions:
+                raise SpecError(f"{src}: {where} uses undeclared action {action!r}")
+    used = set()
+    for failure in FAILURE_CLASSES:
+        rows = [(i, r) for i, r in enumerate(table.rows) if failure in r.failures]
+        read = tuple(sorted({name for _, r in rows for name, _ in r.when + r.unless}))
+        decided: dict[tuple[bool, ...], Decision] = {}
+        for values in itertools.product((False, True), repeat=len(read)):
+            facts = dict(zip(read, values, strict=True))
+            hits = [(i, r) for i, r in rows if r.matches(facts)]
+            shown = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in facts.items()) or "always"
+            if not hits:
+                raise SpecError(f"{src}: failure '{failure}' is undecided when {shown}")
+            if len(hits) > 1:
+                raise SpecError(f"{src}: failure '{failure}' is decided twice when {shown}: "
+                                f"decisions[{hits[0][0]}] and decisions[{hits[1][0]}]")
+            used.add(hits[0][0])
+            decided[values] = hits[0][1]
+        table.index[failure] = (read, decided)
+    unused = sorted(set(range(len(table.rows))) - used)
+    if unused:
+        raise SpecError(f"{src}: decisions{unused} never decide anything")
 
 
 def _successors(spec: Spec, exclude: Iterable[str] = ()) -> dict[str, set[str]]:
@@ -329,9 +452,11 @@ def _passes(t: TransitionSpec, model: Any) -> bool:
 class Lifecycle:
     """The compiled form of a spec, for one model: a state, a table lookup per trigger.
 
-    `fire` returns True when a transition was taken, False when guards blocked every candidate
-    (the state is unchanged), and raises IllegalTransition for a trigger the spec does not accept
-    in the current state: that is a bug in the caller, never a provider's fault.
+    `fire` takes the one transition whose guards hold and returns True; it raises
+    IllegalTransition, leaving the state unchanged, for a trigger the spec does not accept in the
+    current state or when guards block every candidate. Either is a bug in the caller (it asked
+    for something the lifecycle forbids), never a provider's fault: the caller branches on the
+    state `fire` reached, so a guard can never be silently ignored.
     """
 
     __slots__ = ("spec", "state", "history")
@@ -356,7 +481,20 @@ class Lifecycle:
             self.history.append(t.dest)
             self.spec.fired[key][i] += 1
             return True
-        return False
+        raise IllegalTransition(
+            f"{self.spec.name}: no transition on {trigger!r} from state {self.state!r} is enabled "
+            "(every candidate's guards are blocked)"
+        )
+
+    def decide(self, failure: str, model: Any) -> Decision:
+        """Fire the trigger the spec's decision table gives for `failure` in the situations that
+        `model` reports (guards by name), and return the deciding row for its wait and actions."""
+        table = self.spec.decisions
+        if table is None or self.state != table.state:
+            raise IllegalTransition(f"{self.spec.name}: no decision is taken in state {self.state!r}")
+        decision = table.decide(failure, model)
+        self.fire(decision.then, model)
+        return decision
 
     @property
     def terminal(self) -> bool:

@@ -76,7 +76,6 @@ class WalkTrigger(StrEnum):
     SUCCEED = "succeed"
     BACKOFF = "backoff"
     TIMER = "timer"
-    ABANDON = "abandon"
     RETRY_NOW = "retry_now"
     ADVANCE = "advance"
     STOP = "stop"

@@ -13,16 +13,16 @@ the pool size; a forced probe (every candidate skipped) is one attempt.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import attrs
 
 from . import classify as fc
 from .config import Config
 from .engine import Lifecycle, load_spec
+from .errors import SpecError
 from .health import HealthStore
 from .plan import Plan, PlannedEntry
-from .vocab import BreakerState, ErrorReason, FailureClass, Mode, SkipReason, WalkTrigger
+from .vocab import BreakerState, ErrorReason, FailureClass, Mode, SkipReason, WalkState, WalkTrigger
 
 
 @attrs.frozen
@@ -127,8 +127,10 @@ def key_index(store: HealthStore, entry: PlannedEntry) -> int | None:
 
 
 class Walk:
-    """One pass over a plan's entries. Guards for the spec are not needed: the walk decides and
-    fires unguarded triggers; the spec constrains which decisions are possible at all."""
+    """One pass over a plan's entries, as specs/walk.toml declares it. What a failed attempt
+    leads to is the spec's decision table: this class only reports the situations the table
+    reads (properties named as in the spec), performs the actions and waits a row names, and
+    acts on the state the engine reached (`_enter`), never on a flag of its own."""
 
     def __init__(
         self,
@@ -151,10 +153,16 @@ class Walk:
         self.tries = 0
         self.backoff = self.rel.first_backoff_s
         self.attempted = False
-        self.forced = False
+        self.forced = False  # the forced probe: every candidate was skipped, one is tried once
         self.last_failure: FailureClass | None = None
+        self.failure: fc.Failure | None = None  # the failure being decided
+        self.now = 0.0  # the time of the result being decided (the situations read it)
 
     # -- helpers ------------------------------------------------------------------------------
+
+    @property
+    def entry(self) -> PlannedEntry:
+        return self.plan.entries[self.index]
 
     def budget(self, index: int) -> int:
         if self.forced:
@@ -162,6 +170,8 @@ class Walk:
         return self.budgets.get(index, self.rel.provider_retries + 1)
 
     def _eligible(self, index: int, now: float, *, record: bool) -> bool:
+        """The one meaning of "can serve now": not excluded, budget left, not refused, allowed,
+        able to honour the request, not cooling down or open (skips recorded when asked)."""
         entry = self.plan.entries[index]
         if index in self.exclude or self.budget(index) <= 0 or entry.profile in self.health.refused:
             return False
@@ -180,51 +190,142 @@ class Walk:
             return False
         return True
 
-    def other_candidate(self, now: float) -> bool:
-        """Is there an entry after the current one, of another profile, that could still serve?"""
-        current = self.plan.entries[self.index].profile
+    def _blocked_reason(self) -> SkipReason | None:
+        return None if self.forced else self.health.blocked(self.entry.profile, self.now)
+
+    def _stop_error(self, failure: fc.Failure) -> ErrorReason | None:
+        if failure.kind == fc.CONTEXT_WINDOW and self.rel.context_window == "return":
+            return ErrorReason.CONTEXT_WINDOW
+        if failure.kind == fc.REJECTED and self.rel.client_errors == "stop" and failure.status in (400, 413, 422):
+            return ErrorReason.CLIENT_ERROR
+        return None
+
+    def _decided(self) -> fc.Failure:
+        assert self.failure is not None, "no failure is being decided"
+        return self.failure
+
+    # -- situations (specs/walk.toml [situations] and [guards]) -------------------------------
+
+    @property
+    def stops(self) -> bool:
+        return self._stop_error(self._decided()) is not None
+
+    @property
+    def short_retry_after(self) -> bool:
+        wait, limit = self._decided().retry_after_s, self.rel.retry_after_wait_max_s
+        return limit > 0 and wait is not None and wait <= limit
+
+    @property
+    def keys_left(self) -> bool:
+        entry = self.entry
+        key = key_index(self.health.store, entry)
+        if key is None or self.index in self.budgets:
+            # where the turn set the budget (the semantic-empty recovery), an attempt it allows
+            # is used once, whatever the key
+            return False
+        return len(self.health.keys_429.get(entry.profile, ())) < len(entry.keys)
+
+    @property
+    def other_candidate(self) -> bool:
+        """An entry after the current one, of another profile, that could serve now."""
+        current = self.entry.profile
         return any(
-            self.plan.entries[j].profile != current and self._eligible(j, now, record=False)
+            self.plan.entries[j].profile != current and self._eligible(j, self.now, record=False)
             for j in range(self.index + 1, len(self.plan.entries))
         )
 
-    def _call(self, now: float) -> Call:
-        entry = self.plan.entries[self.index]
-        self.tries += 1
-        self.attempted = True
-        self.health.before_attempt(entry.profile, now, force=self.forced)
-        return Call(entry, self.mode_for(entry), key_index(self.health.store, entry), self.tries,
-                    self.budget(self.index), self.forced)
+    @property
+    def budget_left(self) -> bool:
+        return self.tries < self.budget(self.index)
 
-    def _finish(self, trigger: WalkTrigger, **kw: Any) -> WalkDone:
-        self.life.fire(trigger)
-        self.health.release_all()
-        return WalkDone(**kw)
+    @property
+    def blocked(self) -> bool:
+        return self._blocked_reason() is not None
 
-    def _exhausted(self) -> WalkDone:
-        if not self.attempted and self.plan.unfit and not any(
-                self.plan.serves(e.profile) for j, e in enumerate(self.plan.entries) if j not in self.exclude):
-            error = ErrorReason.UNSUPPORTED  # no entry can honour the request: the client's to change
-        elif not self.attempted:
-            error = ErrorReason.NO_CANDIDATE
-        elif self.last_failure == fc.EMPTY:
-            error = ErrorReason.SEMANTIC_EMPTY
+    # -- actions and waits a decision names (specs/walk.toml [actions], [waits]) --------------
+
+    def rotate_key(self) -> None:
+        entry = self.entry
+        key = key_index(self.health.store, entry)
+        assert key is not None
+        self.health.store.set_key_cursor(entry.profile, (key + 1) % len(entry.keys))
+        self.tries -= 1  # a rotation is not a retry: the pool size bounds it
+
+    def cool_down(self) -> None:
+        self._cool_down(self.entry.profile, self._decided(), self.now)
+
+    def skip(self) -> None:
+        reason = self._blocked_reason()
+        assert reason is not None
+        self.health.skip(self.entry, reason)
+
+    def _cool_down(self, profile: str, failure: fc.Failure, now: float) -> None:
+        wait = failure.retry_after_s
+        if wait is None:
+            wait = self.rel.rate_limit_cooldown_default_s
+        self.health.store.set_cooldown(profile, now + min(wait, self.rel.rate_limit_cooldown_max_s))
+
+    def _wait(self, kind: str) -> float:
+        retry_after = self._decided().retry_after_s
+        if kind == "retry_after" and retry_after is not None:
+            seconds = retry_after
+        elif kind == "retry_after_capped" and retry_after is not None:
+            seconds = max(min(retry_after, self.rel.retry_after_max_ms / 1000.0), self.backoff)
         else:
-            error = ErrorReason.EXHAUSTED
-        return self._finish(WalkTrigger.EXHAUST, ok=False, error=error)
+            seconds = self.backoff
+        self.backoff = min(self.backoff * 2, max(self.rel.backoff_max_ms / 1000.0, self.rel.first_backoff_s))
+        return seconds
 
     # -- the walk -----------------------------------------------------------------------------
 
-    def start(self, now: float) -> Call | WalkDone:
-        return self._choose(now)
+    def start(self, now: float) -> Call | Sleep | WalkDone:
+        self.now = now
+        return self._choose()
 
-    def _choose(self, now: float) -> Call | WalkDone:
-        for j in range(self.index + 1, len(self.plan.entries)):
-            if self._eligible(j, now, record=True):
-                self.index, self.tries, self.backoff = j, 0, self.rel.first_backoff_s
-                self.life.fire(WalkTrigger.CALL)
-                return self._call(now)
-        self.index = len(self.plan.entries)
+    def _enter(self, wait: float | None = None) -> Call | Sleep | WalkDone:
+        """Act on the state the lifecycle reached."""
+        state = self.life.state
+        if state == WalkState.CALLING:
+            return self._call()
+        if state == WalkState.BACKING_OFF:
+            return Sleep(self.backoff if wait is None else wait)
+        if state == WalkState.CHOOSING:
+            return self._choose()
+        self.health.release_all()
+        if state == WalkState.SUCCEEDED:
+            return WalkDone(ok=True, entry=self.entry if 0 <= self.index < len(self.plan.entries) else None)
+        if state == WalkState.CANCELLED:
+            return WalkDone(ok=False, error=ErrorReason.CANCELLED)
+        came_from = self.life.history[-2] if len(self.life.history) > 1 else None
+        if came_from == WalkState.CALLING and self.failure is not None:  # stopped by a decision
+            return WalkDone(ok=False, entry=self.entry, error=self._stop_error(self.failure) or ErrorReason.EXHAUSTED)
+        return WalkDone(ok=False, error=self._exhausted_reason())
+
+    def _call(self) -> Call:
+        entry = self.entry
+        self.tries += 1
+        self.attempted = True
+        self.health.before_attempt(entry.profile, self.now, force=self.forced)
+        return Call(entry, self.mode_for(entry), key_index(self.health.store, entry), self.tries,
+                    self.budget(self.index), self.forced)
+
+    def _exhausted_reason(self) -> ErrorReason:
+        if not self.attempted and self.plan.unfit and not any(
+                self.plan.serves(e.profile) for j, e in enumerate(self.plan.entries) if j not in self.exclude):
+            return ErrorReason.UNSUPPORTED  # no entry can honour the request: the client's to change
+        if not self.attempted:
+            return ErrorReason.NO_CANDIDATE
+        if self.last_failure == fc.EMPTY:
+            return ErrorReason.SEMANTIC_EMPTY
+        return ErrorReason.EXHAUSTED
+
+    def _choose(self) -> Call | Sleep | WalkDone:
+        if not self.forced:  # a forced probe is the walk's last attempt
+            for j in range(self.index + 1, len(self.plan.entries)):
+                if self._eligible(j, self.now, record=True):
+                    self.index, self.tries, self.backoff = j, 0, self.rel.first_backoff_s
+                    self.life.fire(WalkTrigger.CALL)
+                    return self._enter()
         if not self.attempted and not self.forced:
             # CONFIG.md: every entry was skipped for health before any attempt: probe the one
             # whose window ends soonest, once, rather than failing without trying
@@ -240,8 +341,10 @@ class Walk:
                 self.forced = True
                 self.index, self.tries = j, 0
                 self.life.fire(WalkTrigger.CALL)
-                return self._call(now)
-        return self._exhausted()
+                return self._enter()
+        self.index = len(self.plan.entries)
+        self.life.fire(WalkTrigger.EXHAUST)
+        return self._enter()
 
     def adopt(self, index: int, failure: fc.Failure, now: float) -> Call | Sleep | WalkDone:
         """Take a failed attempt made outside this walk (a stream) as this walk's own first
@@ -254,114 +357,78 @@ class Walk:
         """Apply the health effects of a failure made outside this walk (a stream the walk will
         skip), before the walk starts. Returns a finished walk when the failure ends the turn."""
         entry = self.plan.entries[index]
-        self.index = index
+        self.index, self.now = index, now
         try:
             self.health.failure(entry.profile, failure.kind, now)
-            if failure.kind == fc.RATE_LIMITED and self.other_candidate(now):
+            if failure.kind == fc.RATE_LIMITED and self.other_candidate:
                 self._cool_down(entry.profile, failure, now)
             stop = self._stop_error(failure)
         finally:
             self.index = -1
         if stop:
+            self.index, self.failure = index, failure
             self.life.fire(WalkTrigger.CALL)
-            return self._finish(WalkTrigger.STOP, ok=False, entry=entry, error=stop)
+            self.life.fire(WalkTrigger.STOP)
+            done = self._enter()
+            assert isinstance(done, WalkDone)
+            return done
         return None
-
-    def _stop_error(self, failure: fc.Failure) -> ErrorReason | None:
-        if failure.kind == fc.CONTEXT_WINDOW and self.rel.context_window == "return":
-            return ErrorReason.CONTEXT_WINDOW
-        if failure.kind == fc.REJECTED and self.rel.client_errors == "stop" and failure.status in (400, 413, 422):
-            return ErrorReason.CLIENT_ERROR
-        return None
-
-    def _cool_down(self, profile: str, failure: fc.Failure, now: float) -> None:
-        wait = failure.retry_after_s
-        if wait is None:
-            wait = self.rel.rate_limit_cooldown_default_s
-        self.health.store.set_cooldown(profile, now + min(wait, self.rel.rate_limit_cooldown_max_s))
 
     def on_result(self, failure: fc.Failure | None, now: float) -> Call | Sleep | WalkDone:
-        """The result of the pending call: None for a success, else its classified failure."""
-        entry = self.plan.entries[self.index]
-        profile = entry.profile
+        """The result of the pending call: None for a success, else its classified failure,
+        which the spec's decision table turns into the next trigger."""
+        self.now = now
+        entry = self.entry
         if failure is None:
-            self.health.success(profile, now)
-            return self._finish(WalkTrigger.SUCCEED, ok=True, entry=entry)
-        kind = failure.kind
-        self.last_failure = kind
-        self.health.failure(profile, kind, now)
-        budget = self.budget(self.index)
-        stop = self._stop_error(failure)
-        if stop:
-            return self._finish(WalkTrigger.STOP, ok=False, entry=entry, error=stop)
-        if kind in (fc.CONTEXT_WINDOW, fc.REJECTED, fc.QUOTA, fc.REFUSED):
-            return self._advance(now)
-        if kind == fc.RATE_LIMITED:
-            pool = len(entry.keys)
-            key = key_index(self.health.store, entry)
-            # a pool rotates to its next key at once, except where the turn set the budget (the
-            # semantic-empty recovery): an attempt it allows is used once, whatever the key
-            if pool > 1 and key is not None and self.index not in self.budgets:
-                drew = self.health.keys_429.setdefault(profile, set())
-                drew.add(key)
-                if len(drew) < pool:
-                    self.health.store.set_key_cursor(profile, (key + 1) % pool)
-                    self.tries -= 1  # a rotation is not a retry: the pool size bounds it
-                    self.life.fire(WalkTrigger.RETRY_NOW)
-                    return self._call(now)
-            if self.other_candidate(now) and not self.forced:
-                self._cool_down(profile, failure, now)
-                return self._advance(now)
-            if self.tries >= budget:
-                return self._advance(now)
-            wait = self.backoff
-            if failure.retry_after_s is not None:
-                wait = max(min(failure.retry_after_s, self.rel.retry_after_max_ms / 1000.0), self.backoff)
-            return self._sleep(wait, now)
-        if kind == fc.TIMEOUT and self.other_candidate(now):
-            return self._advance(now)  # a silent route is not retried while another can answer
-        # retryable, empty, and a timeout with no other candidate
-        if self.tries >= budget:
-            return self._advance(now)
-        return self._sleep(self.backoff, now)
+            self.health.success(entry.profile, now)
+            self.life.fire(WalkTrigger.SUCCEED)
+            return self._enter()
+        self.failure, self.last_failure = failure, failure.kind
+        self.health.failure(entry.profile, failure.kind, now)
+        key = key_index(self.health.store, entry)
+        if failure.kind == fc.RATE_LIMITED and key is not None and self.index not in self.budgets:
+            self.health.keys_429.setdefault(entry.profile, set()).add(key)
+        decision = self.life.decide(failure.kind, self)
+        for action in decision.actions:
+            ACTIONS[action](self)
+        return self._enter(None if decision.wait is None else self._wait(decision.wait))
 
-    def _sleep(self, seconds: float, now: float) -> Sleep | Call | WalkDone:
-        entry = self.plan.entries[self.index]
-        reason = None if self.forced else self.health.blocked(entry.profile, now)
-        if reason:
-            # this failure opened the profile's breaker: no retry is sent to it
-            self.health.skip(entry, reason)
-            return self._advance(now)
-        self.backoff = min(self.backoff * 2, max(self.rel.backoff_max_ms / 1000.0, self.rel.first_backoff_s))
-        self.life.fire(WalkTrigger.BACKOFF)
-        return Sleep(seconds)
-
-    def _advance(self, now: float) -> Call | WalkDone:
-        self.life.fire(WalkTrigger.ADVANCE)
-        if self.forced:
-            self.index = len(self.plan.entries)
-            return self._exhausted()
-        return self._choose(now)
-
-    def on_timer(self, now: float) -> Call | WalkDone:
-        entry = self.plan.entries[self.index]
-        reason = None if self.forced else self.health.blocked(entry.profile, now)
-        if reason:
-            # the breaker opened (this turn's failure may have been the last straw) or another
-            # turn put the profile on cooldown: a retry would send to a profile that is skipped
-            self.health.skip(entry, reason)
-            self.life.fire(WalkTrigger.ABANDON)
-            return self._choose(now)
-        self.life.fire(WalkTrigger.TIMER)
-        return self._call(now)
+    def on_timer(self, now: float) -> Call | Sleep | WalkDone:
+        """The wait ended: retry, unless the profile is skipped now (the breaker opened, this
+        turn's failure perhaps the last straw, or another turn put it on cooldown)."""
+        self.now = now
+        reason = self._blocked_reason()
+        self.life.fire(WalkTrigger.TIMER, self)
+        if self.life.state == WalkState.CHOOSING and reason is not None:
+            self.health.skip(self.entry, reason)
+        return self._enter()
 
     def on_committed(self) -> WalkDone:
         """A streamed attempt committed: the turn leaves the walk for good. The stream's own end
         (completed, interrupted) is what reaches the profile's health, and any probe stays held."""
         self.life.fire(WalkTrigger.SUCCEED)
-        return WalkDone(ok=True, entry=self.plan.entries[self.index])
+        return WalkDone(ok=True, entry=self.entry)
 
     def cancel(self) -> None:
         if not self.life.terminal:
             self.life.fire(WalkTrigger.CANCEL)
         self.health.release_all()
+
+
+# the actions specs/walk.toml may name, checked against its [actions] when this module loads
+ACTIONS: dict[str, Callable[[Walk], None]] = {
+    "rotate_key": Walk.rotate_key,
+    "cool_down": Walk.cool_down,
+    "skip": Walk.skip,
+}
+WAITS = ("backoff", "retry_after", "retry_after_capped")
+
+
+def _check_policy() -> None:
+    table = load_spec("walk").decisions
+    if table is None or set(table.actions) != set(ACTIONS) or set(table.waits) != set(WAITS):
+        raise SpecError("specs/walk.toml: its [actions] and [waits] must be exactly what machines/walk.py "
+                        f"performs: actions {sorted(ACTIONS)}, waits {sorted(WAITS)}")
+
+
+_check_policy()

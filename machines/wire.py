@@ -16,7 +16,7 @@ rules as the config (a string is not a number) for embedders who build requests 
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, NoReturn
 
 import attrs
@@ -173,6 +173,17 @@ class Request:
             body["messages"] = [*body.get("messages", ()), {"role": "assistant", "content": text}]
             passthrough = attrs.evolve(passthrough, body=body)
         return attrs.evolve(self, messages=messages, passthrough=passthrough)
+
+
+# values that say nothing: a client that sends them asked for nothing another family must honour
+# (the official SDKs echo `refusal: null`, `annotations: []`, `citations: null` back in history)
+NEUTRAL: dict[str, object] = {"presence_penalty": 0, "frequency_penalty": 0, "logprobs": False, "store": False}
+
+
+def extras(fields: Mapping[str, Any], known: Collection[str]) -> list[str]:
+    """The names of `fields` outside `known` that carry something (not null, empty or neutral)."""
+    return [k for k, v in fields.items()
+            if k not in known and v is not None and v != [] and v != {} and not (k in NEUTRAL and v == NEUTRAL[k])]
 
 
 def unsupported(request: Request, family: str, capabilities: Capabilities) -> tuple[str, ...]:

@@ -194,7 +194,7 @@ def test_chain_properties(prices, order, max_hops, per_model):
 # -- the gateway ----------------------------------------------------------------------------------
 
 
-def test_gateway_lists_catalog_models_and_serves_the_chain():
+def test_gateway_lists_catalog_models_and_serves_the_chain(tmp_path):
     import httpx
     import openai
 
@@ -214,11 +214,18 @@ def test_gateway_lists_catalog_models_and_serves_the_chain():
     }
     replies = [{"provider": "sim.together", "model": "meta-llama/Llama-3.3-70B-Instruct-Turbo",
                 "script": [{"text": "from together"}]}]
-    with BackgroundGateway(raw, replies) as gw:
+    with BackgroundGateway(raw, replies, ledger_path=str(tmp_path / "ledger.sqlite3")) as gw:
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, timeout=20)
         ids = [m.id for m in client.models.list()]
         answer = client.chat.completions.with_raw_response.create(model=LLAMA, messages=[{"role": "user", "content": "hi"}])
         plan_json = httpx.get(f"{gw.url}/admin/plan", params={"model": LLAMA}).json()
+        upstream = [seen.body["model"] for seen in gw.sim.server.seen]
+        rows = gw.gateway.ledger.rows()
+    # the channel's own id went over the wire, and the ledger billed its price for the model
+    assert upstream == ["meta-llama/Llama-3.3-70B-Instruct-Turbo"]
+    assert [(r["provider"], r["model"], r["accepted"]) for r in rows] == [
+        ("sim.together", "meta-llama/Llama-3.3-70B-Instruct-Turbo", 1)]
+    assert rows[0]["cost_usd"] == pytest.approx((10 * 0.1 + 2 * 0.2) / 1e6)
     assert ids[:2] == ["fast", LLAMA] and "llama-3.3-70b-versatile" in ids
     completion = answer.parse()
     assert completion.choices[0].message.content == "from together"

@@ -85,3 +85,11 @@ def test_config_is_frozen():
     assert isinstance(cfg, Config)
     with pytest.raises(AttributeError):
         cfg.active = "b"
+
+
+def test_retry_after_wait_max_s_is_off_by_default_and_not_negative():
+    cfg = structure_config({"active": "a", "providers": {"a": {"family": "sim"}}})
+    assert cfg.reliability.retry_after_wait_max_s == 0
+    with pytest.raises(ConfigError, match=r"reliability.retry_after_wait_max_s: must not be negative"):
+        structure_config({"active": "a", "providers": {"a": {"family": "sim"}},
+                          "reliability": {"retry_after_wait_max_s": -1}})

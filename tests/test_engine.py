@@ -96,7 +96,8 @@ def _guard_names(spec):
 @given(data=st.data())
 def test_table_and_transitions_agree(name, data):
     """Random events on each spec: the compiled table and the transitions machine take the same
-    states, never leave the declared states, and a rejected event leaves the state unchanged."""
+    states, never leave the declared states, and a refused event (undeclared, or every guard
+    blocked) raises and leaves the state unchanged."""
     spec = load_spec(name)
     guards = _guard_names(spec)
     life = spec.start()
@@ -109,16 +110,18 @@ def test_table_and_transitions_agree(name, data):
         model = Facts(facts)
         before = life.state
         try:
-            taken = life.fire(trigger, model)
+            life.fire(trigger, model)
         except IllegalTransition:
+            # undeclared here (transitions raises too), or every guard blocked (transitions
+            # declines quietly; the table refuses loudly): either way the state stays
             assert life.state == before
-            with pytest.raises(MachineError):
-                reference.trigger(trigger)
+            try:
+                assert reference.trigger(trigger) is False
+            except MachineError:
+                pass
+            assert reference.state == before
             continue
-        ref_taken = reference.trigger(trigger)
-        assert taken == ref_taken
-        if not taken:
-            assert life.state == before
+        assert reference.trigger(trigger) is True
         assert life.state == reference.state
         assert life.state in spec.states
 
@@ -148,3 +151,55 @@ def test_a_shipped_spec_and_its_vocabulary_must_agree():
         parse_spec(text.replace("held", "waiting"), "specs/stream.toml")
     with pytest.raises(SpecError, match=r"differs from vocab.StreamTrigger: missing \['headers'\]"):
         parse_spec(text.replace('"headers"', '"hdrs"'), "specs/stream.toml")
+
+
+def _walk_text():
+    from importlib import resources
+
+    return resources.files("relayline.specs").joinpath("walk.toml").read_text()
+
+
+TIMEOUT_ADVANCES = '''[[decisions]]
+failure = "timeout"
+when = { other_candidate = true }
+then = "advance"
+doc = "A silent route is not retried while another can answer."
+'''
+BROKEN_TABLES = {
+    # a row removed: timeout with another candidate is decided by nothing
+    "undecided": (lambda t: t.replace(TIMEOUT_ADVANCES, ""),
+                  r"failure 'timeout' is undecided when blocked=no, budget_left=no, other_candidate=yes"),
+    # a row duplicated with another outcome: two rows decide one case
+    "decided twice": (lambda t: t + TIMEOUT_ADVANCES.replace('"advance"', '"stop"'),
+                      r"failure 'timeout' is decided twice when .*other_candidate=yes: decisions\[6\] and decisions\[16\]"),
+    "trigger the state does not accept": (lambda t: t.replace(TIMEOUT_ADVANCES, TIMEOUT_ADVANCES.replace('"advance"', '"exhaust"')),
+                                          r"decisions\[6\] fires 'exhaust', which state 'calling' does not accept"),
+    "undeclared situation": (lambda t: t.replace("{ other_candidate = true }\nthen", "{ sunny = true }\nthen"),
+                             r"decisions\[6\] uses undeclared situation 'sunny'"),
+    "unknown failure class": (lambda t: t.replace('failure = "timeout"\nwhen = { other_candidate = true }', 'failure = "tired"\nwhen = { other_candidate = true }'),
+                              r"decisions\[6\] names unknown failure class 'tired'"),
+    "a row that decides nothing": (lambda t: t + '[[decisions]]\nfailure = "quota"\nwhen = { stops = true }\nunless = { stops = true }\nthen = "advance"\n',
+                                   r"failure 'quota' is decided twice|never decide anything"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_TABLES))
+def test_a_broken_decision_table_fails_naming_the_case(case):
+    """walk.toml's policy is validated complete and unambiguous at load: a gap, an overlap, a
+    trigger `calling` does not accept, an unknown name each fail naming the case."""
+    edit, message = BROKEN_TABLES[case]
+    text = edit(_walk_text())
+    assert text != _walk_text()
+    with pytest.raises(SpecError, match=message):
+        parse_spec(text, "specs/walk.toml")
+
+
+def test_the_walk_table_decides_every_class_in_every_situation():
+    table = load_spec("walk").decisions
+    assert table is not None and table.state == "calling"
+    from relayline.machines.vocab import FailureClass
+
+    for failure in FailureClass:
+        names, rows = table.index[failure]
+        assert len(rows) == 2 ** len(names)  # every combination of what its rows read
+    assert {r.then for r in table.rows} == {"stop", "advance", "backoff", "retry_now"}

@@ -195,6 +195,24 @@ def test_same_family_passes_unknown_fields_and_client_headers(gw, upstream, stre
     assert seen.headers["authorization"] == "Bearer sk-upstream-openai" and seen.headers["x-team"] == "core"
 
 
+def test_sdk_objects_echoed_into_history_cross_families(gw, upstream):
+    """The SDKs' own reply objects, appended to the history as they are (refusal: null,
+    annotations: [], citations: null...), say nothing another family must honour."""
+    upstream.answer = Answer(text="", tool_calls=(TOOL,))
+    first = openai_call(gw, False, model="anthropic", messages=[{"role": "user", "content": "weather?"}])
+    history = [{"role": "user", "content": "weather?"}, first.choices[0].message.model_dump(),
+               {"role": "tool", "tool_call_id": "call_UP1", "content": "sunny"}]
+    upstream.answer = Answer(text="Sunny.")
+    assert openai_call(gw, False, model="anthropic", messages=history).choices[0].message.content == "Sunny."
+    sent = upstream.seen[-1].body["messages"]
+    assert sent[1]["content"] == [{"type": "tool_use", "id": "call_UP1", "name": "get_weather", "input": {"city": "Paris"}}]
+    upstream.answer = Answer(text="Cited.")
+    message = anthropic_call(gw, False, model="openai")
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [b.model_dump() for b in message.content]},
+               {"role": "user", "content": "more"}]
+    assert anthropic_call(gw, False, model="openai", messages=history).content[0].text == "Cited."
+
+
 @pytest.mark.parametrize("fields,named", [
     ({"seed": 7}, "seed"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
@@ -469,7 +487,7 @@ def test_anthropic_body_errors_have_the_anthropic_shape(gw):
 def test_drop_unsupported_params_drops_and_names_them():
     with RecordingUpstream() as upstream:
         config = {"active": "anthropic.up", "gateway": {"drop_unsupported_params": True},
-                  "providers": {"anthropic.up": {"family": "anthropic", "base_url": upstream.url, "api_key": "k",
+                  "providers": {"anthropic.up": {"family": "anthropic", "base_url": upstream.url, "api_key": "sk-wire-test-0002",
                                                  "model": "claude-up"}}}
         with BackgroundGateway(config) as gw:
             raw = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.with_raw_response
@@ -490,7 +508,7 @@ active = "anthropic.up"
 [providers."anthropic.up"]
 family = "anthropic"
 base_url = "{url}"
-api_key = "k"
+api_key = "sk-wire-test-0001"
 model = "claude-up"
 """
         async with Relay.from_toml(toml, env={}) as relay:

@@ -54,7 +54,7 @@ backoff_ms = 50
 family = "{family}"
 base_url = "{base}"
 model = "model-x"
-api_key = "k"
+api_key = "sk-wire-test-0001"
 fallbacks = ["sim.b"]
 price = {{ input_per_mtok = 1.0, output_per_mtok = 2.0 }}
 [providers."sim.b"]

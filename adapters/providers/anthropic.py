@@ -64,12 +64,14 @@ def _source(raw, param: str) -> dict:
 def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.Message | None:
     raw = w.want_dict(raw, param)
     kind = w.want_str(raw.get("type"), w.path(param, "type"))
-    extra = tuple(k for k in raw if k not in ("type", "text", "source", "id", "name", "input", "tool_use_id",
-                                              "content", "is_error"))
+    extra = tuple(w.extras(raw, ("type", "text", "source", "id", "name", "input", "tool_use_id", "content",
+                                 "is_error")))
     if kind == "text":
         return w.Part(w.TEXT, w.want_str(raw.get("text"), w.path(param, "text")), extra=extra)
     if kind in ("image", "document"):
         return w.Part(w.IMAGE if kind == "image" else w.DOCUMENT, extra=extra, **_source(raw, param))
+    if kind in ("tool_use", "tool_result"):
+        extra_names.extend(extra)  # cache_control on a tool block: this family's own
     if kind == "tool_use":
         arguments = raw.get("input", {})
         return w.ToolCall(w.want_str(raw.get("id"), w.path(param, "id")), w.want_str(raw.get("name"), w.path(param, "name")),
@@ -128,7 +130,7 @@ def _tool(raw, param: str, extra_names: list[str]) -> w.Tool | None:
     if raw.get("type") not in (None, "custom"):
         extra_names.append(f"tools.{w.want_str(raw['type'], w.path(param, 'type'))}")  # server tools
         return None
-    extra_names.extend(f"tools.{k}" for k in raw if k not in ("type", "name", "description", "input_schema"))
+    extra_names.extend(f"tools.{k}" for k in w.extras(raw, ("type", "name", "description", "input_schema")))
     schema = w.optional(raw, "input_schema", w.want_dict, param)
     return w.Tool(w.want_str(raw.get("name"), w.path(param, "name")),
                   w.optional(raw, "description", w.want_str, param) or "",
@@ -173,8 +175,8 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
     tools = [_tool(t, w.path("tools", i), extra_names) for i, t in enumerate(w.optional(body, "tools", w.want_list) or ())]
     choice, parallel = _tool_choice(body.get("tool_choice"))
     metadata = w.optional(body, "metadata", w.want_dict) or {}
-    extra_names.extend(f"metadata.{k}" for k in metadata if k != "user_id")
-    extra = {k: v for k, v in body.items() if k not in KNOWN}
+    extra_names.extend(f"metadata.{k}" for k in w.extras(metadata, ("user_id",)))
+    extra = {k: body[k] for k in w.extras(body, KNOWN)}
     extra.update({name: None for name in extra_names})
     return w.Request(
         messages=(*_system(body.get("system")), *parsed),

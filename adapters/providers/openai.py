@@ -61,7 +61,7 @@ def _part(raw, param: str, extra_names: list[str]) -> w.Part:
         return w.Part(w.TEXT, raw)
     raw = w.want_dict(raw, param)
     kind = w.want_str(raw.get("type"), w.path(param, "type"))
-    extra = tuple(k for k in raw if k not in ("type", "text", "image_url", "file"))
+    extra = tuple(w.extras(raw, ("type", "text", "image_url", "file")))
     if kind in ("text", "input_text"):
         return w.Part(w.TEXT, w.want_str(raw.get("text"), w.path(param, "text")), extra=extra)
     if kind == "image_url":
@@ -108,7 +108,7 @@ def _message(raw, param: str, extra_names: list[str]) -> w.Message:
     role = w.want_str(raw.get("role"), w.path(param, "role"))
     content = raw.get("content")
     where = w.path(param, "content")
-    extra_names.extend(f"messages.{k}" for k in raw if k not in ("role", "content", "tool_calls", "tool_call_id"))
+    extra_names.extend(f"messages.{k}" for k in w.extras(raw, ("role", "content", "tool_calls", "tool_call_id")))
     if role in ("system", "developer"):
         return w.Message(w.SYSTEM, _content(content, where, extra_names, nullable=False))
     if role == "user":
@@ -173,7 +173,7 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
     options = w.optional(body, "stream_options", w.want_dict) or {}
     effort = w.optional(body, "reasoning_effort", w.want_str)
     max_tokens = w.optional(body, "max_completion_tokens", w.want_int, "", 1)
-    extra = {k: v for k, v in body.items() if k not in KNOWN}
+    extra = {k: body[k] for k in w.extras(body, KNOWN)}
     extra.update({name: None for name in extra_names})
     return w.Request(
         messages=parsed,
