@@ -131,7 +131,8 @@ def test_each_taken_transition_is_counted_on_its_edge():
     spec = parse_spec(guarded, "guarded.toml")
     model = type("Model", (), {"ok": False})()
     life = spec.start()
-    assert life.fire("go", model) is False  # blocked by its guard: nothing taken, nothing counted
+    with pytest.raises(IllegalTransition):  # blocked by its guard: nothing taken, nothing counted
+        life.fire("go", model)
     assert set(spec.fired_counts().values()) == {0}
     model.ok = True
     life.fire("go", model)
