@@ -138,8 +138,28 @@ def cmd_serve(args) -> int:
     import trio
 
     from .gateway import Gateway, run_until_signalled
+    from .gateway.reload import Reloader
     from .relay import Relay
 
+    if args.workers > 1:
+        from .gateway.workers import supervise
+
+        if not args.config:
+            print("error: --workers needs --config (every worker loads the same file)", file=sys.stderr)
+            return 2
+        try:
+            config = _load_config_file(args.config)
+            build_router(config, os.environ)  # a config that cannot serve fails here, not in N workers
+        except ConfigError as exc:
+            for problem in exc.problems:
+                print(f"error: {problem}", file=sys.stderr)
+            return 2
+        try:
+            return supervise(args.config, config, host=args.host, port=args.port, workers=args.workers,
+                             worker_args=("--log-level", args.log_level, "--log-format", args.log_format))
+        except OSError as exc:
+            print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
     try:
         if args.config:
             relay = Relay(_load_config_file(args.config))
@@ -153,12 +173,15 @@ def cmd_serve(args) -> int:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
+    if args.config:
+        gateway.reloader = Reloader(gateway, args.config)  # SIGHUP and POST /admin/reload
 
     def listening(binds: list[str]) -> None:
-        print(f"relayline gateway listening on {', '.join(binds)}", file=sys.stderr)
+        print(f"relayline gateway listening on {', '.join(binds)}", file=sys.stderr, flush=True)
 
     try:
-        trio.run(partial(run_until_signalled, gateway, host=args.host, port=args.port, on_listening=listening))
+        trio.run(partial(run_until_signalled, gateway, host=args.host, port=args.port, fd=args.listen_fd,
+                         on_listening=listening))
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
@@ -236,6 +259,16 @@ def _port(text: str) -> int:
     return port
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, got {text!r}")
+    return n
+
+
 def _version() -> str:
     try:
         return metadata.version("relayline")
@@ -285,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="a relayline config (default: the built-in demo config on sim upstreams)")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     p.add_argument("--port", type=_port, default=8080, help="the port to listen on (0: any free port)")
+    p.add_argument("--workers", type=_positive, default=1,
+                   help="worker processes on the one port (they share health only with [health] store = redis://)")
+    p.add_argument("--listen-fd", dest="listen_fd", type=int, help=argparse.SUPPRESS)  # a worker's inherited socket
     p.add_argument("--log-level", dest="log_level", choices=LEVELS, default="info",
                    help="the least severe records logged (info: one access line per request)")
     p.add_argument("--log-format", dest="log_format", choices=["text", "json"], default="text",

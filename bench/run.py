@@ -8,6 +8,7 @@ machine. This file measures the sans-I/O core:
 - catalog plan: a turn's plan for a 4-channel catalog model vs the default domain's plan;
 - stream core: per-frame cost of the gate after commit for a 200-frame stream, vs a bare loop;
 - whole driver turn on the in-process sim upstream (trio), vs a bare trio checkpoint loop;
+- the library from asyncio, synchronous code and a trio guest run, beside trio (bench/hosts.py);
 - a fleet's shared state (bench/fleet.py): Redis health vs the memory store, PostgreSQL vs SQLite.
 
 Results: a table on stdout and bench/results/<date>.json.
@@ -28,6 +29,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fleet  # noqa: E402  (bench/fleet.py: the shared store and ledger beside one process)
+from hosts import bench_hosts, print_hosts  # noqa: E402  (bench/hosts.py: the library from each host)
 
 from relayline.adapters import Relay
 from relayline.machines.config import structure_config
@@ -236,6 +238,7 @@ def main() -> int:
         "catalog_plan": bench_catalog_plan(),
         "stream": bench_stream_frames(),
         "driver": bench_driver(),
+        "hosts": bench_hosts(quick),
         "http": http_benchmarks(quick),
         "fleet": fleet.run(),
     }
@@ -255,6 +258,7 @@ def main() -> int:
     print(f"{'measure':<30} {'relayline':>12}   {'baseline':<30} {'value':>10}   note")
     for name, value, base_name, base_value, note in rows:
         print(f"{name:<30} {value:>12}   {base_name:<30} {base_value:>10}   {note}")
+    print_hosts(results["hosts"])
     print_http(results["http"])
     fleet.report(results["fleet"])
     out = Path(__file__).parent / "results"

@@ -145,3 +145,14 @@ class InMemoryHealth:
 
     def set_key_cursor(self, profile: str, index: int) -> None:
         self._keys[profile] = index
+
+    def reconfigure(self, config: BreakerConfig, profiles: Iterable[str]) -> None:
+        """A configuration reload: the profiles that remain keep their health (breaker state,
+        failures, cooldown, key cursor) under the new breaker settings; the others are forgotten."""
+        keep = set(profiles)
+        self.breaker_config = config
+        for table in (self._breakers, self._cooldowns, self._keys):
+            for profile in [p for p in table if p not in keep]:
+                del table[profile]
+        for breaker in self._breakers.values():
+            breaker.config = config

@@ -48,7 +48,7 @@ from ..stores.ledger import DEFAULT_PATH, LedgerStore, open_ledger
 from .auth import Access, KeyRing, bearer, is_loopback, load_access
 from .console import Console
 from .dialects import ANTHROPIC, OPENAI
-from .metrics import CONTENT_TYPE, Metrics
+from .metrics import CONTENT_TYPE, Metrics, configured_models
 
 log = logging.getLogger("relayline.gateway")
 access_log = logging.getLogger("relayline.access")
@@ -97,7 +97,7 @@ def request_id(headers: dict[bytes, bytes]) -> str:
 
 class Gateway:
     ROUTES = frozenset({"/v1/chat/completions", "/v1/messages", "/v1/models", "/admin/plan", "/admin/health",
-                        "/metrics", "/healthz", "/readyz"})
+                        "/admin/reload", "/metrics", "/healthz", "/readyz"})
 
     def __init__(self, relay: Relay, *, api_keys: set[str] | None = None, ledger: LedgerStore | None = None,
                  access: Access | None = None) -> None:
@@ -125,7 +125,23 @@ class Gateway:
         self._cut = False  # the drain ran out of time: a turn that starts now is cancelled at once
         self._idle = trio.Event()
         self._idle.set()
+        self.reloader = None  # a Reloader (gateway/reload.py) when serving from a config file
+        self._turns_of: dict[Relay, int] = {}  # turns in flight per relay (a reload retires one)
         self.console = Console(self)
+
+    async def swap(self, relay: Relay, env=None) -> None:
+        """A reload: new turns use `relay`; turns in flight finish on the one they started with,
+        which is closed when its last turn ends."""
+        env = os.environ if env is None else env
+        access = load_access(relay.config, env)  # a key variable now unset fails the reload, not the gateway
+        old, self.relay = self.relay, relay
+        self.access = access
+        self.settings = relay.config.gateway
+        self.max_body = self.settings.max_body_bytes
+        self.metrics.providers = frozenset(relay.config.providers)
+        self.metrics.models = configured_models(relay.config)
+        if old is not relay and not self._turns_of.get(old):
+            await old.aclose()
 
     @classmethod
     def from_relay_config(cls, relay: Relay, env=None) -> Gateway:
@@ -189,6 +205,8 @@ class Gateway:
                 await self._json(send, 200, plan.as_json())
             elif path == "/admin/health" and method == "GET":
                 await self._json(send, 200, self.health())
+            elif path == "/admin/reload" and method == "POST":
+                await self._reload(send)
             elif path == "/admin/" or path.startswith("/admin/console/"):
                 await self.console.handle(scope, receive, send)
             else:
@@ -204,6 +222,16 @@ class Gateway:
             await self._json(send, 200, self._models())
         else:
             await self._not_found(send, method, path)
+
+    async def _reload(self, send) -> None:
+        """POST /admin/reload: 200 with the profiles now served, or 422 listing the problems of a
+        file that was refused (nothing changed)."""
+        if self.reloader is None:
+            await self._respond(send, 409, OPENAI.http_error(409, "this gateway serves no config file to reload",
+                                                            "no_config_file"))
+            return
+        report = await self.reloader.reload()
+        await self._json(send, 200 if report.ok else 422, report.as_json())
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -268,7 +296,8 @@ class Gateway:
         await self._json(send, 200 if ready else 503, body)
 
     async def _store_ready(self) -> str | None:
-        return None if self.relay.health.reachable else "the shared health store does not answer"
+        health = self.relay.health
+        return None if health.reachable else f"the shared health store at {health.where} does not answer"
 
     async def _ledger_ready(self) -> str | None:
         writable = await trio.to_thread.run_sync(self.ledger.writable)
@@ -503,17 +532,25 @@ class Gateway:
             if self._cut:
                 self._cancelled_by_drain.add(turn_scope)
                 turn_scope.cancel()
+            relay = self.relay  # the turn runs on this one to its end, whatever a reload does
+            self._turns_of[relay] = self._turns_of.get(relay, 0) + 1
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._watch_disconnect, receive, turn_scope)
                     for task in tasks:
                         nursery.start_soon(task)
                     try:
-                        await self.relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
+                        await relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
                     finally:
                         nursery.cancel_scope.cancel()
             finally:
                 self._turns.discard(turn_scope)
+                self._turns_of[relay] -= 1
+                if not self._turns_of[relay]:
+                    del self._turns_of[relay]
+                    if relay is not self.relay:  # retired by a reload: its last turn ended
+                        with trio.CancelScope(shield=True):
+                            await relay.aclose()
         exchange.drained = turn_scope in self._cancelled_by_drain
         self._cancelled_by_drain.discard(turn_scope)
         result = runs[0].result if runs else None

@@ -159,7 +159,6 @@ class Console:
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.relay = gateway.relay
         self.turns: deque[TurnView] = deque(maxlen=RECENT_TURNS)
         self._seq = 0
         # per profile: (ended on the trio clock, ok, latency ms) of attempts, pruned to the window
@@ -169,6 +168,10 @@ class Console:
         self._changed = trio.Event()
         self._streams = 0
         self._static: dict[str, bytes] = {}
+
+    @property
+    def relay(self):
+        return self.gateway.relay  # a reload swaps it: the console shows the one serving now
 
     # -- what the gateway tells it ----------------------------------------------------------
 

@@ -29,10 +29,13 @@ log = logging.getLogger("relayline.gateway")
 CANCEL_GRACE_S = 5.0  # after the drain cancels the last turns: time to write their endings
 
 
-def hypercorn_config(gateway: Gateway, host: str, port: int) -> HypercornConfig:
+def hypercorn_config(gateway: Gateway, host: str, port: int, fd: int | None = None) -> HypercornConfig:
     settings = gateway.settings
     config = HypercornConfig()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    if fd is not None:
+        config.bind = [f"fd://{fd}"]  # a worker of `serve --workers`: the supervisor's listening socket
+    else:
+        config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None  # the gateway writes its own access line (relayline.access)
     config.errorlog = logging.getLogger("hypercorn.error")
     # hypercorn's one idle timer: an idle keep-alive connection, or a request head still arriving
@@ -43,9 +46,9 @@ def hypercorn_config(gateway: Gateway, host: str, port: int) -> HypercornConfig:
     return config
 
 
-def bind(gateway: Gateway, host: str, port: int) -> tuple[HypercornConfig, Sockets]:
+def bind(gateway: Gateway, host: str, port: int, fd: int | None = None) -> tuple[HypercornConfig, Sockets]:
     """The listening sockets, made before anything runs: a port in use is a plain OSError."""
-    config = hypercorn_config(gateway, host, port)
+    config = hypercorn_config(gateway, host, port, fd)
     sockets = config.create_sockets()
     for sock in (*sockets.secure_sockets, *sockets.insecure_sockets):
         sock.listen(config.backlog)
@@ -72,18 +75,24 @@ async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080, 
         task_status.started(binds)
 
 
-async def run_until_signalled(gateway: Gateway, *, host: str, port: int,
+async def run_until_signalled(gateway: Gateway, *, host: str, port: int, fd: int | None = None,
                               on_listening: Callable[[list[str]], None] = lambda binds: None) -> None:
     """The `relayline serve` process: serve, drain on SIGTERM/SIGINT, cut the drain short on a
-    second signal, return when every connection is done."""
-    bound = bind(gateway, host, port)
+    second signal, return when every connection is done. SIGHUP reloads the config file
+    (gateway/reload.py)."""
+    bound = bind(gateway, host, port, fd)
     stop = trio.Event()
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
                 async for signum in signals:
-                    if not stop.is_set():
+                    if signum == signal.SIGHUP:
+                        if gateway.reloader is not None:
+                            nursery.start_soon(gateway.reloader.reload)
+                        else:
+                            log.warning("reload_ignored reason=no_config_file")
+                    elif not stop.is_set():
                         log.warning("draining signal=%s in_flight=%d drain_s=%g", signal.Signals(signum).name,
                                     gateway.in_flight, gateway.settings.drain_s)
                         stop.set()

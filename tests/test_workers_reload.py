@@ -1,0 +1,178 @@
+"""`relayline serve --workers N` and live reload (SIGHUP, POST /admin/reload), end to end over real
+loopback sockets, with the PostgreSQL ledger and the Redis health store where a fleet needs them."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import trio
+from fleet import ServeProcess, Upstream, fleet_config
+
+from relayline.adapters import Relay
+from relayline.adapters.gateway import Gateway
+from relayline.adapters.gateway.reload import Reloader
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def upstream():
+    with Upstream() as up:
+        yield up
+
+
+@pytest.fixture
+def pg_url(postgres_server):
+    import psycopg
+
+    name = f"w{time.monotonic_ns()}"
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return postgres_server.url.rsplit("/", 1)[0] + "/" + name
+
+
+def test_workers_with_the_memory_store_say_each_keeps_its_own_health(tmp_path, upstream):
+    config = tmp_path / "memory.toml"
+    config.write_text(fleet_config(upstream, extra=f'[ledger]\npath = "{tmp_path / "l.sqlite3"}"'))
+    with ServeProcess(config, "--workers", "2") as gateway:
+        assert "2 workers" in gateway.stderr
+        assert "health: in memory, so each of the 2 workers keeps its own" in gateway.stderr
+        with httpx.Client(timeout=20) as client:
+            for _ in range(6):
+                r = client.post(f"{gateway.url}/v1/chat/completions",
+                                json={"model": "model-a", "messages": HI}, headers={"connection": "close"})
+                assert r.status_code == 200 and r.json()["relayline"]["served"] == "a/model-a"
+
+
+def test_a_thousand_concurrent_turns_through_two_workers_are_each_one_postgres_row(
+        tmp_path, upstream, pg_url, redis_server):
+    config = tmp_path / "pg.toml"
+    config.write_text(fleet_config(upstream, extra=f"""
+[ledger]
+url = "{pg_url}"
+[health]
+store = "{redis_server.url}"
+key_prefix = "pg1000:"
+"""))
+    statuses: list[int] = []
+    with ServeProcess(config, "--workers", "2") as gateway:
+        assert "health: shared by the 2 workers in Redis" in gateway.stderr
+
+        async def drive():
+            limits = httpx.Limits(max_connections=250, max_keepalive_connections=250)
+            async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+                async def one():
+                    r = await client.post(f"{gateway.url}/v1/chat/completions",
+                                          json={"model": "model-a", "messages": HI})
+                    statuses.append(r.status_code)
+
+                async with trio.open_nursery() as nursery:
+                    for _ in range(1000):
+                        nursery.start_soon(one)
+
+        trio.run(drive)
+    assert statuses == [200] * 1000
+    sent = upstream.count("a") + upstream.count("b")
+    assert sent == 1000  # the upstream's own log: every billable attempt it answered
+    out = subprocess.run([sys.executable, "-m", "relayline.adapters.cli", "ledger", "--json", "--config", str(config)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert sum(r["accepted"] + r["rejected"] for r in rows) == sent
+    assert sum(r["input_tokens"] for r in rows) == 10 * sent and sum(r["output_tokens"] for r in rows) == 5 * sent
+    assert sum(r["accepted_cost_usd"] for r in rows) == pytest.approx(sent * (10 * 1.0 + 5 * 2.0) / 1e6)
+
+
+def test_reload_under_load_keeps_streams_in_flight_and_refuses_a_broken_file(tmp_path, upstream):
+    chain_b = fleet_config(upstream, chain=("a", "b"), extra='[gateway]\napi_keys_env = "FLEET_TEST_KEYS"')
+    chain_c = fleet_config(upstream, chain=("a", "c"), extra='[gateway]\napi_keys_env = "FLEET_TEST_KEYS"')
+    config = tmp_path / "reload.toml"
+    config.write_text(chain_b)
+    upstream.set("a", frames=8, pause=0.15)  # each stream is in flight for over a second
+    key = {"authorization": "Bearer fleet-key"}
+    with ServeProcess(config, env={"FLEET_TEST_KEYS": "fleet-key"}) as gateway:
+        texts: list[str] = []
+
+        async def stream_one(client):
+            async with client.stream("POST", f"{gateway.url}/v1/chat/completions", headers=key,
+                                     json={"model": "model-a", "messages": HI, "stream": True}) as r:
+                assert r.status_code == 200
+                body = (await r.aread()).decode()
+            assert "data: [DONE]" in body and '"error"' not in body
+            texts.append("".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                                 for line in body.splitlines()
+                                 if line.startswith("data: {") and json.loads(line[6:])["choices"]))
+
+        async def drive():
+            limits = httpx.Limits(max_connections=250)
+            async with httpx.AsyncClient(timeout=60, limits=limits) as client, trio.open_nursery() as nursery:
+                for _ in range(200):
+                    nursery.start_soon(stream_one, client)
+                await trio.sleep(0.5)
+                config.write_text(chain_c)
+                gateway.signal(signal.SIGHUP)  # the fallback chain changes while 200 streams run
+
+        trio.run(drive)
+        assert len(texts) == 200 and set(texts) == {"".join(f"from a {i}. " for i in range(8))}
+        assert "config_reloaded" in gateway.stderr
+        with httpx.Client(timeout=20, headers=key) as client:
+            upstream.set("a", status=503)
+            r = client.post(f"{gateway.url}/v1/chat/completions", json={"model": "model-a", "messages": HI})
+            assert r.status_code == 200 and r.json()["relayline"]["served"] == "c/model-c"  # the new chain
+
+            config.write_text(chain_b.replace("[gateway]", "[gateway]\nmax_body_bytes = \"big\""))
+            gateway.signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while "config_reload_rejected" not in gateway.stderr and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert "gateway.max_body_bytes: expected an integer" in gateway.stderr
+            refused = client.post(f"{gateway.url}/admin/reload")
+            assert refused.status_code == 422 and refused.json()["reloaded"] is False
+            assert "gateway.max_body_bytes: expected an integer" in refused.json()["problems"][0]
+            r = client.post(f"{gateway.url}/v1/chat/completions", json={"model": "model-a", "messages": HI})
+            assert r.json()["relayline"]["served"] == "c/model-c", "a refused file changes nothing"
+            assert httpx.post(f"{gateway.url}/admin/reload").status_code == 401  # admin only
+
+
+TWO = """
+active = "sim.a"
+[breaker]
+failure_threshold = 1
+open_s = 600
+[providers."sim.a"]
+family = "sim"
+model = "m1"
+fallbacks = ["sim.b"]
+[providers."sim.b"]
+family = "sim"
+model = "m2"
+"""
+
+
+async def test_a_reload_keeps_the_health_of_profiles_that_remain_and_forgets_the_others(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_text(TWO)
+    relay = Relay.from_file(path, env={})
+    gateway = Gateway(relay)
+    reloader = Reloader(gateway, path, env={})
+    now = trio.current_time()
+    relay.health.breaker("sim.a").failure(now)
+    relay.health.set_cooldown("sim.b", now + 100)
+    assert relay.health.breaker("sim.a").state == "open"
+    path.write_text(TWO.replace('fallbacks = ["sim.b"]', "").replace('[providers."sim.b"]\nfamily = "sim"\nmodel = "m2"\n',
+                                                                      "").replace("open_s = 600", "open_s = 900"))
+    report = await reloader.reload()
+    assert report.ok and report.profiles == ("sim.a",)
+    assert gateway.relay is not relay and gateway.relay.health is relay.health
+    assert gateway.relay.health.breaker("sim.a").state == "open"  # kept
+    assert gateway.relay.health.breaker("sim.a").config.open_s == 900  # under the new settings
+    assert gateway.relay.health.cooldown_until("sim.b") == float("-inf")  # sim.b is gone: forgotten
+    path.write_text(TWO.replace("[health]", "") + '[health]\nstore = "redis://127.0.0.1:1/0"\n')
+    refused = await reloader.reload()
+    assert not refused.ok and refused.problems[0].startswith("health: changed")
