@@ -8,6 +8,8 @@ machine. This file measures the sans-I/O core:
 - catalog plan: a turn's plan for a 4-channel catalog model vs the default domain's plan;
 - stream core: per-frame cost of the gate after commit for a 200-frame stream, vs a bare loop;
 - whole driver turn on the in-process sim upstream (trio), vs a bare trio checkpoint loop;
+- the wire: a chat completions body read into the canonical request and written for the other
+  family (and for its own, as the client sent it), vs json.loads of the same bytes;
 - the library from asyncio, synchronous code and a trio guest run, beside trio (bench/hosts.py);
 - a fleet's shared state (bench/fleet.py): Redis health vs the memory store, PostgreSQL vs SQLite.
 
@@ -192,6 +194,35 @@ def bench_driver(turns: int = 300) -> dict:
     return {"library_complete_turn_us": statistics.median(samples), "trio_checkpoint_us": statistics.median(base)}
 
 
+def bench_wire() -> dict:
+    """What reading and translating a request costs, beside what reading its JSON costs."""
+    from relayline.adapters.providers import anthropic, openai
+
+    body = {"model": "m", "temperature": 0.3, "max_tokens": 256, "stop": ["END"], "user": "u",
+            "tools": [{"type": "function", "function": {"name": f"tool{i}", "description": "d",
+                                                        "parameters": {"type": "object"}}} for i in range(4)],
+            "messages": [{"role": "system", "content": "be brief"}]
+            + [m for i in range(8) for m in (
+                {"role": "user", "content": [{"type": "text", "text": "word " * 50},
+                                             {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": f"c{i}", "type": "function", "function": {"name": "tool0", "arguments": '{"a": 1}'}}]},
+                {"role": "tool", "tool_call_id": f"c{i}", "content": "result"})]}
+    raw = json.dumps(body).encode()
+
+    def translate():
+        request = openai.parse_request(json.loads(raw))
+        anthropic.render_request(request, "claude", False)
+
+    def passthrough():
+        request = openai.parse_request(json.loads(raw))
+        openai.render_request(request, "gpt", False)
+
+    return {"translate_25_messages_us": per_call_us(translate, 2000),
+            "passthrough_25_messages_us": per_call_us(passthrough, 2000),
+            "json_loads_us": per_call_us(lambda: json.loads(raw), 2000), "body_bytes": len(raw)}
+
+
 def http_benchmarks(quick: bool) -> dict:
     from peers import Processes, run_litellm, run_trio_side, summarise
 
@@ -238,6 +269,7 @@ def main() -> int:
         "catalog_plan": bench_catalog_plan(),
         "stream": bench_stream_frames(),
         "driver": bench_driver(),
+        "wire": bench_wire(),
         "hosts": bench_hosts(quick),
         "http": http_benchmarks(quick),
         "fleet": fleet.run(),
@@ -254,6 +286,9 @@ def main() -> int:
          f"{s['bare_loop_per_frame_us']:.3f} µs", "target <= 5 µs"),
         ("library complete() on sim", f"{d['library_complete_turn_us']:.0f} µs", "trio checkpoint",
          f"{d['trio_checkpoint_us']:.1f} µs", ""),
+        ("wire: read + translate", f"{results['wire']['translate_25_messages_us']:.0f} µs",
+         f"json.loads ({results['wire']['body_bytes']} B)", f"{results['wire']['json_loads_us']:.0f} µs",
+         f"same family {results['wire']['passthrough_25_messages_us']:.0f} µs"),
     ]
     print(f"{'measure':<30} {'relayline':>12}   {'baseline':<30} {'value':>10}   note")
     for name, value, base_name, base_value, note in rows:

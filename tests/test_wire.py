@@ -484,6 +484,43 @@ def test_anthropic_body_errors_have_the_anthropic_shape(gw):
     assert r.status_code == 400 and "messages[0].content[0].source" in r.json()["error"]["message"]
 
 
+@STREAM
+def test_an_entry_that_cannot_honour_the_request_is_skipped_and_the_walk_goes_on(stream):
+    with RecordingUpstream() as upstream:
+        config = {"active": "anthropic.a", "providers": {
+            "anthropic.a": {"family": "anthropic", "base_url": upstream.url, "api_key": "sk-wire-test-0003",
+                            "model": "claude-a", "fallbacks": ["openai.b"]},
+            "openai.b": {"family": "openai", "base_url": f"{upstream.url}/v1", "api_key": "sk-wire-test-0004",
+                         "model": "gpt-b"}}}
+        with BackgroundGateway(config) as gw:
+            raw = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.with_raw_response
+            reply = raw.create(model="claude-a", messages=[{"role": "user", "content": "hi"}], seed=7, stream=stream)
+            chunks = list(reply.parse()) if stream else [reply.parse()]
+        assert [s.path for s in upstream.seen] == ["/v1/chat/completions"] and upstream.seen[0].body["seed"] == 7
+    assert reply.headers["x-relayline-served"] == "openai.b/gpt-b"
+    extra = next(c.model_extra["relayline"] for c in reversed(chunks) if "relayline" in c.model_extra)
+    assert extra["skipped"] == ["anthropic.a/claude-a unsupported (seed)"]
+
+
+@STREAM
+def test_drop_unsupported_params_strips_images_for_a_profile_without_vision(stream):
+    with RecordingUpstream() as upstream:
+        config = {"active": "openai.plain", "gateway": {"drop_unsupported_params": True},
+                  "providers": {"openai.plain": {"family": "openai", "base_url": f"{upstream.url}/v1",
+                                                 "api_key": "sk-wire-test-0005", "model": "gpt-plain",
+                                                 "capabilities": {"vision": False}}}}
+        messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                                 {"type": "image_url", "image_url": {"url": "https://x/c.png"}}]}]
+        with BackgroundGateway(config) as gw:
+            raw = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.with_raw_response
+            reply = raw.create(model="gpt-plain", messages=messages, stream=stream, user="u-1")
+            if stream:
+                list(reply.parse())
+        sent = upstream.seen[-1].body
+    assert reply.headers["x-relayline-dropped"] == "image"
+    assert sent["messages"] == [{"role": "user", "content": "what is this?"}] and sent["user"] == "u-1"
+
+
 def test_drop_unsupported_params_drops_and_names_them():
     with RecordingUpstream() as upstream:
         config = {"active": "anthropic.up", "gateway": {"drop_unsupported_params": True},
