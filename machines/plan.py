@@ -179,23 +179,29 @@ def materialise(config: Config, root: str, primary: str | None) -> tuple[tuple[E
     return tuple(entries), warnings
 
 
-def catalog_chain(config: Config, item: CatalogModel) -> tuple[Entry, ...]:
+def catalog_chain(config: Config, item: CatalogModel, at: str) -> tuple[tuple[Entry, ...], list[ConfigWarning]]:
     """One pinned entry per channel with the channel's id for the model, cheapest first by that
     model's input + output price (a stable sort: ties keep the listed order), cut at max_hops.
     Channels were validated with the config: each names a profile, once."""
-    chain = []
-    for ref in item.channels:
+    chain, warnings = [], []
+    for j, ref in enumerate(item.channels):
         alias = resolve_ref(config, ref)
         assert alias is not None  # channels were validated with the config
-        model = config.providers[alias].models.get(item.model, item.model)
+        profile = config.providers[alias]
+        model = profile.models.get(item.model, item.model)
         chain.append(Entry(alias, model, True))
+        if item.order == "cost" and profile.price == Price() and not {item.model, model} & set(profile.prices):
+            # an unpriced channel counts as free: it would go first, and bill nothing
+            warnings.append(ConfigWarning("unpriced_catalog_channel", f"{at}.channels[{j}]",
+                                          f"{alias!r} has no price for {item.model!r} (prices or price): "
+                                          "it is ordered as free"))
     if item.order == "cost":
         def cost(entry: Entry) -> float:
             price = config.providers[entry.profile].price_of(item.model, entry.model)
             return price.input_per_mtok + price.output_per_mtok
 
         chain.sort(key=cost)
-    return tuple(chain[: item.max_hops])
+    return tuple(chain[: item.max_hops]), warnings
 
 
 def profile_keys(alias: str, profile: Provider, env: Mapping[str, str]) -> tuple[tuple[Secret, ...], str | None]:
@@ -239,7 +245,11 @@ def build_router(config: Config, env: Mapping[str, str]) -> Router:
             by_target[target] = attrs.evolve(by_target[target], root_keys=(route.api_key,))
         domains[route.hint] = by_target[target]
         route_models[route.hint] = route.model
-    catalog = {item.model: Domain(CATALOG_DOMAIN, catalog_chain(config, item), catalog=item) for item in config.catalog}
+    catalog: dict[str, Domain] = {}
+    for i, item in enumerate(config.catalog):
+        entries, w = catalog_chain(config, item, f"catalog[{i}]")
+        warnings += w
+        catalog[item.model] = Domain(CATALOG_DOMAIN, entries, catalog=item)
     # fatal problems, for every profile any domain can reach
     problems: list[str] = []
     keys: dict[str, tuple[Secret, ...]] = {}

@@ -73,7 +73,7 @@ class Event:
 
 class StreamGate:
     __slots__ = ("life", "held", "text", "reasoning", "tools", "tool_ids", "arguments", "executed_tools", "usage",
-                 "finish_reason", "decisive_count")
+                 "finish_reason", "stop_sequence", "decisive_count")
 
     def __init__(self) -> None:
         self.life: Lifecycle = load_spec("stream").start()
@@ -86,6 +86,7 @@ class StreamGate:
         self.executed_tools: list[str] = []
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
+        self.stop_sequence: str | None = None  # the stop sequence that ended the answer, if the provider said
         self.decisive_count = 0
 
     @property
@@ -118,6 +119,7 @@ class StreamGate:
             return ()
         if frame.kind == FINISH:
             self.finish_reason = frame.value
+            self.stop_sequence = frame.ref or None
             return ()
         if not frame.decisive:
             if self.life.state == StreamState.HELD:

@@ -63,6 +63,7 @@ class Completion:
     tool_arguments: tuple[str, ...] = ()  # each tool call's JSON arguments, aligned with tool_calls
     tool_ids: tuple[str, ...] = ()  # each tool call's id as the provider sent it ("" when absent)
     finish_reason: str | None = None  # canonical (machines/wire.py), as the provider said it
+    stop_sequence: str | None = None  # which stop sequence ended it, when the provider says (Anthropic)
 
     @property
     def refusal(self) -> bool:
@@ -137,6 +138,7 @@ class TurnResult:
     tool_arguments: tuple[str, ...] = ()
     tool_ids: tuple[str, ...] = ()
     finish_reason: str | None = None
+    stop_sequence: str | None = None
     usage: Usage | None = None  # the accepted answer's usage
     rejection: Rejection | None = None  # every attempt was a client rejection: the upstream's words
 
@@ -387,7 +389,7 @@ class Turn:
         if self.life.state == TurnState.CONTINUING:
             # the continuation ended cleanly: the answer is everything forwarded, both streams
             self.answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments,
-                                     tuple(gate.tool_ids), gate.finish_reason)
+                                     tuple(gate.tool_ids), gate.finish_reason, gate.stop_sequence)
             self._record(fc.OK if self.answer.has_answer else StreamOutcome.SEMANTIC_EMPTY, now, usage=usage,
                          accepted=self.answer.has_answer, reason=None if self.answer.has_answer else fc.EMPTY)
             self.health.success(entry.profile, now)
@@ -405,7 +407,7 @@ class Turn:
             self._record(fc.OK, now, usage=usage, accepted=True)
             self.health.success(entry.profile, now)
             self.answer = Completion("".join(gate.text), "", tuple(gate.tools), usage, gate.tool_arguments,
-                                     tuple(gate.tool_ids), gate.finish_reason)
+                                     tuple(gate.tool_ids), gate.finish_reason, gate.stop_sequence)
             if self.life.state == TurnState.STREAMING:
                 self.life.fire(TurnTrigger.COMMIT)  # a refusal with nothing to show is still the answer
             self.life.fire(TurnTrigger.COMPLETE, self)
@@ -582,6 +584,7 @@ class Turn:
             tool_arguments=answer.tool_arguments if answer else (),
             tool_ids=answer.tool_ids if answer else (),
             finish_reason=answer.finish_reason if answer else None,
+            stop_sequence=answer.stop_sequence if answer else None,
             usage=answer.usage if answer else None,
             rejection=self._rejection(error),
             partial_text=partial or None,

@@ -150,6 +150,17 @@ def test_order_config_and_max_hops():
     assert [e.profile for e in plan(catalog_config(catalog=cat), model=LLAMA).entries] == ["together.main", "groq.main"]
 
 
+def test_an_unpriced_channel_in_a_cost_ordered_chain_is_a_warning():
+    providers = {"a": {"price": {"input_per_mtok": 1.0}}, "b": {"prices": {"other": {"input_per_mtok": 1.0}}},
+                 "c": {"models": {"cm": "c-id"}, "prices": {"c-id": {"input_per_mtok": 1.0}}}}
+    router = build_router(config(active="a", providers=providers,
+                                 catalog=[{"model": "cm", "channels": ["a", "b", "c"]}]), {})
+    assert [(w.code, w.path) for w in router.warnings] == [("unpriced_catalog_channel", "catalog[0].channels[1]")]
+    listed = build_router(config(active="a", providers=providers,
+                                 catalog=[{"model": "cm", "channels": ["a", "b", "c"], "order": "config"}]), {})
+    assert listed.warnings == ()
+
+
 def test_prices_apply_to_any_model_the_profile_serves():
     cfg = config(active="a", providers={"a": {"model": "big", "fallback_models": ["small"],
                                               "price": {"input_per_mtok": 5.0, "output_per_mtok": 15.0},

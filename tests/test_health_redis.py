@@ -157,3 +157,19 @@ async def test_a_store_that_goes_away_costs_a_warning_once_and_the_fleet_resumes
                 await trio.sleep(0.2)
                 await one._run_turn(HI)
     assert any("health_store_reachable" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_key_pool_cursor_moved_by_one_worker_is_where_the_other_starts(redis_server, prefix):
+    pooled = fleet_toml(redis_server.url, prefix).replace('model = "m1"', 'model = "m1"\napi_keys = ["k0", "k1"]')
+
+    def pool_worker(replies):
+        sim = SimUpstream.from_replies([{"provider": "sim.a", "script": replies}])
+        return Relay.from_toml(pooled, env={}, sim=sim)
+
+    one = pool_worker([{"status": 429}, {"text": "the second key works"}])
+    two = pool_worker([{"text": "ok"}])
+    async with one, two:
+        assert (await one._run_turn(HI)).served.profile == "sim.a"
+        await two._run_turn(HI)
+    assert [c.key_index for c in one.sim.calls] == [0, 1]
+    assert [c.key_index for c in two.sim.calls] == [1], "the fleet's cursor: the key that last worked"

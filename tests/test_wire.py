@@ -384,9 +384,11 @@ def test_anthropic_clients_get_stop_reasons_ids_and_real_usage(gw, upstream, str
     assert message.stop_reason == "tool_use" and message.content[-1].id == "call_UP1"
     assert message.content[-1].input == {"city": "Paris"}
     assert (message.usage.input_tokens, message.usage.output_tokens, message.usage.cache_read_input_tokens) == (20, 7, 100)
-    upstream.answer = Answer(text="The end", finish="stop" if route == "openai" else "stop_sequence")
-    message = anthropic_call(gw, stream, model=route)
+    upstream.answer = Answer(text="The end", finish="stop" if route == "openai" else "stop_sequence",
+                             stop_sequence=None if route == "openai" else "END")
+    message = anthropic_call(gw, stream, model=route, stop_sequences=["END"])
     assert message.stop_reason == ("end_turn" if route == "openai" else "stop_sequence")
+    assert message.stop_sequence == (None if route == "openai" else "END")  # OpenAI never says which
 
 
 def test_anthropic_stream_message_start_carries_the_input_tokens(gw, upstream):

@@ -173,6 +173,12 @@ async def test_a_reload_keeps_the_health_of_profiles_that_remain_and_forgets_the
     assert gateway.relay.health.breaker("sim.a").state == "open"  # kept
     assert gateway.relay.health.breaker("sim.a").config.open_s == 900  # under the new settings
     assert gateway.relay.health.cooldown_until("sim.b") == float("-inf")  # sim.b is gone: forgotten
-    path.write_text(TWO.replace("[health]", "") + '[health]\nstore = "redis://127.0.0.1:1/0"\n')
+    path.write_text(TWO + '[health]\nstore = "redis://127.0.0.1:1/0"\n')
     refused = await reloader.reload()
     assert not refused.ok and refused.problems[0].startswith("health: changed")
+    current = gateway.relay
+    path.write_text(TWO + '[gateway]\napi_keys_env = "RELAYLINE_TEST_UNSET_KEYS"\n')
+    refused = await reloader.reload()
+    assert not refused.ok and "RELAYLINE_TEST_UNSET_KEYS" in " ".join(refused.problems)
+    assert gateway.relay is current, "a refused file changes nothing"
+    assert gateway.relay.health.breaker("sim.a").config.open_s == 900

@@ -204,6 +204,9 @@ class Gateway:
                                        gateway=True)
                 await self._json(send, 200, plan.as_json())
             elif path == "/admin/health" and method == "GET":
+                sync = getattr(self.relay.health, "sync", None)
+                if sync is not None:  # a fleet: the shared state, not only this worker's mirror
+                    await sync(self.relay.config.providers)
                 await self._json(send, 200, self.health())
             elif path == "/admin/reload" and method == "POST":
                 await self._reload(send)

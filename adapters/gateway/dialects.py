@@ -228,7 +228,7 @@ class AnthropicDialect:
         tools = _tools(result, ToolIds("toolu_"))
         content += [{"type": "tool_use", "id": i, "name": n, "input": _json_object(a)} for i, n, a in tools]
         return {"id": turn_id, "type": "message", "role": "assistant", "model": result.served.model, "content": content,
-                "stop_reason": wire.TO_ANTHROPIC[_finish(result, len(tools))], "stop_sequence": None,
+                "stop_reason": wire.TO_ANTHROPIC[_finish(result, len(tools))], "stop_sequence": result.stop_sequence,
                 "usage": anthropic_usage(_usage(result)), "relayline": relayline}
 
     def stream_renderer(self, turn_id: str, request: wire.Request) -> AnthropicStream:
@@ -286,7 +286,8 @@ class AnthropicStream:
 
     def ok(self, result: TurnResult, relayline: dict) -> bytes:
         delta = {"type": "message_delta",
-                 "delta": {"stop_reason": wire.TO_ANTHROPIC[_finish(result, self.tools)], "stop_sequence": None},
+                 "delta": {"stop_reason": wire.TO_ANTHROPIC[_finish(result, self.tools)],
+                           "stop_sequence": result.stop_sequence},
                  "usage": anthropic_usage(_usage(result)), "relayline": relayline}
         return self._close() + _sse(delta, "message_delta") + _sse({"type": "message_stop"}, "message_stop")
 

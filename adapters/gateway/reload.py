@@ -83,10 +83,14 @@ class Reloader:
             relay = Relay(config, env=self.env, health=old.health, sim=old.sim)
         except ConfigError as exc:
             return ReloadReport(False, tuple(exc.problems))
-        reconfigure = getattr(old.health, "reconfigure", None)  # an embedder's own store may not
-        if reconfigure is not None:
-            reconfigure(config.breaker, config.providers)
         relay.selection = old.selection
         relay.fallback_record.update(old.fallback_record)
-        await self.gateway.swap(relay)
+        try:
+            await self.gateway.swap(relay, self.env)  # checks the gateway's keys first
+        except ConfigError as exc:
+            await relay.aclose()
+            return ReloadReport(False, tuple(exc.problems))
+        reconfigure = getattr(relay.health, "reconfigure", None)  # an embedder's own store may not
+        if reconfigure is not None:
+            reconfigure(config.breaker, config.providers)
         return ReloadReport(True, profiles=tuple(sorted(config.providers)))

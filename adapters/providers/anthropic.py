@@ -346,7 +346,7 @@ def parse_completion(body: dict) -> Completion:
             ids.append(w.optional(block, "id", w.want_str, where) or "")
     usage = _usage(body["usage"]) if body.get("usage") is not None else Usage()
     return Completion("".join(text), "".join(reasoning), tuple(tools), usage, tuple(arguments), tuple(ids),
-                      _stop(body.get("stop_reason"), "stop_reason"))
+                      _stop(body.get("stop_reason"), "stop_reason"), w.optional(body, "stop_sequence", w.want_str))
 
 
 class AnthropicStreamParser:
@@ -404,7 +404,7 @@ class AnthropicStreamParser:
             stop = _stop(delta.get("stop_reason"), "delta.stop_reason")
             if stop:
                 self.stopped = True
-                frames.append(Frame(FINISH, stop))
+                frames.append(Frame(FINISH, stop, ref=w.optional(delta, "stop_sequence", w.want_str, "delta") or ""))
             if obj.get("usage") is not None:
                 self.usage = _usage(obj["usage"], "usage", self.usage)
             return [*frames, Frame(USAGE, usage=self.usage)]

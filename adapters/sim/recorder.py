@@ -32,6 +32,7 @@ class Answer:
     reasoning: str = ""
     tool_calls: tuple[tuple[str, str, str], ...] = ()  # (id, name, JSON arguments)
     finish: str | None = None  # e.g. "length" / "max_tokens"; None: the natural one
+    stop_sequence: str | None = None  # Anthropic: the stop sequence that matched
     usage: dict | None = None  # the family's usage object; None: a small default
     status: int = 200
     error: dict | None = None  # the error body for a status >= 400 (or an `error` in a 200)
@@ -91,7 +92,7 @@ def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
         if answer.error is not None:
             return (json.dumps({"type": "error", "error": answer.error}).encode(),)
         return (json.dumps({"id": "msg_up", "type": "message", "role": "assistant", "model": model, "content": content,
-                            "stop_reason": finish, "stop_sequence": None, "usage": usage}).encode(),)
+                            "stop_reason": finish, "stop_sequence": answer.stop_sequence, "usage": usage}).encode(),)
     start_usage = {k: v for k, v in usage.items() if k != "output_tokens"} | {"output_tokens": 1}
     out = [_sse({"type": "message_start", "message": {"id": "msg_up", "type": "message", "role": "assistant",
                                                       "model": model, "content": [], "stop_reason": None,
@@ -107,7 +108,7 @@ def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
         out.append(_sse({"type": "content_block_start", "index": index, "content_block": start}, "content_block_start"))
         out.append(_sse({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"))
         out.append(_sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
-    out.append(_sse({"type": "message_delta", "delta": {"stop_reason": finish, "stop_sequence": None},
+    out.append(_sse({"type": "message_delta", "delta": {"stop_reason": finish, "stop_sequence": answer.stop_sequence},
                      "usage": {"output_tokens": usage.get("output_tokens", 0)}}, "message_delta"))
     out.append(_sse({"type": "message_stop"}, "message_stop"))
     return tuple(out)

@@ -46,6 +46,7 @@ from relayline.machines.health import Breaker, InMemoryHealth
 log = logging.getLogger("relayline.health")
 
 TIMEOUT_S = 0.5  # a sync that takes longer gives up: the turn goes on with the local mirror
+CONNECT_TIMEOUT_S = 3.0  # the first connection at start (a busy machine can be slow to shake hands)
 RETRY_S = 1.0  # while the store is down, how often a sync tries it again
 RESERVE_S = 1.0  # an unused probe reservation lapses after this
 CURSOR_TTL_S = 86400
@@ -279,10 +280,12 @@ class RedisHealth(InMemoryHealth):
         """Reports started after the first attempt, connected or not: the first turns then
         already share the fleet's state when Redis is up, and never wait on it when it is down."""
         while True:
-            client = coredis.Redis.from_url(self.url, decode_responses=True, connect_timeout=TIMEOUT_S,
-                                            stream_timeout=TIMEOUT_S, retry_policy=no_retry())
+            client = coredis.Redis.from_url(self.url, decode_responses=True, connect_timeout=CONNECT_TIMEOUT_S,
+                                            stream_timeout=CONNECT_TIMEOUT_S, retry_policy=no_retry())
             try:
                 async with client:
+                    with trio.fail_after(CONNECT_TIMEOUT_S):
+                        await client.ping()  # a pooled connection, made before the first round's deadline
                     self._client = client
                     self._script = client.register_script(SCRIPT)
                     await self.sync(())  # connected: take the fleet's view, say so if it was down
@@ -345,7 +348,7 @@ class RedisHealth(InMemoryHealth):
         try:
             with trio.fail_after(TIMEOUT_S):
                 reply = await self._script(keys=[], args=[str(a) for a in args])
-        except (Exception, trio.TooSlowError) as exc:
+        except Exception as exc:
             self._went_down(exc)
             return
         now = trio.current_time()
