@@ -17,7 +17,7 @@ from functools import partial
 from importlib import metadata
 from pathlib import Path
 
-from relayline.machines.config import Price, join_path, structure_config
+from relayline.machines.config import join_path, structure_config
 from relayline.machines.errors import ConfigError
 from relayline.machines.families import WIRES
 from relayline.machines.plan import build_router, plan_turn
@@ -26,6 +26,10 @@ from .logs import LEVELS, configure
 
 
 def _load_config_file(path: str):
+    return structure_config(_read_config_file(path))
+
+
+def _read_config_file(path: str) -> dict:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -41,7 +45,7 @@ def _load_config_file(path: str):
     # a scenario file carries its config under [config]: accept it, operators copy them around
     if "config" in raw and "active" not in raw:
         raw = raw["config"]
-    return structure_config(raw)
+    return raw
 
 
 # plan.py prunes these with a warning (a library keeps running); an operator's `check` refuses
@@ -54,7 +58,8 @@ def cmd_check(args) -> int:
 
     problems = []
     try:
-        config = _load_config_file(args.config)
+        raw = _read_config_file(args.config)
+        config = structure_config(raw)
         router = build_router(config, os.environ)
     except ConfigError as exc:
         problems = list(exc.problems)
@@ -70,8 +75,11 @@ def cmd_check(args) -> int:
             print(f"  {problem}", file=sys.stderr)
         return 1
     warnings = [str(w) for w in router.warnings if w.code not in CHECK_ERRORS]
+    # a profile that says nothing about price is billed at 0: say so (a free local model can say
+    # `price = { input_per_mtok = 0, output_per_mtok = 0 }`)
     warnings += [f"missing_price at {join_path('providers', alias)}.price: no price, so its attempts cost 0 "
-                 "in the ledger" for alias, p in config.providers.items() if p.price == Price() and not p.prices and p.family != "sim"]
+                 "in the ledger" for alias, p in config.providers.items()
+                 if p.family != "sim" and not {"price", "prices"} & set(raw["providers"][alias])]
     for warning in warnings:
         print(f"warning: {warning}")
     print(f"ok: {args.config}: {len(config.providers)} profiles, {len(router.domains)} routes, "

@@ -37,8 +37,11 @@ def _percentile(values: list[float], q: float) -> float:
 class Processes:
     """The upstream and the gateway, each in its own process, stopped on exit."""
 
-    def __init__(self, hold_s: float = 5.0) -> None:
+    def __init__(self, hold_s: float = 5.0, log_args: tuple[str, ...] = ("--log-level", "warning")) -> None:
         self.hold_s = hold_s
+        # the gateway's stderr is read only up to "listening on": access lines (info) would fill
+        # the pipe, and logging is measured on its own (bench/ops.py)
+        self.log_args = log_args
         self.procs: list[subprocess.Popen] = []
         self.tmp = tempfile.TemporaryDirectory()
 
@@ -59,7 +62,7 @@ class Processes:
             """))
         self.config_text = config.read_text()
         gw = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config),
-                               "--port", "0"], stderr=subprocess.PIPE, text=True)
+                               "--port", "0", *self.log_args], stderr=subprocess.PIPE, text=True)
         self.procs.append(gw)
         self.gateway_pid = gw.pid
         deadline = time.monotonic() + 30

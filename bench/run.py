@@ -31,6 +31,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fleet  # noqa: E402  (bench/fleet.py: the shared store and ledger beside one process)
+import ops  # noqa: E402  (bench/ops.py: what the access line and metrics cost per request)
 from hosts import bench_hosts, print_hosts  # noqa: E402  (bench/hosts.py: the library from each host)
 
 from relayline.adapters import Relay
@@ -273,6 +274,7 @@ def main() -> int:
         "hosts": bench_hosts(quick),
         "http": http_benchmarks(quick),
         "fleet": fleet.run(),
+        "ops": ops.run(rounds=2 if quick else 5),
     }
     e, c, s, d = results["engine"], results["core_turn"], results["stream"], results["driver"]
     rows = [
@@ -296,6 +298,7 @@ def main() -> int:
     print_hosts(results["hosts"])
     print_http(results["http"])
     fleet.report(results["fleet"])
+    ops.report(results["ops"])
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     path = out / f"{dt.date.today().isoformat()}.json"

@@ -178,7 +178,8 @@ class Turn:
         self.shown_reasoning = False
         self.executed_tools = False
         self.recoverable = True  # guard for turn.recover
-        self.continuation: PlannedEntry | None = None  # guard for turn.continue_after_interrupt
+        self.continuation: PlannedEntry | None = None  # guard continuable: the entry that would continue
+        self.walk_result: WalkDone | None = None  # guard walk_succeeded
         self.spent: dict[int, int] = {}  # attempts made per entry index, across the turn's walks
         self.refusal: Refusal | None = None
         self.advance_refusals = config.reliability.on_refusal == "advance"
@@ -214,6 +215,10 @@ class Turn:
     @property
     def continuable(self) -> bool:
         return self.continuation is not None
+
+    @property
+    def walk_succeeded(self) -> bool:
+        return self.walk_result is not None and self.walk_result.ok
 
     @property
     def has_forwarded_text(self) -> bool:
@@ -380,44 +385,81 @@ class Turn:
         return events
 
     def stream_done(self, now: float) -> Action:
-        """The stream's completion signal arrived."""
+        """The stream's completion signal arrived. The turn spec's `complete` guards choose what
+        it means (completed, the semantic-empty recovery, failed; from a continuation, completed or
+        the original interruption); this acts on the state reached."""
         gate = self._gate()
         entry = self._call().entry
         usage = gate.usage or Usage()
         refused_early = gate.finish_reason == CONTENT_FILTER and not gate.committed
-        state = gate.finish()
-        if self.life.state == TurnState.CONTINUING:
-            # the continuation ended cleanly: the answer is everything forwarded, both streams
-            self.answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments,
-                                     tuple(gate.tool_ids), gate.finish_reason, gate.stop_sequence)
-            self._record(fc.OK if self.answer.has_answer else StreamOutcome.SEMANTIC_EMPTY, now, usage=usage,
-                         accepted=self.answer.has_answer, reason=None if self.answer.has_answer else fc.EMPTY)
-            self.health.success(entry.profile, now)
-            self.life.fire(TurnTrigger.COMPLETE, self)
-            if self.life.state == TurnState.COMPLETED:
-                return self._done(WalkDone(ok=True, entry=entry), now)
-            return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.INTERRUPTED), now)
-        if refused_early and self.advance_refusals:
+        gate.finish()
+        if refused_early and self.advance_refusals and self.life.state == TurnState.STREAMING:
             # a refusal known before commit: nothing was shown, so the turn advances as it
             # would after a pre-commit failure (after commit the stream rules stand)
             failure = self._refused(fc.Failure(fc.REFUSED, "refusal before output: finish reason content_filter"),
                                     now, answer=Completion(usage=usage, finish_reason=CONTENT_FILTER), usage=usage)
             return self._recover_before_commit(entry, failure, now)
-        if state == StreamState.COMPLETED or refused_early:
+        # everything forwarded is the answer: one stream's text, or a continuation's two
+        answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments,
+                            tuple(gate.tool_ids), gate.finish_reason, gate.stop_sequence)
+        if answer.has_answer or refused_early:
             self._record(fc.OK, now, usage=usage, accepted=True)
-            self.health.success(entry.profile, now)
-            self.answer = Completion("".join(gate.text), "", tuple(gate.tools), usage, gate.tool_arguments,
-                                     tuple(gate.tool_ids), gate.finish_reason, gate.stop_sequence)
+            self.answer = answer
             if self.life.state == TurnState.STREAMING:
                 self.life.fire(TurnTrigger.COMMIT)  # a refusal with nothing to show is still the answer
-            self.life.fire(TurnTrigger.COMPLETE, self)
-            return self._done(WalkDone(ok=True, entry=entry), now)
-        self.answer = None
-        self._record(StreamOutcome.SEMANTIC_EMPTY, now, reason=fc.EMPTY, detail="stream completed without an answer", usage=usage)
+        else:
+            self._record(StreamOutcome.SEMANTIC_EMPTY, now, reason=fc.EMPTY, usage=usage,
+                         detail="stream completed without an answer")
+            self.answer = None
         self.health.success(entry.profile, now)  # the profile answered; emptiness is not ill health
         self.life.fire(TurnTrigger.COMPLETE, self)
-        if self.life.state == TurnState.FAILED:
-            return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.SEMANTIC_EMPTY), now)
+        return self._enter(entry, now)
+
+    def stream_failed(self, failure: fc.Failure, now: float) -> Action:
+        """The open stream failed (HTTP error, in-band error, truncation, timeout, connection).
+        Before commit the turn recovers; after it the spec's `fail` guards choose between the
+        continuation and the interruption; a continuation's failure surfaces the interruption."""
+        failure = self._as_configured(failure)
+        gate = self._gate()
+        entry = self._call().entry
+        shown = gate.fail() == StreamState.INTERRUPTED
+        continuing = self.life.state == TurnState.CONTINUING
+        if continuing or shown:
+            # the forwarded text is final: its row is billed, the profile's health learns
+            # (an interruption is billed even without a usage frame; a continuation's, not twice)
+            self._record(StreamOutcome.INTERRUPTED if shown else StreamOutcome.STREAM_FAILED, now,
+                         reason=failure.kind, usage=gate.usage if continuing else gate.usage or Usage(),
+                         bill=not continuing or not shown,
+                         detail=f"continuation: {failure.detail}" if continuing else failure.detail)
+            self.health.failure(entry.profile, failure.kind, now)
+            self.continuation = None if continuing else self._continuation_candidate(entry, now)
+            self.life.fire(TurnTrigger.FAIL, self)
+            return self._enter(entry, now)
+        if failure.kind == fc.REFUSED:
+            self._refused(failure, now, usage=gate.usage)
+        else:
+            self._record(StreamOutcome.STREAM_FAILED, now, reason=failure.kind, detail=failure.detail, usage=gate.usage,
+                         bill=False, failure=failure)
+        return self._recover_before_commit(entry, failure, now)
+
+    def _enter(self, entry: PlannedEntry, now: float) -> Action:
+        """Act on the state a stream's end led the turn to."""
+        state = self.life.state
+        if state == TurnState.CONTINUING:
+            candidate = self.continuation
+            assert candidate is not None
+            self.health.before_attempt(candidate.profile, now)
+            return self._begin(Call(candidate, Mode.STREAM, key_index(self.health.store, candidate), 1, 1,
+                                    prefill="".join(self.forwarded)), now)
+        if state == TurnState.SEMANTIC_EMPTY_RECOVERY:
+            return self._semantic_empty_recovery(entry, now)
+        if state == TurnState.COMPLETED:
+            return self._done(WalkDone(ok=True, entry=entry), now)
+        if state == TurnState.INTERRUPTED:
+            return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.INTERRUPTED), now)
+        return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.SEMANTIC_EMPTY), now)
+
+    def _semantic_empty_recovery(self, entry: PlannedEntry, now: float) -> Action:
         # CONFIG.md: the exact entry gets one non-streaming recovery attempt when retries > 0
         # (replay-safe), or when it is the only candidate; both at once merge into one attempt
         index = entry.index
@@ -430,40 +472,6 @@ class Turn:
         walk = Walk(self.plan, self.config, self.health, budgets=budgets)
         walk.last_failure = fc.EMPTY
         return self._walk_from(walk, now)
-
-    def stream_failed(self, failure: fc.Failure, now: float) -> Action:
-        """The open stream failed (HTTP error, in-band error, truncation, timeout, connection)."""
-        failure = self._as_configured(failure)
-        gate = self._gate()
-        entry = self._call().entry
-        state = gate.fail()
-        usage = gate.usage
-        if self.life.state == TurnState.CONTINUING:
-            # a failed or rejected continuation surfaces the original interruption
-            self._record(StreamOutcome.INTERRUPTED if state == StreamState.INTERRUPTED else StreamOutcome.STREAM_FAILED, now, reason=failure.kind,
-                         detail=f"continuation: {failure.detail}", usage=usage, bill=state != StreamState.INTERRUPTED)
-            self.health.failure(entry.profile, failure.kind, now)
-            self.life.fire(TurnTrigger.FAIL)
-            return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.INTERRUPTED), now)
-        if state == StreamState.INTERRUPTED:
-            self._record(StreamOutcome.INTERRUPTED, now, reason=failure.kind, detail=failure.detail,
-                         usage=usage or Usage())
-            self.health.failure(entry.profile, failure.kind, now)
-            self.continuation = self._continuation_candidate(entry, now)
-            if self.continuation is not None:
-                self.life.fire(TurnTrigger.CONTINUE_AFTER_INTERRUPT, self)
-                candidate = self.continuation
-                self.health.before_attempt(candidate.profile, now)
-                return self._begin(Call(candidate, Mode.STREAM, key_index(self.health.store, candidate), 1, 1,
-                                        prefill="".join(self.forwarded)), now)
-            self.life.fire(TurnTrigger.FAIL)
-            return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.INTERRUPTED), now)
-        if failure.kind == fc.REFUSED:
-            self._refused(failure, now, usage=usage)
-        else:
-            self._record(StreamOutcome.STREAM_FAILED, now, reason=failure.kind, detail=failure.detail, usage=usage,
-                         bill=False, failure=failure)
-        return self._recover_before_commit(entry, failure, now)
 
     def _recover_before_commit(self, entry: PlannedEntry, failure: fc.Failure, now: float) -> Action:
         if self.config.stream.recovery == "streaming":
@@ -521,29 +529,25 @@ class Turn:
     # -- the end ------------------------------------------------------------------------------
 
     def _done(self, done: WalkDone, now: float) -> Finish:
+        """The turn's end: a walk's result reaches the spec (`end`, its `walk_succeeded` guard),
+        a stream's end already did; the outcome is the state the turn lifecycle reached."""
         mode = self.call.mode if self.call is not None else Mode.STREAM
         settled = self._settle_refusal(done)
         if settled is not done and self.refusal is not None:
             done, mode = settled, self.refusal.mode
         self.call = None
         self.health.release_all()
-        state = self.life.state
-        if state in (TurnState.WALKING, TurnState.RECOVERING, TurnState.SEMANTIC_EMPTY_RECOVERY):
-            self.life.fire(TurnTrigger.SUCCEED if done.ok else TurnTrigger.FAIL)
-        elif state == TurnState.STREAMING:
-            # stream.recovery = streaming, and the answer came from an entry that cannot stream
-            if done.ok:
-                self.life.fire(TurnTrigger.COMMIT)
-                self.life.fire(TurnTrigger.COMPLETE, self)
-            else:
-                self.life.fire(TurnTrigger.FAIL)
+        self.walk_result = done
+        if not self.life.terminal:
+            self.life.fire(TurnTrigger.END, self)
         self.cancellation.fire(CancellationTrigger.FINISH)
-        if done.ok:
+        state = self.life.state
+        if state == TurnState.COMPLETED:
             deliver = self._delivery(self.answer) if self.answer and self.stream_requested and mode == Mode.COMPLETE else ()
             return Finish(self._result(Outcome.OK, None, done.entry, None), deliver)
-        if done.error == ErrorReason.INTERRUPTED:
+        if state == TurnState.INTERRUPTED:
             return Finish(self._result(Outcome.INTERRUPTED, ErrorReason.INTERRUPTED, None, "".join(self.forwarded)))
-        return Finish(self._result(Outcome.ERROR, done.error, None, None))
+        return Finish(self._result(Outcome.ERROR, done.error or ErrorReason.EXHAUSTED, None, None))
 
     def _delivery(self, answer: Completion) -> tuple[Event, ...]:
         events = []

@@ -37,8 +37,7 @@ class TurnTrigger(StrEnum):
     RECOVER = "recover"
     COMPLETE = "complete"
     FAIL = "fail"
-    CONTINUE_AFTER_INTERRUPT = "continue_after_interrupt"
-    SUCCEED = "succeed"
+    END = "end"
     CANCEL = "cancel"
 
 

@@ -601,3 +601,24 @@ def test_turns_and_attempts_are_genai_spans():
     assert attempts[1].attributes["gen_ai.usage.output_tokens"] == 3
     assert turn.start_time <= attempts[0].start_time <= attempts[1].end_time <= turn.end_time
     assert "SECRET PROMPT" not in repr([dict(s.attributes) for s in spans])
+
+
+def test_the_production_example_checks_clean_only_with_its_gateway_keys():
+    example = Path(__file__).resolve().parent.parent / "examples" / "production.toml"
+    env = {**os.environ, "ANTHROPIC_API_KEY": "a", "OPENAI_API_KEY": "b", "OPENROUTER_API_KEY": "c",
+           "RELAYLINE_GATEWAY_KEYS": "client-1,client-2", "RELAYLINE_ADMIN_KEYS": "admin-1"}
+    out = run("check", example, env=env)
+    assert out.returncode == 0 and out.stdout.rstrip().endswith("0 warnings"), out.stdout + out.stderr
+    env.pop("RELAYLINE_ADMIN_KEYS")
+    out = run("check", example, env=env)
+    assert out.returncode == 1 and "gateway.admin_keys_env: names RELAYLINE_ADMIN_KEYS" in out.stderr
+
+
+def test_an_answer_before_the_body_was_read_closes_the_connection():
+    with BackgroundGateway(profiles(), api_keys={"k"}) as gw:
+        refused = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "gpt-4o", "messages": HI})
+        answered = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "gpt-4o", "messages": HI},
+                              headers={"authorization": "Bearer k"})
+    # the 401 came before the body was read: the client must not send its next request on it
+    assert refused.status_code == 401 and refused.headers["connection"] == "close"
+    assert answered.status_code == 200 and "connection" not in answered.headers

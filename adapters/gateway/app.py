@@ -58,13 +58,17 @@ REQUEST_ID_SHAPE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 QUIET_ERRORS = {"client_error", "context_window"}  # the client's own doing: the access line says enough
 class Exchange:
     """One HTTP request as the access line and the metrics see it: a wrapper around ASGI `send`
-    that notes the status and the first body byte, and echoes the request id."""
+    that notes the status and the first body byte, and echoes the request id. An answer sent
+    before the request's body was read (401, 503 shed, 413, 408) says `connection: close`: the
+    server will not read that body, so the client must not reuse the connection."""
 
     __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
-                 "drained", "turn")
+                 "drained", "turn", "unread_body")
 
-    def __init__(self, send, method: str, path: str, request_id: str) -> None:
+    def __init__(self, send, method: str, path: str, request_id: str, headers: dict[bytes, bytes]) -> None:
         self.send = send
+        self.unread_body = headers.get(b"content-length", b"0").strip() not in (b"", b"0") or \
+            b"transfer-encoding" in headers
         # every answer on the Anthropic route speaks Anthropic, errors included (CONFIG.md "The wire")
         self.dialect = ANTHROPIC if path.startswith("/v1/messages") else OPENAI
         self.method = method
@@ -81,8 +85,10 @@ class Exchange:
     async def __call__(self, message: dict) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
-            message = {**message, "headers": [*message.get("headers", ()),
-                                              (b"x-request-id", self.request_id.encode())]}
+            headers = [*message.get("headers", ()), (b"x-request-id", self.request_id.encode())]
+            if self.unread_body and not any(k == b"connection" for k, _ in headers):
+                headers.append((b"connection", b"close"))
+            message = {**message, "headers": headers}
         elif self.first_byte is None and message.get("body"):
             self.first_byte = trio.current_time()
         await self.send(message)
@@ -172,7 +178,7 @@ class Gateway:
         if scope["type"] != "http":
             return
         headers = dict(scope.get("headers") or [])
-        exchange = Exchange(send, scope["method"], scope["path"], request_id(headers))
+        exchange = Exchange(send, scope["method"], scope["path"], request_id(headers), headers)
         try:
             await self._route(exchange, scope, headers, receive)
         finally:
@@ -320,6 +326,7 @@ class Gateway:
                         headers=[(b"connection", b"close")])
                     return None
                 if not message.get("more_body"):
+                    send.unread_body = False
                     return body
         await self._respond(send, 408, dialect.http_error(
             408, f"the request body did not arrive within {self.settings.body_timeout_s:g} s", "request_timeout"),

@@ -1,0 +1,120 @@
+"""Single-transition mutations of the shipped specs, and the checks that must catch each one.
+
+A mutation changes one transition of one spec (deletes it, redirects its destination to another
+state, or swaps its `guards` and `unless`). It is caught when the spec validator rejects it, or
+when, installed in place of the real spec, some scenario (the shared conformance set and the
+project's own, in process on virtual time) or some direct check of the machines fails or
+crashes. A mutation nothing catches is a transition whose diagram is not what runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import signal
+import tomllib
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+
+import attrs
+
+from relayline.adapters.sim.simulate import check_scenario, load_scenario
+from relayline.machines import engine
+from relayline.machines.errors import SpecError
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = (sorted((ROOT / "tests" / "scenarios").glob("*.toml"))
+             + sorted((ROOT.parent / "shared" / "conformance").glob("*.toml")))
+
+
+@attrs.frozen
+class Mutation:
+    spec: str
+    index: int  # transitions[index]
+    kind: str  # delete | redirect | swap
+    dest: str = ""
+
+    def __str__(self) -> str:
+        what = f"redirect to {self.dest}" if self.kind == "redirect" else self.kind
+        return f"{self.spec}.toml transitions[{self.index}] {what}"
+
+    def apply(self, raw: dict) -> dict:
+        raw = copy.deepcopy(raw)
+        transitions = raw["transitions"]
+        if self.kind == "delete":
+            del transitions[self.index]
+        elif self.kind == "redirect":
+            transitions[self.index]["dest"] = self.dest
+        else:
+            t = transitions[self.index]
+            guards, unless = t.pop("guards", None), t.pop("unless", None)
+            if unless is not None:
+                t["guards"] = unless
+            if guards is not None:
+                t["unless"] = guards
+        return raw
+
+
+def raw_spec(name: str) -> dict:
+    return tomllib.loads(resources.files("relayline.specs").joinpath(f"{name}.toml").read_text())
+
+
+def mutations(name: str) -> Iterator[Mutation]:
+    raw = raw_spec(name)
+    states = list(raw["states"])
+    for i, t in enumerate(raw["transitions"]):
+        yield Mutation(name, i, "delete")
+        for dest in states:
+            if dest != t["dest"]:
+                yield Mutation(name, i, "redirect", dest)
+        if t.get("guards") or t.get("unless"):
+            yield Mutation(name, i, "swap")
+
+
+def all_mutations() -> list[Mutation]:
+    return [m for name in engine.SPEC_NAMES for m in mutations(name)]
+
+
+_LOADED = {p: load_scenario(p) for p in SCENARIOS}
+
+
+class Hung(Exception):
+    """A mutant ran a scenario without end (virtual time jumps, real time does not)."""
+
+
+def _hang(signum: int, frame: object) -> None:
+    raise Hung
+
+
+def caught_by(mutation: Mutation, checks=(), limit_s: float = 10.0) -> str | None:
+    """What catches `mutation` (the validator, a scenario's name, a check's name), or None. A
+    scenario that does not end within `limit_s` of real time caught it too (a lifecycle that
+    loops forever is not the one drawn)."""
+    try:
+        spec = engine.build_spec(mutation.apply(raw_spec(mutation.spec)), f"specs/{mutation.spec}.toml")
+    except SpecError:
+        return "the spec validator"
+    real = engine.load_spec(mutation.spec)
+    engine._CACHE[mutation.spec] = spec
+    previous = signal.signal(signal.SIGALRM, _hang)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    try:
+        for check in checks:
+            try:
+                if not check():
+                    return check.__name__
+            except Exception:
+                return check.__name__
+        for path, scenario in _LOADED.items():
+            try:
+                if not check_scenario(scenario).ok:
+                    return path.stem
+            except Exception:
+                return path.stem
+        return None
+    except Hung:
+        return "a scenario that never ends"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        engine._CACHE[mutation.spec] = real
