@@ -101,17 +101,18 @@ class Runtime:
             return cls._current
 
     def _main(self) -> None:
-        async def main() -> None:
-            self._token = trio.lowlevel.current_trio_token()
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                self._ready.set()
-                await trio.sleep_forever()
-
         try:
-            trio.run(main)
+            trio.run(self._serve)
         finally:
             self._ready.set()
+
+    async def _serve(self) -> None:
+        """The run's main task: a nursery for bridged calls, until `stop`."""
+        self._token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self._ready.set()
+            await trio.sleep_forever()
 
     @property
     def thread(self) -> threading.Thread:

@@ -41,15 +41,7 @@ class GuestRuntime(Runtime):
         self._ready = threading.Event()
         self._thread = threading.current_thread()
         self.finished: asyncio.Future[object] = loop.create_future()
-
-        async def main() -> None:
-            self._token = trio.lowlevel.current_trio_token()
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                self._ready.set()
-                await trio.sleep_forever()
-
-        trio.lowlevel.start_guest_run(main, run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+        trio.lowlevel.start_guest_run(self._serve, run_sync_soon_threadsafe=loop.call_soon_threadsafe,
                                       run_sync_soon_not_threadsafe=loop.call_soon,
                                       done_callback=self.finished.set_result, host_uses_signal_set_wakeup_fd=True)
 

@@ -120,7 +120,7 @@ async def test_a_429_cooldown_set_by_one_worker_is_seen_by_the_other(redis_serve
         result = await two._run_turn(HI)
         cooling = two.health.cooldown_until("sim.a") - trio.current_time()
     assert [str(s) for s in result.skipped] == ["sim.a/m1 cooldown"] and sent_to(two, "sim.a") == 0
-    assert 15 < cooling <= 20
+    assert 15 < cooling <= 20.1  # shared as wall-clock time: reading it back on trio's clock adds a little noise
 
 
 async def test_every_key_has_an_expiry(redis_server, prefix):
