@@ -18,6 +18,7 @@ import attrs
 from . import classify as fc
 from .config import Config
 from .engine import Lifecycle, load_spec
+from .errors import IllegalTransition
 from .health import HealthStore
 from .ledger import LedgerRow, Usage, row
 from .plan import Plan, PlannedEntry
@@ -371,7 +372,8 @@ class Turn:
         gate = self._gate()
         was_committed = gate.committed
         events = gate.feed(frame)
-        if events and not was_committed and self.life.state == TurnState.STREAMING:
+        if events and not was_committed and self.life.state != TurnState.CONTINUING:
+            # the gate committed: so does the turn (a continuation extends a committed turn)
             self.life.fire(TurnTrigger.COMMIT)
             if self.walk is not None and self.walk.life.state == WalkState.CALLING:
                 self.walk.on_committed()
@@ -392,7 +394,9 @@ class Turn:
         entry = self._call().entry
         usage = gate.usage or Usage()
         refused_early = gate.finish_reason == CONTENT_FILTER and not gate.committed
-        gate.finish()
+        ended = gate.finish()
+        if ended not in (StreamState.COMPLETED, StreamState.SEMANTIC_EMPTY):
+            raise IllegalTransition(f"stream: a completion signal cannot end a stream in {ended!r}")
         if refused_early and self.advance_refusals and self.life.state == TurnState.STREAMING:
             # a refusal known before commit: nothing was shown, so the turn advances as it
             # would after a pre-commit failure (after commit the stream rules stand)
@@ -402,7 +406,9 @@ class Turn:
         # everything forwarded is the answer: one stream's text, or a continuation's two
         answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments,
                             tuple(gate.tool_ids), gate.finish_reason, gate.stop_sequence)
-        if answer.has_answer or refused_early:
+        # the gate's verdict, or for a continuation the verdict on both streams' text together
+        answered = answer.has_answer if self.life.state == TurnState.CONTINUING else ended == StreamState.COMPLETED
+        if answered or refused_early:
             self._record(fc.OK, now, usage=usage, accepted=True)
             self.answer = answer
             if self.life.state == TurnState.STREAMING:
@@ -457,7 +463,9 @@ class Turn:
             return self._done(WalkDone(ok=True, entry=entry), now)
         if state == TurnState.INTERRUPTED:
             return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.INTERRUPTED), now)
-        return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.SEMANTIC_EMPTY), now)
+        if state == TurnState.FAILED:
+            return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.SEMANTIC_EMPTY), now)
+        raise IllegalTransition(f"turn: a stream's end cannot lead to state {state!r}")
 
     def _semantic_empty_recovery(self, entry: PlannedEntry, now: float) -> Action:
         # CONFIG.md: the exact entry gets one non-streaming recovery attempt when retries > 0
@@ -487,7 +495,11 @@ class Turn:
         stopped = walk.note_failure(index, failure, now)
         self.recoverable = stopped is None
         self.life.fire(TurnTrigger.RECOVER, self)
-        return self._walk_from(walk, now, stopped)
+        if self.life.state == TurnState.RECOVERING:
+            return self._walk_from(walk, now)
+        if self.life.state == TurnState.FAILED and stopped is not None:
+            return self._done(stopped, now)
+        raise IllegalTransition(f"turn: a failure before commit cannot lead to state {self.life.state!r}")
 
     def _only_candidate(self, index: int, now: float) -> bool:
         """No other entry is allowed and healthy right now."""
@@ -547,7 +559,9 @@ class Turn:
             return Finish(self._result(Outcome.OK, None, done.entry, None), deliver)
         if state == TurnState.INTERRUPTED:
             return Finish(self._result(Outcome.INTERRUPTED, ErrorReason.INTERRUPTED, None, "".join(self.forwarded)))
-        return Finish(self._result(Outcome.ERROR, done.error or ErrorReason.EXHAUSTED, None, None))
+        if state == TurnState.FAILED:
+            return Finish(self._result(Outcome.ERROR, done.error or ErrorReason.EXHAUSTED, None, None))
+        raise IllegalTransition(f"turn: a turn cannot end in state {state!r}")
 
     def _delivery(self, answer: Completion) -> tuple[Event, ...]:
         events = []

@@ -19,7 +19,7 @@ import attrs
 from . import classify as fc
 from .config import Config
 from .engine import Lifecycle, load_spec
-from .errors import SpecError
+from .errors import IllegalTransition, SpecError
 from .health import HealthStore
 from .plan import Plan, PlannedEntry
 from .vocab import BreakerState, ErrorReason, FailureClass, Mode, SkipReason, WalkState, WalkTrigger
@@ -298,8 +298,13 @@ class Walk:
             return WalkDone(ok=False, error=ErrorReason.CANCELLED)
         came_from = self.life.history[-2] if len(self.life.history) > 1 else None
         if came_from == WalkState.CALLING and self.failure is not None:  # stopped by a decision
-            return WalkDone(ok=False, entry=self.entry, error=self._stop_error(self.failure) or ErrorReason.EXHAUSTED)
-        return WalkDone(ok=False, error=self._exhausted_reason())
+            stop = self._stop_error(self.failure)
+            if stop is None:
+                raise IllegalTransition(f"walk: a {self.failure.kind} failure cannot stop the walk")
+            return WalkDone(ok=False, entry=self.entry, error=stop)
+        if came_from == WalkState.CHOOSING:
+            return WalkDone(ok=False, error=self._exhausted_reason())
+        raise IllegalTransition(f"walk: cannot end in {state!r} coming from {came_from!r}")
 
     def _call(self) -> Call:
         entry = self.entry

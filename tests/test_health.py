@@ -54,3 +54,15 @@ def test_late_results_do_not_move_an_open_breaker():
     b.success(2.0)
     b.failure(2.5)
     assert b.state == "open" and b.open_until == 6.0
+
+
+def test_late_results_do_not_move_a_half_open_breaker_and_success_keeps_it_closed():
+    b = tripped()
+    assert b.refresh(6.1) == "half_open"
+    b.success(6.2)
+    assert b.state == "half_open"
+    b.failure(6.3)
+    assert b.state == "half_open" and b.claim(6.4)  # the probe is still there to take
+    fresh = Breaker(BreakerConfig(window_s=10, failure_threshold=2, open_s=5))
+    fresh.success(0.0)
+    assert fresh.state == "closed" and not fresh.blocks(0.1)
