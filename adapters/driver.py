@@ -4,13 +4,20 @@ The machines decide (machines/turn.py); this module performs: provider calls thr
 protocol adapters, sleeps, sink writes, and the timeouts as trio cancel scopes. Cancellation
 arrives as trio.Cancelled from whoever owns the turn (a caller's scope, a gateway client that
 went away): the driver records it on the turn, which never retries after it, and re-raises.
+
+Every turn ends, whatever raises. `timeouts.total_s` bounds the whole turn; an exception inside
+an attempt (an adapter that could not build or read a call) is that attempt's `internal`
+failure and the walk goes on; an exception in relayline's own machines or in the consumer's
+sink settles the turn and propagates. In every case the turn's probes are handed back, so no
+crash can hold a half-open breaker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 import trio
 
@@ -18,13 +25,17 @@ from relayline.machines import classify as fc
 from relayline.machines import wire
 from relayline.machines.config import Timeouts
 from relayline.machines.errors import RelaylineError
-from relayline.machines.stream import Event
+from relayline.machines.stream import REASONING, TEXT, TOOL_ARGS, Event
 from relayline.machines.turn import Completion, Finish, Turn, TurnResult
 from relayline.machines.walk import Call, Sleep
 
 from .providers.base import DONE, CallRequest, ProviderClient, ProviderFailure
 
+log = logging.getLogger("relayline.driver")
+
 Sink = Callable[[Event], Awaitable[None]]  # may carry `may_block = False` (see TurnRun._frames)
+SETTLE_SYNC_S = 5.0
+_SIZED = frozenset({TEXT, REASONING, TOOL_ARGS})  # frames whose text a stream accumulates
 
 
 async def _discard(event: Event) -> None:
@@ -32,6 +43,55 @@ async def _discard(event: Event) -> None:
 
 
 _discard.may_block = False
+
+
+class _Escalated(Exception):
+    """Carries an exception raised by relayline's machines or the consumer's sink out of an
+    attempt, so that it is not mistaken for the attempt's own failure."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(repr(error))
+        self.error = error
+
+
+class AttemptClock:
+    """One attempt's deadline, moved as the provider reaches each phase, so the provider answers
+    only for its own time: `headers_s` runs from the moment the request was written to the
+    upstream socket (not while the turn waited for a pooled connection), then `idle_s` bounds
+    each gap in a non-streamed body. An adapter that cannot tell when it wrote (the sim family)
+    gets the headers clock at once. Timeout messages name the phase that ran out."""
+
+    __slots__ = ("scope", "timeouts", "phase")
+
+    def __init__(self, scope: trio.CancelScope, timeouts: Timeouts, *, from_write: bool) -> None:
+        self.scope = scope
+        self.timeouts = timeouts
+        self.phase = "sending"
+        if not from_write:
+            self.sent()
+
+    @staticmethod
+    def _after(seconds: float) -> float:
+        return trio.current_time() + seconds if seconds > 0 else math.inf
+
+    def sent(self) -> None:
+        """The request is on the wire: the provider's headers clock starts."""
+        self.phase = "headers"
+        self.scope.deadline = self._after(self.timeouts.headers_s)
+
+    def headers(self) -> None:
+        """Response headers arrived: from now on only a stalled body is the provider's delay."""
+        self.phase = "body"
+        self.scope.deadline = self._after(self.timeouts.idle_s)
+
+    def received(self) -> None:
+        if self.phase == "body":
+            self.scope.deadline = self._after(self.timeouts.idle_s)
+
+    def failure(self) -> fc.Failure:
+        if self.phase == "body":
+            return fc.timed_out("response body bytes (a stalled body)", self.timeouts.idle_s)
+        return fc.timed_out("response headers", self.timeouts.headers_s)
 
 
 class TurnRun:
@@ -49,8 +109,11 @@ class TurnRun:
         self.clients = clients
         self.request = request
         self.timeouts: Timeouts = turn.config.timeouts
+        self.max_bytes = turn.config.limits.max_response_bytes
         self.on_draft = on_draft
         self.result: TurnResult | None = None
+        self._frames_scope: trio.CancelScope | None = None  # the open stream's idle deadline
+        self._first_token_deadline = math.inf
         # a fleet's shared health (stores/health.py): its mirror is synced with the store before
         # each decision of the turn's machines, so each sees the fleet (an answer needs none:
         # whatever the fleet says, the turn is done), and what the turn did is pushed at its end
@@ -62,20 +125,34 @@ class TurnRun:
         if store is not None and (read or store.pending):
             await store.sync(self._profiles if read else ())
 
+    async def _sync_settled(self) -> None:
+        """After a turn was settled by cancellation or a crash: its held probes go back to the
+        fleet even though the turn's own scope is cancelled (bounded: a store may be down)."""
+        if self._store is not None:
+            with trio.move_on_after(SETTLE_SYNC_S) as scope:
+                scope.shield = True
+                await self._sync_health(read=False)
+
     async def run(self, sink: Sink = _discard) -> TurnResult:
         turn = self.turn
         try:
-            await self._sync_health()
-            action = turn.start(trio.current_time())
-            while not isinstance(action, Finish):
-                if isinstance(action, Sleep):
-                    await trio.sleep(action.seconds)
+            with trio.move_on_after(self.timeouts.total_s) as budget:
+                try:
                     await self._sync_health()
-                    action = turn.on_timer(trio.current_time())
-                elif action.mode == "stream":
-                    action = await self._stream(action, sink)
-                else:
-                    action = await self._complete(action)
+                    action = turn.start(trio.current_time())
+                    while not isinstance(action, Finish):
+                        if isinstance(action, Sleep):
+                            await trio.sleep(action.seconds)
+                            await self._sync_health()
+                            action = turn.on_timer(trio.current_time())
+                        elif action.mode == "stream":
+                            action = await self._stream(action, sink)
+                        else:
+                            action = await self._complete(action)
+                except _Escalated as exc:
+                    raise exc.error from None
+            if budget.cancelled_caught:
+                action = turn.expire(trio.current_time())
             self.result = action.result
             await self._sync_health(read=False)
             for event in action.deliver:
@@ -83,14 +160,53 @@ class TurnRun:
             return self.result
         except trio.Cancelled:
             if self.result is None:
-                self.result = turn.cancel(trio.current_time()).result
-                with trio.CancelScope(shield=True):  # a held probe goes back to the fleet
-                    await self._sync_health(read=False)
+                self.result = self._settle(turn.cancel)
+                await self._sync_settled()
             raise
+        except Exception:
+            # relayline's own bug, or the consumer's sink failed: the turn still ends, and the
+            # exception goes to whoever owns the turn (the gateway answers a 500)
+            log.exception("turn_internal_error requested=%s", turn.plan.requested)
+            if self.result is None:
+                self.result = self._settle(turn.abort)
+                await self._sync_settled()
+            raise
+        finally:
+            turn.health.release_all()  # whatever happened above, no probe outlives its turn
+
+    def _settle(self, how: Callable[[float], Finish]) -> TurnResult:
+        now = trio.current_time()
+        try:
+            return how(now).result
+        except Exception:
+            # the machines are broken beyond settling normally: build the result regardless
+            log.exception("turn_settle_error requested=%s", self.turn.plan.requested)
+            return self.turn.abort(now).result
+
+    @contextlib.contextmanager
+    def consumer_paused(self) -> Iterator[None]:
+        """The consumer cannot take more yet (a gateway client reading slowly): the upstream
+        read pauses with it, and the provider's idle deadline is lifted meanwhile, since a slow
+        reader is not a stalled provider. The deadline starts afresh when the consumer resumes."""
+        scope = self._frames_scope
+        if scope is None:
+            yield
+            return
+        scope.deadline = math.inf
+        try:
+            yield
+        finally:
+            if self._frames_scope is scope:
+                self._arm(scope, trio.current_time())
+
+    def _arm(self, scope: trio.CancelScope, now: float) -> None:
+        idle = self.timeouts.idle_s
+        deadline = now + idle if idle > 0 else math.inf
+        scope.deadline = deadline if self.turn.gate.committed else min(self._first_token_deadline, deadline)
 
     # -- one call -----------------------------------------------------------------------------
 
-    def _request(self, call: Call) -> CallRequest:
+    def _request(self, call: Call, clock: AttemptClock | None = None) -> CallRequest:
         entry = call.entry
         if call.key_index is not None:
             key = entry.keys[call.key_index]
@@ -101,7 +217,8 @@ class TurnRun:
             # the forwarded text as a trailing assistant message, byte for byte
             request = request.with_prefill(call.prefill)
         return CallRequest(entry, entry.model, request, key, call.key_index, call.mode == "stream", call.probe,
-                           self.turn.config.gateway.drop_unsupported_params)
+                           self.turn.config.gateway.drop_unsupported_params,
+                           clock=clock, max_bytes=self.max_bytes)
 
     def _client(self, call: Call) -> ProviderClient:
         family = call.entry.provider.family
@@ -110,19 +227,32 @@ class TurnRun:
         except KeyError:
             raise RelaylineError(f"no protocol adapter for family {family!r}", reason="config") from None
 
+    def _internal(self, call: Call, exc: Exception) -> fc.Failure:
+        """An exception inside an attempt: that attempt's failure (the walk goes on), logged
+        once with its stack. Never a breaker failure: the provider may have done nothing wrong."""
+        log.error("attempt_internal_error provider=%s model=%s error=%s", call.entry.profile, call.entry.model,
+                  type(exc).__name__, exc_info=exc)
+        return fc.internal(exc)
+
     async def _complete(self, call: Call):
         turn = self.turn
-        headers_s = self.timeouts.headers_s
+        client = self._client(call)
         try:
-            with trio.fail_after(headers_s) if headers_s > 0 else contextlib.nullcontext():
-                completion = await self._client(call).complete(self._request(call))
-        except trio.TooSlowError:
-            completion = fc.timed_out("response headers", headers_s)
+            with trio.CancelScope() as scope:
+                clock = AttemptClock(scope, self.timeouts, from_write=getattr(client, "reports_sent", False))
+                completion = await client.complete(self._request(call, clock))
         except ProviderFailure as exc:
             completion = exc.failure
+        except Exception as exc:
+            completion = self._internal(call, exc)
+        if scope.cancelled_caught:
+            completion = clock.failure()
         if not (isinstance(completion, Completion) and completion.has_answer):
             await self._sync_health()
-        return turn.on_completion(completion, trio.current_time())
+        try:
+            return turn.on_completion(completion, trio.current_time())
+        except Exception as exc:
+            raise _Escalated(exc) from None
 
     async def _stream(self, call: Call, sink: Sink):
         turn = self.turn
@@ -130,27 +260,37 @@ class TurnRun:
         if failure is not None:
             await self._sync_health()
         now = trio.current_time()
-        if failure is None:
-            return turn.stream_done(now)
-        if not turn.gate.committed and self.on_draft is not None:
-            self.on_draft("")  # a pre-commit fallback replaces the draft
-        return turn.stream_failed(failure, now)
+        try:
+            if failure is None:
+                return turn.stream_done(now)
+            if not turn.gate.committed and self.on_draft is not None:
+                self.on_draft("")  # a pre-commit fallback replaces the draft
+            return turn.stream_failed(failure, now)
+        except Exception as exc:
+            raise _Escalated(exc) from None
 
     async def _pump(self, call: Call, sink: Sink) -> fc.Failure | None:
         """Open the stream and run its frames through the gate. Returns the failure, or None
         when the completion signal arrived."""
-        turn = self.turn
-        t = self.timeouts
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                with trio.move_on_after(t.headers_s if t.headers_s > 0 else math.inf) as headers_scope:
-                    frames = await stack.enter_async_context(self._client(call).stream(self._request(call)))
-            except ProviderFailure as exc:
-                return exc.failure
-            if headers_scope.cancelled_caught:
-                return fc.timed_out("response headers", t.headers_s)
-            turn.stream_headers()
-            return await self._frames(frames, sink)
+        client = self._client(call)
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                with trio.CancelScope() as scope:
+                    clock = AttemptClock(scope, self.timeouts, from_write=getattr(client, "reports_sent", False))
+                    frames = await stack.enter_async_context(client.stream(self._request(call, clock)))
+                if scope.cancelled_caught:
+                    return clock.failure()
+                try:
+                    self.turn.stream_headers()
+                except Exception as exc:
+                    raise _Escalated(exc) from None
+                return await self._frames(frames, sink)
+        except ProviderFailure as exc:
+            return exc.failure
+        except _Escalated:
+            raise
+        except Exception as exc:
+            return self._internal(call, exc)
 
     async def _frames(self, frames, sink: Sink) -> fc.Failure | None:
         """Run the frames through the gate under first_token_s and idle_s.
@@ -158,22 +298,34 @@ class TurnRun:
         Moving a cancel scope's deadline costs more than the rest of a frame's handling, so it
         is re-armed at most every `slack` seconds (a stall is caught between idle_s and idle_s
         + slack). A sink that may block (a consumer reading at its own pace, `may_block`) lifts
-        the deadline while it runs: a slow consumer is not a stalled provider."""
+        the deadline while it runs: a slow consumer is not a stalled provider; a sink that
+        blocks only now and then says so with `consumer_paused`. The text the stream
+        accumulates is bounded by limits.max_response_bytes."""
         turn = self.turn
         t = self.timeouts
         gate = turn.gate
         opened = trio.current_time()
         first_token_deadline = opened + t.first_token_s if t.first_token_s > 0 else math.inf
+        self._first_token_deadline = first_token_deadline
         idle = t.idle_s if t.idle_s > 0 else math.inf
         slack = min(0.25, idle / 20)
         lift = getattr(sink, "may_block", True)
+        room = self.max_bytes
         armed_at = opened
         draft: list[str] = []
+        provider = True  # an exception while iterating is the attempt's; in the body, not
         with trio.CancelScope(deadline=min(first_token_deadline, opened + idle)) as scope:
+            self._frames_scope = scope
             try:
                 async for frame in frames:
+                    provider = False
                     if frame.kind == DONE:
                         return None
+                    if frame.kind in _SIZED and frame.value:
+                        value = frame.value
+                        room -= len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+                        if room < 0:
+                            return fc.too_large(self.max_bytes, "streamed text")
                     events = turn.stream_frame(frame)
                     if events:
                         if lift:
@@ -191,8 +343,15 @@ class TurnRun:
                     if now - armed_at >= slack:
                         armed_at = now
                         scope.deadline = now + idle if gate.committed else min(first_token_deadline, now + idle)
+                    provider = True
             except ProviderFailure as exc:
                 return exc.failure
+            except Exception as exc:
+                if provider:
+                    raise
+                raise _Escalated(exc) from None
+            finally:
+                self._frames_scope = None
         if scope.cancelled_caught:
             if not gate.committed and trio.current_time() >= first_token_deadline:
                 return fc.timed_out("decisive frame", t.first_token_s)

@@ -72,7 +72,8 @@ T = TypeVar("T")
 def open_health(config: Config) -> HealthStore:
     """The health store a config names: in memory (each process alone), or Redis (a fleet)."""
     if config.health.store == "memory":
-        return InMemoryHealth(config.breaker)
+        # a probe is leased for as long as its turn may live: no turn that died holds it longer
+        return InMemoryHealth(config.breaker, config.timeouts.total_s)
     from .stores.health import RedisHealth
 
     return RedisHealth(config.health, config.breaker)

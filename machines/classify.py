@@ -26,6 +26,8 @@ QUOTA = FailureClass.QUOTA
 CONTEXT_WINDOW = FailureClass.CONTEXT_WINDOW
 REJECTED = FailureClass.REJECTED
 REFUSED = FailureClass.REFUSED
+TOO_LARGE = FailureClass.TOO_LARGE
+INTERNAL = FailureClass.INTERNAL
 
 FAILURE_CLASSES = tuple(FailureClass)
 # CONFIG.md: only these teach the breaker anything about a profile's health
@@ -150,3 +152,12 @@ def truncated(detail: str = "stream truncated before its completion signal") -> 
 
 def timed_out(what: str, seconds: float) -> Failure:
     return Failure(TIMEOUT, f"no {what} within {seconds:g}s")
+
+
+def too_large(limit: int, what: str = "response") -> Failure:
+    return Failure(TOO_LARGE, f"{what} larger than limits.max_response_bytes ({limit} bytes)")
+
+
+def internal(exc: BaseException) -> Failure:
+    # the exception's type only: its message may quote a provider body or a request
+    return Failure(INTERNAL, f"internal error ({type(exc).__name__})")

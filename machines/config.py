@@ -15,6 +15,7 @@ import tomllib
 import typing
 from collections.abc import Callable
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import attrs
 import cattrs
@@ -119,6 +120,12 @@ class Timeouts:
     first_token_s: float = 0.0
     idle_s: float = 60.0
     gate_commit_s: float = 30.0
+    total_s: float = 600.0  # a whole turn: streams, retries and waits included
+
+
+@attrs.frozen
+class Limits:
+    max_response_bytes: int = 32 * 1024 * 1024  # a non-streamed body, or the text one stream accumulates
 
 
 @attrs.frozen
@@ -190,6 +197,7 @@ class Config:
     reliability: Reliability = Reliability()
     breaker: Breaker = Breaker()
     timeouts: Timeouts = Timeouts()
+    limits: Limits = Limits()
     stream: Stream = Stream()
     routes: tuple[Route, ...] = ()
     catalog: tuple[CatalogModel, ...] = ()
@@ -285,7 +293,7 @@ _converter.register_structure_hook_func(
 
 def _require_tables(converter: cattrs.Converter) -> None:
     # leaves first: a class's generated hook captures the hooks of its fields when it is made
-    for cls in (Capabilities, Price, Provider, Reliability, Breaker, Timeouts, Stream, Route,
+    for cls in (Capabilities, Price, Provider, Reliability, Breaker, Timeouts, Limits, Stream, Route,
                 CatalogModel, EffortRouting, Notices, Gateway, Ledger, Health, Config):
         base = converter.get_structure_hook(cls)
 
@@ -334,7 +342,18 @@ def _problems(exc: BaseException, path: str) -> list[str]:
     return [f"{path or 'config'}: {exc}"]
 
 
-_URL = re.compile(r"^https?://[^\s/?#]+[^\s]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+
+
+def _base_url_problems(url: str, where: str) -> list[str]:
+    """A base_url is an endpoint, never a credential: `user:pass@` in it would be logged with
+    the URL and sent instead of the configured key, so it is refused (and never repeated)."""
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc or any(c.isspace() for c in url):
+        return [f"{where}: must be an http(s) URL such as https://api.example.com/v1"]
+    if "@" in parsed.netloc:
+        return [f"{where}: must not carry credentials (user:password@); give the key with api_key_env"]
+    return []
 
 
 def _gateway_problems(g: Gateway) -> list[str]:
@@ -380,12 +399,20 @@ def _semantic_problems(cfg: Config) -> list[str]:
     for name in ("headers_s", "first_token_s", "idle_s", "gate_commit_s"):
         if getattr(cfg.timeouts, name) < 0:
             problems.append(f"timeouts.{name}: must not be negative")
+    if not cfg.timeouts.total_s > 0:
+        problems.append("timeouts.total_s: must be positive (every turn ends)")
+    if cfg.limits.max_response_bytes < 1:
+        problems.append("limits.max_response_bytes: must be at least 1")
     problems += _gateway_problems(cfg.gateway)
     for alias, p in cfg.providers.items():
         where = join_path("providers", alias)
-        if p.base_url is not None and not _URL.match(p.base_url):
-            problems.append(f"{where}.base_url: not an http(s) URL ({p.base_url!r})")
         given = [k for k in ("api_key", "api_key_env", "api_keys") if getattr(p, k)]
+        if p.api_key_env is not None and not _ENV_NAME.match(p.api_key_env):
+            # a key pasted here by mistake must not be echoed back: say what is wrong, not what it is
+            problems.append(f"{where}.api_key_env: must name an environment variable (letters, digits and "
+                            f"underscores, not starting with a digit); to give the key itself use api_key")
+        if p.base_url is not None:
+            problems.extend(_base_url_problems(p.base_url, f"{where}.base_url"))
         if len(given) > 1:
             problems.append(f"{where}: set only one of api_key, api_key_env, api_keys (found {', '.join(given)})")
         for name in ("input_per_mtok", "output_per_mtok"):

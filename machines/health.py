@@ -10,6 +10,7 @@ its MockClock in `relayline simulate`, and under Hypothesis.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 from typing import Protocol
@@ -18,18 +19,24 @@ from .config import Breaker as BreakerConfig
 from .engine import Lifecycle, load_spec
 from .vocab import BreakerState, BreakerTrigger
 
+# a turn lives at most timeouts.total_s (CONFIG.md's default): no probe outlives its turn by more
+DEFAULT_PROBE_LEASE_S = 600.0
+
 
 class Breaker:
     """One profile's breaker, executing specs/breaker.toml. Failures are timestamps inside
-    window_s; `open_until` is when an open breaker turns half-open."""
+    window_s; `open_until` is when an open breaker turns half-open; `lease_until` is when a
+    held probe is taken back from a turn that never gave its verdict (it crashed, or hung)."""
 
-    __slots__ = ("config", "life", "failures", "open_until", "transitions")
+    __slots__ = ("config", "life", "failures", "open_until", "lease_s", "lease_until", "transitions")
 
-    def __init__(self, config: BreakerConfig) -> None:
+    def __init__(self, config: BreakerConfig, probe_lease_s: float = DEFAULT_PROBE_LEASE_S) -> None:
         self.config = config
         self.life: Lifecycle = load_spec("breaker").start(history_limit=16)
         self.failures: deque[float] = deque()
         self.open_until = 0.0
+        self.lease_s = probe_lease_s
+        self.lease_until = 0.0
         self.transitions = 0  # state changes, for metrics
 
     @property
@@ -41,8 +48,11 @@ class Breaker:
         return len(self.failures) >= self.config.failure_threshold
 
     def refresh(self, now: float) -> BreakerState:
-        if self.life.state == BreakerState.OPEN and now >= self.open_until:
+        state = self.life.state
+        if state == BreakerState.OPEN and now >= self.open_until:
             self._fire(BreakerTrigger.COOL_OFF)
+        elif state == BreakerState.PROBING and now >= self.lease_until:
+            self._fire(BreakerTrigger.LEASE_EXPIRED)
         return self.state
 
     def _fire(self, trigger: BreakerTrigger) -> None:
@@ -65,11 +75,12 @@ class Breaker:
         state = self.refresh(now)
         if state == BreakerState.HALF_OPEN:
             self._fire(BreakerTrigger.PROBE)
-            return True
-        if state == BreakerState.OPEN and force:
+        elif state == BreakerState.OPEN and force:
             self._fire(BreakerTrigger.FORCE_PROBE)
-            return True
-        return False
+        else:
+            return False
+        self.lease_until = now + self.lease_s
+        return True
 
     def failure(self, now: float) -> None:
         window_start = now - self.config.window_s
@@ -104,6 +115,8 @@ class Breaker:
             self.life.state = state
             self.life.history.append(state)
             self.transitions += 1
+            if state == "probing":
+                self.lease_until = math.inf  # another worker's probe: its lease is the store's
         self.failures = deque(failures)
         self.open_until = open_until
 
@@ -118,8 +131,9 @@ class HealthStore(Protocol):
 
 
 class InMemoryHealth:
-    def __init__(self, config: BreakerConfig) -> None:
+    def __init__(self, config: BreakerConfig, probe_lease_s: float = DEFAULT_PROBE_LEASE_S) -> None:
         self.breaker_config = config
+        self.probe_lease_s = probe_lease_s
         self._cooldowns: dict[str, float] = {}
         self._breakers: dict[str, Breaker] = {}
         self._keys: dict[str, int] = {}
@@ -137,7 +151,7 @@ class InMemoryHealth:
         try:
             return self._breakers[profile]
         except KeyError:
-            b = self._breakers[profile] = Breaker(self.breaker_config)
+            b = self._breakers[profile] = Breaker(self.breaker_config, self.probe_lease_s)
             return b
 
     def key_cursor(self, profile: str) -> int:

@@ -538,6 +538,54 @@ class Turn:
         partial = "".join(self.forwarded) if self.cancellation.state == CancellationState.PERSISTED_PARTIAL else None
         return Finish(self._result(Outcome.CANCELLED, ErrorReason.CANCELLED, None, partial))
 
+    # -- ends the walk does not choose --------------------------------------------------------
+
+    def expire(self, now: float) -> Finish:
+        """timeouts.total_s passed: the turn ends where it stands and nothing more is sent. An
+        attempt in flight is a timeout of the turn's own budget, not evidence against the
+        provider (a long answer is not ill health; a silent one already met headers_s or
+        idle_s): no breaker failure, a held probe is handed back. Forwarded output ends as
+        interrupted, exactly as a stream cut after commit."""
+        detail = f"turn deadline: timeouts.total_s ({self.config.timeouts.total_s:g}s) passed"
+        gate = self.gate
+        committed = gate is not None and gate.committed
+        if self.call is not None:
+            usage = None
+            if self.call.mode == Mode.STREAM and gate is not None:
+                usage = gate.usage
+                if not gate.life.terminal:
+                    gate.fail()
+            self._record(StreamOutcome.INTERRUPTED if committed else FailureClass.TIMEOUT, now,
+                         reason=FailureClass.TIMEOUT, detail=detail,
+                         usage=usage or (Usage() if committed else None), bill=committed)
+            self.call = None
+        if self.walk is not None and not self.walk.life.terminal:
+            self.walk.cancel()  # the walk ends without a verdict: nothing more is attempted
+        self.health.release_all()
+        interrupted = committed or self.life.state == TurnState.CONTINUING
+        self.continuation = None  # nothing continues past the deadline
+        if self.life.state in (TurnState.COMMITTED, TurnState.CONTINUING):
+            self.life.fire(TurnTrigger.FAIL, self)
+        elif not self.life.terminal:
+            self.walk_result = WalkDone(ok=False, error=ErrorReason.DEADLINE)
+            self.life.fire(TurnTrigger.END, self)
+        self.cancellation.fire(CancellationTrigger.FINISH)
+        if interrupted:
+            return Finish(self._result(Outcome.INTERRUPTED, ErrorReason.INTERRUPTED, None, "".join(self.forwarded)))
+        return Finish(self._result(Outcome.ERROR, ErrorReason.DEADLINE, None, None))
+
+    def abort(self, now: float) -> Finish:
+        """relayline's own code failed mid-turn (a machine, a sink): settle what is known, hand
+        every held probe back, and report an internal error. The machines may be in any state
+        here, so this fires nothing: it only builds the result."""
+        if self.call is not None:
+            self._record(FailureClass.INTERNAL, now, reason=FailureClass.INTERNAL,
+                         detail="the turn failed inside relayline",
+                         usage=self.gate.usage if self.gate is not None else None, bill=False)
+            self.call = None
+        self.health.release_all()
+        return Finish(self._result(Outcome.ERROR, ErrorReason.INTERNAL, None, None))
+
     # -- the end ------------------------------------------------------------------------------
 
     def _done(self, done: WalkDone, now: float) -> Finish:
@@ -633,6 +681,8 @@ class Turn:
             ErrorReason.UNSUPPORTED: "no entry can honour the request as asked: "
                                      + ", ".join(dict.fromkeys(f for s in self.health.skips for f in s.fields)),
             ErrorReason.CANCELLED: "cancelled by the consumer",
+            ErrorReason.DEADLINE: f"the turn did not end within timeouts.total_s ({self.config.timeouts.total_s:g}s)",
+            ErrorReason.INTERNAL: "relayline failed to make or read the call (an internal error, logged)",
             ErrorReason.INTERRUPTED: "the stream failed after output was forwarded; it is not replayed",
         }[error]
         parts = [f"{head} ({len(self.attempts)} attempts"

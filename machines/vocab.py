@@ -95,6 +95,7 @@ class BreakerTrigger(StrEnum):
     FORCE_PROBE = "force_probe"
     PROBE = "probe"
     RELEASE = "release"
+    LEASE_EXPIRED = "lease_expired"
 
 
 class CancellationState(StrEnum):
@@ -173,6 +174,8 @@ class FailureClass(StrEnum):
     # whose finish reason is content_filter. With on_refusal = "return" the turn demotes it to what
     # it was before refusals had a class of their own (rejected, or an ordinary answer).
     REFUSED = "refused"
+    TOO_LARGE = "too_large"  # the answer outgrew limits.max_response_bytes: advance, never retried
+    INTERNAL = "internal"  # relayline could not make or read the call (its own fault, not the provider's)
 
 
 class Outcome(StrEnum):
@@ -202,6 +205,8 @@ class ErrorReason(StrEnum):
     CLIENT_ERROR = "client_error"
     NO_CANDIDATE = "no_candidate"
     UNSUPPORTED = "unsupported"  # no entry can honour the request as asked (CONFIG.md "The wire")
+    DEADLINE = "deadline"  # timeouts.total_s passed before an answer
+    INTERNAL = "internal"  # relayline failed to make or read the call (logged with its stack)
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"
 

@@ -322,6 +322,8 @@ class Walk:
             return ErrorReason.NO_CANDIDATE
         if self.last_failure == fc.EMPTY:
             return ErrorReason.SEMANTIC_EMPTY
+        if self.last_failure == fc.INTERNAL:
+            return ErrorReason.INTERNAL  # relayline's own failure: the gateway answers a 500, not a 502
         return ErrorReason.EXHAUSTED
 
     def _choose(self) -> Call | Sleep | WalkDone:

@@ -431,7 +431,7 @@ def test_check_flags_what_an_operator_gets_wrong(tmp_path):
     path.write_text(to_toml(bad))
     out = run("check", path)
     assert out.returncode == 1
-    assert 'providers."openai.main".base_url: not an http(s) URL' in out.stderr
+    assert 'providers."openai.main".base_url: must be an http(s) URL' in out.stderr
     assert "gateway.max_body_bytes: must be at least 1" in out.stderr
 
     routed = profiles(routes=[{"hint": "fast", "provider": "openai.ghost", "model": "m"}])

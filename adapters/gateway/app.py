@@ -56,6 +56,22 @@ access_log = logging.getLogger("relayline.access")
 SEND_GRACE_S = 10.0
 REQUEST_ID_SHAPE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 QUIET_ERRORS = {"client_error", "context_window"}  # the client's own doing: the access line says enough
+MAX_OUTCOMES = 4096  # per profile, for /admin/health's success rate: bounded between reads
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
+
+
+def _unencodable(raw: bytes, obj) -> bool:
+    """JSON can escape a lone surrogate ("\\ud800") that no UTF-8 request to a provider can
+    carry: a client's mistake, refused with a 400 rather than failing every attempt."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return False
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 class Exchange:
     """One HTTP request as the access line and the metrics see it: a wrapper around ASGI `send`
     that notes the status and the first body byte, and echoes the request id. An answer sent
@@ -181,6 +197,13 @@ class Gateway:
         exchange = Exchange(send, scope["method"], scope["path"], request_id(headers), headers)
         try:
             await self._route(exchange, scope, headers, receive)
+        except Exception:
+            # relayline's own bug: logged once with its stack; the client gets a JSON 500, never
+            # an empty body (after the headers went out, the connection is all that is left)
+            log.exception("gateway_internal_error request_id=%s path=%s", exchange.request_id, exchange.path[:200])
+            if exchange.status is None:
+                await self._respond(exchange, 500, exchange.dialect.http_error(
+                    500, "internal error in the gateway (logged)", "internal_error"))
         finally:
             self._account(exchange)
 
@@ -379,8 +402,12 @@ class Gateway:
 
     async def _finish_turn(self, exchange: Exchange, result: TurnResult, started: float) -> None:
         now = trio.current_time()
+        horizon = now - self.relay.config.breaker.window_s
         for attempt in result.attempts:
-            self._outcomes[attempt.provider].append((now, attempt.outcome == "ok"))
+            seen = self._outcomes[attempt.provider]
+            seen.append((now, attempt.outcome == "ok"))
+            while seen and (seen[0][0] < horizon or len(seen) > MAX_OUTCOMES):
+                seen.popleft()
         self.metrics.turn(result, now - started)
         self.console.observe(exchange.turn, result, now - started)
         self.tracing.turn(result, started=started, ended=now, clock_now=now, request_id=exchange.request_id,
@@ -499,6 +526,11 @@ class Gateway:
             status, body = dialect.bad_request(wire.WireError("", "the body is nested too deeply"))
             await self._respond(send, status, body)
             return
+        if _unencodable(raw, body):
+            status, body = dialect.bad_request(wire.WireError(
+                "", "the body contains a lone UTF-16 surrogate escape (such as \\ud800), which cannot be sent as UTF-8"))
+            await self._respond(send, status, body)
+            return
         turn_id = dialect.new_id()
         kwargs = dict(messages=request, model=request.model)
         if request.stream:
@@ -506,8 +538,8 @@ class Gateway:
             stream = _StreamWire(turn_id, send, runs, dialect, request)
             gate_s = self.relay.config.timeouts.gate_commit_s
             tasks = [stream.flusher] + ([partial(stream.commit_after, gate_s)] if gate_s > 0 else [])
-            result = await self._run_turn(send, turn_id, receive, runs, tasks, stream=True, sink=stream.event,
-                                          **kwargs)
+            result = await self._run_turn(send, turn_id, receive, runs, tasks, on_end=stream.ending, stream=True,
+                                          sink=stream.event, **kwargs)
             if result is not None and send.drained:
                 result = _shut_down(result)
             elif result is None or result.outcome == "cancelled":
@@ -531,7 +563,7 @@ class Gateway:
                          headers=self._attribution(result) + dropped_header(request, result.served))
 
     async def _run_turn(self, exchange: Exchange, turn_id: str, receive, runs: list[TurnRun], tasks=(),
-                        **kwargs) -> TurnResult | None:
+                        on_end=None, **kwargs) -> TurnResult | None:
         """Run one turn while watching for the client going away (a disconnect cancels it) and
         for a drain running out of time, then account for it: metrics, health view, ledger rows
         (before any response ends)."""
@@ -551,7 +583,14 @@ class Gateway:
                         nursery.start_soon(task)
                     try:
                         await relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
+                    except Exception:
+                        if not runs or runs[0].result is None:
+                            raise
+                        # the driver settled the turn (outcome error, reason internal) and logged
+                        # it: it is answered and accounted like any failed turn
                     finally:
+                        if on_end is not None:
+                            on_end()
                         nursery.cancel_scope.cancel()
             finally:
                 self._turns.discard(turn_scope)
@@ -627,6 +666,8 @@ class _StreamWire:
         self._pending_bytes = 0
         self._wake = trio.Event()
         self._room = trio.Event()
+        self._sending: trio.CancelScope | None = None
+        self._ending = False
 
     def _served_entry(self):
         run = self.runs[0] if self.runs else None
@@ -638,10 +679,22 @@ class _StreamWire:
 
     async def _send_whole(self, message: dict) -> None:
         # the turn's end cancels the flusher and the gate timer: a write they began must finish
-        # (bytes taken from the buffer would otherwise be lost), bounded in case the peer is stuck
-        with trio.move_on_after(SEND_GRACE_S) as scope:
-            scope.shield = True
-            await self.send(message)
+        # (bytes taken from the buffer would otherwise be lost). While the turn runs a write
+        # takes the client's time (backpressure); once it ended, SEND_GRACE_S at most
+        with trio.CancelScope(shield=True) as scope:
+            if self._ending:
+                scope.deadline = trio.current_time() + SEND_GRACE_S
+            self._sending = scope
+            try:
+                await self.send(message)
+            finally:
+                self._sending = None
+
+    def ending(self) -> None:
+        """The turn is over: a write still in progress gets SEND_GRACE_S, not the client's pace."""
+        self._ending = True
+        if self._sending is not None:
+            self._sending.deadline = trio.current_time() + SEND_GRACE_S
 
     async def _start(self) -> None:
         if self.started:
@@ -656,7 +709,9 @@ class _StreamWire:
                        (b"x-relayline-served", (entry.label if entry else "none").encode())]
             if run is not None:
                 headers.append((b"x-relayline-requested", run.turn.plan.requested.encode()))
-                headers.append((b"x-relayline-attempts", str(len(run.turn.attempts) + 1).encode()))
+                # the attempt in flight is not recorded yet; a recovered answer's already is
+                in_flight = 1 if run.turn.call is not None else 0
+                headers.append((b"x-relayline-attempts", str(len(run.turn.attempts) + in_flight).encode()))
             headers += dropped_header(self.request, entry)
             await self._send_whole({"type": "http.response.start", "status": 200, "headers": headers})
         gate = self.runs[0].turn.gate if self.runs else None
@@ -674,8 +729,14 @@ class _StreamWire:
         self._pending_bytes += len(data)
         self._wake.set()
         while self._pending_bytes > self.MAX_PENDING:
+            # the client reads slower than the provider writes: the turn waits, and with it the
+            # upstream read (TCP backpressure); the provider's idle deadline is lifted meanwhile
             self._room = trio.Event()
-            await self._room.wait()
+            if self.runs:
+                with self.runs[0].consumer_paused():
+                    await self._room.wait()
+            else:
+                await self._room.wait()
 
     async def flusher(self) -> None:
         while True:
@@ -698,7 +759,7 @@ class _StreamWire:
         if first:
             await trio.lowlevel.checkpoint()  # let the flusher put the first bytes on the wire now
 
-    event.may_block = False  # bounded buffer: it waits only for the flusher, never for the client
+    event.may_block = False  # bounded buffer: when it must wait for the client, it says so (consumer_paused)
 
     async def finish(self, result: TurnResult, relayline: dict) -> None:
         """The end of the response; whatever the flusher had not sent yet goes first."""

@@ -27,6 +27,8 @@ ERRORS = {
     "exhausted": (502, "upstream_error", "all_candidates_failed", "api_error"),
     "semantic_empty": (502, "upstream_error", "empty_completion", "api_error"),
     "interrupted": (502, "upstream_error", "stream_interrupted", "api_error"),
+    "deadline": (504, "upstream_error", "turn_deadline", "api_error"),
+    "internal": (500, "server_error", "internal_error", "api_error"),
     "shutdown": (503, "service_unavailable", "shutting_down", "overloaded_error"),
 }
 UNKNOWN_ERROR = (502, "upstream_error", None, "api_error")

@@ -54,6 +54,10 @@ class CallRequest:
     stream: bool = False
     probe: bool = False
     drop_unsupported: bool = False  # [gateway] drop_unsupported_params: drop what the entry cannot honour
+    # the driver's AttemptClock: an adapter that can tell calls `sent()` once the request is
+    # written, `headers()` when the response headers arrived, `received()` per body chunk
+    clock: AttemptClockLike | None = attrs.field(default=None, eq=False, repr=False)
+    max_bytes: int = 32 * 1024 * 1024  # limits.max_response_bytes: a larger body is too_large
 
     @property
     def dropped(self) -> tuple[str, ...]:
@@ -73,7 +77,17 @@ class CallRequest:
         return dict(request.passthrough.headers)
 
 
+class AttemptClockLike(Protocol):
+    def sent(self) -> None: ...
+
+    def headers(self) -> None: ...
+
+    def received(self) -> None: ...
+
+
 class ProviderClient(Protocol):
+    # optional: `reports_sent = True` when the adapter calls `request.clock.sent()`; otherwise
+    # the headers clock starts with the call
     async def complete(self, request: CallRequest) -> Completion: ...
 
     def stream(self, request: CallRequest) -> AbstractAsyncContextManager[AsyncIterator[Frame]]: ...

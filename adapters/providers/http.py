@@ -18,6 +18,7 @@ from typing import Protocol
 
 import attrs
 import httpx
+import trio
 
 from relayline.machines import classify as fc
 from relayline.machines import wire
@@ -32,6 +33,12 @@ from .base import DONE, CallRequest, ProviderFailure
 # provider's logs and ours can be joined (trio tasks inherit it from the request's handler)
 REQUEST_ID: ContextVar[str | None] = ContextVar("relayline_request_id", default=None)
 MAX_ERROR_BODY = 64 * 1024  # enough to classify; a provider's error page is not read further
+THREAD_PARSE_BYTES = 1 << 20  # above this a body is parsed off the event loop
+
+
+def _identity(response: httpx.Response) -> bool:
+    # an uncompressed body can be read raw, skipping the decoder's copy of every chunk
+    return response.headers.get("content-encoding", "identity").strip().lower() in ("", "identity")
 MAX_REJECTION_CHARS = 1000  # an upstream's rejection message given back to the client, at most
 
 
@@ -115,6 +122,8 @@ class WireProtocol(Protocol):
 class HttpProvider:
     """A provider client over httpx for one protocol (openai or anthropic)."""
 
+    reports_sent = True  # the driver's headers clock starts when httpcore wrote the request
+
     def __init__(self, protocol: WireProtocol, client: httpx.AsyncClient | None = None) -> None:
         self.protocol = protocol
         self.client = client if client is not None else new_client()
@@ -127,12 +136,21 @@ class HttpProvider:
         request_id = REQUEST_ID.get()
         if request_id is not None:
             http_request.headers["x-request-id"] = request_id
+        clock = request.clock
+        if clock is not None:
+            async def trace(event: str, info: dict) -> None:
+                if event.endswith(".send_request_body.complete"):
+                    clock.sent()
+
+            http_request.extensions["trace"] = trace
         try:
             response = await self.client.send(http_request, stream=True)
         except httpx.TimeoutException:
             raise ProviderFailure(fc.timed_out("response headers (socket)", 600)) from None
         except httpx.TransportError:
             raise ProviderFailure(fc.connection_error()) from None
+        if clock is not None:
+            clock.headers()
         if response.status_code >= 400:
             try:
                 body = b""
@@ -154,21 +172,45 @@ class HttpProvider:
     async def complete(self, request: CallRequest) -> Completion:
         response = await self._send(request)
         try:
-            body = await response.aread()
+            body = await self._read_bounded(response, request)
         except httpx.TransportError:
             raise ProviderFailure(fc.truncated("connection lost while reading the response")) from None
         finally:
-            await response.aclose()
+            await response.aclose()  # unread bytes (a refused body) close the connection
         try:
-            obj = json.loads(body)
+            if len(body) > THREAD_PARSE_BYTES:
+                # a large body is parsed in a worker thread: the loop keeps serving other turns
+                obj = await trio.to_thread.run_sync(json.loads, body)
+            else:
+                obj = json.loads(body)
         except ValueError:
             raise ProviderFailure(fc.truncated("malformed response: not JSON")) from None
+        finally:
+            del body
         if not isinstance(obj, dict):
             raise ProviderFailure(fc.malformed("not a JSON object"))
         try:
             return self.protocol.completion(obj)
         except wire.WireError as exc:
             raise ProviderFailure(fc.malformed(str(exc))) from None
+
+    @staticmethod
+    async def _read_bounded(response: httpx.Response, request: CallRequest) -> bytearray:
+        """The body, never buffered beyond limits.max_response_bytes: a declared length above it
+        is refused before reading, an undeclared one as soon as it crosses it."""
+        limit = request.max_bytes
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise ProviderFailure(fc.too_large(limit))
+        clock = request.clock
+        body = bytearray()
+        async for chunk in response.aiter_raw() if _identity(response) else response.aiter_bytes():
+            body += chunk
+            if len(body) > limit:
+                raise ProviderFailure(fc.too_large(limit))
+            if clock is not None:
+                clock.received()
+        return body
 
     @asynccontextmanager
     async def stream(self, request: CallRequest):

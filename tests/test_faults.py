@@ -1,0 +1,313 @@
+"""Fault injection over real loopback HTTP: upstreams that hang, trickle, reset, send junk or
+oversized bodies, a turn that raises while it holds a half-open probe, and short timeouts.
+
+For each: the caller's answer comes within a bound, the failure is classified, the fallback
+answers where one exists, the ledger rows are right, and the breaker moves only for what the
+provider did.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import trio
+
+from relayline.adapters import Relay
+from relayline.adapters.sim.loopback import LoopbackServer, Reply
+from relayline.machines.config import structure_config
+
+HI = [{"role": "user", "content": "hi"}]
+JSON_HEADERS = (("content-type", "application/json"),)
+SSE_HEADERS = (("content-type", "text/event-stream"),)
+
+
+def answer(text: str = "from the backup", usage=(7, 3)) -> bytes:
+    return json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                    "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1]}}).encode()
+
+
+def ok(text: str = "from the backup") -> Reply:
+    return Reply(headers=JSON_HEADERS, pieces=(answer(text),))
+
+
+def chunk(delta: dict, finish: str | None = None) -> bytes:
+    obj = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+def config(primary: str, backup: str | None = None, **sections) -> dict:
+    providers = {"primary": {"family": "openai", "base_url": f"{primary}/v1", "model": "m-primary", "api_key": "k1",
+                             "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}}
+    if backup is not None:
+        providers["primary"]["fallbacks"] = ["backup"]
+        providers["backup"] = {"family": "openai", "base_url": f"{backup}/v1", "model": "m-backup", "api_key": "k2",
+                               "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}
+    base = {"active": "primary", "providers": providers,
+            "reliability": {"provider_retries": 1, "backoff_ms": 50},
+            "breaker": {"failure_threshold": 1, "open_s": 30},
+            "timeouts": {"headers_s": 0.5, "idle_s": 0.5, "total_s": 5}}
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return base
+
+
+async def turn(handler, *, backup=ok, stream=False, bound=6.0, **sections):
+    """One turn against a primary served by `handler` and a healthy backup (None: no backup).
+    Returns the result, the relay (for its health) and what each upstream saw."""
+    async with trio.open_nursery() as nursery:
+        primary = LoopbackServer(handler)
+        await primary.start(nursery)
+        second = None
+        if backup is not None:
+            second = LoopbackServer(lambda seen: backup())
+            await second.start(nursery)
+        cfg = structure_config(config(primary.url, second.url if second else None, **sections))
+        async with Relay(cfg, env={}) as relay:
+            with trio.fail_after(bound):
+                result = await relay._run_turn(HI, stream=stream)
+        nursery.cancel_scope.cancel()
+    return result, relay, primary.seen, (second.seen if second else [])
+
+
+def outcomes(result) -> list[tuple[str, str, str]]:
+    return [(a.provider, a.outcome, a.detail) for a in result.attempts]
+
+
+# -- the upstream kinds of issue 12 ------------------------------------------------------------
+
+
+async def test_a_hanging_upstream_is_a_headers_timeout_and_the_backup_answers():
+    result, relay, seen, _ = await turn(lambda s: Reply(delay=math.inf))
+    assert result.outcome == "ok" and result.served.profile == "backup"
+    assert outcomes(result)[0] == ("primary", "timeout", "no response headers within 0.5s")
+    assert len(seen) == 1  # a silent route is not retried while another can answer
+    assert relay.health.breaker("primary").state == "open"  # the provider's own silence counts
+    assert [(r.provider, r.accepted) for r in result.ledger] == [("backup", True)]
+
+
+async def test_a_trickling_body_is_a_stalled_body_not_missing_headers():
+    body = answer("never finished")
+    trickle = Reply(headers=JSON_HEADERS, pieces=(body[:10], 2.0, body[10:]))
+    result, relay, seen, _ = await turn(lambda s: trickle)
+    assert result.outcome == "ok" and result.served.profile == "backup"
+    kind, detail = result.attempts[0].outcome, result.attempts[0].detail
+    assert kind == "timeout" and "stalled body" in detail and "headers" not in detail
+
+
+async def test_a_reset_mid_body_is_retried_then_fails_over():
+    result, relay, seen, _ = await turn(lambda s: Reply(headers=JSON_HEADERS, pieces=(b'{"choi',), end=False),
+                                        breaker={"failure_threshold": 2})
+    assert result.outcome == "ok" and result.served.profile == "backup"
+    assert [a.outcome for a in result.attempts] == ["retryable", "retryable", "ok"]
+    assert "connection lost" in result.attempts[0].detail and len(seen) == 2
+    assert len(relay.health.breaker("primary").failures) == 1  # one observation per turn
+
+
+async def test_junk_with_status_200_fails_over():
+    result, relay, seen, _ = await turn(lambda s: Reply(headers=JSON_HEADERS, pieces=(b"<html>oops</html>",)))
+    assert result.outcome == "ok" and result.served.profile == "backup"
+    assert result.attempts[0].outcome == "retryable" and "not JSON" in result.attempts[0].detail
+
+
+async def test_an_oversized_body_is_too_large_and_not_retried_on_the_same_entry():
+    big = Reply(headers=JSON_HEADERS, pieces=tuple([b" " * 65536] * 40))  # 2.5 MiB, chunked
+    result, relay, seen, _ = await turn(lambda s: big, limits={"max_response_bytes": 1 << 20})
+    assert result.outcome == "ok" and result.served.profile == "backup"
+    assert outcomes(result)[0] == ("primary", "too_large",
+                                   "response larger than limits.max_response_bytes (1048576 bytes)")
+    assert len(seen) == 1
+    assert relay.health.breaker("primary").state == "closed"  # size is not ill health
+
+
+async def test_a_body_at_the_limit_is_accepted():
+    body = answer("x" * 1000)
+    result, *_ = await turn(lambda s: Reply(headers=JSON_HEADERS, pieces=(body,)), backup=None,
+                            limits={"max_response_bytes": len(body)})
+    assert result.outcome == "ok" and result.text == "x" * 1000
+
+
+async def test_a_stream_whose_text_outgrows_the_limit_fails_before_commit_and_recovers():
+    # the text arrives in one frame above the limit, before anything was forwarded
+    frames = (chunk({"role": "assistant", "content": ""}), chunk({"content": "y" * 5000}))
+    result, relay, seen, _ = await turn(lambda s: Reply(headers=SSE_HEADERS, pieces=frames), stream=True,
+                                        limits={"max_response_bytes": 4096})
+    assert result.outcome == "ok" and result.served.profile == "backup"
+    assert result.attempts[0].outcome == "stream_failed" and result.attempts[0].reason == "too_large"
+
+
+async def test_a_stream_of_empty_frames_forever_ends_at_total_s():
+    forever = (chunk({"role": "assistant", "content": ""}),) + (0.05, chunk({"content": ""})) * 400
+    result, relay, seen, _ = await turn(lambda s: Reply(headers=SSE_HEADERS, pieces=forever), backup=None,
+                                        stream=True, timeouts={"total_s": 1.0})
+    assert result.outcome == "error" and result.error == "deadline"
+    assert result.attempts[-1].outcome == "timeout" and "total_s" in result.attempts[-1].detail
+    assert relay.health.breaker("primary").state == "closed"  # the turn's budget, not ill health
+
+
+async def test_text_forever_after_commit_is_interrupted_at_total_s():
+    forever = (chunk({"role": "assistant", "content": ""}),) + (0.05, chunk({"content": "la "})) * 400
+    result, relay, *_ = await turn(lambda s: Reply(headers=SSE_HEADERS, pieces=forever), backup=None,
+                                   stream=True, timeouts={"total_s": 1.0})
+    assert result.outcome == "interrupted" and result.partial_text.startswith("la la ")
+    assert result.ledger and not result.ledger[0].accepted
+
+
+async def test_total_s_bounds_retries_and_waits():
+    result, *_ = await turn(lambda s: Reply(status=503, headers=JSON_HEADERS, pieces=(b"{}",)), backup=None,
+                            reliability={"provider_retries": 20, "backoff_ms": 400}, timeouts={"total_s": 1.0},
+                            breaker={"enabled": False})
+    assert result.outcome == "error" and result.error == "deadline"
+    assert 2 <= len(result.attempts) <= 4
+
+
+async def test_headers_s_runs_from_the_write_not_from_the_pool_queue():
+    """Three turns share a pool of one connection to a provider that answers each call after
+    0.4 s: queued behind the others, the third waits 0.8 s in all, past headers_s = 0.5, but
+    the provider never took longer than 0.4 s after a request was written."""
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(lambda s: Reply(headers=JSON_HEADERS, pieces=(answer("slow but fine"),), delay=0.4))
+        await upstream.start(nursery)
+        cfg = structure_config(config(upstream.url, reliability={"provider_retries": 0}))
+        async with Relay(cfg, env={}) as relay:
+            relay._http._transport._pool._max_connections = 1
+            results = []
+
+            async def one():
+                results.append(await relay._run_turn(HI))
+
+            with trio.fail_after(5):
+                async with trio.open_nursery() as turns:
+                    for _ in range(3):
+                        turns.start_soon(one)
+        nursery.cancel_scope.cancel()
+    assert [r.outcome for r in results] == ["ok", "ok", "ok"], [outcomes(r) for r in results]
+    assert relay.health.breaker("primary").state == "closed"
+
+
+# -- the wedge -----------------------------------------------------------------------------------
+
+
+class Boom(Exception):
+    pass
+
+
+class CrashingProbe:
+    """An adapter that raises (relayline's own bug, seen from the driver) on the first call it
+    gets, and then behaves."""
+
+    reports_sent = False
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.calls = 0
+
+    async def complete(self, request):
+        self.calls += 1
+        if self.calls == 1:
+            raise Boom("adapter bug")
+        return await self.real.complete(request)
+
+    def stream(self, request):
+        return self.real.stream(request)
+
+
+@pytest.mark.parametrize("fault", ["adapter raises", "lone surrogate"])
+async def test_a_turn_that_raises_while_probing_never_wedges_the_breaker(fault, autojump_clock):
+    """Issue 12's wedge: a half-open profile, a turn holding its probe raises, and a healthy
+    turn after it probes and closes the breaker."""
+    replies = iter([Reply(status=503, headers=JSON_HEADERS, pieces=(b"{}",))])
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(lambda s: next(replies, None) or ok("healthy again"))
+        await upstream.start(nursery)
+        cfg = structure_config(config(upstream.url, reliability={"provider_retries": 0}, breaker={"open_s": 10}))
+        async with Relay(cfg, env={}) as relay:
+            crashing = CrashingProbe(relay.clients["openai"])
+            first = await relay._run_turn(HI)
+            assert first.error == "exhausted" and relay.health.breaker("primary").state == "open"
+            await trio.sleep(10)
+            assert relay.health.breaker("primary").refresh(trio.current_time()) == "half_open"
+            if fault == "adapter raises":
+                relay.clients["openai"] = crashing
+                raised = await relay._run_turn(HI)
+            else:
+                raised = await relay._run_turn([{"role": "user", "content": "bad \ud800 text"}])
+            relay.clients["openai"] = crashing.real
+            assert relay.health.breaker("primary").state != "probing"
+            if fault == "adapter raises":
+                assert raised.outcome == "error" and raised.error == "internal"
+                assert raised.attempts[0].outcome == "internal" and raised.attempts[0].detail == "internal error (Boom)"
+            healthy = await relay._run_turn(HI)
+        nursery.cancel_scope.cancel()
+    assert healthy.outcome == "ok" and healthy.text == "healthy again"
+    assert relay.health.breaker("primary").state == "closed"
+
+
+async def test_a_probe_lease_expires_after_total_s(autojump_clock):
+    """A probe held by a turn that never ends (a task stuck outside relayline's control) is
+    taken back after the lease (total_s), so the profile can be probed again."""
+    from relayline.machines.config import Breaker as BreakerConfig
+    from relayline.machines.health import InMemoryHealth
+
+    health = InMemoryHealth(BreakerConfig(failure_threshold=1, open_s=5), probe_lease_s=20)
+    breaker = health.breaker("p")
+    breaker.failure(0.0)
+    assert breaker.claim(6.0)
+    assert breaker.blocks(25.9)
+    assert not breaker.blocks(26.0) and breaker.state == "half_open"
+    assert breaker.claim(26.1) and breaker.state == "probing"
+    breaker.success(27.0)
+    assert breaker.state == "closed"
+
+
+async def test_the_gateway_answers_a_json_500_when_relayline_fails(autojump_clock):
+    """Every candidate failed inside relayline: a 500 with an error body in the dialect's shape."""
+    from relayline.adapters.gateway import Gateway
+
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(lambda s: ok())
+        await upstream.start(nursery)
+        relay = Relay(structure_config(config(upstream.url)), env={})
+        relay.clients["openai"] = CrashingProbe(relay.clients["openai"])
+        gateway = Gateway(relay)
+        status, headers, body = await asgi(gateway, "/v1/chat/completions", {"model": "m", "messages": HI})
+        await relay.aclose()
+        nursery.cancel_scope.cancel()
+    assert status == 500 and body["error"]["code"] == "internal_error"
+    assert relay.health.breaker("primary").state == "closed"
+    assert dict(headers)[b"x-relayline-attempts"] == b"1"
+
+
+async def test_a_lone_surrogate_from_a_client_is_a_400_naming_it():
+    from relayline.adapters.gateway import Gateway
+
+    relay = Relay(structure_config(config("http://127.0.0.1:9")), env={})
+    status, _, body = await asgi(Gateway(relay), "/v1/chat/completions", raw=b'{"model": "m", "messages": '
+                                 b'[{"role": "user", "content": "bad \\ud800 text"}]}')
+    assert status == 400 and "surrogate" in body["error"]["message"]
+    await relay.aclose()
+
+
+async def asgi(app, path: str, obj=None, raw: bytes | None = None):
+    """One request through the ASGI app, in process."""
+    body = raw if raw is not None else json.dumps(obj).encode()
+    sent: list[dict] = []
+    delivered = False
+
+    async def receive():
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await trio.sleep_forever()
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [], "query_string": b""}
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    payload = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], start["headers"], json.loads(payload)
