@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SHARED := $(wildcard ../shared/conformance/*.toml)
 
-.PHONY: install demo test fuzz bench diagrams lint typecheck clean
+.PHONY: install browser demo test fuzz bench diagrams lint typecheck clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -15,10 +15,16 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# the console tests drive a real headless browser: Debian's chromium (apt-get needs root)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -q -o DPkg::Lock::Timeout=120 >/dev/null && \
+	  apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=120 chromium >/dev/null; }
+
 demo: install
 	$(BIN)/relayline demo
 
-test: install
+test: install browser
 	bash .ci/services
 	$(BIN)/relayline diagram --check
 	$(BIN)/ruff check machines adapters tests bench examples
@@ -28,9 +34,10 @@ test: install
 fuzz: install
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -m "property or fuzz" -x
 
-bench: install
+bench: install browser
 	$(PY) -m pip install --quiet -e '.[bench]' || echo "bench extras unavailable: peers will be skipped"
 	$(PY) bench/run.py
+	$(PY) bench/console.py
 
 diagrams: install
 	$(BIN)/relayline diagram

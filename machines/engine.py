@@ -115,6 +115,10 @@ class Spec:
     decisions: DecisionTable | None = None
     # (state, trigger) -> candidate transitions, in declaration order
     table: dict[tuple[str, str], tuple[TransitionSpec, ...]] = attrs.field(factory=dict, eq=False)
+    # (state, trigger) -> how often each candidate fired, summed over every Lifecycle of this spec
+    # object (a shipped spec is loaded once per process: since start). The operator's console
+    # draws them on the diagrams; a list per key keeps the hot path to one lookup and one add.
+    fired: dict[tuple[str, str], list[int]] = attrs.field(factory=dict, eq=False)
 
     @property
     def triggers(self) -> tuple[str, ...]:
@@ -129,6 +133,15 @@ class Spec:
 
     def start(self, history_limit: int = 256) -> Lifecycle:
         return Lifecycle(self, history_limit)
+
+    def fired_counts(self) -> dict[tuple[str, str, str], int]:
+        """(source, trigger, dest) -> transitions taken, for every edge of the graph."""
+        counts: dict[tuple[str, str, str], int] = {}
+        for (source, trigger), candidates in self.table.items():
+            for t, n in zip(candidates, self.fired[(source, trigger)], strict=True):
+                key = (source, trigger, t.dest)
+                counts[key] = counts.get(key, 0) + n
+        return counts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,6 +236,7 @@ def build_spec(raw: dict[str, Any], source: str) -> Spec:
         for s in t.sources:
             table[(s, t.trigger)] = table.get((s, t.trigger), ()) + (t,)
     spec.table.update(table)
+    spec.fired.update((key, [0] * len(candidates)) for key, candidates in table.items())
     return spec
 
 
@@ -461,16 +475,18 @@ class Lifecycle:
         self.history: deque[str] = deque([spec.initial], maxlen=history_limit)
 
     def fire(self, trigger: str, model: Any = None) -> bool:
-        candidates = self.spec.table.get((self.state, trigger))
+        key = (self.state, trigger)
+        candidates = self.spec.table.get(key)
         if candidates is None:
             raise IllegalTransition(
                 f"{self.spec.name}: trigger {trigger!r} is not declared from state {self.state!r}"
             )
-        for t in candidates:
+        for i, t in enumerate(candidates):
             if (t.guards or t.unless) and not _passes(t, model):
                 continue
             self.state = t.dest
             self.history.append(t.dest)
+            self.spec.fired[key][i] += 1
             return True
         raise IllegalTransition(
             f"{self.spec.name}: no transition on {trigger!r} from state {self.state!r} is enabled "

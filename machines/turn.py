@@ -88,6 +88,7 @@ class AttemptRecord:
     try_number: int = 1
     budget: int = 1
     detail: str = ""
+    ended: float | None = None  # when its outcome was known: the console's attempt latency
 
     def __str__(self) -> str:
         return f"{self.provider}/{self.model} {self.outcome}"
@@ -294,7 +295,7 @@ class Turn:
         entry = call.entry
         self.spent[entry.index] = self.spent.get(entry.index, 0) + 1
         self.attempts.append(AttemptRecord(entry.profile, entry.model, call.mode, outcome, reason,
-                                           self.call_at, call.key_index, call.try_number, call.budget, detail))
+                                           self.call_at, call.key_index, call.try_number, call.budget, detail, now))
         if usage is not None and (bill or usage.billable):
             self.ledger.append(row(entry.profile, entry.model, entry.price, usage,
                                    accepted=accepted, outcome=outcome, mode=call.mode))

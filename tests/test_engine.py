@@ -126,6 +126,22 @@ def test_table_and_transitions_agree(name, data):
         assert life.state in spec.states
 
 
+def test_each_taken_transition_is_counted_on_its_edge():
+    guarded = GOOD.replace('trigger = "go"\nsource = "a"\ndest = "b"', 'trigger = "go"\nsource = "a"\ndest = "b"\nguards = "ok"')
+    spec = parse_spec(guarded, "guarded.toml")
+    model = type("Model", (), {"ok": False})()
+    life = spec.start()
+    with pytest.raises(IllegalTransition):  # blocked by its guard: nothing taken, nothing counted
+        life.fire("go", model)
+    assert set(spec.fired_counts().values()) == {0}
+    model.ok = True
+    life.fire("go", model)
+    spec.start().fire("go", model)  # every lifecycle of a spec adds to the same counts
+    counts = spec.fired_counts()
+    assert counts[("a", "go", "b")] == 2 and sum(counts.values()) == 2
+    assert set(counts) == {(s, t.trigger, t.dest) for t in spec.transitions for s in t.sources}
+
+
 def test_a_shipped_spec_and_its_vocabulary_must_agree():
     """vocab.py's enums are the names the core branches on: a spec that renames a state or a
     trigger without them fails at load, naming the enum and the difference."""

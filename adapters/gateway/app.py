@@ -46,6 +46,7 @@ from ..providers.http import REQUEST_ID
 from ..relay import Relay
 from ..stores.ledger import DEFAULT_PATH, LedgerStore, open_ledger
 from .auth import Access, KeyRing, bearer, is_loopback, load_access
+from .console import Console
 from .dialects import ANTHROPIC, OPENAI
 from .metrics import CONTENT_TYPE, Metrics, configured_models
 
@@ -148,6 +149,7 @@ class Gateway:
         self._idle.set()
         self.reloader = None  # a Reloader (gateway/reload.py) when serving from a config file
         self._turns_of: dict[Relay, int] = {}  # turns in flight per relay (a reload retires one)
+        self.console = Console(self)
 
     async def swap(self, relay: Relay, env=None) -> None:
         """A reload: new turns use `relay`; turns in flight finish on the one they started with,
@@ -237,6 +239,8 @@ class Gateway:
                 await self._json(send, 200, self.health())
             elif path == "/admin/reload" and method == "POST":
                 await self._reload(send)
+            elif path == "/admin/" or path.startswith("/admin/console/"):
+                await self.console.handle(scope, receive, send)
             else:
                 await self._not_found(send, method, path)
             return
@@ -276,8 +280,11 @@ class Gateway:
                                                                "not_found"))
 
     async def _unauthorised(self, send, message: str) -> None:
-        await self._respond(send, 401, send.dialect.http_error(401, message, "invalid_api_key"),
-                            headers=[(b"www-authenticate", b"Bearer")])
+        challenges = [(b"www-authenticate", b"Bearer")]
+        if send.path == "/admin/":
+            # a browser opening the console asks its user for the key
+            challenges.append((b"www-authenticate", b'Basic realm="relayline admin", charset="UTF-8"'))
+        await self._respond(send, 401, send.dialect.http_error(401, message, "invalid_api_key"), headers=challenges)
 
     async def _authorised(self, exchange: Exchange, headers) -> bool:
         if not self.access.clients:
@@ -402,6 +409,7 @@ class Gateway:
             while seen and (seen[0][0] < horizon or len(seen) > MAX_OUTCOMES):
                 seen.popleft()
         self.metrics.turn(result, now - started)
+        self.console.observe(exchange.turn, result, now - started)
         self.tracing.turn(result, started=started, ended=now, clock_now=now, request_id=exchange.request_id,
                           families=self._families)
         if self.ledger is not None and result.ledger:

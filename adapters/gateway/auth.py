@@ -10,6 +10,7 @@ and the metrics may carry, never the key.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import ipaddress
@@ -96,10 +97,17 @@ def load_access(config: Config, env: Mapping[str, str]) -> Access:
 
 
 def bearer(headers: Mapping[bytes, bytes]) -> str | None:
-    """The key a client presented: `Authorization: Bearer K` (OpenAI) or `x-api-key: K` (Anthropic)."""
+    """The key a client presented: `Authorization: Bearer K` (OpenAI) or `x-api-key: K`
+    (Anthropic), or the password of `Authorization: Basic` (a browser opening the console can
+    send nothing else; the user name is ignored)."""
     given = headers.get(b"authorization", b"").decode("latin-1")
     if given[:7].lower() == "bearer ":
         return given[7:].strip()
+    if given[:6].lower() == "basic ":
+        try:
+            return base64.b64decode(given[6:].strip(), validate=True).decode("utf-8").partition(":")[2] or None
+        except (ValueError, UnicodeDecodeError):
+            return None
     token = headers.get(b"x-api-key")
     return token.decode("latin-1").strip() if token else None
 
