@@ -76,13 +76,20 @@ class Exchange:
     """One HTTP request as the access line and the metrics see it: a wrapper around ASGI `send`
     that notes the status and the first body byte, and echoes the request id. An answer sent
     before the request's body was read (401, 503 shed, 413, 408) says `connection: close`: the
-    server will not read that body, so the client must not reuse the connection."""
+    server will not serve that body, so the client must not reuse the connection. It first drains
+    a small body, bounded in bytes and time: a socket closed with unread input is reset, and the
+    reset can destroy the answer before the client has read it."""
+
+    DRAIN_BYTES = 64 * 1024
+    DRAIN_S = 0.5
 
     __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
-                 "drained", "turn", "unread_body")
+                 "drained", "turn", "unread_body", "receive")
 
-    def __init__(self, send, method: str, path: str, request_id: str, headers: dict[bytes, bytes]) -> None:
+    def __init__(self, send, method: str, path: str, request_id: str, headers: dict[bytes, bytes],
+                 receive=None) -> None:
         self.send = send
+        self.receive = receive
         self.unread_body = headers.get(b"content-length", b"0").strip() not in (b"", b"0") or \
             b"transfer-encoding" in headers
         # every answer on the Anthropic route speaks Anthropic, errors included (CONFIG.md "The wire")
@@ -102,12 +109,28 @@ class Exchange:
         if message["type"] == "http.response.start":
             self.status = message["status"]
             headers = [*message.get("headers", ()), (b"x-request-id", self.request_id.encode())]
+            if self.unread_body and self.status != 408:
+                await self._drain()
             if self.unread_body and not any(k == b"connection" for k, _ in headers):
                 headers.append((b"connection", b"close"))
             message = {**message, "headers": headers}
         elif self.first_byte is None and message.get("body"):
             self.first_byte = trio.current_time()
         await self.send(message)
+
+    async def _drain(self) -> None:
+        """Read and discard what is left of a small request body, bounded in bytes and time."""
+        if self.receive is None:
+            return
+        seen = 0
+        with trio.move_on_after(self.DRAIN_S):
+            while seen <= self.DRAIN_BYTES:
+                message = await self.receive()
+                if message["type"] != "http.request":
+                    return
+                seen += len(message.get("body", b""))
+                if not message.get("more_body"):
+                    return
 
 
 def request_id(headers: dict[bytes, bytes]) -> str:
@@ -194,7 +217,7 @@ class Gateway:
         if scope["type"] != "http":
             return
         headers = dict(scope.get("headers") or [])
-        exchange = Exchange(send, scope["method"], scope["path"], request_id(headers), headers)
+        exchange = Exchange(send, scope["method"], scope["path"], request_id(headers), headers, receive)
         try:
             await self._route(exchange, scope, headers, receive)
         except Exception:
