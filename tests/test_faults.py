@@ -14,6 +14,7 @@ import math
 import pytest
 import trio
 
+from helpers import asgi_post
 from relayline.adapters import Relay
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
@@ -291,23 +292,6 @@ async def test_a_lone_surrogate_from_a_client_is_a_400_naming_it():
 
 
 async def asgi(app, path: str, obj=None, raw: bytes | None = None):
-    """One request through the ASGI app, in process."""
-    body = raw if raw is not None else json.dumps(obj).encode()
-    sent: list[dict] = []
-    delivered = False
-
-    async def receive():
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await trio.sleep_forever()
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {"type": "http", "method": "POST", "path": path, "headers": [], "query_string": b""}
-    await app(scope, receive, send)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    payload = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return start["status"], start["headers"], json.loads(payload)
+    """One request through the ASGI app, in process; the answer's JSON."""
+    status, headers, payload = await asgi_post(app, path, raw if raw is not None else json.dumps(obj).encode())
+    return status, headers, json.loads(payload)

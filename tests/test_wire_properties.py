@@ -11,6 +11,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import asgi_post
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway
 from relayline.machines import wire
@@ -54,25 +55,8 @@ def bodies(draw) -> bytes:
 
 
 async def call(gateway: Gateway, path: str, body: bytes) -> tuple[int, dict, bytes]:
-    sent: list[dict] = []
-    delivered = False
-
-    async def receive():
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await trio.sleep_forever()
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
-             "headers": [(b"content-type", b"application/json")]}
-    with trio.fail_after(10):
-        await gateway(scope, receive, send)
-    start = sent[0]
-    return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+    status, headers, payload = await asgi_post(gateway, path, body, [(b"content-type", b"application/json")])
+    return status, dict(headers), payload
 
 
 @pytest.mark.property
