@@ -31,14 +31,24 @@ from .vocab import (
     FailureClass,
     Mode,
     Outcome,
-    SkipReason,
     StreamOutcome,
     StreamState,
     TurnState,
     TurnTrigger,
     WalkState,
 )
-from .walk import Call, Skip, Sleep, TurnHealth, Walk, WalkDone, key_index
+from .walk import (
+    Call,
+    Need,
+    Skip,
+    Sleep,
+    TurnHealth,
+    Walk,
+    WalkDone,
+    another_candidate,
+    key_index,
+    unavailable,
+)
 from .wire import CONTENT_FILTER
 
 MAX_ERROR_ATTEMPTS = 16
@@ -227,33 +237,24 @@ class Turn:
 
     # -- start --------------------------------------------------------------------------------
 
-    def can_stream(self, entry: PlannedEntry) -> bool:
-        caps = entry.provider.capabilities
-        return caps.streaming and (caps.tools or not self.tools)
-
     def start(self, now: float) -> Action:
         if not self.stream_requested:
             self.life.fire(TurnTrigger.WALK)
             return self._walk_from(Walk(self.plan, self.config, self.health), now)
+        streams = Need(stream=True, tools=self.tools)
         if self.config.stream.recovery == "streaming":
             self.life.fire(TurnTrigger.OPEN_STREAM)
             walk = Walk(self.plan, self.config, self.health,
-                        mode_for=lambda e: Mode.STREAM if self.can_stream(e) else Mode.COMPLETE)
+                        mode_for=lambda e: Mode.STREAM if streams.met_by(e.provider.capabilities) else Mode.COMPLETE)
             return self._walk_from(walk, now)
         for entry in self.plan.entries:
-            if not self.plan.allows(entry.profile):
-                self.health.skip(entry, SkipReason.ALLOWLIST)
-            elif entry.profile in self.plan.unfit:
-                self.health.skip(entry, SkipReason.UNSUPPORTED, self.plan.unfit[entry.profile])
-            elif not self.can_stream(entry):
-                self.health.skip(entry, SkipReason.CAPABILITY)
-            elif reason := self.health.blocked(entry.profile, now):
-                self.health.skip(entry, reason)
-            else:
+            reason = unavailable(self.plan, self.health, entry, now, streams)
+            if reason is None:
                 self.life.fire(TurnTrigger.OPEN_STREAM)
                 self.health.before_attempt(entry.profile, now)
                 budget = self.config.reliability.provider_retries + 1
                 return self._begin(Call(entry, Mode.STREAM, key_index(self.health.store, entry), 1, budget), now)
+            self.health.skip(entry, reason, self.plan.unfit.get(entry.profile, ()))
         # no entry can stream: the walk answers, delivered as one decisive event
         self.life.fire(TurnTrigger.WALK)
         return self._walk_from(Walk(self.plan, self.config, self.health), now)
@@ -502,21 +503,19 @@ class Turn:
         raise IllegalTransition(f"turn: a failure before commit cannot lead to state {self.life.state!r}")
 
     def _only_candidate(self, index: int, now: float) -> bool:
-        """No other entry is allowed and healthy right now."""
-        return not any(j != index and self.plan.serves(e.profile) and e.profile not in self.health.refused
-                       and not self.health.blocked(e.profile, now) for j, e in enumerate(self.plan.entries))
+        """No other candidate (walk.another_candidate) for the entry: a recovery walk starts over,
+        so every entry is within its reach."""
+        return not another_candidate(self.plan, self.health, self.plan.entries[index], now,
+                                     range(len(self.plan.entries)))
 
     def _continuation_candidate(self, failed: PlannedEntry, now: float) -> PlannedEntry | None:
-        """stream.continue_after_interrupt: the next entry after the failed one that can stream,
-        accepts a prefill, is allowed and healthy. Only text can be continued."""
+        """stream.continue_after_interrupt: the next entry after the failed one that can be
+        attempted now with a prefilled stream. Only text can be continued."""
         if not self.config.stream.continue_after_interrupt or not self.has_forwarded_text or self._gate().tools:
             return None
-        for entry in self.plan.entries[failed.index + 1:]:
-            caps = entry.provider.capabilities
-            if (caps.prefill and self.can_stream(entry) and self.plan.serves(entry.profile)
-                    and not self.health.blocked(entry.profile, now)):
-                return entry
-        return None
+        need = Need(stream=True, tools=self.tools, prefill=True)
+        return next((entry for entry in self.plan.entries[failed.index + 1:]
+                     if unavailable(self.plan, self.health, entry, now, need) is None), None)
 
     # -- cancellation -------------------------------------------------------------------------
 
