@@ -34,7 +34,6 @@ class TurnTrigger(StrEnum):
     WALK = "walk"
     COMMIT = "commit"
     RETRY_STREAM = "retry_stream"
-    RECOVER = "recover"
     COMPLETE = "complete"
     FAIL = "fail"
     END = "end"

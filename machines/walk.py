@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 import attrs
 
 from . import classify as fc
-from .config import Capabilities, Config
+from .config import Capabilities, Config, Reliability
 from .engine import Lifecycle, load_spec
 from .errors import IllegalTransition, SpecError
 from .health import HealthStore
@@ -106,7 +106,8 @@ class TurnHealth:
 
     def failure(self, profile: str, kind: FailureClass, now: float) -> None:
         """A failure counts once per turn, except that a probe's failure always gives its
-        verdict; a failure that does not count hands a held probe back."""
+        verdict; a failure that does not count hands a held probe back. Telling the same failure
+        twice changes nothing (a walk that adopts a failed stream's attempt tells it again)."""
         breaker = self.store.breaker(profile)
         if kind in fc.BREAKER_CLASSES and (profile not in self.breaker_noted or profile in self.probes):
             self.breaker_noted.add(profile)
@@ -163,6 +164,15 @@ def another_candidate(plan: Plan, health: TurnHealth, entry: PlannedEntry, now: 
     profile's other entries are out too."""
     return any(j != entry.index and not (cooled and plan.entries[j].profile == entry.profile)
                and unavailable(plan, health, plan.entries[j], now) is None for j in reach)
+
+
+def stop_error(rel: Reliability, failure: fc.Failure) -> ErrorReason | None:
+    """The error a failure ends the turn with under the configured policy, or None."""
+    if failure.kind == fc.CONTEXT_WINDOW and rel.context_window == "return":
+        return ErrorReason.CONTEXT_WINDOW
+    if failure.kind == fc.REJECTED and rel.client_errors == "stop" and failure.status in (400, 413, 422):
+        return ErrorReason.CLIENT_ERROR
+    return None
 
 
 def key_index(store: HealthStore, entry: PlannedEntry) -> int | None:
@@ -223,13 +233,6 @@ class Walk:
     def _blocked_reason(self) -> SkipReason | None:
         return None if self.forced else self.health.blocked(self.entry.profile, self.now)
 
-    def _stop_error(self, failure: fc.Failure) -> ErrorReason | None:
-        if failure.kind == fc.CONTEXT_WINDOW and self.rel.context_window == "return":
-            return ErrorReason.CONTEXT_WINDOW
-        if failure.kind == fc.REJECTED and self.rel.client_errors == "stop" and failure.status in (400, 413, 422):
-            return ErrorReason.CLIENT_ERROR
-        return None
-
     def _decided(self) -> fc.Failure:
         assert self.failure is not None, "no failure is being decided"
         return self.failure
@@ -238,7 +241,7 @@ class Walk:
 
     @property
     def stops(self) -> bool:
-        return self._stop_error(self._decided()) is not None
+        return stop_error(self.rel, self._decided()) is not None
 
     @property
     def short_retry_after(self) -> bool:
@@ -327,7 +330,7 @@ class Walk:
             return WalkDone(ok=False, error=ErrorReason.CANCELLED)
         came_from = self.life.history[-2] if len(self.life.history) > 1 else None
         if came_from == WalkState.CALLING and self.failure is not None:  # stopped by a decision
-            stop = self._stop_error(self.failure)
+            stop = stop_error(self.rel, self.failure)
             if stop is None:
                 raise IllegalTransition(f"walk: a {self.failure.kind} failure cannot stop the walk")
             return WalkDone(ok=False, entry=self.entry, error=stop)
@@ -393,15 +396,15 @@ class Walk:
         return self.on_result(failure, now)
 
     def note_failure(self, index: int, failure: fc.Failure, now: float) -> WalkDone | None:
-        """Apply the health effects of a failure made outside this walk (a stream the walk will
-        skip), before the walk starts. Returns a finished walk when the failure ends the turn."""
+        """Take a failure made outside this walk (a stream the walk will skip), whose breaker
+        observation the turn has recorded, before the walk starts: a 429 cools the profile down
+        when there is another candidate. Returns a finished walk when the failure ends the turn."""
         entry = self.plan.entries[index]
         self.index, self.now, self.failure = index, now, failure
         try:
-            self.health.failure(entry.profile, failure.kind, now)
             if failure.kind == fc.RATE_LIMITED and self.other_candidate:
                 self._cool_down(entry.profile, failure, now)
-            stop = self._stop_error(failure)
+            stop = stop_error(self.rel, failure)
         finally:
             self.index, self.failure = -1, None
         if stop:

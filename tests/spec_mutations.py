@@ -78,8 +78,10 @@ def all_mutations() -> list[Mutation]:
 _LOADED = {p: load_scenario(p) for p in SCENARIOS}
 
 
-class Hung(Exception):
-    """A mutant ran a scenario without end (virtual time jumps, real time does not)."""
+class Hung(BaseException):
+    """A mutant ran a scenario without end (virtual time jumps, real time does not). A
+    BaseException, so that the driver's own `except Exception` (an attempt's internal failure,
+    after which the walk goes on) cannot swallow it and loop on."""
 
 
 def _hang(signum: int, frame: object) -> None:
@@ -111,8 +113,10 @@ def caught_by(mutation: Mutation, checks=(), limit_s: float = 10.0) -> str | Non
             except Exception:
                 return path.stem
         return None
-    except Hung:
-        return "a scenario that never ends"
+    except BaseException as exc:  # trio delivers the alarm inside an exception group
+        if isinstance(exc, Hung) or (isinstance(exc, BaseExceptionGroup) and exc.subgroup(Hung) is not None):
+            return "a scenario that never ends"
+        raise
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
