@@ -12,11 +12,13 @@ that it is not what is measured; its own CPU per request is reported beside the 
 upstream (bench/upstream.py) counts the connections it accepted, so the connections the gateway
 opened per request are a number, not a guess.
 
-Run: python bench/load.py [--quick]  (results: bench/results/load-<date>.json)
+Run: python bench/load.py  (results: bench/results/load-<date>.json); a partial run that writes
+nothing: python bench/load.py --levels 16,1000 --streams 0 --seconds 4
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import datetime as dt
 import json
@@ -24,6 +26,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -118,7 +121,7 @@ async def closed_loop(url: str, concurrency: int, seconds: float, model: str = "
                 if not keep:
                     writer.close()
                     reader, writer = await _connect(url)
-            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as exc:
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
                 errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
                 writer.close()
                 reader, writer = await _connect(url)
@@ -187,7 +190,7 @@ async def held_streams(url: str, count: int, gateway_pid: int) -> dict:
                 ok += 1
             else:
                 errors[f"http {status}"] = errors.get(f"http {status}", 0) + 1
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
             errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
         finally:
             if counted:
@@ -221,7 +224,15 @@ async def held_streams(url: str, count: int, gateway_pid: int) -> dict:
     }
 
 
-async def run(procs: Processes, *, seconds: float, levels: tuple[int, ...], streams: int) -> dict:
+def _profiler(pid: int, seconds: float, path: str) -> subprocess.Popen:
+    """py-spy sampling the gateway (collapsed stacks: one line per stack, its sample count last)."""
+    return subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--format", "raw",
+                             "--duration", str(int(seconds)), "--rate", "200", "--nonblocking", "-o", path],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def run(procs: Processes, *, seconds: float, levels: tuple[int, ...], streams: int,
+              profile: str | None = None) -> dict:
     direct = f"{procs.upstream}/v1/chat/completions"
     gateway = f"{procs.gateway}/v1/chat/completions"
     await closed_loop(gateway, 16, 1.0)  # warm up: imports, caches, the first connections
@@ -231,7 +242,11 @@ async def run(procs: Processes, *, seconds: float, levels: tuple[int, ...], stre
         for name, url in (("direct", direct), ("gateway", gateway)):
             opened = await _upstream_connections(procs.upstream)
             cpu = _cpu_s(procs.gateway_pid)
+            spy = _profiler(procs.gateway_pid, seconds, profile) if profile and name == "gateway" \
+                and concurrency == levels[-1] else None
             row[name] = await closed_loop(url, concurrency, seconds)
+            if spy is not None:
+                spy.wait(seconds + 30)
             row[name]["upstream_connections_opened"] = await _upstream_connections(procs.upstream) - opened - 1
             if name == "gateway":
                 row[name]["gateway_cpu_ms_per_request"] = round(
@@ -266,20 +281,26 @@ def verdicts(result: dict) -> dict:
 
 
 def main() -> None:
-    quick = "--quick" in sys.argv
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--levels", default="16,200,1000", help="client concurrencies, comma-separated")
+    parser.add_argument("--streams", type=int, default=5000, help="concurrent held streams (0: none)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="each closed-loop run's length")
+    parser.add_argument("--profile", help="py-spy the gateway at the highest level into this file (collapsed stacks)")
+    args = parser.parse_args()
+    full = (args.levels, args.streams, args.seconds) == ("16,200,1000", 5000, 8.0)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # every stream holds a client, a gateway and an upstream socket; the processes inherit this
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
-    levels = (16, 200) if quick else (16, 200, 1000)
-    streams = 500 if quick else 5000
+    levels = tuple(int(level) for level in args.levels.split(","))
     result = {"date": dt.date.today().isoformat(), "python": platform.python_version(),
               "cpus": os.cpu_count(), "load_average_before": os.getloadavg()}
     with Processes(hold_s=40.0) as procs:
-        result.update(asyncio.run(run(procs, seconds=3.0 if quick else 8.0, levels=levels, streams=streams)))
+        result.update(asyncio.run(run(procs, seconds=args.seconds, levels=levels, streams=args.streams,
+                                      profile=args.profile)))
     result["load_average_after"] = os.getloadavg()
     result["targets"] = verdicts(result)
     print(json.dumps(result["targets"], indent=2))
-    if not quick:
+    if full:
         out = Path(__file__).resolve().parent / "results" / f"load-{result['date']}.json"
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {out}")
