@@ -31,11 +31,14 @@ import pytest
 import trio
 import trio.testing
 from httpcore._backends.trio import TrioBackend, TrioStream
+from httpx._transports import default as httpx_transports
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from relayline.adapters import Relay
+from relayline.adapters.gateway import Gateway
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
+from relayline.adapters.stores.ledger import LedgerStore
 from relayline.machines.config import structure_config
 from relayline.machines.health import InMemoryHealth
 
@@ -97,12 +100,16 @@ def _at(name: str) -> None:
         faults.point(name)
 
 
+_ssl_contexts: dict = {}
+
+
 @contextlib.contextmanager
 def seams():
     """Wrap the turn's await points. Inert outside a task where FAULTS is set (the loopback
     upstreams' tasks never see it)."""
     connect, read, write, aclose = TrioBackend.connect_tcp, TrioStream.read, TrioStream.write, TrioStream.aclose
     handle, sleep = httpx.AsyncHTTPTransport.handle_async_request, trio.sleep
+    create_ssl_context = httpx_transports.create_ssl_context
 
     async def connect_tcp(self, *args, **kwargs):
         _at("connect")
@@ -134,7 +141,15 @@ def seams():
         _at("sleep")
         await sleep(seconds)
 
-    patches = [(TrioBackend, "connect_tcp", connect_tcp), (TrioStream, "read", read_), (TrioStream, "write", write_),
+    def ssl_context(**kwargs):
+        # loading the CA bundle is 60 ms of every Relay's start: these relays only talk plain
+        # HTTP on loopback, so they share one context
+        key = tuple(sorted(kwargs.items()))
+        if key not in _ssl_contexts:
+            _ssl_contexts[key] = create_ssl_context(**kwargs)
+        return _ssl_contexts[key]
+
+    patches = [(httpx_transports, "create_ssl_context", ssl_context), (TrioBackend, "connect_tcp", connect_tcp), (TrioStream, "read", read_), (TrioStream, "write", write_),
                (TrioStream, "aclose", aclose_), (httpx.AsyncHTTPTransport, "handle_async_request", handle_),
                (trio, "sleep", sleep_)]
     with contextlib.ExitStack() as stack:
@@ -232,9 +247,10 @@ def relay_config(primary: str, backup: str | None, retries: int) -> dict:
             "timeouts": {"headers_s": 20, "idle_s": 20, "total_s": 120}}
 
 
-async def run_scenario(shape: dict, faults: Faults) -> dict:
-    """Set the scenario up, run the faulted turn under `faults`, then the next turn; returns
-    what the checks need."""
+@contextlib.asynccontextmanager
+async def setting(shape: dict):
+    """The scenario's upstreams (a primary that follows its script, a healthy backup), its
+    config and health store, with the primary half-open when the shape says so."""
     async with trio.open_nursery() as nursery:
         primary = Upstream("primary", shape["primary"])
         await primary.server.start(nursery)
@@ -245,46 +261,55 @@ async def run_scenario(shape: dict, faults: Faults) -> dict:
         cfg = structure_config(relay_config(primary.server.url, backup.server.url if backup else None,
                                             shape["retries"]))
         health = (FleetMirror if shape["fleet"] else InMemoryHealth)(cfg.breaker, cfg.timeouts.total_s)
-        async with Relay(cfg, env={}, health=health) as relay:
-            if shape["half_open"]:
-                relay.health.breaker("primary").failure(trio.current_time())
-                await trio.sleep(OPEN_S)
-                assert relay.health.breaker("primary").refresh(trio.current_time()) == "half_open"
-
-            async def sink(event) -> None:
-                _at("sink")
-                await trio.lowlevel.checkpoint()
-
-            runs: list = []
-            raised = None
-            faults.settled = lambda: bool(runs) and runs[0].result is not None
-            token = FAULTS.set(faults)
-            try:
-                with trio.fail_after(100):
-                    await relay._run_turn(HI, stream=shape["stream"], sink=sink, run_hook=runs.append)
-            except Exception as exc:  # the turn's settle: checked against what was injected
-                raised = exc
-            finally:
-                FAULTS.reset(token)
-            result = runs[0].result
-            after = {p: relay.health.breaker(p).refresh(trio.current_time()) for p in PROFILES if p in cfg.providers}
-            if "open" in after.values():
-                await trio.sleep(OPEN_S)  # a provider failure the fault meant: the breaker cools off
-            primary.script.clear()  # healthy from now on, whatever the fault left unread
-            probing_next = relay.health.breaker("primary").refresh(trio.current_time()) == "half_open"
-            with trio.fail_after(100):
-                following = await relay._run_turn(HI, stream=shape["stream"], sink=sink)
-            closed = relay.health.breaker("primary").state
+        if shape["half_open"]:
+            health.breaker("primary").failure(trio.current_time())
+            await trio.sleep(OPEN_S)
+            assert health.breaker("primary").refresh(trio.current_time()) == "half_open"
+        yield primary, cfg, health
         nursery.cancel_scope.cancel()
-    return {"result": result, "raised": raised, "after": after, "next": following, "closed": closed,
-            "probing_next": probing_next}
+
+
+async def after_the_fault(primary: Upstream, health) -> dict:
+    """The breakers as the fault left them; then open ones cool off (a provider failure the
+    fault meant) and the primary turns healthy, whatever the fault left of its script."""
+    now = trio.current_time()
+    breakers = {p: health.breaker(p).refresh(now) for p in PROFILES}
+    if "open" in breakers.values():
+        await trio.sleep(OPEN_S)
+    primary.script.clear()
+    return breakers
+
+
+async def run_scenario(shape: dict, faults: Faults) -> dict:
+    """The faulted turn under `faults`, then the next turn; returns what the checks need."""
+    async with setting(shape) as (primary, cfg, health), Relay(cfg, env={}, health=health) as relay:
+        async def sink(event) -> None:
+            _at("sink")
+            await trio.lowlevel.checkpoint()
+
+        runs: list = []
+        raised = None
+        faults.settled = lambda: bool(runs) and runs[0].result is not None
+        token = FAULTS.set(faults)
+        try:
+            with trio.fail_after(100):
+                await relay._run_turn(HI, stream=shape["stream"], sink=sink, run_hook=runs.append)
+        except Exception as exc:  # the turn's settle: checked against what was injected
+            raised = exc
+        finally:
+            FAULTS.reset(token)
+        after = await after_the_fault(primary, health)
+        with trio.fail_after(100):
+            following = await relay._run_turn(HI, stream=shape["stream"], sink=sink)
+        closed = health.breaker("primary").state
+    return {"result": runs[0].result, "raised": raised, "after": after, "next": following, "closed": closed}
 
 
 def run(shape: dict, faults: Faults) -> dict:
     with seams():
-        # virtual time (backoff, open_s) jumps only when the run sat idle for a real 20 ms:
+        # virtual time (backoff, open_s) jumps only when the run sat idle for a real 5 ms:
         # loopback I/O is never that slow, so no deadline fires for it
-        return trio.run(run_scenario, shape, faults, clock=trio.testing.MockClock(autojump_threshold=0.02))
+        return trio.run(run_scenario, shape, faults, clock=trio.testing.MockClock(autojump_threshold=0.005))
 
 
 _points: dict[tuple, list[tuple[str, int]]] = {}
@@ -337,7 +362,7 @@ def check(shape: dict, faults: Faults, seen: dict) -> None:
 
 
 @pytest.mark.property
-@settings(deadline=None)
+@settings(deadline=None, max_examples=settings.default.max_examples // 2)  # ci: 40; fuzz: 1500
 @given(shape=scenarios(), error=st.sampled_from(sorted(ERRORS)), data=st.data())
 def test_an_exception_at_any_await_point_of_a_turn_never_wedges_it(shape, error, data):
     at = data.draw(st.sampled_from(await_points(shape)), label="at")
@@ -345,3 +370,125 @@ def test_an_exception_at_any_await_point_of_a_turn_never_wedges_it(shape, error,
     seen = run(shape, faults)
     event(f"fault at {faults.fired or 'none'}")
     check(shape, faults, seen)
+
+
+# -- the same through the gateway: its ledger store and its client's socket are seams too ------------
+
+
+class FaultyLedger(LedgerStore):
+    """The gateway's SQLite ledger, whose write is one more await point."""
+
+    async def record(self, turn_id, result, *, client: str = "") -> int:
+        _at("ledger")
+        return await super().record(turn_id, result, client=client)
+
+
+async def gateway_request(gateway: Gateway, body: dict, *, faulty: bool) -> tuple[int | None, dict, bytes]:
+    """One POST through the ASGI app in process; its client's `send` is a seam when `faulty`."""
+    raw = json.dumps(body).encode()
+    delivered = False
+    start: dict = {}
+    chunks: list[bytes] = []
+
+    async def receive():
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await trio.sleep_forever()
+
+    async def send(message) -> None:
+        if faulty:
+            _at("send")
+        if message["type"] == "http.response.start":
+            start.update(message)
+        else:
+            chunks.append(message.get("body", b""))
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]}
+    with trio.fail_after(100):
+        await gateway(scope, receive, send)
+    return start.get("status"), {k.decode(): v.decode() for k, v in start.get("headers", ())}, b"".join(chunks)
+
+
+async def run_gateway_scenario(shape: dict, faults: Faults) -> dict:
+    async with setting(shape) as (primary, cfg, health):
+        relay = Relay(cfg, env={}, health=health)
+        results: list = []
+        relay.observers.append(results.append)
+        ledger = FaultyLedger(":memory:")
+        gateway = Gateway(relay, ledger=ledger)
+        body = {"model": "m-primary", "messages": HI, "stream": shape["stream"]}
+        faults.settled = lambda: bool(results)
+        token = FAULTS.set(faults)
+        try:
+            answer = await gateway_request(gateway, body, faulty=True)
+        finally:
+            FAULTS.reset(token)
+        rows = ledger.rows()
+        result = results[0] if results else None
+        after = await after_the_fault(primary, health)
+        following = await gateway_request(gateway, body, faulty=False)
+        closed = health.breaker("primary").state
+        await relay.aclose()
+        ledger.close()
+    return {"answer": answer, "result": result, "rows": rows, "after": after,
+            "next": following, "closed": closed}
+
+
+def check_gateway(shape: dict, faults: Faults, seen: dict) -> None:
+    status, headers, body = seen["answer"]
+    result = seen["result"]
+    context = (faults.fired, faults.error_name, faults.points, status, body[:300],
+               result and [str(a) for a in result.attempts])
+    assert result is not None, context
+    assert "probing" not in seen["after"].values(), (seen["after"], context)
+
+    # the client's answer: a JSON error or a 200 that tells its whole story, unless its own
+    # socket failed (then there is nobody left to tell)
+    if faults.fired != "send":
+        assert status is not None, context
+        if status != 200:
+            assert "error" in json.loads(body), context  # never an empty 500
+        elif not shape["stream"]:
+            assert "choices" in json.loads(body), context
+        else:  # [DONE], or the explicit error event last
+            assert body.rstrip().endswith(b"data: [DONE]") or b'"error"' in body.rsplit(b"data: ", 1)[-1], context
+
+    # the ledger store holds the turn's rows, unless its own write was the fault
+    if faults.fired == "ledger":
+        assert seen["rows"] == [], context
+    else:
+        assert len(seen["rows"]) == len(result.ledger), (seen["rows"], result.ledger, context)
+        assert math.isclose(sum(r["cost_usd"] for r in seen["rows"]), result.cost_usd), context
+    accepted = [r for r in result.ledger if r.accepted]
+    assert len(accepted) == (1 if result.outcome == "ok" else 0), (result.ledger, context)
+
+    status, headers, body = seen["next"]
+    assert status == 200 and headers["x-relayline-served"] == "primary/m-primary", (status, body[:300], context)
+    assert seen["closed"] == "closed", context
+
+
+def run_gateway(shape: dict, faults: Faults) -> dict:
+    with seams():
+        return trio.run(run_gateway_scenario, shape, faults, clock=trio.testing.MockClock(autojump_threshold=0.005))
+
+
+_gateway_points: dict[tuple, list[tuple[str, int]]] = {}
+
+
+@pytest.mark.property
+@settings(deadline=None, max_examples=settings.default.max_examples // 2)  # ci: 40; fuzz: 1500
+@given(shape=scenarios(), error=st.sampled_from(sorted(ERRORS)), data=st.data())
+def test_an_exception_at_any_await_point_of_a_gateway_turn_keeps_its_ledger_and_the_next_request(shape, error, data):
+    key = tuple(sorted((k, str(v)) for k, v in shape.items()))
+    if key not in _gateway_points:
+        dry = Faults()
+        run_gateway(shape, dry)
+        _gateway_points[key] = dry.points
+    at = data.draw(st.sampled_from(_gateway_points[key]), label="at")
+    faults = Faults(at, error)
+    seen = run_gateway(shape, faults)
+    event(f"fault at {faults.fired or 'none'}")
+    check_gateway(shape, faults, seen)

@@ -295,3 +295,36 @@ async def asgi(app, path: str, obj=None, raw: bytes | None = None):
     """One request through the ASGI app, in process; the answer's JSON."""
     status, headers, payload = await asgi_post(app, path, raw if raw is not None else json.dumps(obj).encode())
     return status, headers, json.loads(payload)
+
+
+async def test_a_cancellation_that_arrives_while_connecting_is_recorded_as_the_turns(monkeypatch):
+    """Found by tests/test_fault_injection.py: trio's connect (happy eyeballs) runs a nursery,
+    which hands an outer cancellation on as a BaseExceptionGroup of Cancelled. It is still the
+    owner's cancellation: recorded on the turn (never retried), not a turn without a result."""
+    from httpcore._backends.trio import TrioBackend
+
+    connect = TrioBackend.connect_tcp
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(lambda s: ok())
+        await upstream.start(nursery)
+        async with Relay(structure_config(config(upstream.url)), env={}) as relay:
+            runs: list = []
+            with trio.CancelScope() as scope:
+                async def cancelled_mid_connect(self, *args, **kwargs):
+                    async def cancel() -> None:
+                        scope.cancel()  # from another task, while the connect's nursery runs
+
+                    trio.lowlevel.spawn_system_task(cancel)
+                    return await connect(self, *args, **kwargs)
+
+                monkeypatch.setattr(TrioBackend, "connect_tcp", cancelled_mid_connect)
+                await relay._run_turn(HI, run_hook=runs.append)
+            monkeypatch.setattr(TrioBackend, "connect_tcp", connect)
+            assert scope.cancelled_caught
+            healthy = await relay._run_turn(HI)
+        nursery.cancel_scope.cancel()
+    result = runs[0].result
+    assert result is not None and result.outcome == "cancelled" and result.error == "cancelled"
+    assert outcomes(result) == [("primary", "cancelled", "cancelled by the consumer")]
+    assert upstream.seen[:-1] == []  # never sent, never retried
+    assert healthy.outcome == "ok" and relay.health.breaker("primary").state == "closed"
