@@ -328,3 +328,28 @@ async def test_a_cancellation_that_arrives_while_connecting_is_recorded_as_the_t
     assert outcomes(result) == [("primary", "cancelled", "cancelled by the consumer")]
     assert upstream.seen[:-1] == []  # never sent, never retried
     assert healthy.outcome == "ok" and relay.health.breaker("primary").state == "closed"
+
+
+async def test_a_ledger_that_cannot_write_loses_no_answer(caplog):
+    """The providers bill an answer whatever the ledger's disk does: the client gets it, and the
+    rows the ledger could not take are logged for the operator (readiness says the rest)."""
+    import sqlite3
+
+    from relayline.adapters.gateway import Gateway
+    from relayline.adapters.stores.ledger import LedgerStore
+
+    class FullDisk(LedgerStore):
+        async def record(self, turn_id, result, *, client=""):
+            raise sqlite3.OperationalError("database or disk is full")
+
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(lambda s: ok("billed anyway"))
+        await upstream.start(nursery)
+        relay = Relay(structure_config(config(upstream.url)), env={})
+        gateway = Gateway(relay, ledger=FullDisk(":memory:"))
+        status, headers, body = await asgi(gateway, "/v1/chat/completions", {"model": "m", "messages": HI})
+        await relay.aclose()
+        nursery.cancel_scope.cancel()
+    assert status == 200 and body["choices"][0]["message"]["content"] == "billed anyway"
+    lost = [r for r in caplog.records if r.getMessage().startswith("ledger_write_error")]
+    assert len(lost) == 1 and "rows=1" in lost[0].getMessage() and "cost_usd=0.00001300" in lost[0].getMessage()
