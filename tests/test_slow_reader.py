@@ -138,7 +138,8 @@ async def test_a_slow_reader_pauses_the_upstream_and_the_provider_is_not_blamed(
     upstream = BoundedUpstream(lambda seen: Reply(headers=(("content-type", "text/event-stream"),),
                                                   pieces=frames()))
     config = {"active": "primary",
-              "providers": {"primary": {"family": "openai", "base_url": "", "model": "m-primary", "api_key": "k",
+              "providers": {"primary": {"family": "openai", "base_url": "", "model": "m-primary",
+                                        "api_key": "slow-reader-key",  # registered for redaction: distinct
                                         "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}},
               "breaker": {"failure_threshold": 1},
               "reliability": {"provider_retries": 0},
