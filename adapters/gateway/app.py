@@ -40,6 +40,7 @@ from relayline.machines.errors import ConfigError
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
+from .. import jsoncodec
 from ..driver import TurnRun
 from ..otel import Tracing
 from ..providers.http import REQUEST_ID
@@ -296,7 +297,7 @@ class Gateway:
         await send({"type": "http.response.body", "body": body})
 
     async def _json(self, send, status: int, obj, headers=()) -> None:
-        await self._respond(send, status, json.dumps(obj).encode(), headers=headers)
+        await self._respond(send, status, jsoncodec.dumps(obj), headers=headers)
 
     async def _not_found(self, send, method: str, path: str) -> None:
         await self._respond(send, 404, send.dialect.http_error(404, f"no route for {method} {path[:200]}",
@@ -533,7 +534,7 @@ class Gateway:
         if raw is None:
             return
         try:
-            body = json.loads(raw)
+            body = jsoncodec.loads(raw)
         except (ValueError, RecursionError):
             body = wire.WireError("", "the body is not valid JSON")
         try:

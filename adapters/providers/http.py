@@ -25,6 +25,7 @@ from relayline.machines import wire
 from relayline.machines.stream import Frame
 from relayline.machines.turn import Completion
 
+from .. import jsoncodec
 from ..redact import redact
 from ..sse import SSEDecoder, SSEEvent, SSEProtocolError
 from .base import DONE, CallRequest, ProviderFailure
@@ -95,7 +96,7 @@ def rejection(body: bytes) -> tuple[str | None, str | None]:
 
 def json_frame(event: SSEEvent) -> dict:
     try:
-        obj = json.loads(event.data)
+        obj = jsoncodec.loads(event.data)
     except ValueError:
         raise ProviderFailure(fc.truncated("malformed frame: a data line that is not valid JSON")) from None
     if not isinstance(obj, dict):
@@ -180,9 +181,9 @@ class HttpProvider:
         try:
             if len(body) > THREAD_PARSE_BYTES:
                 # a large body is parsed in a worker thread: the loop keeps serving other turns
-                obj = await trio.to_thread.run_sync(json.loads, body)
+                obj = await trio.to_thread.run_sync(jsoncodec.loads, body)
             else:
-                obj = json.loads(body)
+                obj = jsoncodec.loads(body)
         except ValueError:
             raise ProviderFailure(fc.truncated("malformed response: not JSON")) from None
         finally:
