@@ -1,4 +1,4 @@
-"""The OpenAI-compatible gateway: a plain ASGI app run by hypercorn's trio worker.
+"""The OpenAI-compatible gateway: a plain ASGI app, served by the HTTP/1.1 server in http11.py.
 
 The stream commit boundary reaches the wire here. A streamed request sends nothing, not even
 response headers, until the turn commits (its first decisive frame), so a turn that fails or
@@ -233,7 +233,7 @@ class Gateway:
 
     async def _route(self, exchange: Exchange, scope, headers, receive) -> None:
         method, path, send = exchange.method, exchange.path, exchange
-        # hypercorn bounds a head still arriving; a whole one that came in one read is checked here
+        # the server bounds a head still arriving; a whole one that came in one read is checked here
         head = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or ())
         if head > self.settings.max_header_bytes:
             await self._respond(send, 431, send.dialect.http_error(
