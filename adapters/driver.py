@@ -45,6 +45,14 @@ async def _discard(event: Event) -> None:
 _discard.may_block = False
 
 
+def _cancellation(exc: BaseException) -> bool:
+    """trio.Cancelled, bare or as every member of a group: a nursery inside the transport (the
+    connect's happy eyeballs) hands an outer cancellation on wrapped in a BaseExceptionGroup."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_cancellation(member) for member in exc.exceptions)
+    return isinstance(exc, trio.Cancelled)
+
+
 class _Escalated(Exception):
     """Carries an exception raised by relayline's machines or the consumer's sink out of an
     attempt, so that it is not mistaken for the attempt's own failure."""
@@ -158,17 +166,15 @@ class TurnRun:
             for event in action.deliver:
                 await sink(event)
             return self.result
-        except trio.Cancelled:
+        except BaseException as exc:
+            # a cancellation (the owner's: never retried), or relayline's own bug or the consumer's
+            # sink failing: the turn still ends, and the exception goes to whoever owns the turn
+            # (the gateway answers a 500)
+            cancelled = _cancellation(exc)
+            if not cancelled:
+                log.exception("turn_internal_error requested=%s", turn.plan.requested)
             if self.result is None:
-                self.result = self._settle(turn.cancel)
-                await self._sync_settled()
-            raise
-        except Exception:
-            # relayline's own bug, or the consumer's sink failed: the turn still ends, and the
-            # exception goes to whoever owns the turn (the gateway answers a 500)
-            log.exception("turn_internal_error requested=%s", turn.plan.requested)
-            if self.result is None:
-                self.result = self._settle(turn.abort)
+                self.result = self._settle(turn.cancel if cancelled else turn.abort)
                 await self._sync_settled()
             raise
         finally:

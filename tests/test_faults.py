@@ -295,3 +295,61 @@ async def asgi(app, path: str, obj=None, raw: bytes | None = None):
     """One request through the ASGI app, in process; the answer's JSON."""
     status, headers, payload = await asgi_post(app, path, raw if raw is not None else json.dumps(obj).encode())
     return status, headers, json.loads(payload)
+
+
+async def test_a_cancellation_that_arrives_while_connecting_is_recorded_as_the_turns(monkeypatch):
+    """Found by tests/test_fault_injection.py: trio's connect (happy eyeballs) runs a nursery,
+    which hands an outer cancellation on as a BaseExceptionGroup of Cancelled. It is still the
+    owner's cancellation: recorded on the turn (never retried), not a turn without a result."""
+    from httpcore._backends.trio import TrioBackend
+
+    connect = TrioBackend.connect_tcp
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(lambda s: ok())
+        await upstream.start(nursery)
+        async with Relay(structure_config(config(upstream.url)), env={}) as relay:
+            runs: list = []
+            with trio.CancelScope() as scope:
+                async def cancelled_mid_connect(self, *args, **kwargs):
+                    async def cancel() -> None:
+                        scope.cancel()  # from another task, while the connect's nursery runs
+
+                    trio.lowlevel.spawn_system_task(cancel)
+                    return await connect(self, *args, **kwargs)
+
+                monkeypatch.setattr(TrioBackend, "connect_tcp", cancelled_mid_connect)
+                await relay._run_turn(HI, run_hook=runs.append)
+            monkeypatch.setattr(TrioBackend, "connect_tcp", connect)
+            assert scope.cancelled_caught
+            healthy = await relay._run_turn(HI)
+        nursery.cancel_scope.cancel()
+    result = runs[0].result
+    assert result is not None and result.outcome == "cancelled" and result.error == "cancelled"
+    assert outcomes(result) == [("primary", "cancelled", "cancelled by the consumer")]
+    assert upstream.seen[:-1] == []  # never sent, never retried
+    assert healthy.outcome == "ok" and relay.health.breaker("primary").state == "closed"
+
+
+async def test_a_ledger_that_cannot_write_loses_no_answer(caplog):
+    """The providers bill an answer whatever the ledger's disk does: the client gets it, and the
+    rows the ledger could not take are logged for the operator (readiness says the rest)."""
+    import sqlite3
+
+    from relayline.adapters.gateway import Gateway
+    from relayline.adapters.stores.ledger import LedgerStore
+
+    class FullDisk(LedgerStore):
+        async def record(self, turn_id, result, *, client=""):
+            raise sqlite3.OperationalError("database or disk is full")
+
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(lambda s: ok("billed anyway"))
+        await upstream.start(nursery)
+        relay = Relay(structure_config(config(upstream.url)), env={})
+        gateway = Gateway(relay, ledger=FullDisk(":memory:"))
+        status, headers, body = await asgi(gateway, "/v1/chat/completions", {"model": "m", "messages": HI})
+        await relay.aclose()
+        nursery.cancel_scope.cancel()
+    assert status == 200 and body["choices"][0]["message"]["content"] == "billed anyway"
+    lost = [r for r in caplog.records if r.getMessage().startswith("ledger_write_error")]
+    assert len(lost) == 1 and "rows=1" in lost[0].getMessage() and "cost_usd=0.00001300" in lost[0].getMessage()

@@ -437,7 +437,13 @@ class Gateway:
         self.tracing.turn(result, started=started, ended=now, clock_now=now, request_id=exchange.request_id,
                           families=self._families)
         if self.ledger is not None and result.ledger:
-            await self.ledger.record(exchange.turn, result, client=exchange.client)
+            try:
+                await self.ledger.record(exchange.turn, result, client=exchange.client)
+            except Exception:
+                # the answer was made and the providers bill it: the client still gets it; the
+                # operator gets the lost rows in the log (and /readyz reports the ledger)
+                log.exception("ledger_write_error request_id=%s turn=%s rows=%d cost_usd=%.8f", exchange.request_id,
+                              exchange.turn, len(result.ledger), result.cost_usd)
         served = result.served.label if result.served else "none"
         if result.fallback:
             log.warning("fallback request_id=%s requested=%s served=%s attempts=%d", exchange.request_id,
@@ -593,6 +599,19 @@ class Gateway:
         (before any response ends)."""
         started = trio.current_time()
         REQUEST_ID.set(exchange.request_id)  # sent upstream as x-request-id
+        try:
+            return await self._turn_in_scope(exchange, turn_id, receive, runs, tasks, on_end, **kwargs)
+        finally:
+            # whatever raised (a helper task of the turn, relayline's own bug), a turn that has a
+            # result is accounted: its ledger rows are what the providers will bill
+            result = runs[0].result if runs else None
+            if result is not None:
+                exchange.result = result
+                exchange.turn = turn_id
+                await self._finish_turn(exchange, result, started)
+
+    async def _turn_in_scope(self, exchange: Exchange, turn_id: str, receive, runs: list[TurnRun], tasks, on_end,
+                             **kwargs) -> TurnResult | None:
         with trio.CancelScope() as turn_scope:
             self._turns.add(turn_scope)
             if self._cut:
@@ -626,12 +645,7 @@ class Gateway:
                             await relay.aclose()
         exchange.drained = turn_scope in self._cancelled_by_drain
         self._cancelled_by_drain.discard(turn_scope)
-        result = runs[0].result if runs else None
-        if result is not None:
-            exchange.result = result
-            exchange.turn = turn_id
-            await self._finish_turn(exchange, result, started)
-        return result
+        return runs[0].result if runs else None
 
     async def _error_response(self, send, dialect, result: TurnResult) -> None:
         status, body = dialect.error(result)
