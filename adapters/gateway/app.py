@@ -780,13 +780,16 @@ class _StreamWire:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
-            async with self._lock:
-                while self._pending:
-                    data = b"".join(self._pending)
-                    self._pending.clear()
-                    self._pending_bytes = 0
-                    await self._send_whole({"type": "http.response.body", "body": data, "more_body": True})
-                self._room.set()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        async with self._lock:
+            while self._pending:
+                data = b"".join(self._pending)
+                self._pending.clear()
+                self._pending_bytes = 0
+                await self._send_whole({"type": "http.response.body", "body": data, "more_body": True})
+            self._room.set()
 
     async def event(self, event: Event) -> None:
         if not event.visible:
@@ -795,7 +798,14 @@ class _StreamWire:
         await self._start()
         await self._queue(self.render.event(event))
         if first:
-            await trio.lowlevel.checkpoint()  # let the flusher put the first bytes on the wire now
+            # the first token goes out now, not once the rest of this upstream read is rendered
+            # (the flusher runs only when the turn yields); a client slow to take it is not a
+            # stalled provider
+            if self.runs:
+                with self.runs[0].consumer_paused():
+                    await self._flush()
+            else:
+                await self._flush()
 
     event.may_block = False  # bounded buffer: when it must wait for the client, it says so (consumer_paused)
 
