@@ -36,6 +36,7 @@ from relayline.machines.turn import Completion
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure, client_headers
 from .http import HttpProvider, json_frame
+from .pool import Pools
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -435,5 +436,5 @@ class OpenAIProtocol:
         return OpenAIStreamParser()
 
 
-def OpenAIClient(client: httpx.AsyncClient | None = None) -> HttpProvider:  # noqa: N802 - reads as a class
-    return HttpProvider(OpenAIProtocol(), client)
+def OpenAIClient(pools: Pools | None = None) -> HttpProvider:  # noqa: N802 - reads as a class
+    return HttpProvider(OpenAIProtocol(), pools)
