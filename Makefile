@@ -38,6 +38,7 @@ bench: install browser
 	$(PY) -m pip install --quiet -e '.[bench]' || echo "bench extras unavailable: peers will be skipped"
 	$(PY) bench/run.py
 	$(PY) bench/console.py
+	$(PY) bench/load.py
 	$(PY) bench/memory.py
 
 diagrams: install

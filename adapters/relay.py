@@ -55,12 +55,11 @@ from .hosts import (
     unwind,
 )
 from .providers.base import ProviderClient
-from .providers.http import new_client
 from .providers.openai import parse_request as parse_openai
+from .providers.pool import Pools
 from .redact import protect
 
 if TYPE_CHECKING:
-    import httpx
 
     from .sim.provider import SimUpstream
 
@@ -170,7 +169,7 @@ class Relay:
             log.warning("config_warning code=%s path=%s", warning.code, warning.path)
         self.health: HealthStore = health if health is not None else open_health(config)
         self.sim = sim  # the scripted upstreams of the sim family (scenarios, tests)
-        self._http: httpx.AsyncClient | None = None
+        self._http: Pools | None = None
         self.clients: dict[str, ProviderClient] = dict(clients or {})
         for name in sorted({p.family for p in config.providers.values()} & set(FAMILIES) - set(self.clients)):
             module, _, factory = FAMILIES[name].adapter.partition(":")
@@ -184,10 +183,11 @@ class Relay:
         if self._http is not None:
             await self._http.aclose()
 
-    def http_client(self) -> httpx.AsyncClient:
-        """One pooled HTTP client for every profile: connections are reused across turns."""
+    def http_pools(self) -> Pools:
+        """The upstream connection pools, one per profile, reused across turns: a profile needs at
+        most one connection per turn in flight, so `[gateway] max_in_flight` bounds each pool."""
         if self._http is None:
-            self._http = new_client()
+            self._http = Pools(self.config.gateway.max_in_flight)
         return self._http
 
     async def aclose(self) -> None:

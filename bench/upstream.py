@@ -6,6 +6,7 @@ by Content-Length, and a reply chosen by the requested model name:
     "frames-N"  N content frames (a stream when the request asks for one; else one JSON body)
     "hold-N"    a stream that sends its role frame and N text frames, then waits `hold` seconds
                 before finishing (the memory benchmark keeps streams in flight with it)
+    GET /stats  {"connections": accepted so far}: the load benchmark counts connections opened
 
 Run: python bench/upstream.py PORT [HOLD_SECONDS]; it prints "ready PORT" when listening.
 """
@@ -50,8 +51,10 @@ def body_for(kind: str, n: int, stream: bool) -> bytes:
 
 class Upstream(asyncio.Protocol):
     hold = 5.0
+    accepted = 0
 
     def connection_made(self, transport):
+        Upstream.accepted += 1
         self.transport = transport
         self.buffer = b""
 
@@ -68,6 +71,11 @@ class Upstream(asyncio.Protocol):
                 return
             body = self.buffer[head_end + 4: head_end + 4 + length]
             self.buffer = self.buffer[head_end + 4 + length:]
+            if head.startswith(b"get /stats"):
+                stats = json.dumps({"connections": Upstream.accepted}).encode()
+                self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                                     + str(len(stats)).encode() + b"\r\n\r\n" + stats)
+                continue
             self.answer(body)
 
     def answer(self, body: bytes) -> None:

@@ -165,15 +165,15 @@ async def test_total_s_bounds_retries_and_waits():
 
 
 async def test_headers_s_runs_from_the_write_not_from_the_pool_queue():
-    """Three turns share a pool of one connection to a provider that answers each call after
+    """Three turns share a pool of one connection (max_in_flight = 1 sizes each profile's pool;
+    the relay itself does not shed load) to a provider that answers each call after
     0.4 s: queued behind the others, the third waits 0.8 s in all, past headers_s = 0.5, but
     the provider never took longer than 0.4 s after a request was written."""
     async with trio.open_nursery() as nursery:
         upstream = LoopbackServer(lambda s: Reply(headers=JSON_HEADERS, pieces=(answer("slow but fine"),), delay=0.4))
         await upstream.start(nursery)
-        cfg = structure_config(config(upstream.url, reliability={"provider_retries": 0}))
+        cfg = structure_config(config(upstream.url, reliability={"provider_retries": 0}, gateway={"max_in_flight": 1}))
         async with Relay(cfg, env={}) as relay:
-            relay._http._transport._pool._max_connections = 1
             results = []
 
             async def one():

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible gateway: a plain ASGI app run by hypercorn's trio worker.
+"""The OpenAI-compatible gateway: a plain ASGI app, served by the HTTP/1.1 server in http11.py.
 
 The stream commit boundary reaches the wire here. A streamed request sends nothing, not even
 response headers, until the turn commits (its first decisive frame), so a turn that fails or
@@ -42,6 +42,7 @@ from relayline.machines.errors import ConfigError
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
+from .. import jsoncodec
 from ..driver import TurnRun
 from ..otel import Tracing
 from ..providers.http import REQUEST_ID
@@ -268,7 +269,7 @@ class Gateway:
 
     async def _route(self, exchange: Exchange, scope, headers, receive) -> None:
         method, path, send = exchange.method, exchange.path, exchange
-        # hypercorn bounds a head still arriving; a whole one that came in one read is checked here
+        # the server bounds a head still arriving; a whole one that came in one read is checked here
         head = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or ())
         if head > self.settings.max_header_bytes:
             await self._respond(send, 431, send.dialect.http_error(
@@ -332,7 +333,7 @@ class Gateway:
         await send({"type": "http.response.body", "body": body})
 
     async def _json(self, send, status: int, obj, headers=()) -> None:
-        await self._respond(send, status, json.dumps(obj).encode(), headers=headers)
+        await self._respond(send, status, jsoncodec.dumps(obj), headers=headers)
 
     async def _not_found(self, send, method: str, path: str) -> None:
         await self._respond(send, 404, send.dialect.http_error(404, f"no route for {method} {path[:200]}",
@@ -575,7 +576,7 @@ class Gateway:
         if raw is None:
             return
         try:
-            body = json.loads(raw)
+            body = jsoncodec.loads(raw)
         except (ValueError, RecursionError):
             body = wire.WireError("", "the body is not valid JSON")
         try:
@@ -815,13 +816,16 @@ class _StreamWire:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
-            async with self._lock:
-                while self._pending:
-                    data = b"".join(self._pending)
-                    self._pending.clear()
-                    self._pending_bytes = 0
-                    await self._send_whole({"type": "http.response.body", "body": data, "more_body": True})
-                self._room.set()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        async with self._lock:
+            while self._pending:
+                data = b"".join(self._pending)
+                self._pending.clear()
+                self._pending_bytes = 0
+                await self._send_whole({"type": "http.response.body", "body": data, "more_body": True})
+            self._room.set()
 
     async def event(self, event: Event) -> None:
         if not event.visible:
@@ -830,7 +834,14 @@ class _StreamWire:
         await self._start()
         await self._queue(self.render.event(event))
         if first:
-            await trio.lowlevel.checkpoint()  # let the flusher put the first bytes on the wire now
+            # the first token goes out now, not once the rest of this upstream read is rendered
+            # (the flusher runs only when the turn yields); a client slow to take it is not a
+            # stalled provider
+            if self.runs:
+                with self.runs[0].consumer_paused():
+                    await self._flush()
+            else:
+                await self._flush()
 
     event.may_block = False  # bounded buffer: when it must wait for the client, it says so (consumer_paused)
 

@@ -1,5 +1,5 @@
 """The HTTP provider families. Each factory is named by machines/families.py and called with the
-Relay, whose pooled HTTP client every profile of these families shares."""
+Relay, whose per-profile connection pools (providers/pool.py) every adapter shares."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ if TYPE_CHECKING:
 def openai_client(relay: Relay) -> ProviderClient:
     from .openai import OpenAIClient
 
-    return OpenAIClient(relay.http_client())
+    return OpenAIClient(relay.http_pools())
 
 
 def anthropic_client(relay: Relay) -> ProviderClient:
     from .anthropic import AnthropicClient
 
-    return AnthropicClient(relay.http_client())
+    return AnthropicClient(relay.http_pools())

@@ -38,6 +38,7 @@ from relayline.machines.turn import Completion
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure, client_headers
 from .http import HttpProvider, json_frame
+from .pool import Pools
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
@@ -437,5 +438,5 @@ class AnthropicProtocol:
         return AnthropicStreamParser()
 
 
-def AnthropicClient(client: httpx.AsyncClient | None = None) -> HttpProvider:  # noqa: N802 - reads as a class
-    return HttpProvider(AnthropicProtocol(), client)
+def AnthropicClient(pools: Pools | None = None) -> HttpProvider:  # noqa: N802 - reads as a class
+    return HttpProvider(AnthropicProtocol(), pools)

@@ -1,4 +1,4 @@
-"""What the OpenAI-compatible and Anthropic adapters share: one pooled httpx client, error
+"""What the OpenAI-compatible and Anthropic adapters share: per-profile connection pools, error
 bodies reduced to a classification, and the SSE pump that turns response bytes into frames.
 
 A protocol supplies three pure pieces: how to build the request, how to read a complete answer,
@@ -25,9 +25,11 @@ from relayline.machines import wire
 from relayline.machines.stream import Frame
 from relayline.machines.turn import Completion
 
+from .. import jsoncodec
 from ..redact import redact
 from ..sse import SSEDecoder, SSEEvent, SSEProtocolError
 from .base import DONE, CallRequest, ProviderFailure
+from .pool import Pools
 
 # the gateway's request id for the turn running in this task: sent upstream as x-request-id, so a
 # provider's logs and ours can be joined (trio tasks inherit it from the request's handler)
@@ -40,18 +42,6 @@ def _identity(response: httpx.Response) -> bool:
     # an uncompressed body can be read raw, skipping the decoder's copy of every chunk
     return response.headers.get("content-encoding", "identity").strip().lower() in ("", "identity")
 MAX_REJECTION_CHARS = 1000  # an upstream's rejection message given back to the client, at most
-
-
-def default_limits() -> httpx.Limits:
-    # a gateway holds one upstream connection per in-flight stream: size the pool for thousands
-    return httpx.Limits(max_connections=2048, max_keepalive_connections=256, keepalive_expiry=30.0)
-
-
-def new_client() -> httpx.AsyncClient:
-    # timeouts are the driver's cancel scopes (headers_s, first_token_s, idle_s); httpx's own
-    # are a backstop so that a socket can never hang a worker forever
-    return httpx.AsyncClient(limits=default_limits(), timeout=httpx.Timeout(600.0, connect=30.0),
-                             follow_redirects=False)
 
 
 def error_text(body: bytes) -> str:
@@ -95,7 +85,7 @@ def rejection(body: bytes) -> tuple[str | None, str | None]:
 
 def json_frame(event: SSEEvent) -> dict:
     try:
-        obj = json.loads(event.data)
+        obj = jsoncodec.loads(event.data)
     except ValueError:
         raise ProviderFailure(fc.truncated("malformed frame: a data line that is not valid JSON")) from None
     if not isinstance(obj, dict):
@@ -124,15 +114,15 @@ class HttpProvider:
 
     reports_sent = True  # the driver's headers clock starts when httpcore wrote the request
 
-    def __init__(self, protocol: WireProtocol, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, protocol: WireProtocol, pools: Pools | None = None) -> None:
         self.protocol = protocol
-        self.client = client if client is not None else new_client()
+        self.pools = pools if pools is not None else Pools()
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.pools.aclose()
 
-    async def _send(self, request: CallRequest) -> httpx.Response:
-        http_request = self.protocol.build(self.client, request)
+    async def _send(self, client: httpx.AsyncClient, request: CallRequest) -> httpx.Response:
+        http_request = self.protocol.build(client, request)
         request_id = REQUEST_ID.get()
         if request_id is not None:
             http_request.headers["x-request-id"] = request_id
@@ -144,7 +134,7 @@ class HttpProvider:
 
             http_request.extensions["trace"] = trace
         try:
-            response = await self.client.send(http_request, stream=True)
+            response = await client.send(http_request, stream=True)
         except httpx.TimeoutException:
             raise ProviderFailure(fc.timed_out("response headers (socket)", 600)) from None
         except httpx.TransportError:
@@ -170,19 +160,20 @@ class HttpProvider:
         return response
 
     async def complete(self, request: CallRequest) -> Completion:
-        response = await self._send(request)
-        try:
-            body = await self._read_bounded(response, request)
-        except httpx.TransportError:
-            raise ProviderFailure(fc.truncated("connection lost while reading the response")) from None
-        finally:
-            await response.aclose()  # unread bytes (a refused body) close the connection
+        async with self.pools.profile(request.entry.profile).lease() as client:
+            response = await self._send(client, request)
+            try:
+                body = await self._read_bounded(response, request)
+            except httpx.TransportError:
+                raise ProviderFailure(fc.truncated("connection lost while reading the response")) from None
+            finally:
+                await response.aclose()  # unread bytes (a refused body) close the connection
         try:
             if len(body) > THREAD_PARSE_BYTES:
                 # a large body is parsed in a worker thread: the loop keeps serving other turns
-                obj = await trio.to_thread.run_sync(json.loads, body)
+                obj = await trio.to_thread.run_sync(jsoncodec.loads, body)
             else:
-                obj = json.loads(body)
+                obj = jsoncodec.loads(body)
         except ValueError:
             raise ProviderFailure(fc.truncated("malformed response: not JSON")) from None
         finally:
@@ -214,11 +205,12 @@ class HttpProvider:
 
     @asynccontextmanager
     async def stream(self, request: CallRequest):
-        response = await self._send(request)
-        try:
-            yield self._frames(response)
-        finally:
-            await response.aclose()
+        async with self.pools.profile(request.entry.profile).lease() as client:
+            response = await self._send(client, request)
+            try:
+                yield self._frames(response)
+            finally:
+                await response.aclose()
 
     async def _frames(self, response: httpx.Response) -> AsyncIterator[Frame]:
         decoder = SSEDecoder()

@@ -24,6 +24,7 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: dict | None
+    connection: int = 0  # which accepted connection carried it (1, 2, ...): reuse is countable
 
 
 @attrs.frozen
@@ -41,6 +42,7 @@ class LoopbackServer:
         self.handler = handler
         self.seen: list[Seen] = []
         self.port = 0
+        self.accepted = 0
 
     @property
     def url(self) -> str:
@@ -52,6 +54,8 @@ class LoopbackServer:
 
     async def _serve(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
+        self.accepted += 1
+        number = self.accepted
         try:
             while True:
                 request, body = await self._read(conn, stream)
@@ -59,7 +63,7 @@ class LoopbackServer:
                     return
                 headers = {k.decode().lower(): v.decode() for k, v in request.headers}
                 seen = Seen(request.method.decode(), request.target.decode(), headers,
-                            json.loads(body) if body else None)
+                            json.loads(body) if body else None, number)
                 self.seen.append(seen)
                 reply = self.handler(seen)
                 if inspect.isawaitable(reply):

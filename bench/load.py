@@ -1,0 +1,310 @@
+"""The gateway under load (`make bench`; never part of `make test`).
+
+Issue 12 saw 1,000 concurrent clients collapse the gateway to 38-64 req/s (httpcore's pool scan,
+and upstream connections re-opened instead of reused); issue 17 sets the targets: at 200 and
+1,000 concurrent clients no error, p99 at most 3x p50 and throughput not below the concurrency-16
+figure; 5,000 concurrent streams with no error and at most 32 KiB of gateway memory per stream.
+
+Closed-loop clients (each one keep-alive connection, one request after another) run for a fixed
+time against the upstream directly and through `relayline serve` (its own process), in the same
+run. The client is lean on purpose (raw asyncio streams, pre-built requests, no HTTP library) so
+that it is not what is measured; its own CPU per request is reported beside the gateway's. The
+upstream (bench/upstream.py) counts the connections it accepted, so the connections the gateway
+opened per request are a number, not a guess.
+
+Run: python bench/load.py  (results: bench/results/load-<date>.json); a partial run that writes
+nothing: python bench/load.py --levels 16,1000 --streams 0 --seconds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peers import Processes, rss_kib  # noqa: E402  (bench/peers.py: the upstream and gateway processes)
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+REQUEST_TIMEOUT_S = 60.0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def _request(url: str, body: dict) -> bytes:
+    parts = urlsplit(url)
+    payload = json.dumps(body).encode()
+    return (f"POST {parts.path} HTTP/1.1\r\nhost: {parts.netloc}\r\ncontent-type: application/json\r\n"
+            f"authorization: Bearer bench-key\r\ncontent-length: {len(payload)}\r\n\r\n").encode() + payload
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def _connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    parts = urlsplit(url)
+    for attempt in range(20):  # a burst of connects may overflow the backlog: retry, bounded
+        try:
+            return await asyncio.open_connection(parts.hostname, parts.port, limit=1 << 20)
+        except OSError:
+            if attempt == 19:
+                raise
+            await asyncio.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+async def _response(reader: asyncio.StreamReader, watch: bytes = b"", seen=None) -> tuple[int, bytes, bool]:
+    """(status, body, connection kept alive) of one HTTP/1.1 response; `seen` is called once
+    when `watch` first appears in a chunked body (a stream's first content frame)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    lower = head.lower()
+    keep = b"connection: close" not in lower
+    if b"transfer-encoding: chunked" in lower:
+        body = bytearray()
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            chunk = await reader.readexactly(size + 2)
+            if size == 0:
+                return status, bytes(body), keep
+            body += chunk[:-2]
+            if seen is not None and watch in chunk:
+                seen()
+                seen = None
+    start = lower.find(b"content-length:")
+    length = int(lower[start + 15: lower.find(b"\r\n", start)]) if start >= 0 else 0
+    return status, await reader.readexactly(length), keep
+
+
+async def closed_loop(url: str, concurrency: int, seconds: float, model: str = "frames-1") -> dict:
+    """`concurrency` clients, each on its own connection, sending requests back to back for
+    `seconds`: throughput, latency, errors and what the client itself spent per request."""
+    request = _request(url, {"model": model, "messages": MESSAGES})
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    connections = await asyncio.gather(*(_connect(url) for _ in range(concurrency)))
+    ready = asyncio.Event()
+
+    async def client(index: int) -> None:
+        reader, writer = connections[index]
+        await ready.wait()
+        while (now := time.perf_counter()) < end:
+            try:
+                async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                    writer.write(request)
+                    status, body, keep = await _response(reader)
+                if status != 200:
+                    errors[f"http {status}"] = errors.get(f"http {status}", 0) + 1
+                else:
+                    latencies.append(time.perf_counter() - now)
+                if not keep:
+                    writer.close()
+                    reader, writer = await _connect(url)
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
+                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                writer.close()
+                reader, writer = await _connect(url)
+        writer.close()
+
+    cpu = _own_cpu_s()
+    start = time.perf_counter()
+    end = start + seconds
+    ready.set()
+    await asyncio.gather(*(client(i) for i in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    done = len(latencies)
+    return {
+        "concurrency": concurrency, "requests": done, "seconds": round(elapsed, 2),
+        "rps": round(done / elapsed, 1),
+        "p50_ms": round(statistics.median(latencies) * 1e3, 2) if latencies else None,
+        "p99_ms": round(_percentile(latencies, 0.99) * 1e3, 2) if latencies else None,
+        "max_ms": round(max(latencies) * 1e3, 2) if latencies else None,
+        "errors": sum(errors.values()), "error_kinds": errors,
+        "client_cpu_ms_per_request": round((_own_cpu_s() - cpu) / max(done, 1) * 1e3, 3),
+    }
+
+
+async def _upstream_connections(upstream: str) -> int:
+    reader, writer = await _connect(upstream)
+    parts = urlsplit(upstream)
+    writer.write(f"GET /stats HTTP/1.1\r\nhost: {parts.netloc}\r\ncontent-length: 0\r\n\r\n".encode())
+    _status, body, _keep = await _response(reader)
+    writer.close()
+    return json.loads(body)["connections"]
+
+
+async def held_streams(url: str, count: int, gateway_pid: int) -> dict:
+    """`count` streams held open at once through the gateway (the upstream sends two frames, then
+    holds): how many were in flight together, errors, and the gateway's RSS per stream."""
+    request = _request(url, {"model": "hold-2", "messages": MESSAGES, "stream": True})
+    baseline = rss_kib(gateway_pid)
+    flowing = 0
+    peak = {"streams": 0, "rss_kib": baseline}
+    errors: dict[str, int] = {}
+    ok = 0
+    all_flowing = asyncio.Event()
+
+    def first_frame() -> None:
+        nonlocal flowing
+        flowing += 1
+        if flowing == count:
+            all_flowing.set()
+
+    async def one() -> None:
+        nonlocal ok, flowing
+        counted = False
+
+        def seen() -> None:
+            nonlocal counted
+            counted = True
+            first_frame()
+
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT_S * 2):
+                reader, writer = await _connect(url)
+                writer.write(request)
+                status, body, _keep = await _response(reader, b'"content":" w0"', seen)
+                writer.close()
+            if status == 200 and b"[DONE]" in body and b'"error"' not in body:
+                ok += 1
+            else:
+                errors[f"http {status}"] = errors.get(f"http {status}", 0) + 1
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+        finally:
+            if counted:
+                flowing -= 1
+
+    async def sample() -> None:
+        while True:
+            peak["streams"] = max(peak["streams"], flowing)
+            peak["rss_kib"] = max(peak["rss_kib"], rss_kib(gateway_pid))
+            await asyncio.sleep(0.1)
+
+    sampler = asyncio.create_task(sample())
+    start = time.perf_counter()
+    streams = [asyncio.create_task(one()) for _ in range(count)]
+    try:
+        async with asyncio.timeout(REQUEST_TIMEOUT_S * 2):
+            await all_flowing.wait()
+        all_in_flight_s = round(time.perf_counter() - start, 2)
+        peak["streams"] = count
+    except TimeoutError:
+        all_in_flight_s = None
+    await asyncio.gather(*streams)
+    sampler.cancel()
+    await asyncio.sleep(1.0)
+    return {
+        "streams": count, "ok": ok, "errors": sum(errors.values()), "error_kinds": errors,
+        "max_in_flight_together": peak["streams"], "seconds_until_all_in_flight": all_in_flight_s,
+        "gateway_rss_before_kib": baseline, "gateway_rss_peak_kib": peak["rss_kib"],
+        "gateway_rss_after_kib": rss_kib(gateway_pid),
+        "gateway_kib_per_stream": round((peak["rss_kib"] - baseline) / max(peak["streams"], 1), 2),
+    }
+
+
+def _profiler(pid: int, seconds: float, path: str) -> subprocess.Popen:
+    """py-spy sampling the gateway (collapsed stacks: one line per stack, its sample count last)."""
+    return subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--format", "raw",
+                             "--duration", str(int(seconds)), "--rate", "200", "--nonblocking", "-o", path],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def run(procs: Processes, *, seconds: float, levels: tuple[int, ...], streams: int,
+              profile: str | None = None) -> dict:
+    direct = f"{procs.upstream}/v1/chat/completions"
+    gateway = f"{procs.gateway}/v1/chat/completions"
+    await closed_loop(gateway, 16, 1.0)  # warm up: imports, caches, the first connections
+    out: dict = {"closed_loop": {}}
+    for concurrency in levels:
+        row = {}
+        for name, url in (("direct", direct), ("gateway", gateway)):
+            opened = await _upstream_connections(procs.upstream)
+            cpu = _cpu_s(procs.gateway_pid)
+            spy = _profiler(procs.gateway_pid, seconds, profile) if profile and name == "gateway" \
+                and concurrency == levels[-1] else None
+            row[name] = await closed_loop(url, concurrency, seconds)
+            if spy is not None:
+                spy.wait(seconds + 30)
+            row[name]["upstream_connections_opened"] = await _upstream_connections(procs.upstream) - opened - 1
+            if name == "gateway":
+                row[name]["gateway_cpu_ms_per_request"] = round(
+                    (_cpu_s(procs.gateway_pid) - cpu) / max(row[name]["requests"], 1) * 1e3, 3)
+            print(f"  {name:8} c={concurrency:5}: {row[name]}", flush=True)
+        out["closed_loop"][str(concurrency)] = row
+    if streams:
+        out["streams"] = await held_streams(gateway, streams, procs.gateway_pid)
+        print(f"  streams: {out['streams']}", flush=True)
+    return out
+
+
+def verdicts(result: dict) -> dict:
+    loop = result["closed_loop"]
+    base = loop.get("16", {}).get("gateway", {}).get("rps")
+    out = {}
+    for level in ("200", "1000"):
+        if level not in loop:
+            continue
+        g = loop[level]["gateway"]
+        holds = (g["errors"] == 0 and g["p99_ms"] is not None and g["p99_ms"] <= 3 * g["p50_ms"]
+                 and base is not None and g["rps"] >= base)
+        out[f"under_load_{level}"] = {"holds": holds, "rps": g["rps"], "rps_at_16": base,
+                                      "p99_over_p50": round(g["p99_ms"] / g["p50_ms"], 2) if g["p50_ms"] else None,
+                                      "errors": g["errors"]}
+    if "streams" in result:
+        s = result["streams"]
+        out["streams"] = {"holds": s["errors"] == 0 and s["max_in_flight_together"] == s["streams"]
+                          and s["gateway_kib_per_stream"] <= 32, "kib_per_stream": s["gateway_kib_per_stream"],
+                          "errors": s["errors"], "streams": s["streams"]}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--levels", default="16,200,1000", help="client concurrencies, comma-separated")
+    parser.add_argument("--streams", type=int, default=5000, help="concurrent held streams (0: none)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="each closed-loop run's length")
+    parser.add_argument("--profile", help="py-spy the gateway at the highest level into this file (collapsed stacks)")
+    args = parser.parse_args()
+    full = (args.levels, args.streams, args.seconds) == ("16,200,1000", 5000, 8.0)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # every stream holds a client, a gateway and an upstream socket; the processes inherit this
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
+    levels = tuple(int(level) for level in args.levels.split(","))
+    result = {"date": dt.date.today().isoformat(), "python": platform.python_version(),
+              "cpus": os.cpu_count(), "load_average_before": os.getloadavg()}
+    with Processes(hold_s=40.0) as procs:
+        result.update(asyncio.run(run(procs, seconds=args.seconds, levels=levels, streams=args.streams,
+                                      profile=args.profile)))
+    result["load_average_after"] = os.getloadavg()
+    result["targets"] = verdicts(result)
+    print(json.dumps(result["targets"], indent=2))
+    if full:
+        out = Path(__file__).resolve().parent / "results" / f"load-{result['date']}.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

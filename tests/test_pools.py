@@ -1,0 +1,83 @@
+"""Upstream connection pools, counted on a real loopback upstream's accepted connections: each
+profile has its own pool, a connection is reused by the turns that follow instead of re-opened
+(also past one shard's size), and `[gateway] max_in_flight` bounds a profile's connections."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import trio
+
+from relayline.adapters import Relay
+from relayline.adapters.providers.pool import SHARD_CONNECTIONS
+from relayline.adapters.sim.loopback import LoopbackServer, Reply
+from relayline.machines.config import structure_config
+
+HI = [{"role": "user", "content": "hi"}]
+ANSWER = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                  "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+
+def slow_answer(seen) -> Reply:
+    # long enough that the turns of one round overlap and each needs its own connection
+    return Reply(headers=(("content-type", "application/json"),), pieces=(ANSWER.encode(),), delay=0.05)
+
+
+def config(url: str, **gateway) -> dict:
+    profile = {"family": "openai", "base_url": f"{url}/v1"}
+    return {"active": "a", "gateway": gateway,
+            "providers": {"a": {**profile, "api_key": "key-a", "model": "m-a"},
+                          "b": {**profile, "api_key": "key-b", "model": "m-b"}},
+            "routes": [{"hint": "b", "provider": "b", "model": "m-b"}],
+            "reliability": {"provider_retries": 0}}
+
+
+async def rounds(relay: Relay, rounds: int, per_profile: dict[str | None, int]) -> list:
+    results = []
+
+    async def one(model):
+        results.append(await relay._run_turn(HI, model=model))
+
+    for _ in range(rounds):
+        async with trio.open_nursery() as nursery:
+            for model, count in per_profile.items():
+                for _ in range(count):
+                    nursery.start_soon(one, model)
+    return results
+
+
+async def test_each_profile_has_its_own_pool_and_reuses_its_connections():
+    wide = SHARD_CONNECTIONS * 2 + 3  # more turns at once than one shard holds
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(slow_answer)
+        await upstream.start(nursery)
+        async with Relay(structure_config(config(upstream.url)), env={}) as relay:
+            with trio.fail_after(10):
+                results = await rounds(relay, 3, {None: wide, "hint:b": 4})
+        nursery.cancel_scope.cancel()
+    assert [r.outcome for r in results] == ["ok"] * (3 * (wide + 4))
+    assert sorted({r.served.profile for r in results}) == ["a", "b"]
+    keys_by_connection = defaultdict(set)
+    for seen in upstream.seen:
+        keys_by_connection[seen.connection].add(seen.headers["authorization"])
+    # a connection carries one profile's requests only: the pools are per profile
+    assert all(len(keys) == 1 for keys in keys_by_connection.values()), keys_by_connection
+    per_profile = defaultdict(int)
+    for keys in keys_by_connection.values():
+        per_profile[keys.pop()] += 1
+    # the later rounds ride the first round's connections (without reuse: 3 times as many)
+    assert per_profile == {"Bearer key-a": wide, "Bearer key-b": 4}
+    assert upstream.accepted == wide + 4 and len(upstream.seen) == 3 * (wide + 4)
+
+
+async def test_max_in_flight_bounds_each_profiles_connections():
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(slow_answer)
+        await upstream.start(nursery)
+        async with Relay(structure_config(config(upstream.url, max_in_flight=3)), env={}) as relay:
+            with trio.fail_after(10):
+                results = await rounds(relay, 1, {None: 10, "hint:b": 10})
+        nursery.cancel_scope.cancel()
+    assert [r.outcome for r in results] == ["ok"] * 20  # the rest waited for a connection
+    assert upstream.accepted == 6  # three per profile
