@@ -235,6 +235,42 @@ def bench_frame_levers(frames: int = 200) -> dict:
     return out
 
 
+def bench_trio_handoff(items: int = 20000) -> dict:
+    """trio's floor for handing an event from one task to another (the library's stream hands
+    each event to the consumer's task through an unbuffered channel, so that an event counts as
+    forwarded only once the consumer took it): per item, and a bare checkpoint."""
+    async def channel(size: int) -> float:
+        send, receive = trio.open_memory_channel[int](size)
+
+        async def produce() -> None:
+            async with send:
+                for i in range(items):
+                    await send.send(i)
+
+        start = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce)
+            async for _ in receive:
+                pass
+        return (time.perf_counter() - start) / items * 1e6
+
+    async def checkpoints() -> float:
+        start = time.perf_counter()
+        for _ in range(items):
+            await trio.lowlevel.checkpoint()
+        return (time.perf_counter() - start) / items * 1e6
+
+    out: dict = {}
+
+    async def main() -> None:
+        out["unbuffered_channel_item_us"] = await channel(0)
+        out["buffered_channel_item_us"] = await channel(256)
+        out["checkpoint_us"] = await checkpoints()
+
+    trio.run(main)
+    return out
+
+
 def bench_driver(turns: int = 300) -> dict:
     relay = Relay(CONFIG, env={})
     messages = [{"role": "user", "content": "hi"}]
@@ -352,6 +388,7 @@ def main() -> int:
         "driver": bench_driver(),
         "wire": bench_wire(),
         "frame_levers": bench_frame_levers(),
+        "trio_handoff": bench_trio_handoff(),
         "floor": floor.run(rounds=1 if quick else 3),
         "hosts": bench_hosts(quick),
         "http": http_benchmarks(quick),
@@ -378,6 +415,9 @@ def main() -> int:
     for name, value, base_name, base_value, note in rows:
         print(f"{name:<30} {value:>12}   {base_name:<30} {base_value:>10}   {note}")
     print_levers(results["frame_levers"])
+    t = results["trio_handoff"]
+    print(f"trio hand-off per item: unbuffered channel {t['unbuffered_channel_item_us']:.1f} µs, buffered "
+          f"{t['buffered_channel_item_us']:.1f} µs; a bare checkpoint {t['checkpoint_us']:.1f} µs")
     floor.report(results["floor"])
     print_hosts(results["hosts"])
     print_http(results["http"])

@@ -498,6 +498,8 @@ class Gateway:
         result = exchange.result
         if result is not None and exchange.first_byte is not None and result.served is not None:
             self.metrics.first_token(result.served.profile, result.served.model, exchange.first_byte - exchange.started)
+        if not access_log.isEnabledFor(logging.INFO):
+            return  # `--log-level warning`: the line is not built at all
         fields = {
             "method": exchange.method, "path": exchange.path[:200], "status": status,
             "latency_ms": round((now - exchange.started) * 1000, 2),

@@ -36,6 +36,7 @@ from .pool import Pools
 REQUEST_ID: ContextVar[str | None] = ContextVar("relayline_request_id", default=None)
 MAX_ERROR_BODY = 64 * 1024  # enough to classify; a provider's error page is not read further
 THREAD_PARSE_BYTES = 1 << 20  # above this a body is parsed off the event loop
+DONE_GRACE_S = 0.01  # after a stream's completion signal: how long its body's end may take
 
 
 def _identity(response: httpx.Response) -> bool:
@@ -91,6 +92,18 @@ def json_frame(event: SSEEvent) -> dict:
     if not isinstance(obj, dict):
         raise ProviderFailure(fc.truncated("malformed frame: not a JSON object"))
     return obj
+
+
+async def _finish_body(chunks: AsyncIterator[bytes]) -> None:
+    """Read what follows a stream's completion signal (the chunked terminator) when it is already
+    here or comes within DONE_GRACE_S: a response closed before its end closes its connection, and
+    the next turn pays for a new one (a TLS handshake upstream). Bounded in bytes and time."""
+    seen = 0
+    with trio.move_on_after(DONE_GRACE_S):
+        async for rest in chunks:
+            seen += len(rest)
+            if seen > MAX_ERROR_BODY:
+                return
 
 
 class StreamParser(Protocol):
@@ -215,12 +228,14 @@ class HttpProvider:
     async def _frames(self, response: httpx.Response) -> AsyncIterator[Frame]:
         decoder = SSEDecoder()
         parser = self.protocol.parser()
+        chunks = response.aiter_bytes()
         try:
-            async for chunk in response.aiter_bytes():
+            async for chunk in chunks:
                 for event in decoder.feed(chunk):
                     for frame in parser.feed(event):
                         yield frame
                     if parser.done:
+                        await _finish_body(chunks)
                         yield Frame(DONE)
                         return
         except SSEProtocolError as exc:
