@@ -55,5 +55,3 @@ def configure(level: str = "warning", fmt: str = "text", stream=None) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    # hypercorn's error log names every closed connection at INFO: keep it for debugging
-    logging.getLogger("hypercorn.error").setLevel(max(logging.WARNING, root.level))

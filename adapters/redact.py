@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 # filters do not inherit: each logger that emits records needs its own
 LOGGERS = ("relayline", "httpx", "httpcore", "httpcore.connection", "httpcore.http11", "httpcore.http2",
-           "httpcore.proxy", "hpack", "hypercorn.error", "hypercorn.access", "relayline.gateway",
+           "httpcore.proxy", "hpack", "relayline.gateway",
            "relayline.access")
 MASK = "***"
 

@@ -58,6 +58,20 @@ class SSEDecoder:
         self._skip_lf = False
         buffer = self._buffer + chunk if self._buffer else chunk
         events: list[SSEEvent] = []
+        if b"\r" not in buffer:
+            # every provider ends its lines with LF: one split in C instead of a find per line
+            lines = buffer.split(b"\n")
+            self._buffer = lines.pop()
+            for raw in lines:
+                self._line(raw, events)
+        else:
+            self._buffer = self._split(buffer, events)
+        if len(self._buffer) + self._pending_bytes > self._max:
+            raise SSEProtocolError(f"event larger than {self._max} bytes")
+        return events
+
+    def _split(self, buffer: bytes, events: list[SSEEvent]) -> bytes:
+        """Lines ended by CR, LF or CRLF (a CR at the very end may be half of a CRLF)."""
         start = 0
         n = len(buffer)
         while start < n:
@@ -75,10 +89,7 @@ class SSEDecoder:
                 break
             self._line(buffer[start:end], events)
             start = nxt
-        self._buffer = buffer[start:]
-        if len(self._buffer) + self._pending_bytes > self._max:
-            raise SSEProtocolError(f"event larger than {self._max} bytes")
-        return events
+        return buffer[start:]
 
     def _line(self, raw: bytes, events: list[SSEEvent]) -> None:
         if not raw:
@@ -89,6 +100,12 @@ class SSEDecoder:
         self._pending_bytes += len(raw) + 1
         if self._pending_bytes > self._max:
             raise SSEProtocolError(f"event larger than {self._max} bytes")
+        if raw[:6] == b"data: ":  # nearly every line: decoded without the general field split
+            try:
+                self._data.append(raw[6:].decode("utf-8"))
+            except UnicodeDecodeError:
+                raise SSEProtocolError("a line is not valid UTF-8") from None
+            return
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError:

@@ -61,16 +61,21 @@ class Processes:
             api_key = "bench-key"
             """))
         self.config_text = config.read_text()
-        gw = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config),
-                               "--port", "0", *self.log_args], stderr=subprocess.PIPE, text=True)
+        self.config_path = config
+        self.gateway, self.gateway_pid = self.start_gateway()
+        return self
+
+    def start_gateway(self, *extra: str) -> tuple[str, int]:
+        """Another `relayline serve` on the same config (e.g. `--workers 2`): its URL and pid."""
+        gw = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config",
+                               str(self.config_path), "--port", "0", *self.log_args, *extra],
+                              stderr=subprocess.PIPE, text=True)
         self.procs.append(gw)
-        self.gateway_pid = gw.pid
         deadline = time.monotonic() + 30
         line = ""
         while time.monotonic() < deadline and "listening on" not in line:
             line = gw.stderr.readline()
-        self.gateway = re.search(r"http://[\d.]+:\d+", line).group(0)
-        return self
+        return re.search(r"http://[\d.]+:\d+", line).group(0), gw.pid
 
     def __exit__(self, *exc) -> None:
         for proc in self.procs:
@@ -193,6 +198,8 @@ def run_trio_side(procs: Processes, *, rounds: int, n: int) -> dict:
                 Relay.from_toml(procs.config_text, env={}) as relay:
             direct_url = f"{procs.upstream}/v1/chat/completions"
             gateway_url = f"{procs.gateway}/v1/chat/completions"
+            # started first: its workers are up and warm long before it is measured
+            workers_url = f"{procs.start_gateway('--workers', '2')[0]}/v1/chat/completions"
             await _timed_posts(client, direct_url, 50)  # warm up connections and caches
             await _timed_posts(client, gateway_url, 50)
             await _library_calls(relay, 50)
@@ -201,17 +208,21 @@ def run_trio_side(procs: Processes, *, rounds: int, n: int) -> dict:
                 results["latency"]["gateway"] += await _timed_posts(client, gateway_url, n)
                 results["latency"]["library"] += await _library_calls(relay, n)
             results["throughput"] = {}
+            await _timed_posts(client, workers_url, 50)
             for concurrency in (1, 16, 64):
                 total = 64 * 8 if concurrency > 1 else 300
                 results["throughput"][concurrency] = {
                     "direct": await _throughput(client, direct_url, concurrency, total),
                     "gateway": await _throughput(client, gateway_url, concurrency, total),
+                    "gateway_2_workers": await _throughput(client, workers_url, concurrency, total),
                 }
-            stream = {"direct": [], "gateway": [], "library": []}
+            # 200-frame and 1-frame streams: the difference is what the 199 more frames cost
+            stream: dict = {f"{name}_{frames}": [] for name in ("direct", "gateway", "library") for frames in (1, 200)}
             for _ in range(rounds * 5):
-                stream["direct"].append(await _stream_timing(client, direct_url, 200))
-                stream["gateway"].append(await _stream_timing(client, gateway_url, 200))
-                stream["library"].append(await _library_stream_timing(relay, 200))
+                for frames in (1, 200):
+                    stream[f"direct_{frames}"].append(await _stream_timing(client, direct_url, frames))
+                    stream[f"gateway_{frames}"].append(await _stream_timing(client, gateway_url, frames))
+                    stream[f"library_{frames}"].append(await _library_stream_timing(relay, frames))
             results["stream"] = stream
             before = rss_kib(procs.gateway_pid)
             async with trio.open_nursery() as nursery:
@@ -243,6 +254,9 @@ litellm.suppress_debug_info = True
 upstream, rounds, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 router = litellm.Router(model_list=[{"model_name": "bench", "litellm_params": {
     "model": "openai/frames-1", "api_base": upstream + "/v1", "api_key": "bench-key"}}], num_retries=0)
+stream_router = litellm.Router(model_list=[{"model_name": f"bench-{n}", "litellm_params": {
+    "model": f"openai/frames-{n}", "api_base": upstream + "/v1", "api_key": "bench-key"}} for n in (1, 200)],
+    num_retries=0)
 messages = [{"role": "user", "content": "hi"}]
 
 async def main():
@@ -262,6 +276,34 @@ async def main():
         for _ in range(rounds):
             out["direct"] += [await direct() for _ in range(n)]
             out["litellm"] += [await lite() for _ in range(n)]
+        async def direct_stream(frames):
+            t = time.perf_counter()
+            first = None
+            async with client.stream("POST", upstream + "/v1/chat/completions", json={
+                    "model": f"frames-{frames}", "messages": messages, "stream": True}) as r:
+                async for line in r.aiter_lines():
+                    if first is None and '"content":" w' in line:
+                        first = time.perf_counter() - t
+            return first, time.perf_counter() - t
+        async def lite_stream(frames):
+            t = time.perf_counter()
+            first = None
+            seen = 0
+            response = await stream_router.acompletion(model=f"bench-{frames}", messages=messages, stream=True)
+            async for chunk in response:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    seen += 1
+                    if first is None:
+                        first = time.perf_counter() - t
+            assert seen == frames, seen
+            return first, time.perf_counter() - t
+        out["stream"] = {f"{name}_{frames}": [] for name in ("direct", "litellm") for frames in (1, 200)}
+        for frames in (1, 200):
+            await direct_stream(frames); await lite_stream(frames)
+        for _ in range(rounds * 5):
+            for frames in (1, 200):
+                out["stream"][f"direct_{frames}"].append(await direct_stream(frames))
+                out["stream"][f"litellm_{frames}"].append(await lite_stream(frames))
         out["throughput"] = {}
         for c in (1, 16, 64):
             total = 300 if c == 1 else 512
@@ -293,6 +335,19 @@ def run_litellm(upstream: str, *, rounds: int, n: int) -> dict | None:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _stream_row(runs: dict, name: str, base: str) -> dict:
+    """First byte and per frame for `name`, beside `base` of the same run. Per frame is the slope
+    between the 1-frame and the 200-frame stream, so no fixed per-request cost hides in it."""
+    def med(key: str, i: int) -> float:
+        return statistics.median(x[i] for x in runs[key])
+
+    ttfb, total, one = med(f"{name}_200", 0), med(f"{name}_200", 1), med(f"{name}_1", 1)
+    base_ttfb, base_total, base_one = med(f"{base}_200", 0), med(f"{base}_200", 1), med(f"{base}_1", 1)
+    return {"ttfb_ms": ttfb * 1e3, "total_ms": total * 1e3, "one_frame_total_ms": one * 1e3,
+            "first_byte_added_ms": (ttfb - base_ttfb) * 1e3, "per_frame_us": (total - one) / 199 * 1e6,
+            "per_frame_added_us": ((total - one) - (base_total - base_one)) / 199 * 1e6}
+
+
 def summarise(trio_side: dict, lite: dict | None) -> dict:
     lat = trio_side["latency"]
     direct_p50, direct_p99 = statistics.median(lat["direct"]), _percentile(lat["direct"], 0.99)
@@ -304,14 +359,8 @@ def summarise(trio_side: dict, lite: dict | None) -> dict:
                                        "ratio_p50": p50 / direct_p50}
     for c, row in trio_side["throughput"].items():
         summary["throughput_rps"][str(c)] = dict(row)
-    s = trio_side["stream"]
     for name in ("direct", "gateway", "library"):
-        ttfb = statistics.median(x[0] for x in s[name])
-        total = statistics.median(x[1] for x in s[name])
-        summary["stream"][name] = {"ttfb_ms": ttfb * 1e3, "total_ms": total * 1e3}
-    d = summary["stream"]["direct"]
-    for name in ("gateway", "library"):
-        summary["stream"][name]["per_frame_added_us"] = (summary["stream"][name]["total_ms"] - d["total_ms"]) * 1e3 / 200
+        summary["stream"][name] = _stream_row(trio_side["stream"], name, "direct")
     h = trio_side["held"]
     h["gateway_kib_per_stream"] = (h["gateway_rss_peak_kib"] - h["gateway_rss_before_kib"]) / h["streams"]
     if lite is not None:
@@ -324,4 +373,44 @@ def summarise(trio_side: dict, lite: dict | None) -> dict:
         for c, row in lite["throughput"].items():
             summary["throughput_rps"].setdefault(c, {})["litellm"] = row["litellm"]
             summary["throughput_rps"][c]["direct_asyncio"] = row["direct"]
+        if "stream" in lite:
+            summary["stream"]["litellm"] = _stream_row(lite["stream"], "litellm", "direct")
+    summary["targets"] = targets(summary)
     return summary
+
+
+def targets(summary: dict) -> list[dict]:
+    """Issue 17's targets this run measures, each with its figure, LiteLLM's where it has one,
+    and whether it holds."""
+    lat, rps, stream = summary["latency_ms"], summary["throughput_rps"], summary["stream"]
+    lite_lat, lite_stream = lat.get("litellm"), stream.get("litellm")
+    rows = []
+
+    def row(name: str, value: float, limit: float, unit: str, lite_value: float | None = None, *,
+            at_least: bool = False) -> None:
+        holds = value >= limit if at_least else value <= limit
+        rows.append({"target": name, "value": value, "limit": limit, "unit": unit, "at_least": at_least,
+                     "holds": holds, "litellm": lite_value})
+
+    row("gateway added latency p50 (non-streaming, concurrency 1)", lat["gateway"]["added_p50"], 1.0, "ms",
+        lite_lat and lite_lat["added_p50"])
+    row("gateway added latency p99 (non-streaming, concurrency 1)", lat["gateway"]["added_p99"], 3.0, "ms",
+        lite_lat and lite_lat["added_p99"])
+    for name in ("gateway", "library"):
+        row(f"{name} stream: first byte added", stream[name]["first_byte_added_ms"], 1.0, "ms",
+            lite_stream and lite_stream["first_byte_added_ms"])
+        row(f"{name} stream: added per frame, end to end", stream[name]["per_frame_added_us"], 10.0, "µs",
+            lite_stream and lite_stream["per_frame_added_us"])
+    for c in ("1", "16"):
+        share = rps[c]["gateway"] / rps[c]["direct"] * 100
+        lite_share = rps[c]["litellm"] / rps[c]["direct_asyncio"] * 100 if "litellm" in rps[c] else None
+        row(f"throughput at concurrency {c}, one worker, share of direct", share, 60.0, "%", lite_share,
+            at_least=True)
+    scaling = rps["16"]["gateway_2_workers"] / rps["16"]["gateway"]
+    row("throughput with --workers 2 over 1 worker, concurrency 16 (near-linear: 1.6x)", scaling, 1.6, "x",
+        at_least=True)
+    held = summary["held"]
+    row(f"memory per in-flight stream, {held['streams']} concurrent through the gateway",
+        held["gateway_kib_per_stream"], 32.0, "KiB")
+    row(f"{held['streams']} concurrent streams, errors", held["errors"], 0, "errors")
+    return rows

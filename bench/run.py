@@ -10,6 +10,10 @@ machine. This file measures the sans-I/O core:
 - whole driver turn on the in-process sim upstream (trio), vs a bare trio checkpoint loop;
 - the wire: a chat completions body read into the canonical request and written for the other
   family (and for its own, as the client sent it), vs json.loads of the same bytes;
+- the stream pipeline per frame (SSE decode, chunk parse, gate, render) with each fast path off
+  in turn, and all of them off: each lever alone, same run;
+- the HTTP server floor (bench/floor.py) and the HTTP side by side (bench/peers.py): direct,
+  gateway, library and LiteLLM, with issue 17's targets marked holds / does not hold;
 - the library from asyncio, synchronous code and a trio guest run, beside trio (bench/hosts.py);
 - a fleet's shared state (bench/fleet.py): Redis health vs the memory store, PostgreSQL vs SQLite.
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import platform
 import statistics
 import sys
@@ -31,6 +36,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fleet  # noqa: E402  (bench/fleet.py: the shared store and ledger beside one process)
+import floor  # noqa: E402  (bench/floor.py: the HTTP server floor, hypercorn beside the gateway's own)
 import ops  # noqa: E402  (bench/ops.py: what the access line and metrics cost per request)
 from hosts import bench_hosts, print_hosts  # noqa: E402  (bench/hosts.py: the library from each host)
 
@@ -173,6 +179,98 @@ def bench_stream_frames(frames: int = 200) -> dict:
     }
 
 
+def bench_frame_levers(frames: int = 200) -> dict:
+    """Each per-frame lever alone, on and off in the same run: the stream pipeline a gateway runs
+    for every upstream frame (SSE decode, chunk parse, gate, render), per frame."""
+    import contextlib
+
+    from upstream import body_for
+
+    from relayline.adapters import jsoncodec
+    from relayline.adapters.gateway import dialects
+    from relayline.adapters.providers import openai
+    from relayline.adapters.sse import SSEDecoder
+
+    raw = body_for("frames", frames, True)
+    crlf = raw.replace(b"\n", b"\r\n")  # the same stream through the general line splitter
+    router = build_router(CONFIG, {})
+    health = InMemoryHealth(CONFIG.breaker)
+    per = frames + 4  # the role frame, the finish, the usage chunk and [DONE]
+
+    @contextlib.contextmanager
+    def off(lever: str):
+        saved = (jsoncodec.loads, openai._only_text, dialects.OpenAIStream.event)
+        if lever in ("orjson", "all"):
+            jsoncodec.loads = json.loads
+        if lever in ("text shortcut", "all"):
+            openai._only_text = lambda obj: None
+        if lever in ("slotted chunks", "all"):
+            def whole(self, event, _event=saved[2]):
+                field = self.DELTAS.get(event.kind)
+                return self._chunk({field: event.value}) if field else _event(self, event)
+            dialects.OpenAIStream.event = whole
+        try:
+            yield
+        finally:
+            jsoncodec.loads, openai._only_text, dialects.OpenAIStream.event = saved
+
+    def pipeline(data: bytes) -> None:
+        turn = Turn(plan_turn(router, text="hi"), CONFIG, health, stream=True)
+        turn.start(0.0)
+        turn.stream_headers()
+        parser = openai.OpenAIStreamParser()
+        render = dialects.OpenAIStream("chatcmpl-1", False)
+        render.opening("m")
+        for event in SSEDecoder().feed(data):
+            for frame in parser.feed(event):
+                for shown in turn.stream_frame(frame):
+                    render.event(shown)
+
+    out = {"frames": frames}
+    for lever, data in (("none", raw), ("orjson", raw), ("text shortcut", raw), ("slotted chunks", raw),
+                        ("sse lf split", crlf), ("all", crlf)):
+        with off(lever):
+            out[f"per_frame_us_without_{lever.replace(' ', '_')}"] = per_call_us(lambda d=data: pipeline(d), 100) / per
+    out["per_frame_us"] = out.pop("per_frame_us_without_none")
+    return out
+
+
+def bench_trio_handoff(items: int = 20000) -> dict:
+    """trio's floor for handing an event from one task to another (the library's stream hands
+    each event to the consumer's task through an unbuffered channel, so that an event counts as
+    forwarded only once the consumer took it): per item, and a bare checkpoint."""
+    async def channel(size: int) -> float:
+        send, receive = trio.open_memory_channel[int](size)
+
+        async def produce() -> None:
+            async with send:
+                for i in range(items):
+                    await send.send(i)
+
+        start = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce)
+            async for _ in receive:
+                pass
+        return (time.perf_counter() - start) / items * 1e6
+
+    async def checkpoints() -> float:
+        start = time.perf_counter()
+        for _ in range(items):
+            await trio.lowlevel.checkpoint()
+        return (time.perf_counter() - start) / items * 1e6
+
+    out: dict = {}
+
+    async def main() -> None:
+        out["unbuffered_channel_item_us"] = await channel(0)
+        out["buffered_channel_item_us"] = await channel(256)
+        out["checkpoint_us"] = await checkpoints()
+
+    trio.run(main)
+    return out
+
+
 def bench_driver(turns: int = 300) -> dict:
     relay = Relay(CONFIG, env={})
     messages = [{"role": "user", "content": "hi"}]
@@ -198,6 +296,7 @@ def bench_driver(turns: int = 300) -> dict:
 
 def bench_wire() -> dict:
     """What reading and translating a request costs, beside what reading its JSON costs."""
+    from relayline.adapters import jsoncodec
     from relayline.adapters.providers import anthropic, openai
 
     body = {"model": "m", "temperature": 0.3, "max_tokens": 256, "stop": ["END"], "user": "u",
@@ -222,7 +321,8 @@ def bench_wire() -> dict:
 
     return {"translate_25_messages_us": per_call_us(translate, 2000),
             "passthrough_25_messages_us": per_call_us(passthrough, 2000),
-            "json_loads_us": per_call_us(lambda: json.loads(raw), 2000), "body_bytes": len(raw)}
+            "json_loads_us": per_call_us(lambda: json.loads(raw), 2000),
+            "orjson_loads_us": per_call_us(lambda: jsoncodec.loads(raw), 2000), "body_bytes": len(raw)}
 
 
 def http_benchmarks(quick: bool) -> dict:
@@ -250,20 +350,35 @@ def print_http(h: dict) -> None:
     print("\nthroughput (requests/s)")
     for c, row in h["throughput_rps"].items():
         print(f"  concurrency {c:>3}: " + ", ".join(f"{k} {v:,.0f}" for k, v in row.items()))
-    print("\n200-frame streams (median)")
+    print("\n200-frame streams (median; per frame = the slope from a 1-frame stream, minus direct's)")
     for name, row in h["stream"].items():
-        extra = f", {row['per_frame_added_us']:.1f} µs added per frame" if "per_frame_added_us" in row else ""
-        print(f"  {name:<8} first byte {row['ttfb_ms']:.2f} ms, total {row['total_ms']:.2f} ms{extra}")
+        print(f"  {name:<8} first byte {row['ttfb_ms']:.2f} ms (+{row['first_byte_added_ms']:.2f}), total "
+              f"{row['total_ms']:.2f} ms, {row['per_frame_us']:.1f} µs per frame ({row['per_frame_added_us']:+.1f} "
+              "over direct)")
     held = h["held"]
     print(f"\n{held['streams']} concurrent streams through the gateway: {held['ok']} ok, {held['errors']} errors; "
           f"gateway RSS {held['gateway_rss_before_kib'] / 1024:.0f} -> {held['gateway_rss_peak_kib'] / 1024:.0f} MiB "
           f"({held['gateway_kib_per_stream']:.1f} KiB per in-flight stream)")
+    print("\nissue 17's targets")
+    for t in h["targets"]:
+        lite = f"; LiteLLM {t['litellm']:.3g} {t['unit']}" if t["litellm"] is not None else ""
+        sign = ">=" if t["at_least"] else "<="
+        print(f"  {t['target']}: {t['value']:.3g} {t['unit']} ({sign} {t['limit']:g}: "
+              f"{'holds' if t['holds'] else 'does not hold'}){lite}")
+
+
+def print_levers(levers: dict) -> None:
+    print(f"\nstream pipeline per frame (SSE decode, parse, gate, render): {levers['per_frame_us']:.2f} µs")
+    for key, value in levers.items():
+        if key.startswith("per_frame_us_without_"):
+            print(f"  without {key.removeprefix('per_frame_us_without_').replace('_', ' '):<16} {value:.2f} µs")
 
 
 def main() -> int:
     quick = "--quick" in sys.argv
     results = {
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "load_average_at_start": os.getloadavg(),
         "python": sys.version.split()[0],
         "machine": platform.machine(),
         "engine": bench_engine(),
@@ -272,6 +387,9 @@ def main() -> int:
         "stream": bench_stream_frames(),
         "driver": bench_driver(),
         "wire": bench_wire(),
+        "frame_levers": bench_frame_levers(),
+        "trio_handoff": bench_trio_handoff(),
+        "floor": floor.run(rounds=1 if quick else 3),
         "hosts": bench_hosts(quick),
         "http": http_benchmarks(quick),
         "fleet": fleet.run(),
@@ -296,6 +414,11 @@ def main() -> int:
     print(f"{'measure':<30} {'relayline':>12}   {'baseline':<30} {'value':>10}   note")
     for name, value, base_name, base_value, note in rows:
         print(f"{name:<30} {value:>12}   {base_name:<30} {base_value:>10}   {note}")
+    print_levers(results["frame_levers"])
+    t = results["trio_handoff"]
+    print(f"trio hand-off per item: unbuffered channel {t['unbuffered_channel_item_us']:.1f} µs, buffered "
+          f"{t['buffered_channel_item_us']:.1f} µs; a bare checkpoint {t['checkpoint_us']:.1f} µs")
+    floor.report(results["floor"])
     print_hosts(results["hosts"])
     print_http(results["http"])
     fleet.report(results["fleet"])
@@ -303,6 +426,7 @@ def main() -> int:
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     path = out / f"{dt.date.today().isoformat()}.json"
+    results["load_average_at_end"] = os.getloadavg()
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {path}")
     return 0

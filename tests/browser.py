@@ -1,6 +1,6 @@
 """A real headless browser for the console tests and the console benchmark: Debian's chromium,
-driven over the DevTools protocol (a websocket, spoken with wsproto, which hypercorn already
-brings). Every wait is bounded; the browser is a child process that is always killed.
+driven over the DevTools protocol (a websocket, spoken with wsproto, a dev
+dependency). Every wait is bounded; the browser is a child process that is always killed.
 
     with Chromium(tmp_path) as browser:
         page = browser.page()

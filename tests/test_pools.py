@@ -81,3 +81,28 @@ async def test_max_in_flight_bounds_each_profiles_connections():
         nursery.cancel_scope.cancel()
     assert [r.outcome for r in results] == ["ok"] * 20  # the rest waited for a connection
     assert upstream.accepted == 6  # three per profile
+
+
+def streamed_answer(seen) -> Reply:
+    def chunk(delta: dict, finish=None) -> bytes:
+        body = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    # the chunked terminator goes out as its own write after [DONE], as servers do
+    return Reply(pieces=(chunk({"role": "assistant", "content": ""}), chunk({"content": "ok"}), chunk({}, "stop"),
+                         b"data: [DONE]\n\n"))
+
+
+async def test_a_stream_that_ended_leaves_its_connection_to_the_next_turn():
+    async def discard(event) -> None:
+        pass
+
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(streamed_answer)
+        await upstream.start(nursery)
+        async with Relay(structure_config(config(upstream.url)), env={}) as relay:
+            with trio.fail_after(10):
+                results = [await relay._run_turn(HI, stream=True, sink=discard) for _ in range(5)]
+        nursery.cancel_scope.cancel()
+    assert [r.outcome for r in results] == ["ok"] * 5 and [r.text for r in results] == ["ok"] * 5
+    assert upstream.accepted == 1  # closed mid-body at [DONE], each turn would open its own

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible gateway: a plain ASGI app run by hypercorn's trio worker.
+"""The OpenAI-compatible gateway: a plain ASGI app, served by the HTTP/1.1 server in http11.py.
 
 The stream commit boundary reaches the wire here. A streamed request sends nothing, not even
 response headers, until the turn commits (its first decisive frame), so a turn that fails or
@@ -20,6 +20,8 @@ drain, are shed with 503 and Retry-After before their body is read; a body slowe
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import logging
 import os
@@ -40,6 +42,7 @@ from relayline.machines.errors import ConfigError
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
+from .. import jsoncodec
 from ..driver import TurnRun
 from ..otel import Tracing
 from ..providers.http import REQUEST_ID
@@ -58,6 +61,18 @@ REQUEST_ID_SHAPE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 QUIET_ERRORS = {"client_error", "context_window"}  # the client's own doing: the access line says enough
 MAX_OUTCOMES = 4096  # per profile, for /admin/health's success rate: bounded between reads
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
+
+
+TRIM_AFTER_BYTES = 8 * 1024 * 1024  # an answer at least this large is followed by a malloc_trim
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def _unencodable(raw: bytes, obj) -> bool:
@@ -84,7 +99,7 @@ class Exchange:
     DRAIN_S = 0.5
 
     __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
-                 "drained", "turn", "unread_body", "receive")
+                 "drained", "turn", "unread_body", "receive", "sent")
 
     def __init__(self, send, method: str, path: str, request_id: str, headers: dict[bytes, bytes],
                  receive=None) -> None:
@@ -100,6 +115,7 @@ class Exchange:
         self.started = trio.current_time()
         self.status: int | None = None
         self.first_byte: float | None = None
+        self.sent = 0  # response body bytes
         self.result: TurnResult | None = None
         self.client = ""
         self.drained = False
@@ -114,8 +130,10 @@ class Exchange:
             if self.unread_body and not any(k == b"connection" for k, _ in headers):
                 headers.append((b"connection", b"close"))
             message = {**message, "headers": headers}
-        elif self.first_byte is None and message.get("body"):
-            self.first_byte = trio.current_time()
+        elif body := message.get("body"):
+            self.sent += len(body)
+            if self.first_byte is None:
+                self.first_byte = trio.current_time()
         await self.send(message)
 
     async def _drain(self) -> None:
@@ -165,6 +183,7 @@ class Gateway:
             self.readiness["shared_store"] = self._store_ready
         self.in_flight = 0
         self.draining = False
+        self._trimming = False
         self._turns: set[trio.CancelScope] = set()
         self._cancelled_by_drain: set[trio.CancelScope] = set()
         self._cut = False  # the drain ran out of time: a turn that starts now is cancelled at once
@@ -229,10 +248,28 @@ class Gateway:
                     500, "internal error in the gateway (logged)", "internal_error"))
         finally:
             self._account(exchange)
+        if exchange.sent >= TRIM_AFTER_BYTES:
+            exchange.result = None  # the answer's text is freed before the trim
+            await self._give_back_memory()
+
+    async def _give_back_memory(self) -> None:
+        """Hand the C heap's free pages back to the OS after a large answer. A large stream's
+        64 KiB frames are freed between long-lived small objects, so glibc cannot shrink its heap
+        from the top and RSS would stay at its peak for good (bench/memory.py: +66 MiB after a
+        32 MiB stream); malloc_trim releases every free page. It takes a few ms on a large heap:
+        in a worker thread, one at a time."""
+        trim = _malloc_trim()
+        if trim is None or self._trimming:
+            return
+        self._trimming = True
+        try:
+            await trio.to_thread.run_sync(trim, 0)
+        finally:
+            self._trimming = False
 
     async def _route(self, exchange: Exchange, scope, headers, receive) -> None:
         method, path, send = exchange.method, exchange.path, exchange
-        # hypercorn bounds a head still arriving; a whole one that came in one read is checked here
+        # the server bounds a head still arriving; a whole one that came in one read is checked here
         head = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or ())
         if head > self.settings.max_header_bytes:
             await self._respond(send, 431, send.dialect.http_error(
@@ -296,7 +333,7 @@ class Gateway:
         await send({"type": "http.response.body", "body": body})
 
     async def _json(self, send, status: int, obj, headers=()) -> None:
-        await self._respond(send, status, json.dumps(obj).encode(), headers=headers)
+        await self._respond(send, status, jsoncodec.dumps(obj), headers=headers)
 
     async def _not_found(self, send, method: str, path: str) -> None:
         await self._respond(send, 404, send.dialect.http_error(404, f"no route for {method} {path[:200]}",
@@ -461,6 +498,8 @@ class Gateway:
         result = exchange.result
         if result is not None and exchange.first_byte is not None and result.served is not None:
             self.metrics.first_token(result.served.profile, result.served.model, exchange.first_byte - exchange.started)
+        if not access_log.isEnabledFor(logging.INFO):
+            return  # `--log-level warning`: the line is not built at all
         fields = {
             "method": exchange.method, "path": exchange.path[:200], "status": status,
             "latency_ms": round((now - exchange.started) * 1000, 2),
@@ -539,7 +578,7 @@ class Gateway:
         if raw is None:
             return
         try:
-            body = json.loads(raw)
+            body = jsoncodec.loads(raw)
         except (ValueError, RecursionError):
             body = wire.WireError("", "the body is not valid JSON")
         try:
@@ -779,13 +818,16 @@ class _StreamWire:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
-            async with self._lock:
-                while self._pending:
-                    data = b"".join(self._pending)
-                    self._pending.clear()
-                    self._pending_bytes = 0
-                    await self._send_whole({"type": "http.response.body", "body": data, "more_body": True})
-                self._room.set()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        async with self._lock:
+            while self._pending:
+                data = b"".join(self._pending)
+                self._pending.clear()
+                self._pending_bytes = 0
+                await self._send_whole({"type": "http.response.body", "body": data, "more_body": True})
+            self._room.set()
 
     async def event(self, event: Event) -> None:
         if not event.visible:
@@ -794,7 +836,14 @@ class _StreamWire:
         await self._start()
         await self._queue(self.render.event(event))
         if first:
-            await trio.lowlevel.checkpoint()  # let the flusher put the first bytes on the wire now
+            # the first token goes out now, not once the rest of this upstream read is rendered
+            # (the flusher runs only when the turn yields); a client slow to take it is not a
+            # stalled provider
+            if self.runs:
+                with self.runs[0].consumer_paused():
+                    await self._flush()
+            else:
+                await self._flush()
 
     event.may_block = False  # bounded buffer: when it must wait for the client, it says so (consumer_paused)
 

@@ -15,6 +15,7 @@ from relayline.machines.ledger import Usage
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
+from .. import jsoncodec
 from ..providers import anthropic as anthropic_family
 from ..providers import openai as openai_family
 
@@ -85,7 +86,19 @@ def _json_object(text: str) -> dict:
 
 def _sse(obj: dict, event: str | None = None) -> bytes:
     head = f"event: {event}\n".encode() if event else b""
-    return head + b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return head + b"data: " + jsoncodec.dumps(obj) + b"\n\n"
+
+
+_SLOT = "\x00relayline-slot\x00"
+_SLOT_JSON = jsoncodec.dumps(_SLOT)
+
+
+def _slotted(chunk: bytes) -> tuple[bytes, bytes]:
+    """A chunk rendered with `_SLOT` as its one varying string, cut around it. Stream chunks that
+    differ only in that string (text and reasoning deltas: nearly every frame) are then written
+    by encoding the string alone, and the bytes are those of encoding the whole chunk."""
+    head, _, tail = chunk.partition(_SLOT_JSON)
+    return head, tail
 
 
 def _finish(result: TurnResult, tools: int) -> str:
@@ -143,6 +156,8 @@ class OpenAIDialect:
 
 
 class OpenAIStream:
+    DELTAS = {"text": "content", "reasoning": "reasoning_content"}
+
     def __init__(self, turn_id: str, include_usage: bool) -> None:
         self.turn_id = turn_id
         self.include_usage = include_usage
@@ -150,6 +165,7 @@ class OpenAIStream:
         self.model = ""
         self.tools = 0
         self.ids = ToolIds("call_")
+        self.slotted: dict[str, tuple[bytes, bytes]] = {}  # delta field -> chunk around it
 
     def _chunk(self, delta: dict | None, finish: str | None = None, **extra) -> bytes:
         return _sse({"id": self.turn_id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
@@ -157,13 +173,16 @@ class OpenAIStream:
 
     def opening(self, model: str, usage: Usage | None = None) -> bytes:
         self.model = model
+        self.slotted = {}
         return self._chunk({"role": "assistant", "content": ""})
 
     def event(self, event: Event) -> bytes:
-        if event.kind == "text":
-            return self._chunk({"content": event.value})
-        if event.kind == "reasoning":
-            return self._chunk({"reasoning_content": event.value})
+        field = self.DELTAS.get(event.kind)
+        if field is not None:
+            parts = self.slotted.get(field)
+            if parts is None:
+                parts = self.slotted[field] = _slotted(self._chunk({field: _SLOT}))
+            return parts[0] + jsoncodec.dumps(event.value) + parts[1]
         if event.kind == "tool":
             self.tools += 1
             return self._chunk({"tool_calls": [{"index": self.tools - 1, "id": self.ids(event.ref),
@@ -248,6 +267,7 @@ class AnthropicStream:
         self.block: str | None = None
         self.tools = 0
         self.ids = ToolIds("toolu_")
+        self.slotted: tuple[int, str, bytes, bytes] = (-1, "", b"", b"")  # the open block's delta
 
     def opening(self, model: str, usage: Usage | None = None) -> bytes:
         # the input tokens are known here when the upstream said them before its first token
@@ -276,8 +296,12 @@ class AnthropicStream:
             if self.block != event.kind:
                 start = {"type": block_type, field: ""} | ({"signature": ""} if block_type == "thinking" else {})
                 out += self._open(event.kind, start)
-            return out + _sse({"type": "content_block_delta", "index": self.index,
-                               "delta": {"type": delta_type, field: event.value}}, "content_block_delta")
+            index, kind, head, tail = self.slotted
+            if index != self.index or kind != delta_type:
+                head, tail = _slotted(_sse({"type": "content_block_delta", "index": self.index,
+                                            "delta": {"type": delta_type, field: _SLOT}}, "content_block_delta"))
+                self.slotted = (self.index, delta_type, head, tail)
+            return out + head + jsoncodec.dumps(event.value) + tail
         if event.kind == "tool":
             self.tools += 1
             return self._open("tool", {"type": "tool_use", "id": self.ids(event.ref), "name": event.value, "input": {}})

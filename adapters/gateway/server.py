@@ -1,12 +1,12 @@
-"""Running the gateway: hypercorn's trio worker, the client limits, and the drain.
+"""Running the gateway: the HTTP/1.1 server (http11.py), the client limits, and the drain.
 
-`serve` binds first (so a port in use is an OSError before anything starts), then runs
-hypercorn until `stop` is set; from then on new connections are refused, chat requests on open
-ones are shed (503), and turns in flight get `[gateway] drain_s` to finish before they are
-cancelled (Gateway.drain). Hypercorn's own graceful timeout is a little longer, so that the
-cancelled turns can still write their error events and ledger rows. `run_until_signalled` is
-the process around it: SIGTERM or SIGINT starts the drain, a second one cuts it short.
-A reload or a pool of workers goes beside these two, with the same `stop` event.
+`serve` binds first (so a port in use is an OSError before anything starts), then serves until
+`stop` is set; from then on new connections are refused, chat requests on open ones are shed
+(503), and turns in flight get `[gateway] drain_s` to finish before they are cancelled
+(Gateway.drain). The server's own graceful timeout is a little longer, so that the cancelled
+turns can still write their error events and ledger rows. `run_until_signalled` is the process
+around it: SIGTERM or SIGINT starts the drain, a second one cuts it short. A reload or a pool
+of workers goes beside these two, with the same `stop` event.
 """
 
 from __future__ import annotations
@@ -14,52 +14,39 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Callable
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.config import Sockets
-from hypercorn.trio.run import worker_serve
-from hypercorn.utils import wrap_app
 
 from .app import Gateway
+from .dialects import OPENAI
+from .http11 import Server, listening_sockets
 
 log = logging.getLogger("relayline.gateway")
 
 CANCEL_GRACE_S = 5.0  # after the drain cancels the last turns: time to write their endings
 
 
-def hypercorn_config(gateway: Gateway, host: str, port: int, fd: int | None = None) -> HypercornConfig:
-    settings = gateway.settings
-    config = HypercornConfig()
-    if fd is not None:
-        config.bind = [f"fd://{fd}"]  # a worker of `serve --workers`: the supervisor's listening socket
-    else:
-        config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.accesslog = None  # the gateway writes its own access line (relayline.access)
-    config.errorlog = logging.getLogger("hypercorn.error")
-    # hypercorn's one idle timer: an idle keep-alive connection, or a request head still arriving
-    config.keep_alive_timeout = settings.keep_alive_s
-    config.h11_max_incomplete_size = settings.max_header_bytes  # beyond it: 431, connection closed
-    config.graceful_timeout = settings.drain_s + CANCEL_GRACE_S
-    config.backlog = 2048  # bursts of new connections must queue, not be refused
-    return config
-
-
-def bind(gateway: Gateway, host: str, port: int, fd: int | None = None) -> tuple[HypercornConfig, Sockets]:
+def bind(gateway: Gateway, host: str, port: int, fd: int | None = None) -> list[socket.socket]:
     """The listening sockets, made before anything runs: a port in use is a plain OSError."""
-    config = hypercorn_config(gateway, host, port, fd)
-    sockets = config.create_sockets()
-    for sock in (*sockets.secure_sockets, *sockets.insecure_sockets):
-        sock.listen(config.backlog)
-    return config, sockets
+    return listening_sockets(host, port, fd)
+
+
+def _error_body(status: int, message: str) -> bytes:
+    # a request the server refused before any route saw it: the default (OpenAI) dialect
+    code = {400: "malformed_request", 431: "headers_too_large"}.get(status)
+    return OPENAI.http_error(status, message, code)
 
 
 async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080, stop: trio.Event | None = None,
-                bound: tuple[HypercornConfig, Sockets] | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                bound: list[socket.socket] | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve until `stop` is set (or forever), then drain. Reports the bound URLs."""
-    config, sockets = bound if bound is not None else bind(gateway, host, port)
+    sockets = bound if bound is not None else bind(gateway, host, port)
     stop = stop if stop is not None else trio.Event()
+    settings = gateway.settings
+    server = Server(gateway, keep_alive_s=settings.keep_alive_s, max_header_bytes=settings.max_header_bytes,
+                    graceful_s=settings.drain_s + CANCEL_GRACE_S, error_body=_error_body)
 
     async def drain_on_stop() -> None:
         await stop.wait()
@@ -69,9 +56,7 @@ async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080, 
     connected = getattr(gateway.relay.health, "connected", None)
     async with connected() if connected is not None else contextlib.nullcontext(), trio.open_nursery() as nursery:
         nursery.start_soon(drain_on_stop)
-        binds = await nursery.start(lambda task_status: worker_serve(
-            wrap_app(gateway, config.wsgi_max_body_size, "asgi"), config, sockets=sockets,
-            shutdown_trigger=stop.wait, task_status=task_status))
+        binds = await nursery.start(server.run, sockets, stop)
         task_status.started(binds)
 
 

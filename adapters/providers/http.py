@@ -25,6 +25,7 @@ from relayline.machines import wire
 from relayline.machines.stream import Frame
 from relayline.machines.turn import Completion
 
+from .. import jsoncodec
 from ..redact import redact
 from ..sse import SSEDecoder, SSEEvent, SSEProtocolError
 from .base import DONE, CallRequest, ProviderFailure
@@ -35,6 +36,7 @@ from .pool import Pools
 REQUEST_ID: ContextVar[str | None] = ContextVar("relayline_request_id", default=None)
 MAX_ERROR_BODY = 64 * 1024  # enough to classify; a provider's error page is not read further
 THREAD_PARSE_BYTES = 1 << 20  # above this a body is parsed off the event loop
+DONE_GRACE_S = 0.01  # after a stream's completion signal: how long its body's end may take
 
 
 def _identity(response: httpx.Response) -> bool:
@@ -84,12 +86,24 @@ def rejection(body: bytes) -> tuple[str | None, str | None]:
 
 def json_frame(event: SSEEvent) -> dict:
     try:
-        obj = json.loads(event.data)
+        obj = jsoncodec.loads(event.data)
     except ValueError:
         raise ProviderFailure(fc.truncated("malformed frame: a data line that is not valid JSON")) from None
     if not isinstance(obj, dict):
         raise ProviderFailure(fc.truncated("malformed frame: not a JSON object"))
     return obj
+
+
+async def _finish_body(chunks: AsyncIterator[bytes]) -> None:
+    """Read what follows a stream's completion signal (the chunked terminator) when it is already
+    here or comes within DONE_GRACE_S: a response closed before its end closes its connection, and
+    the next turn pays for a new one (a TLS handshake upstream). Bounded in bytes and time."""
+    seen = 0
+    with trio.move_on_after(DONE_GRACE_S):
+        async for rest in chunks:
+            seen += len(rest)
+            if seen > MAX_ERROR_BODY:
+                return
 
 
 class StreamParser(Protocol):
@@ -170,9 +184,9 @@ class HttpProvider:
         try:
             if len(body) > THREAD_PARSE_BYTES:
                 # a large body is parsed in a worker thread: the loop keeps serving other turns
-                obj = await trio.to_thread.run_sync(json.loads, body)
+                obj = await trio.to_thread.run_sync(jsoncodec.loads, body)
             else:
-                obj = json.loads(body)
+                obj = jsoncodec.loads(body)
         except ValueError:
             raise ProviderFailure(fc.truncated("malformed response: not JSON")) from None
         finally:
@@ -214,12 +228,14 @@ class HttpProvider:
     async def _frames(self, response: httpx.Response) -> AsyncIterator[Frame]:
         decoder = SSEDecoder()
         parser = self.protocol.parser()
+        chunks = response.aiter_bytes()
         try:
-            async for chunk in response.aiter_bytes():
+            async for chunk in chunks:
                 for event in decoder.feed(chunk):
                     for frame in parser.feed(event):
                         yield frame
                     if parser.done:
+                        await _finish_body(chunks)
                         yield Frame(DONE)
                         return
         except SSEProtocolError as exc:

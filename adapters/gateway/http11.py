@@ -1,0 +1,364 @@
+"""The gateway's HTTP/1.1 server: h11 on trio, one task per connection, nothing in between.
+
+hypercorn's trio worker put several hand-offs and its own event plumbing between the socket and
+the app, and cost more per request than the whole turn (bench/run.py, "server floor"). This
+server keeps what the gateway relied on hypercorn for, each tested in tests/test_http11.py:
+
+- a request head must be complete within `keep_alive_s`, which is also how long an idle
+  keep-alive connection is kept (one timer, closed without an answer, as hypercorn and nginx do);
+- a head still arriving beyond `max_header_bytes` is a 431, a malformed request a 400 (h11's
+  verdict), and the connection is closed after either;
+- keep-alive, HTTP/1.0 and `connection: close` follow h11; pipelined requests are answered one at
+  a time, in order, and what a client sends ahead while a request runs is buffered only up to
+  `READ_AHEAD` bytes;
+- a client that goes away is an `http.disconnect` from `receive()` (the gateway cancels the turn);
+  a write to it is dropped, never an exception in the app;
+- `Expect: 100-continue` is answered when the app first reads the body;
+- the drain: on `stop`, no new connection is accepted, idle ones are closed, requests in flight
+  finish (their answers say `connection: close`), and after `graceful_s` what is left is
+  cancelled.
+
+A body in one message gets a content-length (one write, no chunked framing); a streamed body is
+chunked. The ASGI surface is the subset the gateway uses: `http` scopes, no lifespan.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from email.utils import formatdate
+from http import HTTPStatus
+from urllib.parse import unquote
+
+import h11
+import trio
+
+log = logging.getLogger("relayline.gateway")
+
+READ_SIZE = 64 * 1024
+READ_AHEAD = 64 * 1024  # input buffered beyond the request in progress (a pipelining client)
+LINGER_S, LINGER_BYTES = 0.5, 64 * 1024  # reading past a closed request before the socket closes
+BACKLOG = 2048  # bursts of new connections must queue, not be refused
+
+REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+App = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+ErrorBody = Callable[[int, str], bytes]
+
+
+def _plain_error(status: int, message: str) -> bytes:
+    return message.encode()
+
+
+class _Date:
+    """The Date header, formatted at most once a second."""
+
+    def __init__(self) -> None:
+        self.second = 0
+        self.value = b""
+
+    def __call__(self) -> bytes:
+        now = int(time.time())
+        if now != self.second:
+            self.second, self.value = now, formatdate(now, usegmt=True).encode()
+        return self.value
+
+
+_date = _Date()
+
+
+def listening_sockets(host: str, port: int, fd: int | None = None) -> list[socket.socket]:
+    """The listening socket, made before anything runs: a port in use is a plain OSError. `fd` is
+    a socket the supervisor of `serve --workers` already listens on."""
+    if fd is not None:
+        sock = socket.socket(fileno=fd)
+    else:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+    sock.listen(BACKLOG)
+    return [sock]
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class Server:
+    def __init__(self, app: App, *, keep_alive_s: float, max_header_bytes: int, graceful_s: float,
+                 error_body: ErrorBody = _plain_error) -> None:
+        self.app = app
+        self.keep_alive_s = keep_alive_s
+        self.max_header_bytes = max_header_bytes
+        self.graceful_s = graceful_s
+        self.error_body = error_body
+        self.draining = False
+        self.connections: set[_Connection] = set()
+        self._none_left = trio.Event()
+
+    async def run(self, sockets: list[socket.socket], stop: trio.Event, *,
+                  task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until `stop`, then drain (see the module's docstring)."""
+        listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
+        async with trio.open_nursery() as nursery:
+            accepting = trio.CancelScope()
+
+            async def accept() -> None:
+                with accepting:
+                    await trio.serve_listeners(self._connection, listeners, handler_nursery=nursery)
+
+            nursery.start_soon(accept)
+            task_status.started([url_of(sock) for sock in sockets])
+            await stop.wait()
+            self.draining = True
+            accepting.cancel()
+            for listener in listeners:
+                await listener.aclose()
+            for connection in list(self.connections):
+                connection.drain()
+            with trio.move_on_after(self.graceful_s):
+                if self.connections:
+                    await self._none_left.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        connection = _Connection(self, stream)
+        self.connections.add(connection)
+        try:
+            await connection.run()
+            await connection.linger()
+        except Exception:
+            log.exception("http_connection_error")
+        finally:
+            self.connections.discard(connection)
+            if self.draining and not self.connections:
+                self._none_left.set()
+            await trio.aclose_forcefully(stream)
+
+
+class _Close(Exception):
+    """The connection ends here (the peer left, or a protocol error was answered)."""
+
+
+class _Connection:
+    __slots__ = ("server", "stream", "h11", "head_scope", "client", "local", "gone", "sent_head", "pending_head",
+                 "method", "response_done")
+
+    def __init__(self, server: Server, stream: trio.SocketStream) -> None:
+        self.server = server
+        self.stream = stream
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=server.max_header_bytes)
+        self.head_scope: trio.CancelScope | None = None
+        sock = stream.socket
+        try:
+            self.client = tuple(sock.getpeername()[:2])
+            self.local = tuple(sock.getsockname()[:2])
+        except OSError:
+            self.client = self.local = None
+        self.gone = False
+        self.sent_head = False
+        self.pending_head: h11.Response | None = None
+        self.method = ""
+        self.response_done = False
+
+    def drain(self) -> None:
+        """The server is draining: a connection waiting for a request head closes now."""
+        if self.head_scope is not None:
+            self.head_scope.cancel()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                if self.server.draining and self.h11.their_state is h11.IDLE and not self.h11.trailing_data[0]:
+                    return  # the drain closes a connection between two requests
+                with trio.move_on_after(self.server.keep_alive_s) as scope:
+                    self.head_scope = scope
+                    event = await self._next_event()
+                self.head_scope = None
+                if scope.cancelled_caught or not isinstance(event, h11.Request):
+                    return  # idle, or a head too slow (closed without an answer), or the client left
+                await self._request(event)
+                self._finish_reading()
+                if self.gone or self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
+                    return
+                self.h11.start_next_cycle()
+        except _Close:
+            return
+
+    async def linger(self) -> None:
+        """Closing a socket with unread input resets the connection, and the reset can destroy an
+        answer the client has not read yet: after an answer, say EOF first and drop what the
+        client still sends until it closes too (bounded in bytes and time), as nginx does."""
+        if self.gone or not self.sent_head:
+            return
+        with trio.move_on_after(LINGER_S):
+            try:
+                await self.stream.send_eof()
+                seen = 0
+                while seen <= LINGER_BYTES:
+                    data = await self.stream.receive_some(READ_SIZE)
+                    if not data:
+                        return
+                    seen += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _finish_reading(self) -> None:
+        """The end of a request the app did not read to its end (a GET: its EndOfMessage), when
+        it is already here; a body still to come leaves the request unfinished (closed)."""
+        try:
+            while self.h11.their_state is h11.SEND_BODY:
+                if self.h11.next_event() in (h11.NEED_DATA, h11.PAUSED):
+                    return
+        except h11.RemoteProtocolError:
+            return
+
+    async def _read(self) -> bytes:
+        try:
+            return await self.stream.receive_some(READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return b""
+
+    async def _next_event(self):
+        while True:
+            try:
+                event = self.h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                await self._refuse(exc)
+                raise _Close from None
+            if event is h11.NEED_DATA:
+                data = await self._read()
+                if not data:
+                    self.gone = True
+                self.h11.receive_data(data)
+                continue
+            return event
+
+    async def _refuse(self, exc: h11.RemoteProtocolError) -> None:
+        """A request h11 cannot read: its status (400, or 431 for a head beyond the limit)."""
+        if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return
+        status = exc.error_status_hint
+        message = (f"request headers larger than {self.server.max_header_bytes} bytes" if status == 431
+                   else f"malformed HTTP request: {exc}")
+        body = self.server.error_body(status, message)
+        try:
+            data = self.h11.send(h11.Response(status_code=status, reason=REASONS.get(status, b""), headers=[
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"), (b"date", _date())]))
+            data += self.h11.send(h11.Data(data=body)) + self.h11.send(h11.EndOfMessage())
+        except h11.LocalProtocolError:
+            return
+        await self._write(data)
+
+    # -- one request ----------------------------------------------------------------------------
+
+    async def _request(self, request: h11.Request) -> None:
+        target = request.target
+        path, _, query = target.partition(b"?")
+        scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": request.http_version.decode(), "method": request.method.decode(),
+            "scheme": "http", "path": unquote(path.decode("ascii")), "raw_path": path, "query_string": query,
+            "root_path": "", "headers": list(request.headers), "client": self.client, "server": self.local,
+        }
+        self.method = scope["method"]
+        self.sent_head = False
+        self.pending_head = None
+        self.response_done = False
+        try:
+            await self.server.app(scope, self._receive, self._send)
+        except Exception:
+            log.exception("http_app_error path=%s", scope["path"][:200])
+            if not self.sent_head and self.pending_head is None and not self.gone:
+                body = self.server.error_body(500, "internal error in the gateway (logged)")
+                await self._send({"type": "http.response.start", "status": 500,
+                                  "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+                await self._send({"type": "http.response.body", "body": body})
+            raise _Close from None
+        if not self.response_done and not self.gone:
+            raise _Close  # the app ended without finishing its answer: nothing else can follow
+
+    async def _receive(self) -> dict:
+        if self.gone or self.response_done:
+            return {"type": "http.disconnect"}
+        if self.h11.their_state is h11.SEND_BODY:
+            if self.h11.they_are_waiting_for_100_continue:
+                await self._write(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
+            try:
+                event = await self._next_event()
+            except _Close:
+                self.gone = True
+                return {"type": "http.disconnect"}
+            if isinstance(event, h11.Data):
+                return {"type": "http.request", "body": bytes(event.data), "more_body": True}
+            if isinstance(event, h11.EndOfMessage):
+                return {"type": "http.request", "body": b"", "more_body": False}
+            self.gone = True  # ConnectionClosed mid-body
+            return {"type": "http.disconnect"}
+        # the body was read: wait for the client to leave, keeping what it sends ahead (bounded)
+        while not self.gone:
+            if len(self.h11.trailing_data[0]) > READ_AHEAD:
+                await trio.sleep_forever()  # read no more until this request is answered
+            data = await self._read()
+            if not data:
+                self.gone = True
+            self.h11.receive_data(data)
+        return {"type": "http.disconnect"}
+
+    # -- writing --------------------------------------------------------------------------------
+
+    async def _write(self, data: bytes) -> None:
+        if self.gone or not data:
+            return
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # the client left: later writes are dropped and receive() says disconnect; closing
+            # the stream wakes a receive() waiting on it
+            self.gone = True
+            await trio.aclose_forcefully(self.stream)
+
+    async def _send(self, message: dict) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            headers = list(message.get("headers") or ())
+            if self.server.draining and not any(k.lower() == b"connection" for k, _ in headers):
+                headers.append((b"connection", b"close"))
+            headers.append((b"date", _date()))
+            status = message["status"]
+            self.pending_head = h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
+            return
+        if kind != "http.response.body" or self.response_done:
+            return
+        body = message.get("body") or b""
+        more = message.get("more_body", False)
+        data = b""
+        try:
+            if self.pending_head is not None:
+                head = self.pending_head
+                self.pending_head = None
+                if not more and not any(k == b"content-length" for k, _ in head.headers):
+                    # the whole body is here: framed by its length (one write, no chunks)
+                    head = h11.Response(status_code=head.status_code, reason=head.reason,
+                                        headers=[*head.headers, (b"content-length", str(len(body)).encode())])
+                data = self.h11.send(head)
+                self.sent_head = True
+            if body and self.method != "HEAD":
+                data += self.h11.send(h11.Data(data=body))
+            if not more:
+                data += self.h11.send(h11.EndOfMessage())
+                self.response_done = True
+        except h11.LocalProtocolError:
+            log.exception("http_send_refused")
+            self.gone = True
+            return
+        await self._write(data)

@@ -1,0 +1,40 @@
+"""JSON on the hot path: orjson, with the standard library's behaviour at the edges.
+
+Every request body, upstream reply and stream chunk is decoded once and every answer and chunk
+encoded once; orjson does both several times faster than `json` (bench/run.py, "wire" and the
+per-frame figures). Where orjson reads differently from `json` (NaN and Infinity, an integer
+beyond 64 bits, which it would read as a float, a lone UTF-16 surrogate escape, nesting deeper
+than 1024, another encoding than UTF-8) the document is read by `json`, so what was accepted,
+refused and reported before stays so. Written output is compact UTF-8 (not ASCII-escaped), a
+string with a lone surrogate is written by `json`, and a non-finite number is written as null:
+`json`'s bare NaN is not JSON, and strict readers (JSON.parse) refuse the whole document."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import orjson
+
+# orjson reads an integer beyond 64 bits as a float (a seed or an id would silently change):
+# a run of 19 digits anywhere sends the document to `json`, which keeps it exact
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+_LONG_DIGITS_STR = re.compile(r"[0-9]{19}")
+
+
+def loads(data: bytes | bytearray | str) -> Any:
+    """Raises ValueError (or RecursionError) exactly where `json.loads` does."""
+    if (_LONG_DIGITS_STR if isinstance(data, str) else _LONG_DIGITS).search(data) is None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data)
+
+
+def dumps(obj: Any) -> bytes:
+    try:
+        return orjson.dumps(obj)
+    except TypeError:  # orjson.JSONEncodeError: a lone surrogate, a huge integer, a foreign type
+        return json.dumps(obj, separators=(",", ":")).encode()

@@ -1,0 +1,154 @@
+"""The per-frame and per-request fast paths only change the speed: each is checked against the
+general path it short-cuts, on generated input (the JSON codec against the standard library,
+the text-chunk reader against the general chunk walk, slotted stream chunks against whole
+rendered chunks, the LF-only SSE split against the general line splitter)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from relayline.adapters import jsoncodec
+from relayline.adapters.gateway.dialects import AnthropicStream, OpenAIStream
+from relayline.adapters.providers import openai
+from relayline.adapters.providers.base import ProviderFailure
+from relayline.adapters.providers.openai import OpenAIStreamParser
+from relayline.adapters.sse import SSEDecoder, SSEEvent
+from relayline.machines.stream import Event
+
+EDGES = [b"NaN", b"[Infinity, -Infinity]", b"123456789012345678901234567890", b'"\\ud800"', b'{"a": "\\udfff x"}',
+         b"[" * 1500 + b"]" * 1500, b'{"a": 1, "a": 2}', b"\xef\xbb\xbf{}", b'"\\ud83d\\ude00"', b"1e400", b"-0",
+         '{"é": "ü"}'.encode("utf-16"), b"", b"{", b"[1,]", b"tru", b"\xff"]
+
+
+def outcome(fn, data):
+    try:
+        value = fn(data)
+    except RecursionError:
+        return "RecursionError"
+    except ValueError:
+        return "ValueError"
+    return repr(value) if not isinstance(value, float) or not math.isnan(value) else "nan"
+
+
+@pytest.mark.parametrize("data", EDGES)
+def test_the_codec_accepts_and_refuses_exactly_what_the_standard_library_does(data):
+    assert outcome(jsoncodec.loads, data) == outcome(json.loads, data)
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+                    max_leaves=20))
+def test_what_the_codec_writes_reads_back_as_the_same_value(value):
+    assert json.loads(jsoncodec.dumps(value)) == value
+    assert jsoncodec.loads(json.dumps(value)) == value
+
+
+def test_a_lone_surrogate_is_still_written_and_a_non_finite_number_is_null():
+    assert json.loads(jsoncodec.dumps({"t": "a\ud800b"})) == {"t": "a\ud800b"}
+    assert jsoncodec.dumps([math.inf, math.nan]) == b"[null,null]"  # json's NaN is not JSON
+
+
+# -- the OpenAI text chunk ------------------------------------------------------------------------
+
+deltas = st.dictionaries(st.sampled_from(["content", "role", "refusal", "reasoning_content", "tool_calls"]),
+                         st.none() | st.text(max_size=5) | st.integers(), max_size=3)
+chunks = st.fixed_dictionaries({}, optional={
+    "choices": st.lists(st.fixed_dictionaries({}, optional={
+        "delta": deltas | st.text(max_size=3), "finish_reason": st.none() | st.sampled_from(["stop", "length"]),
+        "index": st.just(0)}) | st.integers(), max_size=2) | st.none() | st.text(max_size=2),
+    "usage": st.none() | st.just({"prompt_tokens": 1, "completion_tokens": 2}),
+    "error": st.none() | st.just("") | st.just({"message": "boom"}),
+    "id": st.text(max_size=3)})
+# the shape the shortcut takes, and that shape with one thing changed
+PERTURB = [
+    lambda c: None, lambda c: c["choices"][0].update(finish_reason="stop"),
+    lambda c: c["choices"][0]["delta"].update(role="assistant"), lambda c: c["choices"][0]["delta"].update(refusal=None),
+    lambda c: c["choices"][0]["delta"].update(content=""), lambda c: c["choices"][0]["delta"].update(content=None),
+    lambda c: c["choices"][0]["delta"].update(content=5), lambda c: c.update(usage={"completion_tokens": 1}),
+    lambda c: c.update(usage=None), lambda c: c.update(error="boom"), lambda c: c["choices"].append(c["choices"][0]),
+    lambda c: c["choices"].clear(), lambda c: c["choices"][0].pop("delta"), lambda c: c["choices"][0].update(delta="x"),
+    lambda c: c.update(choices=c["choices"][0]), lambda c: c["choices"][0]["delta"].update(reasoning_content="r"),
+]
+
+
+def _perturbed(text: str, change) -> dict:
+    chunk = {"id": "c", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    change(chunk)
+    return chunk
+
+
+near_text = st.builds(_perturbed, st.text(min_size=1, max_size=4), st.sampled_from(PERTURB))
+
+
+def read(obj, *, shortcut: bool):
+    saved = openai._only_text
+    if not shortcut:
+        openai._only_text = lambda obj: None  # the general walk alone
+    try:
+        return OpenAIStreamParser().feed(SSEEvent(json.dumps(obj)))
+    except ProviderFailure as exc:
+        return ("failure", exc.failure.kind, exc.failure.detail)
+    finally:
+        openai._only_text = saved
+
+
+@pytest.mark.parametrize("change", PERTURB)
+@pytest.mark.parametrize("text", ["x", " wörd \\n"])
+def test_the_text_chunk_shortcut_takes_only_what_the_general_walk_reads_as_one_text_frame(change, text):
+    obj = _perturbed(text, change)
+    assert read(obj, shortcut=True) == read(obj, shortcut=False)
+
+
+@given(near_text | chunks)
+def test_the_text_chunk_shortcut_reads_every_chunk_as_the_general_walk_does(obj):
+    assert read(obj, shortcut=True) == read(obj, shortcut=False)
+
+
+# -- slotted stream chunks ------------------------------------------------------------------------
+
+@given(st.lists(st.tuples(st.sampled_from(["text", "reasoning"]), st.text(max_size=12)), min_size=1, max_size=6),
+       st.text(max_size=8))
+def test_a_slotted_chunk_is_the_whole_chunk_rendered(steps, model):
+    openai = OpenAIStream("chatcmpl-1", False)
+    openai.opening(model)
+    anthropic = AnthropicStream("msg_1")
+    anthropic.opening(model)
+    for kind, value in steps:
+        field = OpenAIStream.DELTAS[kind]
+        whole = openai._chunk({field: value})
+        slotted = openai.event(Event(kind, value))
+        assert json.loads(slotted.removeprefix(b"data: ")) == json.loads(whole.removeprefix(b"data: "))
+        if not any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+            assert slotted == whole
+        before = anthropic.index, anthropic.block
+        out = anthropic.event(Event(kind, value))
+        delta_type, key = ("text_delta", "text") if kind == "text" else ("thinking_delta", "thinking")
+        last = out.split(b"event: ")[-1]
+        assert last.startswith(b"content_block_delta\ndata: ")
+        assert json.loads(last.split(b"data: ", 1)[1]) == {
+            "type": "content_block_delta", "index": anthropic.index, "delta": {"type": delta_type, key: value}}
+        assert anthropic.index == before[0] + (before[1] != kind)
+
+
+# -- the LF-only SSE split ------------------------------------------------------------------------
+
+lines = st.lists(st.sampled_from(["data: x", "data:{\"a\":1}", "event: e", ": ping", "id: 3", "", "data:  two",
+                                  "retry: 5", "data: ü"]), max_size=12)
+
+
+@given(lines, st.integers(min_value=1, max_value=7))
+def test_lf_lines_decode_as_crlf_lines_do(items, step):
+    def events(eol: bytes) -> tuple[list[SSEEvent], bool]:
+        raw = b"".join(line.encode() + eol for line in items)
+        decoder = SSEDecoder(comments=True)
+        out = []
+        for i in range(0, len(raw), step):
+            out += decoder.feed(raw[i:i + step])
+        return out, decoder.close()
+
+    assert events(b"\n") == events(b"\r\n") == events(b"\r")

@@ -1,0 +1,276 @@
+"""The gateway's HTTP/1.1 server (adapters/gateway/http11.py) keeps every protection the gateway
+had from hypercorn: head and idle timeouts, the head size limit, malformed requests refused,
+keep-alive and HTTP/1.0 rules, pipelined requests answered in order with bounded read-ahead, a
+client leaving seen as http.disconnect, Expect: 100-continue, errors, and the drain. Real
+loopback sockets, raw bytes on the client side."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+
+from relayline.adapters.gateway.http11 import READ_AHEAD, READ_SIZE, Server, listening_sockets
+
+
+class App:
+    """Answers `path` with its body; /slow waits for `release`; /watch waits for the client to
+    leave; /boom raises; /stream answers in three pieces."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.events: list[str] = []
+        self.release = trio.Event()
+        self.started = trio.Event()
+
+    async def __call__(self, scope, receive, send) -> None:
+        path = scope["path"]
+        self.seen.append(path)
+        body = b""
+        if scope["method"] == "POST":
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+        if path == "/boom":
+            raise RuntimeError("the app failed")
+        if path == "/slow":
+            self.started.set()
+            await self.release.wait()
+        if path == "/watch":
+            self.started.set()
+            message = await receive()
+            while message["type"] == "http.request":  # a GET's (empty) body first
+                message = await receive()
+            self.events.append(message["type"])
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"late"})  # to a client that left: dropped
+            self.events.append("sent")
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        if path == "/stream":
+            for piece in (b"one ", b"two ", b"three"):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await send({"type": "http.response.body", "body": f"{path} {len(body)}".encode()})
+
+
+async def start(nursery, app, **limits):
+    settings = {"keep_alive_s": 5.0, "max_header_bytes": 4096, "graceful_s": 5.0, **limits}
+    server = Server(app, **settings)
+    stop = trio.Event()
+    sockets = listening_sockets("127.0.0.1", 0)
+    port = sockets[0].getsockname()[1]
+    await nursery.start(server.run, sockets, stop)
+    return server, stop, port
+
+
+async def read_until_closed(stream, limit_s: float = 5.0) -> bytes:
+    data = b""
+    with trio.move_on_after(limit_s):
+        while True:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                return data
+            data += chunk
+    raise AssertionError(f"still open after {limit_s} s; got {data[:200]!r}")
+
+
+async def read_response(stream, buffer: bytearray) -> bytes:
+    """One response (content-length or chunked) from the stream; the rest stays in buffer."""
+    with trio.fail_after(5):
+        while True:
+            head_end = buffer.find(b"\r\n\r\n")
+            if head_end >= 0:
+                head = bytes(buffer[:head_end]).lower()
+                if b"content-length:" in head:
+                    length = int(head.split(b"content-length:")[1].split(b"\r\n")[0])
+                    end = head_end + 4 + length
+                else:
+                    end = buffer.find(b"\r\n0\r\n\r\n", head_end) + 7 if b"\r\n0\r\n\r\n" in buffer else -1
+                    end = end if end > 6 else -1
+                if 0 < end <= len(buffer):
+                    response = bytes(buffer[:end])
+                    del buffer[:end]
+                    return response
+            chunk = await stream.receive_some(65536)
+            assert chunk, f"closed before a whole response: {bytes(buffer)[:200]!r}"
+            buffer += chunk
+
+
+GET = b"GET %s HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+async def test_keep_alive_serves_requests_in_turn_one_body_with_a_length_a_stream_chunked():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        server, stop, port = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        await stream.send_all(GET % b"/first")
+        first = await read_response(stream, buffer)
+        await stream.send_all(b"POST /second HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello")
+        second = await read_response(stream, buffer)
+        await stream.send_all(GET % b"/stream")
+        third = await read_response(stream, buffer)
+        stop.set()
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 8\r\n" in first.lower()
+    assert first.endswith(b"/first 0") and b"date: " in first.lower()
+    assert second.endswith(b"/second 5")
+    assert b"transfer-encoding: chunked" in third.lower() and b"three" in third
+    assert app.seen == ["/first", "/second", "/stream"]
+
+
+async def test_pipelined_requests_are_answered_in_order_one_at_a_time():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(GET % b"/slow" + GET % b"/after")
+        await app.started.wait()
+        await trio.sleep(0.1)
+        assert app.seen == ["/slow"]  # the second waits for the first's answer
+        app.release.set()
+        buffer = bytearray()
+        first, second = await read_response(stream, buffer), await read_response(stream, buffer)
+        stop.set()
+    assert first.endswith(b"/slow 0") and second.endswith(b"/after 0")
+
+
+async def test_what_a_client_sends_ahead_is_buffered_only_up_to_the_limit():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        server, stop, port = await start(nursery, app, graceful_s=0.3)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(GET % b"/watch")
+        await app.started.wait()
+        with trio.move_on_after(1):
+            await stream.send_all(b"x" * (8 * 1024 * 1024))  # the server stops reading: this blocks
+        (connection,) = server.connections
+        assert len(connection.h11.trailing_data[0]) <= READ_AHEAD + READ_SIZE
+        stop.set()
+        await stream.aclose()
+
+
+async def test_a_head_too_slow_and_an_idle_connection_are_closed_without_an_answer():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app, keep_alive_s=0.3)
+        slow = await trio.open_tcp_stream("127.0.0.1", port)
+        await slow.send_all(b"GET /never HTTP/1.1\r\nhost: x\r\n")  # no blank line: the head never ends
+        idle = await trio.open_tcp_stream("127.0.0.1", port)
+        await idle.send_all(GET % b"/once")
+        started = trio.current_time()
+        assert await read_until_closed(slow) == b""
+        answered = await read_until_closed(idle)
+        waited = trio.current_time() - started
+        stop.set()
+    assert answered.startswith(b"HTTP/1.1 200") and answered.endswith(b"/once 0")
+    assert 0.25 <= waited < 3
+    assert app.seen == ["/once"]
+
+
+async def test_a_head_beyond_the_limit_is_431_and_a_malformed_request_400_both_closed():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app, max_header_bytes=1024)
+        big = await trio.open_tcp_stream("127.0.0.1", port)
+        await big.send_all(b"GET / HTTP/1.1\r\nhost: x\r\nx-filler: " + b"a" * 4000)  # still arriving
+        bad = await trio.open_tcp_stream("127.0.0.1", port)
+        await bad.send_all(b"NOT HTTP AT ALL\r\n\r\n")
+        too_big, malformed = await read_until_closed(big), await read_until_closed(bad)
+        stop.set()
+    assert too_big.startswith(b"HTTP/1.1 431") and b"connection: close" in too_big.lower()
+    assert malformed.startswith(b"HTTP/1.1 400") and b"connection: close" in malformed.lower()
+    assert app.seen == []
+
+
+async def test_http_1_0_and_connection_close_end_the_connection_after_the_answer():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        old = await trio.open_tcp_stream("127.0.0.1", port)
+        await old.send_all(b"GET /old HTTP/1.0\r\n\r\n")
+        closing = await trio.open_tcp_stream("127.0.0.1", port)
+        await closing.send_all(b"GET /close HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n" + GET % b"/ignored")
+        first, second = await read_until_closed(old), await read_until_closed(closing)
+        stop.set()
+    assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"/old 0")
+    assert second.endswith(b"/close 0") and b"/ignored" not in second
+    assert "/ignored" not in app.seen
+
+
+async def test_expect_100_continue_is_answered_when_the_body_is_read():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /upload HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\nexpect: 100-continue\r\n\r\n")
+        with trio.fail_after(5):
+            interim = await stream.receive_some(65536)
+        assert interim.startswith(b"HTTP/1.1 100")
+        await stream.send_all(b"abc")
+        answer = await read_response(stream, bytearray())
+        stop.set()
+    assert answer.endswith(b"/upload 3")
+
+
+async def test_a_client_that_leaves_is_a_disconnect_and_writes_to_it_are_dropped():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(GET % b"/watch")
+        await app.started.wait()
+        await stream.aclose()
+        with trio.fail_after(5):
+            while "sent" not in app.events:
+                await trio.sleep(0.01)
+        stop.set()
+    assert app.events == ["http.disconnect", "sent"]
+
+
+async def test_an_app_error_before_its_answer_is_a_500_and_the_connection_closes():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app, error_body=lambda status, message: b'{"error": "x"}')
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(GET % b"/boom")
+        answer = await read_until_closed(stream)
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 500") and answer.endswith(b'{"error": "x"}')
+
+
+async def test_the_drain_refuses_new_connections_closes_idle_ones_and_lets_requests_finish():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        server, stop, port = await start(nursery, app)
+        idle = await trio.open_tcp_stream("127.0.0.1", port)
+        await idle.send_all(GET % b"/before")
+        await read_response(idle, bytearray())
+        busy = await trio.open_tcp_stream("127.0.0.1", port)
+        await busy.send_all(GET % b"/slow")
+        await app.started.wait()
+        stop.set()
+        assert await read_until_closed(idle) == b""  # idle between requests: closed at once
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        app.release.set()
+        finished = await read_until_closed(busy)
+    assert finished.startswith(b"HTTP/1.1 200") and b"connection: close" in finished.lower()
+    assert finished.endswith(b"/slow 0")
+
+
+async def test_what_is_still_running_after_the_grace_is_cancelled():
+    app = App()
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            _, stop, port = await start(nursery, app, graceful_s=0.2)
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(GET % b"/slow")  # never released
+            await app.started.wait()
+            stop.set()
+            assert await read_until_closed(stream) == b""
