@@ -35,6 +35,7 @@ from httpcore._backends.trio import TrioBackend, TrioStream
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from helpers import asgi_post, loopback_config
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
@@ -236,16 +237,8 @@ def scenarios(draw):
 
 
 def relay_config(primary: str, backup: str | None, retries: int) -> dict:
-    providers = {"primary": {"family": "openai", "base_url": f"{primary}/v1", "model": "m-primary", "api_key": "k1",
-                             "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}}
-    if backup is not None:
-        providers["primary"]["fallbacks"] = ["backup"]
-        providers["backup"] = {"family": "openai", "base_url": f"{backup}/v1", "model": "m-backup", "api_key": "k2",
-                               "price": {"input_per_mtok": 3.0, "output_per_mtok": 4.0}}
-    return {"active": "primary", "providers": providers,
-            "reliability": {"provider_retries": retries, "backoff_ms": 100},
-            "breaker": {"failure_threshold": 1, "open_s": OPEN_S},
-            "timeouts": {"headers_s": 20, "idle_s": 20, "total_s": 120}}
+    return loopback_config(primary, backup, reliability={"provider_retries": retries, "backoff_ms": 100},
+                           breaker={"open_s": OPEN_S}, timeouts={"headers_s": 20, "idle_s": 20, "total_s": 120})
 
 
 @contextlib.asynccontextmanager
@@ -388,30 +381,11 @@ class FaultyLedger(LedgerStore):
 async def gateway_request(gateway: Gateway, body: dict, *, faulty: bool) -> tuple[int | None, dict, bytes]:
     """One POST through the ASGI app in process; its client's `send` is a seam when `faulty`."""
     raw = json.dumps(body).encode()
-    delivered = False
-    start: dict = {}
-    chunks: list[bytes] = []
-
-    async def receive():
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        await trio.sleep_forever()
-
-    async def send(message) -> None:
-        if faulty:
-            _at("send")
-        if message["type"] == "http.response.start":
-            start.update(message)
-        else:
-            chunks.append(message.get("body", b""))
-
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]}
-    with trio.fail_after(100):
-        await gateway(scope, receive, send)
-    return start.get("status"), {k.decode(): v.decode() for k, v in start.get("headers", ())}, b"".join(chunks)
+    status, headers, payload = await asgi_post(
+        gateway, "/v1/chat/completions", raw, [(b"content-type", b"application/json"),
+                                               (b"content-length", str(len(raw)).encode())],
+        on_send=(lambda message: _at("send")) if faulty else None, bound=100)
+    return status, {k.decode(): v.decode() for k, v in headers}, payload
 
 
 async def run_gateway_scenario(shape: dict, faults: Faults) -> dict:
