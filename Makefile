@@ -39,6 +39,7 @@ bench: install browser
 	$(PY) bench/run.py
 	$(PY) bench/console.py
 	$(PY) bench/load.py
+	$(PY) bench/memory.py
 
 diagrams: install
 	$(BIN)/relayline diagram
