@@ -31,7 +31,6 @@ import pytest
 import trio
 import trio.testing
 from httpcore._backends.trio import TrioBackend, TrioStream
-from httpx._transports import default as httpx_transports
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -100,7 +99,7 @@ def _at(name: str) -> None:
         faults.point(name)
 
 
-_ssl_contexts: dict = {}
+_ssl_context: list = []
 
 
 @contextlib.contextmanager
@@ -109,7 +108,7 @@ def seams():
     upstreams' tasks never see it)."""
     connect, read, write, aclose = TrioBackend.connect_tcp, TrioStream.read, TrioStream.write, TrioStream.aclose
     handle, sleep = httpx.AsyncHTTPTransport.handle_async_request, trio.sleep
-    create_ssl_context = httpx_transports.create_ssl_context
+    create_ssl_context = httpx.create_ssl_context
 
     async def connect_tcp(self, *args, **kwargs):
         _at("connect")
@@ -141,17 +140,18 @@ def seams():
         _at("sleep")
         await sleep(seconds)
 
-    def ssl_context(**kwargs):
-        # loading the CA bundle is 60 ms of every Relay's start: these relays only talk plain
-        # HTTP on loopback, so they share one context
-        key = tuple(sorted(kwargs.items()))
-        if key not in _ssl_contexts:
-            _ssl_contexts[key] = create_ssl_context(**kwargs)
-        return _ssl_contexts[key]
+    def shared_ssl_context(*args, **kwargs):
+        # building one reads the CA bundle (60 ms of every Relay's start): these relays talk
+        # plain HTTP on loopback, so they share one
+        if args or kwargs:
+            return create_ssl_context(*args, **kwargs)
+        if not _ssl_context:
+            _ssl_context.append(create_ssl_context())
+        return _ssl_context[0]
 
-    patches = [(httpx_transports, "create_ssl_context", ssl_context), (TrioBackend, "connect_tcp", connect_tcp), (TrioStream, "read", read_), (TrioStream, "write", write_),
-               (TrioStream, "aclose", aclose_), (httpx.AsyncHTTPTransport, "handle_async_request", handle_),
-               (trio, "sleep", sleep_)]
+    patches = [(httpx, "create_ssl_context", shared_ssl_context), (TrioBackend, "connect_tcp", connect_tcp),
+               (TrioStream, "read", read_), (TrioStream, "write", write_), (TrioStream, "aclose", aclose_),
+               (httpx.AsyncHTTPTransport, "handle_async_request", handle_), (trio, "sleep", sleep_)]
     with contextlib.ExitStack() as stack:
         for owner, name, value in patches:
             stack.enter_context(_patched(owner, name, value))

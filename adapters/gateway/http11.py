@@ -41,6 +41,8 @@ from urllib.parse import unquote
 import h11
 import trio
 
+from .listen import BatchListener
+
 log = logging.getLogger("relayline.gateway")
 
 READ_SIZE = 64 * 1024
@@ -114,7 +116,7 @@ class Server:
     async def run(self, sockets: list[socket.socket], stop: trio.Event, *,
                   task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve until `stop`, then drain (see the module's docstring)."""
-        listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
+        listeners = [BatchListener(sock) for sock in sockets]  # a burst is taken in one pass, not one a pass
         async with trio.open_nursery() as nursery:
             accepting = trio.CancelScope()
 
