@@ -7,8 +7,12 @@ docs/http-server.md."""
 from __future__ import annotations
 
 import logging
+import resource
 import socket
 import struct
+import subprocess
+import sys
+import time
 
 import trio
 from test_http11 import GET, App, read_response, read_until_closed, start
@@ -295,3 +299,37 @@ async def test_smuggling_through_the_gateway_reaches_no_route():
     assert both.startswith(b"HTTP/1.1 400") and b"/admin" not in both and b"breaker" not in both
     # a GET's body is read as its body (and the connection closed), never as a request
     assert get_body.count(b"HTTP/1.1 ") == 1 and get_body.endswith(b'{"status":"ok"}')
+
+
+# -- out of file descriptors --------------------------------------------------------------------
+
+
+def test_out_of_file_descriptors_the_longest_waiting_connections_make_room(tmp_path):
+    # `relayline serve` with 256 descriptors, and more idle connections than that: before, a new
+    # client waited in the backlog until an idle one timed out (keep_alive_s, 75 s)
+    limit = 256
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--port", "0"],
+                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err,
+                                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard)))
+    idle: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 30
+        while "listening on" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        port = int(log.read_text().split("listening on http://127.0.0.1:")[1].split()[0])
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(limit + 64)]
+        fresh = socket.create_connection(("127.0.0.1", port), timeout=10)
+        fresh.sendall(GET % b"/healthz")
+        answer = fresh.recv(65536)
+        fresh.close()
+        assert proc.poll() is None
+    finally:
+        for sock in idle:
+            sock.close()
+        proc.terminate()
+        proc.wait(30)
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert "http_out_of_file_descriptors" in log.read_text()

@@ -2,7 +2,8 @@
 
 hypercorn's trio worker put several hand-offs and its own event plumbing between the socket and
 the app, and cost more per request than the whole turn (bench/run.py, "server floor"). This
-server keeps what the gateway relied on hypercorn for, each tested in tests/test_http11.py:
+server keeps what the gateway relied on hypercorn for, and more (tests/test_http11.py, and
+tests/test_http11_attack.py with docs/http-server.md for the attacks):
 
 - a request head must be complete within `keep_alive_s`, which is also how long an idle
   keep-alive connection is kept (one timer, closed without an answer, as hypercorn and nginx do);
@@ -18,6 +19,8 @@ server keeps what the gateway relied on hypercorn for, each tested in tests/test
   closed: a request with both Content-Length and Transfer-Encoding (400, RFC 9112 6.3), an HTTP
   version other than 1.x (505); h11 refuses the rest (conflicting lengths, a transfer coding
   other than chunked, malformed chunks: h11 >= 0.16, whose chunk parsing is strict);
+- out of file descriptors, the connections that have waited longest for a request head are
+  closed to make room for new clients (`_Listener`);
 - a write that makes no progress for `send_timeout_s` ends the connection (a client that stops
   reading holds neither a turn nor its buffers for ever: nginx's send_timeout);
 - the drain: on `stop`, no new connection is accepted, idle ones are closed, requests in flight
@@ -30,6 +33,7 @@ chunked. The ASGI surface is the subset the gateway uses: `http` scopes, no life
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import time
@@ -49,6 +53,7 @@ READ_SIZE = 64 * 1024
 READ_AHEAD = 64 * 1024  # input buffered beyond the request in progress (a pipelining client)
 LINGER_S, LINGER_BYTES = 0.5, 64 * 1024  # reading past a closed request before the socket closes
 BACKLOG = 2048  # bursts of new connections must queue, not be refused
+SHED_ON_EMFILE = 32  # connections waiting for a head closed when accept() runs out of descriptors (as nginx)
 SEND_TIMEOUT_S = 60.0  # nginx's send_timeout: how long one write may make no progress
 WRITE_PIECE = 1024 * 1024  # the unit of progress for SEND_TIMEOUT_S: a slow reader of a large body is not cut
 
@@ -100,6 +105,28 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class _Listener(trio.abc.Listener[trio.SocketStream]):
+    """accept() that, out of file descriptors, makes room: the connections that have waited
+    longest for a request head (idle keep-alive ones, slow heads) are closed, so a new client is
+    served rather than queued behind them until `keep_alive_s` (nginx reuses idle connections
+    so). trio.serve_listeners logs the error and retries 0.1 s later: never a busy loop."""
+
+    def __init__(self, sock: socket.socket, server: Server) -> None:
+        self.inner = BatchListener(sock)
+        self.server = server
+
+    async def accept(self) -> trio.SocketStream:
+        try:
+            return await self.inner.accept()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self.server.shed_waiting()
+            raise
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 class Server:
     def __init__(self, app: App, *, keep_alive_s: float, max_header_bytes: int, graceful_s: float,
                  error_body: ErrorBody = _plain_error, send_timeout_s: float = SEND_TIMEOUT_S) -> None:
@@ -116,7 +143,7 @@ class Server:
     async def run(self, sockets: list[socket.socket], stop: trio.Event, *,
                   task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve until `stop`, then drain (see the module's docstring)."""
-        listeners = [BatchListener(sock) for sock in sockets]  # a burst is taken in one pass, not one a pass
+        listeners = [_Listener(sock, self) for sock in sockets]  # a burst is taken in one pass, not one a pass
         async with trio.open_nursery() as nursery:
             accepting = trio.CancelScope()
 
@@ -137,6 +164,16 @@ class Server:
                 if self.connections:
                     await self._none_left.wait()
             nursery.cancel_scope.cancel()
+
+    def shed_waiting(self) -> None:
+        """Close the SHED_ON_EMFILE connections that have waited longest for a request head."""
+        waiting = [(scope.deadline, connection) for connection in self.connections
+                   if (scope := connection.head_scope) is not None and not scope.cancel_called]
+        waiting.sort(key=lambda pair: pair[0])
+        for _, connection in waiting[:SHED_ON_EMFILE]:
+            connection.drain()
+        log.warning("http_out_of_file_descriptors connections=%d closed_waiting=%d", len(self.connections),
+                    min(len(waiting), SHED_ON_EMFILE))
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         connection = _Connection(self, stream)
@@ -179,7 +216,8 @@ class _Connection:
         self.response_done = False
 
     def drain(self) -> None:
-        """The server is draining: a connection waiting for a request head closes now."""
+        """The server is draining (or out of descriptors): a connection waiting for a request
+        head closes now."""
         if self.head_scope is not None:
             self.head_scope.cancel()
 
