@@ -333,3 +333,21 @@ def test_out_of_file_descriptors_the_longest_waiting_connections_make_room(tmp_p
         proc.wait(30)
     assert answer.startswith(b"HTTP/1.1 200")
     assert "http_out_of_file_descriptors" in log.read_text()
+
+
+async def test_a_connection_is_reused_after_an_error_that_read_the_whole_request():
+    # 404, 405 and a 400 for a body the gateway read are answers, not reasons to close
+    bad = b"{not json"
+    async with trio.open_nursery() as nursery:
+        port = await gateway_port(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        answers = []
+        for request in (GET % b"/nope", b"PUT /v1/models HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n",
+                        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(bad) + bad,
+                        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(CHAT) + CHAT):
+            await stream.send_all(request)
+            answers.append(await read_response(stream, buffer))
+        nursery.cancel_scope.cancel()
+    assert [answer[9:12] for answer in answers] == [b"404", b"405", b"400", b"200"]
+    assert not any(b"connection: close" in answer.lower() for answer in answers)
