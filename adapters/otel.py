@@ -28,12 +28,22 @@ INSTRUMENTATION = "relayline"
 class Tracing:
     def __init__(self, tracer_provider=None) -> None:
         self.tracer = trace.get_tracer(INSTRUMENTATION, tracer_provider=tracer_provider) if trace else None
+        self._explicit = tracer_provider is not None
+
+    def _recording(self) -> bool:
+        # with the API alone (no SDK set up, before or since) every span is a no-op: the
+        # attributes of a turn are not worth building (tens of µs a request)
+        if self.tracer is None:
+            return False
+        if self._explicit:
+            return True
+        return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
     def turn(self, result: TurnResult, *, started: float, ended: float, clock_now: float,
              request_id: str | None = None, families: dict[str, str] | None = None) -> None:
         """Record a finished turn. `started`, `ended` and the attempts' times are on the clock
         whose current reading is `clock_now` (trio's): they are placed on the wall clock here."""
-        if self.tracer is None:
+        if not self._recording():
             return
         offset_ns = time.time_ns() - int(clock_now * 1e9)
 

@@ -22,10 +22,10 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import math
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -98,18 +98,26 @@ async def _response(reader: asyncio.StreamReader, watch: bytes = b"", seen=None)
 
 
 async def closed_loop(url: str, concurrency: int, seconds: float, model: str = "frames-1") -> dict:
-    """`concurrency` clients, each on its own connection, sending requests back to back for
-    `seconds`: throughput, latency, errors and what the client itself spent per request."""
+    """`concurrency` clients, each on its own connection, sending requests back to back.
+
+    The first wave arrives as one burst: at c clients and r req/s its latencies spread from 0 to
+    c/r however fair the server is. So the steady state is measured apart: once every client has
+    had an answer, a window of `seconds` starts; throughput counts the answers inside it and the
+    latencies are those of the requests sent inside it. Errors count over the whole run, burst
+    included, and the burst's own latencies are reported beside."""
     request = _request(url, {"model": model, "messages": MESSAGES})
-    latencies: list[float] = []
+    sent: list[tuple[float, float]] = []  # (sent, answered) of every 200
     errors: dict[str, int] = {}
     connections = await asyncio.gather(*(_connect(url) for _ in range(concurrency)))
-    ready = asyncio.Event()
+    answered_once = 0
+    steady = asyncio.Event()
+    window = [math.inf, math.inf]  # the measured window: [start, end)
 
     async def client(index: int) -> None:
+        nonlocal answered_once
         reader, writer = connections[index]
-        await ready.wait()
-        while (now := time.perf_counter()) < end:
+        first = True
+        while (now := time.perf_counter()) < window[1]:
             try:
                 async with asyncio.timeout(REQUEST_TIMEOUT_S):
                     writer.write(request)
@@ -117,7 +125,7 @@ async def closed_loop(url: str, concurrency: int, seconds: float, model: str = "
                 if status != 200:
                     errors[f"http {status}"] = errors.get(f"http {status}", 0) + 1
                 else:
-                    latencies.append(time.perf_counter() - now)
+                    sent.append((now, time.perf_counter()))
                 if not keep:
                     writer.close()
                     reader, writer = await _connect(url)
@@ -125,23 +133,38 @@ async def closed_loop(url: str, concurrency: int, seconds: float, model: str = "
                 errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
                 writer.close()
                 reader, writer = await _connect(url)
+            if first:
+                first = False
+                answered_once += 1
+                if answered_once == concurrency:
+                    steady.set()
         writer.close()
 
     cpu = _own_cpu_s()
     start = time.perf_counter()
-    end = start + seconds
-    ready.set()
-    await asyncio.gather(*(client(i) for i in range(concurrency)))
+    clients = asyncio.gather(*(client(i) for i in range(concurrency)))
+    try:
+        async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            await steady.wait()
+    except TimeoutError:
+        pass  # no steady state within the bound: the window starts now, the burst's stragglers in it
+    window[:] = [time.perf_counter(), time.perf_counter() + seconds]
+    await clients
     elapsed = time.perf_counter() - start
-    done = len(latencies)
+    burst = [done - at for at, done in sent if at < start + 0.05]
+    latencies = [done - at for at, done in sent if at >= window[0]]
+    answers = sum(1 for _, done in sent if window[0] <= done < window[1])
+
+    def ms(values: list[float], q: float) -> float | None:
+        return round(_percentile(values, q) * 1e3, 2) if values else None
+
     return {
-        "concurrency": concurrency, "requests": done, "seconds": round(elapsed, 2),
-        "rps": round(done / elapsed, 1),
-        "p50_ms": round(statistics.median(latencies) * 1e3, 2) if latencies else None,
-        "p99_ms": round(_percentile(latencies, 0.99) * 1e3, 2) if latencies else None,
-        "max_ms": round(max(latencies) * 1e3, 2) if latencies else None,
+        "concurrency": concurrency, "requests": len(sent), "seconds": round(elapsed, 2),
+        "warmup_s": round(window[0] - start, 2), "rps": round(answers / seconds, 1),
+        "p50_ms": ms(latencies, 0.5), "p99_ms": ms(latencies, 0.99), "max_ms": ms(latencies, 1.0),
+        "burst_p50_ms": ms(burst, 0.5), "burst_p99_ms": ms(burst, 0.99),
         "errors": sum(errors.values()), "error_kinds": errors,
-        "client_cpu_ms_per_request": round((_own_cpu_s() - cpu) / max(done, 1) * 1e3, 3),
+        "client_cpu_ms_per_request": round((_own_cpu_s() - cpu) / max(len(sent), 1) * 1e3, 3),
     }
 
 

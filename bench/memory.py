@@ -12,6 +12,9 @@ a plain httpx client in a process of its own (the non-streamed body parsed with 
 text accumulated, as an application would). The upstream is a raw asyncio server in a third
 process. Peak RSS is the kernel's high-water mark (VmHWM), reset before each request through
 /proc/PID/clear_refs; "after" is VmRSS once the answer ended and a small request went through.
+Meanwhile a neighbour client (its own process) sends small requests one after another through
+the same gateway to an upstream of their own (a route): its slowest one says how long a large
+answer held the gateway's event loop, beside its slowest with no large answer in flight.
 
 Run: python bench/memory.py  (writes bench/results/memory-<date>.json)
 """
@@ -24,6 +27,7 @@ import gc
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -169,7 +173,7 @@ def direct(url: str, model: str) -> None:
 # -- the run ---------------------------------------------------------------------------------------
 
 
-def start_gateway(upstream: str, tmp: str) -> tuple[subprocess.Popen, str]:
+def start_gateway(upstream: str, neighbours: str, tmp: str) -> tuple[subprocess.Popen, str]:
     config = Path(tmp) / "memory.toml"
     config.write_text(textwrap.dedent(f"""
         active = "bench.upstream"
@@ -182,6 +186,14 @@ def start_gateway(upstream: str, tmp: str) -> tuple[subprocess.Popen, str]:
         family = "openai"
         base_url = "{upstream}/v1"
         api_key = "bench-key"
+        [providers."bench.neighbours"]
+        family = "openai"
+        base_url = "{neighbours}/v1"
+        api_key = "bench-key"
+        [[routes]]
+        hint = "small"
+        provider = "bench.neighbours"
+        model = "small"
         """))
     gw = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config),
                            "--port", "0", "--log-level", "warning"], stderr=subprocess.PIPE, text=True)
@@ -192,29 +204,70 @@ def start_gateway(upstream: str, tmp: str) -> tuple[subprocess.Popen, str]:
     return gw, re.search(r"http://[\d.]+:\d+", line).group(0)
 
 
+class Neighbour:
+    """Another client, in a process of its own, sending small requests one after another
+    through the gateway to an upstream of their own while a large answer is in flight: its
+    slowest request shows how long the large answer held the gateway's event loop."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.slowest_ms = 0.0
+
+    def __enter__(self) -> Neighbour:
+        self.proc = subprocess.Popen([sys.executable, __file__, "neighbour", self.url], stdout=subprocess.PIPE,
+                                     text=True)
+        self.proc.stdout.readline()  # "ready": its first request went through
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.slowest_ms = json.loads(self.proc.stdout.readline())["slowest_ms"]
+        self.proc.wait(30)
+
+
+def neighbour(url: str) -> None:
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    latencies = []
+    with httpx.Client(timeout=120) as client:
+        client.post(url, json={"model": "small", "messages": MESSAGES}).read()
+        print("ready", flush=True)
+        while not stop:
+            started = time.perf_counter()
+            client.post(url, json={"model": "small", "messages": MESSAGES}).read()
+            latencies.append(time.perf_counter() - started)
+    print(json.dumps({"slowest_ms": round(max(latencies, default=0.0) * 1000, 1)}), flush=True)
+
+
 def through_gateway(gateway: str, pid: int) -> dict:
     url = f"{gateway}/v1/chat/completions"
     out = {}
     with httpx.Client(timeout=120) as client:
         client.post(url, json={"model": "small", "messages": MESSAGES}).read()
         baseline = status_kib(pid, "VmRSS")
+        with Neighbour(url) as alone:
+            time.sleep(1.0)
         for model in CASES:
             rounds = []
             for _ in range(ROUNDS):
                 before = status_kib(pid, "VmRSS")
                 reset_peak(pid)
-                answer = read_case(client, url, model, parse=False)
+                with Neighbour(url) as neighbour:
+                    answer = read_case(client, url, model, parse=False)
                 client.post(url, json={"model": "small", "messages": MESSAGES}).read()
                 time.sleep(0.2)
                 rounds.append({"before_kib": before, "peak_kib": status_kib(pid, "VmHWM"),
-                               "after_kib": status_kib(pid, "VmRSS"), "answer": answer})
+                               "after_kib": status_kib(pid, "VmRSS"), "answer": answer,
+                               "neighbour_slowest_ms": neighbour.slowest_ms})
             out[model] = rounds
     out["baseline_kib"] = baseline
+    out["neighbour_alone_slowest_ms"] = alone.slowest_ms
     return out
 
 
 def summary(rounds: list[dict], baseline: int) -> dict:
-    return {"baseline_mib": round(baseline / 1024, 1),
+    slowest = [r["neighbour_slowest_ms"] for r in rounds if "neighbour_slowest_ms" in r]
+    return {"baseline_mib": round(baseline / 1024, 1), **({"neighbour_slowest_ms": max(slowest)} if slowest else {}),
             "peak_mib": round(max(r["peak_kib"] for r in rounds) / 1024, 1),
             "after_mib": round(rounds[-1]["after_kib"] / 1024, 1),
             "after_over_baseline_mib": round((rounds[-1]["after_kib"] - baseline) / 1024, 1),
@@ -224,11 +277,14 @@ def summary(rounds: list[dict], baseline: int) -> dict:
 def main() -> int:
     procs: list[subprocess.Popen] = []
     try:
-        up = subprocess.Popen([sys.executable, __file__, "upstream"], stdout=subprocess.PIPE, text=True)
-        procs.append(up)
-        upstream = f"http://127.0.0.1:{up.stdout.readline().split()[1]}"
+        urls = []
+        for _ in ("large answers", "the neighbour's"):  # each upstream in a process of its own
+            up = subprocess.Popen([sys.executable, __file__, "upstream"], stdout=subprocess.PIPE, text=True)
+            procs.append(up)
+            urls.append(f"http://127.0.0.1:{up.stdout.readline().split()[1]}")
+        upstream, neighbours = urls
         with tempfile.TemporaryDirectory() as tmp:
-            gw, gateway = start_gateway(upstream, tmp)
+            gw, gateway = start_gateway(upstream, neighbours, tmp)
             procs.append(gw)
             gateway_rounds = through_gateway(gateway, gw.pid)
             direct_rounds = {model: json.loads(subprocess.run(
@@ -244,14 +300,18 @@ def main() -> int:
     print(f"\nmemory (RSS, MiB; {ROUNDS} rounds each, peak over the rounds, after = after the last; "
           f"load average {load:.1f})")
     print(f"{'reply':<16} {'gateway base':>12} {'peak':>7} {'after':>7}   {'direct httpx base':>17} {'peak':>7} "
-          f"{'after':>7}   answer via the gateway")
+          f"{'after':>7}   {'neighbour slowest':>17}   answer via the gateway")
     for model in CASES:
         g = summary(gateway_rounds[model], gateway_rounds["baseline_kib"])
         d = summary(direct_rounds[model], direct_rounds[model][0]["before_kib"])
         results["cases"][model] = {"gateway": g, "direct": d, "gateway_rounds": gateway_rounds[model],
                                    "direct_rounds": direct_rounds[model]}
         print(f"{model:<16} {g['baseline_mib']:>12.1f} {g['peak_mib']:>7.1f} {g['after_mib']:>7.1f}   "
-              f"{d['baseline_mib']:>17.1f} {d['peak_mib']:>7.1f} {d['after_mib']:>7.1f}   {g['answer']}")
+              f"{d['baseline_mib']:>17.1f} {d['peak_mib']:>7.1f} {d['after_mib']:>7.1f}   "
+              f"{g['neighbour_slowest_ms']:>14.1f} ms   {g['answer']}")
+    results["neighbour_alone_slowest_ms"] = gateway_rounds["neighbour_alone_slowest_ms"]
+    print(f"(neighbour: another client's slowest small request while the answer was in flight; alone, "
+          f"with no large answer, its slowest was {gateway_rounds['neighbour_alone_slowest_ms']:.1f} ms)")
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     path = out / f"memory-{dt.date.today().isoformat()}.json"
@@ -263,6 +323,8 @@ def main() -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["upstream"]:
         asyncio.run(serve_upstream())
+    elif sys.argv[1:2] == ["neighbour"]:
+        neighbour(sys.argv[2])
     elif sys.argv[1:2] == ["direct"]:
         direct(sys.argv[2], sys.argv[3])
     else:

@@ -88,6 +88,12 @@ class Processes:
         self.tmp.cleanup()
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (10 ms ticks: sum many requests)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -190,7 +196,9 @@ async def _held_streams(client: httpx.AsyncClient, url: str, count: int) -> tupl
 def run_trio_side(procs: Processes, *, rounds: int, n: int) -> dict:
     from relayline.adapters import Relay
 
-    results: dict = {"latency": {"direct": [], "gateway": [], "library": []}}
+    # the gateway's own CPU while it served each kind of request: what it costs whatever the load
+    results: dict = {"latency": {"direct": [], "gateway": [], "library": []},
+                     "gateway_cpu_s": {"latency": 0.0, "stream_1": 0.0, "stream_200": 0.0}}
 
     async def main():
         limits = httpx.Limits(max_connections=2048, max_keepalive_connections=2048)
@@ -205,7 +213,9 @@ def run_trio_side(procs: Processes, *, rounds: int, n: int) -> dict:
             await _library_calls(relay, 50)
             for _ in range(rounds):
                 results["latency"]["direct"] += await _timed_posts(client, direct_url, n)
+                before = cpu_s(procs.gateway_pid)
                 results["latency"]["gateway"] += await _timed_posts(client, gateway_url, n)
+                results["gateway_cpu_s"]["latency"] += cpu_s(procs.gateway_pid) - before
                 results["latency"]["library"] += await _library_calls(relay, n)
             results["throughput"] = {}
             await _timed_posts(client, workers_url, 50)
@@ -218,10 +228,12 @@ def run_trio_side(procs: Processes, *, rounds: int, n: int) -> dict:
                 }
             # 200-frame and 1-frame streams: the difference is what the 199 more frames cost
             stream: dict = {f"{name}_{frames}": [] for name in ("direct", "gateway", "library") for frames in (1, 200)}
-            for _ in range(rounds * 5):
+            for _ in range(rounds * 10):
                 for frames in (1, 200):
                     stream[f"direct_{frames}"].append(await _stream_timing(client, direct_url, frames))
+                    before = cpu_s(procs.gateway_pid)
                     stream[f"gateway_{frames}"].append(await _stream_timing(client, gateway_url, frames))
+                    results["gateway_cpu_s"][f"stream_{frames}"] += cpu_s(procs.gateway_pid) - before
                     stream[f"library_{frames}"].append(await _library_stream_timing(relay, frames))
             results["stream"] = stream
             before = rss_kib(procs.gateway_pid)
@@ -361,6 +373,9 @@ def summarise(trio_side: dict, lite: dict | None) -> dict:
         summary["throughput_rps"][str(c)] = dict(row)
     for name in ("direct", "gateway", "library"):
         summary["stream"][name] = _stream_row(trio_side["stream"], name, "direct")
+    cpu, runs = trio_side["gateway_cpu_s"], len(trio_side["stream"]["gateway_200"])
+    summary["gateway_cpu"] = {"ms_per_request": cpu["latency"] / len(lat["gateway"]) * 1e3,
+                              "us_per_frame": (cpu["stream_200"] - cpu["stream_1"]) / runs / 199 * 1e6}
     h = trio_side["held"]
     h["gateway_kib_per_stream"] = (h["gateway_rss_peak_kib"] - h["gateway_rss_before_kib"]) / h["streams"]
     if lite is not None:

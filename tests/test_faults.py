@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from helpers import asgi_post
+from helpers import loopback_config as config
 from relayline.adapters import Relay
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
@@ -37,22 +38,6 @@ def ok(text: str = "from the backup") -> Reply:
 def chunk(delta: dict, finish: str | None = None) -> bytes:
     obj = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
     return f"data: {json.dumps(obj)}\n\n".encode()
-
-
-def config(primary: str, backup: str | None = None, **sections) -> dict:
-    providers = {"primary": {"family": "openai", "base_url": f"{primary}/v1", "model": "m-primary", "api_key": "k1",
-                             "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}}
-    if backup is not None:
-        providers["primary"]["fallbacks"] = ["backup"]
-        providers["backup"] = {"family": "openai", "base_url": f"{backup}/v1", "model": "m-backup", "api_key": "k2",
-                               "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}
-    base = {"active": "primary", "providers": providers,
-            "reliability": {"provider_retries": 1, "backoff_ms": 50},
-            "breaker": {"failure_threshold": 1, "open_s": 30},
-            "timeouts": {"headers_s": 0.5, "idle_s": 0.5, "total_s": 5}}
-    for name, values in sections.items():
-        base[name] = {**base.get(name, {}), **values}
-    return base
 
 
 async def turn(handler, *, backup=ok, stream=False, bound=6.0, **sections):
@@ -376,3 +361,83 @@ async def test_a_large_answer_hands_the_heap_back(monkeypatch):
         nursery.cancel_scope.cancel()
     assert large[0] == 200 and len(large[2]["choices"][0]["message"]["content"]) == len(big)
     assert trims == [0]
+
+
+# -- what the client did is never the provider's failure -------------------------------------------
+
+
+async def raw_request(url: str, body: bytes, *, read_until: bytes | None = None, declared: int | None = None,
+                      wait: float = 0.0) -> bytes:
+    """A raw HTTP/1.1 POST to the gateway; with `read_until`, hang up once those bytes arrived
+    (or after `wait` seconds when they never do); else read the whole answer."""
+    host, port = url.removeprefix("http://").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    length = declared if declared is not None else len(body)
+    await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+                          b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (length, body))
+    received = b""
+    with trio.move_on_after(wait if read_until is not None else 10):
+        while read_until is None or read_until not in received:
+            data = await stream.receive_some(65536)
+            if not data:
+                break
+            received += data
+    await stream.aclose()
+    return received
+
+
+async def test_what_the_client_did_never_moves_the_providers_breaker():
+    """Through the real gateway over loopback: a client that hangs up mid-stream, one that hangs
+    up while the answer is still coming, a body that is not JSON, a body that stalls (408), and a
+    request the provider rejects (400). With failure_threshold = 1, not one of them touches the
+    primary's breaker, a hang-up is never sent on to the fallback, and a healthy request then
+    goes to the primary."""
+    from relayline.adapters.gateway import Gateway, serve
+
+    def primary_reply(seen) -> Reply:
+        text = seen.body["messages"][0]["content"]
+        if text == "reject me":
+            return Reply(status=400, headers=JSON_HEADERS,
+                         pieces=(b'{"error": {"type": "invalid_request_error", "message": "bad max_tokens"}}',))
+        if text == "slow":
+            return Reply(headers=JSON_HEADERS, pieces=(answer("late"),), delay=1.0)
+        if seen.body.get("stream"):
+            return Reply(headers=SSE_HEADERS, pieces=(chunk({"role": "assistant", "content": ""}),
+                                                      chunk({"content": "first"}), 1.0, chunk({"content": " never"})))
+        return ok("from the primary")
+
+    def request(text: str, stream: bool = False) -> bytes:
+        return json.dumps({"model": "m", "stream": stream, "messages": [{"role": "user", "content": text}]}).encode()
+
+    async with trio.open_nursery() as nursery:
+        primary = LoopbackServer(primary_reply)
+        await primary.start(nursery)
+        backup = LoopbackServer(lambda s: ok())
+        await backup.start(nursery)
+        relay = Relay(structure_config(config(primary.url, backup.url, gateway={"body_timeout_s": 0.3},
+                                              timeouts={"headers_s": 5, "idle_s": 5, "total_s": 10})), env={})
+        results = []
+        relay.observers.append(results.append)
+        gateway = Gateway(relay)
+        url = (await nursery.start(lambda task_status: serve(gateway, port=0, task_status=task_status)))[0]
+        with trio.fail_after(20):
+            await raw_request(url, request("hi", stream=True), read_until=b"first", wait=5)
+            await raw_request(url, request("slow"), read_until=b"never arrives", wait=0.3)
+            garbage = await raw_request(url, b"{not json")
+            stalled = await raw_request(url, b'{"model":', declared=100)
+            rejected = await raw_request(url, request("reject me"))
+            while len(results) < 3:  # the hang-ups are recorded once the gateway saw them go
+                await trio.sleep(0.05)
+            healthy = await raw_request(url, request("hi"))
+        breaker = relay.health.breaker("primary")
+        await relay.aclose()
+        nursery.cancel_scope.cancel()
+    assert garbage.startswith(b"HTTP/1.1 400") and stalled.startswith(b"HTTP/1.1 408")
+    # (client_errors = "advance", CONFIG.md's default: another provider may take what one refused)
+    assert rejected.startswith(b"HTTP/1.1 200") and b"x-relayline-served: backup/m-backup" in rejected
+    assert sorted([(a.provider, a.outcome) for a in r.attempts] for r in results[:3]) == [
+        [("primary", "cancelled")], [("primary", "cancelled")], [("primary", "rejected"), ("backup", "ok")]]
+    assert healthy.startswith(b"HTTP/1.1 200") and b"from the primary" in healthy
+    assert [s.body["messages"][0]["content"] for s in primary.seen] == ["hi", "slow", "reject me", "hi"]
+    assert [s.body["messages"][0]["content"] for s in backup.seen] == ["reject me"]  # hang-ups never fail over
+    assert breaker.state == "closed" and not breaker.failures and breaker.transitions == 0

@@ -57,6 +57,14 @@ class Metrics:
                               "From the request to the first byte of the answer, by the serving profile and model.",
                               ["provider", "model"], buckets=TTFT_BUCKETS, registry=r)
         r.register(_LiveCollector(self))
+        # labels() validates and locks on every call; the label sets are bounded (see above)
+        self._children: dict[tuple, object] = {}
+
+    def _child(self, metric, *values: str):
+        child = self._children.get((metric, values))
+        if child is None:
+            child = self._children[(metric, values)] = metric.labels(*values)
+        return child
 
     def route(self, path: str) -> str:
         return path if path in self.routes else OTHER
@@ -66,25 +74,25 @@ class Metrics:
                 model if model in self.models else "none" if model is None else OTHER)
 
     def request(self, path: str, status: int) -> None:
-        self.requests.labels(self.route(path), str(status)).inc()
+        self._child(self.requests, self.route(path), str(status)).inc()
 
     def first_token(self, provider: str | None, model: str | None, seconds: float) -> None:
-        self.ttft.labels(*self._labels(provider, model)).observe(seconds)
+        self._child(self.ttft, *self._labels(provider, model)).observe(seconds)
 
     def turn(self, result: TurnResult, seconds: float) -> None:
-        self.turns.labels(result.outcome).inc()
+        self._child(self.turns, result.outcome).inc()
         if result.fallback:
             self.fallbacks.inc()
         for attempt in result.attempts:
-            self.attempts.labels(*self._labels(attempt.provider, attempt.model), attempt.outcome).inc()
+            self._child(self.attempts, *self._labels(attempt.provider, attempt.model), attempt.outcome).inc()
         for row in result.ledger:
             provider, model = self._labels(row.provider, row.model)
-            self.tokens.labels(provider, model, "input").inc(row.input_tokens)
-            self.tokens.labels(provider, model, "output").inc(row.output_tokens)
-            self.cost.labels(provider, model).inc(row.cost_usd)
+            self._child(self.tokens, provider, model, "input").inc(row.input_tokens)
+            self._child(self.tokens, provider, model, "output").inc(row.output_tokens)
+            self._child(self.cost, provider, model).inc(row.cost_usd)
         served = result.served
-        self.turn_seconds.labels(*self._labels(served.profile if served else None,
-                                               served.model if served else None)).observe(seconds)
+        self._child(self.turn_seconds, *self._labels(served.profile if served else None,
+                                                     served.model if served else None)).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
