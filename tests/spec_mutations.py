@@ -121,7 +121,9 @@ def caught_by(mutation: Mutation, watch: list[Observer], limit_s: float = 3.0) -
     previous = signal.signal(signal.SIGALRM, _hang)
     try:
         for i, (name, observe) in enumerate(watch):
-            signal.setitimer(signal.ITIMER_REAL, limit_s)
+            # then again every 0.2 s: a Hung raised where it is swallowed (trio finalizing an
+            # async generator) must not let the mutant run on unbounded
+            signal.setitimer(signal.ITIMER_REAL, limit_s, 0.2)
             try:
                 observed = observe()
             except Exception:
@@ -131,6 +133,7 @@ def caught_by(mutation: Mutation, watch: list[Observer], limit_s: float = 3.0) -
                 return name
         return None
     except BaseException as exc:  # trio delivers the alarm inside an exception group
+        signal.setitimer(signal.ITIMER_REAL, 0)
         if isinstance(exc, Hung) or (isinstance(exc, BaseExceptionGroup) and exc.subgroup(Hung) is not None):
             return "a scenario that never ends"
         raise
