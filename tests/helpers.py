@@ -20,8 +20,28 @@ def labels(p):
     return [e.label for e in p.entries]
 
 
-async def asgi_post(app, path: str, body: bytes, headers=()) -> tuple[int, list, bytes]:
-    """One POST through an ASGI app in process (no socket): (status, headers, body bytes)."""
+def loopback_config(primary: str, backup: str | None = None, **sections) -> dict:
+    """OpenAI-family profiles on loopback upstreams: `primary`, and `backup` as its fallback;
+    short timeouts and a breaker that opens on one failure, each section overridable."""
+    providers = {"primary": {"family": "openai", "base_url": f"{primary}/v1", "model": "m-primary", "api_key": "k1",
+                             "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}}
+    if backup is not None:
+        providers["primary"]["fallbacks"] = ["backup"]
+        providers["backup"] = {"family": "openai", "base_url": f"{backup}/v1", "model": "m-backup", "api_key": "k2",
+                               "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}
+    base = {"active": "primary", "providers": providers,
+            "reliability": {"provider_retries": 1, "backoff_ms": 50},
+            "breaker": {"failure_threshold": 1, "open_s": 30},
+            "timeouts": {"headers_s": 0.5, "idle_s": 0.5, "total_s": 5}}
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return base
+
+
+async def asgi_post(app, path: str, body: bytes, headers=(), on_send=None, bound: float = 10
+                    ) -> tuple[int | None, list, bytes]:
+    """One POST through an ASGI app in process (no socket): (status, headers, body bytes);
+    `on_send` runs before each message is taken (it may raise, as a client's socket would)."""
     sent: list[dict] = []
     delivered = False
 
@@ -33,11 +53,13 @@ async def asgi_post(app, path: str, body: bytes, headers=()) -> tuple[int, list,
         await trio.sleep_forever()
 
     async def send(message):
+        if on_send is not None:
+            on_send(message)
         sent.append(message)
 
     scope = {"type": "http", "method": "POST", "path": path, "query_string": b"", "headers": list(headers)}
-    with trio.fail_after(10):
+    with trio.fail_after(bound):
         await app(scope, receive, send)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    return start["status"], start["headers"], b"".join(m.get("body", b"") for m in sent
-                                                       if m["type"] == "http.response.body")
+    start = next((m for m in sent if m["type"] == "http.response.start"), {})
+    return start.get("status"), start.get("headers", []), b"".join(m.get("body", b"") for m in sent
+                                                                 if m["type"] == "http.response.body")

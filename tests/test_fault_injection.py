@@ -10,10 +10,11 @@ exception, a real turn runs through the real driver against loopback upstreams, 
 - the next turn on the same Relay answers from the primary, and, when the fault hit a probe of a
   half-open breaker, that turn probes it again and closes it.
 
-The await points are counted at the turn's seams, in the turn's own task only: every network
-operation under httpcore (connect, write, read, close), `trio.sleep` (backoff), the shared health
-store's sync, and the consumer's sink. A dry run of each scenario shape counts them, then the
-fault is drawn among them. `make fuzz` runs the same property at length.
+The await points are counted at the turn's seams, in the turn's own tasks only: every network
+operation under httpcore (connect, write, read, close), `trio.sleep` (backoff, the gateway's
+commit timer), the shared health store's sync, and the consumer's sink; through the gateway also
+its ledger write and its client's `send`. A dry run of each scenario shape counts them, then the
+fault is drawn among them. `make fuzz` runs both properties at length (1,500 examples each).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from httpcore._backends.trio import TrioBackend, TrioStream
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from helpers import asgi_post, loopback_config
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
@@ -235,16 +237,8 @@ def scenarios(draw):
 
 
 def relay_config(primary: str, backup: str | None, retries: int) -> dict:
-    providers = {"primary": {"family": "openai", "base_url": f"{primary}/v1", "model": "m-primary", "api_key": "k1",
-                             "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}}
-    if backup is not None:
-        providers["primary"]["fallbacks"] = ["backup"]
-        providers["backup"] = {"family": "openai", "base_url": f"{backup}/v1", "model": "m-backup", "api_key": "k2",
-                               "price": {"input_per_mtok": 3.0, "output_per_mtok": 4.0}}
-    return {"active": "primary", "providers": providers,
-            "reliability": {"provider_retries": retries, "backoff_ms": 100},
-            "breaker": {"failure_threshold": 1, "open_s": OPEN_S},
-            "timeouts": {"headers_s": 20, "idle_s": 20, "total_s": 120}}
+    return loopback_config(primary, backup, reliability={"provider_retries": retries, "backoff_ms": 100},
+                           breaker={"open_s": OPEN_S}, timeouts={"headers_s": 20, "idle_s": 20, "total_s": 120})
 
 
 @contextlib.asynccontextmanager
@@ -315,12 +309,13 @@ def run(shape: dict, faults: Faults) -> dict:
 _points: dict[tuple, list[tuple[str, int]]] = {}
 
 
-def await_points(shape: dict) -> list[tuple[str, int]]:
-    """The await points a scenario's faulted turn passes (a dry run per shape)."""
-    key = tuple(sorted((k, str(v)) for k, v in shape.items()))
+def await_points(shape: dict, runner=None) -> list[tuple[str, int]]:
+    """The await points a scenario's faulted turn passes (a dry run per shape and runner)."""
+    runner = runner or run
+    key = (runner.__name__, *sorted((k, str(v)) for k, v in shape.items()))
     if key not in _points:
         faults = Faults()
-        run(shape, faults)
+        runner(shape, faults)
         _points[key] = faults.points
     return _points[key]
 
@@ -386,30 +381,11 @@ class FaultyLedger(LedgerStore):
 async def gateway_request(gateway: Gateway, body: dict, *, faulty: bool) -> tuple[int | None, dict, bytes]:
     """One POST through the ASGI app in process; its client's `send` is a seam when `faulty`."""
     raw = json.dumps(body).encode()
-    delivered = False
-    start: dict = {}
-    chunks: list[bytes] = []
-
-    async def receive():
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        await trio.sleep_forever()
-
-    async def send(message) -> None:
-        if faulty:
-            _at("send")
-        if message["type"] == "http.response.start":
-            start.update(message)
-        else:
-            chunks.append(message.get("body", b""))
-
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]}
-    with trio.fail_after(100):
-        await gateway(scope, receive, send)
-    return start.get("status"), {k.decode(): v.decode() for k, v in start.get("headers", ())}, b"".join(chunks)
+    status, headers, payload = await asgi_post(
+        gateway, "/v1/chat/completions", raw, [(b"content-type", b"application/json"),
+                                               (b"content-length", str(len(raw)).encode())],
+        on_send=(lambda message: _at("send")) if faulty else None, bound=100)
+    return status, {k.decode(): v.decode() for k, v in headers}, payload
 
 
 async def run_gateway_scenario(shape: dict, faults: Faults) -> dict:
@@ -475,19 +451,11 @@ def run_gateway(shape: dict, faults: Faults) -> dict:
         return trio.run(run_gateway_scenario, shape, faults, clock=trio.testing.MockClock(autojump_threshold=0.005))
 
 
-_gateway_points: dict[tuple, list[tuple[str, int]]] = {}
-
-
 @pytest.mark.property
 @settings(deadline=None, max_examples=settings.default.max_examples // 2)  # ci: 40; fuzz: 1500
 @given(shape=scenarios(), error=st.sampled_from(sorted(ERRORS)), data=st.data())
 def test_an_exception_at_any_await_point_of_a_gateway_turn_keeps_its_ledger_and_the_next_request(shape, error, data):
-    key = tuple(sorted((k, str(v)) for k, v in shape.items()))
-    if key not in _gateway_points:
-        dry = Faults()
-        run_gateway(shape, dry)
-        _gateway_points[key] = dry.points
-    at = data.draw(st.sampled_from(_gateway_points[key]), label="at")
+    at = data.draw(st.sampled_from(await_points(shape, run_gateway)), label="at")
     faults = Faults(at, error)
     seen = run_gateway(shape, faults)
     event(f"fault at {faults.fired or 'none'}")

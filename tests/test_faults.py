@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from helpers import asgi_post
+from helpers import loopback_config as config
 from relayline.adapters import Relay
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
@@ -37,22 +38,6 @@ def ok(text: str = "from the backup") -> Reply:
 def chunk(delta: dict, finish: str | None = None) -> bytes:
     obj = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
     return f"data: {json.dumps(obj)}\n\n".encode()
-
-
-def config(primary: str, backup: str | None = None, **sections) -> dict:
-    providers = {"primary": {"family": "openai", "base_url": f"{primary}/v1", "model": "m-primary", "api_key": "k1",
-                             "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}}
-    if backup is not None:
-        providers["primary"]["fallbacks"] = ["backup"]
-        providers["backup"] = {"family": "openai", "base_url": f"{backup}/v1", "model": "m-backup", "api_key": "k2",
-                               "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}
-    base = {"active": "primary", "providers": providers,
-            "reliability": {"provider_retries": 1, "backoff_ms": 50},
-            "breaker": {"failure_threshold": 1, "open_s": 30},
-            "timeouts": {"headers_s": 0.5, "idle_s": 0.5, "total_s": 5}}
-    for name, values in sections.items():
-        base[name] = {**base.get(name, {}), **values}
-    return base
 
 
 async def turn(handler, *, backup=ok, stream=False, bound=6.0, **sections):

@@ -99,14 +99,16 @@ class Exchange:
     DRAIN_S = 0.5
 
     __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
-                 "drained", "turn", "unread_body", "receive", "sent")
+                 "drained", "turn", "unread_body", "receive", "sent", "declared_length")
 
     def __init__(self, send, method: str, path: str, request_id: str, headers: dict[bytes, bytes],
                  receive=None) -> None:
         self.send = send
-        self.receive = receive
-        self.unread_body = headers.get(b"content-length", b"0").strip() not in (b"", b"0") or \
-            b"transfer-encoding" in headers
+        length = headers.get(b"content-length", b"0").partition(b",")[0].strip()  # the server checked its shape
+        self.declared_length = int(length) if length.isdigit() else 0
+        self.unread_body = self.declared_length > 0 or b"transfer-encoding" in headers
+        # a client waiting for 100-continue has sent no body: an early answer reads none of it
+        self.receive = None if headers.get(b"expect", b"").lower() == b"100-continue" else receive
         # every answer on the Anthropic route speaks Anthropic, errors included (CONFIG.md "The wire")
         self.dialect = ANTHROPIC if path.startswith("/v1/messages") else OPENAI
         self.method = method
@@ -158,9 +160,13 @@ def request_id(headers: dict[bytes, bytes]) -> str:
     return given if REQUEST_ID_SHAPE.match(given) else uuid.uuid4().hex
 
 
+# the methods of each route, for a 405's Allow header (a HEAD is answered wherever a GET is)
+ALLOWED = {path: b"POST" for path in ("/v1/chat/completions", "/v1/messages", "/admin/reload")} | \
+    {path: b"GET, HEAD" for path in ("/v1/models", "/admin/plan", "/admin/health", "/metrics", "/healthz", "/readyz")}
+
+
 class Gateway:
-    ROUTES = frozenset({"/v1/chat/completions", "/v1/messages", "/v1/models", "/admin/plan", "/admin/health",
-                        "/admin/reload", "/metrics", "/healthz", "/readyz"})
+    ROUTES = frozenset(ALLOWED)
 
     def __init__(self, relay: Relay, *, api_keys: set[str] | None = None, ledger: LedgerStore | None = None,
                  access: Access | None = None) -> None:
@@ -269,6 +275,7 @@ class Gateway:
 
     async def _route(self, exchange: Exchange, scope, headers, receive) -> None:
         method, path, send = exchange.method, exchange.path, exchange
+        method = "GET" if method == "HEAD" else method  # a HEAD is a GET whose body the server does not send
         # the server bounds a head still arriving; a whole one that came in one read is checked here
         head = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or ())
         if head > self.settings.max_header_bytes:
@@ -302,7 +309,7 @@ class Gateway:
             elif path == "/admin/" or path.startswith("/admin/console/"):
                 await self.console.handle(scope, receive, send)
             else:
-                await self._not_found(send, method, path)
+                await self._not_found(send, path)
             return
         if not await self._authorised(exchange, headers):
             return
@@ -313,7 +320,7 @@ class Gateway:
         elif path == "/v1/models" and method == "GET":
             await self._json(send, 200, self._models())
         else:
-            await self._not_found(send, method, path)
+            await self._not_found(send, path)
 
     async def _reload(self, send) -> None:
         """POST /admin/reload: 200 with the profiles now served, or 422 listing the problems of a
@@ -335,8 +342,14 @@ class Gateway:
     async def _json(self, send, status: int, obj, headers=()) -> None:
         await self._respond(send, status, jsoncodec.dumps(obj), headers=headers)
 
-    async def _not_found(self, send, method: str, path: str) -> None:
-        await self._respond(send, 404, send.dialect.http_error(404, f"no route for {method} {path[:200]}",
+    async def _not_found(self, send, path: str) -> None:
+        allowed = ALLOWED.get(path)
+        if allowed is not None:
+            await self._respond(send, 405, send.dialect.http_error(
+                405, f"{path} answers {allowed.decode()}, not {send.method}", "method_not_allowed"),
+                headers=[(b"allow", allowed)])
+            return
+        await self._respond(send, 404, send.dialect.http_error(404, f"no route for {send.method} {path[:200]}",
                                                                "not_found"))
 
     async def _unauthorised(self, send, message: str) -> None:
@@ -396,6 +409,11 @@ class Gateway:
         return None if writable else "the ledger is not writable"
 
     async def _read_body(self, receive, send, dialect) -> bytes | None:
+        if send.declared_length > self.max_body:  # refused before a byte of it is read (or 100-continue'd)
+            await self._respond(send, 413, dialect.http_error(
+                413, f"request body larger than {self.max_body} bytes", "request_too_large"),
+                headers=[(b"connection", b"close")])
+            return None
         body = b""
         with trio.move_on_after(self.settings.body_timeout_s):
             while True:

@@ -2,7 +2,8 @@
 
 hypercorn's trio worker put several hand-offs and its own event plumbing between the socket and
 the app, and cost more per request than the whole turn (bench/run.py, "server floor"). This
-server keeps what the gateway relied on hypercorn for, each tested in tests/test_http11.py:
+server keeps what the gateway relied on hypercorn for, and more (tests/test_http11.py, and
+tests/test_http11_attack.py with docs/http-server.md for the attacks):
 
 - a request head must be complete within `keep_alive_s`, which is also how long an idle
   keep-alive connection is kept (one timer, closed without an answer, as hypercorn and nginx do);
@@ -14,6 +15,14 @@ server keeps what the gateway relied on hypercorn for, each tested in tests/test
 - a client that goes away is an `http.disconnect` from `receive()` (the gateway cancels the turn);
   a write to it is dropped, never an exception in the app;
 - `Expect: 100-continue` is answered when the app first reads the body;
+- what could desynchronise this server from a proxy in front of it is refused and the connection
+  closed: a request with both Content-Length and Transfer-Encoding (400, RFC 9112 6.3), an HTTP
+  version other than 1.x (505); h11 refuses the rest (conflicting lengths, a transfer coding
+  other than chunked, malformed chunks: h11 >= 0.16, whose chunk parsing is strict);
+- out of file descriptors, the connections that have waited longest for a request head are
+  closed to make room for new clients (`_Listener`);
+- a write that makes no progress for `send_timeout_s` ends the connection (a client that stops
+  reading holds neither a turn nor its buffers for ever: nginx's send_timeout);
 - the drain: on `stop`, no new connection is accepted, idle ones are closed, requests in flight
   finish (their answers say `connection: close`), and after `graceful_s` what is left is
   cancelled.
@@ -24,6 +33,7 @@ chunked. The ASGI surface is the subset the gateway uses: `http` scopes, no life
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import time
@@ -43,6 +53,9 @@ READ_SIZE = 64 * 1024
 READ_AHEAD = 64 * 1024  # input buffered beyond the request in progress (a pipelining client)
 LINGER_S, LINGER_BYTES = 0.5, 64 * 1024  # reading past a closed request before the socket closes
 BACKLOG = 2048  # bursts of new connections must queue, not be refused
+SHED_ON_EMFILE = 32  # connections waiting for a head closed when accept() runs out of descriptors (as nginx)
+SEND_TIMEOUT_S = 60.0  # nginx's send_timeout: how long one write may make no progress
+WRITE_PIECE = 1024 * 1024  # the unit of progress for SEND_TIMEOUT_S: a slow reader of a large body is not cut
 
 REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 App = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
@@ -92,11 +105,34 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class _Listener(trio.abc.Listener[trio.SocketStream]):
+    """accept() that, out of file descriptors, makes room: the connections that have waited
+    longest for a request head (idle keep-alive ones, slow heads) are closed, so a new client is
+    served rather than queued behind them until `keep_alive_s` (nginx reuses idle connections
+    so). trio.serve_listeners logs the error and retries 0.1 s later: never a busy loop."""
+
+    def __init__(self, sock: socket.socket, server: Server) -> None:
+        self.inner = BatchListener(sock)
+        self.server = server
+
+    async def accept(self) -> trio.SocketStream:
+        try:
+            return await self.inner.accept()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self.server.shed_waiting()
+            raise
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 class Server:
     def __init__(self, app: App, *, keep_alive_s: float, max_header_bytes: int, graceful_s: float,
-                 error_body: ErrorBody = _plain_error) -> None:
+                 error_body: ErrorBody = _plain_error, send_timeout_s: float = SEND_TIMEOUT_S) -> None:
         self.app = app
         self.keep_alive_s = keep_alive_s
+        self.send_timeout_s = send_timeout_s
         self.max_header_bytes = max_header_bytes
         self.graceful_s = graceful_s
         self.error_body = error_body
@@ -107,7 +143,7 @@ class Server:
     async def run(self, sockets: list[socket.socket], stop: trio.Event, *,
                   task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve until `stop`, then drain (see the module's docstring)."""
-        listeners = [BatchListener(sock) for sock in sockets]  # a burst is taken in one pass, not one a pass
+        listeners = [_Listener(sock, self) for sock in sockets]  # a burst is taken in one pass, not one a pass
         async with trio.open_nursery() as nursery:
             accepting = trio.CancelScope()
 
@@ -128,6 +164,16 @@ class Server:
                 if self.connections:
                     await self._none_left.wait()
             nursery.cancel_scope.cancel()
+
+    def shed_waiting(self) -> None:
+        """Close the SHED_ON_EMFILE connections that have waited longest for a request head."""
+        waiting = [(scope.deadline, connection) for connection in self.connections
+                   if (scope := connection.head_scope) is not None and not scope.cancel_called]
+        waiting.sort(key=lambda pair: pair[0])
+        for _, connection in waiting[:SHED_ON_EMFILE]:
+            connection.drain()
+        log.warning("http_out_of_file_descriptors connections=%d closed_waiting=%d", len(self.connections),
+                    min(len(waiting), SHED_ON_EMFILE))
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         connection = _Connection(self, stream)
@@ -170,7 +216,8 @@ class _Connection:
         self.response_done = False
 
     def drain(self) -> None:
-        """The server is draining: a connection waiting for a request head closes now."""
+        """The server is draining (or out of descriptors): a connection waiting for a request
+        head closes now."""
         if self.head_scope is not None:
             self.head_scope.cancel()
 
@@ -197,8 +244,8 @@ class _Connection:
         """Closing a socket with unread input resets the connection, and the reset can destroy an
         answer the client has not read yet: after an answer, say EOF first and drop what the
         client still sends until it closes too (bounded in bytes and time), as nginx does."""
-        if self.gone or not self.sent_head:
-            return
+        if not self.sent_head:
+            return  # (a client that left: the EOF or the reset below ends this at once)
         with trio.move_on_after(LINGER_S):
             try:
                 await self.stream.send_eof()
@@ -246,11 +293,19 @@ class _Connection:
 
     async def _refuse(self, exc: h11.RemoteProtocolError) -> None:
         """A request h11 cannot read: its status (400, or 431 for a head beyond the limit)."""
+        # h11 quotes the offending bytes (a header line: perhaps a key): the kind of fault only
+        status, message = exc.error_status_hint, f"malformed HTTP request: {str(exc).split(': bytearray(')[0]}"
+        if status == 431 and self.h11.our_state is h11.SEND_RESPONSE:  # the head was read: a chunk header
+            status, message = 400, f"malformed HTTP request: a chunk header larger than {self.server.max_header_bytes} bytes"
+        elif status == 431:
+            message = f"request headers larger than {self.server.max_header_bytes} bytes"
+        await self._reject(status, message)
+
+    async def _reject(self, status: int, message: str) -> None:
+        """An error answer from the server itself, before any app saw the request; the caller
+        closes the connection after it."""
         if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
-        status = exc.error_status_hint
-        message = (f"request headers larger than {self.server.max_header_bytes} bytes" if status == 431
-                   else f"malformed HTTP request: {exc}")
         body = self.server.error_body(status, message)
         try:
             data = self.h11.send(h11.Response(status_code=status, reason=REASONS.get(status, b""), headers=[
@@ -259,16 +314,32 @@ class _Connection:
             data += self.h11.send(h11.Data(data=body)) + self.h11.send(h11.EndOfMessage())
         except h11.LocalProtocolError:
             return
+        self.sent_head = True  # linger: a reset must not destroy this answer (the input is unread)
         await self._write(data)
 
     # -- one request ----------------------------------------------------------------------------
 
     async def _request(self, request: h11.Request) -> None:
+        if not request.http_version.startswith(b"1."):
+            await self._reject(505, f"HTTP/{request.http_version.decode()} is not supported: this server speaks HTTP/1.1")
+            raise _Close
+        if any(name == b"transfer-encoding" for name, _ in request.headers) and \
+                any(name == b"content-length" for name, _ in request.headers):
+            # which of the two frames the body is the classic smuggling question: a proxy in front
+            # may have answered it differently, so neither is trusted
+            await self._reject(400, "malformed HTTP request: both Content-Length and Transfer-Encoding")
+            raise _Close
         target = request.target
+        if target[:1] != b"/" and b"://" in target[:8]:
+            # absolute-form (RFC 9112 3.2.2: a server must accept it): the path is what follows
+            # the authority
+            authority_and_path = target.partition(b"://")[2]
+            slash = authority_and_path.find(b"/")
+            target = authority_and_path[slash:] if slash >= 0 else b"/"
         path, _, query = target.partition(b"?")
         scope = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": request.http_version.decode(), "method": request.method.decode(),
+            "http_version": "1.0" if request.http_version == b"1.0" else "1.1", "method": request.method.decode(),
             "scheme": "http", "path": unquote(path.decode("ascii")), "raw_path": path, "query_string": query,
             "root_path": "", "headers": list(request.headers), "client": self.client, "server": self.local,
         }
@@ -294,7 +365,7 @@ class _Connection:
             return {"type": "http.disconnect"}
         if self.h11.their_state is h11.SEND_BODY:
             if self.h11.they_are_waiting_for_100_continue:
-                await self._write(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
+                await self._write(self.h11.send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")))
             try:
                 event = await self._next_event()
             except _Close:
@@ -322,7 +393,13 @@ class _Connection:
         if self.gone or not data:
             return
         try:
-            await self.stream.send_all(data)
+            view = memoryview(data) if len(data) > WRITE_PIECE else data
+            for start in range(0, len(data), WRITE_PIECE):
+                with trio.move_on_after(self.server.send_timeout_s) as stalled:
+                    await self.stream.send_all(view[start:start + WRITE_PIECE])
+                if stalled.cancelled_caught:
+                    log.warning("http_send_timeout client_stopped_reading_for_s=%g", self.server.send_timeout_s)
+                    raise trio.BrokenResourceError
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # the client left: later writes are dropped and receive() says disconnect; closing
             # the stream wakes a receive() waiting on it
@@ -339,8 +416,8 @@ class _Connection:
             status = message["status"]
             self.pending_head = h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
             return
-        if kind != "http.response.body" or self.response_done:
-            return
+        if kind != "http.response.body" or self.response_done or self.gone:
+            return  # (gone: the client left, or the server already refused its request's body)
         body = message.get("body") or b""
         more = message.get("more_body", False)
         data = b""

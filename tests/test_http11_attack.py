@@ -1,0 +1,353 @@
+"""Attacks on the gateway's HTTP/1.1 server (adapters/gateway/http11.py), each a regression test:
+request smuggling shapes, resource exhaustion, and the HTTP details a proxy or a client relies on.
+Real loopback sockets, raw bytes on the client side; the server alone (test_http11's App) or the
+whole gateway on in-process sim profiles. What was tried and left as it is, and why, is in
+docs/http-server.md."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import trio
+from test_http11 import GET, App, read_response, read_until_closed, start
+
+from relayline.adapters import Relay
+from relayline.adapters.gateway import Gateway, serve
+
+CHAT = b'{"model":"sim-1","messages":[{"role":"user","content":"hi"}]}'
+
+
+async def exchange(port: int, data: bytes, *, limit_s: float = 5.0) -> bytes:
+    """Send `data`, read until the server closes (EOF; a reset is an AssertionError)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(data)
+    try:
+        return await read_until_closed(stream, limit_s)
+    finally:
+        await stream.aclose()
+
+
+# -- smuggling ----------------------------------------------------------------------------------
+
+
+async def test_content_length_with_transfer_encoding_is_refused_and_closed():
+    # a proxy that frames by Content-Length would forward the "chunk" as the next request
+    smuggled = b"0\r\n\r\n" + GET % b"/smuggled"
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        answer = await exchange(port, b"POST /first HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n"
+                                b"transfer-encoding: chunked\r\n\r\n" % len(smuggled) + smuggled)
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 400") and b"connection: close" in answer.lower()
+    assert b"both Content-Length and Transfer-Encoding" in answer
+    assert app.seen == []
+
+
+async def test_a_chunk_not_ended_by_crlf_is_refused_not_read_past():
+    # h11 < 0.16 took any two bytes after a chunk's data as its CRLF (CVE-2025-43859)
+    body = b"5\r\nhelloXX" + GET % b"/smuggled"
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        answer = await exchange(port, b"POST /first HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n" + body)
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 400")
+    assert "/smuggled" not in app.seen
+
+
+async def test_conflicting_lengths_and_unknown_transfer_codings_are_refused():
+    app = App()
+    heads = [b"content-length: 5\r\ncontent-length: 6", b"content-length: +5", b"content-length: -1",
+             b"transfer-encoding: chunked, identity", b"transfer-encoding: gzip",
+             b"transfer-encoding: chunked\r\ntransfer-encoding: chunked", b"transfer-encoding : chunked"]
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        answers = [await exchange(port, b"POST /p HTTP/1.1\r\nhost: x\r\n%s\r\n\r\nhello" % head) for head in heads]
+        stop.set()
+    assert [answer[:12] for answer in answers] == [b"HTTP/1.1 400"] * 3 + [b"HTTP/1.1 501"] * 3 + [b"HTTP/1.1 400"]
+    assert app.seen == []
+
+
+async def test_a_folded_header_line_is_part_of_the_header_above_never_a_header_of_its_own():
+    # obs-fold is unfolded into the value above (RFC 9112 5.2); bare LF ends lines (RFC 9112 2.2)
+    app = App()
+    seen = []
+
+    async def recording(scope, receive, send):
+        seen.append(scope["headers"])
+        await app(scope, receive, send)
+
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, recording)
+        folded = await exchange(port, b"POST /folded HTTP/1.1\r\nhost: x\r\nx-note: a\r\n transfer-encoding: chunked\r\n"
+                                b"content-length: 5\r\nconnection: close\r\n\r\nhello")
+        bare = await exchange(port, b"GET /bare HTTP/1.1\nhost: x\nconnection: close\n\n")
+        stop.set()
+    assert folded.endswith(b"/folded 5") and bare.endswith(b"/bare 0")
+    assert (b"x-note", b"a transfer-encoding: chunked") in seen[0]
+    assert not any(name == b"transfer-encoding" for name, _ in seen[0])
+
+
+async def test_http_versions_other_than_1_x_are_505():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        two = await exchange(port, b"GET / HTTP/2.0\r\nhost: x\r\n\r\n")
+        preface = await exchange(port, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        later = await exchange(port, b"GET /later HTTP/1.2\r\nhost: x\r\nconnection: close\r\n\r\n")
+        stop.set()
+    assert two.startswith(b"HTTP/1.1 505") and preface.startswith(b"HTTP/1.1 505")
+    assert later.startswith(b"HTTP/1.1 200") and later.endswith(b"/later 0")  # a later 1.x minor is 1.1
+    assert app.seen == ["/later"]
+
+
+async def test_an_absolute_form_target_is_served_by_its_path():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        await stream.send_all(b"GET http://example.com/v1/models?x=1 HTTP/1.1\r\nhost: example.com\r\n\r\n")
+        first = await read_response(stream, buffer)
+        await stream.send_all(b"GET HTTPS://example.com HTTP/1.1\r\nhost: example.com\r\n\r\n")
+        second = await read_response(stream, buffer)
+        stop.set()
+    assert first.endswith(b"/v1/models 0") and second.endswith(b"/ 0")
+    assert app.seen == ["/v1/models", "/"]
+
+
+# -- errors and closing -------------------------------------------------------------------------
+
+
+async def test_a_refused_request_with_input_still_arriving_ends_in_eof_not_a_reset():
+    # closing a socket with unread input sends a reset, which can destroy the 400 unread
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        answer = await exchange(port, b"NOT HTTP AT ALL\r\n\r\n" + b"x" * (100 * 1024))
+        chunk_flood = await exchange(port, b"POST /p HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5;"
+                                     + b"e" * (100 * 1024))
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 400")
+    # a chunk header beyond the head limit is malformed (not "headers too large")
+    assert chunk_flood.startswith(b"HTTP/1.1 400") and b"chunk header larger than 4096 bytes" in chunk_flood
+
+
+async def test_a_malformed_head_is_not_echoed_back():
+    # h11's message quotes the offending line: here, a key
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        answer = await exchange(port, b"GET / HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-secret-1\x00\r\n\r\n")
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 400") and b"illegal header line" in answer
+    assert b"sk-secret-1" not in answer
+
+
+async def test_half_closed_after_the_request_is_answered_then_closed():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(GET % b"/half")
+        await stream.send_eof()
+        answer = await read_until_closed(stream)
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"/half 0")
+
+
+def reset(sock: socket.socket) -> None:
+    """Close with a reset (SO_LINGER 0), as a crashed client or a middlebox does."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+async def test_a_reset_mid_body_and_mid_stream_is_a_disconnect_and_the_server_serves_on(caplog):
+    events = []
+    streaming = trio.Event()
+
+    async def app(scope, receive, send):
+        if scope["path"] == "/upload":
+            events.append((await receive())["type"])  # the part of the body that came
+            events.append((await receive())["type"])  # the reset
+            return
+        if scope["path"] == "/endless":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            streaming.set()
+            for _ in range(10_000):  # bounded: a reset must end it long before
+                await send({"type": "http.response.body", "body": b"x" * 1024, "more_body": True})
+                if await _disconnected(receive):
+                    events.append("stream: http.disconnect")
+                    return
+                await trio.sleep(0.001)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"still serving"})
+
+    caplog.set_level(logging.WARNING, "relayline.gateway")
+    async with trio.open_nursery() as nursery:
+        server, stop, port = await start(nursery, app)
+        upload = socket.create_connection(("127.0.0.1", port))
+        upload.sendall(b"POST /upload HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\npart")
+        with trio.fail_after(5):
+            while not events:
+                await trio.sleep(0.01)
+        reset(upload)
+        endless = socket.create_connection(("127.0.0.1", port))
+        endless.sendall(GET % b"/endless")
+        await streaming.wait()
+        reset(endless)
+        with trio.fail_after(5):
+            while server.connections:
+                await trio.sleep(0.01)
+        after = await exchange(port, b"GET /after HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        stop.set()
+    assert events == ["http.request", "http.disconnect", "stream: http.disconnect"]
+    assert after.endswith(b"still serving")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_client_that_stops_reading_is_cut_after_the_send_timeout():
+    # without it, a client that never reads holds its turn (and its upstream connection) for ever
+    ended = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(1000):  # 1 GiB offered at most; the socket buffers take a few MiB
+            await send({"type": "http.response.body", "body": b"x" * (1024 * 1024), "more_body": True})
+            if (await _disconnected(receive)):
+                break
+        ended.append("app done")
+
+    async with trio.open_nursery() as nursery:
+        server, stop, port = await start(nursery, app, send_timeout_s=0.3)
+        stalled = socket.create_connection(("127.0.0.1", port))
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.sendall(GET % b"/big")  # and never read
+        with trio.fail_after(10):
+            while server.connections or not ended:
+                await trio.sleep(0.05)
+        stalled.close()
+        stop.set()
+    assert ended == ["app done"]
+
+
+async def _disconnected(receive) -> bool:
+    """Whether receive() says disconnect right now (without waiting for one)."""
+    with trio.move_on_after(0):
+        while True:
+            if (await receive())["type"] == "http.disconnect":
+                return True
+    return False
+
+
+# -- through the whole gateway ------------------------------------------------------------------
+
+
+async def gateway_port(nursery) -> int:
+    relay = Relay.from_file("examples/quickstart.toml")
+    binds = await nursery.start(lambda task_status: serve(Gateway(relay), port=0, task_status=task_status))
+    return int(binds[0].rsplit(":", 1)[1])
+
+
+async def test_a_declared_body_over_the_limit_is_413_at_once_and_never_invited_with_100_continue():
+    async with trio.open_nursery() as nursery:
+        port = await gateway_port(nursery)
+        waiting = await trio.open_tcp_stream("127.0.0.1", port)
+        await waiting.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                               b"content-length: 10000000000\r\nexpect: 100-continue\r\n\r\n")
+        invited = await read_until_closed(waiting)
+        eager = await exchange(port, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                               b"content-length: 99999999999999999999\r\n\r\n" + CHAT)
+        nursery.cancel_scope.cancel()
+    assert invited.startswith(b"HTTP/1.1 413") and b"100 Continue" not in invited
+    assert b"connection: close" in invited.lower() and b"request_too_large" in invited
+    assert eager.startswith(b"HTTP/1.1 413")
+
+
+async def test_head_is_a_get_without_its_body_and_a_wrong_method_is_405_with_allow():
+    async with trio.open_nursery() as nursery:
+        port = await gateway_port(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"HEAD /healthz HTTP/1.1\r\nhost: x\r\n\r\nDELETE /v1/chat/completions HTTP/1.1\r\n"
+                              b"host: x\r\n\r\nGET /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        answers = await read_until_closed(stream)
+        nursery.cancel_scope.cancel()
+    head, delete, get = answers.split(b"HTTP/1.1 ")[1:]
+    assert head.startswith(b"200") and b"content-length: 15\r\n" in head and head.endswith(b"\r\n\r\n")
+    assert delete.startswith(b"405") and b"allow: POST\r\n" in delete and b"method_not_allowed" in delete
+    assert get.startswith(b"405")
+
+
+async def test_smuggling_through_the_gateway_reaches_no_route():
+    # the chat body hides a second request; every framing trick must end in a refusal, not in it
+    hidden = GET % b"/admin/health"
+    async with trio.open_nursery() as nursery:
+        port = await gateway_port(nursery)
+        both = await exchange(port, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n"
+                              b"transfer-encoding: chunked\r\n\r\n0\r\n\r\n" + hidden)
+        get_body = await exchange(port, b"GET /healthz HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(hidden)
+                                  + hidden)
+        nursery.cancel_scope.cancel()
+    assert both.startswith(b"HTTP/1.1 400") and b"/admin" not in both and b"breaker" not in both
+    # a GET's body is read as its body (and the connection closed), never as a request
+    assert get_body.count(b"HTTP/1.1 ") == 1 and get_body.endswith(b'{"status":"ok"}')
+
+
+# -- out of file descriptors --------------------------------------------------------------------
+
+
+def test_out_of_file_descriptors_the_longest_waiting_connections_make_room(tmp_path):
+    # `relayline serve` with 256 descriptors, and more idle connections than that: before, a new
+    # client waited in the backlog until an idle one timed out (keep_alive_s, 75 s)
+    limit = 256
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--port", "0"],
+                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err,
+                                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard)))
+    idle: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 30
+        while "listening on" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        port = int(log.read_text().split("listening on http://127.0.0.1:")[1].split()[0])
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(limit + 64)]
+        fresh = socket.create_connection(("127.0.0.1", port), timeout=10)
+        fresh.sendall(GET % b"/healthz")
+        answer = fresh.recv(65536)
+        fresh.close()
+        assert proc.poll() is None
+    finally:
+        for sock in idle:
+            sock.close()
+        proc.terminate()
+        proc.wait(30)
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert "http_out_of_file_descriptors" in log.read_text()
+
+
+async def test_a_connection_is_reused_after_an_error_that_read_the_whole_request():
+    # 404, 405 and a 400 for a body the gateway read are answers, not reasons to close
+    bad = b"{not json"
+    async with trio.open_nursery() as nursery:
+        port = await gateway_port(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        answers = []
+        for request in (GET % b"/nope", b"PUT /v1/models HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n",
+                        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(bad) + bad,
+                        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(CHAT) + CHAT):
+            await stream.send_all(request)
+            answers.append(await read_response(stream, buffer))
+        nursery.cancel_scope.cancel()
+    assert [answer[9:12] for answer in answers] == [b"404", b"405", b"400", b"200"]
+    assert not any(b"connection: close" in answer.lower() for answer in answers)
