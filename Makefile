@@ -52,6 +52,7 @@ bench: install browser
 	$(PY) bench/console.py
 	$(PY) bench/load.py
 	$(PY) bench/memory.py
+	$(PY) bench/send_watch.py
 
 diagrams: install
 	$(BIN)/relayline diagram

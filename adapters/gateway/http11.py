@@ -54,8 +54,9 @@ READ_AHEAD = 64 * 1024  # input buffered beyond the request in progress (a pipel
 LINGER_S, LINGER_BYTES = 0.5, 64 * 1024  # reading past a closed request before the socket closes
 BACKLOG = 2048  # bursts of new connections must queue, not be refused
 SHED_ON_EMFILE = 32  # connections waiting for a head closed when accept() runs out of descriptors (as nginx)
-SEND_TIMEOUT_S = 60.0  # nginx's send_timeout: how long one write may make no progress
-WRITE_PIECE = 1024 * 1024  # the unit of progress for SEND_TIMEOUT_S: a slow reader of a large body is not cut
+SEND_TIMEOUT_S = 60.0  # nginx's send_timeout: how long a write may make no progress
+SEND_CHECKS = 4  # the watchdog looks this many times per SEND_TIMEOUT_S
+WRITE_PIECE = 64 * 1024  # the unit of progress the watchdog sees: a slow reader of a large body is not cut
 
 REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 App = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
@@ -152,6 +153,7 @@ class Server:
                     await trio.serve_listeners(self._connection, listeners, handler_nursery=nursery)
 
             nursery.start_soon(accept)
+            nursery.start_soon(self._watch_sends)
             task_status.started([url_of(sock) for sock in sockets])
             await stop.wait()
             self.draining = True
@@ -164,6 +166,16 @@ class Server:
                 if self.connections:
                     await self._none_left.wait()
             nursery.cancel_scope.cancel()
+
+    async def _watch_sends(self) -> None:
+        """Close the connections whose write has made no progress for `send_timeout_s` (cut
+        within a further send_timeout_s / SEND_CHECKS). One task for all of them: a timeout
+        around each write cost a third of the write itself, and a stream writes once a frame."""
+        while True:
+            await trio.sleep(self.send_timeout_s / SEND_CHECKS)
+            for connection in [c for c in self.connections if c.stalled()]:
+                log.warning("http_send_timeout client_read_nothing_for_s=%g", self.send_timeout_s)
+                await trio.aclose_forcefully(connection.stream)  # its write raises ClosedResourceError
 
     def shed_waiting(self) -> None:
         """Close the SHED_ON_EMFILE connections that have waited longest for a request head."""
@@ -190,13 +202,20 @@ class Server:
             await trio.aclose_forcefully(stream)
 
 
+def _fault(exc: h11.RemoteProtocolError) -> str:
+    """h11's message without the bytes it quotes (a header line may hold a key)."""
+    message = str(exc)
+    quoted = [i for i in (message.find("bytearray("), message.find("b'"), message.find('b"')) if i >= 0]
+    return message[:min(quoted)].rstrip(": ") if quoted else message
+
+
 class _Close(Exception):
     """The connection ends here (the peer left, or a protocol error was answered)."""
 
 
 class _Connection:
     __slots__ = ("server", "stream", "h11", "head_scope", "client", "local", "gone", "sent_head", "pending_head",
-                 "method", "response_done")
+                 "method", "response_done", "writing", "writes", "writes_seen", "checks_stalled")
 
     def __init__(self, server: Server, stream: trio.SocketStream) -> None:
         self.server = server
@@ -214,6 +233,16 @@ class _Connection:
         self.pending_head: h11.Response | None = None
         self.method = ""
         self.response_done = False
+        self.writing = False
+        self.writes = self.writes_seen = self.checks_stalled = 0
+
+    def stalled(self) -> bool:
+        """The watchdog's look: True when a write has been stuck for SEND_CHECKS looks."""
+        if not self.writing or self.writes != self.writes_seen:
+            self.writes_seen, self.checks_stalled = self.writes, 0
+            return False
+        self.checks_stalled += 1
+        return self.checks_stalled >= SEND_CHECKS
 
     def drain(self) -> None:
         """The server is draining (or out of descriptors): a connection waiting for a request
@@ -293,8 +322,7 @@ class _Connection:
 
     async def _refuse(self, exc: h11.RemoteProtocolError) -> None:
         """A request h11 cannot read: its status (400, or 431 for a head beyond the limit)."""
-        # h11 quotes the offending bytes (a header line: perhaps a key): the kind of fault only
-        status, message = exc.error_status_hint, f"malformed HTTP request: {str(exc).split(': bytearray(')[0]}"
+        status, message = exc.error_status_hint, f"malformed HTTP request: {_fault(exc)}"
         if status == 431 and self.h11.our_state is h11.SEND_RESPONSE:  # the head was read: a chunk header
             status, message = 400, f"malformed HTTP request: a chunk header larger than {self.server.max_header_bytes} bytes"
         elif status == 431:
@@ -306,6 +334,7 @@ class _Connection:
         closes the connection after it."""
         if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
+        log.info("http_refused status=%d reason=%r", status, message)  # no app saw it: no access line
         body = self.server.error_body(status, message)
         try:
             data = self.h11.send(h11.Response(status_code=status, reason=REASONS.get(status, b""), headers=[
@@ -392,19 +421,23 @@ class _Connection:
     async def _write(self, data: bytes) -> None:
         if self.gone or not data:
             return
+        self.writing = True
         try:
-            view = memoryview(data) if len(data) > WRITE_PIECE else data
-            for start in range(0, len(data), WRITE_PIECE):
-                with trio.move_on_after(self.server.send_timeout_s) as stalled:
+            if len(data) <= WRITE_PIECE:
+                self.writes += 1
+                await self.stream.send_all(data)
+            else:
+                view = memoryview(data)
+                for start in range(0, len(data), WRITE_PIECE):
+                    self.writes += 1  # progress, as the watchdog sees it
                     await self.stream.send_all(view[start:start + WRITE_PIECE])
-                if stalled.cancelled_caught:
-                    log.warning("http_send_timeout client_stopped_reading_for_s=%g", self.server.send_timeout_s)
-                    raise trio.BrokenResourceError
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            # the client left: later writes are dropped and receive() says disconnect; closing
-            # the stream wakes a receive() waiting on it
+            # the client left (or stopped reading: _watch_sends): later writes are dropped and
+            # receive() says disconnect; closing the stream wakes a receive() waiting on it
             self.gone = True
             await trio.aclose_forcefully(self.stream)
+        finally:
+            self.writing = False
 
     async def _send(self, message: dict) -> None:
         kind = message["type"]
