@@ -43,8 +43,8 @@ mutmut: install
 	ln -s $(CURDIR)/machines .mutmut/relayline/machines
 	for p in tests adapters pyproject.toml; do ln -s $(CURDIR)/$$p .mutmut/$$p; done
 	ln -s $(abspath ../shared) .mutmut/shared
-	cd .mutmut && HYPOTHESIS_PROFILE=ci $(CURDIR)/$(BIN)/mutmut run --max-children $(MUTMUT_CHILDREN)
-	cd .mutmut && $(CURDIR)/$(BIN)/mutmut export-cicd-stats >/dev/null && $(CURDIR)/$(PY) $(CURDIR)/.ci/mutmut_score.py
+	cd .mutmut && PATH=$(CURDIR)/$(BIN):$$PATH HYPOTHESIS_PROFILE=ci mutmut run --max-children $(MUTMUT_CHILDREN)
+	cd .mutmut && $(CURDIR)/$(PY) $(CURDIR)/.ci/mutmut_score.py
 
 bench: install browser
 	$(PY) -m pip install --quiet -e '.[bench]' || echo "bench extras unavailable: peers will be skipped"
