@@ -260,6 +260,11 @@ async def run(procs: Processes, *, seconds: float, levels: tuple[int, ...], stre
     gateway = f"{procs.gateway}/v1/chat/completions"
     await closed_loop(gateway, 16, 1.0)  # warm up: imports, caches, the first connections
     out: dict = {"closed_loop": {}}
+    if streams:
+        # first, on a gateway whose heap has not grown yet: later, memory freed by the load runs
+        # would be reused by the streams and the figure per stream would read low
+        out["streams"] = await held_streams(gateway, streams, procs.gateway_pid)
+        print(f"  streams: {out['streams']}", flush=True)
     for concurrency in levels:
         row = {}
         for name, url in (("direct", direct), ("gateway", gateway)):
@@ -276,9 +281,6 @@ async def run(procs: Processes, *, seconds: float, levels: tuple[int, ...], stre
                     (_cpu_s(procs.gateway_pid) - cpu) / max(row[name]["requests"], 1) * 1e3, 3)
             print(f"  {name:8} c={concurrency:5}: {row[name]}", flush=True)
         out["closed_loop"][str(concurrency)] = row
-    if streams:
-        out["streams"] = await held_streams(gateway, streams, procs.gateway_pid)
-        print(f"  streams: {out['streams']}", flush=True)
     return out
 
 
@@ -308,6 +310,7 @@ def main() -> None:
     parser.add_argument("--levels", default="16,200,1000", help="client concurrencies, comma-separated")
     parser.add_argument("--streams", type=int, default=5000, help="concurrent held streams (0: none)")
     parser.add_argument("--seconds", type=float, default=8.0, help="each closed-loop run's length")
+    parser.add_argument("--out", help="write the results here (default: bench/results/load-<date>.json, full runs only)")
     parser.add_argument("--profile", help="py-spy the gateway at the highest level into this file (collapsed stacks)")
     args = parser.parse_args()
     full = (args.levels, args.streams, args.seconds) == ("16,200,1000", 5000, 8.0)
@@ -323,8 +326,8 @@ def main() -> None:
     result["load_average_after"] = os.getloadavg()
     result["targets"] = verdicts(result)
     print(json.dumps(result["targets"], indent=2))
-    if full:
-        out = Path(__file__).resolve().parent / "results" / f"load-{result['date']}.json"
+    if full or args.out:
+        out = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / f"load-{result['date']}.json"
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {out}")
 

@@ -65,10 +65,10 @@ class Processes:
         self.gateway, self.gateway_pid = self.start_gateway()
         return self
 
-    def start_gateway(self, *extra: str) -> tuple[str, int]:
-        """Another `relayline serve` on the same config (e.g. `--workers 2`): its URL and pid."""
+    def start_gateway(self, *extra: str, config: Path | None = None) -> tuple[str, int]:
+        """Another `relayline serve` (e.g. `--workers 2`, or another config): its URL and pid."""
         gw = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config",
-                               str(self.config_path), "--port", "0", *self.log_args, *extra],
+                               str(config or self.config_path), "--port", "0", *self.log_args, *extra],
                               stderr=subprocess.PIPE, text=True)
         self.procs.append(gw)
         deadline = time.monotonic() + 30
@@ -198,7 +198,7 @@ def run_trio_side(procs: Processes, *, rounds: int, n: int) -> dict:
 
     # the gateway's own CPU while it served each kind of request: what it costs whatever the load
     results: dict = {"latency": {"direct": [], "gateway": [], "library": []},
-                     "gateway_cpu_s": {"latency": 0.0, "stream_1": 0.0, "stream_200": 0.0}}
+                     "gateway_cpu_s": {"latency": 0.0, "in_process_upstream": 0.0, "stream_1": 0.0, "stream_200": 0.0}}
 
     async def main():
         limits = httpx.Limits(max_connections=2048, max_keepalive_connections=2048)
@@ -208,10 +208,20 @@ def run_trio_side(procs: Processes, *, rounds: int, n: int) -> dict:
             gateway_url = f"{procs.gateway}/v1/chat/completions"
             # started first: its workers are up and warm long before it is measured
             workers_url = f"{procs.start_gateway('--workers', '2')[0]}/v1/chat/completions"
+            # the same gateway with an in-process upstream: what the upstream HTTP call costs it
+            sim_config = Path(procs.tmp.name) / "sim.toml"
+            sim_config.write_text(f'active = "sim"\n[ledger]\npath = "{procs.tmp.name}/sim.sqlite3"\n'
+                                  '[providers.sim]\nfamily = "sim"\nmodel = "frames-1"\n')
+            sim_url, sim_pid = procs.start_gateway(config=sim_config)
+            sim_url += "/v1/chat/completions"
             await _timed_posts(client, direct_url, 50)  # warm up connections and caches
             await _timed_posts(client, gateway_url, 50)
             await _library_calls(relay, 50)
+            await _timed_posts(client, sim_url, 50)
             for _ in range(rounds):
+                before = cpu_s(sim_pid)
+                await _timed_posts(client, sim_url, n)
+                results["gateway_cpu_s"]["in_process_upstream"] += cpu_s(sim_pid) - before
                 results["latency"]["direct"] += await _timed_posts(client, direct_url, n)
                 before = cpu_s(procs.gateway_pid)
                 results["latency"]["gateway"] += await _timed_posts(client, gateway_url, n)
@@ -375,6 +385,7 @@ def summarise(trio_side: dict, lite: dict | None) -> dict:
         summary["stream"][name] = _stream_row(trio_side["stream"], name, "direct")
     cpu, runs = trio_side["gateway_cpu_s"], len(trio_side["stream"]["gateway_200"])
     summary["gateway_cpu"] = {"ms_per_request": cpu["latency"] / len(lat["gateway"]) * 1e3,
+                              "ms_per_request_in_process_upstream": cpu["in_process_upstream"] / len(lat["gateway"]) * 1e3,
                               "us_per_frame": (cpu["stream_200"] - cpu["stream_1"]) / runs / 199 * 1e6}
     h = trio_side["held"]
     h["gateway_kib_per_stream"] = (h["gateway_rss_peak_kib"] - h["gateway_rss_before_kib"]) / h["streams"]

@@ -69,7 +69,7 @@ def levers(results: dict) -> str:
 
 def core(results: dict) -> str:
     e, c, s, d = results["engine"], results["core_turn"], results["stream"], results["driver"]
-    h, lat = results["trio_handoff"], results["http"]["latency_ms"]
+    h, lat, cpu = results["trio_handoff"], results["http"]["latency_ms"], results["http"]["gateway_cpu"]
     rows = ["| measure | relayline | baseline, same run | target |", "| --- | --- | --- | --- |",
             f"| core turn: plan + walk + turn machine | {c['core_turn_us']:.0f} µs | bare call "
             f"{c['bare_call_us']:.2f} µs | ≤ 100 µs: {'holds' if c['core_turn_us'] <= 100 else 'does not hold'} |",
@@ -81,6 +81,9 @@ def core(results: dict) -> str:
             f"{d['trio_checkpoint_us']:.1f} µs | |",
             f"| library `complete()` p50 over HTTP | direct + {lat['library']['added_p50']:.2f} ms | direct httpx "
             f"{lat['direct']['p50']:.2f} ms | |",
+            f"| the gateway process's CPU per non-streamed request | {cpu['ms_per_request']:.2f} ms | with an "
+            f"in-process upstream {cpu['ms_per_request_in_process_upstream']:.2f} ms (the upstream HTTP call: "
+            f"{cpu['ms_per_request'] - cpu['ms_per_request_in_process_upstream']:.2f} ms) | |",
             f"| handing one event to another trio task (the library stream's hand-off) | unbuffered channel "
             f"{h['unbuffered_channel_item_us']:.1f} µs | a bare checkpoint {h['checkpoint_us']:.1f} µs | |"]
     fleet = results.get("fleet", {})

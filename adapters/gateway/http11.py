@@ -202,6 +202,13 @@ class Server:
             await trio.aclose_forcefully(stream)
 
 
+def _fault(exc: h11.RemoteProtocolError) -> str:
+    """h11's message without the bytes it quotes (a header line may hold a key)."""
+    message = str(exc)
+    quoted = [i for i in (message.find("bytearray("), message.find("b'"), message.find('b"')) if i >= 0]
+    return message[:min(quoted)].rstrip(": ") if quoted else message
+
+
 class _Close(Exception):
     """The connection ends here (the peer left, or a protocol error was answered)."""
 
@@ -315,8 +322,7 @@ class _Connection:
 
     async def _refuse(self, exc: h11.RemoteProtocolError) -> None:
         """A request h11 cannot read: its status (400, or 431 for a head beyond the limit)."""
-        # h11 quotes the offending bytes (a header line: perhaps a key): the kind of fault only
-        status, message = exc.error_status_hint, f"malformed HTTP request: {str(exc).split(': bytearray(')[0]}"
+        status, message = exc.error_status_hint, f"malformed HTTP request: {_fault(exc)}"
         if status == 431 and self.h11.our_state is h11.SEND_RESPONSE:  # the head was read: a chunk header
             status, message = 400, f"malformed HTTP request: a chunk header larger than {self.server.max_header_bytes} bytes"
         elif status == 431:
@@ -328,6 +334,7 @@ class _Connection:
         closes the connection after it."""
         if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
+        log.info("http_refused status=%d reason=%r", status, message)  # no app saw it: no access line
         body = self.server.error_body(status, message)
         try:
             data = self.h11.send(h11.Response(status_code=status, reason=REASONS.get(status, b""), headers=[
