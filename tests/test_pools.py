@@ -1,6 +1,7 @@
 """Upstream connection pools, counted on a real loopback upstream's accepted connections: each
 profile has its own pool, a connection is reused by the turns that follow instead of re-opened
-(also past one shard's size), and `[gateway] max_in_flight` bounds a profile's connections."""
+(also past one shard's size), `[gateway] max_in_flight` bounds a profile's connections, and the
+shards a burst opened are closed once no request took them for a keep-alive period."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections import defaultdict
 import trio
 
 from relayline.adapters import Relay
-from relayline.adapters.providers.pool import SHARD_CONNECTIONS
+from relayline.adapters.providers.pool import SHARD_CONNECTIONS, ProfilePool
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
 
@@ -106,3 +107,29 @@ async def test_a_stream_that_ended_leaves_its_connection_to_the_next_turn():
         nursery.cancel_scope.cancel()
     assert [r.outcome for r in results] == ["ok"] * 5 and [r.text for r in results] == ["ok"] * 5
     assert upstream.accepted == 1  # closed mid-body at [DONE], each turn would open its own
+
+
+async def test_shards_no_request_took_for_a_keepalive_period_are_closed():
+    wide = SHARD_CONNECTIONS * 2 + 3  # three shards
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(slow_answer)
+        await upstream.start(nursery)
+        pool = ProfilePool(keepalive_s=0.3)
+
+        async def post() -> None:
+            async with pool.lease() as client:
+                response = await client.post(f"{upstream.url}/v1/chat/completions", json={})
+                assert response.status_code == 200
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as burst:
+                for _ in range(wide):
+                    burst.start_soon(post)
+            assert upstream.accepted == wide and len(pool.shards) == 3
+            await trio.sleep(0.4)
+            await post()  # httpcore alone would close only the expired connections of the shard it used
+            while upstream.closed < wide:
+                await trio.sleep(0.01)
+        assert upstream.accepted == wide + 1 and len(pool.shards) == 1
+        await pool.aclose()
+        nursery.cancel_scope.cancel()

@@ -26,16 +26,18 @@ from contextlib import asynccontextmanager
 
 import attrs
 import httpx
+import trio
 
 SHARD_CONNECTIONS = 8  # httpcore's scan is quadratic in this: at 8, ~64 checks per pool event
 KEEPALIVE_S = 30.0  # an idle connection is closed after this (providers drop theirs at ~60 s)
 
 
-def new_client(connections: int = SHARD_CONNECTIONS, verify: ssl.SSLContext | bool = True) -> httpx.AsyncClient:
+def new_client(connections: int = SHARD_CONNECTIONS, verify: ssl.SSLContext | bool = True,
+               keepalive_s: float = KEEPALIVE_S) -> httpx.AsyncClient:
     # timeouts are the driver's cancel scopes (headers_s, first_token_s, idle_s, total_s); httpx's
     # own are a backstop so that a socket can never hang a worker forever
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
-                          keepalive_expiry=KEEPALIVE_S)
+                          keepalive_expiry=keepalive_s)
     return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0, connect=30.0), verify=verify,
                              follow_redirects=False)
 
@@ -45,23 +47,36 @@ class _Shard:
     client: httpx.AsyncClient
     size: int  # its max_connections
     busy: int = 0  # requests holding one of its connections (response not yet closed)
+    used: float = 0.0  # when a request last took it (trio.current_time)
 
 
 class ProfilePool:
     """One profile's connections. A request takes the shard that most recently had a free slot
     (a stack of shards with room: O(1), and the warm connections of a quiet profile are the ones
-    reused); a new shard opens only when every shard is full."""
+    reused); a new shard opens only when every shard is full.
 
-    def __init__(self, max_connections: int | None = None, verify: ssl.SSLContext | bool = True) -> None:
+    httpcore closes an expired connection only when its own pool is next used, and the stack
+    leaves the shards a burst opened unused afterwards: so once per keep-alive period the shards
+    no request took for that long are closed (after 5,000 streams, 5,000 sockets and their
+    memory would otherwise stay until exit)."""
+
+    def __init__(self, max_connections: int | None = None, verify: ssl.SSLContext | bool = True,
+                 keepalive_s: float = KEEPALIVE_S) -> None:
         self.unopened = max_connections if max_connections else math.inf  # connections no shard holds yet
         self.verify = verify
+        self.keepalive_s = keepalive_s
         self.shards: list[_Shard] = []
         self.roomy: list[_Shard] = []  # shards with a free slot, the most recently freed last
+        self.swept = 0.0
 
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[httpx.AsyncClient]:
         """A client to send one request on; hold the lease until the response is closed."""
+        now = trio.current_time()
+        if now - self.swept > self.keepalive_s:
+            await self._sweep(now)
         shard = self._acquire()
+        shard.used = now
         try:
             yield shard.client
         finally:
@@ -77,7 +92,7 @@ class ProfilePool:
                 return shard
             size = int(min(SHARD_CONNECTIONS, self.unopened))
             self.unopened -= size
-            shard = _Shard(new_client(size, self.verify), size)
+            shard = _Shard(new_client(size, self.verify, self.keepalive_s), size)
             self.shards.append(shard)
             self.roomy.append(shard)
         shard = self.roomy[-1]
@@ -85,6 +100,19 @@ class ProfilePool:
         if shard.busy == shard.size:
             self.roomy.pop()
         return shard
+
+    async def _sweep(self, now: float) -> None:
+        self.swept = now
+        cold = [shard for shard in self.shards if shard.busy == 0 and now - shard.used > self.keepalive_s]
+        if not cold:
+            return
+        for shard in cold:
+            self.shards.remove(shard)
+            self.roomy.remove(shard)  # idle, so it has room, so it is on the stack
+            self.unopened += shard.size
+        with trio.CancelScope(shield=True):  # closing idle sockets does not wait on the network
+            for shard in cold:
+                await shard.client.aclose()
 
     async def aclose(self) -> None:
         for shard in self.shards:

@@ -43,6 +43,7 @@ class LoopbackServer:
         self.seen: list[Seen] = []
         self.port = 0
         self.accepted = 0
+        self.closed = 0  # connections ended, by either side
 
     @property
     def url(self) -> str:
@@ -88,6 +89,7 @@ class LoopbackServer:
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError):
             return
         finally:
+            self.closed += 1
             await stream.aclose()
 
     async def _read(self, conn: h11.Connection, stream: trio.SocketStream):
