@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SHARED := $(wildcard ../shared/conformance/*.toml)
 
-.PHONY: install browser demo test fuzz bench diagrams lint typecheck clean
+.PHONY: install browser demo test fuzz mutmut bench diagrams lint typecheck clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -34,6 +34,18 @@ test: install browser
 fuzz: install
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -m "property or fuzz" -x
 
+# mutation testing of machines/ ([tool.mutmut] in pyproject.toml), from scratch each time: a view
+# in .mutmut/ (machines/ as relayline/machines, the tests, ../shared), then the score
+MUTMUT_CHILDREN ?= 2
+mutmut: install
+	$(PY) -m pip install --quiet -e '.[mutation]'
+	rm -rf .mutmut && mkdir -p .mutmut/relayline
+	ln -s $(CURDIR)/machines .mutmut/relayline/machines
+	for p in tests adapters pyproject.toml; do ln -s $(CURDIR)/$$p .mutmut/$$p; done
+	ln -s $(abspath ../shared) .mutmut/shared
+	cd .mutmut && HYPOTHESIS_PROFILE=ci $(CURDIR)/$(BIN)/mutmut run --max-children $(MUTMUT_CHILDREN)
+	cd .mutmut && $(CURDIR)/$(BIN)/mutmut export-cicd-stats >/dev/null && $(CURDIR)/$(PY) $(CURDIR)/.ci/mutmut_score.py
+
 bench: install browser
 	$(PY) -m pip install --quiet -e '.[bench]' || echo "bench extras unavailable: peers will be skipped"
 	$(PY) bench/run.py
@@ -59,4 +71,4 @@ typecheck: install
 	$(BIN)/mypy  # machines/, strict ([tool.mypy] in pyproject.toml)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis .mutmut

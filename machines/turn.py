@@ -31,14 +31,25 @@ from .vocab import (
     FailureClass,
     Mode,
     Outcome,
-    SkipReason,
     StreamOutcome,
     StreamState,
     TurnState,
     TurnTrigger,
     WalkState,
 )
-from .walk import Call, Skip, Sleep, TurnHealth, Walk, WalkDone, key_index
+from .walk import (
+    Call,
+    Need,
+    Skip,
+    Sleep,
+    TurnHealth,
+    Walk,
+    WalkDone,
+    another_candidate,
+    key_index,
+    stop_error,
+    unavailable,
+)
 from .wire import CONTENT_FILTER
 
 MAX_ERROR_ATTEMPTS = 16
@@ -178,7 +189,7 @@ class Turn:
         self.forwarded: list[str] = []  # text that reached the immutable sink, across the turn
         self.shown_reasoning = False
         self.executed_tools = False
-        self.recoverable = True  # guard for turn.recover
+        self.failure: fc.Failure | None = None  # the stream failure being decided (guard recoverable)
         self.continuation: PlannedEntry | None = None  # guard continuable: the entry that would continue
         self.walk_result: WalkDone | None = None  # guard walk_succeeded
         self.spent: dict[int, int] = {}  # attempts made per entry index, across the turn's walks
@@ -218,6 +229,15 @@ class Turn:
         return self.continuation is not None
 
     @property
+    def recoverable(self) -> bool:
+        assert self.failure is not None, "no stream failure is being decided"
+        return stop_error(self.config.reliability, self.failure) is None
+
+    @property
+    def streaming_recovery(self) -> bool:
+        return self.config.stream.recovery == "streaming"
+
+    @property
     def walk_succeeded(self) -> bool:
         return self.walk_result is not None and self.walk_result.ok
 
@@ -227,33 +247,24 @@ class Turn:
 
     # -- start --------------------------------------------------------------------------------
 
-    def can_stream(self, entry: PlannedEntry) -> bool:
-        caps = entry.provider.capabilities
-        return caps.streaming and (caps.tools or not self.tools)
-
     def start(self, now: float) -> Action:
         if not self.stream_requested:
             self.life.fire(TurnTrigger.WALK)
             return self._walk_from(Walk(self.plan, self.config, self.health), now)
+        streams = Need(stream=True, tools=self.tools)
         if self.config.stream.recovery == "streaming":
             self.life.fire(TurnTrigger.OPEN_STREAM)
             walk = Walk(self.plan, self.config, self.health,
-                        mode_for=lambda e: Mode.STREAM if self.can_stream(e) else Mode.COMPLETE)
+                        mode_for=lambda e: Mode.STREAM if streams.met_by(e.provider.capabilities) else Mode.COMPLETE)
             return self._walk_from(walk, now)
         for entry in self.plan.entries:
-            if not self.plan.allows(entry.profile):
-                self.health.skip(entry, SkipReason.ALLOWLIST)
-            elif entry.profile in self.plan.unfit:
-                self.health.skip(entry, SkipReason.UNSUPPORTED, self.plan.unfit[entry.profile])
-            elif not self.can_stream(entry):
-                self.health.skip(entry, SkipReason.CAPABILITY)
-            elif reason := self.health.blocked(entry.profile, now):
-                self.health.skip(entry, reason)
-            else:
+            reason = unavailable(self.plan, self.health, entry, now, streams)
+            if reason is None:
                 self.life.fire(TurnTrigger.OPEN_STREAM)
                 self.health.before_attempt(entry.profile, now)
                 budget = self.config.reliability.provider_retries + 1
                 return self._begin(Call(entry, Mode.STREAM, key_index(self.health.store, entry), 1, budget), now)
+            self.health.skip(entry, reason, self.plan.unfit.get(entry.profile, ()))
         # no entry can stream: the walk answers, delivered as one decisive event
         self.life.fire(TurnTrigger.WALK)
         return self._walk_from(Walk(self.plan, self.config, self.health), now)
@@ -402,7 +413,7 @@ class Turn:
             # would after a pre-commit failure (after commit the stream rules stand)
             failure = self._refused(fc.Failure(fc.REFUSED, "refusal before output: finish reason content_filter"),
                                     now, answer=Completion(usage=usage, finish_reason=CONTENT_FILTER), usage=usage)
-            return self._recover_before_commit(entry, failure, now)
+            return self._failed(entry, failure, now)
         # everything forwarded is the answer: one stream's text, or a continuation's two
         answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage, gate.tool_arguments,
                             tuple(gate.tool_ids), gate.finish_reason, gate.stop_sequence)
@@ -423,33 +434,38 @@ class Turn:
 
     def stream_failed(self, failure: fc.Failure, now: float) -> Action:
         """The open stream failed (HTTP error, in-band error, truncation, timeout, connection).
-        Before commit the turn recovers; after it the spec's `fail` guards choose between the
-        continuation and the interruption; a continuation's failure surfaces the interruption."""
+        The turn spec's `fail` chooses what follows: after commit the continuation or the
+        interruption (`continuable`); before commit the walk goes on streaming
+        (`streaming_recovery`), the recovery walk runs (`recoverable`) or the turn fails; a
+        continuation's failure surfaces the interruption. This records the attempt and acts on
+        the state reached."""
         failure = self._as_configured(failure)
         gate = self._gate()
-        entry = self._call().entry
         shown = gate.fail() == StreamState.INTERRUPTED
         continuing = self.life.state == TurnState.CONTINUING
-        if continuing or shown:
-            # the forwarded text is final: its row is billed, the profile's health learns
-            # (an interruption is billed even without a usage frame; a continuation's, not twice)
-            self._record(StreamOutcome.INTERRUPTED if shown else StreamOutcome.STREAM_FAILED, now,
-                         reason=failure.kind, usage=gate.usage if continuing else gate.usage or Usage(),
-                         bill=not continuing or not shown,
-                         detail=f"continuation: {failure.detail}" if continuing else failure.detail)
-            self.health.failure(entry.profile, failure.kind, now)
-            self.continuation = None if continuing else self._continuation_candidate(entry, now)
-            self.life.fire(TurnTrigger.FAIL, self)
-            return self._enter(entry, now)
-        if failure.kind == fc.REFUSED:
+        # what reached the sink decides the row: text forwarded in this turn is final and billed
+        # (even without a usage frame; a continuation's, not twice), a failure before it is not
+        forwarded = shown or continuing
+        if failure.kind == fc.REFUSED and not forwarded:
             self._refused(failure, now, usage=gate.usage)
         else:
-            self._record(StreamOutcome.STREAM_FAILED, now, reason=failure.kind, detail=failure.detail, usage=gate.usage,
-                         bill=False, failure=failure)
-        return self._recover_before_commit(entry, failure, now)
+            self._record(StreamOutcome.INTERRUPTED if shown else StreamOutcome.STREAM_FAILED, now,
+                         reason=failure.kind, detail=f"continuation: {failure.detail}" if continuing else failure.detail,
+                         usage=gate.usage or Usage() if shown and not continuing else gate.usage,
+                         bill=forwarded and not (continuing and shown), failure=None if forwarded else failure)
+        return self._failed(self._call().entry, failure, now)
 
-    def _enter(self, entry: PlannedEntry, now: float) -> Action:
-        """Act on the state a stream's end led the turn to."""
+    def _failed(self, entry: PlannedEntry, failure: fc.Failure, now: float) -> Action:
+        """A recorded stream failure reaches the profile's health (once: a walk that adopts the
+        attempt finds it already counted) and the spec's `fail`."""
+        self.health.failure(entry.profile, failure.kind, now)
+        self.failure = failure
+        self.continuation = self._continuation_candidate(entry, now)
+        self.life.fire(TurnTrigger.FAIL, self)
+        return self._enter(entry, now, failure)
+
+    def _enter(self, entry: PlannedEntry, now: float, failure: fc.Failure | None = None) -> Action:
+        """Act on the state a stream's end (`failure`: its failure) led the turn to."""
         state = self.life.state
         if state == TurnState.CONTINUING:
             candidate = self.continuation
@@ -463,8 +479,19 @@ class Turn:
             return self._done(WalkDone(ok=True, entry=entry), now)
         if state == TurnState.INTERRUPTED:
             return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.INTERRUPTED), now)
-        if state == TurnState.FAILED:
-            return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.SEMANTIC_EMPTY), now)
+        if failure is None:
+            if state == TurnState.FAILED:
+                return self._done(WalkDone(ok=False, entry=entry, error=ErrorReason.SEMANTIC_EMPTY), now)
+        elif state == TurnState.STREAMING:  # the walk the stream belongs to decides the attempt
+            return self._follow(self._walk().on_result(failure, now), now)
+        elif state == TurnState.RECOVERING:
+            return self._recovery(entry, failure, now)
+        elif state == TurnState.FAILED:  # a failure the policy stops on, as the walk states it
+            walk = Walk(self.plan, self.config, self.health, exclude=frozenset({entry.index}))
+            self.walks.append(walk)
+            stopped = walk.note_failure(entry.index, failure, now)
+            assert stopped is not None
+            return self._done(stopped, now)
         raise IllegalTransition(f"turn: a stream's end cannot lead to state {state!r}")
 
     def _semantic_empty_recovery(self, entry: PlannedEntry, now: float) -> Action:
@@ -481,42 +508,31 @@ class Turn:
         walk.last_failure = fc.EMPTY
         return self._walk_from(walk, now)
 
-    def _recover_before_commit(self, entry: PlannedEntry, failure: fc.Failure, now: float) -> Action:
-        if self.config.stream.recovery == "streaming":
-            return self._follow(self._walk().on_result(failure, now), now)
-        # default: the non-streaming walk in configured order, skipping the exact entry, unless
-        # it is the only candidate (then the stream was its first attempt)
+    def _recovery(self, entry: PlannedEntry, failure: fc.Failure, now: float) -> Action:
+        """stream.recovery = non_streaming: the walk in configured order, skipping the exact
+        entry, unless it is the only candidate (then the stream was its first attempt)."""
         index = entry.index
         if self._only_candidate(index, now):
             walk = Walk(self.plan, self.config, self.health)
-            self.life.fire(TurnTrigger.RECOVER, self)
             return self._walk_from(walk, now, walk.adopt(index, failure, now))
         walk = Walk(self.plan, self.config, self.health, exclude=frozenset({index}))
-        stopped = walk.note_failure(index, failure, now)
-        self.recoverable = stopped is None
-        self.life.fire(TurnTrigger.RECOVER, self)
-        if self.life.state == TurnState.RECOVERING:
-            return self._walk_from(walk, now)
-        if self.life.state == TurnState.FAILED and stopped is not None:
-            return self._done(stopped, now)
-        raise IllegalTransition(f"turn: a failure before commit cannot lead to state {self.life.state!r}")
+        walk.note_failure(index, failure, now)
+        return self._walk_from(walk, now)
 
     def _only_candidate(self, index: int, now: float) -> bool:
-        """No other entry is allowed and healthy right now."""
-        return not any(j != index and self.plan.serves(e.profile) and e.profile not in self.health.refused
-                       and not self.health.blocked(e.profile, now) for j, e in enumerate(self.plan.entries))
+        """No other candidate (walk.another_candidate) for the entry: a recovery walk starts over,
+        so every entry is within its reach."""
+        return not another_candidate(self.plan, self.health, self.plan.entries[index], now,
+                                     range(len(self.plan.entries)))
 
     def _continuation_candidate(self, failed: PlannedEntry, now: float) -> PlannedEntry | None:
-        """stream.continue_after_interrupt: the next entry after the failed one that can stream,
-        accepts a prefill, is allowed and healthy. Only text can be continued."""
+        """stream.continue_after_interrupt: the next entry after the failed one that can be
+        attempted now with a prefilled stream. Only text can be continued."""
         if not self.config.stream.continue_after_interrupt or not self.has_forwarded_text or self._gate().tools:
             return None
-        for entry in self.plan.entries[failed.index + 1:]:
-            caps = entry.provider.capabilities
-            if (caps.prefill and self.can_stream(entry) and self.plan.serves(entry.profile)
-                    and not self.health.blocked(entry.profile, now)):
-                return entry
-        return None
+        need = Need(stream=True, tools=self.tools, prefill=True)
+        return next((entry for entry in self.plan.entries[failed.index + 1:]
+                     if unavailable(self.plan, self.health, entry, now, need) is None), None)
 
     # -- cancellation -------------------------------------------------------------------------
 

@@ -34,7 +34,6 @@ class TurnTrigger(StrEnum):
     WALK = "walk"
     COMMIT = "commit"
     RETRY_STREAM = "retry_stream"
-    RECOVER = "recover"
     COMPLETE = "complete"
     FAIL = "fail"
     END = "end"
@@ -212,10 +211,14 @@ class ErrorReason(StrEnum):
 
 
 class SkipReason(StrEnum):
-    """Why an entry was skipped before anything was sent."""
+    """Why an entry cannot be attempted now (walk.unavailable); every reason but REFUSED is
+    recorded as a skip."""
 
     COOLDOWN = "cooldown"
     BREAKER = "breaker"
     ALLOWLIST = "allowlist"
     CAPABILITY = "capability"
     UNSUPPORTED = "unsupported"  # the entry cannot honour fields of the request
+    # the profile refused in this turn (on_refusal = "advance"): not asked again, and never
+    # recorded as a skip, since nothing about its health is known
+    REFUSED = "refused"

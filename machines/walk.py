@@ -12,12 +12,12 @@ the pool size; a forced probe (every candidate skipped) is one attempt.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import attrs
 
 from . import classify as fc
-from .config import Config
+from .config import Capabilities, Config, Reliability
 from .engine import Lifecycle, load_spec
 from .errors import IllegalTransition, SpecError
 from .health import HealthStore
@@ -75,6 +75,8 @@ class TurnHealth:
     refused: set[str] = attrs.Factory(set)
 
     def skip(self, entry: PlannedEntry, reason: SkipReason, fields: tuple[str, ...] = ()) -> None:
+        if reason == SkipReason.REFUSED:
+            return  # not a skip: nothing about the profile's health is known
         skip = Skip(entry.profile, entry.model, reason, fields)
         if skip not in self.skips:
             self.skips.append(skip)
@@ -104,7 +106,8 @@ class TurnHealth:
 
     def failure(self, profile: str, kind: FailureClass, now: float) -> None:
         """A failure counts once per turn, except that a probe's failure always gives its
-        verdict; a failure that does not count hands a held probe back."""
+        verdict; a failure that does not count hands a held probe back. Telling the same failure
+        twice changes nothing (a walk that adopts a failed stream's attempt tells it again)."""
         breaker = self.store.breaker(profile)
         if kind in fc.BREAKER_CLASSES and (profile not in self.breaker_noted or profile in self.probes):
             self.breaker_noted.add(profile)
@@ -117,6 +120,59 @@ class TurnHealth:
         for profile in self.probes:
             self.store.breaker(profile).release()
         self.probes.clear()
+
+
+@attrs.frozen
+class Need:
+    """What a call asks of an entry beyond being allowed, fit and healthy."""
+
+    stream: bool = False  # it opens a stream...
+    tools: bool = False  # ...that carries tool events (the request has tools)
+    prefill: bool = False  # it continues from a trailing assistant message
+
+    def met_by(self, caps: Capabilities) -> bool:
+        return ((caps.streaming or not self.stream) and (caps.tools or not (self.stream and self.tools))
+                and (caps.prefill or not self.prefill))
+
+
+HEALTH_SKIPS = frozenset({SkipReason.COOLDOWN, SkipReason.BREAKER})
+
+
+def unavailable(plan: Plan, health: TurnHealth, entry: PlannedEntry, now: float,
+                need: Need = Need()) -> SkipReason | None:
+    """Why `entry` cannot be attempted now, or None when it can: the one meaning of "can serve
+    now" that the walk's choice, its situations, the forced probe, the stream's first entry, the
+    recovery and the continuation all read. In order: outside the allowlist, unable to honour the
+    request, lacking a capability the call needs, refused in this turn (`REFUSED`, never
+    recorded as a skip: nothing is known about its health), cooling down, breaker open."""
+    if not plan.allows(entry.profile):
+        return SkipReason.ALLOWLIST
+    if entry.profile in plan.unfit:
+        return SkipReason.UNSUPPORTED
+    if not need.met_by(entry.provider.capabilities):
+        return SkipReason.CAPABILITY
+    if entry.profile in health.refused:
+        return SkipReason.REFUSED
+    return health.blocked(entry.profile, now)
+
+
+def another_candidate(plan: Plan, health: TurnHealth, entry: PlannedEntry, now: float, reach: Iterable[int],
+                      *, cooled: bool = False) -> bool:
+    """The one meaning of "another candidate" for `entry`: another entry, among those the walk
+    would still reach (`reach`, indices), that could be attempted now (`unavailable`). With
+    `cooled`, as it will stand once `entry`'s profile is put on cooldown (a 429): then the
+    profile's other entries are out too."""
+    return any(j != entry.index and not (cooled and plan.entries[j].profile == entry.profile)
+               and unavailable(plan, health, plan.entries[j], now) is None for j in reach)
+
+
+def stop_error(rel: Reliability, failure: fc.Failure) -> ErrorReason | None:
+    """The error a failure ends the turn with under the configured policy, or None."""
+    if failure.kind == fc.CONTEXT_WINDOW and rel.context_window == "return":
+        return ErrorReason.CONTEXT_WINDOW
+    if failure.kind == fc.REJECTED and rel.client_errors == "stop" and failure.status in (400, 413, 422):
+        return ErrorReason.CLIENT_ERROR
+    return None
 
 
 def key_index(store: HealthStore, entry: PlannedEntry) -> int | None:
@@ -169,36 +225,13 @@ class Walk:
             return 1
         return self.budgets.get(index, self.rel.provider_retries + 1)
 
-    def _eligible(self, index: int, now: float, *, record: bool) -> bool:
-        """The one meaning of "can serve now": not excluded, budget left, not refused, allowed,
-        able to honour the request, not cooling down or open (skips recorded when asked)."""
-        entry = self.plan.entries[index]
-        if index in self.exclude or self.budget(index) <= 0 or entry.profile in self.health.refused:
-            return False
-        if not self.plan.allows(entry.profile):
-            if record:
-                self.health.skip(entry, SkipReason.ALLOWLIST)
-            return False
-        if entry.profile in self.plan.unfit:
-            if record:
-                self.health.skip(entry, SkipReason.UNSUPPORTED, self.plan.unfit[entry.profile])
-            return False
-        reason = self.health.blocked(entry.profile, now)
-        if reason:
-            if record:
-                self.health.skip(entry, reason)
-            return False
-        return True
+    def _reach(self) -> list[int]:
+        """The entries this walk would still attempt: after the current one, with budget left."""
+        return [j for j in range(self.index + 1, len(self.plan.entries))
+                if j not in self.exclude and self.budget(j) > 0]
 
     def _blocked_reason(self) -> SkipReason | None:
         return None if self.forced else self.health.blocked(self.entry.profile, self.now)
-
-    def _stop_error(self, failure: fc.Failure) -> ErrorReason | None:
-        if failure.kind == fc.CONTEXT_WINDOW and self.rel.context_window == "return":
-            return ErrorReason.CONTEXT_WINDOW
-        if failure.kind == fc.REJECTED and self.rel.client_errors == "stop" and failure.status in (400, 413, 422):
-            return ErrorReason.CLIENT_ERROR
-        return None
 
     def _decided(self) -> fc.Failure:
         assert self.failure is not None, "no failure is being decided"
@@ -208,7 +241,7 @@ class Walk:
 
     @property
     def stops(self) -> bool:
-        return self._stop_error(self._decided()) is not None
+        return stop_error(self.rel, self._decided()) is not None
 
     @property
     def short_retry_after(self) -> bool:
@@ -227,12 +260,11 @@ class Walk:
 
     @property
     def other_candidate(self) -> bool:
-        """An entry after the current one, of another profile, that could serve now."""
-        current = self.entry.profile
-        return any(
-            self.plan.entries[j].profile != current and self._eligible(j, self.now, record=False)
-            for j in range(self.index + 1, len(self.plan.entries))
-        )
+        """Another candidate (`another_candidate`) after the current entry; after a 429, as it
+        will stand once the profile cools down (CONFIG.md: cool down and advance only when there
+        is somewhere to advance to)."""
+        return another_candidate(self.plan, self.health, self.entry, self.now, self._reach(),
+                                 cooled=self.failure is not None and self.failure.kind == fc.RATE_LIMITED)
 
     @property
     def budget_left(self) -> bool:
@@ -298,7 +330,7 @@ class Walk:
             return WalkDone(ok=False, error=ErrorReason.CANCELLED)
         came_from = self.life.history[-2] if len(self.life.history) > 1 else None
         if came_from == WalkState.CALLING and self.failure is not None:  # stopped by a decision
-            stop = self._stop_error(self.failure)
+            stop = stop_error(self.rel, self.failure)
             if stop is None:
                 raise IllegalTransition(f"walk: a {self.failure.kind} failure cannot stop the walk")
             return WalkDone(ok=False, entry=self.entry, error=stop)
@@ -328,20 +360,23 @@ class Walk:
 
     def _choose(self) -> Call | Sleep | WalkDone:
         if not self.forced:  # a forced probe is the walk's last attempt
-            for j in range(self.index + 1, len(self.plan.entries)):
-                if self._eligible(j, self.now, record=True):
+            for j in self._reach():
+                entry = self.plan.entries[j]
+                reason = unavailable(self.plan, self.health, entry, self.now)
+                if reason is None:
                     self.index, self.tries, self.backoff = j, 0, self.rel.first_backoff_s
                     self.life.fire(WalkTrigger.CALL)
                     return self._enter()
+                self.health.skip(entry, reason, self.plan.unfit.get(entry.profile, ()))
         if not self.attempted and not self.forced:
             # CONFIG.md: every entry was skipped for health before any attempt: probe the one
             # whose window ends soonest, once, rather than failing without trying
             skipped = [
-                j for j, e in enumerate(self.plan.entries)
-                if j not in self.exclude and self.budgets.get(j, 1) > 0 and self.plan.serves(e.profile)
-                and e.profile not in self.health.refused
-                and e.profile not in self.health.probes
-                and self.health.store.breaker(e.profile).state != BreakerState.PROBING
+                j for j in range(len(self.plan.entries))
+                if j not in self.exclude and self.budget(j) > 0
+                and unavailable(self.plan, self.health, self.plan.entries[j], self.now) in HEALTH_SKIPS
+                and self.plan.entries[j].profile not in self.health.probes
+                and self.health.store.breaker(self.plan.entries[j].profile).state != BreakerState.PROBING
             ]
             if skipped:
                 j = min(skipped, key=lambda k: (self.health.window_end(self.plan.entries[k].profile), k))
@@ -361,17 +396,17 @@ class Walk:
         return self.on_result(failure, now)
 
     def note_failure(self, index: int, failure: fc.Failure, now: float) -> WalkDone | None:
-        """Apply the health effects of a failure made outside this walk (a stream the walk will
-        skip), before the walk starts. Returns a finished walk when the failure ends the turn."""
+        """Take a failure made outside this walk (a stream the walk will skip), whose breaker
+        observation the turn has recorded, before the walk starts: a 429 cools the profile down
+        when there is another candidate. Returns a finished walk when the failure ends the turn."""
         entry = self.plan.entries[index]
-        self.index, self.now = index, now
+        self.index, self.now, self.failure = index, now, failure
         try:
-            self.health.failure(entry.profile, failure.kind, now)
             if failure.kind == fc.RATE_LIMITED and self.other_candidate:
                 self._cool_down(entry.profile, failure, now)
-            stop = self._stop_error(failure)
+            stop = stop_error(self.rel, failure)
         finally:
-            self.index = -1
+            self.index, self.failure = -1, None
         if stop:
             self.index, self.failure = index, failure
             self.life.fire(WalkTrigger.CALL)

@@ -56,3 +56,15 @@ def postgres_server():
         raise
     yield server
     server.stop()
+
+
+# -- make mutmut -----------------------------------------------------------------------------------
+
+# Under mutmut each mutant runs the tests that cover it until the first failure: the in-process
+# scenarios and the direct tests fail fastest, the Hypothesis machines and properties last.
+_MUTMUT_LAST = ("test_turn_properties.py", "test_machines_stateful.py", "test_ledger_bounds.py")
+
+
+def pytest_collection_modifyitems(items):
+    if os.environ.get("MUTANT_UNDER_TEST"):
+        items.sort(key=lambda item: (item.path.name != "test_conformance.py", item.path.name in _MUTMUT_LAST))

@@ -1,10 +1,43 @@
-"""Failure classification from what real providers send."""
+"""What providers and clients send, read and classified: failure classes from what real providers
+send, and the canonical wire model's own rules (the reasoning conversions, the continuation
+prefill, dropping unsupported fields, the checks every dialect body and provider reply is read
+with), directly; the gateway tests show the same through both dialects."""
 
 import email.utils
 
 import pytest
 
 from relayline.machines import classify as fc
+from relayline.machines.wire import (
+    ASSISTANT,
+    DOCUMENT,
+    IMAGE,
+    MAX_MODEL_CHARS,
+    MAX_TOKENS,
+    TEXT,
+    USER,
+    Message,
+    Part,
+    Passthrough,
+    Reasoning,
+    Request,
+    ResponseFormat,
+    Tool,
+    ToolChoice,
+    WireError,
+    check_model,
+    describe,
+    finish_reason,
+    optional,
+    path,
+    want_bool,
+    want_dict,
+    want_int,
+    want_list,
+    want_number,
+    want_str,
+    without,
+)
 
 
 @pytest.mark.parametrize("status,body,kind", [
@@ -68,3 +101,142 @@ def test_a_429_carries_its_retry_after():
 ])
 def test_in_band_stream_errors(error, kind):
     assert fc.classify_stream_error(error).kind == kind
+
+
+@pytest.mark.parametrize("reasoning, effort, budget", [
+    (Reasoning(effort="medium"), "medium", 4096),
+    (Reasoning(effort="low", budget_tokens=9000), "low", 9000),  # each side keeps what it was given
+    (Reasoning(budget_tokens=2047), "low", 2047),
+    (Reasoning(budget_tokens=2048), "medium", 2048),
+    (Reasoning(budget_tokens=8191), "medium", 8191),
+    (Reasoning(budget_tokens=8192), "high", 8192),
+    (Reasoning(effort="high"), "high", 16384),
+    (Reasoning(effort="low"), "low", 1024),
+    (Reasoning(effort="minimal"), "minimal", None),
+    (Reasoning(), None, None),
+])
+def test_reasoning_converts_between_effort_and_budget(reasoning, effort, budget):
+    assert (reasoning.as_effort(), reasoning.as_budget()) == (effort, budget)
+
+
+def test_a_prefill_is_a_trailing_assistant_message_in_the_model_and_in_the_clients_body():
+    request = Request((Message(USER, (Part(TEXT, "hi"),)),),
+                      passthrough=Passthrough({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, (("a", "b"),)))
+    continued = request.with_prefill("Once upon")
+    assert continued.messages[:-1] == request.messages
+    assert continued.messages[-1] == Message(ASSISTANT, (Part(TEXT, "Once upon"),))
+    assert continued.passthrough == Passthrough(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}]},
+        (("a", "b"),))
+    assert request.passthrough.body["messages"] == [{"role": "user", "content": "hi"}]  # the original is untouched
+    bare = Request((Message(USER, (Part(TEXT, "hi"),)),)).with_prefill("x")
+    assert bare.passthrough is None and bare.messages[-1].text == "x"
+    assert Request((), passthrough=Passthrough({})).with_prefill("x").passthrough.body == {
+        "messages": [{"role": "assistant", "content": "x"}]}
+
+
+FULL = Request(
+    (Message(USER, (Part(TEXT, "look"), Part(IMAGE, url="http://i"), Part(DOCUMENT, url="http://d"),
+                    Part(DOCUMENT, data="ZGF0YQ==", media_type="application/pdf"))),
+     Message("tool", (Part(TEXT, "oops"),), tool_call_id="t1", is_error=True)),
+    top_k=5, tools=(Tool("lookup"),), tool_choice=ToolChoice("auto"), parallel_tool_calls=False,
+    response_format=ResponseFormat("json_object"), reasoning=Reasoning(effort="low"),
+    extra={"seed": 1, "service_tier": "flex"}, passthrough=Passthrough({"model": "m"}),
+)
+
+
+def test_dropping_nothing_keeps_the_request_as_sent():
+    assert without(FULL, ()) is FULL
+
+
+def test_dropping_each_field_removes_exactly_it():
+    kept = without(FULL, ("seed",))
+    assert kept.passthrough is None and kept.extra == {"service_tier": "flex"}  # rendered from what is left
+    assert kept.messages == FULL.messages and kept.tools == FULL.tools and kept.top_k == 5
+    assert [p.type for p in without(FULL, ("image",)).messages[0].content] == [TEXT, DOCUMENT, DOCUMENT]
+    documents = without(FULL, ("document.source.url",)).messages[0].content
+    assert [(p.type, p.data) for p in documents] == [(TEXT, None), (IMAGE, None), (DOCUMENT, "ZGF0YQ==")]
+    assert without(FULL, ("tool_result.is_error",)).messages[1].is_error is False
+    assert without(FULL, ("top_k",)).messages[1].is_error is True
+    no_tools = without(FULL, ("tools",))
+    assert (no_tools.tools, no_tools.tool_choice, no_tools.parallel_tool_calls) == ((), None, None)
+    assert without(FULL, ("top_k",)).top_k is None and without(FULL, ("top_k",)).tools == FULL.tools
+    assert without(FULL, ("response_format",)).response_format is None
+    assert without(FULL, ("reasoning_effort",)).reasoning is None
+    assert without(FULL, ("response_format",)).reasoning == Reasoning(effort="low")
+    everything = without(FULL, ("top_k", "response_format", "reasoning_effort", "seed", "service_tier"))
+    assert (everything.top_k, everything.response_format, everything.reasoning, everything.extra) == (None, None, None, {})
+    assert everything.tool_choice == ToolChoice("auto") and everything.parallel_tool_calls is False
+
+
+@pytest.mark.parametrize("value, kind", [
+    (None, "null"), ({}, "an object"), ("x", "a string"), ([], "a list"), (True, "a boolean"), (1, "a number"),
+    (1.5, "a number"),
+])
+def test_a_value_is_described_in_a_clients_words(value, kind):
+    assert describe(value) == kind
+
+
+@pytest.mark.parametrize("check, value, args, message", [
+    (want_str, 1, (), "p: expected a string, got a number"),
+    (want_list, {}, (), "p: expected a list, got an object"),
+    (want_dict, [], (), "p: expected an object, got a list"),
+    (want_bool, 1, (), "p: expected a boolean, got a number"),
+    (want_bool, None, (), "p: expected a boolean, got null"),
+    (want_int, True, (), "p: expected an integer, got a boolean"),
+    (want_int, 1.0, (), "p: expected an integer, got a number"),
+    (want_int, -1, (), f"p: must be between 0 and {MAX_TOKENS}"),
+    (want_int, MAX_TOKENS + 1, (), f"p: must be between 0 and {MAX_TOKENS}"),
+    (want_int, 3, (4, 9), "p: must be between 4 and 9"),
+    (want_int, 10, (4, 9), "p: must be between 4 and 9"),
+    (want_number, "1", (0, 2), "p: expected a number, got a string"),
+    (want_number, False, (0, 2), "p: expected a number, got a boolean"),
+    (want_number, -0.5, (0, 2), "p: must be between 0 and 2"),
+    (want_number, 2.5, (0, 2.5e-1), "p: must be between 0 and 0.25"),
+])
+def test_a_value_of_the_wrong_shape_names_its_param(check, value, args, message):
+    with pytest.raises(WireError) as caught:
+        check(value, "p", *args)
+    assert str(caught.value) == message and caught.value.param == "p"
+    assert caught.value.detail == message[len("p: "):]
+
+
+def test_values_in_range_are_returned_as_given():
+    assert want_str("s", "p") == "s" and want_list([1], "p") == [1] and want_dict({"a": 1}, "p") == {"a": 1}
+    assert want_bool(False, "p") is False and want_bool(True, "p") is True
+    assert want_int(0, "p") == 0 and want_int(MAX_TOKENS, "p") == MAX_TOKENS and want_int(4, "p", 4, 9) == 4
+    assert want_int(9, "p", 4, 9) == 9
+    number = want_number(2, "p", 0, 2)
+    assert number == 2.0 and isinstance(number, float) and want_number(0, "p", 0, 2) == 0.0
+    assert WireError("", "bare").args == ("bare",)
+
+
+def test_paths_and_optional_fields():
+    assert path("", "a") == "a" and path("a", "b") == "a.b" and path("a", 2) == "a[2]"
+    assert optional({"a": None}, "a", want_int) is None and optional({}, "a", want_int) is None
+    assert optional({"n": 5}, "n", want_int, "body", 1, 9) == 5
+    with pytest.raises(WireError) as caught:
+        optional({"n": "x"}, "n", want_int, "body")
+    assert caught.value.param == "body.n"
+
+
+def test_a_model_name_is_printable_and_bounded():
+    assert check_model(None) is None and check_model("m-1") == "m-1"
+    assert check_model("x" * MAX_MODEL_CHARS) == "x" * MAX_MODEL_CHARS
+    for bad, message in [(5, "model: expected a string, got a number"),
+                         ("", f"model: must be 1 to {MAX_MODEL_CHARS} printable characters"),
+                         ("x" * (MAX_MODEL_CHARS + 1), f"model: must be 1 to {MAX_MODEL_CHARS} printable characters"),
+                         ("a\nb", f"model: must be 1 to {MAX_MODEL_CHARS} printable characters")]:
+        with pytest.raises(WireError) as caught:
+            check_model(bad)
+        assert str(caught.value) == message
+    with pytest.raises(WireError, match="^name: "):
+        check_model(5, "name")
+
+
+@pytest.mark.parametrize("reason, tools, canonical", [
+    ("length", 0, "length"), ("content_filter", 2, "content_filter"), ("stop_sequence", 0, "stop_sequence"),
+    (None, 0, "stop"), (None, 1, "tool_calls"), ("weird", 0, "stop"), ("weird", 3, "tool_calls"),
+])
+def test_a_finish_reason_is_the_providers_else_what_the_answer_shows(reason, tools, canonical):
+    assert finish_reason(reason, tools) == canonical

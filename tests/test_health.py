@@ -66,3 +66,16 @@ def test_late_results_do_not_move_a_half_open_breaker_and_success_keeps_it_close
     fresh = Breaker(BreakerConfig(window_s=10, failure_threshold=2, open_s=5))
     fresh.success(0.0)
     assert fresh.state == "closed" and not fresh.blocks(0.1)
+
+
+def test_a_probe_held_past_its_lease_is_freed_for_another_turn():
+    """specs/breaker.toml `lease_expired`: a turn that never gave its verdict loses the probe
+    after its lease, and the breaker is half-open again (never open, closed or still probing)."""
+    b = Breaker(CFG, probe_lease_s=30.0)
+    b.failure(0.0)
+    b.failure(1.0)
+    assert b.claim(6.5)
+    assert b.blocks(36.4) and b.state == "probing"  # within the lease: still held
+    assert not b.blocks(36.5) and b.state == "half_open"
+    assert list(b.life.history)[-2:] == ["probing", "half_open"]
+    assert b.claim(36.6) and b.state == "probing"

@@ -1,8 +1,21 @@
-"""The walk driven directly (sans I/O): the cases a sequence of scenario requests cannot set up."""
+"""The walk and the turn driven directly (sans I/O): the cases a sequence of scenario requests
+cannot set up. Among them the ends the walk does not choose: the turn's deadline (`expire`,
+timeouts.total_s) and relayline's own failure (`abort`); the driver calls them, the fault and
+timeout tests show them through HTTP, these pin what each records."""
 
 from helpers import config, plan
 from relayline.machines import classify as fc
 from relayline.machines.health import InMemoryHealth
+from relayline.machines.ledger import Usage
+from relayline.machines.stream import Frame
+from relayline.machines.turn import Completion, Turn
+from relayline.machines.vocab import (
+    BreakerState,
+    CancellationState,
+    ErrorReason,
+    Outcome,
+    TurnState,
+)
 from relayline.machines.walk import Call, Sleep, TurnHealth, Walk
 
 
@@ -33,3 +46,107 @@ def test_a_profile_still_healthy_after_the_wait_is_retried():
     again = walk.on_timer(wait.seconds)
     assert isinstance(again, Call) and again.entry.profile == "a" and again.try_number == 2
     assert not health.skips
+
+
+TURN_CFG = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+             timeouts={"total_s": 30})
+
+
+def turn(stream: bool, cfg=TURN_CFG, now: float = 0.0) -> Turn:
+    t = Turn(plan(cfg, model="m1"), cfg, InMemoryHealth(cfg.breaker), stream=stream)
+    return t
+
+
+def opened(t: Turn, now: float = 0.0) -> Turn:
+    """Start a stream turn and let its headers arrive."""
+    assert isinstance(t.start(now), Call)
+    t.stream_headers()
+    return t
+
+
+def test_expiry_before_commit_is_a_deadline_error_and_no_breaker_failure():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("role"))
+    done = t.expire(30.0)
+    result = done.result
+    assert (result.outcome, result.error) == (Outcome.ERROR, ErrorReason.DEADLINE)
+    assert result.message.startswith("the turn did not end within timeouts.total_s (30s) (1 attempts)")
+    assert [(a.outcome, a.reason, a.detail) for a in result.attempts] == [
+        ("timeout", "timeout", "turn deadline: timeouts.total_s (30s) passed")]
+    assert result.attempts[0].ended == 30.0 and not result.ledger and result.partial_text is None
+    assert t.life.state == TurnState.FAILED and t.cancellation.state == CancellationState.FINISHED
+    assert t.gate is not None and t.gate.life.terminal
+    assert t.health.store.breaker("a").state == BreakerState.CLOSED  # the turn's own budget, not ill health
+    assert t.call is None and t.continuation is None
+
+
+def test_expiry_after_commit_ends_interrupted_with_the_forwarded_text_billed():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "partial "))
+    t.stream_frame(Frame("text", "answer"))
+    result = t.expire(30.0).result
+    assert (result.outcome, result.error) == (Outcome.INTERRUPTED, ErrorReason.INTERRUPTED)
+    assert result.partial_text == "partial answer" and result.text is None
+    assert [(a.outcome, a.reason) for a in result.attempts] == [("interrupted", "timeout")]
+    assert [(r.as_json(), r.outcome, r.mode) for r in result.ledger] == [(  # billed, even without a usage frame
+        {"provider": "a", "model": "m1", "accepted": False, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0},
+        "interrupted", "stream")]
+    assert t.life.state == TurnState.INTERRUPTED
+
+
+def test_expiry_while_waiting_ends_the_walk_without_an_attempt_in_flight():
+    t = turn(stream=False)
+    t.start(0.0)
+    wait = t.on_completion(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 1.0)
+    assert isinstance(wait, Sleep) and t.call is None
+    result = t.expire(30.0).result
+    assert (result.outcome, result.error) == (Outcome.ERROR, ErrorReason.DEADLINE)
+    assert [a.outcome for a in result.attempts] == ["retryable"]  # nothing recorded for the wait
+    assert t.walk is not None and t.walk.life.state == "cancelled" and t.life.state == TurnState.FAILED
+
+
+def test_expiry_of_a_non_streamed_call_records_it_as_a_timeout_without_usage():
+    t = turn(stream=False)
+    t.start(0.0)
+    result = t.expire(30.0).result
+    assert [(a.outcome, a.mode) for a in result.attempts] == [("timeout", "complete")]
+    assert not result.ledger
+
+
+def test_expiry_during_a_continuation_surfaces_the_interruption():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]},
+                                        "b": {"model": "m2", "capabilities": {"prefill": True}}},
+                 stream={"continue_after_interrupt": True}, timeouts={"total_s": 30})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("text", "half"))
+    nxt = t.stream_failed(fc.Failure(fc.RETRYABLE, "connection reset"), 1.0)
+    assert isinstance(nxt, Call) and nxt.prefill == "half" and t.life.state == TurnState.CONTINUING
+    result = t.expire(30.0).result
+    assert (result.outcome, result.partial_text) == (Outcome.INTERRUPTED, "half")
+    assert t.life.state == TurnState.INTERRUPTED and t.continuation is None
+
+
+def test_an_abort_settles_what_is_known_and_hands_the_probe_back():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 breaker={"failure_threshold": 1})
+    t = turn(stream=True, cfg=cfg)
+    store = t.health.store
+    store.breaker("a").failure(0.0)  # threshold 1: open
+    opened(t, store.breaker("a").open_until + 1.0)  # half-open: this turn holds the probe
+    assert store.breaker("a").state == BreakerState.PROBING
+    t.stream_frame(Frame("text", "x", usage=Usage(5, 1)))
+    result = t.abort(100.0).result
+    assert (result.outcome, result.error) == (Outcome.ERROR, ErrorReason.INTERNAL)
+    assert result.message.startswith("relayline failed to make or read the call (an internal error, logged)")
+    assert [(a.outcome, a.reason, a.detail) for a in result.attempts] == [
+        ("internal", "internal", "the turn failed inside relayline")]
+    assert not result.ledger  # not billed: nothing of it reached an answer
+    assert store.breaker("a").state == BreakerState.HALF_OPEN and t.call is None
+
+
+def test_an_abort_between_calls_records_nothing_more():
+    t = turn(stream=False)
+    t.start(0.0)
+    t.on_completion(Completion("done"), 1.0)
+    result = t.abort(2.0).result
+    assert [a.outcome for a in result.attempts] == ["ok"] and result.error == ErrorReason.INTERNAL

@@ -182,8 +182,9 @@ class SimHTTPServer:
     """Scripted upstreams for many profiles behind one loopback port."""
 
     def __init__(self, replies: list[Mapping] = ()) -> None:
-        self.scripts = {r["provider"]: Script(r["provider"], r.get("model"), list(r.get("script") or [{"text": "ok"}]))
-                        for r in replies}
+        # SCENARIOS.md: a reply script may name a model (absent: any model on that profile)
+        self.scripts = [Script(r["provider"], r.get("model"), list(r.get("script") or [{"text": "ok"}]))
+                        for r in replies]
         self.server = LoopbackServer(self._answer)
         self.calls = 0
         self.request_ids: list[str | None] = []  # each call's x-request-id (the gateway sends one)
@@ -205,10 +206,10 @@ class SimHTTPServer:
         path = seen.path
         shape = "anthropic" if path.endswith("/v1/messages") else "openai"
         alias = path.strip("/").split("/", 1)[0]
-        script = self.scripts.get(alias)
-        reply = script.next() if script is not None else {"text": "ok"}
         body = seen.body or {}
         model = body.get("model", "")
+        script = next((s for s in self.scripts if s.provider == alias and s.model in (None, model)), None)
+        reply = script.next() if script is not None else {"text": "ok"}
         delay = math.inf if reply.get("hang") else float(reply.get("delay", 0.0))
         if reply.get("connect_error"):
             return Reply(refuse=True)
