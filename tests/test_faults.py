@@ -398,6 +398,23 @@ async def test_a_large_answer_hands_the_heap_back(monkeypatch):
     assert trims == [0]
 
 
+async def test_a_body_refused_as_too_large_hands_the_heap_back(monkeypatch):
+    """The refused body was read up to the limit: its heap is handed back as a large answer's."""
+    from relayline.adapters.gateway import Gateway, app
+
+    trims: list[int] = []
+    monkeypatch.setattr(app, "_malloc_trim", lambda: trims.append)
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(lambda s: ok("z" * 100_000))
+        await upstream.start(nursery)
+        relay = Relay(structure_config(config(upstream.url, limits={"max_response_bytes": 65536})), env={})
+        gateway = Gateway(relay)
+        refused = await asgi(gateway, "/v1/chat/completions", {"model": "m", "messages": HI})
+        await relay.aclose()
+        nursery.cancel_scope.cancel()
+    assert refused[0] == 502 and trims == [0]
+
+
 # -- what the client did is never the provider's failure -------------------------------------------
 
 
