@@ -150,6 +150,35 @@ async def test_a_large_reply_that_is_not_json_is_classified_from_the_worker():
     assert result.attempts[0].outcome == "retryable" and "not JSON" in result.attempts[0].detail
 
 
+async def test_a_turn_cancelled_mid_decode_kills_its_worker():
+    """A client that hangs up cancels the turn: a decode in progress is not left running."""
+    body = answer("c" * (24 << 20))  # large enough that its decode is caught in progress
+    statistics = trio_parallel.default_context_statistics
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(lambda s: Reply(headers=JSON_HEADERS, pieces=(body,)))
+        await upstream.start(nursery)
+        cfg = structure_config(config(upstream.url, limits={"max_response_bytes": 32 << 20},
+                                      timeouts={"total_s": 30}))
+        async with Relay(cfg, env={}) as relay:
+            turn_scope = trio.CancelScope()
+            done = trio.Event()
+
+            async def run_turn() -> None:
+                with turn_scope:
+                    await relay._run_turn(HI)
+                done.set()
+
+            nursery.start_soon(run_turn)
+            with trio.fail_after(20):
+                while statistics().running_workers == 0 and not done.is_set():
+                    await trio.sleep(0.002)
+            assert not done.is_set(), "the turn ended before its decode was seen running"
+            turn_scope.cancel()
+            await done.wait()
+            assert turn_scope.cancelled_caught and statistics().running_workers == 0
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_stream_whose_text_outgrows_the_limit_fails_before_commit_and_recovers():
     # the text arrives in one frame above the limit, before anything was forwarded
     frames = (chunk({"role": "assistant", "content": ""}), chunk({"content": "y" * 5000}))
