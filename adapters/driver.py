@@ -96,6 +96,12 @@ class AttemptClock:
         if self.phase == "body":
             self.scope.deadline = self._after(self.timeouts.idle_s)
 
+    def read(self) -> None:
+        """The whole body is in: decoding it (in a worker process, for a large one: started on
+        first use) is relayline's time, not a stalled provider's; it is bounded by the body's size."""
+        self.phase = "decoding"
+        self.scope.deadline = math.inf
+
     def failure(self) -> fc.Failure:
         if self.phase == "body":
             return fc.timed_out("response body bytes (a stalled body)", self.timeouts.idle_s)

@@ -13,16 +13,20 @@ import math
 
 import pytest
 import trio
+import trio_parallel
 
 from helpers import asgi_post
 from helpers import loopback_config as config
 from relayline.adapters import Relay
+from relayline.adapters.providers.http import PROCESS_PARSE_BYTES
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
 
 HI = [{"role": "user", "content": "hi"}]
 JSON_HEADERS = (("content-type", "application/json"),)
 SSE_HEADERS = (("content-type", "text/event-stream"),)
+LARGE_TEXT = "naïve 😀 <b>bold</b> \\ \" line\n" * 60_000  # ~2 MiB of JSON, escapes and non-ASCII
+PADDING = "p" * (PROCESS_PARSE_BYTES + 1024)
 
 
 def answer(text: str = "from the backup", usage=(7, 3)) -> bytes:
@@ -113,6 +117,66 @@ async def test_a_body_at_the_limit_is_accepted():
     result, *_ = await turn(lambda s: Reply(headers=JSON_HEADERS, pieces=(body,)), backup=None,
                             limits={"max_response_bytes": len(body)})
     assert result.outcome == "ok" and result.text == "x" * 1000
+
+
+# -- a large answer is decoded in a worker process (the event loop is not held by the parse) ------
+
+
+def test_the_large_bodies_below_are_large_enough_to_be_decoded_in_a_worker():
+    assert len(answer(LARGE_TEXT)) > PROCESS_PARSE_BYTES and len(PADDING) > PROCESS_PARSE_BYTES
+
+
+async def test_a_large_answer_arrives_whole_from_the_worker_process():
+    result, *_ = await turn(lambda s: Reply(headers=JSON_HEADERS, pieces=(answer(LARGE_TEXT, usage=(11, 700_000)),)),
+                            backup=None)
+    assert result.outcome == "ok", result.attempts
+    assert result.text == LARGE_TEXT
+    assert [(r.input_tokens, r.output_tokens) for r in result.ledger] == [(11, 700_000)]
+    assert trio_parallel.default_context_statistics().idle_workers >= 1  # it was decoded in a worker
+
+
+async def test_a_large_reply_of_the_wrong_shape_is_malformed_from_the_worker():
+    wrong = json.dumps({"id": PADDING, "choices": [{"index": 0, "message": 5}]}).encode()
+    result, relay, seen, _ = await turn(lambda s: Reply(headers=JSON_HEADERS, pieces=(wrong,)))
+    assert result.outcome == "ok" and result.served.profile == "backup"
+    assert outcomes(result)[0] == ("primary", "malformed",
+                                   "malformed response: choices[0].message: expected an object, got a number")
+
+
+async def test_a_large_reply_that_is_not_json_is_classified_from_the_worker():
+    junk = b'{"choices": "' + PADDING.encode()  # cut short: never a whole document
+    result, relay, seen, _ = await turn(lambda s: Reply(headers=JSON_HEADERS, pieces=(junk,)))
+    assert result.outcome == "ok" and result.served.profile == "backup"
+    assert result.attempts[0].outcome == "retryable" and "not JSON" in result.attempts[0].detail
+
+
+async def test_a_turn_cancelled_mid_decode_kills_its_worker():
+    """A client that hangs up cancels the turn: a decode in progress is not left running."""
+    body = answer("c" * (24 << 20))  # large enough that its decode is caught in progress
+    statistics = trio_parallel.default_context_statistics
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(lambda s: Reply(headers=JSON_HEADERS, pieces=(body,)))
+        await upstream.start(nursery)
+        cfg = structure_config(config(upstream.url, limits={"max_response_bytes": 32 << 20},
+                                      timeouts={"total_s": 30}))
+        async with Relay(cfg, env={}) as relay:
+            turn_scope = trio.CancelScope()
+            done = trio.Event()
+
+            async def run_turn() -> None:
+                with turn_scope:
+                    await relay._run_turn(HI)
+                done.set()
+
+            nursery.start_soon(run_turn)
+            with trio.fail_after(20):
+                while statistics().running_workers == 0 and not done.is_set():
+                    await trio.sleep(0.002)
+            assert not done.is_set(), "the turn ended before its decode was seen running"
+            turn_scope.cancel()
+            await done.wait()
+            assert turn_scope.cancelled_caught and statistics().running_workers == 0
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_stream_whose_text_outgrows_the_limit_fails_before_commit_and_recovers():
@@ -361,6 +425,23 @@ async def test_a_large_answer_hands_the_heap_back(monkeypatch):
         nursery.cancel_scope.cancel()
     assert large[0] == 200 and len(large[2]["choices"][0]["message"]["content"]) == len(big)
     assert trims == [0]
+
+
+async def test_a_body_refused_as_too_large_hands_the_heap_back(monkeypatch):
+    """The refused body was read up to the limit: its heap is handed back as a large answer's."""
+    from relayline.adapters.gateway import Gateway, app
+
+    trims: list[int] = []
+    monkeypatch.setattr(app, "_malloc_trim", lambda: trims.append)
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(lambda s: ok("z" * 100_000))
+        await upstream.start(nursery)
+        relay = Relay(structure_config(config(upstream.url, limits={"max_response_bytes": 65536})), env={})
+        gateway = Gateway(relay)
+        refused = await asgi(gateway, "/v1/chat/completions", {"model": "m", "messages": HI})
+        await relay.aclose()
+        nursery.cancel_scope.cancel()
+    assert refused[0] == 502 and trims == [0]
 
 
 # -- what the client did is never the provider's failure -------------------------------------------

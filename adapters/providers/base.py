@@ -84,6 +84,8 @@ class AttemptClockLike(Protocol):
 
     def received(self) -> None: ...
 
+    def read(self) -> None: ...
+
 
 class ProviderClient(Protocol):
     # optional: `reports_sent = True` when the adapter calls `request.clock.sent()`; otherwise

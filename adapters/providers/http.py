@@ -10,6 +10,7 @@ body is read to classify it and then dropped.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from typing import Protocol
 import attrs
 import httpx
 import trio
+import trio_parallel
 
 from relayline.machines import classify as fc
 from relayline.machines import wire
@@ -31,12 +33,31 @@ from ..sse import SSEDecoder, SSEEvent, SSEProtocolError
 from .base import DONE, CallRequest, ProviderFailure
 from .pool import Pools
 
+log = logging.getLogger("relayline.providers")
+
 # the gateway's request id for the turn running in this task: sent upstream as x-request-id, so a
 # provider's logs and ours can be joined (trio tasks inherit it from the request's handler)
 REQUEST_ID: ContextVar[str | None] = ContextVar("relayline_request_id", default=None)
 MAX_ERROR_BODY = 64 * 1024  # enough to classify; a provider's error page is not read further
-THREAD_PARSE_BYTES = 1 << 20  # above this a body is parsed off the event loop
+PROCESS_PARSE_BYTES = 1 << 20  # above this a body is decoded in a worker process
 DONE_GRACE_S = 0.01  # after a stream's completion signal: how long its body's end may take
+
+
+def decode_completion(protocol: WireProtocol, body: bytes | bytearray) -> Completion | fc.Failure:
+    """A complete answer's body read into a Completion, or the failure it amounts to. Module-level
+    and pure: it runs in a worker process for large bodies, so its failure comes back as a value."""
+    try:
+        obj = jsoncodec.loads(body)
+    except ValueError:
+        return fc.truncated("malformed response: not JSON")
+    except RecursionError:
+        return fc.malformed("nested too deeply")
+    if not isinstance(obj, dict):
+        return fc.malformed("not a JSON object")
+    try:
+        return protocol.completion(obj)
+    except wire.WireError as exc:
+        return fc.malformed(str(exc))
 
 
 def _identity(response: httpx.Response) -> bool:
@@ -181,22 +202,24 @@ class HttpProvider:
                 raise ProviderFailure(fc.truncated("connection lost while reading the response")) from None
             finally:
                 await response.aclose()  # unread bytes (a refused body) close the connection
-        try:
-            if len(body) > THREAD_PARSE_BYTES:
-                # a large body is parsed in a worker thread: the loop keeps serving other turns
-                obj = await trio.to_thread.run_sync(jsoncodec.loads, body)
-            else:
-                obj = jsoncodec.loads(body)
-        except ValueError:
-            raise ProviderFailure(fc.truncated("malformed response: not JSON")) from None
-        finally:
-            del body
-        if not isinstance(obj, dict):
-            raise ProviderFailure(fc.malformed("not a JSON object"))
-        try:
-            return self.protocol.completion(obj)
-        except wire.WireError as exc:
-            raise ProviderFailure(fc.malformed(str(exc))) from None
+        if request.clock is not None:
+            request.clock.read()
+        if len(body) > PROCESS_PARSE_BYTES:
+            # a large answer is decoded in a worker process: JSON parsing holds the GIL for the
+            # whole document (~0.1 s for 32 MiB), so a thread would still stall every other
+            # turn. The worker is killed if the turn is cancelled mid-parse
+            try:
+                outcome = await trio_parallel.run_sync(decode_completion, self.protocol, body, kill_on_cancel=True)
+            except trio_parallel.BrokenWorkerError:
+                # the worker died (killed by the OOM killer, say): not the provider's fault
+                log.warning("decode_worker_died bytes=%d: decoding in a thread instead", len(body))
+                outcome = await trio.to_thread.run_sync(decode_completion, self.protocol, body)
+        else:
+            outcome = decode_completion(self.protocol, body)
+        del body
+        if isinstance(outcome, fc.Failure):
+            raise ProviderFailure(outcome)
+        return outcome
 
     @staticmethod
     async def _read_bounded(response: httpx.Response, request: CallRequest) -> bytearray:
