@@ -18,6 +18,7 @@ import trio_parallel
 from helpers import asgi_post
 from helpers import loopback_config as config
 from relayline.adapters import Relay
+from relayline.adapters.providers import http
 from relayline.adapters.providers.http import PROCESS_PARSE_BYTES
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
@@ -122,11 +123,17 @@ async def test_a_body_at_the_limit_is_accepted():
 # -- a large answer is decoded in a worker process (the event loop is not held by the parse) ------
 
 
+@pytest.fixture
+def worker_decoding(monkeypatch):
+    """As `relayline serve` has it (a library host decodes in a thread)."""
+    monkeypatch.setattr(http._Decoding, "in_processes", True)
+
+
 def test_the_large_bodies_below_are_large_enough_to_be_decoded_in_a_worker():
     assert len(answer(LARGE_TEXT)) > PROCESS_PARSE_BYTES and len(PADDING) > PROCESS_PARSE_BYTES
 
 
-async def test_a_large_answer_arrives_whole_from_the_worker_process():
+async def test_a_large_answer_arrives_whole_from_the_worker_process(worker_decoding):
     result, *_ = await turn(lambda s: Reply(headers=JSON_HEADERS, pieces=(answer(LARGE_TEXT, usage=(11, 700_000)),)),
                             backup=None)
     assert result.outcome == "ok", result.attempts
@@ -135,7 +142,7 @@ async def test_a_large_answer_arrives_whole_from_the_worker_process():
     assert trio_parallel.default_context_statistics().idle_workers >= 1  # it was decoded in a worker
 
 
-async def test_a_large_reply_of_the_wrong_shape_is_malformed_from_the_worker():
+async def test_a_large_reply_of_the_wrong_shape_is_malformed_from_the_worker(worker_decoding):
     wrong = json.dumps({"id": PADDING, "choices": [{"index": 0, "message": 5}]}).encode()
     result, relay, seen, _ = await turn(lambda s: Reply(headers=JSON_HEADERS, pieces=(wrong,)))
     assert result.outcome == "ok" and result.served.profile == "backup"
@@ -143,14 +150,14 @@ async def test_a_large_reply_of_the_wrong_shape_is_malformed_from_the_worker():
                                    "malformed response: choices[0].message: expected an object, got a number")
 
 
-async def test_a_large_reply_that_is_not_json_is_classified_from_the_worker():
+async def test_a_large_reply_that_is_not_json_is_classified_from_the_worker(worker_decoding):
     junk = b'{"choices": "' + PADDING.encode()  # cut short: never a whole document
     result, relay, seen, _ = await turn(lambda s: Reply(headers=JSON_HEADERS, pieces=(junk,)))
     assert result.outcome == "ok" and result.served.profile == "backup"
     assert result.attempts[0].outcome == "retryable" and "not JSON" in result.attempts[0].detail
 
 
-async def test_a_turn_cancelled_mid_decode_kills_its_worker():
+async def test_a_turn_cancelled_mid_decode_kills_its_worker(worker_decoding):
     """A client that hangs up cancels the turn: a decode in progress is not left running."""
     body = answer("c" * (24 << 20))  # large enough that its decode is caught in progress
     statistics = trio_parallel.default_context_statistics

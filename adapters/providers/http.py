@@ -39,8 +39,21 @@ log = logging.getLogger("relayline.providers")
 # provider's logs and ours can be joined (trio tasks inherit it from the request's handler)
 REQUEST_ID: ContextVar[str | None] = ContextVar("relayline_request_id", default=None)
 MAX_ERROR_BODY = 64 * 1024  # enough to classify; a provider's error page is not read further
-PROCESS_PARSE_BYTES = 1 << 20  # above this a body is decoded in a worker process
+PROCESS_PARSE_BYTES = 1 << 20  # above this a body is decoded off the event loop
 DONE_GRACE_S = 0.01  # after a stream's completion signal: how long its body's end may take
+
+
+class _Decoding:
+    # where a large body is decoded: a worker process is the gateway's choice (`relayline serve`
+    # turns it on). In a library host it stays a thread: a spawned worker re-imports the host's
+    # main script (multiprocessing's rule), and a script without a __main__ guard would run again
+    in_processes = False
+
+
+def decode_in_worker_processes() -> None:
+    """Decode large answers in worker processes from now on (the gateway: its event loop serves
+    every client, and a JSON parse holds the GIL, so a thread would still stall it)."""
+    _Decoding.in_processes = True
 
 
 def decode_completion(protocol: WireProtocol, body: bytes | bytearray) -> Completion | fc.Failure:
@@ -204,7 +217,7 @@ class HttpProvider:
                 await response.aclose()  # unread bytes (a refused body) close the connection
         if request.clock is not None:
             request.clock.read()
-        if len(body) > PROCESS_PARSE_BYTES:
+        if len(body) > PROCESS_PARSE_BYTES and _Decoding.in_processes:
             # a large answer is decoded in a worker process: JSON parsing holds the GIL for the
             # whole document (~0.1 s for 32 MiB), so a thread would still stall every other
             # turn. The worker is killed if the turn is cancelled mid-parse
@@ -214,6 +227,8 @@ class HttpProvider:
                 # the worker died (killed by the OOM killer, say): not the provider's fault
                 log.warning("decode_worker_died bytes=%d: decoding in a thread instead", len(body))
                 outcome = await trio.to_thread.run_sync(decode_completion, self.protocol, body)
+        elif len(body) > PROCESS_PARSE_BYTES:
+            outcome = await trio.to_thread.run_sync(decode_completion, self.protocol, body)
         else:
             outcome = decode_completion(self.protocol, body)
         del body
