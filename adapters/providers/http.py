@@ -20,7 +20,6 @@ from typing import Protocol
 import attrs
 import httpx
 import trio
-import trio_parallel
 
 from relayline.machines import classify as fc
 from relayline.machines import wire
@@ -220,7 +219,10 @@ class HttpProvider:
         if len(body) > PROCESS_PARSE_BYTES and _Decoding.in_processes:
             # a large answer is decoded in a worker process: JSON parsing holds the GIL for the
             # whole document (~0.1 s for 32 MiB), so a thread would still stall every other
-            # turn. The worker is killed if the turn is cancelled mid-parse
+            # turn. The worker is killed if the turn is cancelled mid-parse. Imported here: only
+            # `relayline serve` turns worker decoding on, so the library never loads it
+            import trio_parallel
+
             try:
                 outcome = await trio_parallel.run_sync(decode_completion, self.protocol, body, kill_on_cancel=True)
             except trio_parallel.BrokenWorkerError:
