@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import config, labels, plan
-from relayline.machines.effort import RouteSelection, estimate
+from relayline.machines.effort import EffortDecision, RouteSelection, allowlist, decide, estimate
 from relayline.machines.errors import ConfigError
 from relayline.machines.plan import build_router, materialise, resolve_ref
 
@@ -241,6 +241,71 @@ def test_model_switch_changes_the_model_not_the_owner():
     assert plan(config(**EFFORT), text="hi", selection=sel).domain == "local.main"  # effort still owns it
     owned = RouteSelection().select("hint:local").model_switch("hint:cloud")
     assert owned.owner == "operator" and plan(config(**EFFORT), text="hi", selection=owned).domain == "cloud.main"
+
+
+def _words(n):
+    return " ".join(["word"] * n)
+
+
+@pytest.mark.parametrize(("text", "score"), [
+    # words: > 40 / 120 / 400 add 1 / 2 / 3
+    (_words(40), 0), (_words(41), 1), (_words(120), 1), (_words(121), 2), (_words(400), 2), (_words(401), 3),
+    # a fenced code block adds 2, however many there are; an unclosed fence is no block
+    ("```\nx\n```", 2), ("```a``` ```b```", 2), ("``` x", 0),
+    # each reasoning term adds 1, at most 4; a word that merely contains one is not one
+    ("debug", 1), ("analyze, prove; design", 3), ("analyze prove design debug optimize refactor", 4),
+    ("debugger redesign", 0), ("Step-by-step TRADE-OFF", 2),
+    # more than 20 lines adds 1
+    ("\n" * 19, 0), ("\n" * 20, 1),
+    # three or more question marks add 1
+    ("?" * 2, 0), ("?" * 3, 1),
+    # three or more constraint words add 1 (whole words or phrases only)
+    ("must should", 0), ("must, should, without", 1), ("at least one, at most two, ensure it", 1),
+    ("mustard shoulder", 0), ("MUST must Must", 1),
+])
+def test_effort_estimator_scores_each_rule_of_the_readme(text, score):
+    assert estimate(text)[1] == score
+
+
+@pytest.mark.parametrize(("score_text", "level"), [
+    ("", "simple"), ("debug", "simple"), ("debug prove", "standard"), ("debug prove design", "standard"),
+    ("debug prove design refactor", "complex"),
+])
+def test_effort_levels_are_simple_to_1_standard_to_3_complex_from_4(score_text, level):
+    assert estimate(score_text)[0] == level
+
+
+def test_effort_features_are_the_counts_of_each_rule():
+    text = "Must we debug it?\n```\ncode\n```\nShould we? Without tests?"
+    assert estimate(text)[2] == {"words": 11, "lines": 5, "code_blocks": 1, "reasoning_terms": 1,
+                                 "questions": 3, "constraints": 3}
+    assert estimate("")[2]["lines"] == 0 and estimate("one line")[2]["lines"] == 1
+
+
+def test_effort_decision_picks_the_hint_and_shows_counts_only():
+    cfg = config(**EFFORT)
+    assert decide(config(active="local.main", providers=EFFORT["providers"]), COMPLEX) is None
+    simple, hard = decide(cfg, "hi"), decide(cfg, COMPLEX)
+    assert (simple.level, simple.hint, simple.score) == ("simple", "local", 0)
+    assert (hard.level, hard.hint) == ("complex", "cloud")
+    assert hard.as_json() == {"level": "complex", "hint": "cloud", "score": hard.score, "features": hard.features}
+    assert decide(config(**{**EFFORT, "effort_routing": {"escalation": "off"}}), COMPLEX).hint == "local"
+    standard = decide(cfg, "debug prove")
+    assert (standard.level, standard.hint) == ("standard", "local")
+
+
+def test_effort_allowlist_keeps_a_local_decision_local():
+    cfg = config(**{**EFFORT, "providers": {**EFFORT["providers"], "edge": {"model": "e", "locality": "local"}}})
+    assert allowlist(cfg, None) is None
+    assert allowlist(cfg, decide(cfg, "hi")) == {"local.main", "edge"}
+    assert allowlist(cfg, decide(cfg, COMPLEX)) == {"local.main", "edge", "cloud.main"}
+    assert allowlist(cfg, EffortDecision("complex", "elsewhere", 9, {})) == {"local.main", "edge", "cloud.main"}
+
+
+def test_route_selection_owner_follows_the_operator():
+    assert RouteSelection() == RouteSelection("auto", None)
+    assert RouteSelection().select("hint:cloud") == RouteSelection("operator", "hint:cloud")
+    assert RouteSelection("operator", "m").select("auto") == RouteSelection("auto", None)
 
 
 # -- properties over generated configs ------------------------------------------------------------

@@ -150,3 +150,32 @@ def test_an_abort_between_calls_records_nothing_more():
     t.on_completion(Completion("done"), 1.0)
     result = t.abort(2.0).result
     assert [a.outcome for a in result.attempts] == ["ok"] and result.error == ErrorReason.INTERNAL
+
+
+# -- the errors a turn and a config end with (machines/errors.py) ---------------------------------
+
+def test_a_turn_error_carries_its_reason_as_the_vocabulary_and_its_summary():
+    from relayline.machines.errors import RelaylineError, StreamInterruptedAfterOutput, TurnError
+
+    error = TurnError("no candidate left", reason="no_candidate", attempts=("a/m1 503",), partial_text="par")
+    assert isinstance(error, RelaylineError) and str(error) == "no candidate left"
+    assert error.reason is ErrorReason.NO_CANDIDATE and error.attempts == ("a/m1 503",)
+    assert error.partial_text == "par"
+    assert TurnError("x", reason="exhausted").attempts == () and TurnError("x", reason="exhausted").partial_text is None
+    cut = StreamInterruptedAfterOutput("cut after output", attempts=("a/m1 reset",), partial_text="Hel")
+    assert isinstance(cut, TurnError) and cut.reason is ErrorReason.INTERRUPTED and str(cut) == "cut after output"
+    assert (cut.attempts, cut.partial_text) == (("a/m1 reset",), "Hel")
+    assert StreamInterruptedAfterOutput("cut").partial_text == "" and StreamInterruptedAfterOutput("cut").attempts == ()
+    assert RelaylineError("m").reason == "error" and RelaylineError("m", reason="own").reason == "own"
+
+
+def test_a_config_error_lists_every_problem_on_its_own_line():
+    from relayline.machines.errors import ConfigError
+
+    problems = ["providers.a.model: expected a string", "active: names no profile"]
+    error = ConfigError(problems)
+    problems.append("later")
+    assert error.problems == ["providers.a.model: expected a string", "active: names no profile"]
+    assert str(error) == ("invalid configuration:\n  providers.a.model: expected a string\n"
+                          "  active: names no profile")
+    assert error.reason == "config"
