@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import config, labels, plan
+from relayline.machines.config import Secret
 from relayline.machines.effort import EffortDecision, RouteSelection, allowlist, decide, estimate
 from relayline.machines.errors import ConfigError
-from relayline.machines.config import Secret
 from relayline.machines.plan import build_router, materialise, profile_keys, resolve_ref
 
 # -- materialisation ---------------------------------------------------------------------------
