@@ -3,6 +3,8 @@ cannot set up. Among them the ends the walk does not choose: the turn's deadline
 timeouts.total_s) and relayline's own failure (`abort`); the driver calls them, the fault and
 timeout tests show them through HTTP, these pin what each records."""
 
+import pytest
+
 from helpers import config, plan
 from relayline.machines import classify as fc
 from relayline.machines.health import InMemoryHealth
@@ -179,3 +181,78 @@ def test_a_config_error_lists_every_problem_on_its_own_line():
     assert str(error) == ("invalid configuration:\n  providers.a.model: expected a string\n"
                           "  active: names no profile")
     assert error.reason == "config"
+
+
+# -- the aggregated error a turn ends with: each attempt's number, retry counter, reason class and
+# relayline's own detail, bounded (CONFIG.md "When all fail") --------------------------------------
+
+def _complete(cfg, *results, now=0.0, **plan_args):
+    """A non-streamed turn answered by `results` in order; its result."""
+    t = Turn(plan(cfg, **plan_args), cfg, InMemoryHealth(cfg.breaker), stream=False)
+    action = t.start(now)
+    for result in results:
+        while isinstance(action, Sleep):
+            action = t.on_timer(now + action.seconds)
+        assert isinstance(action, Call), action
+        action = t.on_completion(result, now)
+    while isinstance(action, Sleep):
+        action = t.on_timer(now + action.seconds)
+    assert not isinstance(action, Call), "the turn asked for more than the test gave"
+    return action.result
+
+
+def test_every_candidate_failed_lists_each_attempt_with_its_try_and_detail():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"provider_retries": 1, "backoff_ms": 0})
+    result = _complete(cfg, fc.Failure(fc.RETRYABLE, "HTTP 503", 503), fc.Failure(fc.TIMEOUT, "no headers within 5s"),
+                       fc.Failure(fc.REJECTED, "HTTP 401", 401), model="m1")
+    assert (result.outcome, result.error) == (Outcome.ERROR, ErrorReason.EXHAUSTED)
+    assert result.message == ("every candidate failed (3 attempts); #1 a/m1 try 1/2 retryable (HTTP 503); "
+                              "#2 a/m1 try 2/2 timeout (no headers within 5s); #3 b/m2 try 1/2 rejected (HTTP 401)")
+    assert [a.as_json() for a in result.attempts][2] == {
+        "provider": "b", "model": "m2", "mode": "complete", "outcome": "rejected", "reason": "rejected",
+        "at": 0.0, "key": None}
+    assert str(result.attempts[0]) == "a/m1 retryable"
+
+
+def test_the_error_names_skips_and_stays_bounded():
+    providers = {f"p{i}": {"model": f"m{i}", "fallbacks": [f"p{i + 1}"]} for i in range(19)}
+    providers["p19"] = {"model": "m19"}
+    cfg = config(active="p0", providers=providers, reliability={"provider_retries": 0, "max_fallback_depth": 19})
+    result = _complete(cfg, *[fc.Failure(fc.RETRYABLE, "x" * 150)] * 20, model="m0")
+    assert result.message.startswith("every candidate failed (20 attempts); #1 p0/m0 try 1/1 retryable (xxx")
+    assert len(result.message) == 2000 and result.message.endswith("x...")
+    short = _complete(cfg, *[fc.Failure(fc.RETRYABLE, "")] * 20, model="m0")
+    assert short.message.endswith("; #16 p15/m15 try 1/1 retryable; ... and 4 more")
+    store = InMemoryHealth(cfg.breaker)
+    store.set_cooldown("p0", 100.0)
+    t = Turn(plan(cfg, model="m0"), cfg, store, stream=False)
+    action = t.start(0.0)
+    for _ in range(19):
+        action = t.on_completion(fc.Failure(fc.RETRYABLE, ""), 0.0)
+    assert action.result.message.startswith("every candidate failed (19 attempts, 1 skipped); #1 p1/m1 try 1/1")
+
+
+@pytest.mark.parametrize(("answers", "setup", "error", "head"), [
+    ([Completion("")], {}, ErrorReason.SEMANTIC_EMPTY, "every candidate answered without text or tool calls"),
+    ([fc.Failure(fc.CONTEXT_WINDOW, "HTTP 400 context window exceeded", 400)], {}, ErrorReason.CONTEXT_WINDOW,
+     "the prompt exceeds the model's context window; compact and call again"),
+    ([fc.Failure(fc.REJECTED, "HTTP 400", 400)], {"client_errors": "stop"},
+     ErrorReason.CLIENT_ERROR, "the provider rejected the request"),
+])
+def test_each_error_reason_is_named_in_the_message(answers, setup, error, head):
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 0, **setup})
+    result = _complete(cfg, *answers, model="m1")
+    assert result.error == error and result.message.startswith(head + " (1 attempts); #1 a/m1 try 1/1 ")
+
+
+def test_no_candidate_and_cancellation_are_named_in_the_message():
+    cfg = config(active="a", providers={"a": {}})  # unpinned, and the request names no model
+    result = Turn(plan(cfg), cfg, InMemoryHealth(cfg.breaker), stream=False).start(0.0).result
+    assert result.error == ErrorReason.NO_CANDIDATE
+    assert result.message == "no entry could be attempted (0 attempts)"
+    t = turn(stream=False)
+    t.start(0.0)
+    result = t.cancel(1.0).result
+    assert result.message == ("cancelled by the consumer (1 attempts); "
+                              "#1 a/m1 try 1/3 cancelled (cancelled by the consumer)")
