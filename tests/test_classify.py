@@ -319,3 +319,58 @@ def test_a_model_name_is_printable_and_bounded():
 ])
 def test_a_finish_reason_is_the_providers_else_what_the_answer_shows(reason, tools, canonical):
     assert finish_reason(reason, tools) == canonical
+
+
+# -- what an entry cannot honour (CONFIG.md "The wire"): named, so the walk skips it ----------------
+
+def _unsupported(family, source="openai", capabilities=None, **request):
+    from relayline.machines.config import Capabilities
+    from relayline.machines.wire import unsupported
+
+    request.setdefault("messages", (Message(USER, (Part(TEXT, "hi"),)),))
+    return unsupported(Request(source=source, **request), family, capabilities or Capabilities())
+
+
+def test_what_a_capability_lacks_is_named_for_every_family():
+    from relayline.machines.config import Capabilities
+
+    picture = (Message(USER, (Part(IMAGE, url="https://x/c.png"),)),)
+    none = Capabilities(vision=False, tools=False)
+    tools = (Tool("weather"),)
+    for family in ("sim", "openai", "anthropic"):
+        assert _unsupported(family, messages=picture, tools=tools, capabilities=none) == ("image", "tools")
+        assert _unsupported(family, messages=picture, tools=tools) == ()
+    assert _unsupported("sim", messages=picture, capabilities=Capabilities(vision=False)) == ("image",)
+    assert _unsupported("sim", tools=tools, capabilities=Capabilities(tools=False)) == ("tools",)
+
+
+def test_anthropic_only_fields_are_named_for_an_openai_entry():
+    document = (Message(USER, (Part(DOCUMENT, url="https://x/d.pdf"), Part(TEXT, "sum", extra=("cache_control",)))),
+                Message("tool", (Part(TEXT, "boom"),), tool_call_id="t1", is_error=True))
+    assert _unsupported("openai", source="anthropic", messages=document, top_k=5,
+                        extra={"metadata": {"x": 1}}) == (
+        "metadata", "cache_control", "top_k", "document.source.url", "tool_result.is_error")
+    inline = (Message(USER, (Part(DOCUMENT, data="JVBER", media_type="application/pdf"),)),)
+    assert _unsupported("openai", source="anthropic", messages=inline) == ()
+    assert _unsupported("anthropic", source="anthropic", messages=document, top_k=5) == ()  # the body as sent
+
+
+def test_openai_only_fields_are_named_for_an_anthropic_entry():
+    assert _unsupported("anthropic", response_format=ResponseFormat("json_object"),
+                        reasoning=Reasoning(effort="extreme"), extra={"seed": 7, "logprobs": True}) == (
+        "seed", "logprobs", "response_format", "reasoning_effort")
+    assert _unsupported("anthropic", response_format=ResponseFormat("text"), reasoning=Reasoning(effort="high")) == ()
+    assert _unsupported("openai", response_format=ResponseFormat("json_object"), extra={"seed": 7}) == ()
+
+
+def test_a_field_named_twice_is_named_once():
+    doubled = (Message(USER, (Part(TEXT, "a", extra=("cache_control",)), Part(TEXT, "b", extra=("cache_control",)))),)
+    assert _unsupported("openai", source="anthropic", messages=doubled) == ("cache_control",)
+
+
+def test_extras_are_the_unknown_fields_that_carry_something():
+    from relayline.machines.wire import extras
+
+    fields = {"model": "m", "seed": 7, "user": None, "tags": [], "meta": {}, "presence_penalty": 0,
+              "frequency_penalty": 0.5, "logprobs": False, "store": True, "top_logprobs": 0}
+    assert extras(fields, {"model"}) == ["seed", "frequency_penalty", "store", "top_logprobs"]
