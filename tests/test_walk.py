@@ -4,13 +4,14 @@ timeouts.total_s) and relayline's own failure (`abort`); the driver calls them, 
 timeout tests show them through HTTP, these pin what each records."""
 
 import pytest
+from attrs import evolve as attrs_evolve
 
 from helpers import config, plan
 from relayline.machines import classify as fc
 from relayline.machines.health import InMemoryHealth
 from relayline.machines.ledger import Usage
 from relayline.machines.stream import Frame
-from relayline.machines.turn import Completion, Turn
+from relayline.machines.turn import Completion, Rejection, Turn
 from relayline.machines.vocab import (
     BreakerState,
     CancellationState,
@@ -256,3 +257,69 @@ def test_no_candidate_and_cancellation_are_named_in_the_message():
     result = t.cancel(1.0).result
     assert result.message == ("cancelled by the consumer (1 attempts); "
                               "#1 a/m1 try 1/3 cancelled (cancelled by the consumer)")
+
+
+# -- what a turn's result carries -----------------------------------------------------------------
+
+def test_an_answer_carries_everything_the_provider_said():
+    cfg = config(active="a", providers={"a": {"model": "m1", "price": {"input_per_mtok": 1.0}}})
+    answer = Completion("it is sunny", "thought", ("weather",), Usage(10, 3), ('{"city":"Oslo"}',), ("call_1",),
+                        "tool_calls", "END")
+    result = _complete(cfg, answer, model="m1")
+    assert (result.outcome, result.error, result.message, result.rejection) == (Outcome.OK, None, None, None)
+    assert (result.text, result.reasoning, result.tool_calls, result.tool_arguments, result.tool_ids) == (
+        "it is sunny", "thought", ("weather",), ('{"city":"Oslo"}',), ("call_1",))
+    assert (result.finish_reason, result.stop_sequence, result.usage) == ("tool_calls", "END", Usage(10, 3))
+    assert result.served.label == "a/m1" and not result.fallback and result.notice is None
+    assert result.cost_usd == 10 / 1_000_000 and result.requested == "a/m1"
+    failed = _complete(config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 0}),
+                       fc.Failure(fc.RETRYABLE, "HTTP 503", 503), model="m1")
+    assert (failed.text, failed.reasoning, failed.tool_calls, failed.tool_arguments, failed.tool_ids) == (
+        None, "", (), (), ())
+    assert (failed.finish_reason, failed.stop_sequence, failed.usage, failed.served) == (None, None, None, None)
+
+
+@pytest.mark.parametrize(("mode", "notice"), [
+    ("off", None),
+    ("redacted", "Note: a fallback model answered this request."),
+    ("detailed", "Note: b/m2 answered because a/m1 was unavailable."),
+])
+def test_a_fallback_answer_carries_the_configured_notice(mode, notice):
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"provider_retries": 0}, notices={"model_fallback_notice": mode})
+    result = _complete(cfg, fc.Failure(fc.RETRYABLE, "HTTP 503", 503), Completion("ok"), model="m1")
+    assert result.fallback and result.served.label == "b/m2" and result.notice == notice
+    first = _complete(cfg, Completion("ok"), model="m1")
+    assert not first.fallback and first.notice is None
+
+
+def test_the_upstreams_rejection_is_given_back_only_when_every_attempt_was_one():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"provider_retries": 0})
+    bad = fc.Failure(fc.REJECTED, "HTTP 400", 400, error_type="invalid_request_error", error_message="max_tokens: too big")
+    result = _complete(cfg, bad, attrs_evolve(bad, error_type=None, error_message=None), model="m1")
+    assert result.error == ErrorReason.EXHAUSTED
+    assert result.rejection == Rejection(400, "invalid_request_error", "HTTP 400")  # the last one's words
+    mixed = _complete(cfg, fc.Failure(fc.RETRYABLE, "HTTP 503", 503), bad, model="m1")
+    assert mixed.rejection is None
+    unauthorised = _complete(cfg, fc.Failure(fc.REJECTED, "HTTP 401", 401), bad, model="m1")
+    assert unauthorised.rejection is None  # a 401 is relayline's credential, not the client's request
+    stop = config(active="a", providers={"a": {"model": "m1"}}, reliability={"client_errors": "stop"})
+    assert _complete(stop, bad, model="m1").rejection == Rejection(400, "invalid_request_error", "max_tokens: too big")
+
+
+def test_a_cancel_after_output_records_the_attempt_and_keeps_the_partial_text():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "Hel"))
+    t.stream_frame(Frame("usage", usage=Usage(7, 2)))
+    result = t.cancel(3.0).result
+    assert (result.outcome, result.error, result.partial_text) == (Outcome.CANCELLED, ErrorReason.CANCELLED, "Hel")
+    assert [(a.outcome, a.reason, a.detail, a.ended) for a in result.attempts] == [
+        ("cancelled", "cancelled", "cancelled by the consumer", 3.0)]
+    assert [(r.input_tokens, r.output_tokens, r.accepted, r.outcome) for r in result.ledger] == [
+        (7, 2, False, "cancelled")]  # what it used is billed
+    assert t.gate.life.terminal and t.call is None and t.cancellation.state == CancellationState.PERSISTED_PARTIAL
+    quiet = opened(turn(stream=True))
+    quiet.stream_frame(Frame("role"))
+    result = quiet.cancel(1.0).result
+    assert result.partial_text is None and not result.ledger and quiet.gate.life.terminal
