@@ -323,3 +323,148 @@ def test_a_cancel_after_output_records_the_attempt_and_keeps_the_partial_text():
     quiet.stream_frame(Frame("role"))
     result = quiet.cancel(1.0).result
     assert result.partial_text is None and not result.ledger and quiet.gate.life.terminal
+
+
+# -- what each end of an attempt records: its outcome, reason class, detail and ledger row ---------
+
+def _records(result):
+    return [(a.provider, a.mode, a.outcome, a.reason, a.detail, a.try_number, a.budget) for a in result.attempts]
+
+
+def _rows(result):
+    return [(r.provider, r.input_tokens, r.output_tokens, r.accepted, r.outcome, r.mode) for r in result.ledger]
+
+
+def test_an_empty_stream_is_recorded_billed_and_recovered_once_without_streaming():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 1})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("role"))
+    t.stream_frame(Frame("usage", usage=Usage(4, 0)))
+    recovery = t.stream_done(1.0)
+    assert isinstance(recovery, Call) and recovery.mode == "complete" and recovery.entry.profile == "a"
+    assert (recovery.try_number, recovery.budget) == (1, 1)  # the one allowance, retries or not
+    done = t.on_completion(Completion("", usage=Usage(4, 0)), 2.0)
+    result = done.result
+    assert result.error == ErrorReason.SEMANTIC_EMPTY
+    assert _records(result) == [
+        ("a", "stream", "semantic_empty", "empty", "stream completed without an answer", 1, 2),
+        ("a", "complete", "empty", "empty", "empty completion", 1, 1)]
+    assert _rows(result) == [("a", 4, 0, False, "semantic_empty", "stream"), ("a", 4, 0, False, "empty", "complete")]
+
+
+def test_a_recovery_answer_is_delivered_as_one_decisive_event_with_ids_padded():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 1})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("reasoning", "hmm"))  # decisive: the turn commits with nothing to show yet
+    assert t.shown_reasoning
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("role"))
+    assert isinstance(t.stream_done(1.0), Call)
+    answer = Completion("sunny", "thought", ("weather", "clock"), Usage(1, 1), ('{"city":"Oslo"}', ""), ("c1",))
+    done = t.on_completion(answer, 2.0)
+    assert [(e.kind, e.value, e.ref) for e in done.deliver] == [
+        ("reasoning", "thought", ""), ("text", "sunny", ""), ("tool", "weather", "c1"),
+        ("tool_args", '{"city":"Oslo"}', ""), ("tool", "clock", "")]
+    assert done.result.text == "sunny" and t.forwarded == ["sunny"]
+
+
+def test_a_stream_that_fails_before_output_is_not_billed_and_the_walk_goes_on():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"provider_retries": 0})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("role"))
+    nxt = t.stream_failed(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 1.0)
+    assert isinstance(nxt, Call) and nxt.entry.profile == "b" and nxt.mode == "complete"  # the recovery walk
+    result = t.on_completion(Completion("fine", usage=Usage(2, 1)), 2.0).result
+    assert _records(result) == [("a", "stream", "stream_failed", "retryable", "HTTP 503", 1, 1),
+                                ("b", "complete", "ok", None, "", 1, 1)]
+    assert _rows(result) == [("b", 2, 1, True, "ok", "complete")]
+    assert t.spent == {0: 1, 1: 1}
+
+
+def test_a_stream_cut_after_output_is_billed_and_interrupted():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "Hel"))
+    result = t.stream_failed(fc.Failure(fc.RETRYABLE, "connection reset"), 1.0).result
+    assert (result.outcome, result.partial_text) == (Outcome.INTERRUPTED, "Hel")
+    assert _records(result) == [("a", "stream", "interrupted", "retryable", "connection reset", 1, 3)]
+    assert _rows(result) == [("a", 0, 0, False, "interrupted", "stream")]  # billed, without a usage frame
+    assert result.rejection is None
+
+
+def test_a_continuation_that_fails_names_itself_and_is_not_billed_twice():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]},
+                                        "b": {"model": "m2", "capabilities": {"prefill": True}}},
+                 stream={"continue_after_interrupt": True})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("text", "half"))
+    t.stream_frame(Frame("usage", usage=Usage(3, 1)))
+    nxt = t.stream_failed(fc.Failure(fc.RETRYABLE, "connection reset"), 1.0)
+    assert isinstance(nxt, Call) and nxt.entry.profile == "b" and nxt.prefill == "half"
+    assert (nxt.key_index, nxt.try_number, nxt.budget) == (None, 1, 1)
+    t.stream_headers()
+    t.stream_frame(Frame("text", " more"))
+    result = t.stream_failed(fc.Failure(fc.TIMEOUT, "idle 60s"), 2.0).result
+    assert (result.outcome, result.partial_text) == (Outcome.INTERRUPTED, "half more")
+    assert _records(result) == [("a", "stream", "interrupted", "retryable", "connection reset", 1, 3),
+                                ("b", "stream", "interrupted", "timeout", "continuation: idle 60s", 1, 1)]
+    assert _rows(result) == [("a", 3, 1, False, "interrupted", "stream")]
+
+
+def test_a_continuation_is_only_for_text_and_only_to_a_later_entry_that_can_prefill():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b", "c"]},
+                                        "b": {"model": "m2", "capabilities": {"streaming": False, "prefill": True}},
+                                        "c": {"model": "m3", "capabilities": {"prefill": True}}},
+                 stream={"continue_after_interrupt": True})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("text", "half"))
+    nxt = t.stream_failed(fc.Failure(fc.RETRYABLE, "reset"), 1.0)
+    assert isinstance(nxt, Call) and nxt.entry.profile == "c"  # b cannot stream
+    tools = opened(turn(stream=True, cfg=cfg))
+    tools.stream_frame(Frame("tool_call", "weather", ref="c1"))
+    assert tools.stream_failed(fc.Failure(fc.RETRYABLE, "reset"), 1.0).result.outcome == Outcome.INTERRUPTED
+
+
+def test_an_empty_completion_is_recorded_and_billed():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 0})
+    result = _complete(cfg, Completion("  ", usage=Usage(5, 0)), model="m1")
+    assert _records(result) == [("a", "complete", "empty", "empty", "empty completion", 1, 1)]
+    assert _rows(result) == [("a", 5, 0, False, "empty", "complete")]
+
+
+def test_a_refusal_advances_when_configured_and_is_the_answer_when_nothing_is_left():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"on_refusal": "advance", "provider_retries": 0})
+    refusal = Completion("", usage=Usage(3, 0), finish_reason="content_filter")
+    result = _complete(cfg, refusal, refusal, model="m1")
+    assert result.outcome == Outcome.OK and result.served.label == "b/m2" and result.finish_reason == "content_filter"
+    assert _records(result) == [("a", "complete", "refused", "refused", "refusal: finish reason content_filter", 1, 1),
+                                ("b", "complete", "ok", None, "refusal: finish reason content_filter", 1, 1)]
+    assert _rows(result) == [("a", 3, 0, False, "refused", "complete"), ("b", 3, 0, True, "ok", "complete")]
+    http = fc.Failure(fc.REFUSED, "HTTP 400 content policy", 400, error_message="policy")
+    result = _complete(cfg, http, http, model="m1")
+    assert result.error == ErrorReason.CLIENT_ERROR
+    assert [(a.outcome, a.reason) for a in result.attempts] == [("refused", "refused"), ("rejected", "refused")]
+    assert result.rejection == Rejection(400, "invalid_request_error", "policy")
+    kept = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                  reliability={"provider_retries": 0, "client_errors": "stop"})
+    kept_result = _complete(kept, http, model="m1")  # on_refusal = "return": the client error it always was
+    assert kept_result.error == ErrorReason.CLIENT_ERROR and [a.outcome for a in kept_result.attempts] == ["rejected"]
+
+
+def test_a_stream_refusal_before_output_advances_when_configured():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"on_refusal": "advance", "provider_retries": 0})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("usage", usage=Usage(2, 0)))
+    t.stream_frame(Frame("finish", "content_filter"))
+    nxt = t.stream_done(1.0)
+    assert isinstance(nxt, Call) and nxt.entry.profile == "b"
+    assert [(a.outcome, a.reason, a.detail) for a in t.attempts] == [
+        ("refused", "refused", "refusal before output: finish reason content_filter")]
+    assert [(r.input_tokens, r.outcome) for r in t.ledger] == [(2, "refused")]
+    assert t.refusal.answer == Completion(usage=Usage(2, 0), finish_reason="content_filter")
+    failed = opened(turn(stream=True, cfg=cfg))
+    failed.stream_frame(Frame("usage", usage=Usage(6, 0)))
+    nxt = failed.stream_failed(fc.Failure(fc.REFUSED, "stream error: content policy"), 1.0)
+    assert isinstance(nxt, Call) and [(r.input_tokens, r.outcome) for r in failed.ledger] == [(6, "refused")]
