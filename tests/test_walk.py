@@ -468,3 +468,28 @@ def test_a_stream_refusal_before_output_advances_when_configured():
     failed.stream_frame(Frame("usage", usage=Usage(6, 0)))
     nxt = failed.stream_failed(fc.Failure(fc.REFUSED, "stream error: content policy"), 1.0)
     assert isinstance(nxt, Call) and [(r.input_tokens, r.outcome) for r in failed.ledger] == [(6, "refused")]
+
+
+# -- the stream gate directly ----------------------------------------------------------------------
+
+def test_the_gate_holds_the_preamble_until_the_first_decisive_frame_and_then_forwards_each():
+    from relayline.machines.stream import StreamGate
+
+    gate = StreamGate()
+    gate.headers()
+    assert gate.feed(Frame("role")) == () and gate.feed(Frame("text", "")) == ()
+    first = gate.feed(Frame("tool_call", "weather", ref="c1"))
+    assert [(e.kind, e.value, e.ref) for e in first] == [("preamble", "role", ""), ("preamble", "text", ""),
+                                                         ("tool", "weather", "c1")]
+    assert gate.committed and gate.feed(Frame("ping")) == () and not gate.held  # nothing held after commit
+    assert [(e.kind, e.value) for e in gate.feed(Frame("tool_args", '{"city":'))] == [("tool_args", '{"city":')]
+    gate.feed(Frame("tool_call", "clock", ref="c2"))
+    gate.feed(Frame("tool_args", "{}"))
+    gate.feed(Frame("tool_args", ""))  # not decisive
+    gate.feed(Frame("text", "done"))
+    gate.feed(Frame("finish", "stop_sequence", ref="END"))
+    assert (gate.tools, gate.tool_ids, gate.tool_arguments) == (["weather", "clock"], ["c1", "c2"], ('{"city":', "{}"))
+    assert (gate.finish_reason, gate.stop_sequence, gate.forwarded_text) == ("stop_sequence", "END", "done")
+    plain = StreamGate()
+    plain.feed(Frame("finish", "stop"))
+    assert (plain.finish_reason, plain.stop_sequence) == ("stop", None)
