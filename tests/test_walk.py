@@ -493,3 +493,28 @@ def test_the_gate_holds_the_preamble_until_the_first_decisive_frame_and_then_for
     plain = StreamGate()
     plain.feed(Frame("finish", "stop"))
     assert (plain.finish_reason, plain.stop_sequence) == ("stop", None)
+
+
+# -- waits ------------------------------------------------------------------------------------------
+
+def test_the_backoff_doubles_up_to_backoff_max_ms():
+    cfg = config(active="a", providers={"a": {"model": "m1"}},
+                 reliability={"provider_retries": 4, "backoff_ms": 500, "backoff_max_ms": 1500})
+    walk = Walk(plan(cfg, model="m1"), cfg, TurnHealth(InMemoryHealth(cfg.breaker)))
+    walk.start(0.0)
+    waits, now = [], 0.0
+    for _ in range(4):
+        wait = walk.on_result(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), now)
+        waits.append(wait.seconds)
+        now += wait.seconds
+        assert isinstance(walk.on_timer(now), Call)
+    assert waits == [0.5, 1.0, 1.5, 1.5]
+
+
+@pytest.mark.parametrize(("retry_after", "seconds"), [(10.0, 2.0), (1.5, 1.5), (0.1, 0.5), (None, 0.5)])
+def test_a_lone_profiles_429_waits_its_retry_after_capped_and_never_less_than_the_backoff(retry_after, seconds):
+    cfg = config(active="a", providers={"a": {"model": "m1"}},
+                 reliability={"provider_retries": 2, "backoff_ms": 500, "retry_after_max_ms": 2000})
+    walk = Walk(plan(cfg, model="m1"), cfg, TurnHealth(InMemoryHealth(cfg.breaker)))
+    walk.start(0.0)
+    assert walk.on_result(fc.Failure(fc.RATE_LIMITED, "HTTP 429 rate limited", 429, retry_after), 0.0) == Sleep(seconds)
