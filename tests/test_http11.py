@@ -274,3 +274,20 @@ async def test_what_is_still_running_after_the_grace_is_cancelled():
             await app.started.wait()
             stop.set()
             assert await read_until_closed(stream) == b""
+
+
+async def test_a_header_an_app_sends_is_still_checked_when_its_head_is_built_with_the_body():
+    """The head is built once the body is known (one header check), so a header that would split
+    the response (a CR LF in its value) is refused there: the client gets a 500, never the header."""
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"x-echo", b"a\r\nset-cookie: injected=1")]})
+        await send({"type": "http.response.body", "body": b"never sent"})
+
+    async with trio.open_nursery() as nursery:
+        _server, stop, port = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(GET % b"/")
+        answer = await read_until_closed(stream)
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 500 ") and b"injected" not in answer and b"never sent" not in answer

@@ -28,7 +28,6 @@ import os
 import re
 import sqlite3
 import time
-import uuid
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -165,7 +164,7 @@ def request_id(headers: dict[bytes, bytes]) -> str:
     """The client's x-request-id when it is a plain token, else a new one: it is echoed, logged
     and sent upstream, so nothing a client sends reaches a log or a header unchecked."""
     given = headers.get(b"x-request-id", b"").decode("latin-1")
-    return given if REQUEST_ID_SHAPE.match(given) else uuid.uuid4().hex
+    return given if REQUEST_ID_SHAPE.match(given) else os.urandom(16).hex()
 
 
 # the methods of each route, for a 405's Allow header (a HEAD is answered wherever a GET is)

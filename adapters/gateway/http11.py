@@ -230,7 +230,7 @@ class _Connection:
             self.client = self.local = None
         self.gone = False
         self.sent_head = False
-        self.pending_head: h11.Response | None = None
+        self.pending_head: tuple[int, list[tuple[bytes, bytes]]] | None = None  # (status, headers)
         self.method = ""
         self.response_done = False
         self.writing = False
@@ -447,22 +447,26 @@ class _Connection:
             if self.server.draining and not any(k.lower() == b"connection" for k, _ in headers):
                 headers.append((b"connection", b"close"))
             headers.append((b"date", _date()))
-            status = message["status"]
-            self.pending_head = h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
+            # the head is built once its body is known: a whole body adds its length first (one
+            # h11.Response, whose header check is a third of h11's cost for a small answer)
+            self.pending_head = (message["status"], headers)
             return
         if kind != "http.response.body" or self.response_done or self.gone:
             return  # (gone: the client left, or the server already refused its request's body)
         body = message.get("body") or b""
         more = message.get("more_body", False)
         data = b""
+        head = None
+        if self.pending_head is not None:
+            status, headers = self.pending_head
+            self.pending_head = None
+            if not more and not any(k.lower() == b"content-length" for k, _ in headers):
+                # the whole body is here: framed by its length (one write, no chunks)
+                headers.append((b"content-length", str(len(body)).encode()))
+            # an app's malformed header raises here, into the app, as from its start message
+            head = h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
         try:
-            if self.pending_head is not None:
-                head = self.pending_head
-                self.pending_head = None
-                if not more and not any(k == b"content-length" for k, _ in head.headers):
-                    # the whole body is here: framed by its length (one write, no chunks)
-                    head = h11.Response(status_code=head.status_code, reason=head.reason,
-                                        headers=[*head.headers, (b"content-length", str(len(body)).encode())])
+            if head is not None:
                 data = self.h11.send(head)
                 self.sent_head = True
             if body and self.method != "HEAD":
