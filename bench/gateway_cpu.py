@@ -78,8 +78,15 @@ def _uuid_ids() -> None:
     dialects.OpenAIDialect.new_id = staticmethod(lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
 
 
+def _hang_up_task_per_turn() -> None:
+    from relayline.adapters.gateway import http11
+
+    http11._Hangups.AVAILABLE = False  # no extension: the gateway's task per turn waits in receive()
+
+
 LEVERS = {
     "nothing (a control: the same code)": lambda: None,
+    "hang-ups told by the server": _hang_up_task_per_turn,
     "ledger checkpoint in a thread": _ledger_checkpoint_in_the_loop,
     "one response head per answer": _two_response_heads,
     "ids from os.urandom": _uuid_ids,
@@ -201,10 +208,10 @@ def micro(rounds: int = 6, n: int = 2000) -> dict:
                         skipped=(), ledger=(row,))
     out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        stores = {"thread": ledger.LedgerStore(f"{tmp}/thread.sqlite3"),
-                  "in the loop": ledger.LedgerStore(f"{tmp}/loop.sqlite3")}
-        stores["in the loop"]._conn.execute("PRAGMA wal_autocheckpoint=1000")
-        stores["in the loop"]._checkpoint_every = 0
+        stores = {"a thread": ledger.LedgerStore(f"{tmp}/thread.sqlite3"),
+                  "the loop": ledger.LedgerStore(f"{tmp}/loop.sqlite3")}
+        stores["the loop"]._conn.execute("PRAGMA wal_autocheckpoint=1000")
+        stores["the loop"]._checkpoint_every = 0
         walls: dict[str, list[float]] = {k: [] for k in stores}
         cpus: dict[str, list[float]] = {k: [] for k in stores}
         for _ in range(rounds):
@@ -249,6 +256,7 @@ def micro(rounds: int = 6, n: int = 2000) -> dict:
             samples.append((time.process_time() - start) / n * 1e6)
         return statistics.median(samples)
 
+    out.update(_hang_up_watch(rounds, n))
     out["h11 request and answer, one response head"] = {"cpu_us": per_call_us(lambda: answer(1))}
     out["h11 request and answer, two response heads"] = {"cpu_us": per_call_us(lambda: answer(2))}
     out["two ids (request, turn) from os.urandom"] = {
@@ -257,11 +265,55 @@ def micro(rounds: int = 6, n: int = 2000) -> dict:
     return out
 
 
+def _hang_up_watch(rounds: int, n: int) -> dict:
+    """A turn's watch for its client hanging up, on a real socket: a task blocked in a read,
+    cancelled at the turn's end, against the server's epoll set (http11.py's _Hangups)."""
+    import trio
+
+    from relayline.adapters.gateway.http11 import _Hangups
+
+    out: dict = {}
+
+    async def main() -> None:
+        sock, _peer = trio.socket.socketpair()
+        stream = trio.SocketStream(sock)
+        hangups = _Hangups()
+
+        async def watcher() -> None:
+            await stream.receive_some(65536)
+
+        async def task_per_turn() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watcher)
+                await trio.lowlevel.checkpoint()  # (the turn: at least one)
+                nursery.cancel_scope.cancel()
+
+        async def server_set() -> None:
+            with trio.CancelScope() as scope:
+                hangups.watch(sock.fileno(), scope, scope.cancel)
+                await trio.lowlevel.checkpoint()
+                hangups.unwatch(sock.fileno(), scope)
+
+        for name, fn in (("a task per turn waiting in receive()", task_per_turn),
+                         ("the server's epoll set (relayline.hangup)", server_set)):
+            samples = []
+            for _ in range(rounds):
+                start = time.process_time()
+                for _ in range(n):
+                    await fn()
+                samples.append((time.process_time() - start) / n * 1e6)
+            out[f"hang-up watch: {name}"] = {"cpu_us": statistics.median(samples)}
+        hangups.epoll.close()
+
+    trio.run(main)
+    return out
+
+
 def report_micro(result: dict) -> None:
     print("\nthe same levers in process (median µs of CPU; a ledger write's wall time in the loop too)")
     for name, row in result.items():
         extra = "".join(f"  {k.replace('_us', '')} {v:,.0f} µs" for k, v in row.items() if k != "cpu_us")
-        print(f"  {name:<48} {row['cpu_us']:7.1f} µs{extra}")
+        print(f"  {name:<58} {row['cpu_us']:7.1f} µs{extra}")
 
 
 def report(result: dict) -> None:
