@@ -84,12 +84,19 @@ def _hang_up_task_per_turn() -> None:
     http11._Hangups.AVAILABLE = False  # no extension: the gateway's task per turn waits in receive()
 
 
+def _all_of_them() -> None:
+    for lever in LEVERS.values():
+        if lever is not _all_of_them:
+            lever()
+
+
 LEVERS = {
     "nothing (a control: the same code)": lambda: None,
     "hang-ups told by the server": _hang_up_task_per_turn,
     "ledger checkpoint in a thread": _ledger_checkpoint_in_the_loop,
     "one response head per answer": _two_response_heads,
     "ids from os.urandom": _uuid_ids,
+    "all of them": _all_of_them,
 }
 
 LAUNCH = r"""
