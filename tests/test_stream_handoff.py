@@ -47,7 +47,7 @@ idle_s = {idle_s}
 family = "openai"
 base_url = "{url}/v1"
 model = "m"
-api_key = "k"
+api_key = "sk-handoff-test-key"
 """, env={})
 
 
