@@ -29,12 +29,15 @@ flight only moves the queue from the gateway into the pool.
 
 Proxies: where the environment names a proxy for a profile's URL (HTTP(S)_PROXY, ALL_PROXY, not
 bypassed by NO_PROXY, as urllib reads them), that profile's requests go through httpx, which
-honours it; this client does not speak CONNECT.
+honours it; this client does not speak CONNECT. RELAYLINE_UPSTREAM_CLIENT=httpx sends every
+profile through httpx (the client before this one: an operator's way back, and the benchmark's
+baseline in the same run).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 import urllib.request
 from collections import deque
@@ -68,12 +71,21 @@ def proxy_for(origin: Origin) -> str | None:
     return proxy
 
 
+def upstream_client() -> str:
+    """RELAYLINE_UPSTREAM_CLIENT: "lean" (the default) or "httpx"."""
+    value = os.environ.get("RELAYLINE_UPSTREAM_CLIENT", "").strip().lower() or "lean"
+    if value not in ("lean", "httpx"):
+        raise ValueError(f"RELAYLINE_UPSTREAM_CLIENT: {value!r} is neither 'lean' nor 'httpx'")
+    return value
+
+
 class ProfilePool:
     """One profile's connections: an idle stack per origin, a bound, the expiry task."""
 
     def __init__(self, max_connections: int | None = None, ssl_context: ssl.SSLContext | None = None,
-                 keepalive_s: float = KEEPALIVE_S) -> None:
+                 keepalive_s: float = KEEPALIVE_S, *, through_httpx: bool = False) -> None:
         self.ssl_context = ssl_context
+        self.through_httpx = through_httpx
         self.keepalive_s = keepalive_s
         self.max_connections = max_connections or None
         self.bound = trio.Semaphore(max_connections) if max_connections else None
@@ -162,10 +174,10 @@ class ProfilePool:
                 self._expiry = None
 
     def _proxy_client(self, origin: Origin) -> httpx.AsyncClient | None:
-        proxy = proxy_for(origin)
-        if proxy is None:
-            return None
-        log.info("upstream_proxy origin=%s: this profile's requests go through httpx", origin.url)
+        if not self.through_httpx:
+            if proxy_for(origin) is None:
+                return None
+            log.info("upstream_proxy origin=%s: this profile's requests go through httpx", origin.url)
         limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections,
                               keepalive_expiry=self.keepalive_s)
         # timeouts are the driver's cancel scopes; httpx's own are a backstop
@@ -234,6 +246,7 @@ class Pools:
 
     def __init__(self, max_connections: int | None = None) -> None:
         self.max_connections = max_connections or None
+        self.through_httpx = upstream_client() == "httpx"
         self.ssl_context = httpx.create_ssl_context()
         self.ssl_context.set_alpn_protocols(["http/1.1"])
         self.profiles: dict[str, ProfilePool] = {}
@@ -241,7 +254,8 @@ class Pools:
     def profile(self, name: str) -> ProfilePool:
         pool = self.profiles.get(name)
         if pool is None:
-            pool = self.profiles[name] = ProfilePool(self.max_connections, self.ssl_context)
+            pool = self.profiles[name] = ProfilePool(self.max_connections, self.ssl_context,
+                                                     through_httpx=self.through_httpx)
         return pool
 
     async def aclose(self) -> None:

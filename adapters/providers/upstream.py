@@ -15,6 +15,7 @@ undecodable body) is an `UpstreamError` whose message is relayline's own, never 
 from __future__ import annotations
 
 import functools
+import re
 import select
 import urllib.parse
 import zlib
@@ -77,7 +78,10 @@ def split_url(url: str) -> tuple[Origin, str, str]:
     return Origin(scheme, parts.hostname, port), host_header, target
 
 
-_DEFAULTS = frozenset({"host", "accept", "accept-encoding", "user-agent"})
+_DEFAULT_HEADERS = (("accept", "*/*"), ("accept-encoding", ACCEPT_ENCODING), ("user-agent", USER_AGENT))
+_DEFAULT_LINES = "".join(f"{k}: {v}\r\n" for k, v in _DEFAULT_HEADERS)
+_DEFAULTS = frozenset({"host", *dict(_DEFAULT_HEADERS)})
+_FRAMING = frozenset({"content-length", "transfer-encoding"})  # this client's to write
 
 
 @attrs.frozen
@@ -94,19 +98,37 @@ def lowercase(headers: dict[str, str]) -> dict[str, str]:
     return {name.lower(): value for name, value in headers.items()}
 
 
+# RFC 9110's token for a name; a value may hold anything but CR, LF and NUL (h11's own rules)
+_NAME = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+").fullmatch
+_UNSAFE_VALUE = re.compile(r"[\r\n\0]|^[ \t]|[ \t]$").search
+
+
 def render(request: UpstreamRequest, conn: h11.Connection) -> bytes:
-    """The request's head and body as one buffer, with h11 told it was sent."""
+    """The request's head and body as one buffer, with h11 told it was sent.
+
+    The head is written here rather than by h11: h11 re-validates and re-encodes every header
+    of every request (about a third of the client's CPU per request, cProfile), where these
+    checks are one regex each. h11 still sees a request event with the same framing (its
+    Content-Length), so it reads the response as it would have."""
     _, host, target = split_url(request.url)
-    headers = [("host", host), ("accept", "*/*"), ("accept-encoding", ACCEPT_ENCODING), ("user-agent", USER_AGENT)]
     given = request.headers
+    lines = [f"POST {target} HTTP/1.1\r\nhost: {host}\r\n"]
     if given.keys() & _DEFAULTS:  # a profile's own headers win over these defaults
-        headers = [(k, v) for k, v in headers if k not in given]
-    headers += given.items()
-    headers.append(("content-length", str(len(request.body))))
-    head = conn.send(h11.Request(method="POST", target=target, headers=headers))
-    conn.send_with_data_passthrough(h11.Data(data=request.body))
+        lines = [f"POST {target} HTTP/1.1\r\n"]
+        lines += [f"{k}: {v}\r\n" for k, v in _DEFAULT_HEADERS if k not in given]
+    else:
+        lines.append(_DEFAULT_LINES)
+    for name, value in given.items():
+        if not _NAME(name) or _UNSAFE_VALUE(value) or name in _FRAMING:
+            raise ValueError(f"header {name!r} cannot be sent upstream (an illegal name or value, or framing)")
+        lines.append(f"{name}: {value}\r\n")
+    body = request.body
+    lines.append(f"content-length: {len(body)}\r\n\r\n")
+    head = "".join(lines).encode("latin-1")
+    conn.send(h11.Request(method=b"POST", target=b"/", headers=((b"host", b"-"), (b"content-length", b"%d" % len(body)))))
+    conn.send_with_data_passthrough(h11.Data(data=body))
     conn.send(h11.EndOfMessage())
-    return head + request.body  # type: ignore[operator]
+    return head + body
 
 
 class Connection:
