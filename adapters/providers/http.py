@@ -190,8 +190,8 @@ class HttpProvider:
         async with self._exchange(request) as response:
             try:
                 body = await self._read_bounded(response, request)
-            except UpstreamError:
-                raise ProviderFailure(fc.truncated("connection lost while reading the response")) from None
+            except UpstreamError as exc:
+                raise ProviderFailure(fc.truncated(str(exc))) from None
             except UnsupportedEncoding as exc:
                 raise _unsupported(exc) from None
         if request.clock is not None:
@@ -256,8 +256,8 @@ class HttpProvider:
                         return
         except SSEProtocolError as exc:
             raise ProviderFailure(fc.truncated(f"malformed stream: {exc}")) from None
-        except UpstreamError:
-            raise ProviderFailure(fc.truncated("connection lost mid-stream")) from None
+        except UpstreamError as exc:
+            raise ProviderFailure(fc.truncated(f"{exc} (mid-stream)")) from None
         except UnsupportedEncoding as exc:
             raise _unsupported(exc) from None
         decoder.close()

@@ -197,6 +197,8 @@ class Connection:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError:
+                if conn.trailing_data[1]:  # the peer closed before a whole head
+                    raise UpstreamError("connection closed before the response") from None
                 raise UpstreamError("malformed HTTP response head") from None
             if event is h11.NEED_DATA:
                 try:
@@ -262,7 +264,9 @@ class Response:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError:
-                raise UpstreamError("connection lost while reading the response") from None
+                if conn.their_state is h11.ERROR and conn.trailing_data[1]:  # the peer closed mid-body
+                    raise UpstreamError("connection lost while reading the response") from None
+                raise UpstreamError("malformed HTTP response body") from None
             if type(event) is h11.Data:
                 if inflate is None:
                     return event.data  # type: ignore[return-value]
