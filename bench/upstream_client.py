@@ -87,12 +87,12 @@ def _pct(values: list[float], q: float) -> float:
 def summarise(raw: dict, requests: int) -> dict:
     lat = raw["latency"]
     out: dict = {"load_average": os.getloadavg()[0]}
+    stream = raw["stream"]
+
+    def med(key: str, i: int) -> float:
+        return statistics.median(t[i] for t in stream[key])
+
     for client in CLIENTS:
-        stream = raw["stream"]
-
-        def med(key: str, i: int) -> float:
-            return statistics.median(t[i] for t in stream[key])
-
         first_added = med(f"{client}_200", 0) - med("direct_200", 0)
         slope = (med(f"{client}_200", 1) - med(f"{client}_1", 1)) / 199
         direct_slope = (med("direct_200", 1) - med("direct_1", 1)) / 199

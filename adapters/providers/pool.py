@@ -53,6 +53,7 @@ from .upstream import (
     Origin,
     UpstreamError,
     UpstreamRequest,
+    default_ssl_context,
     split_url,
 )
 
@@ -240,15 +241,12 @@ async def _proxied_exchange(client: httpx.AsyncClient, request: UpstreamRequest,
 
 
 class Pools:
-    """Every profile's pool, opened on first use; one TLS context shared by all of them (building
-    one reads the CA bundle: tens of milliseconds and a few hundred KiB each). The CA trust is
-    httpx's: certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR when set."""
+    """Every profile's pool, opened on first use; one TLS context shared by all of them."""
 
     def __init__(self, max_connections: int | None = None) -> None:
         self.max_connections = max_connections or None
         self.through_httpx = upstream_client() == "httpx"
-        self.ssl_context = httpx.create_ssl_context()
-        self.ssl_context.set_alpn_protocols(["http/1.1"])
+        self.ssl_context = default_ssl_context()
         self.profiles: dict[str, ProfilePool] = {}
 
     def profile(self, name: str) -> ProfilePool:

@@ -17,12 +17,14 @@ from __future__ import annotations
 import functools
 import re
 import select
+import ssl
 import urllib.parse
 import zlib
 from importlib.metadata import PackageNotFoundError, version
 
 import attrs
 import h11
+import httpx
 import trio
 
 CONNECT_S = 30.0  # opening a connection (and its TLS handshake); the driver's scopes bound the rest
@@ -59,6 +61,15 @@ class Origin:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.scheme}://{host}:{self.port}"
+
+
+@functools.cache
+def default_ssl_context() -> ssl.SSLContext:
+    """The CA trust httpx used: certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR when set (built
+    once: reading the bundle takes tens of milliseconds and a few hundred KiB)."""
+    context = httpx.create_ssl_context()
+    context.set_alpn_protocols(["http/1.1"])
+    return context
 
 
 @functools.lru_cache(maxsize=512)
@@ -145,23 +156,27 @@ class Connection:
         self._fd = fd
 
     @classmethod
-    async def connect(cls, origin: Origin, ssl_context) -> Connection:
+    async def connect(cls, origin: Origin, ssl_context: ssl.SSLContext | None) -> Connection:
         try:
             with trio.fail_after(CONNECT_S):
                 tcp = await trio.open_tcp_stream(origin.host, origin.port)
-                stream: trio.abc.Stream = tcp
-                if origin.scheme == "https":
-                    stream = trio.SSLStream(tcp, ssl_context, server_hostname=origin.host, https_compatible=True)
-                    try:
-                        await stream.do_handshake()
-                    except BaseException:
-                        await trio.aclose_forcefully(tcp)
-                        raise
+                if origin.scheme != "https":
+                    return cls(origin, tcp, tcp.socket.fileno())
+                tls = trio.SSLStream(tcp, ssl_context or default_ssl_context(), server_hostname=origin.host,
+                                     https_compatible=True)
+                try:
+                    await tls.do_handshake()
+                except TRANSPORT_ERRORS:
+                    await trio.aclose_forcefully(tcp)
+                    raise UpstreamError("TLS handshake failed (the certificate or the protocol)") from None
+                except BaseException:
+                    await trio.aclose_forcefully(tcp)
+                    raise
+                return cls(origin, tls, tcp.socket.fileno())
         except trio.TooSlowError:
             raise UpstreamError(f"connecting took longer than {CONNECT_S:g}s") from None
         except TRANSPORT_ERRORS:
             raise UpstreamError("could not connect") from None
-        return cls(origin, stream, tcp.socket.fileno())
 
     async def write(self, data: bytes) -> None:
         await self.stream.send_all(data)
