@@ -34,16 +34,18 @@ test: install browser
 fuzz: install
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -m "property or fuzz" -x
 
-# mutation testing of machines/ ([tool.mutmut] in pyproject.toml), from scratch each time: a view
-# in .mutmut/ (machines/ as relayline/machines, the tests, ../shared), then the score
-MUTMUT_CHILDREN ?= 2
+# mutation testing of machines/ ([tool.mutmut] in pyproject.toml) in a view in .mutmut/ (machines/
+# as relayline/machines, the tests, ../shared), then the score. It resumes: a mutant keeps its verdict
+# while its function is unchanged (rm -rf .mutmut to start over); MUTANTS="name-or-pattern ..." re-runs
+# those. Under nice, one child by default: the machine is shared.
+MUTMUT_CHILDREN ?= 1
 mutmut: install
 	$(PY) -m pip install --quiet -e '.[mutation]'
-	rm -rf .mutmut && mkdir -p .mutmut/relayline
-	ln -s $(CURDIR)/machines .mutmut/relayline/machines
-	for p in tests adapters pyproject.toml; do ln -s $(CURDIR)/$$p .mutmut/$$p; done
-	ln -s $(abspath ../shared) .mutmut/shared
-	cd .mutmut && PATH=$(CURDIR)/$(BIN):$$PATH HYPOTHESIS_PROFILE=ci mutmut run --max-children $(MUTMUT_CHILDREN)
+	mkdir -p .mutmut/relayline
+	ln -sfn $(CURDIR)/machines .mutmut/relayline/machines
+	for p in tests adapters pyproject.toml; do ln -sfn $(CURDIR)/$$p .mutmut/$$p; done
+	ln -sfn $(abspath ../shared) .mutmut/shared
+	cd .mutmut && PATH=$(CURDIR)/$(BIN):$$PATH HYPOTHESIS_PROFILE=ci nice -n 15 mutmut run --max-children $(MUTMUT_CHILDREN) $(MUTANTS)
 	cd .mutmut && $(CURDIR)/$(PY) $(CURDIR)/.ci/mutmut_score.py
 
 bench: install browser

@@ -26,6 +26,7 @@ from cattrs.errors import (
     IterableValidationError,
     IterableValidationNote,
 )
+from cattrs.gen import mapping_structure_factory
 
 from .errors import ConfigError
 
@@ -288,6 +289,23 @@ def _structure_tuple(value: Any, type_: Any) -> tuple[Any, ...]:
 
 _converter.register_structure_hook_func(
     lambda t: typing.get_origin(t) is tuple, _structure_tuple  # type: ignore[comparison-overlap]
+)
+
+
+def _structure_dicts(type_: Any) -> Callable[[Any, Any], Any]:
+    # cattrs' own mapping hook calls .items() on whatever it is given: a TOML string or array
+    # where a table belongs would surface as "'str' object has no attribute 'items'"
+    # (cattrs.gen's factory: the converter's gen_structure_mapping would register the bare hook)
+    base = mapping_structure_factory(type_, _converter, dict, detailed_validation=_converter.detailed_validation)
+
+    def structure(value: Any, _type: Any) -> Any:
+        return base(_structure_mapping_table(value, _type), _type)
+
+    return structure
+
+
+_converter.register_structure_hook_factory(
+    lambda t: typing.get_origin(t) is dict, _structure_dicts  # type: ignore[comparison-overlap]
 )
 
 

@@ -228,7 +228,7 @@ def build_router(config: Config, env: Mapping[str, str]) -> Router:
     default_entries, w = materialise(config, config.active, config.model or config.providers[config.active].model)
     warnings += w
     default = Domain(config.active, default_entries)
-    domains: dict[str, Domain] = {}
+    targets: dict[str, str] = {}  # route hint -> its target profile
     route_models: dict[str, str] = {}
     by_target: dict[str, Domain] = {config.active: default}
     for i, route in enumerate(config.routes):
@@ -243,8 +243,10 @@ def build_router(config: Config, env: Mapping[str, str]) -> Router:
             by_target[target] = Domain(target, entries, (route.api_key,) if route.api_key else ())
         elif route.api_key and target != config.active and not by_target[target].root_keys:
             by_target[target] = attrs.evolve(by_target[target], root_keys=(route.api_key,))
-        domains[route.hint] = by_target[target]
+        targets[route.hint] = target
         route_models[route.hint] = route.model
+    # resolved after every route: a later route's credential also serves the earlier hints to its target
+    domains = {hint: by_target[target] for hint, target in targets.items()}
     catalog: dict[str, Domain] = {}
     for i, item in enumerate(config.catalog):
         entries, w = catalog_chain(config, item, f"catalog[{i}]")

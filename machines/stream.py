@@ -73,22 +73,18 @@ class Event:
 
 
 class StreamGate:
-    __slots__ = ("life", "held", "text", "reasoning", "tools", "tool_ids", "arguments", "executed_tools", "usage",
-                 "finish_reason", "stop_sequence", "decisive_count")
+    __slots__ = ("life", "held", "text", "tools", "tool_ids", "arguments", "usage", "finish_reason", "stop_sequence")
 
     def __init__(self) -> None:
         self.life: Lifecycle = load_spec("stream").start()
         self.held: list[Event] = []
         self.text: list[str] = []  # text forwarded to the immutable sink, in order
-        self.reasoning = False
         self.tools: list[str] = []
         self.tool_ids: list[str] = []
         self.arguments: list[list[str]] = []  # argument fragments per tool call
-        self.executed_tools: list[str] = []
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
         self.stop_sequence: str | None = None  # the stop sequence that ended the answer, if the provider said
-        self.decisive_count = 0
 
     @property
     def state(self) -> StreamState:
@@ -127,19 +123,14 @@ class StreamGate:
                 self.held.append(Event(EventKind.PREAMBLE, frame.kind))
             return ()
         event = Event(EVENT_NAMES[frame.kind], frame.value, frame.ref)
-        self.decisive_count += 1
         if frame.kind == TEXT:
             self.text.append(frame.value)
-        elif frame.kind == REASONING:
-            self.reasoning = True
         elif frame.kind == TOOL_CALL:
             self.tools.append(frame.value)
             self.tool_ids.append(frame.ref)
             self.arguments.append([])
         elif frame.kind == TOOL_ARGS and self.arguments:
             self.arguments[-1].append(frame.value)
-        elif frame.kind == EXECUTED_TOOL:
-            self.executed_tools.append(frame.value)
         if self.life.state == StreamState.COMMITTED:
             return (event,)
         self.life.fire(StreamTrigger.DECISIVE)

@@ -103,6 +103,85 @@ def test_in_band_stream_errors(error, kind):
     assert fc.classify_stream_error(error).kind == kind
 
 
+F = fc.Failure
+
+
+@pytest.mark.parametrize("status, body, headers, failure", [
+    (503, None, {"retry-after": "3"}, F(fc.RETRYABLE, "HTTP 503", 503, 3.0)),
+    (409, None, None, F(fc.RETRYABLE, "HTTP 409", 409)),
+    (425, None, None, F(fc.RETRYABLE, "HTTP 425", 425)),
+    (500, None, None, F(fc.RETRYABLE, "HTTP 500", 500)),
+    (499, None, None, F(fc.REJECTED, "HTTP 499", 499)),
+    (400, None, {"retry-after": "3"}, F(fc.REJECTED, "HTTP 400", 400)),
+    (429, None, {"retry-after-ms": "250"}, F(fc.RATE_LIMITED, "HTTP 429 rate limited", 429, 0.25)),
+    (413, "Request too large: input is too long", None, F(fc.CONTEXT_WINDOW, "HTTP 413 context window exceeded", 413)),
+    (422, "n_ctx exceeded", None, F(fc.CONTEXT_WINDOW, "HTTP 422 context window exceeded", 422)),
+    (500, "CONTEXT WINDOW exceeded", None, F(fc.CONTEXT_WINDOW, "HTTP 500 context window exceeded", 500)),
+    (503, "context length", None, F(fc.RETRYABLE, "HTTP 503", 503)),  # an outage that names context
+    (401, "context_length_exceeded", None, F(fc.REJECTED, "HTTP 401", 401)),
+    (429, "INSUFFICIENT_QUOTA", {"retry-after": "9"}, F(fc.QUOTA, "HTTP 429 quota or billing", 429)),
+    (402, "payment required", None, F(fc.QUOTA, "HTTP 402 quota or billing", 402)),
+    (400, "upgrade your plan", None, F(fc.QUOTA, "HTTP 400 quota or billing", 400)),
+    (500, "billing system down", None, F(fc.RETRYABLE, "HTTP 500", 500)),  # a 5xx is an outage, whatever it says
+    (400, "Content Policy", None, F(fc.REFUSED, "HTTP 400 content policy", 400)),
+    (422, "content_filter", None, F(fc.REJECTED, "HTTP 422", 422)),
+])
+def test_an_http_failure_is_its_class_detail_status_and_wait(status, body, headers, failure):
+    assert fc.classify_http(status, body, headers) == failure
+
+
+@pytest.mark.parametrize("error, failure", [
+    # Anthropic's in-band error types
+    ("overloaded_error", F(fc.RETRYABLE, "stream error: overloaded")),
+    ("api_error", F(fc.RETRYABLE, "stream error: overloaded")),
+    ("rate_limit_error", F(fc.RATE_LIMITED, "stream error: rate limited")),
+    ("invalid_request_error", F(fc.REJECTED, "stream error: invalid_request_error")),
+    ("authentication_error", F(fc.REJECTED, "stream error: authentication_error")),
+    ("permission_error", F(fc.REJECTED, "stream error: permission_error")),
+    ("not_found_error", F(fc.REJECTED, "stream error: not_found_error")),
+    # OpenAI-compatible chunk error codes and messages, in any case
+    ("Invalid_Request_Error", F(fc.REJECTED, "stream error: invalid_request_error")),
+    ("RATE_LIMIT_EXCEEDED", F(fc.RATE_LIMITED, "stream error: rate limited")),
+    ("server_error", F(fc.RETRYABLE, "stream error: overloaded")),
+    ("Service Unavailable", F(fc.RETRYABLE, "stream error: overloaded")),
+    ("upstream timeout", F(fc.RETRYABLE, "stream error: overloaded")),
+    ("context_length_exceeded", F(fc.CONTEXT_WINDOW, "stream error: context window exceeded")),
+    ("insufficient_quota", F(fc.QUOTA, "stream error: quota or billing")),
+    ("content_policy_violation", F(fc.REFUSED, "stream error: content policy")),
+    ("invalid_request_error: bad field", F(fc.RETRYABLE, "stream error")),  # a code, not a sentence
+    ("something odd", F(fc.RETRYABLE, "stream error")),
+    ("", F(fc.RETRYABLE, "stream error")),
+    (None, F(fc.RETRYABLE, "stream error")),
+])
+def test_an_in_band_stream_error_is_its_class_and_detail(error, failure):
+    assert fc.classify_stream_error(error) == failure
+
+
+@pytest.mark.parametrize("headers, now, seconds", [
+    (None, None, None), ({}, None, None), ({"x-other": "1"}, None, None),
+    ({"Retry-After-Ms": "0"}, None, 0.0), ({"retry-after-ms": "-5", "retry-after": "4"}, None, 4.0),
+    ({"retry-after-ms": "soon", "retry-after": "4"}, None, 4.0), ({"retry-after": " 2.5 "}, None, 2.5),
+    ({"retry-after": "0"}, None, 0.0),
+    ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, None, None),  # a date needs a clock
+    ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, 1445412480.0 + 60, 0.0),  # in the past: now
+    ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, 1445412480.0 - 30, 30.0),
+])
+def test_retry_after_edges(headers, now, seconds):
+    assert fc.parse_retry_after(headers, now) == seconds
+
+
+def test_the_failures_relayline_names_itself():
+    assert fc.malformed("choices[0]") == F(fc.MALFORMED, "malformed response: choices[0]")
+    assert fc.connection_error() == F(fc.RETRYABLE, "connection error")
+    assert fc.truncated() == F(fc.RETRYABLE, "stream truncated before its completion signal")
+    assert fc.truncated("cut") == F(fc.RETRYABLE, "cut")
+    assert fc.timed_out("first byte", 2.5) == F(fc.TIMEOUT, "no first byte within 2.5s")
+    assert fc.too_large(1024) == F(fc.TOO_LARGE, "response larger than limits.max_response_bytes (1024 bytes)")
+    assert fc.too_large(9, "frame") == F(fc.TOO_LARGE, "frame larger than limits.max_response_bytes (9 bytes)")
+    assert fc.internal(KeyError("sk-secret")) == F(fc.INTERNAL, "internal error (KeyError)")
+    assert fc.BREAKER_CLASSES == {fc.RETRYABLE, fc.MALFORMED, fc.TIMEOUT}
+
+
 @pytest.mark.parametrize("reasoning, effort, budget", [
     (Reasoning(effort="medium"), "medium", 4096),
     (Reasoning(effort="low", budget_tokens=9000), "low", 9000),  # each side keeps what it was given
@@ -240,3 +319,58 @@ def test_a_model_name_is_printable_and_bounded():
 ])
 def test_a_finish_reason_is_the_providers_else_what_the_answer_shows(reason, tools, canonical):
     assert finish_reason(reason, tools) == canonical
+
+
+# -- what an entry cannot honour (CONFIG.md "The wire"): named, so the walk skips it ----------------
+
+def _unsupported(family, source="openai", capabilities=None, **request):
+    from relayline.machines.config import Capabilities
+    from relayline.machines.wire import unsupported
+
+    request.setdefault("messages", (Message(USER, (Part(TEXT, "hi"),)),))
+    return unsupported(Request(source=source, **request), family, capabilities or Capabilities())
+
+
+def test_what_a_capability_lacks_is_named_for_every_family():
+    from relayline.machines.config import Capabilities
+
+    picture = (Message(USER, (Part(IMAGE, url="https://x/c.png"),)),)
+    none = Capabilities(vision=False, tools=False)
+    tools = (Tool("weather"),)
+    for family in ("sim", "openai", "anthropic"):
+        assert _unsupported(family, messages=picture, tools=tools, capabilities=none) == ("image", "tools")
+        assert _unsupported(family, messages=picture, tools=tools) == ()
+    assert _unsupported("sim", messages=picture, capabilities=Capabilities(vision=False)) == ("image",)
+    assert _unsupported("sim", tools=tools, capabilities=Capabilities(tools=False)) == ("tools",)
+
+
+def test_anthropic_only_fields_are_named_for_an_openai_entry():
+    document = (Message(USER, (Part(DOCUMENT, url="https://x/d.pdf"), Part(TEXT, "sum", extra=("cache_control",)))),
+                Message("tool", (Part(TEXT, "boom"),), tool_call_id="t1", is_error=True))
+    assert _unsupported("openai", source="anthropic", messages=document, top_k=5,
+                        extra={"metadata": {"x": 1}}) == (
+        "metadata", "cache_control", "top_k", "document.source.url", "tool_result.is_error")
+    inline = (Message(USER, (Part(DOCUMENT, data="JVBER", media_type="application/pdf"),)),)
+    assert _unsupported("openai", source="anthropic", messages=inline) == ()
+    assert _unsupported("anthropic", source="anthropic", messages=document, top_k=5) == ()  # the body as sent
+
+
+def test_openai_only_fields_are_named_for_an_anthropic_entry():
+    assert _unsupported("anthropic", response_format=ResponseFormat("json_object"),
+                        reasoning=Reasoning(effort="extreme"), extra={"seed": 7, "logprobs": True}) == (
+        "seed", "logprobs", "response_format", "reasoning_effort")
+    assert _unsupported("anthropic", response_format=ResponseFormat("text"), reasoning=Reasoning(effort="high")) == ()
+    assert _unsupported("openai", response_format=ResponseFormat("json_object"), extra={"seed": 7}) == ()
+
+
+def test_a_field_named_twice_is_named_once():
+    doubled = (Message(USER, (Part(TEXT, "a", extra=("cache_control",)), Part(TEXT, "b", extra=("cache_control",)))),)
+    assert _unsupported("openai", source="anthropic", messages=doubled) == ("cache_control",)
+
+
+def test_extras_are_the_unknown_fields_that_carry_something():
+    from relayline.machines.wire import extras
+
+    fields = {"model": "m", "seed": 7, "user": None, "tags": [], "meta": {}, "presence_penalty": 0,
+              "frequency_penalty": 0.5, "logprobs": False, "store": True, "top_logprobs": 0}
+    assert extras(fields, {"model"}) == ["seed", "frequency_penalty", "store", "top_logprobs"]

@@ -360,7 +360,20 @@ REFUSED = {
                                                                'to_tag = "provider_call"\nvia = ["end"]'),
                               "toy.toml: invariant violated: immutable_output state 'b' reaches provider_call "
                               "state 'a' without a recovery transition (end)"),
+    "violated, two named": (_add("replay", "b", "a").replace('to_tag = "provider_call"',
+                                                             'to_tag = "provider_call"\nvia = ["end", "go"]'),
+                            "toy.toml: invariant violated: immutable_output state 'b' reaches provider_call "
+                            "state 'a' without a recovery transition (end, go)"),
+    "invariant without kind": (TOY.replace('kind = "no_path"\n', ""), "toy.toml: unknown invariant kind ''"),
 }
+
+
+def test_what_a_spec_leaves_out_is_empty_not_none():
+    spec = parse_spec(TOY.replace('kind = "no_path"\nfrom_tag = "immutable_output"\nto_tag = "provider_call"\n',
+                                  'kind = "no_path"\n'), "toy.toml")
+    assert spec.doc == "" and not spec.recurrent and spec.decisions is None
+    assert {s.doc for s in spec.states.values()} == {""} and {t.doc for t in spec.transitions} == {""}
+    assert (spec.invariants[0].from_tag, spec.invariants[0].to_tag, spec.invariants[0].doc) == ("", "", "")
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
@@ -401,6 +414,10 @@ REFUSED_TABLES = {
                      "specs/walk.toml: decisions[3] uses undeclared wait 'nap'"),
     "unknown action": (lambda t: t.replace('actions = ["skip"]', 'actions = ["dance"]', 1),
                        "specs/walk.toml: decisions[5] uses undeclared action 'dance'"),
+    "no decide state": (lambda t: t.replace('decide = "calling"', "", 1),
+                        "specs/walk.toml: decide names undeclared state ''"),
+    "undecided always": (lambda t: t.replace('failure = ["quota", "refused"]', 'failure = ["quota"]', 1),
+                         "specs/walk.toml: failure 'refused' is undecided when always"),
     "trigger not accepted": (lambda t: t.replace('then = "stop"', 'then = "exhaust"', 1),
                              "specs/walk.toml: decisions[0] fires 'exhaust', which state 'calling' does not accept"),
 }

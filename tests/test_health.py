@@ -79,3 +79,103 @@ def test_a_probe_held_past_its_lease_is_freed_for_another_turn():
     assert not b.blocks(36.5) and b.state == "half_open"
     assert list(b.life.history)[-2:] == ["probing", "half_open"]
     assert b.claim(36.6) and b.state == "probing"
+
+
+# -- the arithmetic at each edge (CONFIG.md: failure_threshold failures inside window_s open it
+# for open_s; after open_s it is half-open; a probe success closes it and clears its failures) ---
+
+def test_a_failure_exactly_window_s_old_has_left_the_window():
+    b = Breaker(CFG)
+    b.failure(0.0)
+    b.failure(10.0)
+    assert b.state == "closed" and list(b.failures) == [10.0] and not b.threshold_reached
+    b.failure(19.9)
+    assert b.state == "open" and b.open_until == 24.9 and not b.failures  # opening clears the count
+
+
+def test_the_breaker_is_half_open_exactly_at_open_until():
+    b = tripped()
+    assert b.refresh(5.999) == "open" and b.blocks(5.999)
+    assert b.refresh(6.0) == "half_open" and not b.blocks(6.0)
+
+
+def test_a_success_outside_a_probe_does_not_forgive_failures():
+    b = Breaker(CFG)
+    b.failure(0.0)
+    assert not b.threshold_reached
+    b.success(1.0)
+    assert list(b.failures) == [0.0]
+    b.failure(2.0)
+    assert b.state == "open"
+
+
+def test_a_claim_takes_the_probe_only_when_half_open_or_forced_on_an_open_breaker():
+    b = Breaker(CFG, probe_lease_s=30.0)
+    assert not b.claim(0.0) and not b.claim(0.0, force=True) and b.state == "closed"
+    b.failure(0.0)
+    b.failure(1.0)
+    assert not b.claim(2.0) and b.state == "open"
+    assert b.claim(2.0, force=True) and b.state == "probing" and b.lease_until == 32.0
+    assert not b.claim(3.0, force=True)  # one probe, forced or not
+
+
+def test_transitions_count_every_change_of_state_and_nothing_else():
+    b = Breaker(CFG)
+    b.failure(0.0)
+    b.success(0.5)
+    b.release()
+    assert b.transitions == 0 and b.state == "closed"
+    b.failure(1.0)
+    assert b.transitions == 1
+    assert b.claim(6.0) and b.transitions == 3  # cool_off, then probe
+    b.success(6.5)
+    assert b.transitions == 4 and b.state == "closed"
+
+
+def test_a_disabled_breaker_never_blocks_nor_probes():
+    b = Breaker(BreakerConfig(enabled=False, window_s=10, failure_threshold=1, open_s=5))
+    b.failure(0.0)
+    assert not b.blocks(0.1) and not b.claim(0.1) and not b.claim(0.1, force=True)
+
+
+def test_a_shared_stores_view_replaces_the_local_breaker():
+    b = Breaker(CFG)
+    b.adopt("open", [3.0], 9.0)
+    assert b.state == "open" and list(b.failures) == [3.0] and b.open_until == 9.0 and b.transitions == 1
+    assert list(b.life.history)[-1] == "open" and b.blocks(8.9)
+    b.adopt("open", [], 9.5)
+    assert b.transitions == 1 and b.open_until == 9.5 and not b.failures
+    b.adopt("probing", [], 0.0)
+    assert b.lease_until == float("inf") and b.blocks(10**9)  # another worker holds the probe
+    try:
+        b.adopt("ajar", [], 0.0)
+    except ValueError as exc:
+        assert str(exc) == "breaker: no state 'ajar'"
+    else:
+        raise AssertionError("an unknown state was adopted")
+
+
+def test_in_memory_health_keeps_the_longest_cooldown_and_forgets_removed_profiles():
+    from relayline.machines.health import InMemoryHealth
+
+    store = InMemoryHealth(CFG, probe_lease_s=7.0)
+    assert store.cooldown_until("a") == float("-inf") and store.key_cursor("a") == 0
+    store.set_cooldown("a", 10.0)
+    store.set_cooldown("a", 4.0)
+    assert store.cooldown_until("a") == 10.0
+    store.clear_cooldown("a")
+    store.clear_cooldown("never-set")
+    assert store.cooldown_until("a") == float("-inf")
+    store.set_cooldown("a", 10.0)
+    store.set_cooldown("b", 10.0)
+    store.set_key_cursor("a", 2)
+    store.set_key_cursor("b", 1)
+    breaker = store.breaker("a")
+    assert store.breaker("a") is breaker and breaker.lease_s == 7.0 and store.breaker("b") is not breaker
+    breaker.failure(0.0)
+    wider = BreakerConfig(window_s=100, failure_threshold=5, open_s=50)
+    store.reconfigure(wider, ["a"])
+    assert store.breaker("a") is breaker and breaker.config == wider and list(breaker.failures) == [0.0]
+    assert store.cooldown_until("a") == 10.0 and store.key_cursor("a") == 2
+    assert store.cooldown_until("b") == float("-inf") and store.key_cursor("b") == 0
+    assert store.breaker("b").config == wider and store.breaker_config == wider

@@ -1,4 +1,5 @@
-"""The ledger's backstop: whatever token counts reach it, a row bills a sane, non-negative cost."""
+"""The ledger: a row per billable attempt, its totals and its cost; and its backstop: whatever
+token counts reach it, a row bills a sane, non-negative cost."""
 
 import math
 
@@ -9,6 +10,31 @@ from relayline.machines.config import Price
 from relayline.machines.ledger import MAX_TOKENS, Usage, row
 
 PRICE = Price(input_per_mtok=3.0, output_per_mtok=15.0)
+
+
+def test_a_row_bills_cache_reads_and_writes_as_input_and_keeps_what_it_records():
+    usage = Usage(input_tokens=1_000, output_tokens=200, cache_read_tokens=30, cache_write_tokens=4,
+                  reasoning_tokens=50)
+    line = row("anthropic.main", "m", PRICE, usage, accepted=False, outcome="semantic_empty", mode="stream")
+    assert (line.provider, line.model, line.accepted, line.outcome, line.mode) == (
+        "anthropic.main", "m", False, "semantic_empty", "stream")
+    assert (line.input_tokens, line.output_tokens) == (1_034, 200)
+    assert line.cost_usd == (1_034 * 3.0 + 200 * 15.0) / 1_000_000
+    assert line.as_json() == {"provider": "anthropic.main", "model": "m", "accepted": False,
+                              "input_tokens": 1_034, "output_tokens": 200, "cost_usd": line.cost_usd}
+
+
+def test_a_usage_is_billable_when_any_billed_count_is_not_zero():
+    assert not Usage().billable and not Usage(reasoning_tokens=9).billable
+    assert all(Usage(**{k: 1}).billable
+               for k in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"))
+    assert Usage().cost(PRICE) == 0.0 and Usage(output_tokens=1_000_000).cost(PRICE) == 15.0
+    assert Usage(cache_write_tokens=1_000_000).cost(PRICE) == 3.0
+
+
+def test_a_count_that_is_no_number_bills_zero():
+    assert Usage("12", 7.9, None, [], "x") == Usage(12, 7, 0, 0, 0)
+    assert Usage(MAX_TOKENS).input_tokens == MAX_TOKENS and Usage(MAX_TOKENS + 1).input_tokens == MAX_TOKENS
 
 
 def test_negative_counts_bill_nothing():

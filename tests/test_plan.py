@@ -7,9 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import config, labels, plan
-from relayline.machines.effort import RouteSelection, estimate
+from relayline.machines.config import Secret
+from relayline.machines.effort import EffortDecision, RouteSelection, allowlist, decide, estimate
 from relayline.machines.errors import ConfigError
-from relayline.machines.plan import build_router, materialise, resolve_ref
+from relayline.machines.plan import build_router, materialise, profile_keys, resolve_ref
 
 # -- materialisation ---------------------------------------------------------------------------
 
@@ -116,6 +117,137 @@ def test_unknown_family_on_a_reachable_profile_is_fatal():
 def test_all_entries_of_a_profile_share_one_health_key():
     cfg = config(active="a", providers={"a": {"model": "m1", "fallback_models": ["m2"]}})
     assert {e.profile for e in plan(cfg).entries} == {"a"}
+
+
+def test_fatal_problems_are_every_reachable_profiles_sorted_once():
+    cfg = config(active="a", providers={
+        "a": {"family": "openai", "model": "m", "fallbacks": ["b", "c"]},
+        "b": {"family": "anthropic", "model": "n", "api_key_env": "NOPE"},
+        "c": {"family": "pigeon", "model": "x", "fallbacks": ["b"]},
+    }, routes=[{"hint": "b", "provider": "b", "model": "n"}])
+    with pytest.raises(ConfigError) as info:
+        build_router(cfg, {"NOPE": ""})
+    assert info.value.problems == [
+        "providers.a: the openai public API needs a credential (api_key, api_key_env or api_keys)",
+        "providers.b.api_key_env: environment variable NOPE is not set",
+        "providers.c.family: unknown family 'pigeon' (known: openai, anthropic, sim)",
+    ]
+
+
+def test_a_profile_gives_its_pool_else_its_key_else_its_variable():
+    def keys(env=None, **body):
+        return profile_keys("x.p", config(active="x.p", providers={"x.p": body}).providers["x.p"], env or {})
+
+    pool, problem = keys(api_keys=["k1", "k2"])
+    assert [k.reveal() for k in pool] == ["k1", "k2"] and problem is None
+    assert [k.reveal() for k in keys(api_key="one")[0]] == ["one"]
+    assert keys({"V": "from-env"}, api_key_env="V")[0] == (Secret("from-env"),)
+    assert keys({}, api_key_env="V") == ((), 'providers."x.p".api_key_env: environment variable V is not set')
+    assert keys() == ((), None)  # the scripted family needs no credential
+    assert keys(family="anthropic", base_url="http://127.0.0.1:9") == ((), None)  # a self-hosted endpoint
+    assert keys(family="anthropic") == ((), 'providers."x.p": the anthropic public API needs a credential '
+                                            "(api_key, api_key_env or api_keys)")
+
+
+def test_a_route_credential_stands_in_for_its_target_but_not_for_the_active_profile():
+    cfg = config(active="a", providers={"a": {"family": "openai", "model": "m", "api_key": "own"},
+                                        "t": {"family": "openai", "model": "tm"}},
+                 routes=[{"hint": "home", "provider": "a", "model": "m", "api_key": "route-a"},
+                         {"hint": "t", "provider": "t", "model": "tm", "api_key": "route-t"}])
+    assert plan(cfg, model="hint:home").entries[0].keys == (Secret("own"),)
+    assert plan(cfg, model="hint:t").entries[0].keys == (Secret("route-t"),)
+    keyless = config(active="a", providers={"a": {"family": "openai", "model": "m", "api_key": "own"},
+                                            "t": {"family": "openai", "model": "tm"}},
+                     routes=[{"hint": "t", "provider": "t", "model": "tm"},
+                             {"hint": "t2", "provider": "t", "model": "tm", "api_key": "late"}])
+    assert plan(keyless, model="hint:t").entries[0].keys == (Secret("late"),)
+
+
+def test_a_warning_repeated_by_two_domains_is_reported_once():
+    cfg = config(active="a", providers={"a": {"model": "m", "fallbacks": ["ghost", "b"]}, "b": {"model": "n"}},
+                 routes=[{"hint": "b", "provider": "b", "model": "n"}, {"hint": "g", "provider": "nowhere", "model": "x"}])
+    router = build_router(cfg, {})
+    assert [str(w) for w in router.warnings] == [
+        "dangling_fallback_ref at providers.a.fallbacks[0]: 'ghost' names no profile (or an ambiguous bare alias); pruned",
+        "unknown_route_provider at routes[1].provider: 'nowhere' names no profile; route 'g' dropped",
+    ]
+
+
+def test_materialise_names_each_pruned_edge_in_its_warning():
+    cfg = config(active="a", providers={"a": {"model": "m", "fallback_models": [" ", "m"], "fallbacks": ["b"]},
+                                        "b": {"model": "n", "fallbacks": ["a", "c"]}, "c": {"model": "o"}},
+                 reliability={"max_fallback_depth": 1})
+    entries, warnings = materialise(cfg, "a", "m")
+    assert [(e.profile, e.model, e.pinned) for e in entries] == [("a", "m", True), ("b", "n", True)]
+    assert [str(w) for w in warnings] == [
+        "empty_fallback_model at providers.a.fallback_models[0]: blank model id pruned",
+        "fallback_model_duplicates_primary at providers.a.fallback_models[1]: 'm' is the primary model; pruned",
+        "fallback_cycle at providers.b.fallbacks[0]: 'a' is already on the path a -> b; pruned",
+        "max_fallback_depth_exceeded at providers.b.fallbacks[1]: 'c' is at depth 2 > max_fallback_depth 1; pruned",
+    ]
+
+
+def test_a_fallback_model_listed_twice_is_attempted_once():
+    cfg = config(active="a", providers={"a": {"model": "m", "fallback_models": ["n", "n", "o"]}})
+    assert labels(plan(cfg)) == ["a/m", "a/n", "a/o"]
+
+
+def test_a_profile_reached_through_two_branches_is_attempted_once_where_first_reached():
+    cfg = config(active="a", providers={"a": {"model": "m", "fallbacks": ["b", "c"]}, "b": {"model": "n", "fallbacks": ["d"]},
+                                        "c": {"model": "o", "fallbacks": ["d"]}, "d": {"model": "q"}})
+    assert labels(plan(cfg)) == ["a/m", "b/n", "d/q", "c/o"]
+
+
+# -- one turn's plan ------------------------------------------------------------------------------
+
+def test_a_plan_as_json_shows_the_domain_effort_allowlist_entries_and_warnings():
+    p = plan(config(**{**EFFORT, "providers": {
+        "local.main": {"model": "small", "locality": "local", "fallbacks": ["cloud.main"],
+                       "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}},
+        "cloud.main": {"model": "big"}}}), text="hi")
+    assert p.as_json() == {
+        "domain": "local.main",
+        "effort": p.effort.as_json(),
+        "allowlist": ["local.main"],
+        "catalog": None,
+        "entries": [{"provider": "local.main", "model": "small", "pinned": True,
+                     "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}},
+                    {"provider": "cloud.main", "model": "big", "pinned": True,
+                     "price": {"input_per_mtok": 0.0, "output_per_mtok": 0.0}}],
+        "warnings": [],
+    }
+    plain = plan(config(active="a", providers={"a": {"model": "m"}}))
+    assert plain.as_json()["effort"] is None and plain.as_json()["allowlist"] is None
+    assert plain.requested == "a/m" and plan(config(active="a", providers={"a": {}}), model="x").requested == "a/x"
+
+
+def test_a_plan_serves_an_allowed_profile_that_can_honour_the_request():
+    import attrs
+
+    p = plan(config(**EFFORT), text="hi")
+    assert p.serves("local.main") and not p.serves("cloud.main")
+    unfit = attrs.evolve(p, unfit={"local.main": ("images",)})
+    assert not unfit.serves("local.main") and unfit.allows("local.main")
+    assert attrs.evolve(p, allowlist=None).serves("cloud.main")
+
+
+def test_the_turns_model_comes_from_operator_then_request_then_effort_then_the_scope():
+    cfg = config(**EFFORT)
+    operator = RouteSelection().select("hint:cloud")
+    assert plan(cfg, model="hint:local", operator_model="hint:cloud").domain == "cloud.main"
+    assert plan(cfg, model="hint:local", selection=operator).domain == "cloud.main"
+    assert plan(cfg, model="hint:local", operator_model="auto", selection=operator).domain == "local.main"
+    assert plan(cfg, model="auto", text=COMPLEX).domain == "cloud.main"  # "auto" is effort's
+    assert plan(cfg, model="hint:cloud", text="hi").effort is None
+    plain = config(active="a", providers={"a": {}}, routes=[{"hint": "r", "provider": "a", "model": "rm"}])
+    assert labels(plan(plain, selection=RouteSelection().model_switch("chosen"))) == ["a/chosen"]
+    p = plan(plain)
+    assert p.entries == () and p.warnings == ("no_model: a is unpinned and the request names no model; skipped",)
+    assert p.requested == "a/"
+    assert plan(plain, model="hint:r").hint == "r" and plan(plain, model="r", gateway=True).hint == "r"
+    assert plan(plain, model="r").hint is None and labels(plan(plain, model="r")) == ["a/r"]
+    assert plan(plain, model="hint:nope").warnings == (
+        "unknown_hint: 'hint:nope' names no route; the default domain serves it",)
 
 
 # -- routes and hints ---------------------------------------------------------------------------
@@ -241,6 +373,71 @@ def test_model_switch_changes_the_model_not_the_owner():
     assert plan(config(**EFFORT), text="hi", selection=sel).domain == "local.main"  # effort still owns it
     owned = RouteSelection().select("hint:local").model_switch("hint:cloud")
     assert owned.owner == "operator" and plan(config(**EFFORT), text="hi", selection=owned).domain == "cloud.main"
+
+
+def _words(n):
+    return " ".join(["word"] * n)
+
+
+@pytest.mark.parametrize(("text", "score"), [
+    # words: > 40 / 120 / 400 add 1 / 2 / 3
+    (_words(40), 0), (_words(41), 1), (_words(120), 1), (_words(121), 2), (_words(400), 2), (_words(401), 3),
+    # a fenced code block adds 2, however many there are; an unclosed fence is no block
+    ("```\nx\n```", 2), ("```a``` ```b```", 2), ("``` x", 0),
+    # each reasoning term adds 1, at most 4; a word that merely contains one is not one
+    ("debug", 1), ("analyze, prove; design", 3), ("analyze prove design debug optimize refactor", 4),
+    ("debugger redesign", 0), ("Step-by-step TRADE-OFF", 2),
+    # more than 20 lines adds 1
+    ("\n" * 19, 0), ("\n" * 20, 1),
+    # three or more question marks add 1
+    ("?" * 2, 0), ("?" * 3, 1),
+    # three or more constraint words add 1 (whole words or phrases only)
+    ("must should", 0), ("must, should, without", 1), ("at least one, at most two, ensure it", 1),
+    ("mustard shoulder", 0), ("MUST must Must", 1),
+])
+def test_effort_estimator_scores_each_rule_of_the_readme(text, score):
+    assert estimate(text)[1] == score
+
+
+@pytest.mark.parametrize(("score_text", "level"), [
+    ("", "simple"), ("debug", "simple"), ("debug prove", "standard"), ("debug prove design", "standard"),
+    ("debug prove design refactor", "complex"),
+])
+def test_effort_levels_are_simple_to_1_standard_to_3_complex_from_4(score_text, level):
+    assert estimate(score_text)[0] == level
+
+
+def test_effort_features_are_the_counts_of_each_rule():
+    text = "Must we debug it?\n```\ncode\n```\nShould we? Without tests?"
+    assert estimate(text)[2] == {"words": 11, "lines": 5, "code_blocks": 1, "reasoning_terms": 1,
+                                 "questions": 3, "constraints": 3}
+    assert estimate("")[2]["lines"] == 0 and estimate("one line")[2]["lines"] == 1
+
+
+def test_effort_decision_picks_the_hint_and_shows_counts_only():
+    cfg = config(**EFFORT)
+    assert decide(config(active="local.main", providers=EFFORT["providers"]), COMPLEX) is None
+    simple, hard = decide(cfg, "hi"), decide(cfg, COMPLEX)
+    assert (simple.level, simple.hint, simple.score) == ("simple", "local", 0)
+    assert (hard.level, hard.hint) == ("complex", "cloud")
+    assert hard.as_json() == {"level": "complex", "hint": "cloud", "score": hard.score, "features": hard.features}
+    assert decide(config(**{**EFFORT, "effort_routing": {"escalation": "off"}}), COMPLEX).hint == "local"
+    standard = decide(cfg, "debug prove")
+    assert (standard.level, standard.hint) == ("standard", "local")
+
+
+def test_effort_allowlist_keeps_a_local_decision_local():
+    cfg = config(**{**EFFORT, "providers": {**EFFORT["providers"], "edge": {"model": "e", "locality": "local"}}})
+    assert allowlist(cfg, None) is None
+    assert allowlist(cfg, decide(cfg, "hi")) == {"local.main", "edge"}
+    assert allowlist(cfg, decide(cfg, COMPLEX)) == {"local.main", "edge", "cloud.main"}
+    assert allowlist(cfg, EffortDecision("complex", "elsewhere", 9, {})) == {"local.main", "edge", "cloud.main"}
+
+
+def test_route_selection_owner_follows_the_operator():
+    assert RouteSelection() == RouteSelection("auto", None)
+    assert RouteSelection().select("hint:cloud") == RouteSelection("operator", "hint:cloud")
+    assert RouteSelection("operator", "m").select("auto") == RouteSelection("auto", None)
 
 
 # -- properties over generated configs ------------------------------------------------------------

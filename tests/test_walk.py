@@ -3,12 +3,15 @@ cannot set up. Among them the ends the walk does not choose: the turn's deadline
 timeouts.total_s) and relayline's own failure (`abort`); the driver calls them, the fault and
 timeout tests show them through HTTP, these pin what each records."""
 
+import pytest
+from attrs import evolve as attrs_evolve
+
 from helpers import config, plan
 from relayline.machines import classify as fc
 from relayline.machines.health import InMemoryHealth
 from relayline.machines.ledger import Usage
 from relayline.machines.stream import Frame
-from relayline.machines.turn import Completion, Turn
+from relayline.machines.turn import Completion, Rejection, Turn
 from relayline.machines.vocab import (
     BreakerState,
     CancellationState,
@@ -150,3 +153,368 @@ def test_an_abort_between_calls_records_nothing_more():
     t.on_completion(Completion("done"), 1.0)
     result = t.abort(2.0).result
     assert [a.outcome for a in result.attempts] == ["ok"] and result.error == ErrorReason.INTERNAL
+
+
+# -- the errors a turn and a config end with (machines/errors.py) ---------------------------------
+
+def test_a_turn_error_carries_its_reason_as_the_vocabulary_and_its_summary():
+    from relayline.machines.errors import RelaylineError, StreamInterruptedAfterOutput, TurnError
+
+    error = TurnError("no candidate left", reason="no_candidate", attempts=("a/m1 503",), partial_text="par")
+    assert isinstance(error, RelaylineError) and str(error) == "no candidate left"
+    assert error.reason is ErrorReason.NO_CANDIDATE and error.attempts == ("a/m1 503",)
+    assert error.partial_text == "par"
+    assert TurnError("x", reason="exhausted").attempts == () and TurnError("x", reason="exhausted").partial_text is None
+    cut = StreamInterruptedAfterOutput("cut after output", attempts=("a/m1 reset",), partial_text="Hel")
+    assert isinstance(cut, TurnError) and cut.reason is ErrorReason.INTERRUPTED and str(cut) == "cut after output"
+    assert (cut.attempts, cut.partial_text) == (("a/m1 reset",), "Hel")
+    assert StreamInterruptedAfterOutput("cut").partial_text == "" and StreamInterruptedAfterOutput("cut").attempts == ()
+    assert RelaylineError("m").reason == "error" and RelaylineError("m", reason="own").reason == "own"
+
+
+def test_a_config_error_lists_every_problem_on_its_own_line():
+    from relayline.machines.errors import ConfigError
+
+    problems = ["providers.a.model: expected a string", "active: names no profile"]
+    error = ConfigError(problems)
+    problems.append("later")
+    assert error.problems == ["providers.a.model: expected a string", "active: names no profile"]
+    assert str(error) == ("invalid configuration:\n  providers.a.model: expected a string\n"
+                          "  active: names no profile")
+    assert error.reason == "config"
+
+
+# -- the aggregated error a turn ends with: each attempt's number, retry counter, reason class and
+# relayline's own detail, bounded (CONFIG.md "When all fail") --------------------------------------
+
+def _complete(cfg, *results, now=0.0, **plan_args):
+    """A non-streamed turn answered by `results` in order; its result."""
+    t = Turn(plan(cfg, **plan_args), cfg, InMemoryHealth(cfg.breaker), stream=False)
+    action = t.start(now)
+    for result in results:
+        while isinstance(action, Sleep):
+            action = t.on_timer(now + action.seconds)
+        assert isinstance(action, Call), action
+        action = t.on_completion(result, now)
+    while isinstance(action, Sleep):
+        action = t.on_timer(now + action.seconds)
+    assert not isinstance(action, Call), "the turn asked for more than the test gave"
+    return action.result
+
+
+def test_every_candidate_failed_lists_each_attempt_with_its_try_and_detail():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"provider_retries": 1, "backoff_ms": 0})
+    result = _complete(cfg, fc.Failure(fc.RETRYABLE, "HTTP 503", 503), fc.Failure(fc.TIMEOUT, "no headers within 5s"),
+                       fc.Failure(fc.REJECTED, "HTTP 401", 401), model="m1")
+    assert (result.outcome, result.error) == (Outcome.ERROR, ErrorReason.EXHAUSTED)
+    assert result.message == ("every candidate failed (3 attempts); #1 a/m1 try 1/2 retryable (HTTP 503); "
+                              "#2 a/m1 try 2/2 timeout (no headers within 5s); #3 b/m2 try 1/2 rejected (HTTP 401)")
+    assert [a.as_json() for a in result.attempts][2] == {
+        "provider": "b", "model": "m2", "mode": "complete", "outcome": "rejected", "reason": "rejected",
+        "at": 0.0, "key": None}
+    assert str(result.attempts[0]) == "a/m1 retryable"
+
+
+def test_the_error_names_skips_and_stays_bounded():
+    providers = {f"p{i}": {"model": f"m{i}", "fallbacks": [f"p{i + 1}"]} for i in range(19)}
+    providers["p19"] = {"model": "m19"}
+    cfg = config(active="p0", providers=providers, reliability={"provider_retries": 0, "max_fallback_depth": 19})
+    result = _complete(cfg, *[fc.Failure(fc.RETRYABLE, "x" * 150)] * 20, model="m0")
+    assert result.message.startswith("every candidate failed (20 attempts); #1 p0/m0 try 1/1 retryable (xxx")
+    assert len(result.message) == 2000 and result.message.endswith("x...")
+    short = _complete(cfg, *[fc.Failure(fc.RETRYABLE, "")] * 20, model="m0")
+    assert short.message.endswith("; #16 p15/m15 try 1/1 retryable; ... and 4 more")
+    store = InMemoryHealth(cfg.breaker)
+    store.set_cooldown("p0", 100.0)
+    t = Turn(plan(cfg, model="m0"), cfg, store, stream=False)
+    action = t.start(0.0)
+    for _ in range(19):
+        action = t.on_completion(fc.Failure(fc.RETRYABLE, ""), 0.0)
+    assert action.result.message.startswith("every candidate failed (19 attempts, 1 skipped); #1 p1/m1 try 1/1")
+
+
+@pytest.mark.parametrize(("answers", "setup", "error", "head"), [
+    ([Completion("")], {}, ErrorReason.SEMANTIC_EMPTY, "every candidate answered without text or tool calls"),
+    ([fc.Failure(fc.CONTEXT_WINDOW, "HTTP 400 context window exceeded", 400)], {}, ErrorReason.CONTEXT_WINDOW,
+     "the prompt exceeds the model's context window; compact and call again"),
+    ([fc.Failure(fc.REJECTED, "HTTP 400", 400)], {"client_errors": "stop"},
+     ErrorReason.CLIENT_ERROR, "the provider rejected the request"),
+])
+def test_each_error_reason_is_named_in_the_message(answers, setup, error, head):
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 0, **setup})
+    result = _complete(cfg, *answers, model="m1")
+    assert result.error == error and result.message.startswith(head + " (1 attempts); #1 a/m1 try 1/1 ")
+
+
+def test_no_candidate_and_cancellation_are_named_in_the_message():
+    cfg = config(active="a", providers={"a": {}})  # unpinned, and the request names no model
+    result = Turn(plan(cfg), cfg, InMemoryHealth(cfg.breaker), stream=False).start(0.0).result
+    assert result.error == ErrorReason.NO_CANDIDATE
+    assert result.message == "no entry could be attempted (0 attempts)"
+    t = turn(stream=False)
+    t.start(0.0)
+    result = t.cancel(1.0).result
+    assert result.message == ("cancelled by the consumer (1 attempts); "
+                              "#1 a/m1 try 1/3 cancelled (cancelled by the consumer)")
+
+
+# -- what a turn's result carries -----------------------------------------------------------------
+
+def test_an_answer_carries_everything_the_provider_said():
+    cfg = config(active="a", providers={"a": {"model": "m1", "price": {"input_per_mtok": 1.0}}})
+    answer = Completion("it is sunny", "thought", ("weather",), Usage(10, 3), ('{"city":"Oslo"}',), ("call_1",),
+                        "tool_calls", "END")
+    result = _complete(cfg, answer, model="m1")
+    assert (result.outcome, result.error, result.message, result.rejection) == (Outcome.OK, None, None, None)
+    assert (result.text, result.reasoning, result.tool_calls, result.tool_arguments, result.tool_ids) == (
+        "it is sunny", "thought", ("weather",), ('{"city":"Oslo"}',), ("call_1",))
+    assert (result.finish_reason, result.stop_sequence, result.usage) == ("tool_calls", "END", Usage(10, 3))
+    assert result.served.label == "a/m1" and not result.fallback and result.notice is None
+    assert result.cost_usd == 10 / 1_000_000 and result.requested == "a/m1"
+    failed = _complete(config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 0}),
+                       fc.Failure(fc.RETRYABLE, "HTTP 503", 503), model="m1")
+    assert (failed.text, failed.reasoning, failed.tool_calls, failed.tool_arguments, failed.tool_ids) == (
+        None, "", (), (), ())
+    assert (failed.finish_reason, failed.stop_sequence, failed.usage, failed.served) == (None, None, None, None)
+
+
+@pytest.mark.parametrize(("mode", "notice"), [
+    ("off", None),
+    ("redacted", "Note: a fallback model answered this request."),
+    ("detailed", "Note: b/m2 answered because a/m1 was unavailable."),
+])
+def test_a_fallback_answer_carries_the_configured_notice(mode, notice):
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"provider_retries": 0}, notices={"model_fallback_notice": mode})
+    result = _complete(cfg, fc.Failure(fc.RETRYABLE, "HTTP 503", 503), Completion("ok"), model="m1")
+    assert result.fallback and result.served.label == "b/m2" and result.notice == notice
+    first = _complete(cfg, Completion("ok"), model="m1")
+    assert not first.fallback and first.notice is None
+
+
+def test_the_upstreams_rejection_is_given_back_only_when_every_attempt_was_one():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"provider_retries": 0})
+    bad = fc.Failure(fc.REJECTED, "HTTP 400", 400, error_type="invalid_request_error", error_message="max_tokens: too big")
+    result = _complete(cfg, bad, attrs_evolve(bad, error_type=None, error_message=None), model="m1")
+    assert result.error == ErrorReason.EXHAUSTED
+    assert result.rejection == Rejection(400, "invalid_request_error", "HTTP 400")  # the last one's words
+    mixed = _complete(cfg, fc.Failure(fc.RETRYABLE, "HTTP 503", 503), bad, model="m1")
+    assert mixed.rejection is None
+    unauthorised = _complete(cfg, fc.Failure(fc.REJECTED, "HTTP 401", 401), bad, model="m1")
+    assert unauthorised.rejection is None  # a 401 is relayline's credential, not the client's request
+    stop = config(active="a", providers={"a": {"model": "m1"}}, reliability={"client_errors": "stop"})
+    assert _complete(stop, bad, model="m1").rejection == Rejection(400, "invalid_request_error", "max_tokens: too big")
+
+
+def test_a_cancel_after_output_records_the_attempt_and_keeps_the_partial_text():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "Hel"))
+    t.stream_frame(Frame("usage", usage=Usage(7, 2)))
+    result = t.cancel(3.0).result
+    assert (result.outcome, result.error, result.partial_text) == (Outcome.CANCELLED, ErrorReason.CANCELLED, "Hel")
+    assert [(a.outcome, a.reason, a.detail, a.ended) for a in result.attempts] == [
+        ("cancelled", "cancelled", "cancelled by the consumer", 3.0)]
+    assert [(r.input_tokens, r.output_tokens, r.accepted, r.outcome) for r in result.ledger] == [
+        (7, 2, False, "cancelled")]  # what it used is billed
+    assert t.gate.life.terminal and t.call is None and t.cancellation.state == CancellationState.PERSISTED_PARTIAL
+    quiet = opened(turn(stream=True))
+    quiet.stream_frame(Frame("role"))
+    result = quiet.cancel(1.0).result
+    assert result.partial_text is None and not result.ledger and quiet.gate.life.terminal
+
+
+# -- what each end of an attempt records: its outcome, reason class, detail and ledger row ---------
+
+def _records(result):
+    return [(a.provider, a.mode, a.outcome, a.reason, a.detail, a.try_number, a.budget) for a in result.attempts]
+
+
+def _rows(result):
+    return [(r.provider, r.input_tokens, r.output_tokens, r.accepted, r.outcome, r.mode) for r in result.ledger]
+
+
+def test_an_empty_stream_is_recorded_billed_and_recovered_once_without_streaming():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 1})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("role"))
+    t.stream_frame(Frame("usage", usage=Usage(4, 0)))
+    recovery = t.stream_done(1.0)
+    assert isinstance(recovery, Call) and recovery.mode == "complete" and recovery.entry.profile == "a"
+    assert (recovery.try_number, recovery.budget) == (1, 1)  # the one allowance, retries or not
+    done = t.on_completion(Completion("", usage=Usage(4, 0)), 2.0)
+    result = done.result
+    assert result.error == ErrorReason.SEMANTIC_EMPTY
+    assert _records(result) == [
+        ("a", "stream", "semantic_empty", "empty", "stream completed without an answer", 1, 2),
+        ("a", "complete", "empty", "empty", "empty completion", 1, 1)]
+    assert _rows(result) == [("a", 4, 0, False, "semantic_empty", "stream"), ("a", 4, 0, False, "empty", "complete")]
+
+
+def test_a_recovery_answer_is_delivered_as_one_decisive_event_with_ids_padded():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 1})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("reasoning", "hmm"))  # decisive: the turn commits with nothing to show yet
+    assert t.shown_reasoning
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("role"))
+    assert isinstance(t.stream_done(1.0), Call)
+    answer = Completion("sunny", "thought", ("weather", "clock"), Usage(1, 1), ('{"city":"Oslo"}', ""), ("c1",))
+    done = t.on_completion(answer, 2.0)
+    assert [(e.kind, e.value, e.ref) for e in done.deliver] == [
+        ("reasoning", "thought", ""), ("text", "sunny", ""), ("tool", "weather", "c1"),
+        ("tool_args", '{"city":"Oslo"}', ""), ("tool", "clock", "")]
+    assert done.result.text == "sunny" and t.forwarded == ["sunny"]
+
+
+def test_a_stream_that_fails_before_output_is_not_billed_and_the_walk_goes_on():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"provider_retries": 0})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("role"))
+    nxt = t.stream_failed(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 1.0)
+    assert isinstance(nxt, Call) and nxt.entry.profile == "b" and nxt.mode == "complete"  # the recovery walk
+    result = t.on_completion(Completion("fine", usage=Usage(2, 1)), 2.0).result
+    assert _records(result) == [("a", "stream", "stream_failed", "retryable", "HTTP 503", 1, 1),
+                                ("b", "complete", "ok", None, "", 1, 1)]
+    assert _rows(result) == [("b", 2, 1, True, "ok", "complete")]
+    assert t.spent == {0: 1, 1: 1}
+
+
+def test_a_stream_cut_after_output_is_billed_and_interrupted():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "Hel"))
+    result = t.stream_failed(fc.Failure(fc.RETRYABLE, "connection reset"), 1.0).result
+    assert (result.outcome, result.partial_text) == (Outcome.INTERRUPTED, "Hel")
+    assert _records(result) == [("a", "stream", "interrupted", "retryable", "connection reset", 1, 3)]
+    assert _rows(result) == [("a", 0, 0, False, "interrupted", "stream")]  # billed, without a usage frame
+    assert result.rejection is None
+
+
+def test_a_continuation_that_fails_names_itself_and_is_not_billed_twice():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]},
+                                        "b": {"model": "m2", "capabilities": {"prefill": True}}},
+                 stream={"continue_after_interrupt": True})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("text", "half"))
+    t.stream_frame(Frame("usage", usage=Usage(3, 1)))
+    nxt = t.stream_failed(fc.Failure(fc.RETRYABLE, "connection reset"), 1.0)
+    assert isinstance(nxt, Call) and nxt.entry.profile == "b" and nxt.prefill == "half"
+    assert (nxt.key_index, nxt.try_number, nxt.budget) == (None, 1, 1)
+    t.stream_headers()
+    t.stream_frame(Frame("text", " more"))
+    result = t.stream_failed(fc.Failure(fc.TIMEOUT, "idle 60s"), 2.0).result
+    assert (result.outcome, result.partial_text) == (Outcome.INTERRUPTED, "half more")
+    assert _records(result) == [("a", "stream", "interrupted", "retryable", "connection reset", 1, 3),
+                                ("b", "stream", "interrupted", "timeout", "continuation: idle 60s", 1, 1)]
+    assert _rows(result) == [("a", 3, 1, False, "interrupted", "stream")]
+
+
+def test_a_continuation_is_only_for_text_and_only_to_a_later_entry_that_can_prefill():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b", "c"]},
+                                        "b": {"model": "m2", "capabilities": {"streaming": False, "prefill": True}},
+                                        "c": {"model": "m3", "capabilities": {"prefill": True}}},
+                 stream={"continue_after_interrupt": True})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("text", "half"))
+    nxt = t.stream_failed(fc.Failure(fc.RETRYABLE, "reset"), 1.0)
+    assert isinstance(nxt, Call) and nxt.entry.profile == "c"  # b cannot stream
+    tools = opened(turn(stream=True, cfg=cfg))
+    tools.stream_frame(Frame("tool_call", "weather", ref="c1"))
+    assert tools.stream_failed(fc.Failure(fc.RETRYABLE, "reset"), 1.0).result.outcome == Outcome.INTERRUPTED
+
+
+def test_an_empty_completion_is_recorded_and_billed():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 0})
+    result = _complete(cfg, Completion("  ", usage=Usage(5, 0)), model="m1")
+    assert _records(result) == [("a", "complete", "empty", "empty", "empty completion", 1, 1)]
+    assert _rows(result) == [("a", 5, 0, False, "empty", "complete")]
+
+
+def test_a_refusal_advances_when_configured_and_is_the_answer_when_nothing_is_left():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"on_refusal": "advance", "provider_retries": 0})
+    refusal = Completion("", usage=Usage(3, 0), finish_reason="content_filter")
+    result = _complete(cfg, refusal, refusal, model="m1")
+    assert result.outcome == Outcome.OK and result.served.label == "b/m2" and result.finish_reason == "content_filter"
+    assert _records(result) == [("a", "complete", "refused", "refused", "refusal: finish reason content_filter", 1, 1),
+                                ("b", "complete", "ok", None, "refusal: finish reason content_filter", 1, 1)]
+    assert _rows(result) == [("a", 3, 0, False, "refused", "complete"), ("b", 3, 0, True, "ok", "complete")]
+    http = fc.Failure(fc.REFUSED, "HTTP 400 content policy", 400, error_message="policy")
+    result = _complete(cfg, http, http, model="m1")
+    assert result.error == ErrorReason.CLIENT_ERROR
+    assert [(a.outcome, a.reason) for a in result.attempts] == [("refused", "refused"), ("rejected", "refused")]
+    assert result.rejection == Rejection(400, "invalid_request_error", "policy")
+    kept = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                  reliability={"provider_retries": 0, "client_errors": "stop"})
+    kept_result = _complete(kept, http, model="m1")  # on_refusal = "return": the client error it always was
+    assert kept_result.error == ErrorReason.CLIENT_ERROR and [a.outcome for a in kept_result.attempts] == ["rejected"]
+
+
+def test_a_stream_refusal_before_output_advances_when_configured():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"on_refusal": "advance", "provider_retries": 0})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("usage", usage=Usage(2, 0)))
+    t.stream_frame(Frame("finish", "content_filter"))
+    nxt = t.stream_done(1.0)
+    assert isinstance(nxt, Call) and nxt.entry.profile == "b"
+    assert [(a.outcome, a.reason, a.detail) for a in t.attempts] == [
+        ("refused", "refused", "refusal before output: finish reason content_filter")]
+    assert [(r.input_tokens, r.outcome) for r in t.ledger] == [(2, "refused")]
+    assert t.refusal.answer == Completion(usage=Usage(2, 0), finish_reason="content_filter")
+    failed = opened(turn(stream=True, cfg=cfg))
+    failed.stream_frame(Frame("usage", usage=Usage(6, 0)))
+    nxt = failed.stream_failed(fc.Failure(fc.REFUSED, "stream error: content policy"), 1.0)
+    assert isinstance(nxt, Call) and [(r.input_tokens, r.outcome) for r in failed.ledger] == [(6, "refused")]
+
+
+# -- the stream gate directly ----------------------------------------------------------------------
+
+def test_the_gate_holds_the_preamble_until_the_first_decisive_frame_and_then_forwards_each():
+    from relayline.machines.stream import StreamGate
+
+    gate = StreamGate()
+    gate.headers()
+    assert gate.feed(Frame("role")) == () and gate.feed(Frame("text", "")) == ()
+    first = gate.feed(Frame("tool_call", "weather", ref="c1"))
+    assert [(e.kind, e.value, e.ref) for e in first] == [("preamble", "role", ""), ("preamble", "text", ""),
+                                                         ("tool", "weather", "c1")]
+    assert gate.committed and gate.feed(Frame("ping")) == () and not gate.held  # nothing held after commit
+    assert [(e.kind, e.value) for e in gate.feed(Frame("tool_args", '{"city":'))] == [("tool_args", '{"city":')]
+    gate.feed(Frame("tool_call", "clock", ref="c2"))
+    gate.feed(Frame("tool_args", "{}"))
+    gate.feed(Frame("tool_args", ""))  # not decisive
+    gate.feed(Frame("text", "done"))
+    gate.feed(Frame("finish", "stop_sequence", ref="END"))
+    assert (gate.tools, gate.tool_ids, gate.tool_arguments) == (["weather", "clock"], ["c1", "c2"], ('{"city":', "{}"))
+    assert (gate.finish_reason, gate.stop_sequence, gate.forwarded_text) == ("stop_sequence", "END", "done")
+    plain = StreamGate()
+    plain.feed(Frame("finish", "stop"))
+    assert (plain.finish_reason, plain.stop_sequence) == ("stop", None)
+
+
+# -- waits ------------------------------------------------------------------------------------------
+
+def test_the_backoff_doubles_up_to_backoff_max_ms():
+    cfg = config(active="a", providers={"a": {"model": "m1"}},
+                 reliability={"provider_retries": 4, "backoff_ms": 500, "backoff_max_ms": 1500})
+    walk = Walk(plan(cfg, model="m1"), cfg, TurnHealth(InMemoryHealth(cfg.breaker)))
+    walk.start(0.0)
+    waits, now = [], 0.0
+    for _ in range(4):
+        wait = walk.on_result(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), now)
+        waits.append(wait.seconds)
+        now += wait.seconds
+        assert isinstance(walk.on_timer(now), Call)
+    assert waits == [0.5, 1.0, 1.5, 1.5]
+
+
+@pytest.mark.parametrize(("retry_after", "seconds"), [(10.0, 2.0), (1.5, 1.5), (0.1, 0.5), (None, 0.5)])
+def test_a_lone_profiles_429_waits_its_retry_after_capped_and_never_less_than_the_backoff(retry_after, seconds):
+    cfg = config(active="a", providers={"a": {"model": "m1"}},
+                 reliability={"provider_retries": 2, "backoff_ms": 500, "retry_after_max_ms": 2000})
+    walk = Walk(plan(cfg, model="m1"), cfg, TurnHealth(InMemoryHealth(cfg.breaker)))
+    walk.start(0.0)
+    assert walk.on_result(fc.Failure(fc.RATE_LIMITED, "HTTP 429 rate limited", 429, retry_after), 0.0) == Sleep(seconds)
