@@ -1,7 +1,10 @@
 """The ledger on disk: one SQLite row per billable attempt, in WAL mode.
 
 The gateway writes a turn's rows before its response completes, so a client that saw an answer
-can find what it cost. One connection and a lock serialise writes. `report` backs `relayline
+can find what it cost. One connection and a lock serialise writes. The WAL is copied into the
+database (a checkpoint, with its fsync) by a thread of the store's own, never by the write that
+crossed the threshold: in the event loop that write stalled every client for the fsync (a few
+ms, once every ~250 turns). `report` backs `relayline
 ledger`. Each row names the gateway client by its key id (a short hash, never the key; empty
 for library turns and gateways without keys). A ledger written before that column existed is
 migrated in place when opened. A fleet keeps the same rows in PostgreSQL instead
@@ -10,6 +13,7 @@ migrated in place when opened. A fleet keeps the same rows in PostgreSQL instead
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -17,6 +21,8 @@ from pathlib import Path
 
 from relayline.machines.config import Ledger
 from relayline.machines.turn import TurnResult
+
+log = logging.getLogger("relayline.ledger")
 
 DEFAULT_PATH = "relayline-ledger.sqlite3"
 
@@ -46,6 +52,8 @@ GROUPS = {"model": ("provider", "model"), "client": ("client",)}
 
 COLUMNS = ("ts", "turn", "requested", "provider", "model", "mode", "outcome", "accepted", "input_tokens",
            "output_tokens", "cost_usd", "client")
+INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+CHECKPOINT_EVERY = 250  # writes (about 1,000 WAL pages: SQLite's own autocheckpoint threshold)
 
 
 def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "") -> list[tuple]:
@@ -63,10 +71,17 @@ class LedgerStore:
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:
-            self._conn.execute("PRAGMA journal_mode=WAL")
+            wal = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(SCHEMA)
             self._migrate()
+            if wal:
+                self._conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it
+        self._since_checkpoint = 0
+        self._checkpoint_every = CHECKPOINT_EVERY if wal else 0
+        self._kick = threading.Event()
+        self._checkpointer: threading.Thread | None = None
+        self._closed = False
 
     def _migrate(self) -> None:
         have = {row[1] for row in self._conn.execute("PRAGMA table_info(attempts)")}
@@ -79,9 +94,37 @@ class LedgerStore:
         if not rows:
             return 0
         with self._lock:
-            self._conn.executemany(
-                f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})", rows)
+            self._conn.executemany(INSERT, rows)
+            self._since_checkpoint += 1
+            if self._checkpoint_every and self._since_checkpoint >= self._checkpoint_every:
+                self._since_checkpoint = 0
+                self._start_checkpoint()
         return len(rows)
+
+    def _start_checkpoint(self) -> None:
+        """Wake the checkpointer (started on the first need: most stores never get there)."""
+        if self._checkpointer is None:
+            self._checkpointer = threading.Thread(target=self._checkpoints, name="relayline-ledger-checkpoint",
+                                                  daemon=True)
+            self._checkpointer.start()
+        self._kick.set()
+
+    def _checkpoints(self) -> None:
+        # its own connection: a PASSIVE checkpoint runs beside the writer (WAL) and never waits
+        # for it; sqlite3 releases the GIL while it copies and syncs
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            while True:
+                self._kick.wait()
+                self._kick.clear()
+                if self._closed:
+                    return
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:  # the next one retries; the rows are safe in the WAL
+                    log.warning("ledger_checkpoint_error path=%s error=%s", self.path, exc)
+        finally:
+            conn.close()
 
     def writable(self) -> bool:
         """Whether a write could be made now (readiness): takes and releases the write lock on a
@@ -130,8 +173,12 @@ class LedgerStore:
             return out
 
     def close(self) -> None:
+        self._closed = True
+        if self._checkpointer is not None:
+            self._kick.set()
+            self._checkpointer.join(timeout=5)
         with self._lock:
-            self._conn.close()
+            self._conn.close()  # the last connection to close checkpoints what is left
 
 
 def open_ledger(config: Ledger):
