@@ -28,7 +28,6 @@ import os
 import re
 import sqlite3
 import time
-import uuid
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -107,7 +106,7 @@ class Exchange:
     DRAIN_S = 0.5
 
     __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
-                 "drained", "turn", "unread_body", "receive", "sent", "declared_length")
+                 "drained", "turn", "unread_body", "receive", "sent", "declared_length", "hangup")
 
     def __init__(self, send, method: str, path: str, request_id: str, headers: dict[bytes, bytes],
                  receive=None) -> None:
@@ -130,6 +129,8 @@ class Exchange:
         self.client = ""
         self.drained = False
         self.turn: str | None = None
+        # the server's call-back when the client hangs up (http11.py), where it offers one
+        self.hangup: Callable[[Callable[[], None]], None] | None = None
 
     async def __call__(self, message: dict) -> None:
         if message["type"] == "http.response.start":
@@ -165,7 +166,7 @@ def request_id(headers: dict[bytes, bytes]) -> str:
     """The client's x-request-id when it is a plain token, else a new one: it is echoed, logged
     and sent upstream, so nothing a client sends reaches a log or a header unchecked."""
     given = headers.get(b"x-request-id", b"").decode("latin-1")
-    return given if REQUEST_ID_SHAPE.match(given) else uuid.uuid4().hex
+    return given if REQUEST_ID_SHAPE.match(given) else os.urandom(16).hex()
 
 
 # the methods of each route, for a 405's Allow header (a HEAD is answered wherever a GET is)
@@ -251,6 +252,9 @@ class Gateway:
             return
         headers = dict(scope.get("headers") or [])
         exchange = Exchange(send, scope["method"], scope["path"], request_id(headers), headers, receive)
+        extensions = scope.get("extensions")
+        if extensions:
+            exchange.hangup = extensions.get("relayline.hangup")
         try:
             await self._route(exchange, scope, headers, receive)
         except Exception:
@@ -683,22 +687,35 @@ class Gateway:
                 turn_scope.cancel()
             relay = self.relay  # the turn runs on this one to its end, whatever a reload does
             self._turns_of[relay] = self._turns_of.get(relay, 0) + 1
+
+            async def turn() -> None:
+                try:
+                    await relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
+                except Exception:
+                    if not runs or runs[0].result is None:
+                        raise
+                    # the driver settled the turn (outcome error, reason internal) and logged
+                    # it: it is answered and accounted like any failed turn
+                finally:
+                    if on_end is not None:
+                        on_end()
+
             try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._watch_disconnect, receive, turn_scope)
-                    for task in tasks:
-                        nursery.start_soon(task)
-                    try:
-                        await relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
-                    except Exception:
-                        if not runs or runs[0].result is None:
-                            raise
-                        # the driver settled the turn (outcome error, reason internal) and logged
-                        # it: it is answered and accounted like any failed turn
-                    finally:
-                        if on_end is not None:
-                            on_end()
-                        nursery.cancel_scope.cancel()
+                if exchange.hangup is not None:
+                    # the server calls back on a hang-up: no task of the turn's own waits for one
+                    exchange.hangup(turn_scope.cancel)
+                if exchange.hangup is not None and not tasks:
+                    await turn()
+                else:
+                    async with trio.open_nursery() as nursery:
+                        if exchange.hangup is None:
+                            nursery.start_soon(self._watch_disconnect, receive, turn_scope)
+                        for task in tasks:
+                            nursery.start_soon(task)
+                        try:
+                            await turn()
+                        finally:
+                            nursery.cancel_scope.cancel()
             finally:
                 self._turns.discard(turn_scope)
                 self._turns_of[relay] -= 1
