@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import trio
 import trio.testing
 
@@ -25,7 +26,7 @@ HI = [{"role": "user", "content": "hi"}]
 def chunk(delta: dict, finish=None) -> bytes:
     body = {"id": "c1", "object": "chat.completion.chunk", "model": "m",
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-    return f"data: {json.dumps(body)}\n\n".encode()
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
 
 
 def texts(*words: str) -> bytes:
@@ -150,7 +151,6 @@ async def test_a_slow_consumer_holds_the_turn_back_within_the_bound_and_is_not_a
 
 
 def test_withdrawing_events_that_were_not_the_last_returned_is_refused():
-    import pytest
 
     from relayline.machines.stream import Event
     from relayline.machines.vocab import EventKind
@@ -165,3 +165,25 @@ def test_withdrawing_events_that_were_not_the_last_returned_is_refused():
         turn.withdraw([Event(EventKind.TEXT, "a")])
     turn.withdraw([Event(EventKind.TEXT, "b"), Event(EventKind.REASONING, "r")])
     assert turn.forwarded == ["a"]
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+async def test_a_first_read_decoded_in_two_steps_gives_the_events_of_one_step(newline):
+    """providers/http.py decodes the first FIRST_PIECE bytes of a burst before the rest: a split
+    inside a multi-byte character, or between the CR and the LF of a line end, changes nothing."""
+    from relayline.adapters.providers.http import FIRST_PIECE
+
+    for cut in ("😀".encode(), newline.encode()):
+        words = [f"é{i}😀" for i in range(80)]
+        body = texts(*words).replace(b"\n", newline.encode()) + END
+        at = (ROLE + chunk({"content": "p"}) + body).index(cut, FIRST_PIECE - 300)
+        pad = FIRST_PIECE - len(cut) // 2 - at  # moves that occurrence of `cut` across the cut
+        whole = ROLE + chunk({"content": "p" * (1 + pad)}) + body
+        assert whole[FIRST_PIECE - len(cut) // 2:][:len(cut)] == cut
+        received: list[str] = []
+
+        async def consume(turn, received=received):
+            received.extend([e.value async for e in turn])
+
+        turn, _ = await served([whole], consume)
+        assert turn.outcome == "ok" and received == ["p" * (1 + pad), *words]

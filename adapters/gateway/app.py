@@ -638,7 +638,7 @@ class Gateway:
             runs: list[TurnRun] = []
             stream = _StreamWire(turn_id, send, runs, dialect, request)
             gate_s = self.relay.config.timeouts.gate_commit_s
-            tasks = [stream.flusher] + ([partial(stream.commit_after, gate_s)] if gate_s > 0 else [])
+            tasks = [partial(stream.tend, gate_s)]
             result = await self._run_turn(send, turn_id, receive, runs, tasks, on_end=stream.ending, stream=True,
                                           sink=stream.event, **kwargs)
             if result is not None and send.drained:
@@ -770,9 +770,11 @@ class _StreamWire:
     """One streamed response: held headers, the commit, and a bounded write buffer.
 
     The dialect renders; the wire decides when bytes go out. Events are rendered into a pending
-    buffer and a flusher task writes whatever has gathered in one ASGI send: frames that arrive
-    together leave together, and an idle stream still sends each frame at once. Past
-    MAX_PENDING the turn waits for the flusher.
+    buffer and one helper task (`tend`) writes whatever has gathered in one ASGI send: frames
+    that arrive together leave together, and an idle stream still sends each frame at once.
+    Past MAX_PENDING the turn waits for it. The same task commits the held headers once
+    `gate_commit_s` passed with nothing decisive (one task fewer per stream than a timer of its
+    own: at thousands of streams in flight, each task is memory).
     """
 
     MAX_PENDING = 256 * 1024
@@ -783,7 +785,7 @@ class _StreamWire:
         self.request = request
         self.render = dialect.stream_renderer(turn_id, request)
         self.started = False
-        self._lock = trio.Lock()  # the gate timer, the flusher and the end all write: keep the wire ordered
+        self._lock = trio.Lock()  # the helper, the turn's first token and the end all write: keep the wire ordered
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._wake = trio.Event()
@@ -800,7 +802,7 @@ class _StreamWire:
         return run.turn.call.entry if run.turn.call is not None else None
 
     async def _send_whole(self, message: dict) -> None:
-        # the turn's end cancels the flusher and the gate timer: a write they began must finish
+        # the turn's end cancels the helper: a write it began must finish
         # (bytes taken from the buffer would otherwise be lost). While the turn runs a write
         # takes the client's time (backpressure); once it ended, SEND_GRACE_S at most
         with trio.CancelScope(shield=True) as scope:
@@ -840,9 +842,16 @@ class _StreamWire:
         await self._queue(self.render.opening(entry.model if entry is not None else "",
                                               gate.usage if gate is not None else None))
 
-    async def commit_after(self, seconds: float) -> None:
-        await trio.sleep(seconds)
-        await self._start()  # a slow model is not an error: the held headers and preamble go out
+    async def tend(self, gate_s: float) -> None:
+        """The stream's helper: the gate timer until the turn commits, then the writes."""
+        if gate_s > 0:
+            with trio.move_on_after(gate_s):
+                await self._wake.wait()  # the turn committed first: its first write is waiting
+            await self._start()  # a slow model is not an error: the held headers and preamble go out
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            await self._flush()
 
     async def _queue(self, data: bytes) -> None:
         if not data:
@@ -859,12 +868,6 @@ class _StreamWire:
                     await self._room.wait()
             else:
                 await self._room.wait()
-
-    async def flusher(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            await self._flush()
 
     async def _flush(self) -> None:
         async with self._lock:
@@ -883,7 +886,7 @@ class _StreamWire:
         await self._queue(self.render.event(event))
         if first:
             # the first token goes out now, not once the rest of this upstream read is rendered
-            # (the flusher runs only when the turn yields); a client slow to take it is not a
+            # (the helper runs only when the turn yields); a client slow to take it is not a
             # stalled provider
             if self.runs:
                 with self.runs[0].consumer_paused():
@@ -894,7 +897,7 @@ class _StreamWire:
     event.may_block = False  # bounded buffer: when it must wait for the client, it says so (consumer_paused)
 
     async def finish(self, result: TurnResult, relayline: dict) -> None:
-        """The end of the response; whatever the flusher had not sent yet goes first."""
+        """The end of the response; whatever the helper had not sent yet goes first."""
         body = self.render.ok(result, relayline) if result.outcome == "ok" else self.render.failed(result, relayline)
         async with self._lock:
             body = b"".join(self._pending) + body
