@@ -159,10 +159,18 @@ class ProfilePool:
     async def _expire(self, scope: trio.CancelScope) -> None:
         try:
             with scope:
+                quiet = False
                 while True:
                     oldest = min((stack[0].idle_since for stack in self.idle.values() if stack), default=None)
                     if oldest is None:
-                        return
+                        # a busy pool's connections are all out at this moment: the task ends only
+                        # after a whole period without an idle one (not respawned per request)
+                        if quiet:
+                            return
+                        quiet = True
+                        await trio.sleep(self.keepalive_s)
+                        continue
+                    quiet = False
                     await trio.sleep_until(oldest + self.keepalive_s)
                     now = trio.current_time()
                     for stack in self.idle.values():
