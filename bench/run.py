@@ -398,7 +398,7 @@ def main() -> int:
         "frame_levers": bench_frame_levers(),
         "trio_handoff": bench_trio_handoff(),
         "floor": floor.run(rounds=1 if quick else 3),
-        "gateway_levers": gateway_cpu.run(rounds=2 if quick else 5, n=200 if quick else 400),
+        "gateway_levers": gateway_cpu.run(rounds=4 if quick else 20, c16_rounds=1 if quick else 3),
         "workers": workers.run(seconds=2.0 if quick else 4.0),
         "hosts": bench_hosts(quick),
         "http": http_benchmarks(quick),

@@ -429,3 +429,10 @@ def test_a_broken_decision_table_is_refused_with_its_own_message(case):
     with pytest.raises(SpecError) as caught:
         parse_spec(_walk(edit), "specs/walk.toml")
     assert str(caught.value) == message
+
+
+def test_a_lifecycle_keeps_the_last_states_within_its_bound():
+    life = load_spec("breaker").start(history_limit=3)
+    for state in ("open", "half_open", "probing", "closed"):
+        life.record(state)
+    assert life.history == ["half_open", "probing", "closed"]

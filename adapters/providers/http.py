@@ -40,6 +40,7 @@ log = logging.getLogger("relayline.providers")
 REQUEST_ID: ContextVar[str | None] = ContextVar("relayline_request_id", default=None)
 MAX_ERROR_BODY = 64 * 1024  # enough to classify; a provider's error page is not read further
 PROCESS_PARSE_BYTES = 1 << 20  # above this a body is decoded off the event loop
+FIRST_PIECE = 4096  # the part of a stream's first read decoded before the rest (see _frames)
 DONE_GRACE_S = 0.01  # after a stream's completion signal: how long its body's end may take
 
 
@@ -245,15 +246,24 @@ class HttpProvider:
         decoder = SSEDecoder()
         parser = self.protocol.parser()
         chunks = aiter(response)
+        first = True
         try:
             async for chunk in chunks:
-                for event in decoder.feed(chunk):
-                    for frame in parser.feed(event):
-                        yield frame
-                    if parser.done:
-                        await _finish_body(chunks)
-                        yield Frame(DONE)
-                        return
+                if first and len(chunk) > FIRST_PIECE:
+                    # a burst's first read is decoded in two steps: its first events (the first
+                    # token) do not wait for every line of the rest to be split (the first byte)
+                    pieces: tuple[bytes, ...] = (chunk[:FIRST_PIECE], chunk[FIRST_PIECE:])
+                else:
+                    pieces = (chunk,)
+                first = False
+                for piece in pieces:
+                    for event in decoder.feed(piece):
+                        for frame in parser.feed(event):
+                            yield frame
+                        if parser.done:
+                            await _finish_body(chunks)
+                            yield Frame(DONE)
+                            return
         except SSEProtocolError as exc:
             raise ProviderFailure(fc.truncated(f"malformed stream: {exc}")) from None
         except UpstreamError as exc:
