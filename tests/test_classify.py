@@ -374,3 +374,37 @@ def test_extras_are_the_unknown_fields_that_carry_something():
     fields = {"model": "m", "seed": 7, "user": None, "tags": [], "meta": {}, "presence_penalty": 0,
               "frequency_penalty": 0.5, "logprobs": False, "store": True, "top_logprobs": 0}
     assert extras(fields, {"model"}) == ["seed", "frequency_penalty", "store", "top_logprobs"]
+
+
+@pytest.mark.parametrize(("raw", "problem"), [
+    ({"messages": "hi"}, "expected a list, got a string"),
+    ({"messages": [], "extra": ["seed"]}, "expected an object, got a list"),
+    ({"messages": [], "tools": [{"name": "t", "parameters": None}]}, "expected an object, got null"),
+    ({"messages": [], "max_tokens": True}, "expected an integer, got a boolean"),
+])
+def test_an_embedders_request_of_the_wrong_shape_names_the_kind(raw, problem):
+    from cattrs.errors import ClassValidationError
+
+    from relayline.machines.wire import converter
+
+    with pytest.raises(ClassValidationError) as info:
+        converter.structure(raw, Request)
+    leaves, todo = [], [info.value]
+    while todo:
+        exc = todo.pop()
+        if hasattr(exc, "exceptions"):
+            todo.extend(exc.exceptions)
+        else:
+            leaves.append(str(exc))
+    assert leaves == [problem]
+    assert converter.structure({"messages": [{"role": "user"}], "extra": {"seed": 1}, "stop": ("a",)},
+                               Request).extra == {"seed": 1}
+
+
+def test_a_bool_is_a_number_only_where_a_bool_is_also_asked_for():
+    from relayline.machines.wire import want
+
+    with pytest.raises(WireError, match="p: expected a number, got a boolean"):
+        want(True, (int, float), "p", "a number")
+    assert want(True, (bool, int), "p", "a flag or count") is True
+    assert want(3, int, "p", "an integer") == 3
