@@ -179,3 +179,10 @@ def test_in_memory_health_keeps_the_longest_cooldown_and_forgets_removed_profile
     assert store.cooldown_until("a") == 10.0 and store.key_cursor("a") == 2
     assert store.cooldown_until("b") == float("-inf") and store.key_cursor("b") == 0
     assert store.breaker("b").config == wider and store.breaker_config == wider
+
+
+def test_a_probe_success_clears_the_failures_a_shared_store_handed_over():
+    b = Breaker(CFG)
+    b.adopt("probing", [1.0, 2.0], 0.0)
+    b.success(3.0)
+    assert b.state == "closed" and not b.failures
