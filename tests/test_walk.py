@@ -518,3 +518,14 @@ def test_a_lone_profiles_429_waits_its_retry_after_capped_and_never_less_than_th
     walk = Walk(plan(cfg, model="m1"), cfg, TurnHealth(InMemoryHealth(cfg.breaker)))
     walk.start(0.0)
     assert walk.on_result(fc.Failure(fc.RATE_LIMITED, "HTTP 429 rate limited", 429, retry_after), 0.0) == Sleep(seconds)
+
+
+def test_a_request_no_entry_can_honour_names_the_fields():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}})
+    unfit = attrs_evolve(plan(cfg, model="m1"), unfit={"a": ("image",), "b": ("image", "tools")})
+    for stream in (True, False):
+        t = Turn(unfit, cfg, InMemoryHealth(cfg.breaker), stream=stream)
+        result = t.start(0.0).result
+        assert result.error == ErrorReason.UNSUPPORTED
+        assert result.message == "no entry can honour the request as asked: image, tools (0 attempts, 2 skipped)"
+        assert [str(s) for s in result.skipped] == ["a/m1 unsupported (image)", "b/m2 unsupported (image, tools)"]
