@@ -408,3 +408,11 @@ def test_a_bool_is_a_number_only_where_a_bool_is_also_asked_for():
         want(True, (int, float), "p", "a number")
     assert want(True, (bool, int), "p", "a flag or count") is True
     assert want(3, int, "p", "an integer") == 3
+
+
+def test_an_http_failure_reads_a_dated_retry_after_against_the_clock_it_is_given():
+    now = 1_700_000_000.0
+    date = email.utils.formatdate(now + 30, usegmt=True)
+    assert fc.classify_http(429, None, {"retry-after": date}, now_epoch=now).retry_after_s == pytest.approx(30, abs=1)
+    assert fc.classify_http(503, None, {"retry-after": date}, now).retry_after_s == pytest.approx(30, abs=1)
+    assert fc.classify_http(503, None, {"retry-after": date}).retry_after_s is None  # no clock, no date

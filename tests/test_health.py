@@ -145,8 +145,10 @@ def test_a_shared_stores_view_replaces_the_local_breaker():
     assert list(b.life.history)[-1] == "open" and b.blocks(8.9)
     b.adopt("open", [], 9.5)
     assert b.transitions == 1 and b.open_until == 9.5 and not b.failures
+    assert b.lease_until == 0.0  # only another worker's probe has the store's lease
     b.adopt("probing", [], 0.0)
     assert b.lease_until == float("inf") and b.blocks(10**9)  # another worker holds the probe
+    assert b.transitions == 2
     try:
         b.adopt("ajar", [], 0.0)
     except ValueError as exc:

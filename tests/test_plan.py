@@ -493,3 +493,16 @@ def test_materialisation_properties(cfg, requested):
             assert e.model in pins
         else:
             assert e.model == requested
+
+
+def test_a_catalog_plan_shows_its_catalog_entry_and_prices_each_channel_by_its_own_id():
+    cfg = config(active="a", providers={
+        "a": {"models": {"cm": "a-id"}, "prices": {"a-id": {"input_per_mtok": 3.0}}},
+        "b": {"models": {"cm": "b-id"}, "prices": {"b-id": {"input_per_mtok": 1.0}}},
+        "c": {}}, catalog=[{"model": "cm", "channels": ["a", "b", "c"]}])
+    p = plan(cfg, model="cm")
+    assert labels(p) == ["c/cm", "b/b-id", "a/a-id"]  # c is unpriced: free, first
+    assert p.as_json()["catalog"] == {"model": "cm", "channels": ("a", "b", "c"), "order": "cost", "max_hops": 3}
+    assert [str(w) for w in build_router(cfg, {}).warnings] == [
+        "unpriced_catalog_channel at catalog[0].channels[2]: 'c' has no price for 'cm' (prices or price): "
+        "it is ordered as free"]

@@ -529,3 +529,22 @@ def test_a_request_no_entry_can_honour_names_the_fields():
         assert result.error == ErrorReason.UNSUPPORTED
         assert result.message == "no entry can honour the request as asked: image, tools (0 attempts, 2 skipped)"
         assert [str(s) for s in result.skipped] == ["a/m1 unsupported (image)", "b/m2 unsupported (image, tools)"]
+
+
+def test_an_attempts_json_rounds_its_time_to_the_microsecond():
+    from relayline.machines.turn import AttemptRecord
+
+    record = AttemptRecord("a", "m1", "stream", "ok", None, 1.23456789, 2)
+    assert record.as_json() == {"provider": "a", "model": "m1", "mode": "stream", "outcome": "ok", "reason": None,
+                                "at": 1.234568, "key": 2}
+
+
+def test_a_last_refusal_without_an_answer_is_recorded_as_the_rejection_it_ends_with():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b", "c"]}, "b": {"model": "m2"},
+                                        "c": {"model": "m3"}},
+                 reliability={"on_refusal": "advance", "provider_retries": 0})
+    http = fc.Failure(fc.REFUSED, "HTTP 400 content policy", 400)
+    result = _complete(cfg, fc.Failure(fc.RETRYABLE, "HTTP 503", 503), fc.Failure(fc.RETRYABLE, "HTTP 503", 503),
+                       http, model="m1")
+    assert result.error == ErrorReason.CLIENT_ERROR
+    assert [a.outcome for a in result.attempts] == ["retryable", "retryable", "rejected"]
