@@ -19,7 +19,7 @@ from relayline.machines.vocab import (
     Outcome,
     TurnState,
 )
-from relayline.machines.walk import Call, Sleep, TurnHealth, Walk
+from relayline.machines.walk import Call, Sleep, TurnHealth, Walk, WalkDone
 
 
 def test_a_profile_skipped_while_waiting_is_not_retried():
@@ -548,3 +548,27 @@ def test_a_last_refusal_without_an_answer_is_recorded_as_the_rejection_it_ends_w
                        http, model="m1")
     assert result.error == ErrorReason.CLIENT_ERROR
     assert [a.outcome for a in result.attempts] == ["retryable", "retryable", "rejected"]
+
+
+def test_when_every_entry_is_skipped_for_health_the_one_whose_window_ends_first_is_probed_once():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"provider_retries": 2})
+    store = InMemoryHealth(cfg.breaker)
+    store.set_cooldown("a", 100.0)
+    store.set_cooldown("b", 50.0)
+    health = TurnHealth(store)
+    walk = Walk(plan(cfg, model="m1"), cfg, health)
+    call = walk.start(0.0)
+    assert (call.entry.profile, call.try_number, call.budget, call.probe) == ("b", 1, 1, True)
+    assert [str(s) for s in health.skips] == ["a/m1 cooldown", "b/m2 cooldown"]
+    done = walk.on_result(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 0.0)
+    assert isinstance(done, WalkDone) and done.error == ErrorReason.EXHAUSTED  # probed once, no retry
+
+
+def test_a_forced_probe_of_an_open_breaker_holds_the_probe():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, breaker={"failure_threshold": 1})
+    store = InMemoryHealth(cfg.breaker)
+    store.breaker("a").failure(0.0)
+    health = TurnHealth(store)
+    call = Walk(plan(cfg, model="m1"), cfg, health).start(1.0)
+    assert call.probe and store.breaker("a").state == BreakerState.PROBING and health.probes == {"a"}
