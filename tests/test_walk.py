@@ -572,3 +572,21 @@ def test_a_forced_probe_of_an_open_breaker_holds_the_probe():
     health = TurnHealth(store)
     call = Walk(plan(cfg, model="m1"), cfg, health).start(1.0)
     assert call.probe and store.breaker("a").state == BreakerState.PROBING and health.probes == {"a"}
+
+
+def test_streaming_recovery_retries_as_a_stream_and_the_turn_says_so_on_its_path():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]},
+                                        "b": {"model": "m2", "capabilities": {"streaming": False}}},
+                 stream={"recovery": "streaming"}, reliability={"provider_retries": 1})
+    t = opened(turn(stream=True, cfg=cfg))
+    wait = t.stream_failed(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 1.0)
+    retry = t.on_timer(1.0 + wait.seconds)
+    assert (retry.entry.profile, retry.mode, retry.try_number) == ("a", "stream", 2)
+    t.stream_headers()
+    wait = t.stream_failed(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 3.0)
+    last = wait if isinstance(wait, Call) else t.on_timer(3.0 + wait.seconds)
+    assert (last.entry.profile, last.mode) == ("b", "complete")  # b cannot stream: asked whole
+    done = t.on_completion(Completion("ok"), 5.0)
+    assert [(e.kind, e.value) for e in done.deliver] == [("text", "ok")]
+    # fail, retry_stream, fail (the walk advances without a stream), complete
+    assert list(t.life.history) == ["planned", "streaming", "streaming", "streaming", "streaming", "completed"]
