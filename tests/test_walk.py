@@ -588,5 +588,5 @@ def test_streaming_recovery_retries_as_a_stream_and_the_turn_says_so_on_its_path
     assert (last.entry.profile, last.mode) == ("b", "complete")  # b cannot stream: asked whole
     done = t.on_completion(Completion("ok"), 5.0)
     assert [(e.kind, e.value) for e in done.deliver] == [("text", "ok")]
-    # fail, retry_stream, fail (the walk advances without a stream), complete
+    # open_stream, fail, retry_stream, fail (b answers whole, without a stream), end
     assert list(t.life.history) == ["planned", "streaming", "streaming", "streaming", "streaming", "completed"]
