@@ -232,6 +232,7 @@ def test_dropping_each_field_removes_exactly_it():
     kept = without(FULL, ("seed",))
     assert kept.passthrough is None and kept.extra == {"service_tier": "flex"}  # rendered from what is left
     assert kept.messages == FULL.messages and kept.tools == FULL.tools and kept.top_k == 5
+    assert (kept.response_format, kept.reasoning) == (FULL.response_format, FULL.reasoning)
     assert [p.type for p in without(FULL, ("image",)).messages[0].content] == [TEXT, DOCUMENT, DOCUMENT]
     documents = without(FULL, ("document.source.url",)).messages[0].content
     assert [(p.type, p.data) for p in documents] == [(TEXT, None), (IMAGE, None), (DOCUMENT, "ZGF0YQ==")]
@@ -416,3 +417,13 @@ def test_an_http_failure_reads_a_dated_retry_after_against_the_clock_it_is_given
     assert fc.classify_http(429, None, {"retry-after": date}, now_epoch=now).retry_after_s == pytest.approx(30, abs=1)
     assert fc.classify_http(503, None, {"retry-after": date}, now).retry_after_s == pytest.approx(30, abs=1)
     assert fc.classify_http(503, None, {"retry-after": date}).retry_after_s is None  # no clock, no date
+
+
+def test_an_optional_field_is_checked_under_its_own_path():
+    assert optional({}, "max_tokens", want_int) is None and optional({"n": None}, "n", want_int) is None
+    with pytest.raises(WireError) as info:
+        optional({"max_tokens": "9"}, "max_tokens", want_int)
+    assert info.value.param == "max_tokens"
+    with pytest.raises(WireError, match=r"^thinking.budget_tokens: must be between 1024 and 2048$"):
+        optional({"budget_tokens": 5}, "budget_tokens", want_int, "thinking", 1024, 2048)
+    assert optional({"budget_tokens": 1500}, "budget_tokens", want_int, "thinking", 1024, 2048) == 1500

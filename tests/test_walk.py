@@ -590,3 +590,128 @@ def test_streaming_recovery_retries_as_a_stream_and_the_turn_says_so_on_its_path
     assert [(e.kind, e.value) for e in done.deliver] == [("text", "ok")]
     # open_stream, fail, retry_stream, fail (b answers whole, without a stream), end
     assert list(t.life.history) == ["planned", "streaming", "streaming", "streaming", "streaming", "completed"]
+
+
+def test_a_streamed_answer_carries_its_usage_and_stop_sequence_and_no_reasoning_of_its_own():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "Hello"))
+    t.stream_frame(Frame("usage", usage=Usage(3, 2)))
+    t.stream_frame(Frame("finish", "stop_sequence", ref="END"))
+    result = t.stream_done(1.0).result
+    assert (result.text, result.reasoning, result.usage, result.finish_reason, result.stop_sequence) == (
+        "Hello", "", Usage(3, 2), "stop_sequence", "END")
+    assert _rows(result) == [("a", 3, 2, True, "ok", "stream")]
+
+
+def test_a_continuation_that_adds_nothing_still_completes_the_answer_already_shown():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]},
+                                        "b": {"model": "m2", "capabilities": {"prefill": True},
+                                              "api_keys": ["k1", "k2"]}},
+                 stream={"continue_after_interrupt": True})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("text", "Hel"))
+    t.stream_frame(Frame("text", "lo"))
+    nxt = t.stream_failed(fc.Failure(fc.RETRYABLE, "connection reset"), 1.0)
+    assert (nxt.prefill, nxt.key_index) == ("Hello", 0)
+    t.stream_headers()
+    t.stream_frame(Frame("role"))
+    result = t.stream_done(2.0).result
+    assert (result.outcome, result.text, result.served.label) == (Outcome.OK, "Hello", "b/m2")
+
+
+def test_a_stream_rejected_before_output_gives_back_the_upstreams_words_and_bills_what_it_reported():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"client_errors": "stop"})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("usage", usage=Usage(9, 0)))
+    bad = fc.Failure(fc.REJECTED, "HTTP 400", 400, error_type="invalid_request_error", error_message="bad tool")
+    result = t.stream_failed(bad, 1.0).result
+    assert result.error == ErrorReason.CLIENT_ERROR
+    assert _rows(result) == [("a", 9, 0, False, "stream_failed", "stream")]  # usage reported is usage billed
+    assert result.rejection == Rejection(400, "invalid_request_error", "bad tool")
+    assert result.message.startswith("the provider rejected the request (1 attempts); #1 a/m1 try 1/3 rejected")
+
+
+def test_a_cut_stream_says_it_is_not_replayed():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "Hel"))
+    result = t.stream_failed(fc.Failure(fc.RETRYABLE, "connection reset"), 1.0).result
+    assert result.message == ("the stream failed after output was forwarded; it is not replayed (1 attempts); "
+                              "#1 a/m1 try 1/3 retryable (connection reset)")
+
+
+def test_the_deadline_bills_what_a_stream_reported_and_an_empty_row_only_once_output_was_shown():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("usage", usage=Usage()))
+    assert not t.expire(30.0).result.ledger
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("usage", usage=Usage(8, 0)))
+    assert _rows(t.expire(30.0).result) == [("a", 8, 0, False, "timeout", "stream")]
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "Hel"))
+    t.stream_frame(Frame("usage", usage=Usage(8, 1)))
+    assert _rows(t.expire(30.0).result) == [("a", 8, 1, False, "interrupted", "stream")]
+
+
+def test_an_abort_bills_what_the_provider_reported():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("usage", usage=Usage(5, 1)))
+    assert _rows(t.abort(1.0).result) == [("a", 5, 1, False, "internal", "stream")]
+    quiet = opened(turn(stream=True))
+    quiet.stream_frame(Frame("usage", usage=Usage()))
+    assert not quiet.abort(1.0).result.ledger
+
+
+def test_a_cancel_bills_only_what_the_provider_reported_using():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("usage", usage=Usage()))
+    assert not t.cancel(1.0).result.ledger
+
+
+def test_an_error_after_an_accepted_attempt_names_its_outcome():
+    t = turn(stream=False)
+    t.start(0.0)
+    t.on_completion(Completion("done"), 1.0)
+    assert t.abort(2.0).result.message.endswith("(1 attempts); #1 a/m1 try 1/3 ok")
+
+
+def test_sixteen_attempts_are_listed_without_a_remainder():
+    providers = {f"p{i}": {"model": f"m{i}", "fallbacks": [f"p{i + 1}"]} for i in range(15)}
+    providers["p15"] = {"model": "m15"}
+    cfg = config(active="p0", providers=providers, reliability={"provider_retries": 0, "max_fallback_depth": 15})
+    message = _complete(cfg, *[fc.Failure(fc.RETRYABLE, "")] * 16, model="m0").message
+    assert message.endswith("#16 p15/m15 try 1/1 retryable") and "more" not in message
+
+
+def test_a_recovery_answer_without_reasoning_delivers_none():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 1})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("role"))
+    t.stream_done(1.0)
+    assert [e.kind for e in t.on_completion(Completion("ok"), 2.0).deliver] == ["text"]
+
+
+def test_a_lone_entrys_failed_stream_is_its_first_attempt_and_the_walk_exhausts_after_it():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 0})
+    t = opened(turn(stream=True, cfg=cfg))
+    result = t.stream_failed(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 1.0).result
+    assert result.error == ErrorReason.EXHAUSTED and len(result.attempts) == 1
+
+
+def test_a_commit_ends_the_streaming_walk_it_belongs_to():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, stream={"recovery": "streaming"})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("text", "hi"))
+    assert t.walk.life.state == "succeeded"
+
+
+def test_a_failure_that_teaches_the_breaker_nothing_leaves_another_turns_probe_alone():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, breaker={"failure_threshold": 1})
+    store = InMemoryHealth(cfg.breaker)
+    store.breaker("a").failure(0.0)
+    holder = TurnHealth(store)
+    holder.before_attempt("a", 100.0)
+    assert store.breaker("a").state == BreakerState.PROBING
+    TurnHealth(store).failure("a", fc.RATE_LIMITED, 100.0)
+    assert store.breaker("a").state == BreakerState.PROBING
+    holder.failure("a", fc.RATE_LIMITED, 100.0)  # its own probe, told nothing: handed back
+    assert store.breaker("a").state == BreakerState.HALF_OPEN and not holder.probes
