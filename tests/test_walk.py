@@ -582,6 +582,7 @@ def test_streaming_recovery_retries_as_a_stream_and_the_turn_says_so_on_its_path
     wait = t.stream_failed(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 1.0)
     retry = t.on_timer(1.0 + wait.seconds)
     assert (retry.entry.profile, retry.mode, retry.try_number) == ("a", "stream", 2)
+    assert list(t.life.history) == ["planned", "streaming", "streaming", "streaming"]  # open, fail, retry_stream
     t.stream_headers()
     wait = t.stream_failed(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 3.0)
     last = wait if isinstance(wait, Call) else t.on_timer(3.0 + wait.seconds)
@@ -715,3 +716,63 @@ def test_a_failure_that_teaches_the_breaker_nothing_leaves_another_turns_probe_a
     assert store.breaker("a").state == BreakerState.PROBING
     holder.failure("a", fc.RATE_LIMITED, 100.0)  # its own probe, told nothing: handed back
     assert store.breaker("a").state == BreakerState.HALF_OPEN and not holder.probes
+
+
+def test_a_continuation_needs_text_shown_tools_honoured_and_an_entry_after_the_failed_one():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b", "c"]},
+                                        "b": {"model": "m2", "capabilities": {"prefill": True, "tools": False}},
+                                        "c": {"model": "m3", "capabilities": {"prefill": True}}},
+                 stream={"continue_after_interrupt": True})
+    thinking = opened(turn(stream=True, cfg=cfg))
+    thinking.stream_frame(Frame("reasoning", "hmm"))  # committed, but no text to continue from
+    assert thinking.stream_failed(fc.Failure(fc.RETRYABLE, "reset"), 1.0).result.outcome == Outcome.INTERRUPTED
+    tools = Turn(plan(cfg, model="m1"), cfg, InMemoryHealth(cfg.breaker), stream=True, tools=True)
+    opened(tools).stream_frame(Frame("text", "half"))
+    assert tools.stream_failed(fc.Failure(fc.RETRYABLE, "reset"), 1.0).entry.profile == "c"  # b has no tools
+    store = InMemoryHealth(cfg.breaker)
+    store.set_cooldown("a", 100.0)
+    later = Turn(plan(cfg, model="m1"), cfg, store, stream=True)
+    assert later.start(0.0).entry.profile == "b"
+    later.stream_headers()
+    later.stream_frame(Frame("text", "half"))
+    assert later.stream_failed(fc.Failure(fc.RETRYABLE, "reset"), 1.0).entry.profile == "c"  # never b again
+
+
+def test_an_accepted_answer_is_a_row_even_when_it_reports_no_usage():
+    cfg = config(active="a", providers={"a": {"model": "m1"}})
+    assert _rows(_complete(cfg, Completion("ok"), model="m1")) == [("a", 0, 0, True, "ok", "complete")]
+
+
+def test_a_stream_failure_before_output_bills_a_row_only_for_usage_it_reported():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("usage", usage=Usage()))
+    t.stream_failed(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 1.0)
+    assert not t.ledger
+
+
+def test_the_semantic_empty_recovery_leaves_the_other_entries_their_whole_budget():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"provider_retries": 1})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("role"))
+    assert t.stream_done(1.0).entry.profile == "a"  # its one allowance
+    nxt = t.on_completion(Completion(""), 2.0)
+    assert (nxt.entry.profile, nxt.budget) == ("b", 2)
+
+
+def test_one_key_is_no_pool_and_a_pool_starts_at_the_cursor():
+    one = config(active="a", providers={"a": {"model": "m1", "api_key": "k"}})
+    assert Walk(plan(one, model="m1"), one, TurnHealth(InMemoryHealth(one.breaker))).start(0.0).key_index is None
+    pool = config(active="a", providers={"a": {"model": "m1", "api_keys": ["k1", "k2", "k3"]}})
+    store = InMemoryHealth(pool.breaker)
+    store.set_key_cursor("a", 4)
+    assert Walk(plan(pool, model="m1"), pool, TurnHealth(store)).start(0.0).key_index == 1
+
+
+@pytest.mark.parametrize(("status", "stops"), [(400, True), (413, True), (422, True), (401, False), (404, False)])
+def test_client_errors_stop_only_on_the_statuses_that_name_the_request(status, stops):
+    from relayline.machines.walk import stop_error
+
+    cfg = config(active="a", providers={"a": {}}, reliability={"client_errors": "stop"})
+    error = stop_error(cfg.reliability, fc.Failure(fc.REJECTED, f"HTTP {status}", status))
+    assert error == (ErrorReason.CLIENT_ERROR if stops else None)
