@@ -506,3 +506,14 @@ def test_a_catalog_plan_shows_its_catalog_entry_and_prices_each_channel_by_its_o
     assert [str(w) for w in build_router(cfg, {}).warnings] == [
         "unpriced_catalog_channel at catalog[0].channels[2]: 'c' has no price for 'cm' (prices or price): "
         "it is ordered as free"]
+
+
+def test_a_bare_alias_is_everything_after_the_family():
+    cfg = config(active="openai.main.eu", providers={"openai.main.eu": {"model": "m", "fallbacks": ["main.us"]},
+                                                     "openai.main.us": {"model": "n"}})
+    assert labels(plan(cfg)) == ["openai.main.eu/m", "openai.main.us/n"]
+
+
+def test_a_turn_without_text_is_scored_on_nothing():
+    p = plan(config(**EFFORT))
+    assert (p.effort.level, p.effort.score) == ("simple", 0) and set(p.effort.features.values()) == {0}

@@ -776,3 +776,10 @@ def test_client_errors_stop_only_on_the_statuses_that_name_the_request(status, s
     cfg = config(active="a", providers={"a": {}}, reliability={"client_errors": "stop"})
     error = stop_error(cfg.reliability, fc.Failure(fc.REJECTED, f"HTTP {status}", status))
     assert error == (ErrorReason.CLIENT_ERROR if stops else None)
+
+
+def test_a_stream_with_tools_opens_on_the_first_entry_that_streams_tool_events():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"], "capabilities": {"tools": False}},
+                                        "b": {"model": "m2"}})
+    t = Turn(plan(cfg, model="m1"), cfg, InMemoryHealth(cfg.breaker), stream=True, tools=True)
+    assert t.start(0.0).entry.profile == "b"
