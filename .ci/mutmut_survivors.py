@@ -21,7 +21,7 @@ from mutmut.stats import status_by_exit_code
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "mutation-survivors.md"
 RULES = tomllib.loads((ROOT / ".ci" / "mutmut_reasons.toml").read_text()).get("rule", [])
-VERDICTS = {"equivalent": "equivalent", "import": "runs once at import", "left": "left"}
+VERDICTS = {"equivalent": "equivalent", "import": "runs once, before any mutant", "left": "left"}
 NOT_CAUGHT = ("survived", "no tests")
 
 
@@ -92,9 +92,10 @@ def render() -> tuple[str, list[str], set[int]]:
         f"{len(found)} mutants: " + ", ".join(f"{n} {v}" for v, n in counts.most_common()) + ".",
         "",
         "- **equivalent**: the mutant behaves as the original for every input the code can receive.",
-        "- **runs once at import**: the code runs while the module is imported (hooks registered,",
-        "  the policy checked); mutmut switches a mutant on per call, after import, so no test can",
-        "  see it. What that code builds is what every test runs.",
+        "- **runs once, before any mutant**: the code runs while the module is imported (hooks",
+        "  registered, the policy checked) or once per process (the shipped specs, cached); mutmut",
+        "  switches a mutant on per call, later, so no test can see it. What that code builds is",
+        "  what every test runs.",
         "- **left**: a real difference no test pins, and why it is left.",
         "",
     ]

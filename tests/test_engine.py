@@ -431,3 +431,15 @@ def test_a_broken_decision_table_is_refused_with_its_own_message(case):
     with pytest.raises(SpecError) as caught:
         parse_spec(_walk(edit), "specs/walk.toml")
     assert str(caught.value) == message
+
+
+def test_a_blocked_trigger_says_so_and_the_history_keeps_the_last_256_states():
+    guarded = GOOD.replace('trigger = "go"\nsource = "a"\ndest = "b"', 'trigger = "go"\nsource = "a"\ndest = "b"\nguards = "ok"')
+    life = parse_spec(guarded, "guarded.toml").start()
+    with pytest.raises(IllegalTransition) as caught:
+        life.fire("go", type("Model", (), {"ok": False})())
+    assert str(caught.value).endswith("(every candidate's guards are blocked)")
+    loop = parse_spec(TOY + '[[transitions]]\ntrigger = "again"\nsource = "a"\ndest = "a"\n', "loop.toml").start()
+    for _ in range(300):
+        loop.fire("again")
+    assert len(loop.history) == 256
