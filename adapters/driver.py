@@ -33,7 +33,8 @@ from .providers.base import DONE, CallRequest, ProviderClient, ProviderFailure
 
 log = logging.getLogger("relayline.driver")
 
-Sink = Callable[[Event], Awaitable[None]]  # may carry `may_block = False` (see TurnRun._frames)
+# may carry `may_block = False` (see TurnRun._frames), and `drained()` (see TurnRun._stream)
+Sink = Callable[[Event], Awaitable[None]]
 SETTLE_SYNC_S = 5.0
 _SIZED = frozenset({TEXT, REASONING, TOOL_ARGS})  # frames whose text a stream accumulates
 
@@ -269,6 +270,11 @@ class TurnRun:
     async def _stream(self, call: Call, sink: Sink):
         turn = self.turn
         failure = await self._pump(call, sink)
+        drained = getattr(sink, "drained", None)
+        if drained is not None:
+            # a sink that hands events on in batches: how the stream ended is decided once the
+            # consumer took them all, so that one leaving before cancels the turn
+            await drained()
         if failure is not None:
             await self._sync_health()
         now = trio.current_time()

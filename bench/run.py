@@ -12,6 +12,8 @@ machine. This file measures the sans-I/O core:
   family (and for its own, as the client sent it), vs json.loads of the same bytes;
 - the stream pipeline per frame (SSE decode, chunk parse, gate, render) with each fast path off
   in turn, and all of them off: each lever alone, same run;
+- the gateway's own path with an in-process upstream, each lever off in turn (bench/gateway_cpu.py),
+  and `--workers 2` against one worker with the CPU each process spends (bench/workers.py);
 - the HTTP server floor (bench/floor.py) and the HTTP side by side (bench/peers.py): direct,
   gateway, library and LiteLLM, with issue 17's targets marked holds / does not hold;
 - the library from asyncio, synchronous code and a trio guest run, beside trio (bench/hosts.py);
@@ -37,7 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fleet  # noqa: E402  (bench/fleet.py: the shared store and ledger beside one process)
 import floor  # noqa: E402  (bench/floor.py: the HTTP server floor, hypercorn beside the gateway's own)
+import gateway_cpu  # noqa: E402  (bench/gateway_cpu.py: the gateway's own path, each lever off in turn)
 import ops  # noqa: E402  (bench/ops.py: what the access line and metrics cost per request)
+import workers  # noqa: E402  (bench/workers.py: --workers 2 against one worker, and the ceiling)
 from hosts import bench_hosts, print_hosts  # noqa: E402  (bench/hosts.py: the library from each host)
 
 from relayline.adapters import Relay
@@ -394,6 +398,8 @@ def main() -> int:
         "frame_levers": bench_frame_levers(),
         "trio_handoff": bench_trio_handoff(),
         "floor": floor.run(rounds=1 if quick else 3),
+        "gateway_levers": gateway_cpu.run(rounds=4 if quick else 20, c16_rounds=1 if quick else 3),
+        "workers": workers.run(seconds=2.0 if quick else 4.0),
         "hosts": bench_hosts(quick),
         "http": http_benchmarks(quick),
         "fleet": fleet.run(),
@@ -423,6 +429,8 @@ def main() -> int:
     print(f"trio hand-off per item: unbuffered channel {t['unbuffered_channel_item_us']:.1f} µs, buffered "
           f"{t['buffered_channel_item_us']:.1f} µs; a bare checkpoint {t['checkpoint_us']:.1f} µs")
     floor.report(results["floor"])
+    gateway_cpu.report(results["gateway_levers"])
+    workers.report(results["workers"])
     print_hosts(results["hosts"])
     print_http(results["http"])
     fleet.report(results["fleet"])

@@ -466,13 +466,23 @@ class Lifecycle:
     state `fire` reached, so a guard can never be silently ignored.
     """
 
-    __slots__ = ("spec", "state", "history")
+    __slots__ = ("spec", "state", "history", "history_limit")
 
     def __init__(self, spec: Spec, history_limit: int = 256) -> None:
         self.spec = spec
         self.state = spec.initial
-        # bounded: a breaker lives as long as the process; a turn's machines stay far below it
-        self.history: deque[str] = deque([spec.initial], maxlen=history_limit)
+        # a list, not a bounded deque: a deque's first block is 64 slots, and a streamed turn has
+        # six lifecycles (bench/frames.py, memory per stream); `record` keeps it bounded
+        self.history: list[str] = [spec.initial]
+        self.history_limit = history_limit
+
+    def record(self, state: str) -> None:
+        """`state` was entered; the history keeps the last `history_limit` states (a breaker
+        lives as long as the process; a turn's machines stay far below the bound)."""
+        history = self.history
+        history.append(state)
+        if len(history) > self.history_limit:
+            del history[0]
 
     def fire(self, trigger: str, model: Any = None) -> bool:
         key = (self.state, trigger)
@@ -485,7 +495,7 @@ class Lifecycle:
             if (t.guards or t.unless) and not _passes(t, model):
                 continue
             self.state = t.dest
-            self.history.append(t.dest)
+            self.record(t.dest)
             self.spec.fired[key][i] += 1
             return True
         raise IllegalTransition(

@@ -113,7 +113,7 @@ class Breaker:
             raise ValueError(f"breaker: no state {state!r}")
         if state != self.life.state:
             self.life.state = state
-            self.life.history.append(state)
+            self.life.record(state)
             self.transitions += 1
             if state == "probing":
                 self.lease_until = math.inf  # another worker's probe: its lease is the store's

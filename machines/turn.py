@@ -397,6 +397,16 @@ class Turn:
                 self.executed_tools = True
         return events
 
+    def withdraw(self, events: tuple[Event, ...] | list[Event]) -> None:
+        """The last `events` stream_frame returned never reached the consumer (it left while
+        they waited for it to take them): they are not forwarded, so a cancellation's partial
+        text is exactly what the consumer received."""
+        texts = [event.value for event in events if event.kind == EventKind.TEXT]
+        if texts:
+            if self.forwarded[-len(texts):] != texts:
+                raise ValueError("only the events stream_frame returned last can be withdrawn")
+            del self.forwarded[-len(texts):]
+
     def stream_done(self, now: float) -> Action:
         """The stream's completion signal arrived. The turn spec's `complete` guards choose what
         it means (completed, the semantic-empty recovery, failed; from a continuation, completed or

@@ -443,3 +443,10 @@ def test_a_blocked_trigger_says_so_and_the_history_keeps_the_last_256_states():
     for _ in range(300):
         loop.fire("again")
     assert len(loop.history) == 256
+
+
+def test_a_lifecycle_keeps_the_last_states_within_its_bound():
+    life = load_spec("breaker").start(history_limit=3)
+    for state in ("open", "half_open", "probing", "closed"):
+        life.record(state)
+    assert life.history == ["half_open", "probing", "closed"]

@@ -2,7 +2,7 @@
 exception, a real turn runs through the real driver against loopback upstreams, and then:
 
 - no breaker is left `probing`, and the exception is accounted for: the attempt it hit is that
-  attempt's failure (`internal`, or the classified failure an httpx error means), or, raised
+  attempt's failure (`internal`, or the classified failure a transport error means), or, raised
   outside an attempt (the consumer's sink, a backoff sleep, the shared health store), it settles
   the turn (`internal`) and reaches the caller as it was;
 - the ledger is whole: one attempt record per request that started, the rows' sum is the turn's
@@ -11,7 +11,7 @@ exception, a real turn runs through the real driver against loopback upstreams, 
   half-open breaker, that turn probes it again and closes it.
 
 The await points are counted at the turn's seams, in the turn's own tasks only: every network
-operation under httpcore (connect, write, read, close), `trio.sleep` (backoff, the gateway's
+operation of the upstream client (providers/upstream.py: connect, write, read, close), `trio.sleep` (backoff, the gateway's
 commit timer), the shared health store's sync, and the consumer's sink; through the gateway also
 its ledger write and its client's `send`. A dry run of each scenario shape counts them, then the
 fault is drawn among them. `make fuzz` runs both properties at length (1,500 examples each).
@@ -26,18 +26,18 @@ from collections.abc import Callable
 from contextvars import ContextVar
 
 import h11
-import httpcore
 import httpx
 import pytest
 import trio
 import trio.testing
-from httpcore._backends.trio import TrioBackend, TrioStream
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from helpers import asgi_post, loopback_config
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway
+from relayline.adapters.providers.pool import ProfilePool
+from relayline.adapters.providers.upstream import Connection
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.adapters.stores.ledger import LedgerStore
 from relayline.machines.config import structure_config
@@ -53,9 +53,9 @@ ERRORS: dict[str, Callable[[], Exception]] = {
     "ValueError": lambda: ValueError("injected"),
     "OSError": lambda: OSError(104, "injected reset"),
     "BrokenResourceError": lambda: trio.BrokenResourceError("injected"),
-    "httpx.ReadError": lambda: httpx.ReadError("injected"),
-    "httpx.RemoteProtocolError": lambda: httpx.RemoteProtocolError("injected"),
-    "httpcore.ReadTimeout": lambda: httpcore.ReadTimeout("injected"),
+    "ClosedResourceError": lambda: trio.ClosedResourceError("injected"),
+    "h11.RemoteProtocolError": lambda: h11.RemoteProtocolError("injected"),
+    "TooSlowError": lambda: trio.TooSlowError("injected"),
     "h11.LocalProtocolError": lambda: h11.LocalProtocolError("injected"),
     "UnicodeEncodeError": lambda: UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"),
     "KeyError": lambda: KeyError("injected"),
@@ -108,13 +108,13 @@ _ssl_context: list = []
 def seams():
     """Wrap the turn's await points. Inert outside a task where FAULTS is set (the loopback
     upstreams' tasks never see it)."""
-    connect, read, write, aclose = TrioBackend.connect_tcp, TrioStream.read, TrioStream.write, TrioStream.aclose
-    handle, sleep = httpx.AsyncHTTPTransport.handle_async_request, trio.sleep
+    connect, read, write, aclose = Connection.connect, Connection.read, Connection.write, Connection.aclose
+    exchange, sleep = ProfilePool.exchange, trio.sleep
     create_ssl_context = httpx.create_ssl_context
 
-    async def connect_tcp(self, *args, **kwargs):
+    async def connect_(*args, **kwargs):
         _at("connect")
-        return await connect(self, *args, **kwargs)
+        return await connect(*args, **kwargs)
 
     async def read_(self, *args, **kwargs):
         _at("read")
@@ -132,11 +132,11 @@ def seams():
         finally:
             await aclose(self)
 
-    async def handle_(self, request):
+    def exchange_(self, *args, **kwargs):
         faults = FAULTS.get()
         if faults is not None:
             faults.requests += 1
-        return await handle(self, request)
+        return exchange(self, *args, **kwargs)
 
     async def sleep_(seconds):
         _at("sleep")
@@ -151,9 +151,9 @@ def seams():
             _ssl_context.append(create_ssl_context())
         return _ssl_context[0]
 
-    patches = [(httpx, "create_ssl_context", shared_ssl_context), (TrioBackend, "connect_tcp", connect_tcp),
-               (TrioStream, "read", read_), (TrioStream, "write", write_), (TrioStream, "aclose", aclose_),
-               (httpx.AsyncHTTPTransport, "handle_async_request", handle_), (trio, "sleep", sleep_)]
+    patches = [(httpx, "create_ssl_context", shared_ssl_context), (Connection, "connect", connect_),
+               (Connection, "read", read_), (Connection, "write", write_), (Connection, "aclose", aclose_),
+               (ProfilePool, "exchange", exchange_), (trio, "sleep", sleep_)]
     with contextlib.ExitStack() as stack:
         for owner, name, value in patches:
             stack.enter_context(_patched(owner, name, value))
@@ -162,7 +162,7 @@ def seams():
 
 @contextlib.contextmanager
 def _patched(owner, name: str, value):
-    before = getattr(owner, name)
+    before = vars(owner)[name]  # a classmethod as it was defined, not bound
     setattr(owner, name, value)
     try:
         yield

@@ -357,25 +357,25 @@ async def test_a_cancellation_that_arrives_while_connecting_is_recorded_as_the_t
     """Found by tests/test_fault_injection.py: trio's connect (happy eyeballs) runs a nursery,
     which hands an outer cancellation on as a BaseExceptionGroup of Cancelled. It is still the
     owner's cancellation: recorded on the turn (never retried), not a turn without a result."""
-    from httpcore._backends.trio import TrioBackend
+    from relayline.adapters.providers.upstream import Connection
 
-    connect = TrioBackend.connect_tcp
+    connect = Connection.connect
     async with trio.open_nursery() as nursery:
         upstream = LoopbackServer(lambda s: ok())
         await upstream.start(nursery)
         async with Relay(structure_config(config(upstream.url)), env={}) as relay:
             runs: list = []
             with trio.CancelScope() as scope:
-                async def cancelled_mid_connect(self, *args, **kwargs):
+                async def cancelled_mid_connect(*args, **kwargs):
                     async def cancel() -> None:
                         scope.cancel()  # from another task, while the connect's nursery runs
 
                     trio.lowlevel.spawn_system_task(cancel)
-                    return await connect(self, *args, **kwargs)
+                    return await connect(*args, **kwargs)
 
-                monkeypatch.setattr(TrioBackend, "connect_tcp", cancelled_mid_connect)
+                monkeypatch.setattr(Connection, "connect", cancelled_mid_connect)
                 await relay._run_turn(HI, run_hook=runs.append)
-            monkeypatch.setattr(TrioBackend, "connect_tcp", connect)
+            monkeypatch.setattr(Connection, "connect", connect)
             assert scope.cancelled_caught
             healthy = await relay._run_turn(HI)
         nursery.cancel_scope.cancel()

@@ -4,6 +4,7 @@ loopback HTTP, in front of loopback sim upstreams speaking the OpenAI and Anthro
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -198,6 +199,30 @@ def test_a_client_disconnect_cancels_the_turn_without_a_retry():
         calls = gw.sim.calls
     assert samples(metrics)[cancelled] == 1
     assert calls == 1
+
+
+def test_a_client_that_hangs_up_cancels_a_non_streamed_turn():
+    """The server calls the gateway back when the client hangs up (no task of the turn's own
+    waits in receive()): a non-streamed turn still waiting for its upstream is cancelled at once,
+    even when the client sent more bytes before it closed."""
+    replies = [{"provider": "anthropic.primary", "script": [{"text": "too late", "delay": 5.0}]}]
+    with BackgroundGateway(two_profiles(), replies) as gw:
+        host, port = gw.url.removeprefix("http://").rsplit(":", 1)
+        body = json.dumps({"model": "x", "messages": HI}).encode()
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            while gw.sim.calls < 1:
+                time.sleep(0.01)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")  # pipelined, unread: the hang-up still shows
+        hung_up = time.monotonic()
+        cancelled = ("relayline_turns_total", (("outcome", "cancelled"),))
+        metrics = ""
+        while time.monotonic() < hung_up + 4 and samples(metrics).get(cancelled) != 1:
+            time.sleep(0.05)
+            metrics = httpx.get(f"{gw.url}/metrics").text
+    assert samples(metrics)[cancelled] == 1 and time.monotonic() - hung_up < 4  # not the upstream's 5 s
+    assert gw.sim.calls == 1
 
 
 def test_fast_streams_arrive_whole_every_time():

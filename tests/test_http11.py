@@ -274,3 +274,56 @@ async def test_what_is_still_running_after_the_grace_is_cancelled():
             await app.started.wait()
             stop.set()
             assert await read_until_closed(stream) == b""
+
+
+async def test_a_header_an_app_sends_is_still_checked_when_its_head_is_built_with_the_body():
+    """The head is built once the body is known (one header check), so a header that would split
+    the response (a CR LF in its value) is refused there: the client gets a 500, never the header."""
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"x-echo", b"a\r\nset-cookie: injected=1")]})
+        await send({"type": "http.response.body", "body": b"never sent"})
+
+    async with trio.open_nursery() as nursery:
+        _server, stop, port = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(GET % b"/")
+        answer = await read_until_closed(stream)
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 500 ") and b"injected" not in answer and b"never sent" not in answer
+
+
+async def test_an_app_asking_to_be_told_of_a_hang_up_is_called_back_once_and_only_while_its_request_runs():
+    """`relayline.hangup`: the server calls the app back when the client closes while the request
+    runs (data it sent ahead does not hide the close), and not for a close after the answer."""
+    calls: list[str] = []
+    release = trio.Event()
+
+    async def app(scope, receive, send):
+        while (await receive()).get("more_body"):
+            pass
+        scope["extensions"]["relayline.hangup"](lambda: calls.append(scope["path"]))
+        if scope["path"] == "/wait":
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"done"})
+
+    async with trio.open_nursery() as nursery:
+        server, stop, port = await start(nursery, app)
+        assert server.hangups is not None
+        quick = await trio.open_tcp_stream("127.0.0.1", port)
+        await quick.send_all(GET % b"/quick")
+        assert (await read_response(quick, bytearray())).endswith(b"done")
+        await quick.aclose()  # after its answer: no call-back
+        waiting = await trio.open_tcp_stream("127.0.0.1", port)
+        await waiting.send_all(GET % b"/wait" + GET % b"/next")
+        await trio.sleep(0.1)
+        await waiting.aclose()
+        with trio.fail_after(5):
+            while not calls:
+                await trio.sleep(0.01)
+        release.set()
+        await trio.sleep(0.1)
+        stop.set()
+    # (the pipelined /next may be served too, to a client already gone: its call-back is right)
+    assert calls[:1] == ["/wait"] and "/quick" not in calls and not server.hangups.callbacks, calls

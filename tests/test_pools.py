@@ -1,7 +1,7 @@
 """Upstream connection pools, counted on a real loopback upstream's accepted connections: each
-profile has its own pool, a connection is reused by the turns that follow instead of re-opened
-(also past one shard's size), `[gateway] max_in_flight` bounds a profile's connections, and the
-shards a burst opened are closed once no request took them for a keep-alive period."""
+profile has its own pool, a connection is reused by the turns that follow instead of re-opened,
+`[gateway] max_in_flight` bounds a profile's connections, and the connections a burst opened are
+closed once no request took them for a keep-alive period, even when the pool is not used again."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from collections import defaultdict
 import trio
 
 from relayline.adapters import Relay
-from relayline.adapters.providers.pool import SHARD_CONNECTIONS, ProfilePool
+from relayline.adapters.providers.pool import ProfilePool
+from relayline.adapters.providers.upstream import UpstreamRequest
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
 
@@ -49,7 +50,7 @@ async def rounds(relay: Relay, rounds: int, per_profile: dict[str | None, int]) 
 
 
 async def test_each_profile_has_its_own_pool_and_reuses_its_connections():
-    wide = SHARD_CONNECTIONS * 2 + 3  # more turns at once than one shard holds
+    wide = 19  # turns at once on one profile
     async with trio.open_nursery() as nursery:
         upstream = LoopbackServer(slow_answer)
         await upstream.start(nursery)
@@ -109,27 +110,50 @@ async def test_a_stream_that_ended_leaves_its_connection_to_the_next_turn():
     assert upstream.accepted == 1  # closed mid-body at [DONE], each turn would open its own
 
 
-async def test_shards_no_request_took_for_a_keepalive_period_are_closed():
-    wide = SHARD_CONNECTIONS * 2 + 3  # three shards
+async def test_connections_no_request_took_for_a_keepalive_period_are_closed_unasked():
+    wide = 19
     async with trio.open_nursery() as nursery:
         upstream = LoopbackServer(slow_answer)
         await upstream.start(nursery)
         pool = ProfilePool(keepalive_s=0.3)
+        request = UpstreamRequest(f"{upstream.url}/v1/chat/completions", {"content-type": "application/json"}, b"{}")
 
         async def post() -> None:
-            async with pool.lease() as client:
-                response = await client.post(f"{upstream.url}/v1/chat/completions", json={})
-                assert response.status_code == 200
+            async with pool.exchange(request) as response:
+                assert response.status == 200
+                assert b"".join([piece async for piece in response]) == ANSWER.encode()
 
         with trio.fail_after(10):
             async with trio.open_nursery() as burst:
                 for _ in range(wide):
                     burst.start_soon(post)
-            assert upstream.accepted == wide and len(pool.shards) == 3
-            await trio.sleep(0.4)
-            await post()  # httpcore alone would close only the expired connections of the shard it used
+            assert upstream.accepted == wide and pool.opened == wide
+            await post()  # the warmest connection carries it
+            assert upstream.accepted == wide
+            # nothing uses the pool again: its expiry closes them all after the keep-alive period
             while upstream.closed < wide:
                 await trio.sleep(0.01)
-        assert upstream.accepted == wide + 1 and len(pool.shards) == 1
+        assert pool.opened == 0 and not any(pool.idle.values())
+        await post()  # and the pool still serves, on a new connection
+        assert upstream.accepted == wide + 1
         await pool.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_the_request_id_goes_upstream_on_the_lean_client():
+    from relayline.adapters.providers.http import REQUEST_ID
+
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(slow_answer)
+        await upstream.start(nursery)
+        async with Relay(structure_config(config(upstream.url)), env={}) as relay:
+            token = REQUEST_ID.set("req-7")
+            try:
+                result = await relay._run_turn(HI)
+            finally:
+                REQUEST_ID.reset(token)
+        nursery.cancel_scope.cancel()
+    assert result.outcome == "ok"
+    seen = upstream.seen[0].headers
+    assert seen["x-request-id"] == "req-7" and seen["authorization"] == "Bearer key-a"
+    assert seen["content-type"] == "application/json" and seen["user-agent"].startswith("relayline")

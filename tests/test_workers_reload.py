@@ -4,7 +4,9 @@ loopback sockets, with the PostgreSQL ledger and the Redis health store where a 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -182,3 +184,62 @@ async def test_a_reload_keeps_the_health_of_profiles_that_remain_and_forgets_the
     assert not refused.ok and "RELAYLINE_TEST_UNSET_KEYS" in " ".join(refused.problems)
     assert gateway.relay is current, "a refused file changes nothing"
     assert gateway.relay.health.breaker("sim.a").config.open_s == 900
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT spreads connections on Linux")
+def test_workers_share_the_connections_of_clients_that_connect_together(tmp_path, upstream):
+    """Each worker listens on its own socket of the port (SO_REUSEPORT): 32 keep-alive clients
+    connecting at once land on both workers. On one shared socket the first worker to wake
+    accepted the whole burst and the other idled."""
+
+    config = tmp_path / "spread.toml"
+    config.write_text(fleet_config(upstream, extra=f'[ledger]\npath = "{tmp_path / "l.sqlite3"}"'))
+    with ServeProcess(config, "--workers", "2") as gateway:
+        host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+        workers = _children(gateway.proc.pid)
+        deadline = time.monotonic() + 20
+        while len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            workers = _children(gateway.proc.pid)
+        body = json.dumps({"model": "model-a", "messages": HI}).encode()
+        request = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+                   f"content-length: {len(body)}\r\n\r\n").encode() + body
+        clients = [socket.create_connection((host, int(port)), timeout=20) for _ in range(32)]
+        try:
+            for client in clients:
+                client.sendall(request)
+            for client in clients:
+                assert client.recv(65536).startswith(b"HTTP/1.1 200")
+            held = {pid: _connections_on(pid, int(port)) for pid in workers}
+        finally:
+            for client in clients:
+                client.close()
+    assert len(held) == 2 and sum(held.values()) == 32, held
+    assert min(held.values()) >= 4, held  # a fair coin gives fewer than 4 of 32 once in a million
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(child) for child in out]
+
+
+def _connections_on(pid: int, port: int) -> int:
+    """Established TCP connections on local `port` whose socket `pid` holds (from /proc)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                local_port = int(fields[1].rsplit(":", 1)[1], 16)
+                if local_port == port and fields[3] == "01" and fields[9] in inodes:  # 01: ESTABLISHED
+                    count += 1
+    return count

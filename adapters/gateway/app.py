@@ -28,7 +28,6 @@ import os
 import re
 import sqlite3
 import time
-import uuid
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -107,7 +106,7 @@ class Exchange:
     DRAIN_S = 0.5
 
     __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
-                 "drained", "turn", "unread_body", "receive", "sent", "declared_length")
+                 "drained", "turn", "unread_body", "receive", "sent", "declared_length", "hangup")
 
     def __init__(self, send, method: str, path: str, request_id: str, headers: dict[bytes, bytes],
                  receive=None) -> None:
@@ -130,6 +129,8 @@ class Exchange:
         self.client = ""
         self.drained = False
         self.turn: str | None = None
+        # the server's call-back when the client hangs up (http11.py), where it offers one
+        self.hangup: Callable[[Callable[[], None]], None] | None = None
 
     async def __call__(self, message: dict) -> None:
         if message["type"] == "http.response.start":
@@ -165,7 +166,7 @@ def request_id(headers: dict[bytes, bytes]) -> str:
     """The client's x-request-id when it is a plain token, else a new one: it is echoed, logged
     and sent upstream, so nothing a client sends reaches a log or a header unchecked."""
     given = headers.get(b"x-request-id", b"").decode("latin-1")
-    return given if REQUEST_ID_SHAPE.match(given) else uuid.uuid4().hex
+    return given if REQUEST_ID_SHAPE.match(given) else os.urandom(16).hex()
 
 
 # the methods of each route, for a 405's Allow header (a HEAD is answered wherever a GET is)
@@ -181,6 +182,9 @@ class Gateway:
         self.relay = relay
         self.access = access if access is not None else Access(clients=KeyRing.of(api_keys or ()))
         self.ledger = ledger
+        if isinstance(ledger, LedgerStore):
+            # turns finishing together share a commit; a turn alone is committed at once
+            ledger.together = lambda: self.in_flight > 1
         self.settings = relay.config.gateway
         self.metrics = Metrics(relay.config, self.ROUTES, self._live)
         self.tracing = Tracing()  # OpenTelemetry spans when relayline[otel] is installed
@@ -251,6 +255,9 @@ class Gateway:
             return
         headers = dict(scope.get("headers") or [])
         exchange = Exchange(send, scope["method"], scope["path"], request_id(headers), headers, receive)
+        extensions = scope.get("extensions")
+        if extensions:
+            exchange.hangup = extensions.get("relayline.hangup")
         try:
             await self._route(exchange, scope, headers, receive)
         except Exception:
@@ -631,7 +638,7 @@ class Gateway:
             runs: list[TurnRun] = []
             stream = _StreamWire(turn_id, send, runs, dialect, request)
             gate_s = self.relay.config.timeouts.gate_commit_s
-            tasks = [stream.flusher] + ([partial(stream.commit_after, gate_s)] if gate_s > 0 else [])
+            tasks = [partial(stream.tend, gate_s)]
             result = await self._run_turn(send, turn_id, receive, runs, tasks, on_end=stream.ending, stream=True,
                                           sink=stream.event, **kwargs)
             if result is not None and send.drained:
@@ -683,22 +690,35 @@ class Gateway:
                 turn_scope.cancel()
             relay = self.relay  # the turn runs on this one to its end, whatever a reload does
             self._turns_of[relay] = self._turns_of.get(relay, 0) + 1
+
+            async def turn() -> None:
+                try:
+                    await relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
+                except Exception:
+                    if not runs or runs[0].result is None:
+                        raise
+                    # the driver settled the turn (outcome error, reason internal) and logged
+                    # it: it is answered and accounted like any failed turn
+                finally:
+                    if on_end is not None:
+                        on_end()
+
             try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._watch_disconnect, receive, turn_scope)
-                    for task in tasks:
-                        nursery.start_soon(task)
-                    try:
-                        await relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
-                    except Exception:
-                        if not runs or runs[0].result is None:
-                            raise
-                        # the driver settled the turn (outcome error, reason internal) and logged
-                        # it: it is answered and accounted like any failed turn
-                    finally:
-                        if on_end is not None:
-                            on_end()
-                        nursery.cancel_scope.cancel()
+                if exchange.hangup is not None:
+                    # the server calls back on a hang-up: no task of the turn's own waits for one
+                    exchange.hangup(turn_scope.cancel)
+                if exchange.hangup is not None and not tasks:
+                    await turn()
+                else:
+                    async with trio.open_nursery() as nursery:
+                        if exchange.hangup is None:
+                            nursery.start_soon(self._watch_disconnect, receive, turn_scope)
+                        for task in tasks:
+                            nursery.start_soon(task)
+                        try:
+                            await turn()
+                        finally:
+                            nursery.cancel_scope.cancel()
             finally:
                 self._turns.discard(turn_scope)
                 self._turns_of[relay] -= 1
@@ -750,9 +770,11 @@ class _StreamWire:
     """One streamed response: held headers, the commit, and a bounded write buffer.
 
     The dialect renders; the wire decides when bytes go out. Events are rendered into a pending
-    buffer and a flusher task writes whatever has gathered in one ASGI send: frames that arrive
-    together leave together, and an idle stream still sends each frame at once. Past
-    MAX_PENDING the turn waits for the flusher.
+    buffer and one helper task (`tend`) writes whatever has gathered in one ASGI send: frames
+    that arrive together leave together, and an idle stream still sends each frame at once.
+    Past MAX_PENDING the turn waits for it. The same task commits the held headers once
+    `gate_commit_s` passed with nothing decisive (one task fewer per stream than a timer of its
+    own: at thousands of streams in flight, each task is memory).
     """
 
     MAX_PENDING = 256 * 1024
@@ -763,7 +785,7 @@ class _StreamWire:
         self.request = request
         self.render = dialect.stream_renderer(turn_id, request)
         self.started = False
-        self._lock = trio.Lock()  # the gate timer, the flusher and the end all write: keep the wire ordered
+        self._lock = trio.Lock()  # the helper, the turn's first token and the end all write: keep the wire ordered
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._wake = trio.Event()
@@ -780,7 +802,7 @@ class _StreamWire:
         return run.turn.call.entry if run.turn.call is not None else None
 
     async def _send_whole(self, message: dict) -> None:
-        # the turn's end cancels the flusher and the gate timer: a write they began must finish
+        # the turn's end cancels the helper: a write it began must finish
         # (bytes taken from the buffer would otherwise be lost). While the turn runs a write
         # takes the client's time (backpressure); once it ended, SEND_GRACE_S at most
         with trio.CancelScope(shield=True) as scope:
@@ -820,9 +842,16 @@ class _StreamWire:
         await self._queue(self.render.opening(entry.model if entry is not None else "",
                                               gate.usage if gate is not None else None))
 
-    async def commit_after(self, seconds: float) -> None:
-        await trio.sleep(seconds)
-        await self._start()  # a slow model is not an error: the held headers and preamble go out
+    async def tend(self, gate_s: float) -> None:
+        """The stream's helper: the gate timer until the turn commits, then the writes."""
+        if gate_s > 0:
+            with trio.move_on_after(gate_s):
+                await self._wake.wait()  # the turn committed first: its first write is waiting
+            await self._start()  # a slow model is not an error: the held headers and preamble go out
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            await self._flush()
 
     async def _queue(self, data: bytes) -> None:
         if not data:
@@ -839,12 +868,6 @@ class _StreamWire:
                     await self._room.wait()
             else:
                 await self._room.wait()
-
-    async def flusher(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            await self._flush()
 
     async def _flush(self) -> None:
         async with self._lock:
@@ -863,7 +886,7 @@ class _StreamWire:
         await self._queue(self.render.event(event))
         if first:
             # the first token goes out now, not once the rest of this upstream read is rendered
-            # (the flusher runs only when the turn yields); a client slow to take it is not a
+            # (the helper runs only when the turn yields); a client slow to take it is not a
             # stalled provider
             if self.runs:
                 with self.runs[0].consumer_paused():
@@ -874,7 +897,7 @@ class _StreamWire:
     event.may_block = False  # bounded buffer: when it must wait for the client, it says so (consumer_paused)
 
     async def finish(self, result: TurnResult, relayline: dict) -> None:
-        """The end of the response; whatever the flusher had not sent yet goes first."""
+        """The end of the response; whatever the helper had not sent yet goes first."""
         body = self.render.ok(result, relayline) if result.outcome == "ok" else self.render.failed(result, relayline)
         async with self._lock:
             body = b"".join(self._pending) + body

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
-
 from relayline.machines import classify as fc
 from relayline.machines import wire as w
 from relayline.machines.ledger import Usage
@@ -35,10 +33,12 @@ from relayline.machines.stream import (
 )
 from relayline.machines.turn import Completion
 
+from .. import jsoncodec
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure, client_headers
 from .http import HttpProvider, json_frame
 from .pool import Pools
+from .upstream import UpstreamRequest, lowercase
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
@@ -420,7 +420,7 @@ class AnthropicStreamParser:
 class AnthropicProtocol:
     family = "anthropic"
 
-    def build(self, client: httpx.AsyncClient, request: CallRequest) -> httpx.Request:
+    def build(self, request: CallRequest) -> UpstreamRequest:
         provider = request.entry.provider
         base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
         headers = {"content-type": "application/json", "anthropic-version": API_VERSION,
@@ -429,7 +429,7 @@ class AnthropicProtocol:
             headers["x-api-key"] = request.key.reveal()
         body = render_request(request.wire_request(), request.model, request.stream,
                               provider.max_output_tokens or DEFAULT_MAX_TOKENS)
-        return client.build_request("POST", f"{base}/v1/messages", json=body, headers=headers)
+        return UpstreamRequest(f"{base}/v1/messages", lowercase(headers), jsoncodec.dumps(body))
 
     def completion(self, body: dict) -> Completion:
         return parse_completion(body)

@@ -1,5 +1,6 @@
-"""What the OpenAI-compatible and Anthropic adapters share: per-profile connection pools, error
-bodies reduced to a classification, and the SSE pump that turns response bytes into frames.
+"""What the OpenAI-compatible and Anthropic adapters share: per-profile connection pools (of the
+lean HTTP/1.1 client in providers/upstream.py), error bodies reduced to a classification, and
+the SSE pump that turns response bytes into frames.
 
 A protocol supplies three pure pieces: how to build the request, how to read a complete answer,
 and a stream parser (SSE events in, frames out, with its own completion rule). Everything that
@@ -18,7 +19,6 @@ from contextvars import ContextVar
 from typing import Protocol
 
 import attrs
-import httpx
 import trio
 
 from relayline.machines import classify as fc
@@ -31,6 +31,7 @@ from ..redact import redact
 from ..sse import SSEDecoder, SSEEvent, SSEProtocolError
 from .base import DONE, CallRequest, ProviderFailure
 from .pool import Pools
+from .upstream import UnsupportedEncoding, UpstreamError, UpstreamRequest
 
 log = logging.getLogger("relayline.providers")
 
@@ -39,6 +40,7 @@ log = logging.getLogger("relayline.providers")
 REQUEST_ID: ContextVar[str | None] = ContextVar("relayline_request_id", default=None)
 MAX_ERROR_BODY = 64 * 1024  # enough to classify; a provider's error page is not read further
 PROCESS_PARSE_BYTES = 1 << 20  # above this a body is decoded off the event loop
+FIRST_PIECE = 4096  # the part of a stream's first read decoded before the rest (see _frames)
 DONE_GRACE_S = 0.01  # after a stream's completion signal: how long its body's end may take
 
 
@@ -72,9 +74,6 @@ def decode_completion(protocol: WireProtocol, body: bytes | bytearray) -> Comple
         return fc.malformed(str(exc))
 
 
-def _identity(response: httpx.Response) -> bool:
-    # an uncompressed body can be read raw, skipping the decoder's copy of every chunk
-    return response.headers.get("content-encoding", "identity").strip().lower() in ("", "identity")
 MAX_REJECTION_CHARS = 1000  # an upstream's rejection message given back to the client, at most
 
 
@@ -148,17 +147,21 @@ class StreamParser(Protocol):
 
 
 class WireProtocol(Protocol):
-    def build(self, client: httpx.AsyncClient, request: CallRequest) -> httpx.Request: ...
+    def build(self, request: CallRequest) -> UpstreamRequest: ...
 
     def completion(self, body: dict) -> Completion: ...
 
     def parser(self) -> StreamParser: ...
 
 
-class HttpProvider:
-    """A provider client over httpx for one protocol (openai or anthropic)."""
+def _unsupported(exc: UnsupportedEncoding) -> ProviderFailure:
+    return ProviderFailure(fc.malformed(f"content-encoding {exc} (not asked for: relayline reads gzip and deflate)"))
 
-    reports_sent = True  # the driver's headers clock starts when httpcore wrote the request
+
+class HttpProvider:
+    """A provider client for one protocol (openai or anthropic) over the profile pools."""
+
+    reports_sent = True  # the driver's headers clock starts when the request was written
 
     def __init__(self, protocol: WireProtocol, pools: Pools | None = None) -> None:
         self.protocol = protocol
@@ -167,53 +170,31 @@ class HttpProvider:
     async def aclose(self) -> None:
         await self.pools.aclose()
 
-    async def _send(self, client: httpx.AsyncClient, request: CallRequest) -> httpx.Response:
-        http_request = self.protocol.build(client, request)
+    @asynccontextmanager
+    async def _exchange(self, request: CallRequest):
+        """The response to the request once its head arrived and its status is a success; an
+        error status is read (bounded), classified and raised."""
+        upstream = self.protocol.build(request)
         request_id = REQUEST_ID.get()
         if request_id is not None:
-            http_request.headers["x-request-id"] = request_id
-        clock = request.clock
-        if clock is not None:
-            async def trace(event: str, info: dict) -> None:
-                if event.endswith(".send_request_body.complete"):
-                    clock.sent()
-
-            http_request.extensions["trace"] = trace
+            upstream.headers["x-request-id"] = request_id
+        pool = self.pools.profile(request.entry.profile)
         try:
-            response = await client.send(http_request, stream=True)
-        except httpx.TimeoutException:
-            raise ProviderFailure(fc.timed_out("response headers (socket)", 600)) from None
-        except httpx.TransportError:
+            async with pool.exchange(upstream, request.clock) as response:
+                if response.status >= 400:
+                    await _refusal(response)
+                yield response
+        except UpstreamError:  # connecting, writing or the head: a body's own loss is caught where it is read
             raise ProviderFailure(fc.connection_error()) from None
-        if clock is not None:
-            clock.headers()
-        if response.status_code >= 400:
-            try:
-                body = b""
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) >= MAX_ERROR_BODY:
-                        break
-            except httpx.TransportError:
-                body = b""
-            finally:
-                await response.aclose()
-            failure = fc.classify_http(response.status_code, error_text(body), response.headers, time.time())
-            if failure.kind == fc.REJECTED:
-                kind, message = rejection(body)
-                failure = attrs.evolve(failure, error_type=kind, error_message=message)
-            raise ProviderFailure(failure)
-        return response
 
     async def complete(self, request: CallRequest) -> Completion:
-        async with self.pools.profile(request.entry.profile).lease() as client:
-            response = await self._send(client, request)
+        async with self._exchange(request) as response:
             try:
                 body = await self._read_bounded(response, request)
-            except httpx.TransportError:
-                raise ProviderFailure(fc.truncated("connection lost while reading the response")) from None
-            finally:
-                await response.aclose()  # unread bytes (a refused body) close the connection
+            except UpstreamError as exc:
+                raise ProviderFailure(fc.truncated(str(exc))) from None
+            except UnsupportedEncoding as exc:
+                raise _unsupported(exc) from None
         if request.clock is not None:
             request.clock.read()
         if len(body) > PROCESS_PARSE_BYTES and _Decoding.in_processes:
@@ -239,7 +220,7 @@ class HttpProvider:
         return outcome
 
     @staticmethod
-    async def _read_bounded(response: httpx.Response, request: CallRequest) -> bytearray:
+    async def _read_bounded(response, request: CallRequest) -> bytearray:
         """The body, never buffered beyond limits.max_response_bytes: a declared length above it
         is refused before reading, an undeclared one as soon as it crosses it."""
         limit = request.max_bytes
@@ -248,7 +229,7 @@ class HttpProvider:
             raise ProviderFailure(fc.too_large(limit))
         clock = request.clock
         body = bytearray()
-        async for chunk in response.aiter_raw() if _identity(response) else response.aiter_bytes():
+        async for chunk in response:
             body += chunk
             if len(body) > limit:
                 raise ProviderFailure(fc.too_large(limit))
@@ -258,31 +239,55 @@ class HttpProvider:
 
     @asynccontextmanager
     async def stream(self, request: CallRequest):
-        async with self.pools.profile(request.entry.profile).lease() as client:
-            response = await self._send(client, request)
-            try:
-                yield self._frames(response)
-            finally:
-                await response.aclose()
+        async with self._exchange(request) as response:
+            yield self._frames(response)
 
-    async def _frames(self, response: httpx.Response) -> AsyncIterator[Frame]:
+    async def _frames(self, response) -> AsyncIterator[Frame]:
         decoder = SSEDecoder()
         parser = self.protocol.parser()
-        chunks = response.aiter_bytes()
+        chunks = aiter(response)
+        first = True
         try:
             async for chunk in chunks:
-                for event in decoder.feed(chunk):
-                    for frame in parser.feed(event):
-                        yield frame
-                    if parser.done:
-                        await _finish_body(chunks)
-                        yield Frame(DONE)
-                        return
+                if first and len(chunk) > FIRST_PIECE:
+                    # a burst's first read is decoded in two steps: its first events (the first
+                    # token) do not wait for every line of the rest to be split (the first byte)
+                    pieces: tuple[bytes, ...] = (chunk[:FIRST_PIECE], chunk[FIRST_PIECE:])
+                else:
+                    pieces = (chunk,)
+                first = False
+                for piece in pieces:
+                    for event in decoder.feed(piece):
+                        for frame in parser.feed(event):
+                            yield frame
+                        if parser.done:
+                            await _finish_body(chunks)
+                            yield Frame(DONE)
+                            return
         except SSEProtocolError as exc:
             raise ProviderFailure(fc.truncated(f"malformed stream: {exc}")) from None
-        except httpx.TransportError:
-            raise ProviderFailure(fc.truncated("connection lost mid-stream")) from None
+        except UpstreamError as exc:
+            raise ProviderFailure(fc.truncated(f"{exc} (mid-stream)")) from None
+        except UnsupportedEncoding as exc:
+            raise _unsupported(exc) from None
         decoder.close()
         if parser.complete_at_eof():
             yield Frame(DONE)
         # otherwise the iterator ends without DONE: the driver reports truncation
+
+
+async def _refusal(response) -> None:
+    """An error status: its body read to classify it (bounded), then raised as the failure."""
+    body = b""
+    try:
+        async for chunk in response:
+            body += chunk
+            if len(body) >= MAX_ERROR_BODY:
+                break
+    except (UpstreamError, UnsupportedEncoding):
+        body = b""
+    failure = fc.classify_http(response.status, error_text(body), response.headers, time.time())
+    if failure.kind == fc.REJECTED:
+        kind, message = rejection(body)
+        failure = attrs.evolve(failure, error_type=kind, error_message=message)
+    raise ProviderFailure(failure)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
-
 from relayline.machines import classify as fc
 from relayline.machines import wire as w
 from relayline.machines.ledger import Usage
@@ -33,10 +31,12 @@ from relayline.machines.stream import (
 )
 from relayline.machines.turn import Completion
 
+from .. import jsoncodec
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure, client_headers
 from .http import HttpProvider, json_frame
 from .pool import Pools
+from .upstream import UpstreamRequest, lowercase
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -420,14 +420,14 @@ class OpenAIStreamParser:
 class OpenAIProtocol:
     family = "openai"
 
-    def build(self, client: httpx.AsyncClient, request: CallRequest) -> httpx.Request:
+    def build(self, request: CallRequest) -> UpstreamRequest:
         provider = request.entry.provider
         base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
         headers = {"content-type": "application/json", **request.forwarded_headers("openai"), **provider.headers}
         if request.key is not None:
             headers["authorization"] = f"Bearer {request.key.reveal()}"
         body = render_request(request.wire_request(), request.model, request.stream)
-        return client.build_request("POST", f"{base}/chat/completions", json=body, headers=headers)
+        return UpstreamRequest(f"{base}/chat/completions", lowercase(headers), jsoncodec.dumps(body))
 
     def completion(self, body: dict) -> Completion:
         return parse_completion(body)

@@ -1,139 +1,222 @@
-"""Upstream connection pools: one per provider profile, each sharded into small httpx clients.
-
-Why shards: httpcore 1.0.9 (the newest 1.x, which httpx 0.28 requires) re-examines every
-connection of a pool for every idle one on each request and each response close, which is
-quadratic in the pool's size. At 1,000 concurrent turns on one pool that scan was 92.6% of the
-gateway's CPU, and a pool holding more connections than `max_keepalive_connections` closed idle
-connections that the next turn then had to re-open (13,035 connections for 36,536 requests).
-Small shards keep each scan short, keep every connection they open alive (their keep-alive
-bound equals their size), and httpx stays the client API: a shard is an ordinary AsyncClient.
+"""Upstream connection pools: one per provider profile, of providers/upstream.py's connections.
 
 Why per profile: one profile's burst must not evict another profile's warm connections, and a
 profile's connections are its own to count and to bound.
 
+Reuse: a finished exchange puts its connection on top of its origin's idle stack, and the next
+request takes the top one (O(1), and a quiet profile reuses its warmest connection, whose TCP
+window and TLS session are hot). A connection goes back only when the exchange ended cleanly
+on both sides (h11's DONE/DONE, nothing after the body); anything else closes it. An idle
+connection is checked before it carries a request: one its peer closed is dropped and the next
+taken, so a request is never written to a connection known dead.
+
+Stale connections are not retried: once any byte of a request was written, the exchange fails
+as a connection error and the driver decides (its retry is a visible attempt in the ledger). A
+provider may have read the request and be answering it; sending it again silently could bill a
+turn twice. The race is rare because connections idle for KEEPALIVE_S (30 s) are closed, well
+before the providers' own idle timeouts (about 60 s).
+
+Expiry: each pool with idle connections has one sleeping system task that closes those no
+request took for KEEPALIVE_S, whether or not the pool is used again (after a burst of 5,000
+streams, 5,000 sockets and their memory would otherwise stay until exit). The stacks keep the
+oldest at the bottom, so expiry pops from there: no scan of the live ones.
+
 Sizing: a turn holds at most one upstream connection at a time, so a profile never needs more
 connections than turns in flight. `[gateway] max_in_flight` (when set) bounds each profile's
-pool; otherwise the pool grows with demand (the process's file-descriptor limit is the bound),
-because a cap below the turns in flight only moves the queue from the gateway into the pool.
+connections (requests beyond it wait, first come first served); otherwise a pool grows with
+demand (the process's file-descriptor limit is the bound), because a cap below the turns in
+flight only moves the queue from the gateway into the pool.
+
+Proxies: where the environment names a proxy for a profile's URL (HTTP(S)_PROXY, ALL_PROXY, not
+bypassed by NO_PROXY, as urllib reads them), that profile's requests go through httpx, which
+honours it (providers/httpx_pool.py); this client does not speak CONNECT.
+RELAYLINE_UPSTREAM_CLIENT=httpx sends every profile through httpx (the pool before this client:
+an operator's way back, and the benchmark's baseline in the same run).
 """
 
 from __future__ import annotations
 
-import math
+import logging
+import os
 import ssl
+import urllib.request
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import attrs
-import httpx
 import trio
 
-SHARD_CONNECTIONS = 8  # httpcore's scan is quadratic in this: at 8, ~64 checks per pool event
+from .httpx_pool import HttpxPool
+from .upstream import (
+    TRANSPORT_ERRORS,
+    Connection,
+    Origin,
+    UpstreamRequest,
+    default_ssl_context,
+    split_url,
+)
+
+log = logging.getLogger("relayline.providers")
+
 KEEPALIVE_S = 30.0  # an idle connection is closed after this (providers drop theirs at ~60 s)
 
 
-def new_client(connections: int = SHARD_CONNECTIONS, verify: ssl.SSLContext | bool = True,
-               keepalive_s: float = KEEPALIVE_S) -> httpx.AsyncClient:
-    # timeouts are the driver's cancel scopes (headers_s, first_token_s, idle_s, total_s); httpx's
-    # own are a backstop so that a socket can never hang a worker forever
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
-                          keepalive_expiry=keepalive_s)
-    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0, connect=30.0), verify=verify,
-                             follow_redirects=False)
+def proxy_for(origin: Origin) -> str | None:
+    """The proxy the environment names for this origin, as httpx (trust_env) would use one."""
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(origin.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(f"{origin.host}:{origin.port}") or \
+            urllib.request.proxy_bypass(origin.host):
+        return None
+    return proxy
 
 
-@attrs.define(eq=False)
-class _Shard:
-    client: httpx.AsyncClient
-    size: int  # its max_connections
-    busy: int = 0  # requests holding one of its connections (response not yet closed)
-    used: float = 0.0  # when a request last took it (trio.current_time)
+def upstream_client() -> str:
+    """RELAYLINE_UPSTREAM_CLIENT: "lean" (the default) or "httpx"."""
+    value = os.environ.get("RELAYLINE_UPSTREAM_CLIENT", "").strip().lower() or "lean"
+    if value not in ("lean", "httpx"):
+        raise ValueError(f"RELAYLINE_UPSTREAM_CLIENT: {value!r} is neither 'lean' nor 'httpx'")
+    return value
 
 
 class ProfilePool:
-    """One profile's connections. A request takes the shard that most recently had a free slot
-    (a stack of shards with room: O(1), and the warm connections of a quiet profile are the ones
-    reused); a new shard opens only when every shard is full.
+    """One profile's connections: an idle stack per origin, a bound, the expiry task."""
 
-    httpcore closes an expired connection only when its own pool is next used, and the stack
-    leaves the shards a burst opened unused afterwards: so once per keep-alive period the shards
-    no request took for that long are closed (after 5,000 streams, 5,000 sockets and their
-    memory would otherwise stay until exit)."""
-
-    def __init__(self, max_connections: int | None = None, verify: ssl.SSLContext | bool = True,
-                 keepalive_s: float = KEEPALIVE_S) -> None:
-        self.unopened = max_connections if max_connections else math.inf  # connections no shard holds yet
-        self.verify = verify
+    def __init__(self, max_connections: int | None = None, ssl_context: ssl.SSLContext | None = None,
+                 keepalive_s: float = KEEPALIVE_S, *, through_httpx: bool = False) -> None:
+        self.ssl_context = ssl_context
+        self.through_httpx = through_httpx
         self.keepalive_s = keepalive_s
-        self.shards: list[_Shard] = []
-        self.roomy: list[_Shard] = []  # shards with a free slot, the most recently freed last
-        self.swept = 0.0
+        self.max_connections = max_connections or None
+        self.bound = trio.Semaphore(max_connections) if max_connections else None
+        self.idle: dict[Origin, deque[Connection]] = {}  # each a stack: the warmest on the right
+        self.opened = 0  # connections open now, idle or carrying a request
+        self.closed = False
+        self._through: dict[Origin, HttpxPool | None] = {}  # origins whose requests go through httpx
+        self._httpx: HttpxPool | None = None
+        self._expiry: trio.CancelScope | None = None
 
     @asynccontextmanager
-    async def lease(self) -> AsyncIterator[httpx.AsyncClient]:
-        """A client to send one request on; hold the lease until the response is closed."""
-        now = trio.current_time()
-        if now - self.swept > self.keepalive_s:
-            await self._sweep(now)
-        shard = self._acquire()
-        shard.used = now
-        try:
-            yield shard.client
-        finally:
-            shard.busy -= 1
-            if shard.busy == shard.size - 1:
-                self.roomy.append(shard)
-
-    def _acquire(self) -> _Shard:
-        if not self.roomy:
-            if self.unopened <= 0:  # at the bound: httpcore queues the request in the least busy shard
-                shard = min(self.shards, key=lambda s: s.busy)
-                shard.busy += 1
-                return shard
-            size = int(min(SHARD_CONNECTIONS, self.unopened))
-            self.unopened -= size
-            shard = _Shard(new_client(size, self.verify, self.keepalive_s), size)
-            self.shards.append(shard)
-            self.roomy.append(shard)
-        shard = self.roomy[-1]
-        shard.busy += 1
-        if shard.busy == shard.size:
-            self.roomy.pop()
-        return shard
-
-    async def _sweep(self, now: float) -> None:
-        self.swept = now
-        cold = [shard for shard in self.shards if shard.busy == 0 and now - shard.used > self.keepalive_s]
-        if not cold:
+    async def exchange(self, request: UpstreamRequest, clock=None) -> AsyncIterator:
+        """Send `request` and yield the response once its head arrived; the block reads the body
+        (or not). On exit the connection goes back to the pool if the exchange ended cleanly."""
+        origin = split_url(request.url)[0]
+        through = self._through.get(origin, False)
+        if through is False:
+            through = self._through[origin] = self._httpx_for(origin)
+        if through is not None:
+            async with through.exchange(request, clock) as response:
+                yield response
             return
-        for shard in cold:
-            self.shards.remove(shard)
-            self.roomy.remove(shard)  # idle, so it has room, so it is on the stack
-            self.unopened += shard.size
-        with trio.CancelScope(shield=True):  # closing idle sockets does not wait on the network
-            for shard in cold:
-                await shard.client.aclose()
+        bound = self.bound
+        if bound is not None:
+            await bound.acquire()
+        try:
+            connection = await self._take(origin)
+            if connection is None:
+                connection = await Connection.connect(origin, self.ssl_context)
+                self.opened += 1
+            response = None
+            try:
+                response = await connection.exchange(request, clock)
+                yield response
+            finally:
+                if response is not None and response.complete and not self.closed and connection.reusable():
+                    self._keep(connection)
+                else:
+                    await self._close(connection)
+        finally:
+            if bound is not None:
+                bound.release()
+
+    async def _take(self, origin: Origin) -> Connection | None:
+        stack = self.idle.get(origin)
+        while stack:
+            connection = stack.pop()
+            if connection.idle_and_open():
+                return connection
+            await self._close(connection)  # its peer closed it while it idled
+        return None
+
+    def _keep(self, connection: Connection) -> None:
+        connection.idle_since = trio.current_time()
+        stack = self.idle.get(connection.origin)
+        if stack is None:
+            stack = self.idle[connection.origin] = deque()
+        stack.append(connection)
+        if self._expiry is None:
+            self._expiry = trio.CancelScope()
+            trio.lowlevel.spawn_system_task(self._expire, self._expiry, name="relayline upstream pool expiry")
+
+    async def _close(self, connection: Connection) -> None:
+        self.opened -= 1
+        with trio.CancelScope(shield=True):  # closing does not wait on the network
+            try:
+                await connection.aclose()
+            except TRANSPORT_ERRORS:
+                pass
+
+    async def _expire(self, scope: trio.CancelScope) -> None:
+        try:
+            with scope:
+                quiet = False
+                while True:
+                    oldest = min((stack[0].idle_since for stack in self.idle.values() if stack), default=None)
+                    if oldest is None:
+                        # a busy pool's connections are all out at this moment: the task ends only
+                        # after a whole period without an idle one (not respawned per request)
+                        if quiet:
+                            return
+                        quiet = True
+                        await trio.sleep(self.keepalive_s)
+                        continue
+                    quiet = False
+                    await trio.sleep_until(oldest + self.keepalive_s)
+                    now = trio.current_time()
+                    for stack in self.idle.values():
+                        while stack and now - stack[0].idle_since >= self.keepalive_s:
+                            await self._close(stack.popleft())
+        except Exception:  # a system task's error would end the whole run: log it instead
+            log.exception("upstream_pool_expiry_error")
+        finally:
+            if self._expiry is scope:
+                self._expiry = None
+
+    def _httpx_for(self, origin: Origin) -> HttpxPool | None:
+        if not self.through_httpx:
+            if proxy_for(origin) is None:
+                return None
+            log.info("upstream_proxy origin=%s: this profile's requests go through httpx", origin.url)
+        if self._httpx is None:
+            self._httpx = HttpxPool(self.max_connections, self.ssl_context or default_ssl_context(), self.keepalive_s)
+        return self._httpx
 
     async def aclose(self) -> None:
-        for shard in self.shards:
-            await shard.client.aclose()
-        self.shards.clear()
-        self.roomy.clear()
+        self.closed = True
+        if self._expiry is not None:
+            self._expiry.cancel()
+        for stack in self.idle.values():
+            while stack:
+                await self._close(stack.pop())
+        if self._httpx is not None:
+            await self._httpx.aclose()
+        self._through.clear()
 
 
 class Pools:
-    """Every profile's pool, opened on first use; one TLS context shared by all of them (building
-    one reads the CA bundle: tens of milliseconds and a few hundred KiB each)."""
+    """Every profile's pool, opened on first use; one TLS context shared by all of them."""
 
     def __init__(self, max_connections: int | None = None) -> None:
         self.max_connections = max_connections or None
-        self.verify = httpx.create_ssl_context()
+        self.through_httpx = upstream_client() == "httpx"
+        self.ssl_context = default_ssl_context()
         self.profiles: dict[str, ProfilePool] = {}
 
     def profile(self, name: str) -> ProfilePool:
         pool = self.profiles.get(name)
         if pool is None:
-            pool = self.profiles[name] = ProfilePool(self.max_connections, self.verify)
+            pool = self.profiles[name] = ProfilePool(self.max_connections, self.ssl_context,
+                                                     through_httpx=self.through_httpx)
         return pool
 
     async def aclose(self) -> None:

@@ -1,0 +1,177 @@
+"""`relayline serve --workers 2` against one worker, at concurrency 16 (`make bench`; never part of
+`make test`).
+
+The client (raw asyncio, bench/load.py's), the upstream (bench/upstream.py) and the gateway's
+workers share this machine's cores. Per run: requests/s, and the CPU each process spent per
+request (from /proc), with the connections each worker held, so that a worker left idle shows.
+From the CPU per request the ceiling follows: with C cores, no configuration serves more than
+C / (the CPU of all processes per request) requests/s, and one worker no more than 1 / (its own
+CPU per request). Then the same with the processes pinned (taskset's affinity): the client and
+the upstream on one core, the gateway's workers on the other, so that one worker and two
+compete for the same single core: what `--workers` gives when there is no core to scale onto.
+
+Per request, the workers' wake-ups (voluntary context switches) and preemptions (involuntary
+ones) are counted too: on a loaded machine each wake-up waits for a core, and two workers each
+doing half the work wake up more often per request than one busy worker that finds several
+requests ready at each wake-up.
+
+Run: python bench/workers.py [--seconds S]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from load import _cpu_s, _own_cpu_s, closed_loop  # noqa: E402
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(child) for child in out]
+
+
+def _sockets(pid: int) -> int:
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return count
+
+
+def _switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of all of a process's threads: its wake-ups,
+    and the times the kernel took the CPU from it while it could run."""
+    voluntary = involuntary = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        for line in Path(f"/proc/{pid}/task/{task}/status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                voluntary += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                involuntary += int(line.split()[1])
+    return voluntary, involuntary
+
+
+def _pin(pid: int, cores: set[int]) -> None:
+    for task in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(task), cores)
+
+
+def _start(config: Path, workers: int) -> tuple[subprocess.Popen, str, list[int]]:
+    args = [sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config), "--port", "0",
+            "--log-level", "warning"] + (["--workers", str(workers)] if workers > 1 else [])
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    line = ""
+    deadline = time.monotonic() + 30
+    while "listening on" not in line and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+    url = re.search(r"http://[\d.]+:\d+", line).group(0) + "/v1/chat/completions"
+    pids = [proc.pid]
+    if workers > 1:
+        while len(pids := _children(proc.pid)) < workers and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return proc, url, pids
+
+
+def run(seconds: float = 4.0) -> dict:
+    cores = sorted(os.sched_getaffinity(0))
+    tmp = tempfile.TemporaryDirectory()
+    upstream = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), "0"], stdout=subprocess.PIPE, text=True)
+    port = upstream.stdout.readline().split()[1]
+    config = Path(tmp.name) / "workers.toml"
+    config.write_text(f'active = "u"\n[ledger]\npath = "{tmp.name}/ledger.sqlite3"\n[providers.u]\n'
+                      f'family = "openai"\nbase_url = "http://127.0.0.1:{port}/v1"\napi_key = "bench-key"\n')
+    out: dict = {"cores": len(cores), "load_average_at_start": os.getloadavg()[0], "runs": {}}
+    try:
+        for pinned in (False, True):
+            if pinned and len(cores) < 2:
+                break
+            for workers in (1, 2):
+                if pinned:
+                    os.sched_setaffinity(0, {cores[0]})
+                    _pin(upstream.pid, {cores[0]})
+                proc, url, pids = _start(config, workers)
+                if pinned:
+                    for pid in pids:
+                        _pin(pid, {cores[1]})
+                try:
+                    out["runs"][f"{workers} worker{'s' if workers > 1 else ''}{', pinned' if pinned else ''}"] = \
+                        asyncio.run(_measure(url, pids, upstream.pid, seconds))
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+                    os.sched_setaffinity(0, set(cores))
+                    _pin(upstream.pid, set(cores))
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
+        tmp.cleanup()
+    out["load_average_at_end"] = os.getloadavg()[0]
+    runs = out["runs"]
+    one, two = runs.get("1 worker"), runs.get("2 workers")
+    if one and two:
+        out["scaling"] = two["rps"] / one["rps"]
+        # the most each configuration could serve on these cores at the CPU per request measured
+        out["ceiling_one_worker_rps"] = 1e3 / one["worker_cpu_ms_per_request"][0]
+        out["ceiling_all_cores_rps"] = len(cores) * 1e3 / two["all_cpu_ms_per_request"]
+        out["ceiling_scaling"] = out["ceiling_all_cores_rps"] / out["ceiling_one_worker_rps"]
+    if "1 worker, pinned" in runs and "2 workers, pinned" in runs:
+        out["scaling_pinned"] = runs["2 workers, pinned"]["rps"] / runs["1 worker, pinned"]["rps"]
+    return out
+
+
+async def _measure(url: str, pids: list[int], upstream_pid: int, seconds: float) -> dict:
+    await closed_loop(url, 16, 1.0)  # warm: connections to the upstream, caches
+    before = {pid: _cpu_s(pid) for pid in pids}
+    switches = {pid: _switches(pid) for pid in pids}
+    upstream_before, client_before = _cpu_s(upstream_pid), _own_cpu_s()
+    start = time.perf_counter()
+    row = await closed_loop(url, 16, seconds)
+    elapsed = time.perf_counter() - start
+    n = max(row["requests"], 1)
+    workers = [(_cpu_s(pid) - before[pid]) / n * 1e3 for pid in pids]
+    woken = [(_switches(pid)[0] - switches[pid][0]) / n for pid in pids]
+    preempted = [(_switches(pid)[1] - switches[pid][1]) / n for pid in pids]
+    upstream = (_cpu_s(upstream_pid) - upstream_before) / n * 1e3
+    client = (_own_cpu_s() - client_before) / n * 1e3
+    return {"rps": row["rps"], "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"], "errors": row["errors"],
+            "worker_cpu_ms_per_request": workers, "worker_busy_share": [w * n / 1e3 / elapsed for w in workers],
+            "worker_sockets": [_sockets(pid) for pid in pids], "worker_wakeups_per_request": woken,
+            "worker_preemptions_per_request": preempted, "upstream_cpu_ms_per_request": upstream,
+            "client_cpu_ms_per_request": client, "all_cpu_ms_per_request": sum(workers) + upstream + client}
+
+
+def report(result: dict) -> None:
+    print(f"\n--workers at concurrency 16 ({result['cores']} cores; load average {result['load_average_at_start']:.1f} "
+          f"-> {result['load_average_at_end']:.1f})")
+    for name, row in result["runs"].items():
+        workers = ", ".join(f"{cpu:.2f} ms ({busy:.0%} busy, {sockets} sockets)" for cpu, busy, sockets in zip(
+            row["worker_cpu_ms_per_request"], row["worker_busy_share"], row["worker_sockets"], strict=True))
+        print(f"  {name:<20} {row['rps']:>6.0f} req/s  p50 {row['p50_ms']} ms  errors {row['errors']}  worker CPU per "
+              f"request {workers}; upstream {row['upstream_cpu_ms_per_request']:.2f} ms, client "
+              f"{row['client_cpu_ms_per_request']:.2f} ms; all {row['all_cpu_ms_per_request']:.2f} ms; per request, "
+              f"worker wake-ups {sum(row['worker_wakeups_per_request']):.2f}, preemptions "
+              f"{sum(row['worker_preemptions_per_request']):.2f}")
+    if "scaling" in result:
+        print(f"  2 workers over 1: {result['scaling']:.2f}x; the ceiling at this CPU per request: one worker "
+              f"{result['ceiling_one_worker_rps']:.0f} req/s, all cores {result['ceiling_all_cores_rps']:.0f} req/s "
+              f"({result['ceiling_scaling']:.2f}x)")
+    if "scaling_pinned" in result:
+        print(f"  pinned (client and upstream on one core, the workers on the other): 2 workers over 1: "
+              f"{result['scaling_pinned']:.2f}x")
+
+
+if __name__ == "__main__":
+    seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 4.0
+    report(run(seconds))

@@ -1,0 +1,104 @@
+"""The SQLite ledger's checkpoints: a write commits to the WAL and returns; copying the WAL into
+the database (with its fsync) is the store's own thread's work, never the event loop's."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+
+import trio
+import trio.testing
+
+from relayline.adapters.stores import ledger as ledger_module
+from relayline.adapters.stores.ledger import LedgerStore
+from relayline.machines.ledger import LedgerRow
+from relayline.machines.turn import TurnResult
+
+
+def _result() -> TurnResult:
+    row = LedgerRow(provider="p", model="m", mode="complete", outcome="ok", accepted=True, input_tokens=3,
+                    output_tokens=5, cost_usd=0.001)
+    return TurnResult(outcome="ok", error=None, message=None, requested="p", served=None, text="hi", reasoning="",
+                      tool_calls=(), partial_text=None, notice=None, fallback=False, attempts=(), skipped=(),
+                      ledger=(row,))
+
+
+def _wait_for(predicate, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_the_writes_leave_the_checkpoint_to_the_stores_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(ledger_module, "CHECKPOINT_EVERY", 20)
+    path = tmp_path / "ledger.sqlite3"
+    store = LedgerStore(path)
+    assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0  # no write checkpoints itself
+    size = os.path.getsize(path)
+    for i in range(19):
+        store.write(f"t{i}", _result())
+    assert store._checkpointer is None and os.path.getsize(path) == size  # all of it still in the WAL
+    store.write("t19", _result())
+    # the 20th write woke the checkpointer: the WAL's pages reach the database file
+    assert _wait_for(lambda: os.path.getsize(path) > size)
+    assert store._checkpointer is not None and store._checkpointer.name == "relayline-ledger-checkpoint"
+    assert [r["turn"] for r in store.rows()] == [f"t{i}" for i in range(20)]
+    store.close()
+    assert not store._checkpointer.is_alive()
+    assert not os.path.exists(f"{path}-wal")  # the last connection closed: nothing left in a WAL
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT COUNT(*), SUM(output_tokens) FROM attempts").fetchone() == (20, 100)
+
+
+def test_a_store_in_memory_has_no_wal_and_no_checkpointer():
+    store = LedgerStore(":memory:")
+    for i in range(ledger_module.CHECKPOINT_EVERY + 1):
+        store.write(f"t{i}", _result())
+    assert store._checkpointer is None and len(store.rows()) == ledger_module.CHECKPOINT_EVERY + 1
+    store.close()
+
+
+async def test_turns_that_finish_together_share_one_commit_and_a_turn_alone_commits_at_once(tmp_path):
+    store = LedgerStore(tmp_path / "ledger.sqlite3")
+    with trio.testing.assert_no_checkpoints():  # alone (the default): no wait for company
+        assert await store.record("alone", _result()) == 1
+    assert store._since_checkpoint == 1
+    store.together = lambda: True
+    returned: list[str] = []
+
+    async def finish(turn: str) -> None:
+        await store.record(turn, _result())
+        returned.append(turn)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(10):
+            nursery.start_soon(finish, f"t{i}")
+    assert store._since_checkpoint == 2  # the ten turns' rows: one transaction
+    assert sorted(returned) == sorted(f"t{i}" for i in range(10))
+    assert sorted(r["turn"] for r in store.rows()) == sorted(["alone", *(f"t{i}" for i in range(10))])
+    store.close()
+
+
+async def test_a_shared_commit_that_fails_raises_in_every_turn_that_shared_it(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    store = LedgerStore(path)
+    store.together = lambda: True
+    with sqlite3.connect(path) as other:
+        other.execute("DROP TABLE attempts")  # the next commit fails: a real error, from SQLite
+    failed: list[str] = []
+
+    async def finish(turn: str) -> None:
+        try:
+            await store.record(turn, _result())
+        except sqlite3.OperationalError:
+            failed.append(turn)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(finish, f"t{i}")
+    assert sorted(failed) == ["t0", "t1", "t2"]
+    store.close()

@@ -1,0 +1,355 @@
+"""The lean upstream client (providers/upstream.py) and its pool against real loopback servers
+that answer with raw bytes, as a provider (or a broken one) would send them: keep-alive reuse
+and one write per request, a connection its server closed while idle, a request never sent
+twice, chunked framing edge cases split at every byte, malformed HTTP, a body cut short, gzip
+and deflate, TLS against a local CA, and the proxies httpx honoured."""
+
+from __future__ import annotations
+
+import gzip
+import ssl
+import zlib
+from functools import partial
+
+import pytest
+import trio
+
+from relayline.adapters.providers import pool as pool_module
+from relayline.adapters.providers.pool import Pools, ProfilePool
+from relayline.adapters.providers.upstream import (
+    INFLATE_PIECE,
+    Connection,
+    UnsupportedEncoding,
+    UpstreamError,
+    UpstreamRequest,
+)
+
+OK_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+
+
+class RawServer:
+    """Loopback TCP: each accepted connection reads requests and answers each with what
+    `answer(number, request_index)` returns (raw bytes; None: close without a word)."""
+
+    def __init__(self, answer, *, pieces: int = 0, close: bool = False) -> None:
+        self.answer = answer
+        self.pieces = pieces  # > 0: send the answer in pieces of this many bytes, one send each
+        self.close = close  # close the connection after each answer
+        self.requests: list[tuple[int, bytes, bytes]] = []  # (connection, head, body)
+        self.accepted = 0
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/chat/completions"
+
+    async def start(self, nursery: trio.Nursery, ssl_context: ssl.SSLContext | None = None) -> None:
+        handler = self._serve
+        if ssl_context is not None:
+            async def handler(stream):
+                await self._serve(trio.SSLStream(stream, ssl_context, server_side=True))
+        listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        self.port = listeners[0].socket.getsockname()[1]
+
+    async def _serve(self, stream) -> None:
+        self.accepted += 1
+        number = self.accepted
+        buffer = b""
+        try:
+            for index in range(100):
+                while b"\r\n\r\n" not in buffer:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, buffer = buffer.split(b"\r\n\r\n", 1)
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                while len(buffer) < length:
+                    buffer += await stream.receive_some(65536)
+                body, buffer = buffer[:length], buffer[length:]
+                self.requests.append((number, head, body))
+                answer = self.answer(number, index)
+                if answer is None:
+                    return
+                if self.pieces:
+                    for at in range(0, len(answer), self.pieces):
+                        await stream.send_all(answer[at:at + self.pieces])
+                        await trio.sleep(0.001)  # each piece its own segment: split reads
+                else:
+                    await stream.send_all(answer)
+                if self.close or b"connection: close" in answer.lower():
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+
+def json_answer(body: bytes = b'{"ok": true}', extra: bytes = b"") -> bytes:
+    return OK_HEAD + extra + b"content-length: %d\r\n\r\n" % len(body) + body
+
+
+def request(url: str, body: bytes = b'{"model": "m"}') -> UpstreamRequest:
+    return UpstreamRequest(url, {"content-type": "application/json", "authorization": "Bearer sk-test"}, body)
+
+
+async def fetch(pool: ProfilePool, req: UpstreamRequest) -> tuple[int, dict, bytes, bool]:
+    async with pool.exchange(req) as response:
+        body = b"".join([piece async for piece in response])
+        return response.status, response.headers, body, response.complete
+
+
+@pytest.fixture
+async def serve(nursery):
+    async def start(answer, **kwargs) -> RawServer:
+        server = RawServer(answer, **kwargs)
+        await server.start(nursery)
+        return server
+
+    return start
+
+
+async def test_keepalive_reuse_with_one_write_per_request(serve, monkeypatch):
+    writes: list[bytes] = []
+    write = Connection.write
+
+    async def counted(self, data):
+        writes.append(data)
+        await write(self, data)
+
+    monkeypatch.setattr(Connection, "write", counted)
+    server = await serve(lambda number, index: json_answer(b'{"n": %d}' % index))
+    pool = ProfilePool()
+    for n in range(3):
+        status, headers, body, complete = await fetch(pool, request(server.url))
+        assert (status, body, complete) == (200, b'{"n": %d}' % n, True)
+        assert headers["content-type"] == "application/json"
+    assert server.accepted == 1 and [r[0] for r in server.requests] == [1, 1, 1]
+    assert len(writes) == 3 and all(w.endswith(b'\r\n\r\n{"model": "m"}') for w in writes)
+    head = server.requests[0][1].decode()
+    assert head.startswith("POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:")
+    assert "authorization: Bearer sk-test" in head and "content-length: 14" in head
+    assert "accept-encoding: gzip, deflate" in head and "user-agent: relayline" in head
+    await pool.aclose()
+    assert pool.opened == 0
+
+
+async def test_a_connection_its_server_closed_while_idle_is_never_written_to(serve):
+    # the server answers, then closes the connection without saying so (no connection: close)
+    server = await serve(lambda number, index: json_answer(), close=True)
+    pool = ProfilePool()
+    for _ in range(3):
+        assert (await fetch(pool, request(server.url)))[0] == 200
+        await trio.sleep(0.05)  # the server's close reaches us while the connection idles
+    assert server.accepted == 3 and [r[0] for r in server.requests] == [1, 2, 3]  # each request once
+    await pool.aclose()
+
+
+async def test_a_request_the_server_dropped_unanswered_is_not_sent_again(serve):
+    """Once written, a request may have been read and acted on: the exchange fails as a
+    connection error and the driver's retry policy (visible, ledgered) decides, never a
+    silent resend here."""
+    server = await serve(lambda number, index: json_answer() if (number, index) == (1, 0) else None)
+    pool = ProfilePool()
+    assert (await fetch(pool, request(server.url)))[0] == 200
+    with pytest.raises(UpstreamError, match="connection closed before the response"):
+        await fetch(pool, request(server.url))  # on the reused connection, which the server then drops
+    assert len(server.requests) == 2 and server.accepted == 1
+    assert pool.opened == 0
+
+
+CHUNKED = OK_HEAD + b"transfer-encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize("framed, body", [
+    (CHUNKED + b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", b"hello world"),
+    (CHUNKED + b"5;name=value\r\nhello\r\n0\r\n\r\n", b"hello"),  # a chunk extension
+    (CHUNKED + b"A\r\n0123456789\r\n0\r\n\r\n", b"0123456789"),  # upper-case hex
+    (CHUNKED + b"0000005\r\nhello\r\n0\r\n\r\n", b"hello"),  # leading zeros
+    (CHUNKED + b"3\r\nabc\r\n0\r\nx-checksum: 1\r\nx-other: 2\r\n\r\n", b"abc"),  # trailers
+    (CHUNKED + b"0\r\n\r\n", b""),  # an empty body
+    (OK_HEAD + b"content-length: 0\r\n\r\n", b""),
+    (b"HTTP/1.1 100 Continue\r\n\r\n" + json_answer(b"{}"), b"{}"),  # an informational head first
+])
+@pytest.mark.parametrize("pieces", [0, 1, 7])
+async def test_framing_read_whole_however_it_is_split_and_the_connection_reused(serve, framed, body, pieces):
+    server = await serve(lambda number, index: framed, pieces=pieces)
+    pool = ProfilePool()
+    with trio.fail_after(10):
+        for _ in range(2):
+            assert await fetch(pool, request(server.url)) == (200, pool_module_headers(framed), body, True)
+    assert server.accepted == 1
+    await pool.aclose()
+
+
+def pool_module_headers(framed: bytes) -> dict:
+    head = framed.rsplit(b"HTTP/1.1 ", 1)[1].split(b"\r\n\r\n")[0].decode()
+    return dict(line.split(": ", 1) for line in head.split("\r\n")[1:])
+
+
+async def test_a_body_closed_by_the_connection_is_read_whole_and_the_connection_not_reused(serve):
+    server = await serve(lambda number, index: OK_HEAD + b"connection: close\r\n\r\nall of it")
+    pool = ProfilePool()
+    for _ in range(2):
+        assert (await fetch(pool, request(server.url)))[2:] == (b"all of it", True)
+    assert server.accepted == 2 and pool.opened == 0
+    await pool.aclose()
+
+
+@pytest.mark.parametrize("answer, message", [
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly ten..", "connection lost while reading the response"),
+    (CHUNKED + b"5\r\nhello\r\n", "connection lost while reading the response"),
+    (CHUNKED + b"zz\r\nhello\r\n0\r\n\r\n", "malformed HTTP response body"),
+    (CHUNKED + b"5\r\nhello!!\r\n0\r\n\r\n", "malformed HTTP response body"),  # a chunk longer than it said
+])
+async def test_a_cut_or_malformed_body_is_an_upstream_error_and_closes_the_connection(serve, answer, message):
+    server = await serve(lambda number, index: answer, close=True)
+    pool = ProfilePool()
+    with trio.fail_after(5):
+        async with pool.exchange(request(server.url)) as response:
+            with pytest.raises(UpstreamError, match=message):
+                async for _ in response:
+                    pass
+    assert pool.opened == 0
+    await pool.aclose()
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 2OO OK\r\n\r\n",  # not a status code
+    b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello",  # two lengths
+    b"HTTP/1.1 200 OK\r\nbad header line\r\n\r\n",
+    b"<html>no HTTP at all</html>\r\n\r\n",
+])
+async def test_a_malformed_head_is_an_upstream_error(serve, answer):
+    server = await serve(lambda number, index: answer)
+    pool = ProfilePool()
+    with trio.fail_after(5), pytest.raises(UpstreamError, match="malformed HTTP response head"):
+        await fetch(pool, request(server.url))
+    assert pool.opened == 0
+
+
+async def test_a_refused_connection_is_an_upstream_error():
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()  # nothing listens there now
+    pool = ProfilePool()
+    with pytest.raises(UpstreamError, match="could not connect"):
+        await fetch(pool, request(f"http://127.0.0.1:{port}/v1"))
+    assert pool.opened == 0
+
+
+def compressed(coding: bytes, body: bytes) -> bytes:
+    return OK_HEAD + b"content-encoding: " + coding + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+
+
+@pytest.mark.parametrize("coding, encode", [
+    (b"gzip", gzip.compress),
+    (b"deflate", zlib.compress),  # with its zlib wrapper, as the RFC says
+    (b"deflate", lambda data: zlib.compress(data, wbits=-zlib.MAX_WBITS)),  # raw, as some servers send it
+    (b"identity", lambda data: data),
+])
+async def test_gzip_and_deflate_bodies_are_decoded(serve, coding, encode):
+    text = b'{"choices": [{"text": "' + b"a long answer " * 2000 + b'"}]}'
+    server = await serve(lambda number, index: compressed(coding, encode(text)), pieces=4096)
+    pool = ProfilePool()
+    for _ in range(2):
+        assert (await fetch(pool, request(server.url)))[2:] == (text, True)
+    assert server.accepted == 1
+    await pool.aclose()
+
+
+async def test_a_compressed_body_is_inflated_in_bounded_pieces(serve):
+    bomb = gzip.compress(b"\0" * (INFLATE_PIECE * 5 + 10))  # 5 MiB from about 5 KiB
+    server = await serve(lambda number, index: compressed(b"gzip", bomb))
+    pool = ProfilePool()
+    async with pool.exchange(request(server.url)) as response:
+        sizes = [len(piece) async for piece in response]
+    assert max(sizes) <= INFLATE_PIECE and sum(sizes) == INFLATE_PIECE * 5 + 10
+    await pool.aclose()
+
+
+@pytest.mark.parametrize("coding", [b"br", b"zstd", b"gzip, br"])
+async def test_an_encoding_not_asked_for_is_refused_by_name(serve, coding):
+    server = await serve(lambda number, index: compressed(coding, b"\x8b\x00\x80garbage"))
+    pool = ProfilePool()
+    with pytest.raises(UnsupportedEncoding, match=coding.decode().split(", ")[-1]):
+        await fetch(pool, request(server.url))
+    assert pool.opened == 0
+
+
+async def test_undecodable_gzip_is_an_upstream_error(serve):
+    server = await serve(lambda number, index: compressed(b"gzip", b"not gzip at all"))
+    pool = ProfilePool()
+    with pytest.raises(UpstreamError, match="does not decode"):
+        await fetch(pool, request(server.url))
+
+
+async def test_tls_against_a_local_ca(nursery):
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    server = RawServer(lambda number, index: json_answer(b'{"tls": true}'))
+    await server.start(nursery, ssl_context=server_context)
+    url = server.url.replace("http://", "https://")
+
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+    pool = ProfilePool(ssl_context=trusting)
+    with trio.fail_after(10):
+        for _ in range(2):
+            assert (await fetch(pool, request(url)))[2:] == (b'{"tls": true}', True)
+    assert server.accepted == 1  # reused over TLS too
+    await pool.aclose()
+
+    # the CA trust the pools use (certifi's bundle) does not know this CA: refused, not sent
+    stranger = ProfilePool(ssl_context=Pools().ssl_context)
+    with trio.fail_after(10), pytest.raises(UpstreamError, match="TLS handshake failed"):
+        await fetch(stranger, request(url))
+    assert len(server.requests) == 2
+
+
+async def test_a_proxy_in_the_environment_is_honoured_through_httpx(serve, monkeypatch):
+    """httpx honoured HTTP(S)_PROXY and NO_PROXY; for a profile a proxy applies to, the pool
+    keeps doing so (through httpx), and leaves NO_PROXY's hosts direct."""
+    proxy = await serve(lambda number, index: json_answer(b'{"via": "proxy"}'))
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy",
+                 "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+    pool = ProfilePool()
+    status, _, body, _ = await fetch(pool, request("http://provider.invalid/v1/chat/completions"))
+    assert (status, body) == (200, b'{"via": "proxy"}')
+    # the proxy got the request in absolute form, as a proxy must
+    assert proxy.requests[0][1].startswith(b"POST http://provider.invalid/v1/chat/completions HTTP/1.1")
+    await pool.aclose()
+
+    direct = await serve(lambda number, index: json_answer(b'{"via": "direct"}'))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    pool = ProfilePool()
+    assert (await fetch(pool, request(direct.url)))[2] == b'{"via": "direct"}'
+    assert len(proxy.requests) == 1 and len(direct.requests) == 1
+    await pool.aclose()
+
+
+def test_the_client_choice_is_checked_by_name(monkeypatch):
+    monkeypatch.setenv("RELAYLINE_UPSTREAM_CLIENT", "curl")
+    with pytest.raises(ValueError, match="RELAYLINE_UPSTREAM_CLIENT"):
+        pool_module.upstream_client()
+    monkeypatch.setenv("RELAYLINE_UPSTREAM_CLIENT", "httpx")
+    assert Pools().through_httpx
+
+
+@pytest.mark.parametrize("headers, message", [
+    ({"x-bad": "line\r\nx-injected: 1"}, "x-bad"),
+    ({"bad name": "v"}, "bad name"),
+    ({"content-length": "1"}, "content-length"),
+])
+async def test_a_header_that_would_break_the_request_is_refused_before_any_write(serve, headers, message):
+    server = await serve(lambda number, index: json_answer())
+    pool = ProfilePool()
+    with pytest.raises(ValueError, match=message):
+        await fetch(pool, UpstreamRequest(server.url, headers, b"{}"))
+    await trio.sleep(0.01)
+    assert server.requests == []
