@@ -783,3 +783,19 @@ def test_a_stream_with_tools_opens_on_the_first_entry_that_streams_tool_events()
                                         "b": {"model": "m2"}})
     t = Turn(plan(cfg, model="m1"), cfg, InMemoryHealth(cfg.breaker), stream=True, tools=True)
     assert t.start(0.0).entry.profile == "b"
+
+
+def test_events_withdrawn_before_the_consumer_took_them_are_not_its_partial_text():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "Hel"))
+    late = t.stream_frame(Frame("text", "lo"))
+    t.withdraw(())  # nothing to withdraw
+    t.withdraw(late)
+    assert t.forwarded == ["Hel"]
+    try:
+        t.withdraw(late)
+    except ValueError as exc:
+        assert str(exc) == "only the events stream_frame returned last can be withdrawn"
+    else:
+        raise AssertionError("withdrew what was not forwarded last")
+    assert t.forwarded == ["Hel"] and t.cancel(1.0).result.partial_text == "Hel"
