@@ -84,6 +84,15 @@ def _hang_up_task_per_turn() -> None:
     http11._Hangups.AVAILABLE = False  # no extension: the gateway's task per turn waits in receive()
 
 
+def _a_commit_per_turn() -> None:
+    from relayline.adapters.stores import ledger
+
+    async def former(self, turn_id, result, *, client: str = "") -> int:
+        return self.write(turn_id, result, client=client)
+
+    ledger.LedgerStore.record = former
+
+
 def _all_of_them() -> None:
     for lever in LEVERS.values():
         if lever is not _all_of_them:
@@ -96,6 +105,7 @@ LEVERS = {
     "ledger checkpoint in a thread": _ledger_checkpoint_in_the_loop,
     "one response head per answer": _two_response_heads,
     "ids from os.urandom": _uuid_ids,
+    "turns finishing together share a commit": _a_commit_per_turn,
     "all of them": _all_of_them,
 }
 

@@ -7,7 +7,7 @@ non-streamed request at concurrency 1, the gateway's CPU per request, the first 
 the per-frame slope of a stream (1 and 200 frames), and throughput at concurrency 1 and 16 as a
 share of direct's.
 
-Run: python bench/upstream_client.py [rounds]  (prints a table and writes
+Run: python bench/upstream_client.py [rounds]  (prints a table and appends the run to
 bench/results/upstream-client-<date>.json)
 """
 
@@ -122,8 +122,9 @@ def main() -> None:
     for key in lean:
         print(f"{key:34} {old[key]:10.3f} {lean[key]:10.3f}")
     path = Path(__file__).parent / "results" / f"upstream-client-{dt.date.today()}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written: {path}")
+    runs = json.loads(path.read_text())["runs"] if path.exists() else []  # a day's runs, each kept
+    path.write_text(json.dumps({"bench": "bench/upstream_client.py", "runs": [*runs, result]}, indent=2) + "\n")
+    print(f"appended to {path}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ import os
 import sqlite3
 import time
 
+import trio
+import trio.testing
+
 from relayline.adapters.stores import ledger as ledger_module
 from relayline.adapters.stores.ledger import LedgerStore
 from relayline.machines.ledger import LedgerRow
@@ -56,4 +59,46 @@ def test_a_store_in_memory_has_no_wal_and_no_checkpointer():
     for i in range(ledger_module.CHECKPOINT_EVERY + 1):
         store.write(f"t{i}", _result())
     assert store._checkpointer is None and len(store.rows()) == ledger_module.CHECKPOINT_EVERY + 1
+    store.close()
+
+
+async def test_turns_that_finish_together_share_one_commit_and_a_turn_alone_commits_at_once(tmp_path):
+    store = LedgerStore(tmp_path / "ledger.sqlite3")
+    with trio.testing.assert_no_checkpoints():  # alone (the default): no wait for company
+        assert await store.record("alone", _result()) == 1
+    assert store._since_checkpoint == 1
+    store.together = lambda: True
+    returned: list[str] = []
+
+    async def finish(turn: str) -> None:
+        await store.record(turn, _result())
+        returned.append(turn)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(10):
+            nursery.start_soon(finish, f"t{i}")
+    assert store._since_checkpoint == 2  # the ten turns' rows: one transaction
+    assert sorted(returned) == sorted(f"t{i}" for i in range(10))
+    assert sorted(r["turn"] for r in store.rows()) == sorted(["alone", *(f"t{i}" for i in range(10))])
+    store.close()
+
+
+async def test_a_shared_commit_that_fails_raises_in_every_turn_that_shared_it(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    store = LedgerStore(path)
+    store.together = lambda: True
+    with sqlite3.connect(path) as other:
+        other.execute("DROP TABLE attempts")  # the next commit fails: a real error, from SQLite
+    failed: list[str] = []
+
+    async def finish(turn: str) -> None:
+        try:
+            await store.record(turn, _result())
+        except sqlite3.OperationalError:
+            failed.append(turn)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(finish, f"t{i}")
+    assert sorted(failed) == ["t0", "t1", "t2"]
     store.close()

@@ -138,3 +138,22 @@ async def test_connections_no_request_took_for_a_keepalive_period_are_closed_una
         assert upstream.accepted == wide + 1
         await pool.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_the_request_id_goes_upstream_on_the_lean_client():
+    from relayline.adapters.providers.http import REQUEST_ID
+
+    async with trio.open_nursery() as nursery:
+        upstream = LoopbackServer(slow_answer)
+        await upstream.start(nursery)
+        async with Relay(structure_config(config(upstream.url)), env={}) as relay:
+            token = REQUEST_ID.set("req-7")
+            try:
+                result = await relay._run_turn(HI)
+            finally:
+                REQUEST_ID.reset(token)
+        nursery.cancel_scope.cancel()
+    assert result.outcome == "ok"
+    seen = upstream.seen[0].headers
+    assert seen["x-request-id"] == "req-7" and seen["authorization"] == "Bearer key-a"
+    assert seen["content-type"] == "application/json" and seen["user-agent"].startswith("relayline")

@@ -182,6 +182,9 @@ class Gateway:
         self.relay = relay
         self.access = access if access is not None else Access(clients=KeyRing.of(api_keys or ()))
         self.ledger = ledger
+        if isinstance(ledger, LedgerStore):
+            # turns finishing together share a commit; a turn alone is committed at once
+            ledger.together = lambda: self.in_flight > 1
         self.settings = relay.config.gateway
         self.metrics = Metrics(relay.config, self.ROUTES, self._live)
         self.tracing = Tracing()  # OpenTelemetry spans when relayline[otel] is installed

@@ -29,9 +29,9 @@ flight only moves the queue from the gateway into the pool.
 
 Proxies: where the environment names a proxy for a profile's URL (HTTP(S)_PROXY, ALL_PROXY, not
 bypassed by NO_PROXY, as urllib reads them), that profile's requests go through httpx, which
-honours it; this client does not speak CONNECT. RELAYLINE_UPSTREAM_CLIENT=httpx sends every
-profile through httpx (the client before this one: an operator's way back, and the benchmark's
-baseline in the same run).
+honours it (providers/httpx_pool.py); this client does not speak CONNECT.
+RELAYLINE_UPSTREAM_CLIENT=httpx sends every profile through httpx (the pool before this client:
+an operator's way back, and the benchmark's baseline in the same run).
 """
 
 from __future__ import annotations
@@ -44,14 +44,13 @@ from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx
 import trio
 
+from .httpx_pool import HttpxPool
 from .upstream import (
     TRANSPORT_ERRORS,
     Connection,
     Origin,
-    UpstreamError,
     UpstreamRequest,
     default_ssl_context,
     split_url,
@@ -93,7 +92,8 @@ class ProfilePool:
         self.idle: dict[Origin, deque[Connection]] = {}  # each a stack: the warmest on the right
         self.opened = 0  # connections open now, idle or carrying a request
         self.closed = False
-        self._proxied: dict[Origin, httpx.AsyncClient | None] = {}
+        self._through: dict[Origin, HttpxPool | None] = {}  # origins whose requests go through httpx
+        self._httpx: HttpxPool | None = None
         self._expiry: trio.CancelScope | None = None
 
     @asynccontextmanager
@@ -101,11 +101,11 @@ class ProfilePool:
         """Send `request` and yield the response once its head arrived; the block reads the body
         (or not). On exit the connection goes back to the pool if the exchange ended cleanly."""
         origin = split_url(request.url)[0]
-        proxied = self._proxied.get(origin, False)
-        if proxied is False:
-            proxied = self._proxied[origin] = self._proxy_client(origin)
-        if proxied is not None:
-            async with _proxied_exchange(proxied, request, clock) as response:
+        through = self._through.get(origin, False)
+        if through is False:
+            through = self._through[origin] = self._httpx_for(origin)
+        if through is not None:
+            async with through.exchange(request, clock) as response:
                 yield response
             return
         bound = self.bound
@@ -159,10 +159,18 @@ class ProfilePool:
     async def _expire(self, scope: trio.CancelScope) -> None:
         try:
             with scope:
+                quiet = False
                 while True:
                     oldest = min((stack[0].idle_since for stack in self.idle.values() if stack), default=None)
                     if oldest is None:
-                        return
+                        # a busy pool's connections are all out at this moment: the task ends only
+                        # after a whole period without an idle one (not respawned per request)
+                        if quiet:
+                            return
+                        quiet = True
+                        await trio.sleep(self.keepalive_s)
+                        continue
+                    quiet = False
                     await trio.sleep_until(oldest + self.keepalive_s)
                     now = trio.current_time()
                     for stack in self.idle.values():
@@ -174,16 +182,14 @@ class ProfilePool:
             if self._expiry is scope:
                 self._expiry = None
 
-    def _proxy_client(self, origin: Origin) -> httpx.AsyncClient | None:
+    def _httpx_for(self, origin: Origin) -> HttpxPool | None:
         if not self.through_httpx:
             if proxy_for(origin) is None:
                 return None
             log.info("upstream_proxy origin=%s: this profile's requests go through httpx", origin.url)
-        limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections,
-                              keepalive_expiry=self.keepalive_s)
-        # timeouts are the driver's cancel scopes; httpx's own are a backstop
-        return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0, connect=30.0),
-                                 verify=self.ssl_context or True, follow_redirects=False, trust_env=True)
+        if self._httpx is None:
+            self._httpx = HttpxPool(self.max_connections, self.ssl_context or default_ssl_context(), self.keepalive_s)
+        return self._httpx
 
     async def aclose(self) -> None:
         self.closed = True
@@ -192,52 +198,9 @@ class ProfilePool:
         for stack in self.idle.values():
             while stack:
                 await self._close(stack.pop())
-        for client in self._proxied.values():
-            if client is not None:
-                await client.aclose()
-        self._proxied.clear()
-
-
-class _ProxiedResponse:
-    """An httpx response with the surface of upstream.Response (status, headers, decoded body
-    pieces), so the provider code has one path."""
-
-    __slots__ = ("raw", "status", "headers", "complete")
-
-    def __init__(self, raw: httpx.Response) -> None:
-        self.raw = raw
-        self.status = raw.status_code
-        self.headers = raw.headers
-        self.complete = False
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for piece in self.raw.aiter_bytes():
-                yield piece
-        except httpx.TransportError:
-            raise UpstreamError("connection lost while reading the response") from None
-        self.complete = True
-
-
-@asynccontextmanager
-async def _proxied_exchange(client: httpx.AsyncClient, request: UpstreamRequest, clock):
-    http_request = client.build_request("POST", request.url, content=request.body, headers=request.headers)
-    if clock is not None:
-        async def trace(event: str, info: dict) -> None:
-            if event.endswith(".send_request_body.complete"):
-                clock.sent()
-
-        http_request.extensions["trace"] = trace
-    try:
-        response = await client.send(http_request, stream=True)
-    except httpx.TransportError:
-        raise UpstreamError("could not connect through the proxy") from None
-    if clock is not None:
-        clock.headers()
-    try:
-        yield _ProxiedResponse(response)
-    finally:
-        await response.aclose()
+        if self._httpx is not None:
+            await self._httpx.aclose()
+        self._through.clear()
 
 
 class Pools:

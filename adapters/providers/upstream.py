@@ -256,10 +256,6 @@ class Response:
         coding = headers.get("content-encoding")
         self._inflate = None if coding is None else _decoder(coding)
 
-    @property
-    def identity(self) -> bool:
-        return self._inflate is None
-
     def __aiter__(self) -> Response:
         return self
 
