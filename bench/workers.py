@@ -10,6 +10,11 @@ CPU per request). Then the same with the processes pinned (taskset's affinity): 
 the upstream on one core, the gateway's workers on the other, so that one worker and two
 compete for the same single core: what `--workers` gives when there is no core to scale onto.
 
+Per request, the workers' wake-ups (voluntary context switches) and preemptions (involuntary
+ones) are counted too: on a loaded machine each wake-up waits for a core, and two workers each
+doing half the work wake up more often per request than one busy worker that finds several
+requests ready at each wake-up.
+
 Run: python bench/workers.py [--seconds S]
 """
 
@@ -43,6 +48,19 @@ def _sockets(pid: int) -> int:
         except OSError:
             pass
     return count
+
+
+def _switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of all of a process's threads: its wake-ups,
+    and the times the kernel took the CPU from it while it could run."""
+    voluntary = involuntary = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        for line in Path(f"/proc/{pid}/task/{task}/status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                voluntary += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                involuntary += int(line.split()[1])
+    return voluntary, involuntary
 
 
 def _pin(pid: int, cores: set[int]) -> None:
@@ -116,17 +134,21 @@ def run(seconds: float = 4.0) -> dict:
 async def _measure(url: str, pids: list[int], upstream_pid: int, seconds: float) -> dict:
     await closed_loop(url, 16, 1.0)  # warm: connections to the upstream, caches
     before = {pid: _cpu_s(pid) for pid in pids}
+    switches = {pid: _switches(pid) for pid in pids}
     upstream_before, client_before = _cpu_s(upstream_pid), _own_cpu_s()
     start = time.perf_counter()
     row = await closed_loop(url, 16, seconds)
     elapsed = time.perf_counter() - start
     n = max(row["requests"], 1)
     workers = [(_cpu_s(pid) - before[pid]) / n * 1e3 for pid in pids]
+    woken = [(_switches(pid)[0] - switches[pid][0]) / n for pid in pids]
+    preempted = [(_switches(pid)[1] - switches[pid][1]) / n for pid in pids]
     upstream = (_cpu_s(upstream_pid) - upstream_before) / n * 1e3
     client = (_own_cpu_s() - client_before) / n * 1e3
     return {"rps": row["rps"], "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"], "errors": row["errors"],
             "worker_cpu_ms_per_request": workers, "worker_busy_share": [w * n / 1e3 / elapsed for w in workers],
-            "worker_sockets": [_sockets(pid) for pid in pids], "upstream_cpu_ms_per_request": upstream,
+            "worker_sockets": [_sockets(pid) for pid in pids], "worker_wakeups_per_request": woken,
+            "worker_preemptions_per_request": preempted, "upstream_cpu_ms_per_request": upstream,
             "client_cpu_ms_per_request": client, "all_cpu_ms_per_request": sum(workers) + upstream + client}
 
 
@@ -138,7 +160,9 @@ def report(result: dict) -> None:
             row["worker_cpu_ms_per_request"], row["worker_busy_share"], row["worker_sockets"], strict=True))
         print(f"  {name:<20} {row['rps']:>6.0f} req/s  p50 {row['p50_ms']} ms  errors {row['errors']}  worker CPU per "
               f"request {workers}; upstream {row['upstream_cpu_ms_per_request']:.2f} ms, client "
-              f"{row['client_cpu_ms_per_request']:.2f} ms; all {row['all_cpu_ms_per_request']:.2f} ms")
+              f"{row['client_cpu_ms_per_request']:.2f} ms; all {row['all_cpu_ms_per_request']:.2f} ms; per request, "
+              f"worker wake-ups {sum(row['worker_wakeups_per_request']):.2f}, preemptions "
+              f"{sum(row['worker_preemptions_per_request']):.2f}")
     if "scaling" in result:
         print(f"  2 workers over 1: {result['scaling']:.2f}x; the ceiling at this CPU per request: one worker "
               f"{result['ceiling_one_worker_rps']:.0f} req/s, all cores {result['ceiling_all_cores_rps']:.0f} req/s "
