@@ -47,6 +47,7 @@ mutmut: install
 	ln -sfn $(abspath ../shared) .mutmut/shared
 	cd .mutmut && PATH=$(CURDIR)/$(BIN):$$PATH HYPOTHESIS_PROFILE=ci nice -n 15 mutmut run --max-children $(MUTMUT_CHILDREN) $(MUTANTS)
 	cd .mutmut && $(CURDIR)/$(PY) $(CURDIR)/.ci/mutmut_score.py
+	cd .mutmut && $(CURDIR)/$(PY) $(CURDIR)/.ci/mutmut_survivors.py
 
 bench: install browser
 	$(PY) -m pip install --quiet -e '.[bench]' || echo "bench extras unavailable: peers will be skipped"

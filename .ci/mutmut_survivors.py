@@ -21,7 +21,7 @@ from mutmut.stats import status_by_exit_code
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "mutation-survivors.md"
 RULES = tomllib.loads((ROOT / ".ci" / "mutmut_reasons.toml").read_text()).get("rule", [])
-VERDICTS = {"equivalent": "equivalent", "import": "runs once at import", "left": "left"}
+VERDICTS = {"equivalent": "equivalent", "import": "runs once, before any mutant", "left": "left"}
 NOT_CAUGHT = ("survived", "no tests")
 
 
@@ -64,9 +64,10 @@ def reason(name: str, text: str) -> tuple[int, str, str] | None:
 
 
 def render() -> tuple[str, list[str], set[int]]:
-    by_function: dict[str, list[str]] = collections.defaultdict(list)
+    # function -> (verdict, why) -> lines, in mutant order
+    by_function: dict[str, dict[tuple[str, str], list[str]]] = collections.defaultdict(dict)
     unexplained, used = [], set()
-    counts = collections.Counter()
+    counts: collections.Counter[str] = collections.Counter()
     found = survivors()
     for name, (status, path) in sorted(found.items(), key=lambda kv: (kv[0].rsplit("__mutmut_", 1)[0],
                                                                       int(kv[0].rsplit("_", 1)[1]))):
@@ -75,13 +76,13 @@ def render() -> tuple[str, list[str], set[int]]:
         explained = reason(name, text)
         if explained is None:
             unexplained.append(name)
-            verdict, why = "UNEXPLAINED", ""
+            group = ("UNEXPLAINED", "")
         else:
             used.add(explained[0])
-            verdict, why = explained[1], explained[2]
-        counts[verdict] += 1
+            group = explained[1:]
+        counts[group[0]] += 1
         suffix = " (no test covers it)" if status == "no tests" else ""
-        by_function[function].append(f"- #{number} {text}: **{verdict}**{suffix}. {why}")
+        by_function[function].setdefault(group, []).append(f"  - #{number} {text}{suffix}")
     lines = [
         "# Mutants of machines/ that no test catches",
         "",
@@ -91,17 +92,20 @@ def render() -> tuple[str, list[str], set[int]]:
         f"{len(found)} mutants: " + ", ".join(f"{n} {v}" for v, n in counts.most_common()) + ".",
         "",
         "- **equivalent**: the mutant behaves as the original for every input the code can receive.",
-        "- **runs once at import**: the code runs when the module is imported (hooks registered, the",
-        "  shipped specs loaded); mutmut switches a mutant on per call, after import, so no test can",
-        "  see it. What it builds is exercised by every test.",
+        "- **runs once, before any mutant**: the code runs while the module is imported (hooks",
+        "  registered, the policy checked) or once per process (the shipped specs, cached); mutmut",
+        "  switches a mutant on per call, later, so no test can see it. What that code builds is",
+        "  what every test runs.",
         "- **left**: a real difference no test pins, and why it is left.",
         "",
     ]
-    for function, entries in by_function.items():
-        module, _, qualified = function.partition(".machines.")
-        lines.append(f"## {qualified.replace('ǁ', '.').replace('.x_', '.').replace('x_', '', 1)}")
-        lines.append("")
-        lines.extend(entries)
+    for function, groups in by_function.items():
+        qualified = function.partition(".machines.")[2].replace("ǁ", ".").replace(".x_", ".").replace("x_", "", 1)
+        lines.append(f"## {qualified.replace('.x.', '.')}")
+        for (verdict, why), entries in groups.items():
+            lines.append("")
+            lines.append(f"- **{verdict}**" + (f": {why}" if why else ""))
+            lines.extend(entries)
         lines.append("")
     return "\n".join(lines), unexplained, used
 
@@ -119,7 +123,7 @@ def main() -> int:
             print(f"a rule explains no survivor: {patterns}")
         return 0 if ok and not unexplained and not idle else 1
     DOC.write_text(text)
-    print(f"wrote {DOC.relative_to(ROOT)}: {text.count(chr(10) + '- #')} survivors, {len(unexplained)} unexplained")
+    print(f"wrote {DOC.relative_to(ROOT)}: {text.count(chr(10) + '  - #')} survivors, {len(unexplained)} unexplained")
     for name in unexplained:
         print(f"unexplained survivor: {name}")
     return 0

@@ -11,7 +11,7 @@ slope from 1 to 200 frames, minus the direct httpx call's), for the gateway and 
 in process; and the gateway's RSS per in-flight stream with `--held` streams open at once (from
 a fresh gateway, bench/load.py's raw asyncio client). Loopback only; every loop is bounded.
 
-    python bench/frames.py --base /tmp/base-tree [--pairs 3] [--rounds 20] [--held 5000]
+    python bench/frames.py --base /tmp/base-tree [--after /tmp/other-tree] [--pairs 3] [--rounds 20] [--held 5000]
     python bench/frames.py            # this tree alone
 """
 
@@ -65,12 +65,12 @@ def child(rounds: int, held: int) -> dict:
     return out
 
 
-def _measure(base: str | None, rounds: int, held: int) -> dict:
+def _measure(tree: str | None, rounds: int, held: int) -> dict:
     env = dict(os.environ)
-    if base is not None:
-        # the base tree's package shadows this tree's editable install (a path entry comes first)
-        link = Path(tempfile.mkdtemp(prefix="frames-base-"))
-        (link / "relayline").symlink_to(Path(base).resolve())
+    if tree is not None:
+        # that tree's package shadows this tree's editable install (a path entry comes first)
+        link = Path(tempfile.mkdtemp(prefix="frames-tree-"))
+        (link / "relayline").symlink_to(Path(tree).resolve())
         env["PYTHONPATH"] = str(link)
     done = subprocess.run([sys.executable, __file__, "--child", "--rounds", str(rounds), "--held", str(held)],
                           env=env, capture_output=True, text=True, timeout=900)
@@ -88,6 +88,7 @@ FIGURES = (("gateway first byte added, ms", "stream", "gateway", "first_byte_add
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", help="the package directory of the tree before the lever")
+    parser.add_argument("--after", help="the tree after it (default: this one)")
     parser.add_argument("--pairs", type=int, default=3, help="before/after pairs, alternated")
     parser.add_argument("--rounds", type=int, default=20, help="1- and 200-frame streams per method per child")
     parser.add_argument("--held", type=int, default=1000, help="streams held at once for RSS per stream (0: none)")
@@ -100,7 +101,7 @@ def main() -> int:
     sides = {"before": [], "after": []} if args.base else {"after": []}
     for _ in range(args.pairs):
         for side in sides:
-            sides[side].append(_measure(args.base if side == "before" else None, args.rounds, args.held))
+            sides[side].append(_measure(args.base if side == "before" else args.after, args.rounds, args.held))
     rows = [(label, [statistics.median(r[part][who][key] for r in runs) for runs in sides.values()])
             for label, part, who, key in FIGURES]
     if args.held:

@@ -445,11 +445,10 @@ class Walk:
             self.health.skip(self.entry, reason)
         return self._enter()
 
-    def on_committed(self) -> WalkDone:
+    def on_committed(self) -> None:
         """A streamed attempt committed: the turn leaves the walk for good. The stream's own end
         (completed, interrupted) is what reaches the profile's health, and any probe stays held."""
         self.life.fire(WalkTrigger.SUCCEED)
-        return WalkDone(ok=True, entry=self.entry)
 
     def cancel(self) -> None:
         if not self.life.terminal:

@@ -255,7 +255,13 @@ converter = cattrs.Converter(forbid_extra_keys=True)
 
 for _kind, _label in ((str, "a string"), (int, "an integer"), (float, "a number"), (bool, "a boolean")):
     converter.register_structure_hook(_kind, _strict(_kind, _label))
-converter.register_structure_hook(Mapping, lambda v, _t: v if isinstance(v, dict) else _bad_mapping(v))
+# an object-valued field (extra, parameters, json_schema): the JSON object as given. Registered by
+# origin: a hook for the bare Mapping would not match Mapping[str, Any], and cattrs' own would call
+# .items() on a string or array and fail with an AttributeError's text
+converter.register_structure_hook_func(
+    lambda t: t is Mapping or typing.get_origin(t) is Mapping,  # type: ignore[comparison-overlap]
+    lambda v, _t: v if isinstance(v, dict) else _bad_mapping(v),
+)
 converter.register_structure_hook_func(
     lambda t: typing.get_origin(t) is tuple,  # type: ignore[comparison-overlap]
     lambda v, t: tuple(converter.structure(x, typing.get_args(t)[0]) for x in _as_list(v)),

@@ -232,6 +232,7 @@ def test_dropping_each_field_removes_exactly_it():
     kept = without(FULL, ("seed",))
     assert kept.passthrough is None and kept.extra == {"service_tier": "flex"}  # rendered from what is left
     assert kept.messages == FULL.messages and kept.tools == FULL.tools and kept.top_k == 5
+    assert (kept.response_format, kept.reasoning) == (FULL.response_format, FULL.reasoning)
     assert [p.type for p in without(FULL, ("image",)).messages[0].content] == [TEXT, DOCUMENT, DOCUMENT]
     documents = without(FULL, ("document.source.url",)).messages[0].content
     assert [(p.type, p.data) for p in documents] == [(TEXT, None), (IMAGE, None), (DOCUMENT, "ZGF0YQ==")]
@@ -374,3 +375,55 @@ def test_extras_are_the_unknown_fields_that_carry_something():
     fields = {"model": "m", "seed": 7, "user": None, "tags": [], "meta": {}, "presence_penalty": 0,
               "frequency_penalty": 0.5, "logprobs": False, "store": True, "top_logprobs": 0}
     assert extras(fields, {"model"}) == ["seed", "frequency_penalty", "store", "top_logprobs"]
+
+
+@pytest.mark.parametrize(("raw", "problem"), [
+    ({"messages": "hi"}, "expected a list, got a string"),
+    ({"messages": [], "extra": ["seed"]}, "expected an object, got a list"),
+    ({"messages": [], "tools": [{"name": "t", "parameters": None}]}, "expected an object, got null"),
+    ({"messages": [], "max_tokens": True}, "expected an integer, got a boolean"),
+])
+def test_an_embedders_request_of_the_wrong_shape_names_the_kind(raw, problem):
+    from cattrs.errors import ClassValidationError
+
+    from relayline.machines.wire import converter
+
+    with pytest.raises(ClassValidationError) as info:
+        converter.structure(raw, Request)
+    leaves, todo = [], [info.value]
+    while todo:
+        exc = todo.pop()
+        if hasattr(exc, "exceptions"):
+            todo.extend(exc.exceptions)
+        else:
+            leaves.append(str(exc))
+    assert leaves == [problem]
+    assert converter.structure({"messages": [{"role": "user"}], "extra": {"seed": 1}, "stop": ("a",)},
+                               Request).extra == {"seed": 1}
+
+
+def test_a_bool_is_a_number_only_where_a_bool_is_also_asked_for():
+    from relayline.machines.wire import want
+
+    with pytest.raises(WireError, match="p: expected a number, got a boolean"):
+        want(True, (int, float), "p", "a number")
+    assert want(True, (bool, int), "p", "a flag or count") is True
+    assert want(3, int, "p", "an integer") == 3
+
+
+def test_an_http_failure_reads_a_dated_retry_after_against_the_clock_it_is_given():
+    now = 1_700_000_000.0
+    date = email.utils.formatdate(now + 30, usegmt=True)
+    assert fc.classify_http(429, None, {"retry-after": date}, now_epoch=now).retry_after_s == pytest.approx(30, abs=1)
+    assert fc.classify_http(503, None, {"retry-after": date}, now).retry_after_s == pytest.approx(30, abs=1)
+    assert fc.classify_http(503, None, {"retry-after": date}).retry_after_s is None  # no clock, no date
+
+
+def test_an_optional_field_is_checked_under_its_own_path():
+    assert optional({}, "max_tokens", want_int) is None and optional({"n": None}, "n", want_int) is None
+    with pytest.raises(WireError) as info:
+        optional({"max_tokens": "9"}, "max_tokens", want_int)
+    assert info.value.param == "max_tokens"
+    with pytest.raises(WireError, match=r"^thinking.budget_tokens: must be between 1024 and 2048$"):
+        optional({"budget_tokens": 5}, "budget_tokens", want_int, "thinking", 1024, 2048)
+    assert optional({"budget_tokens": 1500}, "budget_tokens", want_int, "thinking", 1024, 2048) == 1500

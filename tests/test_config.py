@@ -272,3 +272,9 @@ def test_a_whole_number_is_a_valid_float_and_dates_are_named_by_their_type():
     with pytest.raises(ConfigError) as info:
         parse_config("active = ", "relayline.toml")
     assert info.value.problems[0].startswith("relayline.toml: not valid TOML: ")
+
+
+def test_a_config_text_without_a_source_is_named_config():
+    with pytest.raises(ConfigError) as info:
+        parse_config("active = ")
+    assert info.value.problems[0].startswith("config: not valid TOML: ")

@@ -111,6 +111,7 @@ def test_table_and_transitions_agree(name, data):
     life = spec.start()
     reference = Facts({g: False for g in guards})
     build_machine(spec, reference)
+    assert not any(hasattr(reference, f"to_{state}") for state in spec.states)  # only the spec's triggers
     for _ in range(data.draw(st.integers(0, 25))):
         trigger = data.draw(st.sampled_from(spec.triggers))
         facts = {g: data.draw(st.booleans()) for g in guards}
@@ -123,10 +124,11 @@ def test_table_and_transitions_agree(name, data):
             # undeclared here (transitions raises too), or every guard blocked (transitions
             # declines quietly; the table refuses loudly): either way the state stays
             assert life.state == before
-            try:
+            if (before, trigger) in spec.table:  # declared, every guard blocked: transitions declines
                 assert reference.trigger(trigger) is False
-            except MachineError:
-                pass
+            else:  # undeclared from this state: transitions refuses too
+                with pytest.raises(MachineError):
+                    reference.trigger(trigger)
             assert reference.state == before
             continue
         assert reference.trigger(trigger) is True
@@ -429,6 +431,18 @@ def test_a_broken_decision_table_is_refused_with_its_own_message(case):
     with pytest.raises(SpecError) as caught:
         parse_spec(_walk(edit), "specs/walk.toml")
     assert str(caught.value) == message
+
+
+def test_a_blocked_trigger_says_so_and_the_history_keeps_the_last_256_states():
+    guarded = GOOD.replace('trigger = "go"\nsource = "a"\ndest = "b"', 'trigger = "go"\nsource = "a"\ndest = "b"\nguards = "ok"')
+    life = parse_spec(guarded, "guarded.toml").start()
+    with pytest.raises(IllegalTransition) as caught:
+        life.fire("go", type("Model", (), {"ok": False})())
+    assert str(caught.value).endswith("(every candidate's guards are blocked)")
+    loop = parse_spec(TOY + '[[transitions]]\ntrigger = "again"\nsource = "a"\ndest = "a"\n', "loop.toml").start()
+    for _ in range(300):
+        loop.fire("again")
+    assert len(loop.history) == 256
 
 
 def test_a_lifecycle_keeps_the_last_states_within_its_bound():

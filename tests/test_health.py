@@ -145,8 +145,10 @@ def test_a_shared_stores_view_replaces_the_local_breaker():
     assert list(b.life.history)[-1] == "open" and b.blocks(8.9)
     b.adopt("open", [], 9.5)
     assert b.transitions == 1 and b.open_until == 9.5 and not b.failures
+    assert b.lease_until == 0.0  # only another worker's probe has the store's lease
     b.adopt("probing", [], 0.0)
     assert b.lease_until == float("inf") and b.blocks(10**9)  # another worker holds the probe
+    assert b.transitions == 2
     try:
         b.adopt("ajar", [], 0.0)
     except ValueError as exc:
@@ -179,3 +181,10 @@ def test_in_memory_health_keeps_the_longest_cooldown_and_forgets_removed_profile
     assert store.cooldown_until("a") == 10.0 and store.key_cursor("a") == 2
     assert store.cooldown_until("b") == float("-inf") and store.key_cursor("b") == 0
     assert store.breaker("b").config == wider and store.breaker_config == wider
+
+
+def test_a_probe_success_clears_the_failures_a_shared_store_handed_over():
+    b = Breaker(CFG)
+    b.adopt("probing", [1.0, 2.0], 0.0)
+    b.success(3.0)
+    assert b.state == "closed" and not b.failures

@@ -493,3 +493,53 @@ def test_materialisation_properties(cfg, requested):
             assert e.model in pins
         else:
             assert e.model == requested
+
+
+def test_a_catalog_plan_shows_its_catalog_entry_and_prices_each_channel_by_its_own_id():
+    cfg = config(active="a", providers={
+        "a": {"models": {"cm": "a-id"}, "prices": {"a-id": {"input_per_mtok": 3.0}}},
+        "b": {"models": {"cm": "b-id"}, "prices": {"b-id": {"input_per_mtok": 1.0}}},
+        "c": {}}, catalog=[{"model": "cm", "channels": ["a", "b", "c"]}])
+    p = plan(cfg, model="cm")
+    assert labels(p) == ["c/cm", "b/b-id", "a/a-id"]  # c is unpriced: free, first
+    assert p.as_json()["catalog"] == {"model": "cm", "channels": ("a", "b", "c"), "order": "cost", "max_hops": 3}
+    assert [str(w) for w in build_router(cfg, {}).warnings] == [
+        "unpriced_catalog_channel at catalog[0].channels[2]: 'c' has no price for 'cm' (prices or price): "
+        "it is ordered as free"]
+
+
+def test_a_bare_alias_is_everything_after_the_family():
+    cfg = config(active="openai.main.eu", providers={"openai.main.eu": {"model": "m", "fallbacks": ["main.us"]},
+                                                     "openai.main.us": {"model": "n"}})
+    assert labels(plan(cfg)) == ["openai.main.eu/m", "openai.main.us/n"]
+
+
+def test_a_turn_without_text_is_scored_on_nothing():
+    p = plan(config(**EFFORT))
+    assert (p.effort.level, p.effort.score) == ("simple", 0) and set(p.effort.features.values()) == {0}
+
+
+def test_every_domains_warnings_are_kept_and_a_dropped_route_drops_only_itself():
+    cfg = config(active="a", providers={"a": {"model": "m", "fallbacks": ["ghost"]}, "b": {"model": "n"},
+                                        "c": {"model": "o", "fallbacks": ["gone"]}},
+                 routes=[{"hint": "x", "provider": "nowhere", "model": "m"}, {"hint": "c", "provider": "c", "model": "o"}],
+                 catalog=[{"model": "cm", "channels": ["b"], "order": "config"}])
+    router = build_router(cfg, {})
+    assert [w.code for w in router.warnings] == ["dangling_fallback_ref", "unknown_route_provider",
+                                                 "dangling_fallback_ref"]
+    assert set(router.domains) == {"c"}
+
+
+def test_auto_from_the_operator_hands_the_choice_back_to_effort_routing():
+    assert plan(config(**EFFORT), text=COMPLEX, operator_model="auto").domain == "cloud.main"
+
+
+def test_an_unpinned_entry_without_a_model_is_skipped_and_the_chain_goes_on():
+    cfg = config(active="a", providers={"a": {"fallbacks": ["b"]}, "b": {"model": "n"}})
+    p = plan(cfg)
+    assert labels(p) == ["b/n"] and [e.index for e in p.entries] == [0]
+
+
+def test_outside_a_catalog_an_entry_is_priced_by_its_own_model_not_the_name_asked_for():
+    cfg = config(active="a", providers={"a": {"model": "m1", "prices": {"asked": {"input_per_mtok": 9.0}}}})
+    assert plan(cfg, model="asked").entries[0].price.input_per_mtok == 0.0

@@ -19,7 +19,7 @@ from relayline.machines.vocab import (
     Outcome,
     TurnState,
 )
-from relayline.machines.walk import Call, Sleep, TurnHealth, Walk
+from relayline.machines.walk import Call, Sleep, TurnHealth, Walk, WalkDone
 
 
 def test_a_profile_skipped_while_waiting_is_not_retried():
@@ -518,3 +518,284 @@ def test_a_lone_profiles_429_waits_its_retry_after_capped_and_never_less_than_th
     walk = Walk(plan(cfg, model="m1"), cfg, TurnHealth(InMemoryHealth(cfg.breaker)))
     walk.start(0.0)
     assert walk.on_result(fc.Failure(fc.RATE_LIMITED, "HTTP 429 rate limited", 429, retry_after), 0.0) == Sleep(seconds)
+
+
+def test_a_request_no_entry_can_honour_names_the_fields():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}})
+    unfit = attrs_evolve(plan(cfg, model="m1"), unfit={"a": ("image",), "b": ("image", "tools")})
+    for stream in (True, False):
+        t = Turn(unfit, cfg, InMemoryHealth(cfg.breaker), stream=stream)
+        result = t.start(0.0).result
+        assert result.error == ErrorReason.UNSUPPORTED
+        assert result.message == "no entry can honour the request as asked: image, tools (0 attempts, 2 skipped)"
+        assert [str(s) for s in result.skipped] == ["a/m1 unsupported (image)", "b/m2 unsupported (image, tools)"]
+
+
+def test_an_attempts_json_rounds_its_time_to_the_microsecond():
+    from relayline.machines.turn import AttemptRecord
+
+    record = AttemptRecord("a", "m1", "stream", "ok", None, 1.23456789, 2)
+    assert record.as_json() == {"provider": "a", "model": "m1", "mode": "stream", "outcome": "ok", "reason": None,
+                                "at": 1.234568, "key": 2}
+
+
+def test_a_last_refusal_without_an_answer_is_recorded_as_the_rejection_it_ends_with():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b", "c"]}, "b": {"model": "m2"},
+                                        "c": {"model": "m3"}},
+                 reliability={"on_refusal": "advance", "provider_retries": 0})
+    http = fc.Failure(fc.REFUSED, "HTTP 400 content policy", 400)
+    result = _complete(cfg, fc.Failure(fc.RETRYABLE, "HTTP 503", 503), fc.Failure(fc.RETRYABLE, "HTTP 503", 503),
+                       http, model="m1")
+    assert result.error == ErrorReason.CLIENT_ERROR
+    assert [a.outcome for a in result.attempts] == ["retryable", "retryable", "rejected"]
+
+
+def test_when_every_entry_is_skipped_for_health_the_one_whose_window_ends_first_is_probed_once():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"provider_retries": 2})
+    store = InMemoryHealth(cfg.breaker)
+    store.set_cooldown("a", 100.0)
+    store.set_cooldown("b", 50.0)
+    health = TurnHealth(store)
+    walk = Walk(plan(cfg, model="m1"), cfg, health)
+    call = walk.start(0.0)
+    assert (call.entry.profile, call.try_number, call.budget, call.probe) == ("b", 1, 1, True)
+    assert [str(s) for s in health.skips] == ["a/m1 cooldown", "b/m2 cooldown"]
+    done = walk.on_result(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 0.0)
+    assert isinstance(done, WalkDone) and done.error == ErrorReason.EXHAUSTED  # probed once, no retry
+
+
+def test_a_forced_probe_of_an_open_breaker_holds_the_probe():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, breaker={"failure_threshold": 1})
+    store = InMemoryHealth(cfg.breaker)
+    store.breaker("a").failure(0.0)
+    health = TurnHealth(store)
+    call = Walk(plan(cfg, model="m1"), cfg, health).start(1.0)
+    assert call.probe and store.breaker("a").state == BreakerState.PROBING and health.probes == {"a"}
+
+
+def test_streaming_recovery_retries_as_a_stream_and_the_turn_says_so_on_its_path():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]},
+                                        "b": {"model": "m2", "capabilities": {"streaming": False}}},
+                 stream={"recovery": "streaming"}, reliability={"provider_retries": 1})
+    t = opened(turn(stream=True, cfg=cfg))
+    wait = t.stream_failed(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 1.0)
+    retry = t.on_timer(1.0 + wait.seconds)
+    assert (retry.entry.profile, retry.mode, retry.try_number) == ("a", "stream", 2)
+    assert list(t.life.history) == ["planned", "streaming", "streaming", "streaming"]  # open, fail, retry_stream
+    t.stream_headers()
+    wait = t.stream_failed(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 3.0)
+    last = wait if isinstance(wait, Call) else t.on_timer(3.0 + wait.seconds)
+    assert (last.entry.profile, last.mode) == ("b", "complete")  # b cannot stream: asked whole
+    done = t.on_completion(Completion("ok"), 5.0)
+    assert [(e.kind, e.value) for e in done.deliver] == [("text", "ok")]
+    # open_stream, fail, retry_stream, fail (b answers whole, without a stream), end
+    assert list(t.life.history) == ["planned", "streaming", "streaming", "streaming", "streaming", "completed"]
+
+
+def test_a_streamed_answer_carries_its_usage_and_stop_sequence_and_no_reasoning_of_its_own():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "Hello"))
+    t.stream_frame(Frame("usage", usage=Usage(3, 2)))
+    t.stream_frame(Frame("finish", "stop_sequence", ref="END"))
+    result = t.stream_done(1.0).result
+    assert (result.text, result.reasoning, result.usage, result.finish_reason, result.stop_sequence) == (
+        "Hello", "", Usage(3, 2), "stop_sequence", "END")
+    assert _rows(result) == [("a", 3, 2, True, "ok", "stream")]
+
+
+def test_a_continuation_that_adds_nothing_still_completes_the_answer_already_shown():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]},
+                                        "b": {"model": "m2", "capabilities": {"prefill": True},
+                                              "api_keys": ["k1", "k2"]}},
+                 stream={"continue_after_interrupt": True})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("text", "Hel"))
+    t.stream_frame(Frame("text", "lo"))
+    nxt = t.stream_failed(fc.Failure(fc.RETRYABLE, "connection reset"), 1.0)
+    assert (nxt.prefill, nxt.key_index) == ("Hello", 0)
+    t.stream_headers()
+    t.stream_frame(Frame("role"))
+    result = t.stream_done(2.0).result
+    assert (result.outcome, result.text, result.served.label) == (Outcome.OK, "Hello", "b/m2")
+
+
+def test_a_stream_rejected_before_output_gives_back_the_upstreams_words_and_bills_what_it_reported():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"client_errors": "stop"})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("usage", usage=Usage(9, 0)))
+    bad = fc.Failure(fc.REJECTED, "HTTP 400", 400, error_type="invalid_request_error", error_message="bad tool")
+    result = t.stream_failed(bad, 1.0).result
+    assert result.error == ErrorReason.CLIENT_ERROR
+    assert _rows(result) == [("a", 9, 0, False, "stream_failed", "stream")]  # usage reported is usage billed
+    assert result.rejection == Rejection(400, "invalid_request_error", "bad tool")
+    assert result.message.startswith("the provider rejected the request (1 attempts); #1 a/m1 try 1/3 rejected")
+
+
+def test_a_cut_stream_says_it_is_not_replayed():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "Hel"))
+    result = t.stream_failed(fc.Failure(fc.RETRYABLE, "connection reset"), 1.0).result
+    assert result.message == ("the stream failed after output was forwarded; it is not replayed (1 attempts); "
+                              "#1 a/m1 try 1/3 retryable (connection reset)")
+
+
+def test_the_deadline_bills_what_a_stream_reported_and_an_empty_row_only_once_output_was_shown():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("usage", usage=Usage()))
+    assert not t.expire(30.0).result.ledger
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("usage", usage=Usage(8, 0)))
+    assert _rows(t.expire(30.0).result) == [("a", 8, 0, False, "timeout", "stream")]
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "Hel"))
+    t.stream_frame(Frame("usage", usage=Usage(8, 1)))
+    assert _rows(t.expire(30.0).result) == [("a", 8, 1, False, "interrupted", "stream")]
+
+
+def test_an_abort_bills_what_the_provider_reported():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("usage", usage=Usage(5, 1)))
+    assert _rows(t.abort(1.0).result) == [("a", 5, 1, False, "internal", "stream")]
+    quiet = opened(turn(stream=True))
+    quiet.stream_frame(Frame("usage", usage=Usage()))
+    assert not quiet.abort(1.0).result.ledger
+
+
+def test_a_cancel_bills_only_what_the_provider_reported_using():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("usage", usage=Usage()))
+    assert not t.cancel(1.0).result.ledger
+
+
+def test_an_error_after_an_accepted_attempt_names_its_outcome():
+    t = turn(stream=False)
+    t.start(0.0)
+    t.on_completion(Completion("done"), 1.0)
+    assert t.abort(2.0).result.message.endswith("(1 attempts); #1 a/m1 try 1/3 ok")
+
+
+def test_sixteen_attempts_are_listed_without_a_remainder():
+    providers = {f"p{i}": {"model": f"m{i}", "fallbacks": [f"p{i + 1}"]} for i in range(15)}
+    providers["p15"] = {"model": "m15"}
+    cfg = config(active="p0", providers=providers, reliability={"provider_retries": 0, "max_fallback_depth": 15})
+    message = _complete(cfg, *[fc.Failure(fc.RETRYABLE, "")] * 16, model="m0").message
+    assert message.endswith("#16 p15/m15 try 1/1 retryable") and "more" not in message
+
+
+def test_a_recovery_answer_without_reasoning_delivers_none():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 1})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("role"))
+    t.stream_done(1.0)
+    assert [e.kind for e in t.on_completion(Completion("ok"), 2.0).deliver] == ["text"]
+
+
+def test_a_lone_entrys_failed_stream_is_its_first_attempt_and_the_walk_exhausts_after_it():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 0})
+    t = opened(turn(stream=True, cfg=cfg))
+    result = t.stream_failed(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 1.0).result
+    assert result.error == ErrorReason.EXHAUSTED and len(result.attempts) == 1
+
+
+def test_a_commit_ends_the_streaming_walk_it_belongs_to():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, stream={"recovery": "streaming"})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("text", "hi"))
+    assert t.walk.life.state == "succeeded"
+
+
+def test_a_failure_that_teaches_the_breaker_nothing_leaves_another_turns_probe_alone():
+    cfg = config(active="a", providers={"a": {"model": "m1"}}, breaker={"failure_threshold": 1})
+    store = InMemoryHealth(cfg.breaker)
+    store.breaker("a").failure(0.0)
+    holder = TurnHealth(store)
+    holder.before_attempt("a", 100.0)
+    assert store.breaker("a").state == BreakerState.PROBING
+    TurnHealth(store).failure("a", fc.RATE_LIMITED, 100.0)
+    assert store.breaker("a").state == BreakerState.PROBING
+    holder.failure("a", fc.RATE_LIMITED, 100.0)  # its own probe, told nothing: handed back
+    assert store.breaker("a").state == BreakerState.HALF_OPEN and not holder.probes
+
+
+def test_a_continuation_needs_text_shown_tools_honoured_and_an_entry_after_the_failed_one():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b", "c"]},
+                                        "b": {"model": "m2", "capabilities": {"prefill": True, "tools": False}},
+                                        "c": {"model": "m3", "capabilities": {"prefill": True}}},
+                 stream={"continue_after_interrupt": True})
+    thinking = opened(turn(stream=True, cfg=cfg))
+    thinking.stream_frame(Frame("reasoning", "hmm"))  # committed, but no text to continue from
+    assert thinking.stream_failed(fc.Failure(fc.RETRYABLE, "reset"), 1.0).result.outcome == Outcome.INTERRUPTED
+    tools = Turn(plan(cfg, model="m1"), cfg, InMemoryHealth(cfg.breaker), stream=True, tools=True)
+    opened(tools).stream_frame(Frame("text", "half"))
+    assert tools.stream_failed(fc.Failure(fc.RETRYABLE, "reset"), 1.0).entry.profile == "c"  # b has no tools
+    store = InMemoryHealth(cfg.breaker)
+    store.set_cooldown("a", 100.0)
+    later = Turn(plan(cfg, model="m1"), cfg, store, stream=True)
+    assert later.start(0.0).entry.profile == "b"
+    later.stream_headers()
+    later.stream_frame(Frame("text", "half"))
+    assert later.stream_failed(fc.Failure(fc.RETRYABLE, "reset"), 1.0).entry.profile == "c"  # never b again
+
+
+def test_an_accepted_answer_is_a_row_even_when_it_reports_no_usage():
+    cfg = config(active="a", providers={"a": {"model": "m1"}})
+    assert _rows(_complete(cfg, Completion("ok"), model="m1")) == [("a", 0, 0, True, "ok", "complete")]
+
+
+def test_a_stream_failure_before_output_bills_a_row_only_for_usage_it_reported():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("usage", usage=Usage()))
+    t.stream_failed(fc.Failure(fc.RETRYABLE, "HTTP 503", 503), 1.0)
+    assert not t.ledger
+
+
+def test_the_semantic_empty_recovery_leaves_the_other_entries_their_whole_budget():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"provider_retries": 1})
+    t = opened(turn(stream=True, cfg=cfg))
+    t.stream_frame(Frame("role"))
+    assert t.stream_done(1.0).entry.profile == "a"  # its one allowance
+    nxt = t.on_completion(Completion(""), 2.0)
+    assert (nxt.entry.profile, nxt.budget) == ("b", 2)
+
+
+def test_one_key_is_no_pool_and_a_pool_starts_at_the_cursor():
+    one = config(active="a", providers={"a": {"model": "m1", "api_key": "k"}})
+    assert Walk(plan(one, model="m1"), one, TurnHealth(InMemoryHealth(one.breaker))).start(0.0).key_index is None
+    pool = config(active="a", providers={"a": {"model": "m1", "api_keys": ["k1", "k2", "k3"]}})
+    store = InMemoryHealth(pool.breaker)
+    store.set_key_cursor("a", 4)
+    assert Walk(plan(pool, model="m1"), pool, TurnHealth(store)).start(0.0).key_index == 1
+
+
+@pytest.mark.parametrize(("status", "stops"), [(400, True), (413, True), (422, True), (401, False), (404, False)])
+def test_client_errors_stop_only_on_the_statuses_that_name_the_request(status, stops):
+    from relayline.machines.walk import stop_error
+
+    cfg = config(active="a", providers={"a": {}}, reliability={"client_errors": "stop"})
+    error = stop_error(cfg.reliability, fc.Failure(fc.REJECTED, f"HTTP {status}", status))
+    assert error == (ErrorReason.CLIENT_ERROR if stops else None)
+
+
+def test_a_stream_with_tools_opens_on_the_first_entry_that_streams_tool_events():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"], "capabilities": {"tools": False}},
+                                        "b": {"model": "m2"}})
+    t = Turn(plan(cfg, model="m1"), cfg, InMemoryHealth(cfg.breaker), stream=True, tools=True)
+    assert t.start(0.0).entry.profile == "b"
+
+
+def test_events_withdrawn_before_the_consumer_took_them_are_not_its_partial_text():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "Hel"))
+    late = t.stream_frame(Frame("text", "lo"))
+    t.withdraw(())  # nothing to withdraw
+    t.withdraw(late)
+    assert t.forwarded == ["Hel"]
+    try:
+        t.withdraw(late)
+    except ValueError as exc:
+        assert str(exc) == "only the events stream_frame returned last can be withdrawn"
+    else:
+        raise AssertionError("withdrew what was not forwarded last")
+    assert t.forwarded == ["Hel"] and t.cancel(1.0).result.partial_text == "Hel"

@@ -429,7 +429,7 @@ class AnthropicProtocol:
             headers["x-api-key"] = request.key.reveal()
         body = render_request(request.wire_request(), request.model, request.stream,
                               provider.max_output_tokens or DEFAULT_MAX_TOKENS)
-        return UpstreamRequest(f"{base}/v1/messages", lowercase(headers), jsoncodec.dumps(body))
+        return UpstreamRequest(f"{base}/v1/messages", lowercase(headers), jsoncodec.dumps_kept(body))
 
     def completion(self, body: dict) -> Completion:
         return parse_completion(body)

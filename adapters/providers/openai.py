@@ -427,7 +427,7 @@ class OpenAIProtocol:
         if request.key is not None:
             headers["authorization"] = f"Bearer {request.key.reveal()}"
         body = render_request(request.wire_request(), request.model, request.stream)
-        return UpstreamRequest(f"{base}/chat/completions", lowercase(headers), jsoncodec.dumps(body))
+        return UpstreamRequest(f"{base}/chat/completions", lowercase(headers), jsoncodec.dumps_kept(body))
 
     def completion(self, body: dict) -> Completion:
         return parse_completion(body)
