@@ -6,6 +6,7 @@ closed once no request took them for a keep-alive period, even when the pool is 
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 
 import trio
@@ -138,6 +139,43 @@ async def test_connections_no_request_took_for_a_keepalive_period_are_closed_una
         assert upstream.accepted == wide + 1
         await pool.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_an_origin_first_used_while_the_expiry_closes_connections_does_not_end_the_expiry(monkeypatch, caplog):
+    # a close yields to the scheduler (once, for real; longer here, so that the race is sure): a
+    # request to an origin new to the pool that ends meanwhile adds a stack to what the expiry
+    # iterates, which ended the expiry task ("dictionary changed size") and left idle
+    # connections open past the keep-alive period
+    from relayline.adapters.providers.upstream import Connection
+
+    close = Connection.aclose
+
+    async def slow_close(self) -> None:
+        await close(self)
+        await trio.sleep(0.05)
+
+    async with trio.open_nursery() as nursery:
+        upstreams = [LoopbackServer(lambda seen: Reply(pieces=(ANSWER.encode(),))) for _ in range(3)]
+        for upstream in upstreams:
+            await upstream.start(nursery)
+        pool = ProfilePool(keepalive_s=0.2)
+
+        async def post(upstream) -> None:
+            request = UpstreamRequest(f"{upstream.url}/v1/chat/completions", {}, b"{}")
+            async with pool.exchange(request) as response:
+                assert b"".join([piece async for piece in response]) == ANSWER.encode()
+
+        with trio.fail_after(3):
+            await post(upstreams[0])
+            await post(upstreams[1])
+            monkeypatch.setattr(Connection, "aclose", slow_close)
+            await trio.sleep(0.22)  # the expiry is closing the first connection now
+            await post(upstreams[2])
+            while pool.opened:  # each of the three is closed after its keep-alive period
+                await trio.sleep(0.02)
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 async def test_the_request_id_goes_upstream_on_the_lean_client():

@@ -173,7 +173,7 @@ class ProfilePool:
                     quiet = False
                     await trio.sleep_until(oldest + self.keepalive_s)
                     now = trio.current_time()
-                    for stack in self.idle.values():
+                    for stack in list(self.idle.values()):  # a close yields: an origin may be added meanwhile
                         while stack and now - stack[0].idle_since >= self.keepalive_s:
                             await self._close(stack.popleft())
         except Exception:  # a system task's error would end the whole run: log it instead
