@@ -375,6 +375,33 @@ async def test_tls_against_a_local_ca(nursery):
     assert len(server.requests) == 2
 
 
+async def test_an_answer_sent_unasked_over_tls_is_never_taken_for_the_next_requests(nursery):
+    """An upstream that answers twice (or writes anything after its answer): on plain TCP the
+    extra bytes are seen after the body or make the idle socket readable. Over TLS they may
+    already sit in the TLS layer's buffer, read from the socket with the answer's last record
+    and not yet decrypted: the socket is not readable, and the connection must not be reused."""
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    head = OK_HEAD + b"content-length: %d\r\n\r\n"
+    body = b"1" * (16384 - len(head % 10000))
+    first = head % len(body) + body
+    assert len(first) == 16384  # the answer fills one TLS record exactly; the extra is the next
+    stale = json_answer(b'{"answer": "stale"}')
+    server = RawServer(lambda number, index: first + stale if number == 1 else json_answer(b'{"answer": "fresh"}'))
+    await server.start(nursery, ssl_context=server_context)
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+    pool = ProfilePool(ssl_context=trusting)
+    url = server.url.replace("http://", "https://")
+    with trio.fail_after(10):
+        assert (await fetch(pool, request(url)))[2] == body
+        assert (await fetch(pool, request(url)))[2] == b'{"answer": "fresh"}'
+    assert server.accepted == 2
+    await pool.aclose()
+
+
 async def test_a_proxy_in_the_environment_is_honoured_through_httpx(serve, monkeypatch):
     """httpx honoured HTTP(S)_PROXY and NO_PROXY; for a profile a proxy applies to, the pool
     keeps doing so (through httpx), and leaves NO_PROXY's hosts direct."""

@@ -190,7 +190,12 @@ class Connection:
 
     def idle_and_open(self) -> bool:
         """An idle connection is readable only when its peer closed it (or broke the protocol
-        by writing unasked): either way it must not carry the next request."""
+        by writing unasked): either way it must not carry the next request. Over TLS, what the
+        peer wrote may already be off the socket, read with the answer's last record and not yet
+        decrypted (trio's incoming buffer): a stale answer there would be the next request's."""
+        stream = self.stream
+        if type(stream) is trio.SSLStream and (stream.pending() or stream._incoming.pending):
+            return False
         if _poll is None:  # Windows
             return not select.select([self._fd], [], [], 0)[0]
         poller = _poll()
