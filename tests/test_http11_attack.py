@@ -243,6 +243,34 @@ async def test_a_client_that_stops_reading_is_cut_after_the_send_timeout():
     assert ended == ["app done"]
 
 
+async def test_a_client_cut_for_not_reading_is_a_hang_up_to_an_app_that_watches_for_one():
+    # an app told of hang-ups by the server (relayline.hangup) waits in no receive(): the cut
+    # closes the socket, which leaves the epoll set without an event, so the server must say it
+    # (else the turn streams from its provider to the end, every write dropped)
+    ended = []
+
+    async def app(scope, receive, send):
+        with trio.CancelScope() as turn:
+            scope["extensions"]["relayline.hangup"](turn.cancel)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            for _ in range(1000):
+                await send({"type": "http.response.body", "body": b"x" * (1024 * 1024), "more_body": True})
+                await trio.sleep(0)
+        ended.append("cancelled" if turn.cancelled_caught else "wrote 1 GiB into nothing")
+
+    async with trio.open_nursery() as nursery:
+        server, stop, port = await start(nursery, app, send_timeout_s=0.3)
+        stalled = socket.create_connection(("127.0.0.1", port))
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.sendall(GET % b"/big")  # and never read
+        with trio.fail_after(10):
+            while server.connections or not ended:
+                await trio.sleep(0.05)
+        stalled.close()
+        stop.set()
+    assert ended == ["cancelled"] and not server.hangups.callbacks
+
+
 async def _disconnected(receive) -> bool:
     """Whether receive() says disconnect right now (without waiting for one)."""
     with trio.move_on_after(0):

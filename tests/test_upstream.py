@@ -285,6 +285,71 @@ async def test_undecodable_gzip_is_an_upstream_error(serve):
         await fetch(pool, request(server.url))
 
 
+TEXT = b'{"choices": [{"text": "' + b"an answer " * 300 + b'"}]}'
+WRAPPED, RAW = zlib.compress(TEXT), zlib.compress(TEXT, wbits=-zlib.MAX_WBITS)
+
+
+@pytest.mark.parametrize("coding, body", [
+    (b"gzip", gzip.compress(TEXT)[:-8]),  # the member's CRC and length missing
+    (b"gzip", gzip.compress(TEXT)[:40]),
+    (b"deflate", WRAPPED[:-4]),  # the zlib wrapper's checksum missing
+    (b"deflate", RAW[: len(RAW) // 2]),
+], ids=["gzip-no-trailer", "gzip-half", "deflate-no-checksum", "raw-deflate-half"])
+async def test_a_compressed_body_cut_short_within_a_whole_http_body_is_an_upstream_error(serve, coding, body):
+    # the HTTP framing is whole (content-length) but the compressed stream never ended: part of
+    # the answer is missing, and the client must not take the part as the whole
+    server = await serve(lambda number, index: compressed(coding, body))
+    pool = ProfilePool()
+    with pytest.raises(UpstreamError, match="compressed body that ends before its end"):
+        await fetch(pool, request(server.url))
+    assert pool.opened == 0
+
+
+async def test_raw_deflate_is_told_from_wrapped_however_its_first_bytes_are_split(serve):
+    # one byte is no verdict: the raw decoder must start from the body's first byte
+    server = await serve(lambda number, index: compressed(b"deflate", RAW[:40]), pieces=1)
+    pool = ProfilePool()
+    with pytest.raises(UpstreamError, match="cut short"):  # (a prefix: the whole is tested above)
+        await fetch(pool, request(server.url))
+    server = await serve(lambda number, index: compressed(b"deflate", RAW), pieces=1)
+    assert (await fetch(pool, request(server.url)))[2:] == (TEXT, True)
+    await pool.aclose()
+
+
+@pytest.mark.parametrize("coding", [b"gzip", b"deflate"])
+async def test_an_empty_body_that_names_an_encoding_is_empty_not_cut_short(serve, coding):
+    server = await serve(lambda number, index: compressed(coding, b""))
+    pool = ProfilePool()
+    assert (await fetch(pool, request(server.url)))[2:] == (b"", True)
+    await pool.aclose()
+
+
+@pytest.mark.parametrize("body", [
+    gzip.compress(TEXT[:500]) + gzip.compress(TEXT[500:]),  # RFC 1952: a file may hold several members
+    gzip.compress(TEXT[:500]) + b"\0" * 64 + gzip.compress(TEXT[500:]) + b"\0" * 64,  # NUL padding (as gzip reads)
+], ids=["two-members", "two-members-padded"])
+async def test_every_member_of_a_gzip_body_is_read(serve, body):
+    server = await serve(lambda number, index: compressed(b"gzip", body), pieces=100)
+    pool = ProfilePool()
+    for _ in range(2):
+        assert (await fetch(pool, request(server.url)))[2:] == (TEXT, True)
+    assert server.accepted == 1
+    await pool.aclose()
+
+
+@pytest.mark.parametrize("coding, body", [
+    (b"gzip", gzip.compress(TEXT) + b"<html>more</html>"),
+    (b"deflate", WRAPPED + b"more"),
+    (b"deflate", RAW + b"more"),
+], ids=["gzip", "deflate", "raw-deflate"])
+async def test_bytes_after_the_end_of_a_compressed_body_are_an_upstream_error_not_dropped(serve, coding, body):
+    server = await serve(lambda number, index: compressed(coding, body))
+    pool = ProfilePool()
+    with pytest.raises(UpstreamError, match="does not decode"):
+        await fetch(pool, request(server.url))
+    assert pool.opened == 0
+
+
 async def test_tls_against_a_local_ca(nursery):
     trustme = pytest.importorskip("trustme")
     ca = trustme.CA()

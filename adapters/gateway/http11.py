@@ -158,11 +158,14 @@ class _Hangups:
         self.epoll.register(fd, select.EPOLLRDHUP | select.EPOLLONESHOT)  # (HUP and ERR always count)
         self.callbacks[fd] = (owner, callback)
 
-    def unwatch(self, fd: int, owner: object) -> None:
+    def unwatch(self, fd: int, owner: object) -> Callable[[], None] | None:
+        """Stop watching; the call-back that was waiting, if the owner's entry still was."""
         entry = self.callbacks.get(fd)
         if entry is not None and entry[0] is owner:
             del self.callbacks[fd]
             self._unregister(fd)
+            return entry[1]
+        return None
 
     def _unregister(self, fd: int) -> None:
         if not self.epoll.closed:
@@ -514,9 +517,20 @@ class _Connection:
             # the client left (or stopped reading: _watch_sends): later writes are dropped and
             # receive() says disconnect; closing the stream wakes a receive() waiting on it
             self.gone = True
+            self._hung_up()  # before the close yields: its fd number may be taken and watched again
             await trio.aclose_forcefully(self.stream)
         finally:
             self.writing = False
+
+    def _hung_up(self) -> None:
+        """A write found the client gone (or the send watchdog cut it): an app watching for a
+        hang-up hears it here, because the socket is closed next, and a closed socket leaves the
+        epoll set without an event (a reset the write saw first would be lost to it too)."""
+        fd, self.hangup_fd = self.hangup_fd, None
+        if fd is not None:
+            callback = self.server.hangups.unwatch(fd, self)
+            if callback is not None:
+                callback()
 
     async def _send(self, message: dict) -> None:
         kind = message["type"]

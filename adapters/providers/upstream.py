@@ -267,9 +267,13 @@ class Response:
 
     async def receive(self) -> bytes:
         """The next piece of the body; b"" once it ended."""
+        if self.complete:  # (h11 would say PAUSED from here on)
+            return b""
         inflate = self._inflate
-        if self._tail:  # what a compressed piece still holds beyond the last step
-            return self._inflated(self._tail)
+        while self._tail:  # what a compressed piece still holds beyond the last step
+            piece = self._inflated(self._tail)
+            if piece:  # (a step may yield nothing: a member's trailer, the next one's header)
+                return piece
         conn = self.connection.h11
         while True:
             try:
@@ -291,11 +295,12 @@ class Response:
                     raise UpstreamError("connection lost while reading the response") from None
                 conn.receive_data(data)
             elif type(event) is h11.EndOfMessage:
-                self.complete = True
                 if inflate is not None:
                     rest, self._inflate = self._flush(), None
                     if rest:
+                        self.complete = True
                         return rest
+                self.complete = True
                 return b""
             elif type(event) is h11.ConnectionClosed:  # (h11 reports a cut body as an error first)
                 raise UpstreamError("connection lost while reading the response")
@@ -305,23 +310,25 @@ class Response:
         try:
             piece = decoder.decompress(data, INFLATE_PIECE)
         except zlib.error:
-            if not isinstance(decoder, _Deflate) or decoder.raw:
-                raise UpstreamError("a compressed body that does not decode") from None
-            decoder.fall_back()  # "deflate" sent raw, without its zlib wrapper (as httpx reads it)
-            return self._inflated(data)
+            raise UpstreamError("a compressed body that does not decode") from None
         self._tail = decoder.unconsumed_tail
         return piece
 
     def _flush(self) -> bytes:
+        decoder = self._inflate
         try:
-            return self._inflate.flush()
+            rest = decoder.flush()
         except zlib.error:
             raise UpstreamError("a compressed body that does not decode") from None
+        if not decoder.eof:  # the HTTP body ended whole, the compressed stream in it did not
+            raise UpstreamError("a compressed body that ends before its end (cut short)")
+        return rest
 
 
 class _Unsupported:
     __slots__ = ("coding",)
     unconsumed_tail = b""
+    eof = True
 
     def __init__(self, coding: str) -> None:
         self.coding = coding
@@ -333,26 +340,88 @@ class _Unsupported:
         raise UnsupportedEncoding(self.coding)
 
 
-class _Deflate:
-    __slots__ = ("raw", "_obj")
+class _Inflater:
+    """A compressed body, in bounded steps (`unconsumed_tail`: what the last step left). Its end
+    is the compressed stream's own (`eof`): an HTTP body that ends before it was cut short, and
+    bytes after it are refused, never dropped unread (zlib keeps them aside as unused_data)."""
+
+    __slots__ = ("_obj", "unconsumed_tail", "_fed")
 
     def __init__(self) -> None:
-        self.raw = False
-        self._obj = zlib.decompressobj()
+        self._obj = self._new()
+        self.unconsumed_tail = b""
+        self._fed = False  # an empty body is whole (a 204 or an error page may say an encoding)
 
-    def fall_back(self) -> None:
-        self.raw = True
-        self._obj = zlib.decompressobj(-zlib.MAX_WBITS)
+    def _new(self):
+        raise NotImplementedError
 
     def decompress(self, data: bytes, limit: int) -> bytes:
-        return self._obj.decompress(data, limit)
+        if self._obj.eof:
+            data = self._after_end(data)
+            if not data:
+                self.unconsumed_tail = b""
+                return b""
+        obj = self._obj
+        self._fed = True
+        piece = obj.decompress(data, limit)
+        self.unconsumed_tail = obj.unused_data if obj.eof else obj.unconsumed_tail
+        return piece
+
+    def _after_end(self, data: bytes) -> bytes:
+        """`data` follows the end: what of it is read next (by a new `_obj`), or b"" for nothing."""
+        raise zlib.error("data after the end of the compressed body")
 
     @property
-    def unconsumed_tail(self) -> bytes:
-        return self._obj.unconsumed_tail
+    def eof(self) -> bool:
+        return self._obj.eof or not self._fed
 
     def flush(self) -> bytes:
         return self._obj.flush()
+
+
+class _Gzip(_Inflater):
+    """gzip, member after member (RFC 1952: a file may hold several; NUL padding may follow, as
+    Python's gzip reads it)."""
+
+    __slots__ = ()
+
+    def _new(self):
+        return zlib.decompressobj(zlib.MAX_WBITS | 16)
+
+    def _after_end(self, data: bytes) -> bytes:
+        data = data.lstrip(b"\0")
+        if data:
+            self._obj = self._new()  # the next member (its own header is checked: junk does not decode)
+        return data
+
+
+class _Deflate(_Inflater):
+    """deflate with its zlib wrapper, as RFC 9110 says, or raw, as some servers send it (and
+    httpx reads it): decided before any output, never after (a wrapped body corrupt midway
+    does not decode; it is not read again as raw from there)."""
+
+    __slots__ = ("_undecided",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._undecided: bytes | None = b""  # what was fed before the first output (or None)
+
+    def _new(self):
+        return zlib.decompressobj()
+
+    def decompress(self, data: bytes, limit: int) -> bytes:
+        seen = self._undecided
+        try:
+            piece = super().decompress(data, limit)
+        except zlib.error:
+            if seen is None:
+                raise
+            self._undecided = None
+            self._obj = zlib.decompressobj(-zlib.MAX_WBITS)
+            return super().decompress(seen + data, limit)  # from its first byte, however it was split
+        if seen is not None:
+            self._undecided = None if piece else seen + data
+        return piece
 
 
 def _decoder(coding: str):
@@ -360,7 +429,7 @@ def _decoder(coding: str):
     if not codings:
         return None
     if codings == ["gzip"] or codings == ["x-gzip"]:
-        return zlib.decompressobj(zlib.MAX_WBITS | 16)
+        return _Gzip()
     if codings == ["deflate"]:
         return _Deflate()
     return _Unsupported(", ".join(codings))
