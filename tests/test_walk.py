@@ -787,15 +787,30 @@ def test_a_stream_with_tools_opens_on_the_first_entry_that_streams_tool_events()
 
 def test_events_withdrawn_before_the_consumer_took_them_are_not_its_partial_text():
     t = opened(turn(stream=True))
-    t.stream_frame(Frame("text", "Hel"))
+    t.stream_frame(Frame("text", "H"))
+    t.stream_frame(Frame("text", "el"))
     late = t.stream_frame(Frame("text", "lo"))
     t.withdraw(())  # nothing to withdraw
     t.withdraw(late)
-    assert t.forwarded == ["Hel"]
+    assert t.forwarded == ["H", "el"]
     try:
         t.withdraw(late)
     except ValueError as exc:
         assert str(exc) == "only the events stream_frame returned last can be withdrawn"
     else:
         raise AssertionError("withdrew what was not forwarded last")
-    assert t.forwarded == ["Hel"] and t.cancel(1.0).result.partial_text == "Hel"
+    assert t.forwarded == ["H", "el"] and t.cancel(1.0).result.partial_text == "Hel"
+
+
+def test_after_an_empty_stream_an_entry_the_streaming_walk_tried_keeps_what_is_left_of_its_budget():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 stream={"recovery": "streaming"}, reliability={"provider_retries": 1})
+    t = opened(turn(stream=True, cfg=cfg))
+    to_b = t.stream_failed(fc.Failure(fc.TIMEOUT, "no first byte within 5s"), 1.0)
+    assert (to_b.entry.profile, to_b.mode) == ("b", "stream")  # a timeout advances when another can serve
+    t.stream_headers()
+    t.stream_frame(Frame("role"))
+    nxt = t.stream_done(2.0)  # the recovery walk, in order: a has one of its two attempts left
+    assert (nxt.entry.profile, nxt.mode, nxt.try_number, nxt.budget) == ("a", "complete", 1, 1)
+    last = t.on_completion(Completion(""), 3.0)
+    assert (last.entry.profile, last.budget) == ("b", 1)  # then b's one recovery attempt
