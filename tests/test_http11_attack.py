@@ -230,6 +230,12 @@ async def test_a_client_that_stops_reading_is_cut_after_the_send_timeout():
                 break
         ended.append("app done")
 
+    await _serve_a_client_that_never_reads(app, ended)
+    assert ended == ["app done"]
+
+
+async def _serve_a_client_that_never_reads(app, ended: list):
+    """The server with a 0.3 s send timeout, until `app` served a client that never reads."""
     async with trio.open_nursery() as nursery:
         server, stop, port = await start(nursery, app, send_timeout_s=0.3)
         stalled = socket.create_connection(("127.0.0.1", port))
@@ -240,7 +246,7 @@ async def test_a_client_that_stops_reading_is_cut_after_the_send_timeout():
                 await trio.sleep(0.05)
         stalled.close()
         stop.set()
-    assert ended == ["app done"]
+    return server
 
 
 async def test_a_client_cut_for_not_reading_is_a_hang_up_to_an_app_that_watches_for_one():
@@ -258,16 +264,7 @@ async def test_a_client_cut_for_not_reading_is_a_hang_up_to_an_app_that_watches_
                 await trio.sleep(0)
         ended.append("cancelled" if turn.cancelled_caught else "wrote 1 GiB into nothing")
 
-    async with trio.open_nursery() as nursery:
-        server, stop, port = await start(nursery, app, send_timeout_s=0.3)
-        stalled = socket.create_connection(("127.0.0.1", port))
-        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        stalled.sendall(GET % b"/big")  # and never read
-        with trio.fail_after(10):
-            while server.connections or not ended:
-                await trio.sleep(0.05)
-        stalled.close()
-        stop.set()
+    server = await _serve_a_client_that_never_reads(app, ended)
     assert ended == ["cancelled"] and not server.hangups.callbacks
 
 
