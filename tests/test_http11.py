@@ -244,6 +244,23 @@ async def test_an_app_error_before_its_answer_is_a_500_and_the_connection_closes
     assert answer.startswith(b"HTTP/1.1 500") and answer.endswith(b'{"error": "x"}')
 
 
+async def test_an_app_error_after_its_start_message_but_before_any_body_is_still_a_500():
+    # the head waits for the body (one head per answer): nothing was written when the app
+    # raised, so the client gets a 500, not a connection closed without a byte (which SDKs
+    # read as a network failure, and resend the request)
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"x-from", b"app")]})
+        raise RuntimeError("a bug between the start and the body")
+
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app, error_body=lambda status, message: b'{"error": "x"}')
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(GET % b"/")
+        answer = await read_until_closed(stream)
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 500") and answer.endswith(b'{"error": "x"}') and b"x-from" not in answer
+
+
 async def test_the_drain_refuses_new_connections_closes_idle_ones_and_lets_requests_finish():
     app = App()
     async with trio.open_nursery() as nursery:

@@ -458,7 +458,7 @@ class _Connection:
             await self.server.app(scope, self._receive, self._send)
         except Exception:
             log.exception("http_app_error path=%s", scope["path"][:200])
-            if not self.sent_head and self.pending_head is None and not self.gone:
+            if not self.sent_head and not self.gone:  # (a start message still held is replaced)
                 body = self.server.error_body(500, "internal error in the gateway (logged)")
                 await self._send({"type": "http.response.start", "status": 500,
                                   "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
