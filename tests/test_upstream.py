@@ -187,12 +187,14 @@ def pool_module_headers(framed: bytes) -> dict:
     return dict(line.split(": ", 1) for line in head.split("\r\n")[1:])
 
 
-async def test_a_body_closed_by_the_connection_is_read_whole_and_the_connection_not_reused(serve):
-    server = await serve(lambda number, index: OK_HEAD + b"connection: close\r\n\r\nall of it")
+@pytest.mark.parametrize("extra", [b"connection: close\r\n", b""])  # (h11 says DONE for the second)
+async def test_a_body_closed_by_the_connection_is_read_whole_and_the_connection_not_reused(serve, extra):
+    server = await serve(lambda number, index: OK_HEAD + extra + b"\r\nall of it", close=True)
     pool = ProfilePool()
     for _ in range(2):
         assert (await fetch(pool, request(server.url)))[2:] == (b"all of it", True)
-    assert server.accepted == 2 and pool.opened == 0
+        assert pool.opened == 0  # closed at once, not kept idle until the next request notices
+    assert server.accepted == 2
     await pool.aclose()
 
 

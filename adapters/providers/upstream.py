@@ -240,7 +240,8 @@ class Connection:
         """Whether the exchange ended cleanly on both sides with nothing after it; if so the
         connection is ready for the next one."""
         conn = self.h11
-        if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE or conn.trailing_data[0]:
+        data, closed = conn.trailing_data  # (a body framed by the close leaves h11 DONE, closed)
+        if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE or data or closed:
             return False
         conn.start_next_cycle()
         return True
