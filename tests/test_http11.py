@@ -233,14 +233,18 @@ async def test_a_client_that_leaves_is_a_disconnect_and_writes_to_it_are_dropped
     assert app.events == ["http.disconnect", "sent"]
 
 
-async def test_an_app_error_before_its_answer_is_a_500_and_the_connection_closes():
-    app = App()
+async def _answer_to_a_failing_app(app, path: bytes) -> bytes:
     async with trio.open_nursery() as nursery:
         _, stop, port = await start(nursery, app, error_body=lambda status, message: b'{"error": "x"}')
         stream = await trio.open_tcp_stream("127.0.0.1", port)
-        await stream.send_all(GET % b"/boom")
+        await stream.send_all(GET % path)
         answer = await read_until_closed(stream)
         stop.set()
+    return answer
+
+
+async def test_an_app_error_before_its_answer_is_a_500_and_the_connection_closes():
+    answer = await _answer_to_a_failing_app(App(), b"/boom")
     assert answer.startswith(b"HTTP/1.1 500") and answer.endswith(b'{"error": "x"}')
 
 
@@ -252,12 +256,7 @@ async def test_an_app_error_after_its_start_message_but_before_any_body_is_still
         await send({"type": "http.response.start", "status": 200, "headers": [(b"x-from", b"app")]})
         raise RuntimeError("a bug between the start and the body")
 
-    async with trio.open_nursery() as nursery:
-        _, stop, port = await start(nursery, app, error_body=lambda status, message: b'{"error": "x"}')
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        await stream.send_all(GET % b"/")
-        answer = await read_until_closed(stream)
-        stop.set()
+    answer = await _answer_to_a_failing_app(app, b"/")
     assert answer.startswith(b"HTTP/1.1 500") and answer.endswith(b'{"error": "x"}') and b"x-from" not in answer
 
 
