@@ -123,10 +123,13 @@ class LedgerStore:
                 self._conn.execute("BEGIN")
                 try:
                     self._conn.executemany(INSERT, rows)
+                    self._conn.execute("COMMIT")
                 except BaseException:
-                    self._conn.execute("ROLLBACK")
+                    # a failed COMMIT can leave the transaction open (SQLITE_BUSY does): the
+                    # next turn's rows must not join a transaction that never ends
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
                     raise
-                self._conn.execute("COMMIT")
             self._since_checkpoint += 1
             if self._checkpoint_every and self._since_checkpoint >= self._checkpoint_every:
                 self._since_checkpoint = 0
