@@ -88,6 +88,11 @@ def _hang(signum: int, frame: object) -> None:
     raise Hung
 
 
+def _disarm() -> None:
+    signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+
+
 Observer = tuple[str, Callable[[], bool]]  # a name, and whether it sees a difference
 
 
@@ -106,10 +111,13 @@ def observers(checks: Iterable[Callable[[], None]] = ()) -> list[Observer]:
     return found
 
 
-def caught_by(mutation: Mutation, watch: list[Observer], limit_s: float = 3.0) -> str | None:
+def caught_by(mutation: Mutation, watch: list[Observer], limit_s: float = 3.0,
+              backstop_s: float = 20.0) -> str | None:
     """What catches `mutation` (the validator, or the name of an observer in `watch`), or None.
-    An observer that does not end within `limit_s` of real time caught it too (a lifecycle that
-    loops forever is not the one drawn). The observer that catches it moves to the front of
+    An observer that does not end within `limit_s` of CPU time (or `backstop_s` of real time, for
+    one that waits without end) caught it too (a lifecycle that loops forever is not the one
+    drawn). CPU time, because real time runs on while a loaded machine runs other processes: a
+    sound scenario slowed past a real-time limit was taken for a hang. The observer that catches it moves to the front of
     `watch`: the next mutation, often of the same transition, is likely caught by it too, so a
     sweep runs about one observer per mutation instead of dozens."""
     try:
@@ -118,12 +126,13 @@ def caught_by(mutation: Mutation, watch: list[Observer], limit_s: float = 3.0) -
         return "the spec validator"
     real = engine.load_spec(mutation.spec)
     engine._CACHE[mutation.spec] = spec
-    previous = signal.signal(signal.SIGALRM, _hang)
+    previous = {sig: signal.signal(sig, _hang) for sig in (signal.SIGALRM, signal.SIGVTALRM)}
     try:
         for i, (name, observe) in enumerate(watch):
             # then again every 0.2 s: a Hung raised where it is swallowed (trio finalizing an
             # async generator) must not let the mutant run on unbounded
-            signal.setitimer(signal.ITIMER_REAL, limit_s, 0.2)
+            signal.setitimer(signal.ITIMER_VIRTUAL, limit_s, 0.2)
+            signal.setitimer(signal.ITIMER_REAL, backstop_s, 0.2)
             try:
                 observed = observe()
             except Exception:
@@ -133,11 +142,12 @@ def caught_by(mutation: Mutation, watch: list[Observer], limit_s: float = 3.0) -
                 return name
         return None
     except BaseException as exc:  # trio delivers the alarm inside an exception group
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        _disarm()
         if isinstance(exc, Hung) or (isinstance(exc, BaseExceptionGroup) and exc.subgroup(Hung) is not None):
             return "a scenario that never ends"
         raise
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        _disarm()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         engine._CACHE[mutation.spec] = real

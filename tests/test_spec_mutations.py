@@ -10,6 +10,8 @@ so the diagram would not be what runs; the answer is a scenario or a test that o
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import test_health
 import test_walk
@@ -27,3 +29,24 @@ def test_every_spec_mutation_is_caught():
     watch = observers(CHECKS)
     survivors = [str(m) for m in mutations if caught_by(m, watch) is None]
     assert not survivors, f"{len(survivors)} of {len(mutations)} mutations survive: {survivors}"
+
+
+def _valid_mutation():
+    """A mutation the spec validator lets through: the observers are asked about it."""
+    return next(m for m in all_mutations() if caught_by(m, []) is None)
+
+
+def test_an_observer_that_spins_without_end_is_caught_by_its_cpu_time():
+    def spin() -> bool:
+        while True:
+            pass
+
+    assert caught_by(_valid_mutation(), [("spin", spin)], limit_s=0.2) == "a scenario that never ends"
+
+
+def test_an_observer_that_waits_without_end_is_caught_by_the_backstop():
+    def wait() -> bool:
+        time.sleep(60)
+        return False
+
+    assert caught_by(_valid_mutation(), [("wait", wait)], limit_s=0.2, backstop_s=0.3) == "a scenario that never ends"
