@@ -10,6 +10,7 @@ crashes. A mutation nothing catches is a transition whose diagram is not what ru
 from __future__ import annotations
 
 import copy
+import inspect
 import signal
 import tomllib
 from collections.abc import Callable, Iterable, Iterator
@@ -96,16 +97,37 @@ def _disarm() -> None:
 Observer = tuple[str, Callable[[], bool]]  # a name, and whether it sees a difference
 
 
+def _calls(check: Callable[..., None]) -> list[dict[str, object]]:
+    """The arguments of each case of a test: one call with none, or one per combination of its
+    `pytest.mark.parametrize` values. A test that needs a fixture is not a check here (called
+    without it, it would raise TypeError, which would read as catching every mutation)."""
+    cases: list[dict[str, object]] = [{}]
+    for mark in reversed(getattr(check, "pytestmark", [])):
+        if mark.name != "parametrize":
+            continue
+        names = [n.strip() for n in mark.args[0].split(",")] if isinstance(mark.args[0], str) else list(mark.args[0])
+        rows = [tuple(value.values) if hasattr(value, "marks")  # a pytest.param(...)
+                else tuple(value) if len(names) > 1 else (value,) for value in mark.args[1]]
+        cases = [{**case, **dict(zip(names, row))} for case in cases for row in rows]
+    wanted = set(inspect.signature(check).parameters)
+    return [case for case in cases if set(case) == wanted]
+
+
+def _label(args: dict[str, object]) -> str:
+    return f"[{', '.join(map(repr, args.values()))}]" if args else ""
+
+
 def observers(checks: Iterable[Callable[[], None]] = ()) -> list[Observer]:
     """Everything that may observe a mutation: each check (a test: it fails by raising), then
     each scenario (shared and own, in process on virtual time)."""
-    def failing(check: Callable[[], None]) -> Callable[[], bool]:
+    def failing(check: Callable[..., None], args: dict[str, object]) -> Callable[[], bool]:
         def observe() -> bool:
-            check()
+            check(**args)
             return False
         return observe
 
-    found: list[Observer] = [(check.__name__, failing(check)) for check in checks]
+    found: list[Observer] = [(f"{check.__name__}{_label(args)}", failing(check, args))
+                             for check in checks for args in _calls(check)]
     for path, scenario in _LOADED.items():
         found.append((path.stem, lambda scenario=scenario: not check_scenario(scenario).ok))
     return found
