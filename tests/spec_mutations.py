@@ -108,7 +108,7 @@ def _calls(check: Callable[..., None]) -> list[dict[str, object]]:
         names = [n.strip() for n in mark.args[0].split(",")] if isinstance(mark.args[0], str) else list(mark.args[0])
         rows = [tuple(value.values) if hasattr(value, "marks")  # a pytest.param(...)
                 else tuple(value) if len(names) > 1 else (value,) for value in mark.args[1]]
-        cases = [{**case, **dict(zip(names, row))} for case in cases for row in rows]
+        cases = [{**case, **dict(zip(names, row, strict=True))} for case in cases for row in rows]
     wanted = set(inspect.signature(check).parameters)
     return [case for case in cases if set(case) == wanted]
 
