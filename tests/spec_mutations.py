@@ -10,6 +10,7 @@ crashes. A mutation nothing catches is a transition whose diagram is not what ru
 from __future__ import annotations
 
 import copy
+import gc
 import inspect
 import signal
 import tomllib
@@ -166,6 +167,11 @@ def caught_by(mutation: Mutation, watch: list[Observer], limit_s: float = 3.0,
     except BaseException as exc:  # trio delivers the alarm inside an exception group
         _disarm()
         if isinstance(exc, Hung) or (isinstance(exc, BaseExceptionGroup) and exc.subgroup(Hung) is not None):
+            # the aborted run left coroutines and async generators mid-flight: finalize them now,
+            # outside any trio run. Left to the collector's own time, one finalized inside a later
+            # test's run exited its cancel scopes there and corrupted that run (TrioInternalError)
+            del exc
+            gc.collect()
             return "a scenario that never ends"
         raise
     finally:
