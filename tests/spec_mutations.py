@@ -150,6 +150,7 @@ def caught_by(mutation: Mutation, watch: list[Observer], limit_s: float = 3.0,
     real = engine.load_spec(mutation.spec)
     engine._CACHE[mutation.spec] = spec
     previous = {sig: signal.signal(sig, _hang) for sig in (signal.SIGALRM, signal.SIGVTALRM)}
+    hung = False
     try:
         for i, (name, observe) in enumerate(watch):
             # then again every 0.2 s: a Hung raised where it is swallowed (trio finalizing an
@@ -167,15 +168,17 @@ def caught_by(mutation: Mutation, watch: list[Observer], limit_s: float = 3.0,
     except BaseException as exc:  # trio delivers the alarm inside an exception group
         _disarm()
         if isinstance(exc, Hung) or (isinstance(exc, BaseExceptionGroup) and exc.subgroup(Hung) is not None):
-            # the aborted run left coroutines and async generators mid-flight: finalize them now,
-            # outside any trio run. Left to the collector's own time, one finalized inside a later
-            # test's run exited its cancel scopes there and corrupted that run (TrioInternalError)
-            del exc
-            gc.collect()
+            hung = True
             return "a scenario that never ends"
         raise
     finally:
         _disarm()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if hung:
+            # the aborted run left coroutines and async generators mid-flight: finalize them now
+            # (out of the except clause, whose traceback holds their frames), outside any trio
+            # run. Left to the collector's own time, one was finalized inside a later test's run,
+            # exited its cancel scopes there and corrupted that run (TrioInternalError)
+            gc.collect()
         engine._CACHE[mutation.spec] = real

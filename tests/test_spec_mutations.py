@@ -34,11 +34,16 @@ def test_every_spec_mutation_is_caught():
     # a hung mutant's aborted run must be finalized where it hung: left to the collector, a
     # scenario coroutine was once finalized inside a later test's trio run and corrupted it. The
     # collector is off during the sweep, so that what the sweep leaves is seen
+    def suspended() -> list[object]:
+        return [c for c in gc.get_objects() if inspect.iscoroutine(c) and c.cr_frame is not None
+                and c.__qualname__ == "run_scenario.<locals>.main"]
+
+    gc.collect()
+    before = {id(c) for c in suspended()}
     gc.disable()
     try:
         survivors = [str(m) for m in mutations if caught_by(m, watch) is None]
-        assert not [c for c in gc.get_objects() if inspect.iscoroutine(c) and c.cr_frame is not None
-                    and c.__qualname__ == "run_scenario.<locals>.main"]
+        assert not [c for c in suspended() if id(c) not in before]
     finally:
         gc.enable()
     assert not survivors, f"{len(survivors)} of {len(mutations)} mutations survive: {survivors}"
