@@ -9,6 +9,7 @@ crashes. A mutation nothing catches is a transition whose diagram is not what ru
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import inspect
@@ -88,6 +89,19 @@ class Hung(BaseException):
 
 def _hang(signum: int, frame: object) -> None:
     raise Hung
+
+
+def close_aborted_runs() -> None:
+    """Close what a hung run left mid-flight, now, outside any trio run. Left alone, it is
+    finalized whenever the last reference goes (a captured log record's traceback can hold it):
+    once that was inside a later test's trio run, where its cancel scopes exited and corrupted
+    that run (TrioInternalError). Closed here, its cancel scopes complain outside a run, where
+    nothing depends on them."""
+    gc.collect()
+    for obj in gc.get_objects():
+        if inspect.iscoroutine(obj) and obj.cr_frame is not None and obj.__qualname__ == "run_scenario.<locals>.main":
+            with contextlib.suppress(BaseException):
+                obj.close()
 
 
 def _disarm() -> None:
@@ -176,9 +190,5 @@ def caught_by(mutation: Mutation, watch: list[Observer], limit_s: float = 3.0,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if hung:
-            # the aborted run left coroutines and async generators mid-flight: finalize them now
-            # (out of the except clause, whose traceback holds their frames), outside any trio
-            # run. Left to the collector's own time, one was finalized inside a later test's run,
-            # exited its cancel scopes there and corrupted that run (TrioInternalError)
-            gc.collect()
+            close_aborted_runs()
         engine._CACHE[mutation.spec] = real
