@@ -288,49 +288,24 @@ def test_a_shipped_spec_is_what_its_file_says(name):
             assert table.decide(failure, model) is hits[0]
 
 
-TOY = """name = "toy"
-initial = "a"
-[states.a]
-tags = ["provider_call"]
-[states.b]
-tags = ["immutable_output"]
-[states.done]
-tags = ["terminal"]
-[guards]
-ok = "it is ok"
-[[transitions]]
-trigger = "go"
-source = "a"
-dest = "b"
-[[transitions]]
-trigger = "end"
-source = "b"
-dest = "done"
-[[invariants]]
-kind = "no_path"
-from_tag = "immutable_output"
-to_tag = "provider_call"
-"""
-
-
 def _go(extra: str) -> str:
-    return TOY.replace('source = "a"\ndest = "b"\n', 'source = "a"\ndest = "b"\n' + extra, 1)
+    return GOOD.replace('source = "a"\ndest = "b"\n', 'source = "a"\ndest = "b"\n' + extra, 1)
 
 
 def _add(trigger: str, source: str, dest: str, extra: str = "") -> str:
-    return TOY + f'[[transitions]]\ntrigger = "{trigger}"\nsource = "{source}"\ndest = "{dest}"\n{extra}'
+    return GOOD + f'[[transitions]]\ntrigger = "{trigger}"\nsource = "{source}"\ndest = "{dest}"\n{extra}'
 
 
 REFUSED = {
     "not TOML": ("name = ", None),
-    "unknown key": ("colour = 1\n" + TOY, "toy.toml: unknown top-level keys ['colour']"),
-    "no initial": (TOY.replace('initial = "a"\n', ""), "toy.toml: missing required key 'initial'"),
-    "no states": (TOY.replace("[states.", "[nostates."), None),
-    "transition without dest": (TOY.replace('dest = "done"\n', ""), "toy.toml: transitions[1] is missing 'dest'"),
-    "tags not strings": (TOY.replace('tags = ["terminal"]', "tags = [1]"),
+    "unknown key": ("colour = 1\n" + GOOD, "toy.toml: unknown top-level keys ['colour']"),
+    "no initial": (GOOD.replace('initial = "a"\n', ""), "toy.toml: missing required key 'initial'"),
+    "no states": (GOOD.replace("[states.", "[nostates."), None),
+    "transition without dest": (GOOD.replace('dest = "done"\n', ""), "toy.toml: transitions[1] is missing 'dest'"),
+    "tags not strings": (GOOD.replace('tags = ["terminal"]', "tags = [1]"),
                          "toy.toml: states.done.tags must be a string or a list of strings"),
     "empty states": ('name = "toy"\ninitial = "a"\nstates = {}\ntransitions = []\n', "toy.toml: declares no states"),
-    "undeclared initial": (TOY.replace('initial = "a"', 'initial = "z"'), "toy.toml: initial state 'z' is not declared"),
+    "undeclared initial": (GOOD.replace('initial = "a"', 'initial = "z"'), "toy.toml: initial state 'z' is not declared"),
     "undeclared source": (_add("jump", "z", "b"),
                           "toy.toml: transition 'jump' (transitions[2]) leaves undeclared state 'z'"),
     "leaves terminal": (_add("again", "done", "a"),
@@ -346,15 +321,15 @@ REFUSED = {
     "same guards": (_go('guards = "ok"\n') + '[[transitions]]\ntrigger = "go"\nsource = "a"\ndest = "done"\nguards = "ok"\n',
                     "toy.toml: ambiguous trigger 'go' from state 'a': transitions to 'b' and 'done' have no "
                     "distinguishing guards"),
-    "unreachable": (TOY + "[states.orphan]\n", "toy.toml: unreachable states ['orphan']"),
-    "no terminal": (TOY.replace('tags = ["terminal"]', "tags = []"), "toy.toml: no state is tagged terminal"),
-    "cannot terminate": (TOY + "[states.loop]\n" + _add("spin", "a", "loop")[len(TOY):]
+    "unreachable": (GOOD + "[states.orphan]\n", "toy.toml: unreachable states ['orphan']"),
+    "no terminal": (GOOD.replace('tags = ["terminal"]', "tags = []"), "toy.toml: no state is tagged terminal"),
+    "cannot terminate": (GOOD + "[states.loop]\n" + _add("spin", "a", "loop")[len(GOOD):]
                          + '[[transitions]]\ntrigger = "spin"\nsource = "loop"\ndest = "loop"\n',
                          "toy.toml: state 'loop' cannot reach a terminal state"),
-    "recurrent stuck": ("recurrent = true\n" + TOY.replace('tags = ["terminal"]', "tags = []"),
+    "recurrent stuck": ("recurrent = true\n" + GOOD.replace('tags = ["terminal"]', "tags = []"),
                         "toy.toml: state 'b' cannot return to the initial state"),
-    "unknown invariant": (TOY.replace('kind = "no_path"', 'kind = "maybe"'), "toy.toml: unknown invariant kind 'maybe'"),
-    "unknown recovery": (TOY.replace('to_tag = "provider_call"', 'to_tag = "provider_call"\nvia = ["redo"]'),
+    "unknown invariant": (GOOD.replace('kind = "no_path"', 'kind = "maybe"'), "toy.toml: unknown invariant kind 'maybe'"),
+    "unknown recovery": (GOOD.replace('to_tag = "provider_call"', 'to_tag = "provider_call"\nvia = ["redo"]'),
                          "toy.toml: invariant names unknown recovery triggers ['redo']"),
     "violated": (_add("replay", "b", "a"), "toy.toml: invariant violated: immutable_output state 'b' reaches "
                                            "provider_call state 'a' without a recovery transition (none named)"),
@@ -366,12 +341,12 @@ REFUSED = {
                                                              'to_tag = "provider_call"\nvia = ["end", "go"]'),
                             "toy.toml: invariant violated: immutable_output state 'b' reaches provider_call "
                             "state 'a' without a recovery transition (end, go)"),
-    "invariant without kind": (TOY.replace('kind = "no_path"\n', ""), "toy.toml: unknown invariant kind ''"),
+    "invariant without kind": (GOOD.replace('kind = "no_path"\n', ""), "toy.toml: unknown invariant kind ''"),
 }
 
 
 def test_what_a_spec_leaves_out_is_empty_not_none():
-    spec = parse_spec(TOY.replace('kind = "no_path"\nfrom_tag = "immutable_output"\nto_tag = "provider_call"\n',
+    spec = parse_spec(GOOD.replace('kind = "no_path"\nfrom_tag = "immutable_output"\nto_tag = "provider_call"\n',
                                   'kind = "no_path"\n'), "toy.toml")
     assert spec.doc == "" and not spec.recurrent and spec.decisions is None
     assert {s.doc for s in spec.states.values()} == {""} and {t.doc for t in spec.transitions} == {""}
@@ -439,7 +414,7 @@ def test_a_blocked_trigger_says_so_and_the_history_keeps_the_last_256_states():
     with pytest.raises(IllegalTransition) as caught:
         life.fire("go", type("Model", (), {"ok": False})())
     assert str(caught.value).endswith("(every candidate's guards are blocked)")
-    loop = parse_spec(TOY + '[[transitions]]\ntrigger = "again"\nsource = "a"\ndest = "a"\n', "loop.toml").start()
+    loop = parse_spec(GOOD + '[[transitions]]\ntrigger = "again"\nsource = "a"\ndest = "a"\n', "loop.toml").start()
     for _ in range(300):
         loop.fire("again")
     assert len(loop.history) == 256
