@@ -273,17 +273,20 @@ async def run(procs: Processes, *, seconds: float, levels: tuple[int, ...], stre
     gateway = f"{procs.gateway}/v1/chat/completions"
     pids = {"gateway": procs.gateway_pid}
     targets = [("direct", direct), ("gateway", gateway)]
+    await closed_loop(gateway, 16, 1.0)  # warm up: imports, caches, the first connections
     if without:
         url, pids["without"] = _start_without(procs, without)
         targets.append(("without", url))
         await closed_loop(url, 16, 1.0)
-    await closed_loop(gateway, 16, 1.0)  # warm up: imports, caches, the first connections
     out: dict = {"closed_loop": {}}
     if streams:
         # first, on a gateway whose heap has not grown yet: later, memory freed by the load runs
         # would be reused by the streams and the figure per stream would read low
         out["streams"] = await held_streams(gateway, streams, procs.gateway_pid)
         print(f"  streams: {out['streams']}", flush=True)
+        if without:
+            out["streams_without"] = await held_streams(targets[2][1], streams, pids["without"])
+            print(f"  streams without: {out['streams_without']}", flush=True)
     for concurrency in levels:
         row = {}
         for name, url in targets:
