@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -47,6 +48,13 @@ def _ledger_checkpoint_in_the_loop() -> None:
         self._checkpoint_every = 0
 
     ledger.LedgerStore.__init__ = former
+
+
+def _ledger_id_autoincrement() -> None:
+    from relayline.adapters.stores import ledger
+
+    ledger.SCHEMA = ledger.SCHEMA.replace("PRIMARY KEY,", "PRIMARY KEY AUTOINCREMENT,")
+    ledger.LedgerStore._rebuild = lambda self: None  # the former schema is kept, not migrated
 
 
 def _two_response_heads() -> None:
@@ -103,6 +111,7 @@ LEVERS = {
     "nothing (a control: the same code)": lambda: None,
     "hang-ups told by the server": _hang_up_task_per_turn,
     "ledger checkpoint in a thread": _ledger_checkpoint_in_the_loop,
+    "ledger id without AUTOINCREMENT": _ledger_id_autoincrement,
     "one response head per answer": _two_response_heads,
     "ids from os.urandom": _uuid_ids,
     "turns finishing together share a commit": _a_commit_per_turn,
@@ -229,6 +238,14 @@ def micro(rounds: int = 6, n: int = 2000) -> dict:
                   "the loop": ledger.LedgerStore(f"{tmp}/loop.sqlite3")}
         stores["the loop"]._conn.execute("PRAGMA wal_autocheckpoint=1000")
         stores["the loop"]._checkpoint_every = 0
+        with sqlite3.connect(f"{tmp}/autoincrement.sqlite3") as former:  # the schema before the rowid id
+            former.executescript(ledger.SCHEMA.replace("PRIMARY KEY,", "PRIMARY KEY AUTOINCREMENT,"))
+        former.close()
+        rebuild, ledger.LedgerStore._rebuild = ledger.LedgerStore._rebuild, lambda self: None
+        try:
+            stores["a thread, id with AUTOINCREMENT"] = ledger.LedgerStore(f"{tmp}/autoincrement.sqlite3")
+        finally:
+            ledger.LedgerStore._rebuild = rebuild
         walls: dict[str, list[float]] = {k: [] for k in stores}
         cpus: dict[str, list[float]] = {k: [] for k in stores}
         for _ in range(rounds):

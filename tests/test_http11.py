@@ -150,7 +150,7 @@ async def test_what_a_client_sends_ahead_is_buffered_only_up_to_the_limit():
         with trio.move_on_after(1):
             await stream.send_all(b"x" * (8 * 1024 * 1024))  # the server stops reading: this blocks
         (connection,) = server.connections
-        assert len(connection.h11.trailing_data[0]) <= READ_AHEAD + READ_SIZE
+        assert connection.read_ahead <= READ_AHEAD + READ_SIZE
         stop.set()
         await stream.aclose()
 

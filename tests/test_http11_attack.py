@@ -124,6 +124,80 @@ async def test_an_absolute_form_target_is_served_by_its_path():
     assert app.seen == ["/v1/models", "/"]
 
 
+# -- what llhttp (the parser) reads differently from h11 -----------------------------------------
+
+
+async def test_what_llhttp_reads_and_h11_refused_is_still_refused():
+    app = App()
+    cases = [
+        (b"GET /nohost HTTP/1.1\r\n\r\n", b"400", b"no Host header"),
+        (b"GET /two HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n", b"400", b"more than one Host header"),
+        # llhttp frames no body after an upgrade: what follows would be read as the next request
+        (b"POST /up HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: h2c\r\ncontent-length: %d\r\n\r\n"
+         % len(GET % b"/smuggled") + GET % b"/smuggled", b"400", b"an Upgrade or CONNECT request with a body"),
+        (b"CONNECT x:443 HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n", b"400", b"with a body"),
+        # stricter than h11: the same length twice, a method llhttp does not know
+        (b"POST /p HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\nhello", b"400", b"ontent-Length"),
+        (b"BREW /pot HTTP/1.1\r\nhost: x\r\n\r\n", b"400", b"invalid method"),
+        # a bare-LF head pipelined after another in one read is not read again (it began mid-read)
+        (GET % b"/first" + b"GET /bare HTTP/1.1\nhost: x\n\n", b"200", b"malformed HTTP request"),
+    ]
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        answers = [await exchange(port, data) for data, _, _ in cases]
+        stop.set()
+    for (_, status, words), answer in zip(cases, answers, strict=True):
+        assert answer[9:12] == status and words in answer, answer
+    assert app.seen == ["/first"]
+
+
+async def test_a_trailer_that_does_not_end_is_refused_like_a_chunk_header():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /p HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n")
+        await trio.sleep(0.05)  # (a read of its own: the flood follows the chunks' progress)
+        await stream.send_all(b"x-trailer: " + b"a" * 8000)
+        answer = await read_until_closed(stream)
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 400") and b"larger than 4096 bytes" in answer
+
+
+async def test_an_upgrade_request_without_a_body_is_an_ordinary_request_and_the_next_one_follows():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        answer = await exchange(port, b"GET /up HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
+                                b"GET /next HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        stop.set()
+    assert answer.count(b"HTTP/1.1 200") == 2 and b"101" not in answer.split(b"\r\n")[0]
+    assert app.seen == ["/up", "/next"]
+
+
+async def test_a_stream_to_an_http_1_0_client_ends_with_the_close_and_is_not_chunked():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        answer = await exchange(port, b"GET /stream HTTP/1.0\r\n\r\n")
+        stop.set()
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert b"transfer-encoding" not in head.lower() and b"connection: close" in head.lower()
+    assert body == b"one two three"
+
+
+async def test_an_app_header_name_that_is_not_a_token_is_a_500_never_sent():
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"x-a: b\r\nx-c", b"d")]})
+        await send({"type": "http.response.body", "body": b"never sent"})
+
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        answer = await exchange(port, GET % b"/")
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 500 ") and b"never sent" not in answer and b"x-c" not in answer
+
+
 # -- errors and closing -------------------------------------------------------------------------
 
 

@@ -102,3 +102,53 @@ async def test_a_shared_commit_that_fails_raises_in_every_turn_that_shared_it(tm
             nursery.start_soon(finish, f"t{i}")
     assert sorted(failed) == ["t0", "t1", "t2"]
     store.close()
+
+
+# the schema every ledger file was made with before the id lost AUTOINCREMENT
+SCHEMA_WITH_AUTOINCREMENT = """
+CREATE TABLE attempts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, turn TEXT NOT NULL, requested TEXT NOT NULL,
+    provider TEXT NOT NULL, model TEXT NOT NULL, mode TEXT NOT NULL, outcome TEXT NOT NULL,
+    accepted INTEGER NOT NULL, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+    cost_usd REAL NOT NULL, client TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX attempts_ts ON attempts (ts);
+"""
+
+
+def _tables(path) -> dict[str, str]:
+    with sqlite3.connect(path) as conn:
+        return dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type IN ('table', 'index')"))
+
+
+def test_a_ledger_made_with_autoincrement_is_rebuilt_once_keeping_every_row_and_id(tmp_path):
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as old:
+        old.executescript(SCHEMA_WITH_AUTOINCREMENT)
+        # ids with a gap, as an older ledger may have: each keeps its id
+        old.executemany("INSERT INTO attempts VALUES (?, ?, ?, 'p/m', 'p', 'm', 'complete', 'ok', 1, 10, 2, 0.5, ?)",
+                        [(1, 1.0, "t1", ""), (2, 2.0, "t2", "k1"), (7, 3.0, "t7", "k2")])
+    old.close()
+    assert "sqlite_sequence" in _tables(path)
+    store = LedgerStore(path)
+    tables = _tables(path)
+    assert "AUTOINCREMENT" not in tables["attempts"].upper() and "attempts_before" not in tables
+    assert tables["attempts_ts"] is not None  # the index on ts is there again for `--since`
+    assert [(r["turn"], r["client"], r["cost_usd"]) for r in store.rows()] == [
+        ("t1", "", 0.5), ("t2", "k1", 0.5), ("t7", "k2", 0.5)]
+    assert [r["turn"] for r in store.rows(since=2.5)] == ["t7"]
+    store.write("t8", _result(), now=4.0)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT id, turn FROM attempts ORDER BY id").fetchall() == [
+            (1, "t1"), (2, "t2"), (7, "t7"), (8, "t8")]
+    store.close()
+    LedgerStore(path).close()  # opening it again changes nothing
+    assert _tables(path) == tables
+
+
+def test_a_new_ledger_writes_no_sequence_row_per_commit(tmp_path):
+    path = tmp_path / "new.sqlite3"
+    store = LedgerStore(path)
+    store.write("t1", _result())
+    assert "sqlite_sequence" not in _tables(path)
+    store.close()

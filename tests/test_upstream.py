@@ -230,6 +230,37 @@ async def test_a_malformed_head_is_an_upstream_error(serve, answer):
     assert pool.opened == 0
 
 
+@pytest.mark.parametrize("answer", [
+    # what llhttp (the parser) reads but this client refuses, as it did with h11
+    b"HTTP/2.0 200 OK\r\ncontent-length: 2\r\n\r\nok",  # not HTTP/1.x
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nabc",  # llhttp would read it to the close
+    b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n",  # nothing asked it
+    # and what llhttp refuses itself
+    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nx-key: sk\x00\r\ncontent-length: 2\r\n\r\nok",
+    b"HTTP/1.1 200 OK\r\n" + b"x-long: " + b"a" * (101 * 1024) + b"\r\n\r\n",  # a head beyond 100 KiB
+])
+async def test_what_h11_refused_in_a_head_is_still_refused(serve, answer):
+    server = await serve(lambda number, index: answer, close=True)
+    pool = ProfilePool()
+    with trio.fail_after(5), pytest.raises(UpstreamError, match="malformed HTTP response head"):
+        await fetch(pool, request(server.url))
+    assert pool.opened == 0
+
+
+@pytest.mark.parametrize("answer", [
+    json_answer() + b"HTTP/1.1 200 OK\r\n",  # bytes after the answer, unasked (the same read)
+    b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok",  # HTTP/1.0 without keep-alive
+])
+async def test_an_answer_with_bytes_after_it_or_from_http_1_0_is_read_and_its_connection_not_reused(serve, answer):
+    server = await serve(lambda number, index: answer)
+    pool = ProfilePool()
+    for _ in range(2):
+        assert (await fetch(pool, request(server.url)))[3] is True
+    assert server.accepted == 2 and pool.opened == 0
+    await pool.aclose()
+
+
 async def test_a_refused_connection_is_an_upstream_error():
     listener = trio.socket.socket()
     await listener.bind(("127.0.0.1", 0))

@@ -1,4 +1,5 @@
-"""The gateway's HTTP/1.1 server: h11 on trio, one task per connection, nothing in between.
+"""The gateway's HTTP/1.1 server: llhttp (httptools) on trio, one task per connection, nothing in
+between.
 
 hypercorn's trio worker put several hand-offs and its own event plumbing between the socket and
 the app, and cost more per request than the whole turn (bench/run.py, "server floor"). This
@@ -7,9 +8,10 @@ tests/test_http11_attack.py with docs/http-server.md for the attacks):
 
 - a request head must be complete within `keep_alive_s`, which is also how long an idle
   keep-alive connection is kept (one timer, closed without an answer, as hypercorn and nginx do);
-- a head still arriving beyond `max_header_bytes` is a 431, a malformed request a 400 (h11's
+- a head still arriving beyond `max_header_bytes` is a 431, a malformed request a 400 (llhttp's
   verdict), and the connection is closed after either;
-- keep-alive, HTTP/1.0 and `connection: close` follow h11; pipelined requests are answered one at
+- keep-alive, HTTP/1.0 and `connection: close` follow h11's rules (HTTP/1.0 is never kept alive);
+  pipelined requests are answered one at
   a time, in order, and what a client sends ahead while a request runs is buffered only up to
   `READ_AHEAD` bytes;
 - a client that goes away is an `http.disconnect` from `receive()` (the gateway cancels the turn);
@@ -19,8 +21,9 @@ tests/test_http11_attack.py with docs/http-server.md for the attacks):
 - `Expect: 100-continue` is answered when the app first reads the body;
 - what could desynchronise this server from a proxy in front of it is refused and the connection
   closed: a request with both Content-Length and Transfer-Encoding (400, RFC 9112 6.3), an HTTP
-  version other than 1.x (505); h11 refuses the rest (conflicting lengths, a transfer coding
-  other than chunked, malformed chunks: h11 >= 0.16, whose chunk parsing is strict);
+  version other than 1.x (505); llhttp, strict, refuses the rest (conflicting or repeated
+  lengths, a transfer coding other than chunked, malformed chunks), and `_Reader` what llhttp
+  would read and h11 refused (a missing or repeated Host, an Upgrade or CONNECT with a body);
 - out of file descriptors, the connections that have waited longest for a request head are
   closed to make room for new clients (`_Listener`);
 - a write that makes no progress for `send_timeout_s` ends the connection (a client that stops
@@ -37,15 +40,17 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import select
 import socket
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
 from http import HTTPStatus
 from urllib.parse import unquote
 
-import h11
+import httptools
 import trio
 
 from .listen import BatchListener
@@ -263,28 +268,238 @@ class Server:
             if self.draining and not self.connections:
                 self._none_left.set()
             await trio.aclose_forcefully(stream)
-
-
-def _fault(exc: h11.RemoteProtocolError) -> str:
-    """h11's message without the bytes it quotes (a header line may hold a key)."""
-    message = str(exc)
-    quoted = [i for i in (message.find("bytearray("), message.find("b'"), message.find('b"')) if i >= 0]
-    return message[:min(quoted)].rstrip(": ") if quoted else message
-
-
 class _Close(Exception):
     """The connection ends here (the peer left, or a protocol error was answered)."""
 
 
+class _Fault:
+    """A request this server cannot read: its status and relayline's words for it (llhttp's
+    reasons are fixed strings: a fault never quotes the request's bytes, which may hold a key)."""
+
+    __slots__ = ("status", "message")
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.message = message
+
+
+class _Head:
+    __slots__ = ("method", "target", "version", "headers", "keep_alive")
+
+    def __init__(self, method: bytes, target: bytes, version: str, headers: list, keep_alive: bool) -> None:
+        self.method = method
+        self.target = target
+        self.version = version
+        self.headers = headers
+        self.keep_alive = keep_alive
+
+
+_END = object()  # a request's body ended (llhttp's on_message_complete)
+_IDLE, _IN_HEAD, _IN_BODY = 0, 1, 2
+_TRANSFER_CODINGS = ("Invalid `Transfer-Encoding` header value", "Request has invalid `Transfer-Encoding`")
+_BLANK_LINE = re.compile(rb"\n\r?\n").search
+_FOLD = re.compile(rb"\r?\n[ \t]+").sub
+_BARE_LF = re.compile(rb"(?<!\r)\n").sub
+
+
+def _fault_of(exc: Exception) -> _Fault:
+    reason = str(exc)
+    if reason == "Transfer-Encoding can't be present with Content-Length":
+        # which of the two frames the body is the classic smuggling question: a proxy in front
+        # may have answered it differently, so neither is trusted (RFC 9112 6.3)
+        return _Fault(400, "malformed HTTP request: both Content-Length and Transfer-Encoding")
+    if reason == "Content-Length overflow":  # (h11 read any length: the app refused it as too large)
+        return _Fault(413, "request body larger than this server reads (a Content-Length beyond 64 bits)")
+    if reason in _TRANSFER_CODINGS:
+        return _Fault(501, "malformed HTTP request: only Transfer-Encoding: chunked is supported")
+    if reason == "Pause on PRI/Upgrade":  # HTTP/2's preface
+        return _Fault(505, "HTTP/2.0 is not supported: this server speaks HTTP/1.1")
+    if "header" in reason.lower() and "Content-Length" not in reason:
+        return _Fault(400, "malformed HTTP request: illegal header line")
+    return _Fault(400, f"malformed HTTP request: {reason[:1].lower()}{reason[1:]}")
+
+
+class _Reader:
+    """The request side of a connection: llhttp (httptools' HttpRequestParser, strict, in C)
+    calls these `on_*` methods while it reads, and what they see becomes events in order: a
+    `_Head`, body bytes, `_END`, or a `_Fault` after which nothing more is read. h11 (the parser
+    before) did this in Python; what h11 did that llhttp does not is done here:
+
+    - a head (or a chunk header, or a trailer) still arriving beyond `limit` bytes is a fault
+      (431, or 400 in a body): llhttp has no size limit of its own;
+    - a head with bare LF line ends or an obs-fold line (which h11 read, RFC 9112 2.2 and 5.2,
+      and llhttp refuses) is read again, once, unfolded and with CRLF line ends, when it began
+      at the start of a read (always, but for a pipelined one);
+    - an Upgrade (or CONNECT) request is an ordinary request: its answer is never a 101, and the
+      bytes after it are the next request (one with a body is refused: llhttp does not frame it);
+    - HTTP versions are read leniently (HTTP/1.2 is HTTP/1.1, as h11 took it; the server
+      answers any other than 1.x with a 505)."""
+
+    __slots__ = ("parser", "events", "limit", "state", "url", "headers", "progress", "stalled", "dead",
+                 "head_pieces", "refeed", "reread")
+
+    def __init__(self, limit: int) -> None:
+        self.parser = self._parser()
+        self.events: deque = deque()
+        self.limit = limit
+        self.state = _IDLE
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.progress = False  # a feed got something done (a head, body bytes, a chunk)
+        self.stalled = 0  # bytes fed since the last progress
+        self.dead = False  # a fault was queued: nothing more is read
+        self.head_pieces: list[bytes] | None = None  # the head being read, when it began at a read's start
+        self.refeed: bytes | None = None  # a bare-LF or folded head kept whole until its end, to be read again
+        self.reread = False  # that head is being read again (a second fault in it is final)
+
+    def _parser(self) -> httptools.HttpRequestParser:
+        parser = httptools.HttpRequestParser(self)
+        parser.set_dangerous_leniencies(lenient_version=True)
+        return parser
+
+    # -- llhttp's callbacks (they run inside feed_data) -----------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.state = _IN_HEAD
+        self.url = b""
+        self.headers = []
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.state == _IN_HEAD:  # (not a chunked body's trailer: the app is not told those, as with h11)
+            self.headers.append((name.lower(), value.rstrip(b" \t")))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        self.state = _IN_BODY
+        self.progress = True
+        self.head_pieces = None
+        if parser.should_upgrade() and any(n in (b"content-length", b"transfer-encoding") for n, _ in self.headers):
+            raise _Refused(400, "malformed HTTP request: an Upgrade or CONNECT request with a body is not supported")
+        version = parser.get_http_version()
+        self.events.append(_Head(parser.get_method(), self.url, version, self.headers,
+                                 parser.should_keep_alive() and version != "1.0"))
+
+    def on_body(self, data: bytes) -> None:
+        self.progress = True
+        self.events.append(data)
+
+    def on_chunk_header(self) -> None:
+        self.progress = True
+
+    def on_chunk_complete(self) -> None:
+        self.progress = True
+
+    def on_message_complete(self) -> None:
+        self.state = _IDLE
+        self.progress = True
+        self.head_pieces = None  # a head begun after this, in the same read, did not begin at its start
+        self.events.append(_END)
+
+    # -- feeding ---------------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        """Parse what was read (b"": nothing; the caller handles the end)."""
+        if self.dead or not data:
+            return
+        if self.refeed is not None:
+            self._refeed(data)
+            return
+        if self.state == _IDLE:
+            self.head_pieces = [data]
+        elif self.head_pieces is not None:
+            self.head_pieces.append(data)
+        self.progress = False
+        try:
+            while True:
+                try:
+                    self.parser.feed_data(data)
+                    break
+                except httptools.HttpParserUpgrade as upgrade:  # the request ended: what follows is the next
+                    data = data[upgrade.args[0]:]
+        except httptools.HttpParserError as exc:
+            refused = exc.__context__  # (what a callback raised)
+            if type(refused) is _Refused:
+                self._fail(_Fault(refused.status, refused.message))
+                return
+            pieces = self.head_pieces
+            if self.state == _IN_HEAD and pieces is not None and not self.reread:
+                raw = b"".join(pieces)
+                if b"\n " in raw or b"\n\t" in raw or _BARE_LF(b"", raw, count=1) != raw:
+                    self.refeed, self.head_pieces = raw, None  # (read again whole, once its end is here)
+                    self._refeed(b"")
+                    return
+            if str(exc) in _TRANSFER_CODINGS and self.events and type(self.events[-1]) is _Head:
+                self.events.pop()  # (llhttp judges the transfer coding once the head is read: no app sees it)
+            self._fail(_fault_of(exc))
+            return
+        if self.progress:
+            self.stalled = 0
+            return
+        self.stalled += len(data)
+        if self.stalled > self.limit:
+            if self.state == _IN_BODY:  # a chunk header (or a trailer) that does not end
+                self._fail(_Fault(400, f"malformed HTTP request: a chunk header larger than {self.limit} bytes"))
+            else:
+                self._fail(_Fault(431, f"request headers larger than {self.limit} bytes"))
+
+    def _refeed(self, data: bytes) -> None:
+        """A head h11 would have read and llhttp does not (bare LF line ends, obs-fold), kept whole
+        until its blank line and then read by a new parser, unfolded and with CRLF line ends."""
+        raw = self.refeed + data
+        end = _BLANK_LINE(raw)
+        if end is None:
+            self.refeed = raw
+            if len(raw) > self.limit:
+                self._fail(_Fault(431, f"request headers larger than {self.limit} bytes"))
+            return
+        self.refeed = None
+        head = _BARE_LF(b"\r\n", _FOLD(b" ", raw[:end.start()].rstrip(b"\r")))
+        self.parser = self._parser()
+        self.state = _IDLE
+        self.reread = True
+        try:
+            self.feed(head + b"\r\n\r\n" + raw[end.end():])
+        finally:
+            self.reread = False
+
+    def _fail(self, fault: _Fault) -> None:
+        self.dead = True
+        self.head_pieces = None
+        self.events.append(fault)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.message = message
+
+
+_TOKEN_LINES = re.compile(rb"(?:[-!#$%&'*+.^_`|~0-9A-Za-z]+: [^\r\n\0]*\r\n)*").fullmatch
+
+
+def _render_head(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A response head, with one check over all its header lines (a token for each name, no CR, LF
+    or NUL in a value: what h11 checked header by header); an app's bad header raises here. A CR
+    LF in a value would make its rest a line of its own that passes the check: the lines are
+    counted too."""
+    lines = b"".join([name + b": " + value + b"\r\n" for name, value in headers])
+    if _TOKEN_LINES(lines) is None or lines.count(b"\n") != len(headers):
+        raise ValueError("an illegal response header name or value (e.g. a CR or LF in a value)")
+    return b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, REASONS.get(status, b""), lines)
+
+
 class _Connection:
-    __slots__ = ("server", "stream", "h11", "head_scope", "client", "local", "gone", "sent_head", "pending_head",
+    __slots__ = ("server", "stream", "reader", "head_scope", "client", "local", "gone", "sent_head", "pending_head",
                  "method", "response_done", "writing", "writes", "writes_seen", "checks_stalled", "hangup_fd",
-                 "extensions")
+                 "extensions", "keep_alive", "request_done", "expect_continue", "framing", "remaining", "read_ahead")
 
     def __init__(self, server: Server, stream: trio.SocketStream) -> None:
         self.server = server
         self.stream = stream
-        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=server.max_header_bytes)
+        self.reader = _Reader(server.max_header_bytes)
         self.head_scope: trio.CancelScope | None = None
         sock = stream.socket
         try:
@@ -297,6 +512,12 @@ class _Connection:
         self.pending_head: tuple[int, list[tuple[bytes, bytes]]] | None = None  # (status, headers)
         self.method = ""
         self.response_done = False
+        self.request_done = False  # the request's body was read to its end
+        self.keep_alive = True
+        self.expect_continue = False
+        self.framing = ""  # the answer's: "length", "chunked", or "close" (an HTTP/1.0 client's stream)
+        self.remaining = 0  # bytes of a declared content-length still to write
+        self.read_ahead = 0  # bytes read past the request in progress (a pipelining client), bounded
         self.writing = False
         self.writes = self.writes_seen = self.checks_stalled = 0
         self.hangup_fd: int | None = None  # the socket's number when its hang-up is watched
@@ -327,21 +548,21 @@ class _Connection:
             self.head_scope.cancel()
 
     async def run(self) -> None:
+        reader = self.reader
         try:
             while True:
-                if self.server.draining and self.h11.their_state is h11.IDLE and not self.h11.trailing_data[0]:
+                if self.server.draining and not reader.events and reader.state == _IDLE and reader.refeed is None:
                     return  # the drain closes a connection between two requests
                 with trio.move_on_after(self.server.keep_alive_s) as scope:
                     self.head_scope = scope
                     event = await self._next_event()
                 self.head_scope = None
-                if scope.cancelled_caught or not isinstance(event, h11.Request):
+                if scope.cancelled_caught or type(event) is not _Head:
                     return  # idle, or a head too slow (closed without an answer), or the client left
                 await self._request(event)
                 self._finish_reading()
-                if self.gone or self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
+                if self.gone or not self.response_done or not self.request_done or not self.keep_alive:
                     return
-                self.h11.start_next_cycle()
         except _Close:
             return
 
@@ -366,14 +587,16 @@ class _Connection:
     # -- reading --------------------------------------------------------------------------------
 
     def _finish_reading(self) -> None:
-        """The end of a request the app did not read to its end (a GET: its EndOfMessage), when
-        it is already here; a body still to come leaves the request unfinished (closed)."""
-        try:
-            while self.h11.their_state is h11.SEND_BODY:
-                if self.h11.next_event() in (h11.NEED_DATA, h11.PAUSED):
-                    return
-        except h11.RemoteProtocolError:
-            return
+        """The end of a request the app did not read to its end (a GET: its `_END`), when it is
+        already here; a body still to come (or a fault in it) leaves the request unfinished."""
+        events = self.reader.events
+        while not self.request_done and events:
+            event = events[0]
+            if type(event) is _Fault or type(event) is _Head:
+                return
+            events.popleft()
+            if event is _END:
+                self.request_done = True
 
     async def _read(self) -> bytes:
         try:
@@ -382,58 +605,50 @@ class _Connection:
             return b""
 
     async def _next_event(self):
-        while True:
-            try:
-                event = self.h11.next_event()
-            except h11.RemoteProtocolError as exc:
-                await self._refuse(exc)
-                raise _Close from None
-            if event is h11.NEED_DATA:
-                data = await self._read()
-                if not data:
-                    self.gone = True
-                self.h11.receive_data(data)
-                continue
-            return event
-
-    async def _refuse(self, exc: h11.RemoteProtocolError) -> None:
-        """A request h11 cannot read: its status (400, or 431 for a head beyond the limit)."""
-        status, message = exc.error_status_hint, f"malformed HTTP request: {_fault(exc)}"
-        if status == 431 and self.h11.our_state is h11.SEND_RESPONSE:  # the head was read: a chunk header
-            status, message = 400, f"malformed HTTP request: a chunk header larger than {self.server.max_header_bytes} bytes"
-        elif status == 431:
-            message = f"request headers larger than {self.server.max_header_bytes} bytes"
-        await self._reject(status, message)
+        """The next request event; None when the client left. A fault is answered here and ends
+        the connection."""
+        events = self.reader.events
+        while not events:
+            data = await self._read()
+            if not data:
+                self.gone = True
+                return None
+            self.reader.feed(data)
+        event = events.popleft()
+        if type(event) is _Fault:
+            await self._reject(event.status, event.message)
+            raise _Close
+        return event
 
     async def _reject(self, status: int, message: str) -> None:
         """An error answer from the server itself, before any app saw the request; the caller
         closes the connection after it."""
-        if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+        if self.sent_head and not self.response_done:  # (an answer is under way: it cannot be replaced)
             return
         log.info("http_refused status=%d reason=%r", status, message)  # no app saw it: no access line
         body = self.server.error_body(status, message)
-        try:
-            data = self.h11.send(h11.Response(status_code=status, reason=REASONS.get(status, b""), headers=[
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"), (b"date", _date())]))
-            data += self.h11.send(h11.Data(data=body)) + self.h11.send(h11.EndOfMessage())
-        except h11.LocalProtocolError:
-            return
         self.sent_head = True  # linger: a reset must not destroy this answer (the input is unread)
-        await self._write(data)
+        await self._write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                          b"connection: close\r\ndate: %s\r\n\r\n%s"
+                          % (status, REASONS.get(status, b""), len(body), _date(), body))
 
     # -- one request ----------------------------------------------------------------------------
 
-    async def _request(self, request: h11.Request) -> None:
-        if not request.http_version.startswith(b"1."):
-            await self._reject(505, f"HTTP/{request.http_version.decode()} is not supported: this server speaks HTTP/1.1")
+    async def _request(self, request: _Head) -> None:
+        version = request.version
+        if version[:2] != "1.":
+            await self._reject(505, f"HTTP/{version} is not supported: this server speaks HTTP/1.1")
             raise _Close
-        headers = list(request.headers)  # (iterating h11's Headers costs several times a list's)
-        if any(name == b"transfer-encoding" for name, _ in headers) and \
-                any(name == b"content-length" for name, _ in headers):
-            # which of the two frames the body is the classic smuggling question: a proxy in front
-            # may have answered it differently, so neither is trusted
-            await self._reject(400, "malformed HTTP request: both Content-Length and Transfer-Encoding")
+        headers = request.headers
+        hosts = 0
+        self.expect_continue = False
+        for name, value in headers:
+            if name == b"host":
+                hosts += 1
+            elif name == b"expect" and value.lower() == b"100-continue" and version != "1.0":
+                self.expect_continue = True
+        if hosts > 1 or (hosts == 0 and version != "1.0"):  # RFC 9112 3.2, as h11 refused them
+            await self._reject(400, "malformed HTTP request: " + ("more than one Host header" if hosts else "no Host header"))
             raise _Close
         target = request.target
         if target[:1] != b"/" and b"://" in target[:8]:
@@ -445,15 +660,18 @@ class _Connection:
         path, _, query = target.partition(b"?")
         scope = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.0" if request.http_version == b"1.0" else "1.1", "method": request.method.decode(),
+            "http_version": "1.0" if version == "1.0" else "1.1", "method": request.method.decode(),
             "scheme": "http", "path": unquote(path.decode("ascii")), "raw_path": path, "query_string": query,
             "root_path": "", "headers": headers, "client": self.client, "server": self.local,
             "extensions": self.extensions,
         }
         self.method = scope["method"]
+        self.keep_alive = request.keep_alive
         self.sent_head = False
         self.pending_head = None
         self.response_done = False
+        self.request_done = False
+        self.read_ahead = 0
         try:
             await self.server.app(scope, self._receive, self._send)
         except Exception:
@@ -474,28 +692,46 @@ class _Connection:
     async def _receive(self) -> dict:
         if self.gone or self.response_done:
             return {"type": "http.disconnect"}
-        if self.h11.their_state is h11.SEND_BODY:
-            if self.h11.they_are_waiting_for_100_continue:
-                await self._write(self.h11.send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")))
-            try:
-                event = await self._next_event()
-            except _Close:
+        reader = self.reader
+        events = reader.events
+        if not self.request_done:
+            if self.expect_continue:
+                self.expect_continue = False
+                if not events:  # (a client that sent its body anyway is not asked for it)
+                    await self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            while not events:
+                data = await self._read()
+                if not data:
+                    self.gone = True
+                    return {"type": "http.disconnect"}
+                reader.feed(data)
+            # what is here of the body in one message (h11 gave its pieces and its end one by one)
+            pieces = []
+            while events:
+                event = events[0]
+                if event is _END:
+                    events.popleft()
+                    self.request_done = True
+                    break
+                if type(event) is not bytes:
+                    break
+                pieces.append(events.popleft())
+            if not pieces and not self.request_done:  # a fault in the body: answered, and the connection ends
+                fault = events.popleft()
+                await self._reject(fault.status, fault.message)
                 self.gone = True
                 return {"type": "http.disconnect"}
-            if isinstance(event, h11.Data):
-                return {"type": "http.request", "body": bytes(event.data), "more_body": True}
-            if isinstance(event, h11.EndOfMessage):
-                return {"type": "http.request", "body": b"", "more_body": False}
-            self.gone = True  # ConnectionClosed mid-body
-            return {"type": "http.disconnect"}
+            body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            return {"type": "http.request", "body": body, "more_body": not self.request_done}
         # the body was read: wait for the client to leave, keeping what it sends ahead (bounded)
         while not self.gone:
-            if len(self.h11.trailing_data[0]) > READ_AHEAD:
+            if self.read_ahead > READ_AHEAD or reader.dead:
                 await trio.sleep_forever()  # read no more until this request is answered
             data = await self._read()
             if not data:
                 self.gone = True
-            self.h11.receive_data(data)
+            self.read_ahead += len(data)
+            reader.feed(data)
         return {"type": "http.disconnect"}
 
     # -- writing --------------------------------------------------------------------------------
@@ -532,6 +768,39 @@ class _Connection:
             if callback is not None:
                 callback()
 
+    def _head(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more: bool) -> bytes:
+        """The answer's head, its framing decided as h11 decided it: a declared length, else the
+        whole body's length, else chunked (or, to an HTTP/1.0 client, the connection's close)."""
+        declared = None
+        for name, value in headers:
+            lowered = name.lower()
+            if lowered == b"content-length":
+                declared = int(value)
+            elif lowered == b"connection" and b"close" in value.lower():
+                self.keep_alive = False
+            elif lowered == b"transfer-encoding":
+                raise ValueError("an app's transfer-encoding: the server frames the answer itself")
+        bodiless = status < 200 or status in (204, 304)
+        if bodiless:
+            self.framing, self.remaining = "length", 0
+        elif declared is not None:
+            self.framing, self.remaining = "length", declared
+        elif not more:
+            # the whole body is here: framed by its length (one write, no chunks)
+            headers.append((b"content-length", str(len(body)).encode()))
+            self.framing, self.remaining = "length", len(body)
+        elif self.keep_alive:  # (an HTTP/1.0 client is never kept alive: its stream ends with the close)
+            headers.append((b"transfer-encoding", b"chunked"))
+            self.framing = "chunked"
+        else:
+            self.framing = "close"
+        if not self.keep_alive and not any(name.lower() == b"connection" for name, _ in headers):
+            headers.append((b"connection", b"close"))
+        if self.method == "HEAD" or bodiless:
+            self.remaining = 0
+            self.framing = "none"
+        return _render_head(status, headers)
+
     async def _send(self, message: dict) -> None:
         kind = message["type"]
         if kind == "http.response.start":
@@ -540,7 +809,7 @@ class _Connection:
                 headers.append((b"connection", b"close"))
             headers.append((b"date", _date()))
             # the head is built once its body is known: a whole body adds its length first (one
-            # h11.Response, whose header check is a third of h11's cost for a small answer)
+            # render and one header check)
             self.pending_head = (message["status"], headers)
             return
         if kind != "http.response.body" or self.response_done or self.gone:
@@ -548,26 +817,30 @@ class _Connection:
         body = message.get("body") or b""
         more = message.get("more_body", False)
         data = b""
-        head = None
         if self.pending_head is not None:
             status, headers = self.pending_head
             self.pending_head = None
-            if not more and not any(k.lower() == b"content-length" for k, _ in headers):
-                # the whole body is here: framed by its length (one write, no chunks)
-                headers.append((b"content-length", str(len(body)).encode()))
             # an app's malformed header raises here, into the app, as from its start message
-            head = h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
-        try:
-            if head is not None:
-                data = self.h11.send(head)
-                self.sent_head = True
-            if body and self.method != "HEAD":
-                data += self.h11.send(h11.Data(data=body))
-            if not more:
-                data += self.h11.send(h11.EndOfMessage())
-                self.response_done = True
-        except h11.LocalProtocolError:
-            log.exception("http_send_refused")
+            data = self._head(status, headers, body, more)
+            self.sent_head = True
+        framing = self.framing
+        if body and framing != "none":
+            if framing == "chunked":
+                data += b"%x\r\n%s\r\n" % (len(body), body)
+            elif framing == "length":
+                self.remaining -= len(body)
+                data += body
+            else:
+                data += body
+        if not more:
+            if framing == "chunked":
+                data += b"0\r\n\r\n"
+            elif framing == "close":
+                self.keep_alive = False
+            self.response_done = True
+        if self.remaining < 0 or (self.response_done and framing == "length" and self.remaining):
+            # what the answer declared and what it sent differ: the client could not frame it
+            log.error("http_send_refused declared_length_off_by=%d", -self.remaining)
             self.gone = True
             return
         await self._write(data)

@@ -1,4 +1,5 @@
-"""The upstream HTTP/1.1 client: h11 over trio streams, one exchange at a time per connection.
+"""The upstream HTTP/1.1 client: llhttp (httptools) over trio streams, one exchange at a time per
+connection.
 
 Why not httpx on this path: the gateway process spent 1.76 ms of its 3.39 ms CPU per
 non-streamed request in the upstream call through httpx and httpcore (py-spy: a request object
@@ -6,7 +7,14 @@ model built and copied per call, the head and the body written in two sends, h11
 layers of wrappers). A provider call is narrow: a POST with a body of known length, an answer
 framed by content-length, chunked or the connection's close, maybe gzip. This client does just
 that: the head and the body go out in one send, the response head is read once into a dict, and
-body bytes come from h11 as they arrive. Connections are pooled per profile by providers/pool.py.
+body bytes come as they arrive. Connections are pooled per profile by providers/pool.py.
+
+The response is parsed by llhttp, Node's parser in C, through httptools: h11 (pure Python) cost
+about a third of this client's CPU per exchange. llhttp runs strict (no leniency is switched on);
+what it reads but h11 refused is refused here too (a version other than 1.x, a transfer coding
+other than chunked, a 101 nobody asked for, a head over MAX_HEAD_BYTES). Where llhttp is stricter
+than h11 (an obs-folded or bare-LF head line, one Content-Length given twice), the answer is
+malformed: providers send neither.
 
 What can go wrong on the wire (refused, reset, closed early, a TLS failure, malformed HTTP, an
 undecodable body) is an `UpstreamError` whose message is relayline's own, never the peer's bytes.
@@ -23,7 +31,7 @@ import zlib
 from importlib.metadata import PackageNotFoundError, version
 
 import attrs
-import h11
+import httptools
 import httpx
 import trio
 
@@ -109,18 +117,17 @@ def lowercase(headers: dict[str, str]) -> dict[str, str]:
     return {name.lower(): value for name, value in headers.items()}
 
 
-# RFC 9110's token for a name; a value may hold anything but CR, LF and NUL (h11's own rules)
+# RFC 9110's token for a name; a value may hold anything but CR, LF and NUL (as h11 checks them)
 _NAME = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+").fullmatch
 _UNSAFE_VALUE = re.compile(r"[\r\n\0]|^[ \t]|[ \t]$").search
 
 
-def render(request: UpstreamRequest, conn: h11.Connection) -> bytes:
-    """The request's head and body as one buffer, with h11 told it was sent.
+def render(request: UpstreamRequest) -> bytes:
+    """The request's head and body as one buffer (one send).
 
-    The head is written here rather than by h11: h11 re-validates and re-encodes every header
-    of every request (about a third of the client's CPU per request, cProfile), where these
-    checks are one regex each. h11 still sees a request event with the same framing (its
-    Content-Length), so it reads the response as it would have."""
+    The head is written here rather than by an HTTP library: h11 re-validated and re-encoded
+    every header of every request (about a third of the client's CPU per request, cProfile),
+    where these checks are one regex each."""
     _, host, target = split_url(request.url)
     given = request.headers
     lines = [f"POST {target} HTTP/1.1\r\nhost: {host}\r\n"]
@@ -135,25 +142,100 @@ def render(request: UpstreamRequest, conn: h11.Connection) -> bytes:
         lines.append(f"{name}: {value}\r\n")
     body = request.body
     lines.append(f"content-length: {len(body)}\r\n\r\n")
-    head = "".join(lines).encode("latin-1")
-    conn.send(h11.Request(method=b"POST", target=b"/", headers=((b"host", b"-"), (b"content-length", b"%d" % len(body)))))
-    conn.send_with_data_passthrough(h11.Data(data=body))
-    conn.send(h11.EndOfMessage())
-    return head + body
+    return "".join(lines).encode("latin-1") + body
+
+
+class _Malformed(Exception):
+    """The peer broke HTTP/1.1 in a way the parser's callbacks, not llhttp, noticed."""
 
 
 class Connection:
-    """One upstream connection: a trio stream and the h11 state of the exchange on it. The
-    pool's seams (connect, write, read, close) are its methods."""
+    """One upstream connection: a trio stream and the state of the exchange on it, read by
+    llhttp (httptools' HttpResponseParser, whose callbacks are this object's `on_*` methods).
+    The pool's seams (connect, write, read, close) are its methods."""
 
-    __slots__ = ("origin", "stream", "h11", "idle_since", "_fd")
+    __slots__ = ("origin", "stream", "idle_since", "_fd", "_parser", "_status", "_headers", "_pieces", "_head_bytes", "_head_size",
+                 "_head_done", "_done", "_keep_alive", "_after", "_eof", "_framed", "_fault")
 
     def __init__(self, origin: Origin, stream: trio.abc.Stream, fd: int) -> None:
         self.origin = origin
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.idle_since = 0.0
         self._fd = fd
+        self._parser = httptools.HttpResponseParser(self)
+        self._eof = False  # the peer closed its side
+        self._after = False  # bytes arrived after the answer's end (the connection is not reused)
+        self._begin_exchange()
+
+    def _begin_exchange(self) -> None:
+        self._status = 0
+        self._headers: dict[str, str] = {}
+        self._pieces: list[bytes] = []  # body bytes parsed and not yet taken
+        self._head_bytes = 0  # read while the head was incomplete (a head that never ends)
+        self._head_size = 0  # its header lines' names and values
+        self._head_done = False  # the final (non-1xx) head was read
+        self._done = False  # the answer ended as framed
+        self._keep_alive = False
+        self._framed = True  # False: the answer's body ends with the connection (no length, not chunked)
+        self._fault = False  # the body broke HTTP/1.1 after the bytes in _pieces (raised once they are taken)
+
+    # -- llhttp's callbacks (they run inside feed_data) ------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._done:
+            self._after = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head_done:  # a chunked body's trailer: not part of the head (as with h11 before)
+            return
+        self._head_size += len(name) + len(value)
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1").rstrip(" \t")
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        if status < 200:  # an informational head: the real one follows (llhttp ends this message)
+            self._headers = {}
+            self._head_size = 0
+            return
+        if parser.get_http_version()[:2] != "1.":
+            raise _Malformed("not HTTP/1.x")
+        if self._head_size > MAX_HEAD_BYTES:  # (one that arrived whole in a read or two)
+            raise _Malformed("a head too large")
+        headers = self._headers
+        coding = headers.get("transfer-encoding")
+        if coding is not None and coding.lower() != "chunked":  # (llhttp would read it to the close)
+            raise _Malformed("a transfer coding other than chunked")
+        self._status = status
+        self._head_done = True
+        self._keep_alive = parser.should_keep_alive()  # (llhttp forgets it once the message ends)
+        self._framed = coding is not None or "content-length" in headers or status in (204, 304)
+
+    def on_body(self, data: bytes) -> None:
+        self._pieces.append(data)
+
+    def on_message_complete(self) -> None:
+        if self._head_done:
+            self._done = True
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        """Parse what was read; an error is the exchange's UpstreamError (relayline's words)."""
+        if not self._head_done:
+            self._head_bytes += len(data)
+        try:
+            self._parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, _Malformed):  # (a 101 is an upgrade)
+            if self._done:  # what follows a whole answer only means the connection is not reused
+                self._after = True
+                return
+            if self._head_done:  # the head (and the body before the fault) stand: the reader hears it there
+                self._fault = True
+                return
+            raise UpstreamError("malformed HTTP response head") from None
+        if not self._head_done and self._head_bytes > MAX_HEAD_BYTES:
+            raise UpstreamError("malformed HTTP response head")
 
     @classmethod
     async def connect(cls, origin: Origin, ssl_context: ssl.SSLContext | None) -> Connection:
@@ -205,46 +287,53 @@ class Connection:
     async def exchange(self, request: UpstreamRequest, clock) -> Response:
         """Send the request in one write and read the response head. `clock` (the driver's
         attempt clock, or None) hears when the request was written and when the head arrived."""
-        data = render(request, self.h11)
+        data = render(request)
+        self._begin_exchange()
         try:
             await self.write(data)
         except TRANSPORT_ERRORS:
             raise UpstreamError("connection lost while sending the request") from None
         if clock is not None:
             clock.sent()
-        conn = self.h11
-        while True:
+        while not self._head_done:
             try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError:
-                if conn.trailing_data[1]:  # the peer closed before a whole head
-                    raise UpstreamError("connection closed before the response") from None
-                raise UpstreamError("malformed HTTP response head") from None
-            if event is h11.NEED_DATA:
-                try:
-                    data = await self.read()
-                except TRANSPORT_ERRORS:
-                    raise UpstreamError("connection lost before the response") from None
-                conn.receive_data(data)
-            elif type(event) is h11.Response:
-                break
-            elif type(event) is h11.ConnectionClosed:
+                data = await self.read()
+            except TRANSPORT_ERRORS:
+                raise UpstreamError("connection lost before the response") from None
+            if not data:
+                self._eof = True
                 raise UpstreamError("connection closed before the response")
-            # an informational (1xx) head: the real one follows
+            self._feed(data)
         if clock is not None:
             clock.headers()
-        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in event.headers}
-        return Response(self, event.status_code, headers)
+        return Response(self, self._status, self._headers)
+
+    async def body_bytes(self) -> bytes | None:
+        """The body bytes parsed so far (read more if there are none yet): None once it ended."""
+        while not self._pieces:
+            if self._done:
+                return None
+            if self._fault:
+                raise UpstreamError("malformed HTTP response body")
+            try:
+                data = await self.read()
+            except TRANSPORT_ERRORS:
+                raise UpstreamError("connection lost while reading the response") from None
+            if not data:
+                self._eof = True
+                if not self._framed:  # the close is this body's end
+                    self._done = True
+                    continue
+                raise UpstreamError("connection lost while reading the response")
+            self._feed(data)
+        pieces = self._pieces
+        self._pieces = []
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def reusable(self) -> bool:
         """Whether the exchange ended cleanly on both sides with nothing after it; if so the
         connection is ready for the next one."""
-        conn = self.h11
-        data, closed = conn.trailing_data  # (a body framed by the close leaves h11 DONE, closed)
-        if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE or data or closed:
-            return False
-        conn.start_next_cycle()
-        return True
+        return self._done and self._keep_alive and self._framed and not self._after and not self._eof
 
 
 class Response:
@@ -273,34 +362,16 @@ class Response:
 
     async def receive(self) -> bytes:
         """The next piece of the body; b"" once it ended."""
-        if self.complete:  # (h11 would say PAUSED from here on)
+        if self.complete:
             return b""
         inflate = self._inflate
         while self._tail:  # what a compressed piece still holds beyond the last step
             piece = self._inflated(self._tail)
             if piece:  # (a step may yield nothing: a member's trailer, the next one's header)
                 return piece
-        conn = self.connection.h11
         while True:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError:
-                if conn.their_state is h11.ERROR and conn.trailing_data[1]:  # the peer closed mid-body
-                    raise UpstreamError("connection lost while reading the response") from None
-                raise UpstreamError("malformed HTTP response body") from None
-            if type(event) is h11.Data:
-                if inflate is None:
-                    return event.data  # type: ignore[return-value]
-                piece = self._inflated(event.data)
-                if piece:
-                    return piece
-            elif event is h11.NEED_DATA:
-                try:
-                    data = await self.connection.read()
-                except TRANSPORT_ERRORS:
-                    raise UpstreamError("connection lost while reading the response") from None
-                conn.receive_data(data)
-            elif type(event) is h11.EndOfMessage:
+            data = await self.connection.body_bytes()
+            if data is None:
                 if inflate is not None:
                     rest, self._inflate = self._flush(), None
                     if rest:
@@ -308,8 +379,11 @@ class Response:
                         return rest
                 self.complete = True
                 return b""
-            elif type(event) is h11.ConnectionClosed:  # (h11 reports a cut body as an error first)
-                raise UpstreamError("connection lost while reading the response")
+            if inflate is None:
+                return data
+            piece = self._inflated(data)
+            if piece:
+                return piece
 
     def _inflated(self, data: bytes) -> bytes:
         decoder = self._inflate

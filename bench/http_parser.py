@@ -1,0 +1,202 @@
+"""The HTTP/1.1 parser lever (issue 17): llhttp (httptools) in place of h11, before and after in
+one run (`python bench/http_parser.py --base DIR`; never part of `make test`).
+
+The parser has no switch: the before is a checkout of the code before the lever (`--base`, its
+package directory, e.g. a `git worktree add --detach` of the commit before), loaded by the same
+path trick as bench/frames.py. In one run, alternated: for each tree, a gateway serving the sim
+family (an in-process upstream: the server side alone) and a gateway in front of the raw asyncio
+upstream (bench/upstream.py, its own process: both sides), and a child that runs the upstream
+client alone against that upstream. Figures per tree: the gateways' CPU per request at
+concurrency 1 (from /proc, summed over many requests) and their added p50/p99 over the direct
+call of the same round, requests/s and CPU per request at 16 clients (bench/load.py's raw
+asyncio client, so the client is not what is measured), and the client's own CPU per exchange.
+
+    python bench/http_parser.py --base /tmp/base-tree [--rounds 12] [--n 200] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from gateway_cpu import _sequential  # noqa: E402
+from load import _cpu_s, _percentile, closed_loop  # noqa: E402
+
+SIDES = ("before", "after")
+
+
+def _env(tree: str | None) -> dict:
+    env = dict(os.environ)
+    if tree is not None:
+        # that tree's package shadows this tree's editable install (a path entry comes first)
+        link = Path(tempfile.mkdtemp(prefix="parser-tree-"))
+        (link / "relayline").symlink_to(Path(tree).resolve())
+        env["PYTHONPATH"] = str(link)
+    return env
+
+
+def _gateway(tree: str | None, config: Path) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config),
+                             "--port", "0", "--log-level", "warning"], stderr=subprocess.PIPE, text=True,
+                            env=_env(tree))
+    deadline = time.monotonic() + 30
+    line = ""
+    while time.monotonic() < deadline and "listening on" not in line:
+        line = proc.stderr.readline()
+        if not line and proc.poll() is not None:
+            raise RuntimeError(f"a gateway exited with {proc.returncode}")
+    return proc, re.search(r"http://[\d.]+:\d+", line).group(0) + "/v1/chat/completions"
+
+
+def client_child(upstream: str, n: int) -> dict:
+    """The upstream client alone: n exchanges one after another, CPU per exchange."""
+    import trio
+
+    from relayline.adapters.providers import upstream as module
+    from relayline.adapters.providers.pool import ProfilePool
+    from relayline.adapters.providers.upstream import UpstreamRequest
+
+    body = json.dumps({"model": "frames-1", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    request = UpstreamRequest(f"{upstream}/v1/chat/completions",
+                              {"content-type": "application/json", "authorization": "Bearer bench"}, body)
+
+    async def main() -> float:
+        pool = ProfilePool()
+        for _ in range(100):  # warm: the connection, caches
+            async with pool.exchange(request) as response:
+                async for _ in response:
+                    pass
+        start = time.process_time()
+        for _ in range(n):
+            async with pool.exchange(request) as response:
+                async for _ in response:
+                    pass
+        spent = time.process_time() - start
+        await pool.aclose()
+        return spent
+
+    return {"client_cpu_us": trio.run(main) / n * 1e6, "module": module.__file__}
+
+
+def _client(tree: str | None, upstream: str, n: int) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--child", upstream, "--n", str(n)], env=_env(tree),
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise SystemExit(f"client child failed: {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(trees: dict[str, str | None], rounds: int, n: int, seconds: float) -> dict:
+    tmp = tempfile.TemporaryDirectory()
+    up = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), "0", "5"], stdout=subprocess.PIPE, text=True)
+    procs: list[subprocess.Popen] = [up]
+    upstream = f"http://127.0.0.1:{up.stdout.readline().split()[1]}"
+    variants = [(side, kind) for side in SIDES for kind in ("sim", "http")]
+    gateways: dict = {}
+    samples: dict = {v: {"latency": [], "cpu1": [], "c16": []} for v in variants}
+    direct: list[float] = []
+    clients: dict = {side: [] for side in SIDES}
+    try:
+        for i, (side, kind) in enumerate(variants):
+            config = Path(tmp.name) / f"g{i}.toml"
+            provider = ('[providers.sim]\nfamily = "sim"\nmodel = "frames-1"\n' if kind == "sim" else
+                        f'[providers.up]\nfamily = "openai"\nbase_url = "{upstream}/v1"\napi_key = "bench-key"\n')
+            config.write_text(f'active = "{"sim" if kind == "sim" else "up"}"\n[ledger]\n'
+                              f'path = "{tmp.name}/g{i}.sqlite3"\n{provider}')
+            proc, url = _gateway(trees[side], config)
+            procs.append(proc)
+            gateways[(side, kind)] = (proc, url)
+
+        async def main() -> None:
+            for _, url in gateways.values():
+                await _sequential(url, 300)  # warm: imports, caches, the ledger's pages
+            await _sequential(f"{upstream}/v1/chat/completions", 300)
+            for round_ in range(rounds):
+                order = variants[round_ % len(variants):] + variants[:round_ % len(variants)]
+                direct.extend(await _sequential(f"{upstream}/v1/chat/completions", n))
+                for variant in order:
+                    proc, url = gateways[variant]
+                    before = _cpu_s(proc.pid)
+                    samples[variant]["latency"] += await _sequential(url, n)
+                    samples[variant]["cpu1"].append((_cpu_s(proc.pid) - before) / n * 1e3)
+            for _ in range(3):
+                for variant in variants:
+                    proc, url = gateways[variant]
+                    before = _cpu_s(proc.pid)
+                    row = await closed_loop(url, 16, seconds)
+                    row["cpu_ms"] = (_cpu_s(proc.pid) - before) / max(row["requests"], 1) * 1e3
+                    samples[variant]["c16"].append(row)
+
+        asyncio.run(main())
+        for _ in range(3):
+            for side in SIDES:
+                clients[side].append(_client(trees[side], upstream, 2000))
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        tmp.cleanup()
+    direct_p50, direct_p99 = statistics.median(direct), _percentile(direct, 0.99)
+    out: dict = {"load_average": os.getloadavg(), "rounds": rounds, "n": n, "direct_p50_ms": direct_p50 * 1e3,
+                 "variants": {}, "client": {}}
+    for (side, kind), got in samples.items():
+        out["variants"][f"{side} {kind}"] = {
+            "cpu_ms_c1": statistics.median(got["cpu1"]),
+            "added_p50_ms": (statistics.median(got["latency"]) - direct_p50) * 1e3,
+            "added_p99_ms": (_percentile(got["latency"], 0.99) - direct_p99) * 1e3,
+            "rps_c16": statistics.median(r["rps"] for r in got["c16"]),
+            "cpu_ms_c16": statistics.median(r["cpu_ms"] for r in got["c16"]),
+            "errors_c16": sum(r["errors"] for r in got["c16"]),
+        }
+    for side in SIDES:
+        out["client"][side] = {"client_cpu_us": statistics.median(r["client_cpu_us"] for r in clients[side]),
+                               "module": clients[side][0]["module"]}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", help="the package directory of the tree before the lever")
+    parser.add_argument("--after", help="the tree after it (default: this one)")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--n", type=int, default=200, help="requests per round per gateway")
+    parser.add_argument("--seconds", type=float, default=1.5, help="the steady window at 16 clients")
+    parser.add_argument("--out", help="write the figures here (JSON)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(client_child(args.child, args.n)))
+        return 0
+    if not args.base:
+        parser.error("--base DIR is needed: the tree before the lever")
+    result = run({"before": args.base, "after": args.after}, args.rounds, args.n, args.seconds)
+    print(f"load average {result['load_average'][0]:.1f}; direct p50 {result['direct_p50_ms']:.2f} ms")
+    print(f"{'':<22}{'CPU c1 ms':>10}{'+p50 ms':>9}{'+p99 ms':>9}{'req/s c16':>11}{'CPU c16 ms':>11}")
+    for name, row in result["variants"].items():
+        print(f"{name:<22}{row['cpu_ms_c1']:>10.3f}{row['added_p50_ms']:>9.2f}{row['added_p99_ms']:>9.2f}"
+              f"{row['rps_c16']:>11.0f}{row['cpu_ms_c16']:>11.3f}")
+    for side, row in result["client"].items():
+        print(f"upstream client alone, {side}: {row['client_cpu_us']:.1f} µs CPU per exchange ({row['module']})")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
