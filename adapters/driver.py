@@ -68,20 +68,24 @@ class AttemptClock:
     only for its own time: `headers_s` runs from the moment the request was written to the
     upstream socket (not while the turn waited for a pooled connection), then `idle_s` bounds
     each gap in a non-streamed body. An adapter that cannot tell when it wrote (the sim family)
-    gets the headers clock at once. Timeout messages name the phase that ran out."""
+    gets the headers clock at once. Timeout messages name the phase that ran out.
 
-    __slots__ = ("scope", "timeouts", "phase")
+    The deadline is set on a scope that may also carry the turn's total budget (`limit`): it is
+    never moved past it, so one scope serves both (the turn's, in TurnRun._complete)."""
 
-    def __init__(self, scope: trio.CancelScope, timeouts: Timeouts, *, from_write: bool) -> None:
+    __slots__ = ("scope", "timeouts", "phase", "limit")
+
+    def __init__(self, scope: trio.CancelScope, timeouts: Timeouts, *, from_write: bool,
+                 limit: float = math.inf) -> None:
         self.scope = scope
         self.timeouts = timeouts
+        self.limit = limit
         self.phase = "sending"
         if not from_write:
             self.sent()
 
-    @staticmethod
-    def _after(seconds: float) -> float:
-        return trio.current_time() + seconds if seconds > 0 else math.inf
+    def _after(self, seconds: float) -> float:
+        return min(trio.current_time() + seconds, self.limit) if seconds > 0 else self.limit
 
     def sent(self) -> None:
         """The request is on the wire: the provider's headers clock starts."""
@@ -99,9 +103,15 @@ class AttemptClock:
 
     def read(self) -> None:
         """The whole body is in: decoding it (in a worker process, for a large one: started on
-        first use) is relayline's time, not a stalled provider's; it is bounded by the body's size."""
+        first use) is relayline's time, not a stalled provider's; it is bounded by the body's size
+        (and by the turn's budget)."""
         self.phase = "decoding"
-        self.scope.deadline = math.inf
+        self.scope.deadline = self.limit
+
+    def ran_out(self) -> bool:
+        """Whether the scope's deadline, when it expired, was this attempt's own and not the
+        turn's budget (a tie is the budget's, as an outer scope's would be)."""
+        return self.scope.deadline < self.limit
 
     def failure(self) -> fc.Failure:
         if self.phase == "body":
@@ -128,6 +138,10 @@ class TurnRun:
         self.on_draft = on_draft
         self.result: TurnResult | None = None
         self._frames_scope: trio.CancelScope | None = None  # the open stream's idle deadline
+        self._scope: trio.CancelScope | None = None  # the turn's (run()), its deadline moved
+        self.cancelled = False  # cancel(): the owner's word, kept for a scope not yet open
+        self._budget = math.inf  # when timeouts.total_s runs out
+        self._clock: AttemptClock | None = None  # the non-streamed attempt in flight
         self._first_token_deadline = math.inf
         # a fleet's shared health (stores/health.py): its mirror is synced with the store before
         # each decision of the turn's machines, so each sees the fleet (an answer needs none:
@@ -151,23 +165,45 @@ class TurnRun:
     async def run(self, sink: Sink = _discard) -> TurnResult:
         turn = self.turn
         try:
-            with trio.move_on_after(self.timeouts.total_s) as budget:
-                try:
-                    await self._sync_health()
-                    action = turn.start(trio.current_time())
-                    while not isinstance(action, Finish):
-                        if isinstance(action, Sleep):
-                            await trio.sleep(action.seconds)
+            # one cancel scope carries the turn's budget (timeouts.total_s) and, moved by each
+            # attempt's clock, the attempt's own deadline: a scope costs more than the turn's
+            # routing decision. An attempt that runs out ends the scope; the turn goes on in a
+            # new one, with that attempt's timeout as its answer.
+            budget = trio.current_time() + self.timeouts.total_s
+            action: Call | Sleep | Finish | None = None
+            timed_out: AttemptClock | None = None
+            while True:
+                with trio.CancelScope(deadline=budget) as scope:
+                    self._scope, self._budget = scope, budget
+                    if self.cancelled:
+                        scope.cancel()
+                    try:
+                        if timed_out is not None:
+                            action = await self._answered(timed_out.failure())
+                        elif action is None:
                             await self._sync_health()
-                            action = turn.on_timer(trio.current_time())
-                        elif action.mode == "stream":
-                            action = await self._stream(action, sink)
-                        else:
-                            action = await self._complete(action)
-                except _Escalated as exc:
-                    raise exc.error from None
-            if budget.cancelled_caught:
-                action = turn.expire(trio.current_time())
+                            action = turn.start(trio.current_time())
+                        while not isinstance(action, Finish):
+                            if isinstance(action, Sleep):
+                                await trio.sleep(action.seconds)
+                                await self._sync_health()
+                                action = turn.on_timer(trio.current_time())
+                            elif action.mode == "stream":
+                                action = await self._stream(action, sink)
+                            else:
+                                action = await self._complete(action)
+                    except _Escalated as exc:
+                        raise exc.error from None
+                if not scope.cancelled_caught:
+                    break
+                timed_out, self._clock = self._clock, None
+                if self.cancelled:
+                    self.result = self._settle(turn.cancel)
+                    await self._sync_settled()
+                    return self.result
+                if timed_out is None or not timed_out.ran_out():
+                    action = turn.expire(trio.current_time())
+                    break
             self.result = action.result
             await self._sync_health(read=False)
             for event in action.deliver:
@@ -186,6 +222,15 @@ class TurnRun:
             raise
         finally:
             turn.health.release_all()  # whatever happened above, no probe outlives its turn
+
+    def cancel(self) -> None:
+        """The owner's cancellation, for an owner with no cancel scope of its own around the run
+        (the gateway's non-streamed turn: a client that hung up, a drain): the turn ends as
+        cancelled, never retried, and run() returns that result where a scope's cancellation
+        would raise trio.Cancelled to its owner."""
+        self.cancelled = True
+        if self._scope is not None:
+            self._scope.cancel()
 
     def _settle(self, how: Callable[[float], Finish]) -> TurnResult:
         now = trio.current_time()
@@ -248,22 +293,28 @@ class TurnRun:
         return fc.internal(exc)
 
     async def _complete(self, call: Call):
-        turn = self.turn
         client = self._client(call)
+        scope = self._scope
+        assert scope is not None  # (run() opened it)
+        # the attempt's deadline is the turn's scope's, moved (a timeout ends that scope: run())
+        clock = self._clock = AttemptClock(scope, self.timeouts, from_write=getattr(client, "reports_sent", False),
+                                           limit=self._budget)
         try:
-            with trio.CancelScope() as scope:
-                clock = AttemptClock(scope, self.timeouts, from_write=getattr(client, "reports_sent", False))
-                completion = await client.complete(self._request(call, clock))
+            completion = await client.complete(self._request(call, clock))
         except ProviderFailure as exc:
             completion = exc.failure
         except Exception as exc:
             completion = self._internal(call, exc)
-        if scope.cancelled_caught:
-            completion = clock.failure()
+        self._clock = None
+        scope.deadline = self._budget
+        return await self._answered(completion)
+
+    async def _answered(self, completion: Completion | fc.Failure):
+        """The turn's next action after an attempt's answer or failure."""
         if not (isinstance(completion, Completion) and completion.has_answer):
             await self._sync_health()
         try:
-            return turn.on_completion(completion, trio.current_time())
+            return self.turn.on_completion(completion, trio.current_time())
         except Exception as exc:
             raise _Escalated(exc) from None
 

@@ -212,6 +212,20 @@ async def test_text_forever_after_commit_is_interrupted_at_total_s():
     assert result.ledger and not result.ledger[0].accepted
 
 
+async def test_a_hang_past_the_budget_is_the_turns_deadline_not_the_attempts_timeout():
+    """The attempt's headers clock and the turn's budget share one scope (driver.AttemptClock):
+    when the budget ends first, the turn expires (`deadline`, no breaker failure), and when the
+    attempt's clock ends first, the same turn goes on to the backup in a scope of its own."""
+    result, relay, *_ = await turn(lambda s: Reply(delay=math.inf), backup=None,
+                                   timeouts={"headers_s": 5, "total_s": 1.0})
+    assert result.outcome == "error" and result.error == "deadline"
+    assert result.attempts[-1].outcome == "timeout" and "total_s" in result.attempts[-1].detail
+    assert relay.health.breaker("primary").state == "closed"
+    result, relay, *_ = await turn(lambda s: Reply(delay=math.inf), timeouts={"headers_s": 0.3, "total_s": 1.0})
+    assert [(a.provider, a.outcome) for a in result.attempts] == [("primary", "timeout"), ("backup", "ok")]
+    assert "headers within 0.3s" in result.attempts[0].detail and result.outcome == "ok"
+
+
 async def test_total_s_bounds_retries_and_waits():
     result, *_ = await turn(lambda s: Reply(status=503, headers=JSON_HEADERS, pieces=(b"{}",)), backup=None,
                             reliability={"provider_retries": 20, "backoff_ms": 400}, timeouts={"total_s": 1.0},

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
 import httpx
@@ -223,6 +224,31 @@ def test_a_client_that_hangs_up_cancels_a_non_streamed_turn():
             metrics = httpx.get(f"{gw.url}/metrics").text
     assert samples(metrics)[cancelled] == 1 and time.monotonic() - hung_up < 4  # not the upstream's 5 s
     assert gw.sim.calls == 1
+
+
+def test_a_drain_cut_short_cancels_a_non_streamed_turn_with_a_503_and_its_ledger_row(tmp_path):
+    """A non-streamed turn has no cancel scope of the gateway's around it (its run's own is the
+    one the hang-up and the drain cancel): a drain cut short answers it 503 `shutting_down`,
+    once, with no retry."""
+    import trio
+
+    replies = [{"provider": "anthropic.primary", "script": [{"text": "too late", "delay": 5.0}]}]
+    with BackgroundGateway(two_profiles(), replies, ledger_path=str(tmp_path / "ledger.sqlite3")) as gw:
+        with httpx.Client(timeout=10) as http:
+            answer: list[httpx.Response] = []
+            asked = time.monotonic()
+            with ThreadPoolExecutor(1) as pool:
+                pending = pool.submit(http.post, f"{gw.url}/v1/chat/completions", json={"model": "x", "messages": HI})
+                while gw.sim.calls < 1 and time.monotonic() < asked + 5:
+                    time.sleep(0.01)
+                trio.from_thread.run_sync(gw.gateway.cancel_turns, trio_token=gw._token)
+                answer.append(pending.result())
+        rows = LedgerStore(tmp_path / "ledger.sqlite3").rows()
+    response = answer[0]
+    assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down", response.text
+    assert response.headers["retry-after"] == "1" and time.monotonic() - asked < 4  # not the upstream's 5 s
+    assert gw.sim.calls == 1
+    assert rows == []  # (an attempt cancelled before its answer has no usage to bill)
 
 
 def test_fast_streams_arrive_whole_every_time():

@@ -202,8 +202,9 @@ class Gateway:
         self.in_flight = 0
         self.draining = False
         self._trimming = False
-        self._turns: set[trio.CancelScope] = set()
-        self._cancelled_by_drain: set[trio.CancelScope] = set()
+        # what cancels each turn in flight: its run, or the scope around it and its helper tasks
+        self._turns: set[TurnRun | trio.CancelScope] = set()
+        self._cancelled_by_drain: set[TurnRun | trio.CancelScope] = set()
         self._cut = False  # the drain ran out of time: a turn that starts now is cancelled at once
         self._idle = trio.Event()
         self._idle.set()
@@ -600,9 +601,9 @@ class Gateway:
 
     def cancel_turns(self) -> None:
         self._cut = True
-        for scope in list(self._turns):
-            self._cancelled_by_drain.add(scope)
-            scope.cancel()
+        for owner in list(self._turns):
+            self._cancelled_by_drain.add(owner)
+            owner.cancel()
 
     # -- chat completions -----------------------------------------------------------------------
 
@@ -689,53 +690,82 @@ class Gateway:
 
     async def _turn_in_scope(self, exchange: Exchange, turn_id: str, receive, runs: list[TurnRun], tasks, on_end,
                              **kwargs) -> TurnResult | None:
+        relay = self.relay  # the turn runs on this one to its end, whatever a reload does
+        self._turns_of[relay] = self._turns_of.get(relay, 0) + 1
+        try:
+            if exchange.hangup is not None and not tasks:
+                owner = await self._turn_alone(exchange, relay, runs, kwargs)
+            else:
+                owner = await self._turn_with_tasks(exchange, relay, receive, runs, tasks, on_end, kwargs)
+        finally:
+            self._turns_of[relay] -= 1
+            if not self._turns_of[relay]:
+                del self._turns_of[relay]
+                if relay is not self.relay:  # retired by a reload: its last turn ended
+                    with trio.CancelScope(shield=True):
+                        await relay.aclose()
+        exchange.drained = owner in self._cancelled_by_drain
+        self._cancelled_by_drain.discard(owner)
+        return runs[0].result if runs else None
+
+    def _admit(self, owner: TurnRun | trio.CancelScope) -> None:
+        """A turn's canceller (its run, or the scope around it) joins those a drain cancels."""
+        self._turns.add(owner)
+        if self._cut:
+            self._cancelled_by_drain.add(owner)
+            owner.cancel()
+
+    @staticmethod
+    async def _run(relay: Relay, runs: list[TurnRun], kwargs, run_hook) -> None:
+        try:
+            await relay._run_turn(gateway=True, run_hook=run_hook, **kwargs)
+        except Exception:
+            if not runs or runs[0].result is None:
+                raise
+            # the driver settled the turn (outcome error, reason internal) and logged it: it is
+            # answered and accounted like any failed turn
+
+    async def _turn_alone(self, exchange: Exchange, relay: Relay, runs: list[TurnRun], kwargs):
+        """A turn with no helper task and a server that calls back on a hang-up: the run's own
+        cancel scope is the only one (driver.TurnRun.cancel); the hang-up and a drain cancel it."""
+        hangup = exchange.hangup
+
+        def attach(run: TurnRun) -> None:  # (the run exists before it first yields)
+            runs.append(run)
+            self._admit(run)
+            hangup(run.cancel)
+
+        try:
+            await self._run(relay, runs, kwargs, attach)
+        finally:
+            if runs:
+                self._turns.discard(runs[0])
+        return runs[0] if runs else None
+
+    async def _turn_with_tasks(self, exchange: Exchange, relay: Relay, receive, runs: list[TurnRun], tasks, on_end,
+                               kwargs):
+        """A turn with helper tasks (a stream's writer), or watching for a hang-up itself: a
+        scope around them all, cancelled by a hang-up or a drain."""
         with trio.CancelScope() as turn_scope:
-            self._turns.add(turn_scope)
-            if self._cut:
-                self._cancelled_by_drain.add(turn_scope)
-                turn_scope.cancel()
-            relay = self.relay  # the turn runs on this one to its end, whatever a reload does
-            self._turns_of[relay] = self._turns_of.get(relay, 0) + 1
-
-            async def turn() -> None:
-                try:
-                    await relay._run_turn(gateway=True, run_hook=runs.append, **kwargs)
-                except Exception:
-                    if not runs or runs[0].result is None:
-                        raise
-                    # the driver settled the turn (outcome error, reason internal) and logged
-                    # it: it is answered and accounted like any failed turn
-                finally:
-                    if on_end is not None:
-                        on_end()
-
+            self._admit(turn_scope)
             try:
                 if exchange.hangup is not None:
                     # the server calls back on a hang-up: no task of the turn's own waits for one
                     exchange.hangup(turn_scope.cancel)
-                if exchange.hangup is not None and not tasks:
-                    await turn()
-                else:
-                    async with trio.open_nursery() as nursery:
-                        if exchange.hangup is None:
-                            nursery.start_soon(self._watch_disconnect, receive, turn_scope)
-                        for task in tasks:
-                            nursery.start_soon(task)
-                        try:
-                            await turn()
-                        finally:
-                            nursery.cancel_scope.cancel()
+                async with trio.open_nursery() as nursery:
+                    if exchange.hangup is None:
+                        nursery.start_soon(self._watch_disconnect, receive, turn_scope)
+                    for task in tasks:
+                        nursery.start_soon(task)
+                    try:
+                        await self._run(relay, runs, kwargs, runs.append)
+                    finally:
+                        if on_end is not None:
+                            on_end()
+                        nursery.cancel_scope.cancel()
             finally:
                 self._turns.discard(turn_scope)
-                self._turns_of[relay] -= 1
-                if not self._turns_of[relay]:
-                    del self._turns_of[relay]
-                    if relay is not self.relay:  # retired by a reload: its last turn ended
-                        with trio.CancelScope(shield=True):
-                            await relay.aclose()
-        exchange.drained = turn_scope in self._cancelled_by_drain
-        self._cancelled_by_drain.discard(turn_scope)
-        return runs[0].result if runs else None
+        return turn_scope
 
     async def _error_response(self, send, dialect, result: TurnResult) -> None:
         status, body = dialect.error(result)

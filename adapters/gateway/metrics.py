@@ -1,18 +1,23 @@
-"""The gateway's Prometheus metrics, with prometheus-client, one registry per gateway.
+"""The gateway's Prometheus metrics, exposed with prometheus-client, one registry per gateway.
 
-Counters and histograms are updated as requests and turns end; the live state (breaker state,
-cooldown left, turns in flight) is read at scrape time by a collector, so a gauge is never stale.
-Label sets are bounded: `provider` is a configured profile alias, `model` a model the config
-names (anything else, an unpinned entry forwarding whatever a client asked for, is "other"),
-`route` one of the gateway's routes, `outcome` the turn machine's vocabulary.
+Counters and histograms are plain numbers updated as requests and turns end, and become
+Prometheus families only when scraped: prometheus-client's own Counter takes a lock and walks its
+value classes on every `inc` (ten a request, a tenth of the gateway's own path per request), and a
+scrape is rare. The live state (breaker state, cooldown left, turns in flight) is read at scrape
+time too, so a gauge is never stale. Label sets are bounded: `provider` is a configured profile
+alias, `model` a model the config names (anything else, an unpinned entry forwarding whatever a
+client asked for, is "other"), `route` one of the gateway's routes, `outcome` the turn machine's
+vocabulary.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from relayline.machines.config import Config
 from relayline.machines.turn import TurnResult
@@ -33,6 +38,54 @@ def configured_models(config: Config) -> frozenset[str]:
     return frozenset(models)
 
 
+class _Counter:
+    """A counter family's values by label values, in order of first use."""
+
+    __slots__ = ("name", "doc", "labels", "values")
+
+    def __init__(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> None:
+        self.name, self.doc, self.labels = name, doc, labels
+        self.values: dict[tuple[str, ...], float] = {} if labels else {(): 0.0}
+
+    def inc(self, values: tuple[str, ...] = (), amount: float = 1.0) -> None:
+        counts = self.values
+        counts[values] = counts.get(values, 0.0) + amount
+
+    def family(self) -> CounterMetricFamily:
+        family = CounterMetricFamily(self.name, self.doc, labels=self.labels)
+        for values, value in self.values.items():
+            family.add_metric(values, value)
+        return family
+
+
+class _Histogram:
+    """A histogram family: per label values, the count in each bucket (not cumulative: one add
+    an observation; cumulated when scraped) and the sum."""
+
+    __slots__ = ("name", "doc", "labels", "bounds", "values")
+
+    def __init__(self, name: str, doc: str, labels: tuple[str, ...], bounds: tuple[float, ...]) -> None:
+        self.name, self.doc, self.labels, self.bounds = name, doc, labels, bounds
+        self.values: dict[tuple[str, ...], list[float]] = {}  # [per bucket..., +Inf, sum]
+
+    def observe(self, values: tuple[str, ...], amount: float) -> None:
+        counts = self.values.get(values)
+        if counts is None:
+            counts = self.values[values] = [0.0] * (len(self.bounds) + 2)
+        counts[bisect_left(self.bounds, amount)] += 1  # a bucket's bound is inclusive (le)
+        counts[-1] += amount
+
+    def family(self) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        for values, counts in self.values.items():
+            buckets, total = [], 0.0
+            for bound, count in zip((*(floatToGoString(b) for b in self.bounds), "+Inf"), counts, strict=False):
+                total += count
+                buckets.append((bound, total))
+            family.add_metric(values, buckets, counts[-1])
+        return family
+
+
 class Metrics:
     def __init__(self, config: Config, routes: frozenset[str], live: Callable[[], dict]) -> None:
         self.providers = frozenset(config.providers)
@@ -40,31 +93,23 @@ class Metrics:
         self.routes = routes
         self.registry = CollectorRegistry(auto_describe=True)
         self._live = live
-        r = self.registry
-        self.requests = Counter("relayline_http_requests", "HTTP requests answered, by route and status.",
-                                ["route", "status"], registry=r)
-        self.turns = Counter("relayline_turns", "Turns by outcome.", ["outcome"], registry=r)
-        self.attempts = Counter("relayline_attempts", "Provider attempts by profile, model and outcome.",
-                                ["provider", "model", "outcome"], registry=r)
-        self.fallbacks = Counter("relayline_fallbacks", "Turns answered by a fallback entry.", registry=r)
-        self.tokens = Counter("relayline_tokens", "Billed tokens by profile, model and direction (input, output).",
-                              ["provider", "model", "direction"], registry=r)
-        self.cost = Counter("relayline_cost_usd", "Billed cost in USD by profile and model (the ledger's rows).",
-                            ["provider", "model"], registry=r)
-        self.turn_seconds = Histogram("relayline_turn_seconds", "Turn latency by the serving profile and model.",
-                                      ["provider", "model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("relayline_time_to_first_token_seconds",
-                              "From the request to the first byte of the answer, by the serving profile and model.",
-                              ["provider", "model"], buckets=TTFT_BUCKETS, registry=r)
-        r.register(_LiveCollector(self))
-        # labels() validates and locks on every call; the label sets are bounded (see above)
-        self._children: dict[tuple, object] = {}
-
-    def _child(self, metric, *values: str):
-        child = self._children.get((metric, values))
-        if child is None:
-            child = self._children[(metric, values)] = metric.labels(*values)
-        return child
+        self.requests = _Counter("relayline_http_requests", "HTTP requests answered, by route and status.",
+                                 ("route", "status"))
+        self.turns = _Counter("relayline_turns", "Turns by outcome.", ("outcome",))
+        self.attempts = _Counter("relayline_attempts", "Provider attempts by profile, model and outcome.",
+                                 ("provider", "model", "outcome"))
+        self.fallbacks = _Counter("relayline_fallbacks", "Turns answered by a fallback entry.")
+        self.tokens = _Counter("relayline_tokens", "Billed tokens by profile, model and direction (input, output).",
+                               ("provider", "model", "direction"))
+        self.cost = _Counter("relayline_cost_usd", "Billed cost in USD by profile and model (the ledger's rows).",
+                             ("provider", "model"))
+        self.turn_seconds = _Histogram("relayline_turn_seconds", "Turn latency by the serving profile and model.",
+                                       ("provider", "model"), LATENCY_BUCKETS)
+        self.ttft = _Histogram("relayline_time_to_first_token_seconds",
+                               "From the request to the first byte of the answer, by the serving profile and model.",
+                               ("provider", "model"), TTFT_BUCKETS)
+        self.registry.register(_Families(self))
+        self.registry.register(_LiveCollector(self))
 
     def route(self, path: str) -> str:
         return path if path in self.routes else OTHER
@@ -74,28 +119,43 @@ class Metrics:
                 model if model in self.models else "none" if model is None else OTHER)
 
     def request(self, path: str, status: int) -> None:
-        self._child(self.requests, self.route(path), str(status)).inc()
+        self.requests.inc((self.route(path), str(status)))
 
     def first_token(self, provider: str | None, model: str | None, seconds: float) -> None:
-        self._child(self.ttft, *self._labels(provider, model)).observe(seconds)
+        self.ttft.observe(self._labels(provider, model), seconds)
 
     def turn(self, result: TurnResult, seconds: float) -> None:
-        self._child(self.turns, result.outcome).inc()
+        self.turns.inc((result.outcome,))
         if result.fallback:
             self.fallbacks.inc()
         for attempt in result.attempts:
-            self._child(self.attempts, *self._labels(attempt.provider, attempt.model), attempt.outcome).inc()
+            self.attempts.inc((*self._labels(attempt.provider, attempt.model), attempt.outcome))
         for row in result.ledger:
             provider, model = self._labels(row.provider, row.model)
-            self._child(self.tokens, provider, model, "input").inc(row.input_tokens)
-            self._child(self.tokens, provider, model, "output").inc(row.output_tokens)
-            self._child(self.cost, provider, model).inc(row.cost_usd)
+            self.tokens.inc((provider, model, "input"), row.input_tokens)
+            self.tokens.inc((provider, model, "output"), row.output_tokens)
+            self.cost.inc((provider, model), row.cost_usd)
         served = result.served
-        self._child(self.turn_seconds, *self._labels(served.profile if served else None,
-                                                     served.model if served else None)).observe(seconds)
+        self.turn_seconds.observe(self._labels(served.profile if served else None, served.model if served else None),
+                                  seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Families:
+    """The counters and histograms, as Prometheus families at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        m = self.metrics
+        for kept in (m.requests, m.turns, m.attempts, m.fallbacks, m.tokens, m.cost, m.turn_seconds, m.ttft):
+            yield kept.family()
 
 
 class _LiveCollector:

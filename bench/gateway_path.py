@@ -1,0 +1,194 @@
+"""The gateway's own path per non-streamed request, in process and without HTTP (never part of
+`make test`): the ASGI app called directly, as the server calls it, on the sim family.
+
+bench/gateway_cpu.py measures the whole gateway process (server, h11, sockets, three processes
+on two cores); this measures what is left once the framing is gone: the request's parse, the
+plan and the turn's machines, the driver's scopes, the exchange, metrics, the console's turn
+view and the ledger row. At a few hundred µs a request, a lever worth 10 µs shows here and is
+lost in the noise there. `--base DIR` names a checkout of the code before a lever (its package
+directory, e.g. a `git worktree add --detach` of the commit before): the two trees are measured
+alternately, each in child processes of its own, and the figure is the median of the pairs.
+`--profile` prints a cProfile of this tree grouped by module (its µs are inflated by the
+profiler: read them as shares).
+
+    python bench/gateway_path.py [--base DIR [--after DIR]] [--pairs 5] [--n 3000] [--clients 1,16,200,1000] [--no-ledger]
+    python bench/gateway_path.py --profile [--no-ledger]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BODY = json.dumps({"model": "frames-1", "messages": [{"role": "user", "content": "hi"}]}).encode()
+ROUNDS = 3  # per child: the least CPU of these (machine noise only adds)
+HEADERS = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+           (b"content-length", str(len(BODY)).encode()), (b"authorization", b"Bearer bench-key")]
+
+
+def _gateway(tmp: str, ledger: bool):
+    from relayline.adapters import Relay
+    from relayline.adapters.gateway import Gateway
+
+    text = f'active = "sim"\n[ledger]\npath = "{tmp}/ledger.sqlite3"\n[providers.sim]\nfamily = "sim"\nmodel = "frames-1"\n'
+    relay = Relay.from_toml(text, env={})
+    return Gateway.from_relay_config(relay, env={}) if ledger else Gateway(relay)
+
+
+async def _request(app, hangups: list) -> int:
+    """One chat request through the ASGI app, as the server makes it: the body already read
+    (one message), the hang-up extension offered."""
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "query_string": b"", "root_path": "", "headers": HEADERS, "client": ("127.0.0.1", 50000),
+             "server": ("127.0.0.1", 8080), "extensions": {"relayline.hangup": hangups.append}}
+    given = [{"type": "http.request", "body": BODY, "more_body": False}]
+    status = []
+
+    async def receive() -> dict:
+        if given:
+            return given.pop()
+        import trio
+
+        await trio.sleep_forever()  # (the server's receive after the body: waits for a hang-up)
+        raise AssertionError
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    await app(scope, receive, send)
+    hangups.clear()
+    return status[0]
+
+
+def child(n: int, clients: tuple[int, ...], ledger: bool) -> dict:
+    import trio
+
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        gateway = _gateway(tmp, ledger)
+
+        async def main() -> None:
+            for _ in range(300):  # warm: caches, the ledger's pages
+                assert await _request(gateway, []) == 200
+            for _round in range(ROUNDS):
+                for c in clients:
+                    per_client = max(1, n // c)
+
+                    async def one_client(per_client: int) -> None:
+                        hangups: list = []
+                        for _ in range(per_client):
+                            assert await _request(gateway, hangups) == 200
+
+                    start = time.process_time()
+                    async with trio.open_nursery() as nursery:
+                        for _ in range(c):
+                            nursery.start_soon(one_client, per_client)
+                    used = (time.process_time() - start) / (per_client * c) * 1e6
+                    out[f"c{c}_us"] = min(out.get(f"c{c}_us", math.inf), used)
+
+        trio.run(main)
+        if gateway.ledger is not None:
+            gateway.ledger.close()
+    return out
+
+
+def profile(n: int, ledger: bool) -> None:
+    import cProfile
+    import pstats
+    from collections import Counter
+
+    import trio
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gateway = _gateway(tmp, ledger)
+        profiler = cProfile.Profile()
+
+        async def main() -> None:
+            for _ in range(300):
+                await _request(gateway, [])
+            profiler.enable()
+            for _ in range(n):
+                await _request(gateway, [])
+            profiler.disable()
+
+        trio.run(main)
+    stats = pstats.Stats(profiler)
+    groups: Counter = Counter()
+    for (path, _line, name), (_cc, _nc, own, _cum, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        if "site-packages/" in path:
+            key = path.split("site-packages/")[1].split("/")[0]
+        elif path == "~":
+            key = f"(built-in) {name}"
+        elif "/relayline/" in path or "/machines/" in path or "/adapters/" in path:
+            key = path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1]
+        else:
+            key = f"(stdlib) {path.rsplit('/', 1)[-1]}"
+        groups[key] += own
+    total = sum(groups.values())
+    print(f"{total / n * 1e6:.0f} µs a request under cProfile (self time, grouped)")
+    for key, own in groups.most_common(30):
+        print(f"  {own / n * 1e6:7.1f} µs {own / total:6.1%}  {key}")
+    stats.sort_stats("tottime").print_stats(30)
+
+
+def _measure(tree: str | None, n: int, clients: str, ledger: bool) -> dict:
+    env = dict(os.environ)
+    if tree is not None:
+        link = Path(tempfile.mkdtemp(prefix="path-tree-"))
+        (link / "relayline").symlink_to(Path(tree).resolve())
+        env["PYTHONPATH"] = str(link)  # that tree's package shadows this tree's editable install
+    args = [sys.executable, __file__, "--child", "--n", str(n), "--clients", clients]
+    done = subprocess.run(args + ([] if ledger else ["--no-ledger"]), env=env, capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"child failed: {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", help="the package directory of the tree before the lever")
+    parser.add_argument("--after", help="the tree after it (default: this one; the base again: a control)")
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--n", type=int, default=3000, help="requests per concurrency level per child")
+    parser.add_argument("--clients", default="1,16,200,1000", help="concurrency levels (tasks in the process)")
+    parser.add_argument("--no-ledger", action="store_true", help="no ledger row (the gateway without [ledger])")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    clients = tuple(int(c) for c in args.clients.split(","))
+    if args.child:
+        print(json.dumps(child(args.n, clients, not args.no_ledger)))
+        return 0
+    if args.profile:
+        profile(args.n, not args.no_ledger)
+        return 0
+    sides: dict[str, list[dict]] = {"before": [], "after": []} if args.base else {"after": []}
+    for _ in range(args.pairs):
+        for side in sides:
+            sides[side].append(_measure(args.base if side == "before" else args.after, args.n, args.clients,
+                                        not args.no_ledger))
+    print(f"CPU µs per request, the ASGI app in process ({'with' if not args.no_ledger else 'without'} the ledger "
+          f"row), medians of {args.pairs}; load average {os.getloadavg()[0]:.1f}")
+    print(f"{'clients':>8}" + "".join(f"{side:>10}" for side in sides) + ("  after/before" if args.base else ""))
+    for c in clients:
+        values = [statistics.median(r[f"c{c}_us"] for r in runs) for runs in sides.values()]
+        ratio = ""
+        if args.base:
+            ratio = f"  {statistics.median(a[f'c{c}_us'] / b[f'c{c}_us'] for a, b in zip(sides['after'], sides['before'], strict=True)):.3f}"
+        print(f"{c:>8}" + "".join(f"{v:>10.1f}" for v in values) + ratio)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
