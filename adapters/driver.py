@@ -306,7 +306,8 @@ class TurnRun:
         except Exception as exc:
             completion = self._internal(call, exc)
         self._clock = None
-        scope.deadline = self._budget
+        if scope.deadline != self._budget:  # (an answer read whole already put it back: read())
+            scope.deadline = self._budget
         return await self._answered(completion)
 
     async def _answered(self, completion: Completion | fc.Failure):

@@ -264,7 +264,8 @@ class Relay:
                 fields = wire.unsupported(request, entry.provider.family, entry.provider.capabilities)
                 if fields:
                     unfit[entry.profile] = fields
-            plan = attrs.evolve(plan, unfit=unfit)
+            if unfit:
+                plan = attrs.evolve(plan, unfit=unfit)
         turn = self._turn_factory(plan, self.config, self.health, stream=stream, tools=bool(request.tools))
         run = TurnRun(turn, self.clients, request, on_draft=on_draft)
         if run_hook is not None:

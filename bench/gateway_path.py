@@ -11,7 +11,7 @@ alternately, each in child processes of its own, and the figure is the median of
 `--profile` prints a cProfile of this tree grouped by module (its µs are inflated by the
 profiler: read them as shares).
 
-    python bench/gateway_path.py [--base DIR [--after DIR]] [--pairs 5] [--n 3000] [--clients 1,16,200,1000] [--no-ledger]
+    python bench/gateway_path.py [--base DIR [--after DIR]] [--pairs 7] [--n 2000] [--no-ledger]
     python bench/gateway_path.py --profile [--no-ledger]
 """
 
@@ -70,7 +70,10 @@ async def _request(app, hangups: list) -> int:
     return status[0]
 
 
-def child(n: int, clients: tuple[int, ...], ledger: bool) -> dict:
+def child(n: int, ledger: bool) -> dict:
+    """CPU µs per request, the least of ROUNDS rounds of n requests one after another. (One after
+    another: on the sim family a request never yields to trio's scheduler, so tasks in process
+    would not interleave; turns in flight together are bench/gateway_trees.py's, over sockets.)"""
     import trio
 
     out: dict = {}
@@ -78,23 +81,15 @@ def child(n: int, clients: tuple[int, ...], ledger: bool) -> dict:
         gateway = _gateway(tmp, ledger)
 
         async def main() -> None:
+            hangups: list = []
             for _ in range(300):  # warm: caches, the ledger's pages
-                assert await _request(gateway, []) == 200
-            for _round in range(ROUNDS):
-                for c in clients:
-                    per_client = max(1, n // c)
-
-                    async def one_client(per_client: int) -> None:
-                        hangups: list = []
-                        for _ in range(per_client):
-                            assert await _request(gateway, hangups) == 200
-
-                    start = time.process_time()
-                    async with trio.open_nursery() as nursery:
-                        for _ in range(c):
-                            nursery.start_soon(one_client, per_client)
-                    used = (time.process_time() - start) / (per_client * c) * 1e6
-                    out[f"c{c}_us"] = min(out.get(f"c{c}_us", math.inf), used)
+                assert await _request(gateway, hangups) == 200
+            for _ in range(ROUNDS):
+                start = time.process_time()
+                for _ in range(n):
+                    assert await _request(gateway, hangups) == 200
+                used = (time.process_time() - start) / n * 1e6
+                out["us"] = min(out.get("us", math.inf), used)
 
         trio.run(main)
         if gateway.ledger is not None:
@@ -141,13 +136,13 @@ def profile(n: int, ledger: bool) -> None:
     stats.sort_stats("tottime").print_stats(30)
 
 
-def _measure(tree: str | None, n: int, clients: str, ledger: bool) -> dict:
+def _measure(tree: str | None, n: int, ledger: bool) -> dict:
     env = dict(os.environ)
     if tree is not None:
         link = Path(tempfile.mkdtemp(prefix="path-tree-"))
         (link / "relayline").symlink_to(Path(tree).resolve())
         env["PYTHONPATH"] = str(link)  # that tree's package shadows this tree's editable install
-    args = [sys.executable, __file__, "--child", "--n", str(n), "--clients", clients]
+    args = [sys.executable, __file__, "--child", "--n", str(n)]
     done = subprocess.run(args + ([] if ledger else ["--no-ledger"]), env=env, capture_output=True, text=True,
                           timeout=600)
     if done.returncode != 0:
@@ -159,34 +154,30 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", help="the package directory of the tree before the lever")
     parser.add_argument("--after", help="the tree after it (default: this one; the base again: a control)")
-    parser.add_argument("--pairs", type=int, default=5)
-    parser.add_argument("--n", type=int, default=3000, help="requests per concurrency level per child")
-    parser.add_argument("--clients", default="1,16,200,1000", help="concurrency levels (tasks in the process)")
+    parser.add_argument("--pairs", type=int, default=7)
+    parser.add_argument("--n", type=int, default=2000, help="requests per round (ROUNDS rounds per child)")
     parser.add_argument("--no-ledger", action="store_true", help="no ledger row (the gateway without [ledger])")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    clients = tuple(int(c) for c in args.clients.split(","))
     if args.child:
-        print(json.dumps(child(args.n, clients, not args.no_ledger)))
+        print(json.dumps(child(args.n, not args.no_ledger)))
         return 0
     if args.profile:
         profile(args.n, not args.no_ledger)
         return 0
     sides: dict[str, list[dict]] = {"before": [], "after": []} if args.base else {"after": []}
-    for _ in range(args.pairs):
-        for side in sides:
-            sides[side].append(_measure(args.base if side == "before" else args.after, args.n, args.clients,
-                                        not args.no_ledger))
-    print(f"CPU µs per request, the ASGI app in process ({'with' if not args.no_ledger else 'without'} the ledger "
-          f"row), medians of {args.pairs}; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'clients':>8}" + "".join(f"{side:>10}" for side in sides) + ("  after/before" if args.base else ""))
-    for c in clients:
-        values = [statistics.median(r[f"c{c}_us"] for r in runs) for runs in sides.values()]
-        ratio = ""
-        if args.base:
-            ratio = f"  {statistics.median(a[f'c{c}_us'] / b[f'c{c}_us'] for a, b in zip(sides['after'], sides['before'], strict=True)):.3f}"
-        print(f"{c:>8}" + "".join(f"{v:>10.1f}" for v in values) + ratio)
+    for pair in range(args.pairs):
+        for side in (list(sides) if pair % 2 == 0 else list(sides)[::-1]):
+            sides[side].append(_measure(args.base if side == "before" else args.after, args.n, not args.no_ledger))
+    values = {side: statistics.median(r["us"] for r in runs) for side, runs in sides.items()}
+    print(f"CPU µs per request, the ASGI app in process ({'without' if args.no_ledger else 'with'} the ledger row), "
+          f"medians of {args.pairs} children; load average {os.getloadavg()[0]:.1f}")
+    print("  " + "   ".join(f"{side} {value:.1f}" for side, value in values.items()), end="")
+    if args.base:
+        ratio = statistics.median(a["us"] / b["us"] for a, b in zip(sides["after"], sides["before"], strict=True))
+        print(f"   after/before {ratio:.3f} (median of the pairs' ratios)", end="")
+    print()
     return 0
 
 

@@ -119,6 +119,11 @@ class Spec:
     # object (a shipped spec is loaded once per process: since start). The operator's console
     # draws them on the diagrams; a list per key keeps the hot path to one lookup and one add.
     fired: dict[tuple[str, str], list[int]] = attrs.field(factory=dict, eq=False)
+    # the states tagged terminal, once: every turn's end asks whether its machines reached one
+    terminal: frozenset[str] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "terminal", self.tagged("terminal"))
 
     @property
     def triggers(self) -> tuple[str, ...]:
@@ -126,10 +131,6 @@ class Spec:
 
     def tagged(self, tag: str) -> frozenset[str]:
         return frozenset(s.name for s in self.states.values() if tag in s.tags)
-
-    @property
-    def terminal(self) -> frozenset[str]:
-        return self.tagged("terminal")
 
     def start(self, history_limit: int = 256) -> Lifecycle:
         return Lifecycle(self, history_limit)

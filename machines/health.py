@@ -21,6 +21,9 @@ from .vocab import BreakerState, BreakerTrigger
 
 # a turn lives at most timeouts.total_s (CONFIG.md's default): no probe outlives its turn by more
 DEFAULT_PROBE_LEASE_S = 600.0
+# a state name as its BreakerState: a lookup, where BreakerState(name) costs a µs (Enum's
+# __call__), and a breaker's state is read several times a turn
+_STATES = {state.value: state for state in BreakerState}
 
 
 class Breaker:
@@ -41,7 +44,7 @@ class Breaker:
 
     @property
     def state(self) -> BreakerState:
-        return BreakerState(self.life.state)
+        return _STATES[self.life.state]
 
     @property
     def threshold_reached(self) -> bool:

@@ -116,6 +116,27 @@ def turn_view(seq: int, turn_id: str, result: TurnResult, latency_s: float, ende
         attempts=tuple(attempts), skipped=tuple((s.profile, s.model, s.reason) for s in result.skipped))
 
 
+class _Ended:
+    """A finished turn as the console keeps it until it is shown: what its view reads of the
+    result, never the result itself (its text may be large, and it is not the console's)."""
+
+    __slots__ = ("seq", "turn", "latency_s", "ended", "wall", "requested", "served", "outcome", "error", "fallback",
+                 "attempts", "ledger", "skipped")
+
+    def __init__(self, seq: int, turn: str, result: TurnResult, latency_s: float, ended: float, wall: float) -> None:
+        self.seq, self.turn, self.latency_s, self.ended, self.wall = seq, turn, latency_s, ended, wall
+        self.requested, self.served, self.outcome = result.requested, result.served, result.outcome
+        self.error, self.fallback = result.error, result.fallback
+        self.attempts, self.ledger, self.skipped = result.attempts, result.ledger, result.skipped
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(r.cost_usd for r in self.ledger)
+
+    def view(self) -> TurnView:
+        return turn_view(self.seq, self.turn, self, self.latency_s, self.ended, self.wall)  # type: ignore[arg-type]
+
+
 def edge_counts(spec: Spec) -> list[dict]:
     """Every edge of a lifecycle with how often it fired since the spec was loaded."""
     counts = spec.fired_counts()
@@ -159,7 +180,8 @@ class Console:
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.turns: deque[TurnView] = deque(maxlen=RECENT_TURNS)
+        # the recent turns: each as observed (_Ended) until it is first read, then as its view
+        self._recent: deque[TurnView | _Ended] = deque(maxlen=RECENT_TURNS)
         self._seq = 0
         # per profile: (ended on the trio clock, ok, latency ms) of attempts, pruned to the window
         # and bounded, so a busy gateway's console costs the same as an idle one's
@@ -176,16 +198,30 @@ class Console:
     # -- what the gateway tells it ----------------------------------------------------------
 
     def observe(self, turn_id: str, result: TurnResult, latency_s: float) -> None:
-        """A turn finished (called by the gateway after each turn, before its response ends)."""
+        """A turn finished (called by the gateway after each turn, before its response ends).
+        Its view is built when the console first reads it, not here: most turns of a busy
+        gateway are never looked at, and a view costs more than the rest of this."""
         now = trio.current_time()
         self._seq += 1
-        view = turn_view(self._seq, turn_id, result, latency_s, now, time.time())
-        self.turns.append(view)
-        for a in view.attempts:
-            self._attempts[a.profile].append((now, a.outcome == "ok", a.latency_ms))
+        self._recent.append(_Ended(self._seq, turn_id, result, latency_s, now, time.time()))
+        for a in result.attempts:
+            end = a.ended if a.ended is not None else now
+            self._attempts[a.provider].append((now, a.outcome == "ok", round((end - a.at) * 1000, 1)
+                                               if end >= a.at else None))
         # wake every open event stream; each re-reads what it shows and sends what changed
         self._changed.set()
         self._changed = trio.Event()
+
+    @property
+    def turns(self) -> deque[TurnView]:
+        """The recent turns' views, newest last (those not read before are built now)."""
+        recent = self._recent
+        i = len(recent) - 1
+        while i >= 0 and type(recent[i]) is _Ended:  # (built in order: the unread ones are the newest)
+            i -= 1
+        for j in range(i + 1, len(recent)):
+            recent[j] = recent[j].view()  # type: ignore[union-attr]
+        return recent  # type: ignore[return-value]
 
     # -- the views --------------------------------------------------------------------------
 

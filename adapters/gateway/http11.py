@@ -725,8 +725,9 @@ class _Connection:
             return {"type": "http.request", "body": body, "more_body": not self.request_done}
         # the body was read: wait for the client to leave, keeping what it sends ahead (bounded)
         while not self.gone:
-            if self.read_ahead > READ_AHEAD or reader.dead:
+            if self.read_ahead > READ_AHEAD:
                 await trio.sleep_forever()  # read no more until this request is answered
+            # (after a fault in what was sent ahead, reading goes on, unparsed: its end is the client's leaving)
             data = await self._read()
             if not data:
                 self.gone = True
