@@ -521,7 +521,9 @@ class _Connection:
         self.writing = False
         self.writes = self.writes_seen = self.checks_stalled = 0
         self.hangup_fd: int | None = None  # the socket's number when its hang-up is watched
-        self.extensions = {"relayline.hangup": self._watch_hangup} if server.hangups is not None else {}
+        self.extensions = {"relayline.body_here": self._body_here}
+        if server.hangups is not None:
+            self.extensions["relayline.hangup"] = self._watch_hangup
 
     def _watch_hangup(self, callback: Callable[[], None]) -> None:
         """The app's `relayline.hangup` extension: `callback` runs (once, in the server's own
@@ -688,6 +690,19 @@ class _Connection:
                 self.hangup_fd = None
         if not self.response_done and not self.gone:
             raise _Close  # the app ended without finishing its answer: nothing else can follow
+
+    def _body_here(self) -> bool:
+        """The app's `relayline.body_here` extension: True when the request's whole body has
+        arrived, so that the next receive() answers all of it without waiting (an app that
+        bounds a body's arrival in time needs no timer for it)."""
+        if self.request_done:
+            return False
+        for event in self.reader.events:
+            if event is _END:
+                return True
+            if type(event) is not bytes:
+                return False
+        return False
 
     async def _receive(self) -> dict:
         if self.gone or self.response_done:
