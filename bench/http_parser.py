@@ -12,6 +12,7 @@ call of the same round, requests/s and CPU per request at 16 clients (bench/load
 asyncio client, so the client is not what is measured), and the client's own CPU per exchange.
 
     python bench/http_parser.py --base /tmp/base-tree [--rounds 12] [--n 200] [--out FILE]
+    python bench/http_parser.py --micro   # in process: h11 as the code before used it, beside llhttp
 """
 
 from __future__ import annotations
@@ -170,6 +171,98 @@ def run(trees: dict[str, str | None], rounds: int, n: int, seconds: float) -> di
     return out
 
 
+# -- in process: the parser alone, per request, on each side ------------------------------------
+
+REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:8080\r\naccept-encoding: gzip, deflate\r\n"
+           b"connection: keep-alive\r\naccept: application/json\r\ncontent-type: application/json\r\n"
+           b"user-agent: OpenAI/Python 1.99.0\r\nx-stainless-lang: python\r\nx-stainless-package-version: 1.99.0\r\n"
+           b"x-stainless-os: Linux\r\nx-stainless-arch: x64\r\nx-stainless-runtime: CPython\r\n"
+           b"authorization: Bearer sk-bench\r\ncontent-length: 62\r\n\r\n"
+           b'{"model":"sim-1","messages":[{"role":"user","content":"hi"}]}\n')
+ANSWER_HEADERS = [(b"content-type", b"application/json"), (b"x-request-id", b"0123456789abcdef0123456789abcdef"),
+                  (b"date", b"Mon, 30 Nov 2026 12:00:00 GMT")]
+ANSWER_BODY = b'{"id":"chatcmpl-x","object":"chat.completion","model":"m","choices":[{"index":0,' \
+              b'"message":{"role":"assistant","content":"hello there"},"finish_reason":"stop"}],' \
+              b'"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}'
+RESPONSE = (b"HTTP/1.1 200 OK\r\ndate: Mon, 30 Nov 2026 12:00:00 GMT\r\nserver: uvicorn\r\n"
+            b"content-type: application/json\r\nopenai-processing-ms: 312\r\nx-request-id: req_0123456789\r\n"
+            b"x-ratelimit-remaining-requests: 9999\r\nx-ratelimit-remaining-tokens: 199999\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(ANSWER_BODY), ANSWER_BODY))
+
+
+def _h11_server(h11, conn) -> bytes:
+    conn.receive_data(REQUEST)
+    request = conn.next_event()
+    list(request.headers)
+    body = conn.next_event().data
+    conn.next_event()  # EndOfMessage
+    headers = [*ANSWER_HEADERS, (b"content-length", b"%d" % len(ANSWER_BODY))]
+    out = conn.send(h11.Response(status_code=200, headers=headers, reason=b"OK"))
+    out += conn.send(h11.Data(data=ANSWER_BODY)) + conn.send(h11.EndOfMessage())
+    conn.start_next_cycle()
+    return body
+
+
+def _llhttp_server(http11, reader) -> bytes:
+    reader.feed(REQUEST)
+    events = reader.events
+    events.popleft()  # the head
+    body = events.popleft()
+    events.popleft()  # _END
+    headers = [*ANSWER_HEADERS, (b"content-length", b"%d" % len(ANSWER_BODY))]
+    http11._render_head(200, headers) + ANSWER_BODY
+    return body
+
+
+def _h11_client(h11, conn) -> tuple:
+    # as the client before: the head rendered by relayline, h11 told of a request with its framing
+    conn.send(h11.Request(method=b"POST", target=b"/", headers=((b"host", b"-"), (b"content-length", b"62"))))
+    conn.send_with_data_passthrough(h11.Data(data=b"x" * 62))
+    conn.send(h11.EndOfMessage())
+    conn.receive_data(RESPONSE)
+    response = conn.next_event()
+    headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in response.headers}
+    body = conn.next_event().data
+    conn.next_event()  # EndOfMessage
+    conn.start_next_cycle()
+    return headers, body
+
+
+def _llhttp_client(connection) -> tuple:
+    connection._begin_exchange()
+    connection._feed(RESPONSE)
+    pieces = connection._pieces
+    connection._pieces = []
+    assert connection.reusable()
+    return connection._headers, pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def micro(rounds: int = 7, n: int = 20000) -> dict:
+    """Each side's parsing and rendering of one exchange, h11 as the code before used it beside
+    llhttp as the code now does, interleaved in this process (CPU time, median of rounds)."""
+    import h11
+
+    from relayline.adapters.gateway import http11
+    from relayline.adapters.providers import upstream
+
+    server_h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=16384)
+    reader = http11._Reader(16384)
+    client_h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=upstream.MAX_HEAD_BYTES)
+    connection = upstream.Connection(upstream.Origin("http", "127.0.0.1", 80), None, -1)
+    calls = {"server, h11": lambda: _h11_server(h11, server_h11),
+             "server, llhttp": lambda: _llhttp_server(http11, reader),
+             "client, h11": lambda: _h11_client(h11, client_h11),
+             "client, llhttp": lambda: _llhttp_client(connection)}
+    samples: dict = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.process_time()
+            for _ in range(n):
+                call()
+            samples[name].append((time.process_time() - start) / n * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", help="the package directory of the tree before the lever")
@@ -178,10 +271,15 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=200, help="requests per round per gateway")
     parser.add_argument("--seconds", type=float, default=1.5, help="the steady window at 16 clients")
     parser.add_argument("--out", help="write the figures here (JSON)")
+    parser.add_argument("--micro", action="store_true", help="only the in-process figures (this tree)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(client_child(args.child, args.n)))
+        return 0
+    if args.micro:
+        for name, us in micro().items():
+            print(f"{name:<16} {us:6.2f} µs CPU per exchange")
         return 0
     if not args.base:
         parser.error("--base DIR is needed: the tree before the lever")

@@ -151,6 +151,21 @@ async def test_what_llhttp_reads_and_h11_refused_is_still_refused():
     assert app.seen == ["/first"]
 
 
+async def test_a_client_that_sent_garbage_ahead_and_left_is_still_seen_leaving():
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(GET % b"/watch" + b"NOT HTTP AT ALL\r\n\r\n")
+        await app.started.wait()
+        await stream.aclose()
+        with trio.fail_after(5):
+            while "sent" not in app.events:
+                await trio.sleep(0.01)
+        stop.set()
+    assert app.events == ["http.disconnect", "sent"]
+
+
 async def test_a_trailer_that_does_not_end_is_refused_like_a_chunk_header():
     app = App()
     async with trio.open_nursery() as nursery:
@@ -559,3 +574,19 @@ def test_sigterm_during_a_stream_refuses_new_connections_and_the_stream_finishes
                 proc.kill()
     assert seen and refused
     assert rest[-1] == "data: [DONE]" and any('" last"' in line for line in rest)
+
+
+async def test_a_transfer_coding_before_chunked_is_refused_never_handed_on_still_coded():
+    # llhttp frames `gzip, chunked` (and gzip and chunked in two headers) by its last coding and
+    # would hand the app the gzip bytes as the body; h11 refused every coding but chunked alone
+    app = App()
+    heads = [b"transfer-encoding: gzip, chunked", b"transfer-encoding: junk, chunked",
+             b"transfer-encoding: gzip\r\ntransfer-encoding: chunked"]
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        answers = [await exchange(port, b"POST /p HTTP/1.1\r\nhost: x\r\n%s\r\n\r\n5\r\nhello\r\n0\r\n\r\n" % head)
+                   for head in heads]
+        stop.set()
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 501") and b"only Transfer-Encoding: chunked" in answer, answer
+    assert app.seen == []
