@@ -18,6 +18,9 @@ tests/test_http11_attack.py with docs/http-server.md for the attacks):
   a write to it is dropped, never an exception in the app. Where epoll is, an app may instead
   ask to be called when the client hangs up (`scope["extensions"]["relayline.hangup"]`, see
   `_Hangups`), and keep no task waiting in `receive()`;
+- an app may ask whether a request's whole body has arrived (`relayline.body_here`: then the
+  next `receive()` answers all of it at once), and bound only a body still arriving in time
+  (the gateway's `body_timeout_s` timer is set only then);
 - `Expect: 100-continue` is answered when the app first reads the body;
 - what could desynchronise this server from a proxy in front of it is refused and the connection
   closed: a request with both Content-Length and Transfer-Encoding (400, RFC 9112 6.3), an HTTP
