@@ -456,7 +456,13 @@ class _Reader:
                 self._fail(_Fault(431, f"request headers larger than {self.limit} bytes"))
             return
         self.refeed = None
-        head = _BARE_LF(b"\r\n", _FOLD(b" ", raw[:end.start()].rstrip(b"\r")))
+        # a fold continues a header line, never the request line (a space-led first header line
+        # stays: llhttp refuses it, as h11 did)
+        head = raw[:end.start()]
+        if head[-1:] == b"\r":  # (one: the line end's; a bare CR before it stays, and is refused)
+            head = head[:-1]
+        line, lf, rest = head.partition(b"\n")
+        head = _BARE_LF(b"\r\n", line + lf + _FOLD(b" ", rest))
         self.parser = self._parser()
         self.state = _IDLE
         self.reread = True
@@ -647,6 +653,11 @@ class _Connection:
                 hosts += 1
             elif name == b"expect" and value.lower() == b"100-continue" and version != "1.0":
                 self.expect_continue = True
+            elif name == b"transfer-encoding" and value.lower() != b"chunked":
+                # llhttp reads `identity` then `chunked` (two headers) as chunked; h11 refused
+                # any coding but chunked alone, and a proxy in front may frame it otherwise
+                await self._reject(501, "malformed HTTP request: only Transfer-Encoding: chunked is supported")
+                raise _Close
         if hosts > 1 or (hosts == 0 and version != "1.0"):  # RFC 9112 3.2, as h11 refused them
             await self._reject(400, "malformed HTTP request: " + ("more than one Host header" if hosts else "no Host header"))
             raise _Close
