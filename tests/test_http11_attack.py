@@ -667,3 +667,19 @@ def test_sigterm_during_a_stream_refuses_new_connections_and_the_stream_finishes
                 proc.kill()
     assert seen and refused
     assert rest[-1] == "data: [DONE]" and any('" last"' in line for line in rest)
+
+
+async def test_a_transfer_coding_before_chunked_is_refused_never_handed_on_still_coded():
+    # llhttp frames `gzip, chunked` (and gzip and chunked in two headers) by its last coding and
+    # would hand the app the gzip bytes as the body; h11 refused every coding but chunked alone
+    app = App()
+    heads = [b"transfer-encoding: gzip, chunked", b"transfer-encoding: junk, chunked",
+             b"transfer-encoding: gzip\r\ntransfer-encoding: chunked"]
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        answers = [await exchange(port, b"POST /p HTTP/1.1\r\nhost: x\r\n%s\r\n\r\n5\r\nhello\r\n0\r\n\r\n" % head)
+                   for head in heads]
+        stop.set()
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 501") and b"only Transfer-Encoding: chunked" in answer, answer
+    assert app.seen == []

@@ -235,6 +235,10 @@ async def test_a_malformed_head_is_an_upstream_error(serve, answer):
     b"HTTP/2.0 200 OK\r\ncontent-length: 2\r\n\r\nok",  # not HTTP/1.x
     b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nabc",  # llhttp would read it to the close
     b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n",  # nothing asked it
+    # llhttp frames by the last of two Transfer-Encoding headers: the body would be handed on gzip-coded
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    b"HTTP/1.1 099 Odd\r\ncontent-length: 2\r\n\r\nok",  # not a status (llhttp waits for a head after it)
     # and what llhttp refuses itself
     b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nx-key: sk\x00\r\ncontent-length: 2\r\n\r\nok",
@@ -246,6 +250,26 @@ async def test_what_h11_refused_in_a_head_is_still_refused(serve, answer):
     with trio.fail_after(5), pytest.raises(UpstreamError, match="malformed HTTP response head"):
         await fetch(pool, request(server.url))
     assert pool.opened == 0
+
+
+@pytest.mark.parametrize("tail", [
+    # (still arriving beyond 100 KiB: what came whole in a read or two was already held)
+    b"0\r\nx-trailer: " + b"a" * (400 * 1024) + b"\r\n\r\n",  # one trailer
+    b"0\r\n" + b"x: y\r\n" * 70000 + b"\r\n",  # trailers that add up
+    b"3;" + b"e" * (400 * 1024) + b"\r\nabc\r\n0\r\n\r\n",  # a chunk extension
+])
+async def test_what_a_chunked_body_holds_besides_its_data_is_bounded_as_a_head_is(serve, tail):
+    # llhttp keeps a trailer line whole in memory, and reads an extension to its end: h11 refused
+    # either beyond its size limit, and so does this client (a peer may not grow a worker without end)
+    server = await serve(lambda number, index: CHUNKED + b"3\r\nabc\r\n" + tail, close=True)
+    pool = ProfilePool()
+    with trio.fail_after(5):
+        async with pool.exchange(request(server.url)) as response:
+            with pytest.raises(UpstreamError, match="malformed HTTP response body"):
+                async for _ in response:
+                    pass
+    assert pool.opened == 0
+    await pool.aclose()
 
 
 @pytest.mark.parametrize("answer", [

@@ -335,7 +335,7 @@ class _Reader:
     - HTTP versions are read leniently (HTTP/1.2 is HTTP/1.1, as h11 took it; the server
       answers any other than 1.x with a 505)."""
 
-    __slots__ = ("parser", "events", "limit", "state", "url", "headers", "progress", "stalled", "dead",
+    __slots__ = ("parser", "events", "limit", "state", "url", "headers", "coding", "progress", "stalled", "dead",
                  "head_pieces", "refeed", "reread")
 
     def __init__(self, limit: int) -> None:
@@ -345,6 +345,7 @@ class _Reader:
         self.state = _IDLE
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.coding: bytes | None = None  # the head's Transfer-Encoding (b"," when it came twice)
         self.progress = False  # a feed got something done (a head, body bytes, a chunk)
         self.stalled = 0  # bytes fed since the last progress
         self.dead = False  # a fault was queued: nothing more is read
@@ -363,19 +364,28 @@ class _Reader:
         self.state = _IN_HEAD
         self.url = b""
         self.headers = []
+        self.coding = None
 
     def on_url(self, url: bytes) -> None:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.state == _IN_HEAD:  # (not a chunked body's trailer: the app is not told those, as with h11)
-            self.headers.append((name.lower(), value.rstrip(b" \t")))
+            name = name.lower()
+            if name == b"transfer-encoding":
+                self.coding = b"," if self.coding is not None else value
+            self.headers.append((name, value.rstrip(b" \t")))
 
     def on_headers_complete(self) -> None:
         parser = self.parser
         self.state = _IN_BODY
         self.progress = True
         self.head_pieces = None
+        coding = self.coding
+        if coding is not None and coding.strip(b" \t").lower() != b"chunked":
+            # llhttp frames `gzip, chunked` by its last coding and would hand the app the body
+            # still gzip-coded: only chunked alone is read (as h11 did)
+            raise _Refused(501, "malformed HTTP request: only Transfer-Encoding: chunked is supported")
         if parser.should_upgrade() and any(n in (b"content-length", b"transfer-encoding") for n, _ in self.headers):
             raise _Refused(400, "malformed HTTP request: an Upgrade or CONNECT request with a body is not supported")
         version = parser.get_http_version()
@@ -431,8 +441,6 @@ class _Reader:
                     self.refeed, self.head_pieces = raw, None  # (read again whole, once its end is here)
                     self._refeed(b"")
                     return
-            if str(exc) in _TRANSFER_CODINGS and self.events and type(self.events[-1]) is _Head:
-                self.events.pop()  # (llhttp judges the transfer coding once the head is read: no app sees it)
             self._fail(_fault_of(exc))
             return
         if self.progress:

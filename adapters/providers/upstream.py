@@ -12,7 +12,8 @@ body bytes come as they arrive. Connections are pooled per profile by providers/
 The response is parsed by llhttp, Node's parser in C, through httptools: h11 (pure Python) cost
 about a third of this client's CPU per exchange. llhttp runs strict (no leniency is switched on);
 what it reads but h11 refused is refused here too (a version other than 1.x, a transfer coding
-other than chunked, a 101 nobody asked for, a head over MAX_HEAD_BYTES). Where llhttp is stricter
+other than chunked alone, a status below 100, a 101 nobody asked for, a head, a trailer or a chunk
+line still arriving beyond MAX_HEAD_BYTES). Where llhttp is stricter
 than h11 (an obs-folded or bare-LF head line, one Content-Length given twice), the answer is
 malformed: providers send neither.
 
@@ -154,7 +155,7 @@ class Connection:
     llhttp (httptools' HttpResponseParser, whose callbacks are this object's `on_*` methods).
     The pool's seams (connect, write, read, close) are its methods."""
 
-    __slots__ = ("origin", "stream", "idle_since", "_fd", "_parser", "_status", "_headers", "_pieces", "_head_bytes", "_head_size",
+    __slots__ = ("origin", "stream", "idle_since", "_fd", "_parser", "_status", "_headers", "_pieces", "_stalled", "_head_size",
                  "_head_done", "_done", "_keep_alive", "_after", "_eof", "_framed", "_fault")
 
     def __init__(self, origin: Origin, stream: trio.abc.Stream, fd: int) -> None:
@@ -171,7 +172,7 @@ class Connection:
         self._status = 0
         self._headers: dict[str, str] = {}
         self._pieces: list[bytes] = []  # body bytes parsed and not yet taken
-        self._head_bytes = 0  # read while the head was incomplete (a head that never ends)
+        self._stalled = 0  # read since the head began or the body last gave bytes (a head, trailer or chunk line that never ends)
         self._head_size = 0  # its header lines' names and values
         self._head_done = False  # the final (non-1xx) head was read
         self._done = False  # the answer ended as framed
@@ -189,11 +190,16 @@ class Connection:
         if self._head_done:  # a chunked body's trailer: not part of the head (as with h11 before)
             return
         self._head_size += len(name) + len(value)
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1").rstrip(" \t")
+        key = name.decode("latin-1").lower()
+        if key == "transfer-encoding" and key in self._headers:
+            value = b","  # two codings are never chunked alone (llhttp frames by the last)
+        self._headers[key] = value.decode("latin-1").rstrip(" \t")
 
     def on_headers_complete(self) -> None:
         parser = self._parser
         status = parser.get_status_code()
+        if status < 100:  # (llhttp reads any three digits, and would wait for a head after this one)
+            raise _Malformed("not a status code")
         if status < 200:  # an informational head: the real one follows (llhttp ends this message)
             self._headers = {}
             self._head_size = 0
@@ -222,8 +228,7 @@ class Connection:
 
     def _feed(self, data: bytes) -> None:
         """Parse what was read; an error is the exchange's UpstreamError (relayline's words)."""
-        if not self._head_done:
-            self._head_bytes += len(data)
+        parsed = len(self._pieces)
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade, _Malformed):  # (a 101 is an upgrade)
@@ -234,8 +239,16 @@ class Connection:
                 self._fault = True
                 return
             raise UpstreamError("malformed HTTP response head") from None
-        if not self._head_done and self._head_bytes > MAX_HEAD_BYTES:
-            raise UpstreamError("malformed HTTP response head")
+        if self._head_done and (self._done or len(self._pieces) != parsed):
+            self._stalled = 0
+            return
+        # llhttp has no size limit: a head, a trailer (which it keeps whole in memory) or a chunk
+        # line still arriving beyond MAX_HEAD_BYTES is malformed, as h11 held them
+        self._stalled += len(data)
+        if self._stalled > MAX_HEAD_BYTES:
+            if not self._head_done:
+                raise UpstreamError("malformed HTTP response head")
+            self._fault = True
 
     @classmethod
     async def connect(cls, origin: Origin, ssl_context: ssl.SSLContext | None) -> Connection:
