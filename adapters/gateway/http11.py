@@ -661,11 +661,6 @@ class _Connection:
                 hosts += 1
             elif name == b"expect" and value.lower() == b"100-continue" and version != "1.0":
                 self.expect_continue = True
-            elif name == b"transfer-encoding" and value.lower() != b"chunked":
-                # llhttp reads `identity` then `chunked` (two headers) as chunked; h11 refused
-                # any coding but chunked alone, and a proxy in front may frame it otherwise
-                await self._reject(501, "malformed HTTP request: only Transfer-Encoding: chunked is supported")
-                raise _Close
         if hosts > 1 or (hosts == 0 and version != "1.0"):  # RFC 9112 3.2, as h11 refused them
             await self._reject(400, "malformed HTTP request: " + ("more than one Host header" if hosts else "no Host header"))
             raise _Close
