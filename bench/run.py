@@ -203,9 +203,11 @@ def bench_frame_levers(frames: int = 200) -> dict:
 
     @contextlib.contextmanager
     def off(lever: str):
-        saved = (jsoncodec.loads, openai._only_text, dialects.OpenAIStream.event)
+        saved = (jsoncodec.loads, openai._only_text, dialects.OpenAIStream.event, jsoncodec.loads_shape)
         if lever in ("orjson", "all"):
             jsoncodec.loads = json.loads
+        if lever in ("one read", "orjson", "all"):
+            jsoncodec.loads_shape = lambda data: None  # every chunk read by loads, checks and all
         if lever in ("text shortcut", "all"):
             openai._only_text = lambda obj: None
         if lever in ("slotted chunks", "all"):
@@ -216,7 +218,7 @@ def bench_frame_levers(frames: int = 200) -> dict:
         try:
             yield
         finally:
-            jsoncodec.loads, openai._only_text, dialects.OpenAIStream.event = saved
+            jsoncodec.loads, openai._only_text, dialects.OpenAIStream.event, jsoncodec.loads_shape = saved
 
     def pipeline(data: bytes) -> None:
         turn = Turn(plan_turn(router, text="hi"), CONFIG, health, stream=True)
@@ -231,7 +233,7 @@ def bench_frame_levers(frames: int = 200) -> dict:
                     render.event(shown)
 
     out = {"frames": frames}
-    for lever, data in (("none", raw), ("orjson", raw), ("text shortcut", raw), ("slotted chunks", raw),
+    for lever, data in (("none", raw), ("orjson", raw), ("one read", raw), ("text shortcut", raw), ("slotted chunks", raw),
                         ("sse lf split", crlf), ("all", crlf)):
         with off(lever):
             out[f"per_frame_us_without_{lever.replace(' ', '_')}"] = per_call_us(lambda d=data: pipeline(d), 100) / per

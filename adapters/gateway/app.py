@@ -607,10 +607,13 @@ class Gateway:
 
     # -- chat completions -----------------------------------------------------------------------
 
-    async def _chat(self, dialect, scope, receive, send: Exchange) -> None:
+    async def _request(self, dialect, scope, receive, send: Exchange) -> wire.Request | None:
+        """The request a chat body asks for, or None once it was answered (a 4xx). Its own frame:
+        the raw body, its decoded JSON and the decoded headers are needed only here, and a
+        stream's turn would otherwise keep them alive for the stream's whole life."""
         raw = await self._read_body(receive, send, dialect)
         if raw is None:
-            return
+            return None
         try:
             body = jsoncodec.loads(raw)
         except (ValueError, RecursionError):
@@ -621,17 +624,20 @@ class Gateway:
             headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers") or ()]
             request = dialect.parse(body, headers)
         except wire.WireError as error:
-            status, body = dialect.bad_request(error)
-            await self._respond(send, status, body)
-            return
+            await self._respond(send, *dialect.bad_request(error))
+            return None
         except RecursionError:
-            status, body = dialect.bad_request(wire.WireError("", "the body is nested too deeply"))
-            await self._respond(send, status, body)
-            return
+            await self._respond(send, *dialect.bad_request(wire.WireError("", "the body is nested too deeply")))
+            return None
         if _unencodable(raw, body):
-            status, body = dialect.bad_request(wire.WireError(
-                "", "the body contains a lone UTF-16 surrogate escape (such as \\ud800), which cannot be sent as UTF-8"))
-            await self._respond(send, status, body)
+            await self._respond(send, *dialect.bad_request(wire.WireError(
+                "", "the body contains a lone UTF-16 surrogate escape (such as \\ud800), which cannot be sent as UTF-8")))
+            return None
+        return request
+
+    async def _chat(self, dialect, scope, receive, send: Exchange) -> None:
+        request = await self._request(dialect, scope, receive, send)
+        if request is None:
             return
         turn_id = dialect.new_id()
         kwargs = dict(messages=request, model=request.model)
@@ -889,6 +895,9 @@ class _StreamWire:
         self._pending.append(data)
         self._pending_bytes += len(data)
         self._wake.set()
+        await self._room_for_more()
+
+    async def _room_for_more(self) -> None:
         while self._pending_bytes > self.MAX_PENDING:
             # the client reads slower than the provider writes: the turn waits, and with it the
             # upstream read (TCP backpressure); the provider's idle deadline is lifted meanwhile
@@ -911,18 +920,29 @@ class _StreamWire:
     async def event(self, event: Event) -> None:
         if not event.visible:
             return  # held protocol frames: the dialect's preamble is rendered at commit
-        first = not self.started
+        if not self.started:
+            await self._first(event)
+            return
+        # nearly every frame: queued inline (no coroutine of its own for each step)
+        data = self.render.event(event)
+        if data:
+            self._pending.append(data)
+            self._pending_bytes += len(data)
+            self._wake.set()
+            if self._pending_bytes > self.MAX_PENDING:
+                await self._room_for_more()
+
+    async def _first(self, event: Event) -> None:
         await self._start()
         await self._queue(self.render.event(event))
-        if first:
-            # the first token goes out now, not once the rest of this upstream read is rendered
-            # (the helper runs only when the turn yields); a client slow to take it is not a
-            # stalled provider
-            if self.runs:
-                with self.runs[0].consumer_paused():
-                    await self._flush()
-            else:
+        # the first token goes out now, not once the rest of this upstream read is rendered
+        # (the helper runs only when the turn yields); a client slow to take it is not a
+        # stalled provider
+        if self.runs:
+            with self.runs[0].consumer_paused():
                 await self._flush()
+        else:
+            await self._flush()
 
     event.may_block = False  # bounded buffer: when it must wait for the client, it says so (consumer_paused)
 

@@ -361,6 +361,13 @@ class AnthropicStreamParser:
         return False  # message_stop is required, even after a stop_reason
 
     def feed(self, event: SSEEvent) -> list[Frame]:
+        # nearly every event is a text delta: read once, without the digit-run check, since the
+        # text read from it is a string (jsoncodec.loads_shape); any other is read exactly
+        obj = jsoncodec.loads_shape(event.data)
+        if type(obj) is dict and obj.get("type") == "content_block_delta":
+            delta = obj.get("delta")
+            if type(delta) is dict and delta.get("type") == "text_delta" and type(text := delta.get("text")) is str:
+                return [Frame(TEXT, text)]
         obj = json_frame(event)
         try:
             return self._frames(obj, obj.get("type") or event.event)

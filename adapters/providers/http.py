@@ -237,10 +237,8 @@ class HttpProvider:
                 clock.received()
         return body
 
-    @asynccontextmanager
-    async def stream(self, request: CallRequest):
-        async with self._exchange(request) as response:
-            yield self._frames(response)
+    def stream(self, request: CallRequest) -> _Streamed:
+        return _Streamed(self, request)
 
     async def _frames(self, response) -> AsyncIterator[Frame]:
         decoder = SSEDecoder()
@@ -274,6 +272,24 @@ class HttpProvider:
         if parser.complete_at_eof():
             yield Frame(DONE)
         # otherwise the iterator ends without DONE: the driver reports truncation
+
+
+class _Streamed:
+    """`HttpProvider.stream`: the exchange entered, its body's frames. A class rather than a
+    second @asynccontextmanager around `_exchange`: that one's generator frame and context
+    manager were half a KiB of every in-flight stream."""
+
+    __slots__ = ("provider", "exchange")
+
+    def __init__(self, provider: HttpProvider, request: CallRequest) -> None:
+        self.provider = provider
+        self.exchange = provider._exchange(request)
+
+    async def __aenter__(self) -> AsyncIterator[Frame]:
+        return self.provider._frames(await self.exchange.__aenter__())
+
+    async def __aexit__(self, *exc_info) -> bool | None:
+        return await self.exchange.__aexit__(*exc_info)
 
 
 async def _refusal(response) -> None:

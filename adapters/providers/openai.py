@@ -371,10 +371,13 @@ class OpenAIStreamParser:
         if event.data[:1] != "{" and event.data.strip() == "[DONE]":
             self.done = True
             return []
-        obj = json_frame(event)
-        text = _only_text(obj)
+        # nearly every chunk carries text alone: read once, without the digit-run check, since
+        # the text read from it is a string (jsoncodec.loads_shape); any other is read exactly
+        obj = jsoncodec.loads_shape(event.data)
+        text = _only_text(obj) if type(obj) is dict else None
         if text is not None:
             return [Frame(TEXT, text)]
+        obj = json_frame(event)
         try:
             return self._frames(obj)
         except w.WireError as exc:
