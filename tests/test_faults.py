@@ -8,7 +8,6 @@ provider did.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -16,6 +15,7 @@ import os
 import pytest
 import trio
 import trio_parallel
+from test_upstream import RawServer
 
 from helpers import asgi_post
 from helpers import loopback_config as config
@@ -238,41 +238,24 @@ async def test_an_answer_that_arrives_in_the_tick_its_deadline_passes_stands_and
     answer wakes the read in the very loop tick that expires that deadline, the answer is read
     and stands, but the scope is already cancelled: the retry must not inherit it (it ended
     the turn as `deadline` with 595 s of its budget left, the retry never sent)."""
-    asked = []
+    async def first_answer(stream):
+        await trio.sleep(1)  # the client waits for the head, its deadline 5 s after the write
+        # the answer in the client's socket and, in the same step, the deadline past: the
+        # client's read wakes in the tick that expires it (a loaded loop's long tick, made exact)
+        os.write(stream.socket.fileno(), first)
+        autojump_clock.jump(10)
 
-    async def upstream(stream):
-        buffer = b""
-        while True:
-            while b"\r\n\r\n" not in buffer:
-                data = await stream.receive_some(65536)
-                if not data:
-                    return
-                buffer += data
-            head, buffer = buffer.split(b"\r\n\r\n", 1)
-            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-            while len(buffer) < length:
-                buffer += await stream.receive_some(65536)
-            buffer = buffer[length:]
-            asked.append(trio.current_time())
-            if len(asked) > 1:
-                await stream.send_all(_raw(200, answer("second")))
-                continue
-            await trio.sleep(1)  # the client waits for the head, its deadline 5 s after the write
-            # the answer in the client's socket and, in the same step, the deadline past: the
-            # client's read wakes in the tick that expires it (a loaded loop's long tick, made exact)
-            os.write(stream.socket.fileno(), first)
-            autojump_clock.jump(10)
-
+    server = RawServer(lambda number, index: first_answer if index == 0 else _raw(200, answer("second")))
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(functools.partial(trio.serve_tcp, upstream, 0, host="127.0.0.1"))
-        cfg = structure_config(config(f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}",
+        await server.start(nursery)
+        cfg = structure_config(config(server.url.removesuffix("/v1/chat/completions"),
                                       timeouts={"headers_s": 5, "total_s": 600}, breaker={"failure_threshold": 5},
                                       reliability={"provider_retries": 2, "backoff_ms": 0}))
         async with Relay(cfg, env={}) as relay:
             result = await relay._run_turn(HI, stream=False)
         nursery.cancel_scope.cancel()
     assert result.outcome == "ok" and result.text == "second", (result.outcome, result.error)
-    assert [(a.outcome, a.detail) for a in result.attempts][1] == ("ok", "") and len(asked) == 2
+    assert [(a.outcome, a.detail) for a in result.attempts][1] == ("ok", "") and len(server.requests) == 2
 
 
 async def test_total_s_bounds_retries_and_waits():
