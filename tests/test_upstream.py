@@ -245,6 +245,8 @@ async def test_a_malformed_head_is_an_upstream_error(serve, answer):
     # and what llhttp refuses itself
     b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nx-key: sk\x00\r\ncontent-length: 2\r\n\r\nok",
+    b"HTTP/1.1 200 O\x00K\r\ncontent-length: 2\r\n\r\nok",  # llhttp reads any byte in a reason phrase
+
     b"HTTP/1.1 200 OK\r\n" + b"x-long: " + b"a" * (101 * 1024) + b"\r\n\r\n",  # a head beyond 100 KiB
 ])
 async def test_what_h11_refused_in_a_head_is_still_refused(serve, answer):

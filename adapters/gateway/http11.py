@@ -467,7 +467,13 @@ class _Reader:
                 self._fail(_Fault(431, f"request headers larger than {self.limit} bytes"))
             return
         self.refeed = None
-        head = _BARE_LF(b"\r\n", _FOLD(b" ", raw[:end.start()].rstrip(b"\r")))
+        # a fold continues a header line, never the request line (a space-led first header line
+        # stays: llhttp refuses it, as h11 did)
+        head = raw[:end.start()]
+        if head[-1:] == b"\r":  # (one: the line end's; a bare CR before it stays, and is refused)
+            head = head[:-1]
+        line, lf, rest = head.partition(b"\n")
+        head = _BARE_LF(b"\r\n", line + lf + _FOLD(b" ", rest))
         self.parser = self._parser()
         self.state = _IDLE
         self.reread = True

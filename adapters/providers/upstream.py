@@ -186,6 +186,10 @@ class Connection:
         if self._done:
             self._after = True
 
+    def on_status(self, reason: bytes) -> None:
+        if b"\0" in reason:  # (llhttp takes any byte in a reason phrase; h11 refused a NUL, as RFC 9112 4 does)
+            raise _Malformed("a NUL in the status line")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._head_done:  # a chunked body's trailer: not part of the head (as with h11 before)
             return
