@@ -735,7 +735,8 @@ class _Connection:
         bounds a body's arrival in time needs no timer for it)."""
         if self.request_done:
             return False
-        for event in self.reader.events:
+        reader = self.reader
+        for event in reader.events[reader.taken:]:  # (those not yet taken)
             if event is _END:
                 return True
             if type(event) is not bytes:
