@@ -147,6 +147,7 @@ def cmd_serve(args) -> int:
 
     from .gateway import Gateway, run_until_signalled
     from .gateway.reload import Reloader
+    from .gateway.server import tune_collector
     from .providers.http import decode_in_worker_processes
     from .relay import Relay
 
@@ -189,6 +190,7 @@ def cmd_serve(args) -> int:
         print(f"relayline gateway listening on {', '.join(binds)}", file=sys.stderr, flush=True)
 
     decode_in_worker_processes()  # the event loop serves every client: large answers decode elsewhere
+    tune_collector()
     try:
         trio.run(partial(run_until_signalled, gateway, host=args.host, port=args.port, fd=args.listen_fd,
                          on_listening=listening))

@@ -57,6 +57,18 @@ def _ledger_id_autoincrement() -> None:
     ledger.LedgerStore._rebuild = lambda self: None  # the former schema is kept, not migrated
 
 
+def _collector_untuned() -> None:
+    from relayline.adapters.gateway import server
+
+    server.tune_collector = lambda: None  # Python's thresholds (700, 10, 10), nothing frozen
+
+
+def _connect_resolved() -> None:
+    from relayline.adapters.providers import upstream
+
+    upstream.address_family = lambda host: None  # every host through trio.open_tcp_stream
+
+
 def _two_response_heads() -> None:
     import h11
 
@@ -112,6 +124,8 @@ LEVERS = {
     "hang-ups told by the server": _hang_up_task_per_turn,
     "ledger checkpoint in a thread": _ledger_checkpoint_in_the_loop,
     "ledger id without AUTOINCREMENT": _ledger_id_autoincrement,
+    "the collector tuned (startup frozen, rarer passes)": _collector_untuned,
+    "an IP literal connected directly": _connect_resolved,
     "one response head per answer": _two_response_heads,
     "ids from os.urandom": _uuid_ids,
     "turns finishing together share a commit": _a_commit_per_turn,

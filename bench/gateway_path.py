@@ -43,13 +43,17 @@ def _gateway(tmp: str, ledger: bool):
     return Gateway.from_relay_config(relay, env={}) if ledger else Gateway(relay)
 
 
+def _here() -> bool:
+    return True
+
+
 async def _request(app, hangups: list) -> int:
-    """One chat request through the ASGI app, as the server makes it: the body already read
-    (one message), the hang-up extension offered."""
+    """One chat request through the ASGI app, as the server makes it: the body already here
+    (one message), the hang-up and body extensions offered (http11.py's)."""
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
              "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
              "query_string": b"", "root_path": "", "headers": HEADERS, "client": ("127.0.0.1", 50000),
-             "server": ("127.0.0.1", 8080), "extensions": {"relayline.hangup": hangups.append}}
+             "server": ("127.0.0.1", 8080), "extensions": {"relayline.hangup": hangups.append, "relayline.body_here": _here}}
     given = [{"type": "http.request", "body": BODY, "more_body": False}]
     status = []
 

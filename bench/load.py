@@ -254,31 +254,53 @@ def _profiler(pid: int, seconds: float, path: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def _start_without(procs: Processes, lever: str) -> tuple[str, int]:
+    """A second gateway with one of bench/gateway_cpu.py's levers put back to its former code (its
+    own ledger file), measured beside the gateway as it is at every level: a lever's before/after
+    under load in one run."""
+    import gateway_cpu
+
+    config = Path(procs.tmp.name) / "without.toml"
+    config.write_text(procs.config_text.replace("ledger.sqlite3", "ledger-without.sqlite3"))
+    proc, url = gateway_cpu._start(lever, config)
+    procs.procs.append(proc)
+    return url, proc.pid
+
+
 async def run(procs: Processes, *, seconds: float, levels: tuple[int, ...], streams: int,
-              profile: str | None = None) -> dict:
+              profile: str | None = None, without: str | None = None) -> dict:
     direct = f"{procs.upstream}/v1/chat/completions"
     gateway = f"{procs.gateway}/v1/chat/completions"
+    pids = {"gateway": procs.gateway_pid}
+    targets = [("direct", direct), ("gateway", gateway)]
     await closed_loop(gateway, 16, 1.0)  # warm up: imports, caches, the first connections
+    if without:
+        url, pids["without"] = _start_without(procs, without)
+        targets.append(("without", url))
+        await closed_loop(url, 16, 1.0)
     out: dict = {"closed_loop": {}}
     if streams:
         # first, on a gateway whose heap has not grown yet: later, memory freed by the load runs
         # would be reused by the streams and the figure per stream would read low
         out["streams"] = await held_streams(gateway, streams, procs.gateway_pid)
         print(f"  streams: {out['streams']}", flush=True)
+        if without:
+            out["streams_without"] = await held_streams(targets[2][1], streams, pids["without"])
+            print(f"  streams without: {out['streams_without']}", flush=True)
     for concurrency in levels:
         row = {}
-        for name, url in (("direct", direct), ("gateway", gateway)):
+        for name, url in targets:
             opened = await _upstream_connections(procs.upstream)
-            cpu = _cpu_s(procs.gateway_pid)
+            cpu = _cpu_s(pids.get(name, procs.gateway_pid))
             spy = _profiler(procs.gateway_pid, seconds, profile) if profile and name == "gateway" \
                 and concurrency == levels[-1] else None
             row[name] = await closed_loop(url, concurrency, seconds)
             if spy is not None:
                 spy.wait(seconds + 30)
             row[name]["upstream_connections_opened"] = await _upstream_connections(procs.upstream) - opened - 1
-            if name == "gateway":
+            if name in pids:
                 row[name]["gateway_cpu_ms_per_request"] = round(
-                    (_cpu_s(procs.gateway_pid) - cpu) / max(row[name]["requests"], 1) * 1e3, 3)
+                    (_cpu_s(pids[name]) - cpu) / max(row[name]["requests"], 1) * 1e3, 3)
             print(f"  {name:8} c={concurrency:5}: {row[name]}", flush=True)
         out["closed_loop"][str(concurrency)] = row
     return out
@@ -311,9 +333,10 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=5000, help="concurrent held streams (0: none)")
     parser.add_argument("--seconds", type=float, default=8.0, help="each closed-loop run's length")
     parser.add_argument("--out", help="write the results here (default: bench/results/load-<date>.json, full runs only)")
+    parser.add_argument("--without", help="also a gateway with this bench/gateway_cpu.py lever put back, beside")
     parser.add_argument("--profile", help="py-spy the gateway at the highest level into this file (collapsed stacks)")
     args = parser.parse_args()
-    full = (args.levels, args.streams, args.seconds) == ("16,200,1000", 5000, 8.0)
+    full = (args.levels, args.streams, args.seconds, args.without) == ("16,200,1000", 5000, 8.0, None)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # every stream holds a client, a gateway and an upstream socket; the processes inherit this
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
@@ -322,7 +345,7 @@ def main() -> None:
               "cpus": os.cpu_count(), "load_average_before": os.getloadavg()}
     with Processes(hold_s=40.0) as procs:
         result.update(asyncio.run(run(procs, seconds=args.seconds, levels=levels, streams=args.streams,
-                                      profile=args.profile)))
+                                      profile=args.profile, without=args.without)))
     result["load_average_after"] = os.getloadavg()
     result["targets"] = verdicts(result)
     print(json.dumps(result["targets"], indent=2))

@@ -363,11 +363,12 @@ def bench_wire() -> dict:
 
 
 def http_benchmarks(quick: bool) -> dict:
-    from peers import Processes, run_litellm, run_trio_side, summarise
+    from peers import Processes, raw_throughput, run_litellm, run_trio_side, summarise
 
     rounds, n = (1, 100) if quick else (3, 300)
     with Processes(hold_s=2.0) as procs:
         trio_side = run_trio_side(procs, rounds=rounds, n=n)
+        trio_side["throughput_raw"] = raw_throughput(procs, rounds=1 if quick else 3)
         lite = run_litellm(procs.upstream, rounds=rounds, n=n)
     if lite is None:
         print("LiteLLM is not installed (make bench installs the bench extra): its column is skipped")
@@ -387,6 +388,12 @@ def print_http(h: dict) -> None:
     print("\nthroughput (requests/s)")
     for c, row in h["throughput_rps"].items():
         print(f"  concurrency {c:>3}: " + ", ".join(f"{k} {v:,.0f}" for k, v in row.items()))
+        cpu = h.get("throughput_client_cpu_ms", {}).get(c)
+        if cpu:
+            print("    the httpx client's own CPU per request: " + ", ".join(f"{k} {v:.2f} ms" for k, v in cpu.items()))
+    for c, row in h.get("throughput_raw", {}).items():
+        print(f"  concurrency {c:>3}, raw asyncio clients (bench/load.py's): " + ", ".join(
+            f"{k} {v['rps']:,.0f} (client {v['client_cpu_ms_per_request']:.2f} ms a request)" for k, v in row.items()))
     print("\n200-frame streams (median; per frame = the slope from a 1-frame stream, minus direct's)")
     for name, row in h["stream"].items():
         print(f"  {name:<8} first byte {row['ttfb_ms']:.2f} ms (+{row['first_byte_added_ms']:.2f}), total "

@@ -343,3 +343,40 @@ async def test_an_app_asking_to_be_told_of_a_hang_up_is_called_back_once_and_onl
         stop.set()
     # (the pipelined /next may be served too, to a client already gone: its call-back is right)
     assert calls[:1] == ["/wait"] and "/quick" not in calls and not server.hangups.callbacks, calls
+
+
+async def test_an_app_is_told_when_the_whole_body_is_here_and_not_before():
+    """`relayline.body_here`: True only when receive() will answer the whole body at once (it
+    came with its head), so the gateway sets no body timer for it; a body still arriving, or one
+    already read, is False."""
+    said: list[tuple[str, bool, bool]] = []
+
+    async def app(scope, receive, send):
+        here = scope["extensions"]["relayline.body_here"]
+        before = here()
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        said.append((scope["path"], before, here()))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"%d" % len(body)})
+
+    post = b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n"
+    async with trio.open_nursery() as nursery:
+        _server, stop, port = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        await stream.send_all(post % b"/whole" + b"0123456789")
+        assert (await read_response(stream, buffer)).endswith(b"\r\n\r\n10")
+        await stream.send_all(post % b"/halves" + b"01234")
+        await trio.sleep(0.1)
+        await stream.send_all(b"56789")
+        assert (await read_response(stream, buffer)).endswith(b"\r\n\r\n10")
+        await stream.send_all(GET % b"/get")
+        await read_response(stream, buffer)
+        await stream.aclose()
+        stop.set()
+    assert said == [("/whole", True, False), ("/halves", False, False), ("/get", True, False)], said

@@ -136,6 +136,13 @@ async def test_what_llhttp_reads_and_h11_refused_is_still_refused():
         (b"POST /up HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: h2c\r\ncontent-length: %d\r\n\r\n"
          % len(GET % b"/smuggled") + GET % b"/smuggled", b"400", b"an Upgrade or CONNECT request with a body"),
         (b"CONNECT x:443 HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n", b"400", b"with a body"),
+        # llhttp takes the last coding when it is chunked: h11 refused any other coding beside it
+        (b"POST /te HTTP/1.1\r\nhost: x\r\ntransfer-encoding: identity\r\ntransfer-encoding: chunked\r\n\r\n"
+         b"0\r\n\r\n", b"501", b"only Transfer-Encoding: chunked"),
+        # a CR alone before a line's CRLF, in a head read again for its bare LFs
+        (b"GET /cr HTTP/1.1\r\nhost: x\r\r\n\ncontent-length: 5\r\n\r\nhello", b"400", b"malformed HTTP request"),
+        # a fold never continues the request line
+        (b"GET\n /fold HTTP/1.1\r\nhost: x\r\n\r\n", b"400", b"malformed HTTP request"),
         # stricter than h11: the same length twice, a method llhttp does not know
         (b"POST /p HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\nhello", b"400", b"ontent-Length"),
         (b"BREW /pot HTTP/1.1\r\nhost: x\r\n\r\n", b"400", b"invalid method"),
@@ -532,6 +539,92 @@ async def test_mutated_requests_never_crash_the_server_and_it_serves_on(caplog):
     assert all(answer == b"" or answer.startswith(b"HTTP/1.1 ") for answer in answers)
     assert {answer[9:12] for answer in answers} - {b""} <= {b"100", b"200", b"400", b"413", b"431", b"501", b"505"}
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def _h11_reads(data: bytes) -> list:
+    """What h11 (the parser before llhttp) took from `data`, up to its first refusal, as the
+    server would serve it: heads, body bytes and ends, stopping after a request that closes."""
+    import h11
+
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=4096)
+    conn.receive_data(data)
+    conn.receive_data(b"")
+    out: list = []
+    try:
+        while True:
+            event = conn.next_event()
+            if type(event) is h11.Request:
+                out.append(("head", event.method, event.target, [tuple(h) for h in event.headers]))
+            elif type(event) is h11.Data:
+                out.append(("body", bytes(event.data)))
+            elif type(event) is h11.EndOfMessage:
+                out.append(("end",))
+            elif event is h11.PAUSED and conn.our_state is h11.SEND_RESPONSE:
+                conn.send(h11.Response(status_code=200, headers=[("content-length", "0")]))
+                conn.send(h11.EndOfMessage())
+                conn.start_next_cycle()
+            else:
+                return out
+    except (h11.RemoteProtocolError, h11.LocalProtocolError):
+        return out
+
+
+def _llhttp_reads(data: bytes) -> list:
+    """The same from the server's reader, with the checks the server makes on a head after it
+    (a version other than 1.x, the Host rules, a transfer coding other than chunked alone)."""
+    from relayline.adapters.gateway.http11 import _END, _Head, _Reader
+
+    reader = _Reader(4096)
+    reader.feed(data)
+    out: list = []
+    for event in reader.events:
+        if type(event) is _Head:
+            hosts = sum(1 for name, _ in event.headers if name == b"host")
+            if not event.version.startswith("1.") or hosts > 1 or (hosts == 0 and event.version != "1.0") or \
+                    any(n == b"transfer-encoding" and v.lower() != b"chunked" for n, v in event.headers):
+                return out
+            out.append(("head", event.method, event.target, event.headers))
+            if not event.keep_alive:
+                break
+        elif type(event) is bytes:
+            out.append(("body", event))
+        elif event is _END:
+            out.append(("end",))
+        else:
+            break
+    return out
+
+
+def _joined(reads: list) -> list:
+    out: list = []
+    for event in reads:
+        if event[0] == "body" and out and out[-1][0] == "body":
+            out[-1] = ("body", out[-1][1] + event[1])
+        else:
+            out.append(event)
+    return out
+
+
+async def test_the_server_reads_nothing_h11_refused_but_what_the_rfc_allows():
+    # differential: 10,000 mutated requests (a fixed seed) read by h11 and by the server's llhttp
+    # reader; whatever h11 refused the server must refuse too, but for two things RFC 9112 lets
+    # a server read (docs/http-server.md): empty lines before a request line (2.2) and runs of
+    # spaces between its words (3)
+    import random
+    import re
+
+    rng = random.Random(5)
+    seeds = (*SEEDS, b"GET /lf HTTP/1.1\nhost: x\nx-a: 1\n\n", b"GET /fold HTTP/1.1\r\nhost: x\r\nx-a: 1\r\n 2\r\n\r\n")
+    allowed = re.compile(rb"(?:^|\r?\n\r?\n|\x00*)[\r\n]|[A-Z]+  |[^ \r\n]+ [^ \r\n]+  |HTTP/[^\r\n]* ")
+    found = []
+    for _ in range(10_000):
+        data = mutate(rng, rng.choice(seeds))
+        before, after = _joined(_h11_reads(data)), _joined(_llhttp_reads(data))
+        same = min(len(before), len(after))
+        assert before[:same] == after[:same], data
+        if len(after) > len(before) and not allowed.search(data):
+            found.append(data)
+    assert found == []
 
 
 # -- the drain, as `relayline serve` runs it ----------------------------------------------------

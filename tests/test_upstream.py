@@ -242,6 +242,8 @@ async def test_a_malformed_head_is_an_upstream_error(serve, answer):
     # and what llhttp refuses itself
     b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nx-key: sk\x00\r\ncontent-length: 2\r\n\r\nok",
+    b"HTTP/1.1 200 O\x00K\r\ncontent-length: 2\r\n\r\nok",  # llhttp reads any byte in a reason phrase
+
     b"HTTP/1.1 200 OK\r\n" + b"x-long: " + b"a" * (101 * 1024) + b"\r\n\r\n",  # a head beyond 100 KiB
 ])
 async def test_what_h11_refused_in_a_head_is_still_refused(serve, answer):
@@ -494,3 +496,32 @@ async def test_a_header_that_would_break_the_request_is_refused_before_any_write
         await fetch(pool, UpstreamRequest(server.url, headers, b"{}"))
     await trio.sleep(0.01)
     assert server.requests == []
+
+
+async def test_an_ip_literal_is_connected_directly_and_a_name_is_resolved(serve, nursery, monkeypatch):
+    server = await serve(lambda number, index: json_answer(b'{"ok": true}'))
+    resolved: list[str] = []
+    open_tcp_stream = trio.open_tcp_stream
+
+    async def counted(host, port, **kwargs):
+        resolved.append(host)
+        return await open_tcp_stream(host, port, **kwargs)
+
+    monkeypatch.setattr(trio, "open_tcp_stream", counted)
+    pool = ProfilePool()
+    assert (await fetch(pool, request(server.url)))[2] == b'{"ok": true}'
+    assert resolved == []  # 127.0.0.1: one connect(), no resolution or happy-eyeballs nursery
+    named = ProfilePool()
+    assert (await fetch(named, request(server.url.replace("127.0.0.1", "localhost"))))[2] == b'{"ok": true}'
+    assert resolved == ["localhost"] and server.accepted == 2
+    await pool.aclose()
+    await named.aclose()
+    try:
+        listeners = await nursery.start(partial(trio.serve_tcp, server._serve, 0, host="::1"))
+    except OSError:  # no IPv6 loopback on this machine
+        return
+    port = listeners[0].socket.getsockname()[1]
+    six = ProfilePool()
+    assert (await fetch(six, request(f"http://[::1]:{port}/v1/chat/completions")))[2] == b'{"ok": true}'
+    assert resolved == ["localhost"]
+    await six.aclose()

@@ -20,6 +20,7 @@ drain, are shed with 503 and Retry-After before their body is read; a body slowe
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import json
@@ -106,7 +107,8 @@ class Exchange:
     DRAIN_S = 0.5
 
     __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
-                 "drained", "turn", "unread_body", "receive", "sent", "declared_length", "hangup")
+                 "drained", "turn", "unread_body", "receive", "sent", "declared_length", "hangup",
+                 "body_here")
 
     def __init__(self, send, method: str, path: str, request_id: str, headers: dict[bytes, bytes],
                  receive=None) -> None:
@@ -131,6 +133,8 @@ class Exchange:
         self.turn: str | None = None
         # the server's call-back when the client hangs up (http11.py), where it offers one
         self.hangup: Callable[[Callable[[], None]], None] | None = None
+        # the server's word that the whole request body has arrived (http11.py), where it offers it
+        self.body_here: Callable[[], bool] | None = None
 
     async def __call__(self, message: dict) -> None:
         if message["type"] == "http.response.start":
@@ -259,6 +263,7 @@ class Gateway:
         extensions = scope.get("extensions")
         if extensions:
             exchange.hangup = extensions.get("relayline.hangup")
+            exchange.body_here = extensions.get("relayline.body_here")
         try:
             await self._route(exchange, scope, headers, receive)
         except Exception:
@@ -430,8 +435,11 @@ class Gateway:
                 413, f"request body larger than {self.max_body} bytes", "request_too_large"),
                 headers=[(b"connection", b"close")])
             return None
+        # the server may say the whole body is here (a small one comes with its head): then
+        # receive() answers all of it without waiting, and no timer is needed
+        here = send.body_here is not None and send.body_here()
         body = b""
-        with trio.move_on_after(self.settings.body_timeout_s):
+        with contextlib.nullcontext() if here else trio.move_on_after(self.settings.body_timeout_s):
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":

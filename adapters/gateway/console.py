@@ -208,9 +208,11 @@ class Console:
             end = a.ended if a.ended is not None else now
             self._attempts[a.provider].append((now, a.outcome == "ok", round((end - a.at) * 1000, 1)
                                                if end >= a.at else None))
-        # wake every open event stream; each re-reads what it shows and sends what changed
-        self._changed.set()
-        self._changed = trio.Event()
+        if self._streams:
+            # wake every open event stream; each re-reads what it shows and sends what changed
+            # (with none open, no one waits on the event: it is not replaced every turn)
+            self._changed.set()
+            self._changed = trio.Event()
 
     @property
     def turns(self) -> deque[TurnView]:

@@ -18,6 +18,9 @@ tests/test_http11_attack.py with docs/http-server.md for the attacks):
   a write to it is dropped, never an exception in the app. Where epoll is, an app may instead
   ask to be called when the client hangs up (`scope["extensions"]["relayline.hangup"]`, see
   `_Hangups`), and keep no task waiting in `receive()`;
+- an app may ask whether a request's whole body has arrived (`relayline.body_here`: then the
+  next `receive()` answers all of it at once), and bound only a body still arriving in time
+  (the gateway's `body_timeout_s` timer is set only then);
 - `Expect: 100-continue` is answered when the app first reads the body;
 - what could desynchronise this server from a proxy in front of it is refused and the connection
   closed: a request with both Content-Length and Transfer-Encoding (400, RFC 9112 6.3), an HTTP
@@ -464,7 +467,13 @@ class _Reader:
                 self._fail(_Fault(431, f"request headers larger than {self.limit} bytes"))
             return
         self.refeed = None
-        head = _BARE_LF(b"\r\n", _FOLD(b" ", raw[:end.start()].rstrip(b"\r")))
+        # a fold continues a header line, never the request line (a space-led first header line
+        # stays: llhttp refuses it, as h11 did)
+        head = raw[:end.start()]
+        if head[-1:] == b"\r":  # (one: the line end's; a bare CR before it stays, and is refused)
+            head = head[:-1]
+        line, lf, rest = head.partition(b"\n")
+        head = _BARE_LF(b"\r\n", line + lf + _FOLD(b" ", rest))
         self.parser = self._parser()
         self.state = _IDLE
         self.reread = True
@@ -529,7 +538,9 @@ class _Connection:
         self.writing = False
         self.writes = self.writes_seen = self.checks_stalled = 0
         self.hangup_fd: int | None = None  # the socket's number when its hang-up is watched
-        self.extensions = {"relayline.hangup": self._watch_hangup} if server.hangups is not None else {}
+        self.extensions = {"relayline.body_here": self._body_here}
+        if server.hangups is not None:
+            self.extensions["relayline.hangup"] = self._watch_hangup
 
     def _watch_hangup(self, callback: Callable[[], None]) -> None:
         """The app's `relayline.hangup` extension: `callback` runs (once, in the server's own
@@ -696,6 +707,19 @@ class _Connection:
                 self.hangup_fd = None
         if not self.response_done and not self.gone:
             raise _Close  # the app ended without finishing its answer: nothing else can follow
+
+    def _body_here(self) -> bool:
+        """The app's `relayline.body_here` extension: True when the request's whole body has
+        arrived, so that the next receive() answers all of it without waiting (an app that
+        bounds a body's arrival in time needs no timer for it)."""
+        if self.request_done:
+            return False
+        for event in self.reader.events:
+            if event is _END:
+                return True
+            if type(event) is not bytes:
+                return False
+        return False
 
     async def _receive(self) -> dict:
         if self.gone or self.response_done:
