@@ -402,7 +402,8 @@ class TurnRun:
         turn = self.turn
         t = self.timeouts
         gate = turn.gate
-        opened = trio.current_time()
+        clock = trio.lowlevel.current_clock().current_time  # read once a frame: the run's clock, looked up once
+        opened = clock()
         first_token_deadline = opened + t.first_token_s if t.first_token_s > 0 else math.inf
         self._first_token_deadline = first_token_deadline
         idle = t.idle_s if t.idle_s > 0 else math.inf
@@ -437,7 +438,7 @@ class TurnRun:
                             if self.on_draft is not None and event.kind == "text":
                                 draft.append(event.value)
                                 self.on_draft("".join(draft))
-                    now = trio.current_time()
+                    now = clock()
                     if now - armed_at >= slack:
                         armed_at = now
                         scope.deadline = now + idle if gate.committed else min(first_token_deadline, now + idle)
