@@ -823,6 +823,9 @@ class _StreamWire:
 
     MAX_PENDING = 256 * 1024
 
+    __slots__ = ("send", "runs", "request", "render", "started", "_lock", "_pending", "_pending_bytes", "_wake", "_room",
+                 "_sending", "_ending")
+
     def __init__(self, turn_id: str, send, runs: list[TurnRun], dialect, request: wire.Request) -> None:
         self.send = send
         self.runs = runs
@@ -833,7 +836,7 @@ class _StreamWire:
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._wake = trio.Event()
-        self._room = trio.Event()
+        self._room: trio.Event | None = None  # made when the turn waits for the client (rare: memory per stream)
         self._sending: trio.CancelScope | None = None
         self._ending = False
 
@@ -909,12 +912,12 @@ class _StreamWire:
         while self._pending_bytes > self.MAX_PENDING:
             # the client reads slower than the provider writes: the turn waits, and with it the
             # upstream read (TCP backpressure); the provider's idle deadline is lifted meanwhile
-            self._room = trio.Event()
+            room = self._room = trio.Event()
             if self.runs:
                 with self.runs[0].consumer_paused():
-                    await self._room.wait()
+                    await room.wait()
             else:
-                await self._room.wait()
+                await room.wait()
 
     async def _flush(self) -> None:
         async with self._lock:
@@ -923,7 +926,8 @@ class _StreamWire:
                 self._pending.clear()
                 self._pending_bytes = 0
                 await self._send_whole({"type": "http.response.body", "body": data, "more_body": True})
-            self._room.set()
+            if self._room is not None:
+                self._room.set()
 
     async def event(self, event: Event) -> None:
         if not event.visible:

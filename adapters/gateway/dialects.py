@@ -61,6 +61,8 @@ def anthropic_usage(usage: Usage) -> dict:
 class ToolIds:
     """Tool call ids as the upstream sent them; one generated (unique) only where it sent none."""
 
+    __slots__ = ("prefix",)
+
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
 
@@ -157,6 +159,9 @@ class OpenAIDialect:
 
 class OpenAIStream:
     DELTAS = {"text": "content", "reasoning": "reasoning_content"}
+
+    # slotted, as every per-stream object: thousands of streams are in flight at once
+    __slots__ = ("turn_id", "include_usage", "created", "model", "tools", "ids", "slotted")
 
     def __init__(self, turn_id: str, include_usage: bool) -> None:
         self.turn_id = turn_id
@@ -260,6 +265,8 @@ class AnthropicStream:
     """Content blocks are opened as the event kinds change: text, thinking, tool_use."""
 
     BLOCKS = {"text": ("text", "text_delta", "text"), "reasoning": ("thinking", "thinking_delta", "thinking")}
+
+    __slots__ = ("turn_id", "index", "block", "tools", "ids", "slotted")
 
     def __init__(self, turn_id: str) -> None:
         self.turn_id = turn_id

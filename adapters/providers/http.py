@@ -178,9 +178,10 @@ class HttpProvider:
         request_id = REQUEST_ID.get()
         if request_id is not None:
             upstream.headers["x-request-id"] = request_id
-        pool = self.pools.profile(request.entry.profile)
+        exchange = self.pools.profile(request.entry.profile).exchange(upstream, request.clock)
+        del upstream  # (the pool drops it once sent: a stream's exchange lives as long as the stream)
         try:
-            async with pool.exchange(upstream, request.clock) as response:
+            async with exchange as response:
                 if response.status >= 400:
                     await _refusal(response)
                 yield response

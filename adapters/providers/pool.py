@@ -120,6 +120,9 @@ class ProfilePool:
             response = None
             try:
                 response = await connection.exchange(request, clock)
+                # sent: the rendered request (the whole prompt again, beside the turn's own) is not
+                # kept while the body is read, for the life of a stream
+                del request
                 yield response
             finally:
                 if response is not None and response.complete and not self.closed and connection.reusable():
