@@ -298,7 +298,8 @@ class Gateway:
         method, path, send = exchange.method, exchange.path, exchange
         method = "GET" if method == "HEAD" else method  # a HEAD is a GET whose body the server does not send
         # the server bounds a head still arriving; a whole one that came in one read is checked here
-        head = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or ())
+        head = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + sum(
+            len(k) + len(v) + 4 for k, v in scope.get("headers") or ())
         if head > self.settings.max_header_bytes:
             await self._respond(send, 431, send.dialect.http_error(
                 431, f"request headers larger than {self.settings.max_header_bytes} bytes", "headers_too_large"),
