@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import trio
+from procs import stop
 
 HERE = Path(__file__).resolve().parent
 
@@ -98,9 +99,7 @@ def run(rounds: int = 3, n: int = 300) -> dict:
 
         trio.run(main)
     finally:
-        for proc in procs.values():
-            proc.terminate()
-            proc.wait(10)
+        stop(procs.values())
     out = {}
     for kind in kinds:
         values = sorted(samples[kind])

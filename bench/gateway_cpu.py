@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import sqlite3
 import statistics
 import subprocess
@@ -30,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from load import _connect, _cpu_s, _percentile, _request, _response, closed_loop  # noqa: E402
+from procs import listening, stop  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -146,13 +146,7 @@ sys.exit(main(sys.argv[3:]))
 def _start(lever: str, config: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-c", LAUNCH, str(HERE), lever, "serve", "--config", str(config),
                              "--port", "0", "--log-level", "warning"], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    line = ""
-    while time.monotonic() < deadline and "listening on" not in line:
-        line = proc.stderr.readline()
-        if not line and proc.poll() is not None:
-            raise RuntimeError(f"the gateway ({lever}) exited with {proc.returncode}")
-    return proc, re.search(r"http://[\d.]+:\d+", line).group(0) + "/v1/chat/completions"
+    return proc, listening(proc, f"the gateway ({lever})") + "/v1/chat/completions"
 
 
 async def _sequential(url: str, n: int) -> list[float]:
@@ -207,13 +201,7 @@ def run(rounds: int = 20, n: int = 250, c16_rounds: int = 3, seconds: float = 1.
 
         asyncio.run(main())
     finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(procs.values())
         tmp.cleanup()
     out: dict = {"load_average": os.getloadavg()[0], "requests_c1": rounds * n, "variants": {}}
     for variant in variants:

@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -31,6 +29,7 @@ sys.path.insert(0, str(HERE))
 
 from gateway_cpu import _sequential  # noqa: E402
 from load import _cpu_s, _percentile, closed_loop  # noqa: E402
+from procs import listening, stop  # noqa: E402
 
 SERVE = "import sys; from relayline.adapters.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -47,13 +46,7 @@ def _start(tree: str | None, tmp: str, name: str) -> tuple[subprocess.Popen, str
         env["PYTHONPATH"] = str(link)  # that tree's package shadows this tree's editable install
     proc = subprocess.Popen([sys.executable, "-c", SERVE, "serve", "--config", str(config),
                              "--port", "0", "--log-level", "warning"], stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 30
-    line = ""
-    while time.monotonic() < deadline and "listening on" not in line:
-        line = proc.stderr.readline()
-        if not line and proc.poll() is not None:
-            raise RuntimeError(f"the gateway ({name}) exited with {proc.returncode}")
-    return proc, re.search(r"http://[\d.]+:\d+", line).group(0) + "/v1/chat/completions"
+    return proc, listening(proc, f"the gateway ({name})") + "/v1/chat/completions"
 
 
 def run(base: str, after: str | None, rounds: int, n: int, levels: tuple[int, ...], seconds: float) -> dict:
@@ -86,13 +79,7 @@ def run(base: str, after: str | None, rounds: int, n: int, levels: tuple[int, ..
 
             asyncio.run(main())
         finally:
-            for proc in procs.values():
-                proc.terminate()
-            for proc in procs.values():
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop(procs.values())
     out: dict = {"load_average": [min(loads), max(loads)], "rounds": rounds, "figures": {}}
     for key in figures["after"]:
         if key.startswith("errors"):

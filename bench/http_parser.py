@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from gateway_cpu import _sequential  # noqa: E402
 from load import _cpu_s, _percentile, closed_loop  # noqa: E402
+from procs import listening, stop  # noqa: E402
 
 SIDES = ("before", "after")
 
@@ -52,13 +52,7 @@ def _gateway(tree: str | None, config: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config),
                              "--port", "0", "--log-level", "warning"], stderr=subprocess.PIPE, text=True,
                             env=_env(tree))
-    deadline = time.monotonic() + 30
-    line = ""
-    while time.monotonic() < deadline and "listening on" not in line:
-        line = proc.stderr.readline()
-        if not line and proc.poll() is not None:
-            raise RuntimeError(f"a gateway exited with {proc.returncode}")
-    return proc, re.search(r"http://[\d.]+:\d+", line).group(0) + "/v1/chat/completions"
+    return proc, listening(proc, "a gateway") + "/v1/chat/completions"
 
 
 def client_child(upstream: str, n: int) -> dict:
@@ -145,13 +139,7 @@ def run(trees: dict[str, str | None], rounds: int, n: int, seconds: float) -> di
             for side in SIDES:
                 clients[side].append(_client(trees[side], upstream, 2000))
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(procs)
         tmp.cleanup()
     direct_p50, direct_p99 = statistics.median(direct), _percentile(direct, 0.99)
     out: dict = {"load_average": os.getloadavg(), "rounds": rounds, "n": n, "direct_p50_ms": direct_p50 * 1e3,

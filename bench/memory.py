@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import httpx
+from procs import listening, stop
 
 MIB = 1024 * 1024
 LIMIT = 32 * MIB  # [limits] max_response_bytes, the default
@@ -197,11 +198,7 @@ def start_gateway(upstream: str, neighbours: str, tmp: str) -> tuple[subprocess.
         """))
     gw = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config),
                            "--port", "0", "--log-level", "warning"], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    line = ""
-    while time.monotonic() < deadline and "listening on" not in line:
-        line = gw.stderr.readline()
-    return gw, re.search(r"http://[\d.]+:\d+", line).group(0)
+    return gw, listening(gw)
 
 
 class Neighbour:
@@ -291,9 +288,7 @@ def main() -> int:
                 [sys.executable, __file__, "direct", f"{upstream}/v1/chat/completions", model],
                 capture_output=True, text=True, check=True).stdout) for model in CASES}
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+        stop(procs)
     load = os.getloadavg()[0]
     results = {"when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "load_average_1m": round(load, 2),
                "limit_bytes": LIMIT, "rounds": ROUNDS, "cases": {}}

@@ -25,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from peers import _timed_posts  # noqa: E402
+from procs import stop  # noqa: E402
 
 
 def _gateway(config: Path, log: Path, *args: str) -> tuple[subprocess.Popen, str]:
@@ -76,13 +77,7 @@ def run(rounds: int = 5, n: int = 200) -> dict:
             lines = (Path(tmp) / "logged.log").read_text().splitlines()
             access = [json.loads(line) for line in lines if '"relayline.access"' in line]
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop(procs)
     p50 = {k: statistics.median(v) * 1000 for k, v in latency.items()}
     return {"p50_ms": p50, "requests": {k: len(v) for k, v in latency.items()}, "access_lines": len(access),
             "logged_over_quiet": p50["logged"] / p50["quiet"], "quiet_over_direct": p50["quiet"] / p50["direct"]}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import trio
+from procs import listening, stop
 
 HERE = Path(__file__).resolve().parent
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -71,20 +71,10 @@ class Processes:
                                str(config or self.config_path), "--port", "0", *self.log_args, *extra],
                               stderr=subprocess.PIPE, text=True)
         self.procs.append(gw)
-        deadline = time.monotonic() + 30
-        line = ""
-        while time.monotonic() < deadline and "listening on" not in line:
-            line = gw.stderr.readline()
-        return re.search(r"http://[\d.]+:\d+", line).group(0), gw.pid
+        return listening(gw), gw.pid
 
     def __exit__(self, *exc) -> None:
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(self.procs)
         self.tmp.cleanup()
 
 
