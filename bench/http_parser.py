@@ -205,10 +205,9 @@ def _h11_server(h11, conn) -> bytes:
 
 def _llhttp_server(http11, reader) -> bytes:
     reader.feed(REQUEST)
-    events = reader.events
-    events.popleft()  # the head
-    body = events.popleft()
-    events.popleft()  # _END
+    reader.take()  # the head
+    body = reader.take()
+    reader.take()  # _END
     headers = [*ANSWER_HEADERS, (b"content-length", b"%d" % len(ANSWER_BODY))]
     http11._render_head(200, headers) + ANSWER_BODY
     return body

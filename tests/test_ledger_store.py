@@ -152,3 +152,35 @@ def test_a_new_ledger_writes_no_sequence_row_per_commit(tmp_path):
     store.write("t1", _result())
     assert "sqlite_sequence" not in _tables(path)
     store.close()
+
+
+def test_workers_opening_one_old_ledger_together_rebuild_it_once(tmp_path):
+    import threading
+
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as old:
+        old.executescript(SCHEMA_WITH_AUTOINCREMENT)
+        old.executemany("INSERT INTO attempts VALUES (?, ?, ?, 'p/m', 'p', 'm', 'complete', 'ok', 1, 10, 2, 0.5, '')",
+                        [(i, float(i), f"t{i}") for i in range(1, 2001)])
+    old.close()
+    stores: list[LedgerStore] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            stores.append(LedgerStore(path))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == [] and len(stores) == 4
+    assert "AUTOINCREMENT" not in _tables(path)["attempts"].upper()
+    assert [r["turn"] for r in stores[0].rows()] == [f"t{i}" for i in range(1, 2001)]
+    for store in stores:
+        store.close()

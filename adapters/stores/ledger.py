@@ -30,6 +30,9 @@ log = logging.getLogger("relayline.ledger")
 
 DEFAULT_PATH = "relayline-ledger.sqlite3"
 
+# The id is the rowid without AUTOINCREMENT: AUTOINCREMENT rewrote its sqlite_sequence row (one
+# more page in every commit, a sixth of a write's CPU) only to keep the ids of deleted rows from
+# being given again, and a ledger never deletes. A file made with it is rebuilt once when opened.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS attempts (
     id INTEGER PRIMARY KEY,
@@ -51,9 +54,6 @@ CREATE INDEX IF NOT EXISTS attempts_ts ON attempts (ts);
 
 # columns added after the first release: (name, definition), applied to older files in order
 MIGRATIONS = (("client", "TEXT NOT NULL DEFAULT ''"),)
-# The id is the rowid without AUTOINCREMENT: AUTOINCREMENT rewrote its sqlite_sequence row (one
-# more page in every commit: a quarter of a row's write CPU) only to keep ids of deleted rows from
-# being reused, and a ledger never deletes. A file made with it is rebuilt once when opened.
 # what `relayline ledger --by` groups on (both stores)
 GROUPS = {"model": ("provider", "model"), "client": ("client",)}
 
@@ -119,7 +119,8 @@ class LedgerStore:
                 self._rebuild()
             self._conn.execute("COMMIT")
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            if self._conn.in_transaction:  # (not when BEGIN itself failed: its error is the one to see)
+                self._conn.execute("ROLLBACK")
             raise
 
     def _rebuild(self) -> None:
