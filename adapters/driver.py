@@ -63,6 +63,17 @@ class _Escalated(Exception):
         self.error = error
 
 
+class _Spent(Exception):
+    """Carries an attempt's answer out of the turn's scope when the attempt's deadline passed in
+    the very step the answer arrived (its read woke in the loop tick that expired the deadline):
+    the answer stands, and the scope, already cancelled, would raise at its next checkpoint and
+    blame the next attempt, or the turn's budget, for it."""
+
+    def __init__(self, answer: Completion | fc.Failure) -> None:
+        super().__init__()
+        self.answer = answer
+
+
 class AttemptClock:
     """One attempt's deadline, moved as the provider reaches each phase, so the provider answers
     only for its own time: `headers_s` runs from the moment the request was written to the
@@ -168,18 +179,20 @@ class TurnRun:
             # one cancel scope carries the turn's budget (timeouts.total_s) and, moved by each
             # attempt's clock, the attempt's own deadline: a scope costs more than the turn's
             # routing decision. An attempt that runs out ends the scope; the turn goes on in a
-            # new one, with that attempt's timeout as its answer.
+            # new one, with that attempt's timeout as its answer (or with the answer itself,
+            # when it arrived in the tick that expired the deadline: _Spent).
             budget = trio.current_time() + self.timeouts.total_s
             action: Call | Sleep | Finish | None = None
-            timed_out: AttemptClock | None = None
+            resume: Completion | fc.Failure | None = None  # an attempt's answer the turn goes on with
             while True:
                 with trio.CancelScope(deadline=budget) as scope:
                     self._scope, self._budget = scope, budget
                     if self.cancelled:
                         scope.cancel()
                     try:
-                        if timed_out is not None:
-                            action = await self._answered(timed_out.failure())
+                        if resume is not None:
+                            answer, resume = resume, None
+                            action = await self._answered(answer)
                         elif action is None:
                             await self._sync_health()
                             action = turn.start(trio.current_time())
@@ -194,6 +207,9 @@ class TurnRun:
                                 action = await self._complete(action)
                     except _Escalated as exc:
                         raise exc.error from None
+                    except _Spent as spent:
+                        resume = spent.answer
+                        continue
                 if not scope.cancelled_caught:
                     break
                 timed_out, self._clock = self._clock, None
@@ -204,6 +220,7 @@ class TurnRun:
                 if timed_out is None or not timed_out.ran_out():
                     action = turn.expire(trio.current_time())
                     break
+                resume = timed_out.failure()
             self.result = action.result
             await self._sync_health(read=False)
             for event in action.deliver:
@@ -306,6 +323,8 @@ class TurnRun:
         except Exception as exc:
             completion = self._internal(call, exc)
         self._clock = None
+        if scope.cancel_called and not self.cancelled:
+            raise _Spent(completion)
         if scope.deadline != self._budget:  # (an answer read whole already put it back: read())
             scope.deadline = self._budget
         return await self._answered(completion)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import trio
 import trio_parallel
+from test_upstream import RawServer
 
 from helpers import asgi_post
 from helpers import loopback_config as config
@@ -224,6 +226,36 @@ async def test_a_hang_past_the_budget_is_the_turns_deadline_not_the_attempts_tim
     result, relay, *_ = await turn(lambda s: Reply(delay=math.inf), timeouts={"headers_s": 0.3, "total_s": 1.0})
     assert [(a.provider, a.outcome) for a in result.attempts] == [("primary", "timeout"), ("backup", "ok")]
     assert "headers within 0.3s" in result.attempts[0].detail and result.outcome == "ok"
+
+
+def _raw(status: int, body: bytes) -> bytes:
+    return b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (status, len(body), body)
+
+
+@pytest.mark.parametrize("first", [_raw(503, b'{"error": {"message": "busy"}}'), _raw(200, b"not json")])
+async def test_an_answer_that_arrives_in_the_tick_its_deadline_passes_stands_and_the_turn_goes_on(first, autojump_clock):
+    """The attempt's deadline is moved on the turn's own scope (driver.AttemptClock). When the
+    answer wakes the read in the very loop tick that expires that deadline, the answer is read
+    and stands, but the scope is already cancelled: the retry must not inherit it (it ended
+    the turn as `deadline` with 595 s of its budget left, the retry never sent)."""
+    async def first_answer(stream):
+        await trio.sleep(1)  # the client waits for the head, its deadline 5 s after the write
+        # the answer in the client's socket and, in the same step, the deadline past: the
+        # client's read wakes in the tick that expires it (a loaded loop's long tick, made exact)
+        os.write(stream.socket.fileno(), first)
+        autojump_clock.jump(10)
+
+    server = RawServer(lambda number, index: first_answer if index == 0 else _raw(200, answer("second")))
+    async with trio.open_nursery() as nursery:
+        await server.start(nursery)
+        cfg = structure_config(config(server.url.removesuffix("/v1/chat/completions"),
+                                      timeouts={"headers_s": 5, "total_s": 600}, breaker={"failure_threshold": 5},
+                                      reliability={"provider_retries": 2, "backoff_ms": 0}))
+        async with Relay(cfg, env={}) as relay:
+            result = await relay._run_turn(HI, stream=False)
+        nursery.cancel_scope.cancel()
+    assert result.outcome == "ok" and result.text == "second", (result.outcome, result.error)
+    assert [(a.outcome, a.detail) for a in result.attempts][1] == ("ok", "") and len(server.requests) == 2
 
 
 async def test_total_s_bounds_retries_and_waits():

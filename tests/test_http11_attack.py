@@ -158,21 +158,6 @@ async def test_what_llhttp_reads_and_h11_refused_is_still_refused():
     assert app.seen == ["/first"]
 
 
-async def test_a_client_that_sent_garbage_ahead_and_left_is_still_seen_leaving():
-    app = App()
-    async with trio.open_nursery() as nursery:
-        _, stop, port = await start(nursery, app)
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        await stream.send_all(GET % b"/watch" + b"NOT HTTP AT ALL\r\n\r\n")
-        await app.started.wait()
-        await stream.aclose()
-        with trio.fail_after(5):
-            while "sent" not in app.events:
-                await trio.sleep(0.01)
-        stop.set()
-    assert app.events == ["http.disconnect", "sent"]
-
-
 async def test_a_trailer_that_does_not_end_is_refused_like_a_chunk_header():
     app = App()
     async with trio.open_nursery() as nursery:

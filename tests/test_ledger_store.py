@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 
 import trio
@@ -154,9 +155,57 @@ def test_a_new_ledger_writes_no_sequence_row_per_commit(tmp_path):
     store.close()
 
 
-def test_workers_opening_one_old_ledger_together_rebuild_it_once(tmp_path):
-    import threading
+def test_a_worker_opening_a_ledger_while_another_rebuilds_it_waits_for_the_rebuild(tmp_path, monkeypatch):
+    """`serve --workers` opens one file in each worker at once. A large ledger made with
+    AUTOINCREMENT takes one of them seconds to rebuild (2 million rows: 15 s); the others must
+    wait for it, not fail at start with `database is locked` once the usual busy wait is over."""
+    monkeypatch.setattr(ledger_module, "BUSY_S", 0.1)  # the usual wait, short here; the rebuild below is longer
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as old:
+        old.execute("PRAGMA journal_mode=WAL")  # (as every LedgerStore made it)
+        old.executescript(SCHEMA_WITH_AUTOINCREMENT)
+        old.execute("INSERT INTO attempts VALUES (1, 1.0, 't1', 'p/m', 'p', 'm', 'complete', 'ok', 1, 10, 2, 0.5, '')")
+    old.close()
+    rebuilding = sqlite3.connect(path, isolation_level=None)  # the first worker, in its rebuild
+    rebuilding.execute("BEGIN IMMEDIATE")
+    opened: list[object] = []
+    second = threading.Thread(target=lambda: opened.append(_open_or_error(path)))
+    second.start()
+    time.sleep(0.5)
+    rebuilding.execute("COMMIT")
+    rebuilding.close()
+    second.join(10)
+    store = opened[0]
+    assert isinstance(store, LedgerStore), store
+    assert [r["turn"] for r in store.rows()] == ["t1"] and "AUTOINCREMENT" not in _tables(path)["attempts"].upper()
+    store.close()
 
+
+def _open_or_error(path):
+    try:
+        return LedgerStore(path)
+    except Exception as exc:
+        return exc
+
+
+def test_a_current_ledger_is_opened_without_taking_the_write_lock(tmp_path, monkeypatch):
+    # `relayline ledger` reads while a gateway writes: opening a ledger that needs no migration
+    # must not wait for (or fail on) the writer's lock
+    monkeypatch.setattr(ledger_module, "BUSY_S", 0.1)
+    path = tmp_path / "current.sqlite3"
+    LedgerStore(path).close()
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    try:
+        store = LedgerStore(path)
+        assert store.rows() == []
+        store.close()
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+
+
+def test_workers_opening_one_old_ledger_together_rebuild_it_once(tmp_path):
     path = tmp_path / "old.sqlite3"
     with sqlite3.connect(path) as old:
         old.executescript(SCHEMA_WITH_AUTOINCREMENT)

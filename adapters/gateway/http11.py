@@ -480,8 +480,11 @@ class _Reader:
     def _refeed(self, data: bytes) -> None:
         """A head h11 would have read and llhttp does not (bare LF line ends, obs-fold), kept whole
         until its blank line and then read by a new parser, unfolded and with CRLF line ends."""
+        # what was kept already had no blank line: only its end is scanned again (a head sent a
+        # byte at a time is scanned once, not once a byte); the first call scans the whole head
+        start = max(len(self.refeed) - 2, 0) if data else 0
         raw = self.refeed + data
-        end = _BLANK_LINE(raw)
+        end = _BLANK_LINE(raw, start)
         if end is None:
             self.refeed = raw
             if len(raw) > self.limit:

@@ -60,6 +60,8 @@ GROUPS = {"model": ("provider", "model"), "client": ("client",)}
 COLUMNS = ("ts", "turn", "requested", "provider", "model", "mode", "outcome", "accepted", "input_tokens",
            "output_tokens", "cost_usd", "client")
 INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+BUSY_S = 5.0  # how long a statement waits for another connection's write lock (sqlite3's default)
+MIGRATION_WAIT_S = 600.0  # how long opening waits for another process's migration of the same file
 CHECKPOINT_EVERY = 250  # writes (about 1,000 WAL pages: SQLite's own autocheckpoint threshold)
 
 
@@ -86,7 +88,7 @@ class LedgerStore:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._conn = sqlite3.connect(self.path, timeout=BUSY_S, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:
             wal = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
@@ -106,22 +108,39 @@ class LedgerStore:
         self._closed = False
 
     def _migrate(self) -> None:
-        # IMMEDIATE: the gateway's workers open one file together; the second sees the first's work
-        self._conn.execute("BEGIN IMMEDIATE")
+        if not self._outdated():  # (a read: a current file is opened without the write lock)
+            return
+        # IMMEDIATE: the gateway's workers open one file together; the second sees the first's
+        # work. A rebuild of a large file takes seconds (2 million rows: 15 s), far beyond the
+        # usual busy wait: the others wait for it rather than fail at start
+        self._conn.execute(f"PRAGMA busy_timeout = {int(MIGRATION_WAIT_S * 1000)}")
         try:
-            have = {row[1] for row in self._conn.execute("PRAGMA table_info(attempts)")}
-            for name, definition in MIGRATIONS:
-                if name not in have:
-                    self._conn.execute(f"ALTER TABLE attempts ADD COLUMN {name} {definition}")
-            (made,) = self._conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'attempts'"
-                                         ).fetchone()
-            if "AUTOINCREMENT" in made.upper():
-                self._rebuild()
-            self._conn.execute("COMMIT")
-        except BaseException:
-            if self._conn.in_transaction:  # (not when BEGIN itself failed: its error is the one to see)
-                self._conn.execute("ROLLBACK")
-            raise
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                outdated = self._outdated()  # (again: another worker may have done it meanwhile)
+                if outdated is not None:
+                    missing, autoincrement = outdated
+                    for name, definition in MIGRATIONS:
+                        if name in missing:
+                            self._conn.execute(f"ALTER TABLE attempts ADD COLUMN {name} {definition}")
+                    if autoincrement:
+                        self._rebuild()
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:  # (not when BEGIN itself failed: its error is the one to see)
+                    self._conn.execute("ROLLBACK")
+                raise
+        finally:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
+
+    def _outdated(self) -> tuple[set[str], bool] | None:
+        """What the file lacks (MIGRATIONS' columns, the id without AUTOINCREMENT); None: nothing."""
+        have = {row[1] for row in self._conn.execute("PRAGMA table_info(attempts)")}
+        missing = {name for name, _ in MIGRATIONS if name not in have}
+        (made,) = self._conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'attempts'"
+                                     ).fetchone()
+        autoincrement = "AUTOINCREMENT" in made.upper()
+        return (missing, autoincrement) if missing or autoincrement else None
 
     def _rebuild(self) -> None:
         """The attempts table made again from SCHEMA with every row and its id (SQLite cannot drop
