@@ -206,6 +206,8 @@ async def test_a_body_closed_by_the_connection_is_read_whole_and_the_connection_
     (CHUNKED + b"5\r\nhello\r\n", "connection lost while reading the response"),
     (CHUNKED + b"zz\r\nhello\r\n0\r\n\r\n", "malformed HTTP response body"),
     (CHUNKED + b"5\r\nhello!!\r\n0\r\n\r\n", "malformed HTTP response body"),  # a chunk longer than it said
+    # framing in a trailer (h11 refused it; llhttp took a Transfer-Encoding there as the connection's end)
+    (CHUNKED + b"5\r\nhello\r\n0\r\ntransfer-encoding: gzip\r\n\r\n", "malformed HTTP response body"),
 ])
 async def test_a_cut_or_malformed_body_is_an_upstream_error_and_closes_the_connection(serve, answer, message):
     server = await serve(lambda number, index: answer, close=True)
@@ -274,6 +276,24 @@ async def test_what_a_chunked_body_holds_besides_its_data_is_bounded_as_a_head_i
                 async for _ in response:
                     pass
     assert pool.opened == 0
+    await pool.aclose()
+
+
+@pytest.mark.parametrize("answer", [
+    OK_HEAD + b"content-length: 2\r\n\r\n{}",
+    b"HTTP/1.1 204 No Content\r\n\r\n",
+    CHUNKED + b"2\r\n{}\r\n0\r\n\r\n",
+])
+async def test_a_second_answer_sent_unasked_with_the_first_is_never_taken_for_any_part_of_it(serve, answer):
+    # llhttp goes on parsing past the answer's end in the same read: the unasked answer's
+    # status and body must not become the first's (nor its connection go back to the pool)
+    unasked = b"HTTP/1.1 500 Smuggled\r\ncontent-length: 13\r\n\r\n{\"smuggled\":1}"
+    server = await serve(lambda number, index: answer + unasked)
+    pool = ProfilePool()
+    for _ in range(2):
+        status, _, body, complete = await fetch(pool, request(server.url))
+        assert (status, complete) == (int(answer[9:12]), True) and b"smuggled" not in body, body
+    assert server.accepted == 2 and pool.opened == 0
     await pool.aclose()
 
 

@@ -104,3 +104,27 @@ def test_a_structured_request_runs_through_the_library():
             return await relay.complete(request)
 
     assert trio.run(main).text == "ok"
+
+
+class _Mapping(dict):
+    """A message object that is not exactly a dict: the general path reads it, field by field."""
+
+
+@given(st.lists(st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "developer", "user", "assistant", "tool", "critic", 3]),
+     "content": st.one_of(st.text(max_size=8), st.none(), st.just([{"type": "text", "text": "a"}]))},
+    optional={"name": st.text(max_size=3), "tool_call_id": st.text(max_size=3)}), min_size=1, max_size=4))
+def test_a_plain_message_read_at_once_is_what_the_general_path_reads(messages):
+    """providers/openai.py reads a message of a role and a string at once; whatever the message,
+    the request (or the refusal, by field and message) is the one the field-by-field path makes."""
+    from relayline.adapters.providers.openai import parse_request
+
+    def read(body):
+        try:
+            return parse_request(body, passthrough=False)
+        except wire.WireError as error:
+            return ("refused", error.param, str(error))
+
+    fast = read({"model": "m", "messages": messages})
+    general = read({"model": "m", "messages": [_Mapping(m) for m in messages]})
+    assert fast == general

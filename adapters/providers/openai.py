@@ -104,10 +104,21 @@ def _tool_call(raw, param: str) -> w.ToolCall:
                       w.want_str(function.get("name"), w.path(param, "function.name")), arguments)
 
 
-def _message(raw, param: str, extra_names: list[str]) -> w.Message:
+# the roles whose message is whole as a role and a string (a tool result also needs its call's id)
+_PLAIN_ROLES = {"system": w.SYSTEM, "developer": w.SYSTEM, "user": w.USER, "assistant": w.ASSISTANT}
+
+
+def _message(raw, index: int, extra_names: list[str]) -> w.Message:
+    if type(raw) is dict and len(raw) == 2:
+        role, content = raw.get("role"), raw.get("content")
+        if type(content) is str and type(role) is str and role in _PLAIN_ROLES:
+            # nearly every message of a conversation: a role and a string, nothing else to check
+            # (what the general path below makes of it, without its per-field paths and extras)
+            return w.Message(_PLAIN_ROLES[role], (w.Part(w.TEXT, content),) if content else ())
+    param = w.path("messages", index)
     raw = w.want_dict(raw, param)
-    role = w.want_str(raw.get("role"), w.path(param, "role"))
     content = raw.get("content")
+    role = w.want_str(raw.get("role"), w.path(param, "role"))
     where = w.path(param, "content")
     extra_names.extend(f"messages.{k}" for k in w.extras(raw, ("role", "content", "tool_calls", "tool_call_id")))
     if role in ("system", "developer"):
@@ -165,7 +176,7 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
     if not messages:
         raise w.WireError("messages", "must not be empty")
     extra_names: list[str] = []
-    parsed = tuple(_message(m, w.path("messages", i), extra_names) for i, m in enumerate(messages))
+    parsed = tuple(_message(m, i, extra_names) for i, m in enumerate(messages))
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]

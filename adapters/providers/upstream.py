@@ -212,7 +212,11 @@ class Connection:
 
     def on_message_begin(self) -> None:
         if self._done:
+            # an answer nobody asked for, in the same read: llhttp would parse it on, and its
+            # status, head and body would become this exchange's. Parsing stops here, and the
+            # connection is not reused
             self._after = True
+            raise _Malformed("bytes after the answer")
 
     def on_status(self, reason: bytes) -> None:
         if b"\0" in reason:  # (llhttp takes any byte in a reason phrase; h11 refused a NUL, as RFC 9112 4 does)
@@ -220,6 +224,10 @@ class Connection:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._head_done:  # a chunked body's trailer: not part of the head (as with h11 before)
+            if name.lower() in (b"transfer-encoding", b"content-length"):
+                # framing in a trailer (h11 refused it): llhttp takes a Transfer-Encoding there as
+                # the connection's end, after the answer was judged reusable
+                raise _Malformed("framing in a trailer")
             return
         self._head_size += len(name) + len(value)
         key = name.decode("latin-1").lower()
