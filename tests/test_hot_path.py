@@ -1,7 +1,8 @@
 """The per-frame and per-request fast paths only change the speed: each is checked against the
 general path it short-cuts, on generated input (the JSON codec against the standard library,
 the text-chunk reader against the general chunk walk, slotted stream chunks against whole
-rendered chunks, the LF-only SSE split against the general line splitter)."""
+rendered chunks, the LF-only SSE split against the general line splitter, a text chunk read once
+against the checked read)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from relayline.adapters import jsoncodec
 from relayline.adapters.gateway.dialects import AnthropicStream, OpenAIStream
 from relayline.adapters.providers import openai
+from relayline.adapters.providers.anthropic import AnthropicStreamParser
 from relayline.adapters.providers.base import ProviderFailure
 from relayline.adapters.providers.openai import OpenAIStreamParser
 from relayline.adapters.sse import SSEDecoder, SSEEvent
@@ -107,6 +109,64 @@ def test_the_text_chunk_shortcut_takes_only_what_the_general_walk_reads_as_one_t
 @given(near_text | chunks)
 def test_the_text_chunk_shortcut_reads_every_chunk_as_the_general_walk_does(obj):
     assert read(obj, shortcut=True) == read(obj, shortcut=False)
+
+
+# -- a text chunk read once (jsoncodec.loads_shape) ------------------------------------------------
+
+LONG = 123456789012345678901234567890  # orjson would read it as a float; `loads` reads it exactly
+
+
+def _long(chunk: str) -> str:
+    return chunk.replace("@", str(LONG))
+
+
+def _checked(data):
+    try:
+        return jsoncodec.loads(data)
+    except ValueError:
+        return None
+
+
+def feed(parser, data: str, *, one_read: bool):
+    """The frames `parser` makes of one event, its chunk read once or by the checked read (as before)."""
+    saved = jsoncodec.loads_shape
+    if not one_read:
+        jsoncodec.loads_shape = _checked
+    try:
+        return parser().feed(SSEEvent(data, "content_block_delta"))
+    except ProviderFailure as exc:
+        return ("failure", exc.failure.kind, exc.failure.detail)
+    finally:
+        jsoncodec.loads_shape = saved
+
+
+@pytest.mark.parametrize("data", [
+    _long('{"id":"c","created":@,"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}'),
+    _long('{"choices":[{"index":@,"delta":{"content":"x"},"finish_reason":null}]}'),
+    _long('{"choices":[{"index":0,"delta":{"content":@},"finish_reason":null}]}'),
+    _long('{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}],"usage":{"prompt_tokens":@}}'),
+    _long('{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":@}]}'),
+    '{"choices":[{"index":0,"delta":{"content":"\\ud800"},"finish_reason":null}]}',
+    '{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":NaN}]}',
+    '{"choices":[{"index":0,"delta":{"content":"x"}}]',
+    '[1]',
+])
+def test_an_openai_chunk_read_once_makes_the_frames_of_the_checked_read(data):
+    assert feed(OpenAIStreamParser, data, one_read=True) == feed(OpenAIStreamParser, data, one_read=False)
+
+
+@pytest.mark.parametrize("data", [
+    '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}',
+    _long('{"type":"content_block_delta","index":@,"delta":{"type":"text_delta","text":"hi"}}'),
+    _long('{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":@}}'),
+    '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta"}}',
+    '{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"t"}}',
+    '{"type":"content_block_delta","index":0,"delta":"x"}',
+    '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"\\ud800"}}',
+    '{"index":0,"delta":{"type":"text_delta","text":"hi"}}',
+])
+def test_an_anthropic_delta_read_once_makes_the_frames_of_the_checked_read(data):
+    assert feed(AnthropicStreamParser, data, one_read=True) == feed(AnthropicStreamParser, data, one_read=False)
 
 
 # -- slotted stream chunks ------------------------------------------------------------------------

@@ -31,7 +31,6 @@ import sqlite3
 import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
-from functools import partial
 from urllib.parse import parse_qs
 
 import attrs
@@ -652,10 +651,8 @@ class Gateway:
         kwargs = dict(messages=request, model=request.model)
         if request.stream:
             runs: list[TurnRun] = []
-            stream = _StreamWire(turn_id, send, runs, dialect, request)
-            gate_s = self.relay.config.timeouts.gate_commit_s
-            tasks = [partial(stream.tend, gate_s)]
-            result = await self._run_turn(send, turn_id, receive, runs, tasks, on_end=stream.ending, stream=True,
+            stream = _StreamWire(turn_id, send, runs, dialect, request, self.relay.config.timeouts.gate_commit_s)
+            result = await self._run_turn(send, turn_id, receive, runs, (stream.tend,), on_end=stream.ending, stream=True,
                                           sink=stream.event, **kwargs)
             if result is not None and send.drained:
                 result = _shut_down(result)
@@ -824,11 +821,12 @@ class _StreamWire:
 
     MAX_PENDING = 256 * 1024
 
-    __slots__ = ("send", "runs", "request", "render", "started", "_lock", "_pending", "_pending_bytes", "_wake", "_room",
-                 "_sending", "_ending")
+    __slots__ = ("send", "runs", "request", "render", "gate_s", "started", "_lock", "_pending", "_pending_bytes", "_wake",
+                 "_room", "_sending", "_ending")
 
-    def __init__(self, turn_id: str, send, runs: list[TurnRun], dialect, request: wire.Request) -> None:
+    def __init__(self, turn_id: str, send, runs: list[TurnRun], dialect, request: wire.Request, gate_s: float) -> None:
         self.send = send
+        self.gate_s = gate_s
         self.runs = runs
         self.request = request
         self.render = dialect.stream_renderer(turn_id, request)
@@ -890,10 +888,10 @@ class _StreamWire:
         await self._queue(self.render.opening(entry.model if entry is not None else "",
                                               gate.usage if gate is not None else None))
 
-    async def tend(self, gate_s: float) -> None:
+    async def tend(self) -> None:
         """The stream's helper: the gate timer until the turn commits, then the writes."""
-        if gate_s > 0:
-            with trio.move_on_after(gate_s):
+        if self.gate_s > 0:
+            with trio.move_on_after(self.gate_s):
                 await self._wake.wait()  # the turn committed first: its first write is waiting
             await self._start()  # a slow model is not an error: the held headers and preamble go out
         while True:

@@ -263,6 +263,7 @@ class HttpProvider:
                             await _finish_body(chunks)
                             yield Frame(DONE)
                             return
+                del chunk, pieces, piece  # a read is not kept while the next is awaited (a held stream's life)
         except SSEProtocolError as exc:
             raise ProviderFailure(fc.truncated(f"malformed stream: {exc}")) from None
         except UpstreamError as exc:
