@@ -383,8 +383,12 @@ def print_http(h: dict) -> None:
         print(f"{name:<10} {row['p50']:>8.3f} {row['p99']:>8.3f} {row['added_p50']:>10.3f} {row['added_p99']:>10.3f} "
               f"{row['ratio_p50']:>9.2f}")
     if "litellm" in lat and lat["gateway"]["added_p50"] > 0:
-        print(f"LiteLLM adds {lat['litellm']['added_p50'] / lat['gateway']['added_p50']:.1f}x the gateway's p50 "
-              f"and {lat['litellm']['added_p50'] / max(lat['library']['added_p50'], 1e-9):.1f}x the library's")
+        library = lat["library"]["added_p50"]
+        # the library's own upstream client is cheaper than the direct httpx call: its added p50 can be
+        # below zero, where a ratio means nothing
+        of_library = f"{lat['litellm']['added_p50'] / library:.1f}x the library's" if library > 0 else \
+            f"the library adds nothing over the direct call ({library:+.3f} ms)"
+        print(f"LiteLLM adds {lat['litellm']['added_p50'] / lat['gateway']['added_p50']:.1f}x the gateway's p50; {of_library}")
     print("\nthroughput (requests/s)")
     for c, row in h["throughput_rps"].items():
         print(f"  concurrency {c:>3}: " + ", ".join(f"{k} {v:,.0f}" for k, v in row.items()))
