@@ -22,13 +22,13 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+from procs import child_in_tree  # noqa: E402
 
 
 def child(rounds: int, held: int) -> dict:
@@ -66,17 +66,7 @@ def child(rounds: int, held: int) -> dict:
 
 
 def _measure(tree: str | None, rounds: int, held: int) -> dict:
-    env = dict(os.environ)
-    if tree is not None:
-        # that tree's package shadows this tree's editable install (a path entry comes first)
-        link = Path(tempfile.mkdtemp(prefix="frames-tree-"))
-        (link / "relayline").symlink_to(Path(tree).resolve())
-        env["PYTHONPATH"] = str(link)
-    done = subprocess.run([sys.executable, __file__, "--child", "--rounds", str(rounds), "--held", str(held)],
-                          env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise SystemExit(f"child failed: {done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_in_tree(__file__, tree, ["--rounds", str(rounds), "--held", str(held)])
 
 
 FIGURES = (("gateway first byte added, ms", "stream", "gateway", "first_byte_added_ms"),

@@ -27,11 +27,11 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+
+from procs import child_in_tree
 
 BODY = json.dumps({"model": "frames-1", "messages": [{"role": "user", "content": "hi"}]}).encode()
 ROUNDS = 3  # per child: the least CPU of these (machine noise only adds)
@@ -146,17 +146,7 @@ def profile(n: int, ledger: bool) -> None:
 
 
 def _measure(tree: str | None, n: int, ledger: bool) -> dict:
-    env = dict(os.environ)
-    if tree is not None:
-        link = Path(tempfile.mkdtemp(prefix="path-tree-"))
-        (link / "relayline").symlink_to(Path(tree).resolve())
-        env["PYTHONPATH"] = str(link)  # that tree's package shadows this tree's editable install
-    args = [sys.executable, __file__, "--child", "--n", str(n)]
-    done = subprocess.run(args + ([] if ledger else ["--no-ledger"]), env=env, capture_output=True, text=True,
-                          timeout=600)
-    if done.returncode != 0:
-        raise SystemExit(f"child failed: {done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_in_tree(__file__, tree, ["--n", str(n)] + ([] if ledger else ["--no-ledger"]), timeout_s=600)
 
 
 def main() -> int:

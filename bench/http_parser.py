@@ -33,25 +33,15 @@ sys.path.insert(0, str(HERE))
 
 from gateway_cpu import _sequential  # noqa: E402
 from load import _cpu_s, _percentile, closed_loop  # noqa: E402
-from procs import listening, stop  # noqa: E402
+from procs import listening, stop, tree_env  # noqa: E402
 
 SIDES = ("before", "after")
-
-
-def _env(tree: str | None) -> dict:
-    env = dict(os.environ)
-    if tree is not None:
-        # that tree's package shadows this tree's editable install (a path entry comes first)
-        link = Path(tempfile.mkdtemp(prefix="parser-tree-"))
-        (link / "relayline").symlink_to(Path(tree).resolve())
-        env["PYTHONPATH"] = str(link)
-    return env
 
 
 def _gateway(tree: str | None, config: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config),
                              "--port", "0", "--log-level", "warning"], stderr=subprocess.PIPE, text=True,
-                            env=_env(tree))
+                            env=tree_env(tree))
     return proc, listening(proc, "a gateway") + "/v1/chat/completions"
 
 
@@ -86,7 +76,7 @@ def client_child(upstream: str, n: int) -> dict:
 
 
 def _client(tree: str | None, upstream: str, n: int) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--child", upstream, "--n", str(n)], env=_env(tree),
+    done = subprocess.run([sys.executable, __file__, "--child", upstream, "--n", str(n)], env=tree_env(tree),
                           capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise SystemExit(f"client child failed: {done.stderr[-3000:]}")

@@ -4,10 +4,15 @@ a server behind)."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 
 def listening(proc: subprocess.Popen, name: str = "the gateway", timeout_s: float = 30.0) -> str:
@@ -34,3 +39,24 @@ def stop(procs: Iterable[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def tree_env(tree: str | None) -> dict:
+    """The environment that runs `tree`'s relayline package (None: this tree's): its package is
+    linked into a path entry that comes before this tree's editable install. This is how a bench
+    measures two checkouts alternated in one run."""
+    env = dict(os.environ)
+    if tree is not None:
+        link = Path(tempfile.mkdtemp(prefix="relayline-tree-"))
+        (link / "relayline").symlink_to(Path(tree).resolve())
+        env["PYTHONPATH"] = str(link)
+    return env
+
+
+def child_in_tree(script: str, tree: str | None, args: list[str], timeout_s: float = 900) -> dict:
+    """`script --child *args` run on `tree`'s package; the JSON of its last line of output."""
+    done = subprocess.run([sys.executable, script, "--child", *args], env=tree_env(tree), capture_output=True,
+                          text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise SystemExit(f"child failed: {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -19,13 +19,13 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+from procs import child_in_tree  # noqa: E402
 
 
 def child(frames: int, streams: int) -> dict:
@@ -66,16 +66,7 @@ def child(frames: int, streams: int) -> dict:
 
 
 def _measure(tree: str | None, frames: int, streams: int) -> dict:
-    env = dict(os.environ)
-    if tree is not None:  # that tree's package first on the path (bench/frames.py's way)
-        link = Path(tempfile.mkdtemp(prefix="cpu-tree-"))
-        (link / "relayline").symlink_to(Path(tree).resolve())
-        env["PYTHONPATH"] = str(link)
-    done = subprocess.run([sys.executable, __file__, "--child", "--frames", str(frames), "--streams", str(streams)],
-                          env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise SystemExit(f"child failed: {done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_in_tree(__file__, tree, ["--frames", str(frames), "--streams", str(streams)])
 
 
 def main() -> int:

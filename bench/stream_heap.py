@@ -28,6 +28,8 @@ import textwrap
 import tracemalloc
 from pathlib import Path
 
+from procs import child_in_tree
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -103,16 +105,8 @@ def child(held: int, prompt_words: int, top: int) -> dict:
 
 
 def _measure(tree: str | None, held: int, prompt_words: int, top: int) -> dict:
-    env = dict(os.environ)
-    if tree is not None:  # that tree's package first on the path (bench/frames.py's way)
-        link = Path(tempfile.mkdtemp(prefix="heap-tree-"))
-        (link / "relayline").symlink_to(Path(tree).resolve())
-        env["PYTHONPATH"] = str(link)
-    done = subprocess.run([sys.executable, __file__, "--child", "--held", str(held), "--prompt-words", str(prompt_words),
-                           "--top", str(top)], env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        raise SystemExit(f"child failed: {done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_in_tree(__file__, tree, ["--held", str(held), "--prompt-words", str(prompt_words), "--top", str(top)],
+                         timeout_s=600)
 
 
 def main() -> int:
