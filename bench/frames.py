@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from procs import child_in_tree  # noqa: E402
+from procs import alternate, tree_arguments  # noqa: E402
 
 
 def child(rounds: int, held: int) -> dict:
@@ -65,10 +65,6 @@ def child(rounds: int, held: int) -> dict:
     return out
 
 
-def _measure(tree: str | None, rounds: int, held: int) -> dict:
-    return child_in_tree(__file__, tree, ["--rounds", str(rounds), "--held", str(held)])
-
-
 FIGURES = (("gateway first byte added, ms", "stream", "gateway", "first_byte_added_ms"),
            ("gateway per frame added, µs", "stream", "gateway", "per_frame_added_us"),
            ("library first byte added, ms", "stream", "library", "first_byte_added_ms"),
@@ -77,21 +73,15 @@ FIGURES = (("gateway first byte added, ms", "stream", "gateway", "first_byte_add
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", help="the package directory of the tree before the lever")
-    parser.add_argument("--after", help="the tree after it (default: this one)")
-    parser.add_argument("--pairs", type=int, default=3, help="before/after pairs, alternated")
+    tree_arguments(parser)
     parser.add_argument("--rounds", type=int, default=20, help="1- and 200-frame streams per method per child")
     parser.add_argument("--held", type=int, default=1000, help="streams held at once for RSS per stream (0: none)")
     parser.add_argument("--out", help="write the figures and every child's results here (JSON)")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.rounds, args.held)))
         return 0
-    sides = {"before": [], "after": []} if args.base else {"after": []}
-    for _ in range(args.pairs):
-        for side in sides:
-            sides[side].append(_measure(args.base if side == "before" else args.after, args.rounds, args.held))
+    sides = alternate(__file__, args, ["--rounds", str(args.rounds), "--held", str(args.held)])
     rows = [(label, [statistics.median(r[part][who][key] for r in runs) for runs in sides.values()])
             for label, part, who, key in FIGURES]
     if args.held:

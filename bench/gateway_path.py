@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from procs import child_in_tree
+from procs import alternate, tree_arguments
 
 BODY = json.dumps({"model": "frames-1", "messages": [{"role": "user", "content": "hi"}]}).encode()
 ROUNDS = 3  # per child: the least CPU of these (machine noise only adds)
@@ -145,19 +145,12 @@ def profile(n: int, ledger: bool) -> None:
     stats.sort_stats("tottime").print_stats(30)
 
 
-def _measure(tree: str | None, n: int, ledger: bool) -> dict:
-    return child_in_tree(__file__, tree, ["--n", str(n)] + ([] if ledger else ["--no-ledger"]), timeout_s=600)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", help="the package directory of the tree before the lever")
-    parser.add_argument("--after", help="the tree after it (default: this one; the base again: a control)")
-    parser.add_argument("--pairs", type=int, default=7)
+    tree_arguments(parser, pairs=7)
     parser.add_argument("--n", type=int, default=2000, help="requests per round (ROUNDS rounds per child)")
     parser.add_argument("--no-ledger", action="store_true", help="no ledger row (the gateway without [ledger])")
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.n, not args.no_ledger)))
@@ -165,10 +158,8 @@ def main() -> int:
     if args.profile:
         profile(args.n, not args.no_ledger)
         return 0
-    sides: dict[str, list[dict]] = {"before": [], "after": []} if args.base else {"after": []}
-    for pair in range(args.pairs):
-        for side in (list(sides) if pair % 2 == 0 else list(sides)[::-1]):
-            sides[side].append(_measure(args.base if side == "before" else args.after, args.n, not args.no_ledger))
+    sides = alternate(__file__, args, ["--n", str(args.n)] + (["--no-ledger"] if args.no_ledger else []),
+                      timeout_s=600)
     values = {side: statistics.median(r["us"] for r in runs) for side, runs in sides.items()}
     print(f"CPU µs per request, the ASGI app in process ({'without' if args.no_ledger else 'with'} the ledger row), "
           f"medians of {args.pairs} children; load average {os.getloadavg()[0]:.1f}")

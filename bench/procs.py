@@ -4,6 +4,7 @@ a server behind)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -60,3 +61,22 @@ def child_in_tree(script: str, tree: str | None, args: list[str], timeout_s: flo
     if done.returncode != 0:
         raise SystemExit(f"child failed: {done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def tree_arguments(parser: argparse.ArgumentParser, pairs: int = 3) -> None:
+    """The options of a bench that measures two trees alternated (`alternate`)."""
+    parser.add_argument("--base", help="the package directory of the tree before the lever")
+    parser.add_argument("--after", help="the tree after it (default: this one; the base again: a control)")
+    parser.add_argument("--pairs", type=int, default=pairs, help="before/after pairs, alternated")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+
+
+def alternate(script: str, args: argparse.Namespace, child_args: list[str], timeout_s: float = 900) -> dict:
+    """{"before": [...], "after": [...]} (only "after" without --base): one child a side a pair,
+    the order turned each pair so neither side always runs on the cooler or warmer machine."""
+    sides: dict[str, list[dict]] = {"before": [], "after": []} if args.base else {"after": []}
+    for pair in range(args.pairs):
+        for side in (list(sides) if pair % 2 == 0 else list(sides)[::-1]):
+            tree = args.base if side == "before" else args.after
+            sides[side].append(child_in_tree(script, tree, child_args, timeout_s))
+    return sides

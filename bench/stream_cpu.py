@@ -25,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from procs import child_in_tree  # noqa: E402
+from procs import alternate, tree_arguments  # noqa: E402
 
 
 def child(frames: int, streams: int) -> dict:
@@ -65,27 +65,17 @@ def child(frames: int, streams: int) -> dict:
             "load_average": os.getloadavg()[0]}
 
 
-def _measure(tree: str | None, frames: int, streams: int) -> dict:
-    return child_in_tree(__file__, tree, ["--frames", str(frames), "--streams", str(streams)])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", help="the package directory of the tree before the lever")
-    parser.add_argument("--after", help="the tree after it (default: this one)")
-    parser.add_argument("--pairs", type=int, default=3)
+    tree_arguments(parser)
     parser.add_argument("--frames", type=int, default=1000)
     parser.add_argument("--streams", type=int, default=300, help="1-frame streams per batch (a tenth as many long ones)")
     parser.add_argument("--out", help="write every child's results here (JSON)")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.frames, args.streams)))
         return 0
-    sides: dict[str, list[dict]] = {"before": [], "after": []} if args.base else {"after": []}
-    for _ in range(args.pairs):
-        for side in sides:
-            sides[side].append(_measure(args.base if side == "before" else args.after, args.frames, args.streams))
+    sides = alternate(__file__, args, ["--frames", str(args.frames), "--streams", str(args.streams)])
     loads = [r["load_average"] for runs in sides.values() for r in runs]
     print(f"gateway CPU (10 ms ticks, summed over batches); medians of {args.pairs}; load {min(loads):.1f}-{max(loads):.1f}")
     for side, runs in sides.items():

@@ -28,7 +28,7 @@ import textwrap
 import tracemalloc
 from pathlib import Path
 
-from procs import child_in_tree
+from procs import alternate, tree_arguments
 
 HERE = Path(__file__).resolve().parent
 
@@ -104,30 +104,19 @@ def child(held: int, prompt_words: int, top: int) -> dict:
         tmp.cleanup()
 
 
-def _measure(tree: str | None, held: int, prompt_words: int, top: int) -> dict:
-    return child_in_tree(__file__, tree, ["--held", str(held), "--prompt-words", str(prompt_words), "--top", str(top)],
-                         timeout_s=600)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", help="the package directory of the tree before the lever")
-    parser.add_argument("--after", help="the tree after it (default: this one)")
-    parser.add_argument("--pairs", type=int, default=3)
+    tree_arguments(parser)
     parser.add_argument("--held", type=int, default=1000)
     parser.add_argument("--prompt-words", type=int, default=0)
     parser.add_argument("--top", type=int, default=25, help="allocation sites listed")
     parser.add_argument("--out", help="write every child's results here (JSON)")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.held, args.prompt_words, args.top)))
         return 0
-    sides: dict[str, list[dict]] = {"before": [], "after": []} if args.base else {"after": []}
-    for _ in range(args.pairs):
-        for side in sides:
-            sides[side].append(_measure(args.base if side == "before" else args.after, args.held, args.prompt_words,
-                                        args.top))
+    sides = alternate(__file__, args, ["--held", str(args.held), "--prompt-words", str(args.prompt_words),
+                                       "--top", str(args.top)], timeout_s=600)
     print(f"{args.held} held streams, prompt {args.prompt_words or 'hi'} words; medians of {args.pairs}")
     for side, runs in sides.items():
         each = ", ".join(f"{r['heap_kib_per_stream']:.1f}" for r in runs)
