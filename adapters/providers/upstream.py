@@ -319,6 +319,16 @@ class Connection:
     async def read(self) -> bytes:
         return await self.stream.receive_some(READ_BYTES)
 
+    async def _receive(self, lost: str) -> bytes:
+        """The next bytes read (b"" once the peer closed: `_eof`); a transport error is `lost`."""
+        try:
+            data = await self.read()
+        except TRANSPORT_ERRORS:
+            raise UpstreamError(lost) from None
+        if not data:
+            self._eof = True
+        return data
+
     async def aclose(self) -> None:
         # never waits on the peer: a TLS close_notify to a stalled upstream would hang the close
         await trio.aclose_forcefully(self.stream)
@@ -349,12 +359,8 @@ class Connection:
         if clock is not None:
             clock.sent()
         while not self._head_done:
-            try:
-                data = await self.read()
-            except TRANSPORT_ERRORS:
-                raise UpstreamError("connection lost before the response") from None
+            data = await self._receive("connection lost before the response")
             if not data:
-                self._eof = True
                 raise UpstreamError("connection closed before the response")
             self._feed(data)
         if clock is not None:
@@ -368,12 +374,8 @@ class Connection:
                 return None
             if self._fault:
                 raise UpstreamError("malformed HTTP response body")
-            try:
-                data = await self.read()
-            except TRANSPORT_ERRORS:
-                raise UpstreamError("connection lost while reading the response") from None
+            data = await self._receive("connection lost while reading the response")
             if not data:
-                self._eof = True
                 if not self._framed:  # the close is this body's end
                     self._done = True
                     continue
