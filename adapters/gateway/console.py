@@ -91,6 +91,12 @@ class TurnView:
         return attrs.asdict(self)
 
 
+def _latency_ms(attempt, ended: float) -> float | None:
+    """An attempt's time in ms, to its own end or, still open at the turn's end, to that."""
+    end = attempt.ended if attempt.ended is not None else ended
+    return round((end - attempt.at) * 1000, 1) if end >= attempt.at else None
+
+
 def turn_view(seq: int, turn_id: str, result: TurnResult, latency_s: float, ended: float, wall: float) -> TurnView:
     """Pair each attempt with its ledger row. Rows are appended together with the attempt they
     bill, in the same order, so the next unmatched row of the same profile, model, outcome and
@@ -103,10 +109,8 @@ def turn_view(seq: int, turn_id: str, result: TurnResult, latency_s: float, ende
             if (r.provider, r.model, r.outcome, r.mode) == (a.provider, a.model, a.outcome, a.mode):
                 row = rows.pop(i)
                 break
-        end = a.ended if a.ended is not None else ended
         attempts.append(AttemptView(
-            a.provider, a.model, a.mode, a.outcome, a.reason, a.key,
-            round((end - a.at) * 1000, 1) if end >= a.at else None,
+            a.provider, a.model, a.mode, a.outcome, a.reason, a.key, _latency_ms(a, ended),
             row.input_tokens if row else 0, row.output_tokens if row else 0,
             row.cost_usd if row else 0.0, row is not None))
     return TurnView(
@@ -129,9 +133,7 @@ class _Ended:
         self.error, self.fallback = result.error, result.fallback
         self.attempts, self.ledger, self.skipped = result.attempts, result.ledger, result.skipped
 
-    @property
-    def cost_usd(self) -> float:
-        return sum(r.cost_usd for r in self.ledger)
+    cost_usd = TurnResult.cost_usd  # (it reads only `ledger`, which this keeps)
 
     def view(self) -> TurnView:
         return turn_view(self.seq, self.turn, self, self.latency_s, self.ended, self.wall)  # type: ignore[arg-type]
@@ -205,9 +207,7 @@ class Console:
         self._seq += 1
         self._recent.append(_Ended(self._seq, turn_id, result, latency_s, now, time.time()))
         for a in result.attempts:
-            end = a.ended if a.ended is not None else now
-            self._attempts[a.provider].append((now, a.outcome == "ok", round((end - a.at) * 1000, 1)
-                                               if end >= a.at else None))
+            self._attempts[a.provider].append((now, a.outcome == "ok", _latency_ms(a, now)))
         if self._streams:
             # wake every open event stream; each re-reads what it shows and sends what changed
             # (with none open, no one waits on the event: it is not replaced every turn)
