@@ -296,6 +296,7 @@ class _Head:
         self.keep_alive = keep_alive
 
 
+_ONLY_CHUNKED = _Fault(501, "malformed HTTP request: only Transfer-Encoding: chunked is supported")
 _END = object()  # a request's body ended (llhttp's on_message_complete)
 _IDLE, _IN_HEAD, _IN_BODY = 0, 1, 2
 _TRANSFER_CODINGS = ("Invalid `Transfer-Encoding` header value", "Request has invalid `Transfer-Encoding`")
@@ -313,7 +314,7 @@ def _fault_of(exc: Exception) -> _Fault:
     if reason == "Content-Length overflow":  # (h11 read any length: the app refused it as too large)
         return _Fault(413, "request body larger than this server reads (a Content-Length beyond 64 bits)")
     if reason in _TRANSFER_CODINGS:
-        return _Fault(501, "malformed HTTP request: only Transfer-Encoding: chunked is supported")
+        return _ONLY_CHUNKED
     if reason == "Pause on PRI/Upgrade":  # HTTP/2's preface
         return _Fault(505, "HTTP/2.0 is not supported: this server speaks HTTP/1.1")
     if "header" in reason.lower() and "Content-Length" not in reason:
@@ -390,9 +391,9 @@ class _Reader:
         if coding is not None and coding.strip(b" \t").lower() != b"chunked":
             # llhttp frames `gzip, chunked` by its last coding and would hand the app the body
             # still gzip-coded: only chunked alone is read (as h11 did)
-            raise _Refused(501, "malformed HTTP request: only Transfer-Encoding: chunked is supported")
+            raise _Refused(_ONLY_CHUNKED)
         if parser.should_upgrade() and any(n in (b"content-length", b"transfer-encoding") for n, _ in self.headers):
-            raise _Refused(400, "malformed HTTP request: an Upgrade or CONNECT request with a body is not supported")
+            raise _Refused(_Fault(400, "malformed HTTP request: an Upgrade or CONNECT request with a body is not supported"))
         version = parser.get_http_version()
         self.events.append(_Head(parser.get_method(), self.url, version, self.headers,
                                  parser.should_keep_alive() and version != "1.0"))
@@ -456,7 +457,7 @@ class _Reader:
         except httptools.HttpParserError as exc:
             refused = exc.__context__  # (what a callback raised)
             if type(refused) is _Refused:
-                self._fail(_Fault(refused.status, refused.message))
+                self._fail(refused.fault)
                 return
             pieces = self.head_pieces
             if self.state == _IN_HEAD and pieces is not None and not self.reread:
@@ -513,9 +514,10 @@ class _Reader:
 
 
 class _Refused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        self.status = status
-        self.message = message
+    """A fault found in a callback of llhttp's: raised through feed_data, which reports it."""
+
+    def __init__(self, fault: _Fault) -> None:
+        self.fault = fault
 
 
 _TOKEN_LINES = re.compile(rb"(?:[-!#$%&'*+.^_`|~0-9A-Za-z]+: [^\r\n\0]*\r\n)*").fullmatch
@@ -650,18 +652,24 @@ class _Connection:
     async def _next_event(self):
         """The next request event; None when the client left. A fault is answered here and ends
         the connection."""
+        if not await self._fill():
+            return None
+        event = self.reader.take()
+        if type(event) is _Fault:
+            await self._reject(event.status, event.message)
+            raise _Close
+        return event
+
+    async def _fill(self) -> bool:
+        """Read until the reader has an event; False when the client left (`gone`)."""
         reader = self.reader
         while not reader.pending():
             data = await self._read()
             if not data:
                 self.gone = True
-                return None
+                return False
             reader.feed(data)
-        event = reader.take()
-        if type(event) is _Fault:
-            await self._reject(event.status, event.message)
-            raise _Close
-        return event
+        return True
 
     async def _reject(self, status: int, message: str) -> None:
         """An error answer from the server itself, before any app saw the request; the caller
@@ -671,9 +679,9 @@ class _Connection:
         log.info("http_refused status=%d reason=%r", status, message)  # no app saw it: no access line
         body = self.server.error_body(status, message)
         self.sent_head = True  # linger: a reset must not destroy this answer (the input is unread)
-        await self._write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-                          b"connection: close\r\ndate: %s\r\n\r\n%s"
-                          % (status, REASONS.get(status, b""), len(body), _date(), body))
+        await self._write(_render_head(status, [(b"content-type", b"application/json"),
+                                                (b"content-length", b"%d" % len(body)),
+                                                (b"connection", b"close"), (b"date", _date())]) + body)
 
     # -- one request ----------------------------------------------------------------------------
 
@@ -755,12 +763,8 @@ class _Connection:
                 self.expect_continue = False
                 if not reader.pending():  # (a client that sent its body anyway is not asked for it)
                     await self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            while not reader.pending():
-                data = await self._read()
-                if not data:
-                    self.gone = True
-                    return {"type": "http.disconnect"}
-                reader.feed(data)
+            if not await self._fill():
+                return {"type": "http.disconnect"}
             # what is here of the body in one message (h11 gave its pieces and its end one by one)
             pieces = []
             while reader.pending():
