@@ -699,7 +699,7 @@ class Gateway:
         relay = self.relay  # the turn runs on this one to its end, whatever a reload does
         self._turns_of[relay] = self._turns_of.get(relay, 0) + 1
         try:
-            if exchange.hangup is not None and not tasks:
+            if exchange.hangup is not None and not tasks and on_end is None:  # (else the helpers run them)
                 owner = await self._turn_alone(exchange, relay, runs, kwargs)
             else:
                 owner = await self._turn_with_tasks(exchange, relay, receive, runs, tasks, on_end, kwargs)
@@ -899,13 +899,17 @@ class _StreamWire:
             self._wake = trio.Event()
             await self._flush()
 
-    async def _queue(self, data: bytes) -> None:
-        if not data:
-            return
+    def _put(self, data: bytes) -> bool:
+        """`data` queued for the helper's next write; True when the queue is over MAX_PENDING
+        (the caller then waits for room)."""
         self._pending.append(data)
         self._pending_bytes += len(data)
         self._wake.set()
-        await self._room_for_more()
+        return self._pending_bytes > self.MAX_PENDING
+
+    async def _queue(self, data: bytes) -> None:
+        if data and self._put(data):
+            await self._room_for_more()
 
     async def _room_for_more(self) -> None:
         while self._pending_bytes > self.MAX_PENDING:
@@ -936,12 +940,8 @@ class _StreamWire:
             return
         # nearly every frame: queued inline (no coroutine of its own for each step)
         data = self.render.event(event)
-        if data:
-            self._pending.append(data)
-            self._pending_bytes += len(data)
-            self._wake.set()
-            if self._pending_bytes > self.MAX_PENDING:
-                await self._room_for_more()
+        if data and self._put(data):
+            await self._room_for_more()
 
     async def _first(self, event: Event) -> None:
         await self._start()
