@@ -23,14 +23,27 @@ _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19
 
 
+def _no_long_number(data: bytes | bytearray | str) -> bool:
+    """No run of 19 digits: no integer orjson would read differently from `json` (as a float)."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    return _LONG_RUN not in raw.translate(_DIGITS_AS_ZERO)
+
+
 def loads(data: bytes | bytearray | str) -> Any:
     """Raises ValueError (or RecursionError) exactly where `json.loads` does."""
-    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    if _LONG_RUN not in raw.translate(_DIGITS_AS_ZERO):
+    if _no_long_number(data):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
+    return json.loads(data)
+
+
+def loads_after_shape(data: bytes | str, shaped: Any) -> Any:
+    """`loads(data)` for a caller that already has `loads_shape(data)`: orjson's reading is
+    kept wherever `loads` would have kept it, so the document is not read twice."""
+    if shaped is not None and _no_long_number(data):
+        return shaped
     return json.loads(data)
 
 

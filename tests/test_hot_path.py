@@ -212,3 +212,18 @@ def test_lf_lines_decode_as_crlf_lines_do(items, step):
         return out, decoder.close()
 
     assert events(b"\n") == events(b"\r\n") == events(b"\r")
+
+
+@pytest.mark.parametrize("data", [
+    '{"a":1}', _long('{"a":@}'), _long('{"a":[@,"@"]}'), '{"a":NaN}', "null", "[1,2]", '"\\ud800"', "{", "",
+    '{"a":1e400}', '{"a":1,"a":2}',
+])
+def test_a_document_read_after_its_shape_is_what_the_checked_read_makes(data):
+    def outcome(read):
+        try:
+            return ("value", repr(read()))
+        except ValueError:
+            return ("refused",)
+
+    assert outcome(lambda: jsoncodec.loads_after_shape(data, jsoncodec.loads_shape(data))) == \
+        outcome(lambda: jsoncodec.loads(data))

@@ -368,7 +368,7 @@ class AnthropicStreamParser:
             delta = obj.get("delta")
             if type(delta) is dict and delta.get("type") == "text_delta" and type(text := delta.get("text")) is str:
                 return [Frame(TEXT, text)]
-        obj = json_frame(event)
+        obj = json_frame(event, obj)
         try:
             return self._frames(obj, obj.get("type") or event.event)
         except w.WireError as exc:

@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -116,9 +116,10 @@ def rejection(body: bytes) -> tuple[str | None, str | None]:
     return bound(kind), bound(message)
 
 
-def json_frame(event: SSEEvent) -> dict:
+def json_frame(event: SSEEvent, shaped: Any) -> dict:
+    """A data line's JSON object; `shaped` is `jsoncodec.loads_shape(event.data)`, already read."""
     try:
-        obj = jsoncodec.loads(event.data)
+        obj = jsoncodec.loads_after_shape(event.data, shaped)
     except ValueError:
         raise ProviderFailure(fc.truncated("malformed frame: a data line that is not valid JSON")) from None
     if not isinstance(obj, dict):

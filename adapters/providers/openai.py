@@ -388,7 +388,7 @@ class OpenAIStreamParser:
         text = _only_text(obj) if type(obj) is dict else None
         if text is not None:
             return [Frame(TEXT, text)]
-        obj = json_frame(event)
+        obj = json_frame(event, obj)
         try:
             return self._frames(obj)
         except w.WireError as exc:
