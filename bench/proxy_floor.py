@@ -22,6 +22,8 @@ The floors' collectors are tuned like the gateway's (server.py's `tune_collector
 difference is the path, not the collector.
 
 Run: python bench/proxy_floor.py [--rounds 5] [--requests 1600] [--out FILE]
+     python bench/proxy_floor.py --shared-client [--rounds 3]  (run.py's throughput rows with one
+     httpx client for all rows, as they were measured, beside a client per row, as they are now)
 (the proxies alone: python bench/proxy_floor.py --serve trio|asyncio UPSTREAM_URL)
 """
 
@@ -42,7 +44,7 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from peers import Processes, _throughput, cpu_s  # noqa: E402
+from peers import Processes, _row_throughput, _throughput, cpu_s, row_client  # noqa: E402
 from procs import stop  # noqa: E402
 
 TARGETS = ("direct", "trio floor", "asyncio floor", "gateway")
@@ -214,13 +216,9 @@ def run(rounds: int, requests: int, levels: tuple[int, ...] = (1, 16)) -> dict:
         loads = []
 
         async def measure(target: str, c: int) -> None:
-            # a client of its own for each row: httpcore scans every connection of its pool on
-            # each request, so one client shared by the four targets (64 idle connections) would
-            # add the same cost to every row and flatter the shares; each row starts as run.py's
+            # a client of its own for each row (peers.row_client says why)
             url = f"{urls[target]}/v1/chat/completions"
-            limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
-            async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-                await _throughput(client, url, c, 8 * c)  # its connections opened, the target warm
+            async with row_client(url, c) as client:
                 pid = pids[target]
                 proxy_before = cpu_s(pid) if pid else 0.0
                 upstream_before = cpu_s(upstream_pid)
@@ -259,6 +257,45 @@ def run(rounds: int, requests: int, levels: tuple[int, ...] = (1, 16)) -> dict:
     return out
 
 
+def shared_client(rounds: int) -> dict:
+    """run.py's throughput rows measured both ways in one run: one httpx client for every row
+    (c1 rows first, as run.py measured them before peers.row_client) and a client per row."""
+    body = {"model": "frames-1", "messages": [{"role": "user", "content": "hi"}]}
+    out: dict = {}
+    with Processes() as procs:
+        urls = {"direct": f"{procs.upstream}/v1/chat/completions", "gateway": f"{procs.gateway}/v1/chat/completions"}
+
+        def note(how: str, c: int, name: str, rps: float, cpu: list[float]) -> None:
+            out.setdefault(how, {}).setdefault(str(c), {}).setdefault(name, []).append(
+                {"rps": rps, "client_cpu_ms": cpu[0]})
+
+        async def main() -> None:
+            for _ in range(rounds):
+                limits = httpx.Limits(max_connections=2048, max_keepalive_connections=2048)
+                async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+                    for url in urls.values():
+                        for _ in range(50):
+                            await client.post(url, json=body)
+                    for c in (1, 16):
+                        for name, url in urls.items():
+                            cpu: list[float] = []
+                            note("one client for all rows", c, name,
+                                 await _throughput(client, url, c, 300 if c == 1 else 512, cpu), cpu)
+                for c in (1, 16):
+                    for name, url in urls.items():
+                        cpu = []
+                        note("a client per row", c, name, await _row_throughput(url, c, 300 if c == 1 else 512, cpu), cpu)
+
+        trio.run(main)
+    for rows in out.values():
+        for by_name in rows.values():
+            for name, runs in by_name.items():
+                by_name[name] = {key: statistics.median(r[key] for r in runs) for key in ("rps", "client_cpu_ms")}
+            by_name["share_of_direct"] = by_name["gateway"]["rps"] / by_name["direct"]["rps"]
+    out["load_average"] = os.getloadavg()[0]
+    return out
+
+
 def report(out: dict) -> None:
     low, high = out["load_average"]
     print(f"the proxy floor: httpx closed-loop clients, medians of {out['rounds']} alternated rounds "
@@ -277,14 +314,27 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=1600, help="per row per round at concurrency 16 (a quarter at 1)")
     parser.add_argument("--out", help="write the figures here (JSON)")
+    parser.add_argument("--shared-client", action="store_true",
+                        help="compare run.py's rows with one httpx client for all rows and with one per row")
     parser.add_argument("--serve", nargs=2, metavar=("KIND", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         kind, upstream = args.serve
         (serve_trio if kind == "trio" else serve_asyncio)(upstream)
         return 0
-    out = run(args.rounds, args.requests)
-    report(out)
+    if args.shared_client:
+        out = shared_client(args.rounds)
+        for how, rows in out.items():
+            if how == "load_average":
+                continue
+            for c, row in rows.items():
+                print(f"{how:<24} c{c:<3} direct {row['direct']['rps']:6.0f} req/s, gateway {row['gateway']['rps']:6.0f} "
+                      f"({row['share_of_direct'] * 100:.1f}%); client CPU ms a request: direct "
+                      f"{row['direct']['client_cpu_ms']:.3f}, gateway {row['gateway']['client_cpu_ms']:.3f}")
+        print(f"load average {out['load_average']:.1f}")
+    else:
+        out = run(args.rounds, args.requests)
+        report(out)
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     return 0
