@@ -60,8 +60,7 @@ def _tune_collector() -> None:
 # -- the zero-logic proxy on trio: the gateway's own server and upstream client -----------------------
 
 
-def serve_trio(upstream: str) -> None:
-    from relayline.adapters.gateway.http11 import Server, listening_sockets
+def _trio_floor_app(upstream: str):
     from relayline.adapters.providers.pool import ProfilePool
     from relayline.adapters.providers.upstream import UpstreamRequest
 
@@ -82,9 +81,36 @@ def serve_trio(upstream: str) -> None:
                     "headers": [(b"content-type", response.headers.get("content-type", "").encode())]})
         await send({"type": "http.response.body", "body": body})
 
+    return app
+
+
+def _trio_server(kind: str, upstream: str, tmp: str):
+    """The server of the trio floor, or of the gateway as `relayline serve` makes it (its ledger in `tmp`)."""
+    from relayline.adapters.gateway.http11 import Server
+
+    if kind == "trio":
+        return Server(_trio_floor_app(upstream), keep_alive_s=30, max_header_bytes=16384, graceful_s=1)
+    from relayline.adapters.cli import _load_config_file
+    from relayline.adapters.gateway import Gateway
+    from relayline.adapters.gateway.server import _error_body
+    from relayline.adapters.relay import Relay
+
+    config = Path(tmp) / "bench.toml"
+    config.write_text(f'active = "bench.upstream"\n[ledger]\npath = "{tmp}/ledger.sqlite3"\n'
+                      f'[providers."bench.upstream"]\nfamily = "openai"\nbase_url = "{upstream}/v1"\n'
+                      'api_key = "bench-key"\n')
+    gateway = Gateway.from_relay_config(Relay(_load_config_file(str(config))))
+    settings = gateway.settings
+    return Server(gateway, keep_alive_s=settings.keep_alive_s, max_header_bytes=settings.max_header_bytes,
+                  graceful_s=1, error_body=_error_body)
+
+
+def serve_trio(upstream: str) -> None:
+    from relayline.adapters.gateway.http11 import listening_sockets
+
     async def main() -> None:
         sockets = listening_sockets("127.0.0.1", 0)
-        server = Server(app, keep_alive_s=30, max_header_bytes=16384, graceful_s=1)
+        server = _trio_server("trio", upstream, "")
         _tune_collector()
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run, sockets, trio.Event())
@@ -296,6 +322,73 @@ def shared_client(rounds: int) -> dict:
     return out
 
 
+# -- instructions per request (valgrind's cachegrind): figures no load moves -------------------------
+
+CLIENT = """
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+body = b'{"model": "frames-1", "messages": [{"role": "user", "content": "hi"}]}'
+request = (b"POST /v1/chat/completions HTTP/1.1\\r\\nhost: bench\\r\\ncontent-type: application/json\\r\\n"
+           b"authorization: Bearer bench-key\\r\\ncontent-length: %d\\r\\n\\r\\n%s" % (len(body), body))
+sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+for _ in range(n):
+    sock.sendall(request)
+    data = b""
+    while b"\\r\\n\\r\\n" not in data:
+        data += sock.recv(65536)
+    head, _, rest = data.partition(b"\\r\\n\\r\\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    length = int(next(line.split(b":")[1] for line in head.lower().split(b"\\r\\n") if line.startswith(b"content-length")))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+"""
+
+
+def serve_counted(kind: str, upstream: str, n: int) -> None:
+    """Serve `n` requests of a client process (one after another), then return: run under
+    cachegrind, the process's instructions; two `n` apart, their difference is per request."""
+    import tempfile
+
+    from relayline.adapters.gateway.http11 import listening_sockets
+
+    async def main(tmp: str) -> None:
+        server = _trio_server(kind, upstream, tmp)
+        _tune_collector()
+        sockets = listening_sockets("127.0.0.1", 0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run, sockets, trio.Event())
+            await trio.run_process([sys.executable, "-c", CLIENT, str(sockets[0].getsockname()[1]), str(n)])
+            nursery.cancel_scope.cancel()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trio.run(main, tmp)
+
+
+def instructions(trees: dict[str, str | None], counts: tuple[int, int] = (20, 220)) -> dict:
+    """Instructions per request of the trio floor and of the gateway (each tree in `trees`),
+    from cachegrind's count of two runs `counts` requests apart (their start-up cancels out)."""
+    import re
+
+    from procs import tree_env
+
+    out: dict = {}
+    with Processes() as procs:
+        runs = [("trio floor", "trio", None)] + [(f"gateway {name}", "gateway", tree) for name, tree in trees.items()]
+        for label, kind, tree in runs:
+            refs = []
+            for n in counts:
+                done = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+                                       sys.executable, __file__, "--count", kind, procs.upstream, str(n)],
+                                      env=tree_env(tree), capture_output=True, text=True, timeout=1800)
+                found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+                if done.returncode != 0 or found is None:
+                    raise SystemExit(f"{label}: {done.stderr[-2000:]}")
+                refs.append(int(found.group(1).replace(",", "")))
+            out[label] = (refs[1] - refs[0]) / (counts[1] - counts[0])
+            print(f"  {label:<24} {out[label]:12,.0f} instructions a request", flush=True)
+    return out
+
+
 def report(out: dict) -> None:
     low, high = out["load_average"]
     print(f"the proxy floor: httpx closed-loop clients, medians of {out['rounds']} alternated rounds "
@@ -316,13 +409,24 @@ def main() -> int:
     parser.add_argument("--out", help="write the figures here (JSON)")
     parser.add_argument("--shared-client", action="store_true",
                         help="compare run.py's rows with one httpx client for all rows and with one per row")
+    parser.add_argument("--instructions", action="store_true",
+                        help="instructions per request (cachegrind) of the trio floor and the gateway")
+    parser.add_argument("--base", help="with --instructions: the gateway of this tree's package too (a lever's before)")
+    parser.add_argument("--count", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--serve", nargs=2, metavar=("KIND", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         kind, upstream = args.serve
         (serve_trio if kind == "trio" else serve_asyncio)(upstream)
         return 0
-    if args.shared_client:
+    if args.count:
+        kind, upstream, n = args.count
+        serve_counted(kind, upstream, int(n))
+        return 0
+    if args.instructions:
+        trees = {"before (--base)": args.base, "after (this tree)": None} if args.base else {"(this tree)": None}
+        out = instructions(trees)
+    elif args.shared_client:
         out = shared_client(args.rounds)
         for how, rows in out.items():
             if how == "load_average":
