@@ -412,6 +412,7 @@ def main() -> int:
     parser.add_argument("--instructions", action="store_true",
                         help="instructions per request (cachegrind) of the trio floor and the gateway")
     parser.add_argument("--base", help="with --instructions: the gateway of this tree's package too (a lever's before)")
+    parser.add_argument("--after", help="with --base: the tree after the lever (default: this one)")
     parser.add_argument("--count", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--serve", nargs=2, metavar=("KIND", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -424,7 +425,7 @@ def main() -> int:
         serve_counted(kind, upstream, int(n))
         return 0
     if args.instructions:
-        trees = {"before (--base)": args.base, "after (this tree)": None} if args.base else {"(this tree)": None}
+        trees = {"before (--base)": args.base, "after": args.after} if args.base else {"(this tree)": None}
         out = instructions(trees)
     elif args.shared_client:
         out = shared_client(args.rounds)
