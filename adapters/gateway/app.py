@@ -338,9 +338,9 @@ class Gateway:
         if not await self._authorised(exchange, headers):
             return
         if path == "/v1/chat/completions" and method == "POST":
-            await self._admitted(exchange, OPENAI, scope, receive)
+            await self._chat(exchange, OPENAI, scope, receive)
         elif path == "/v1/messages" and method == "POST":
-            await self._admitted(exchange, ANTHROPIC, scope, receive)
+            await self._chat(exchange, ANTHROPIC, scope, receive)
         elif path == "/v1/models" and method == "GET":
             await self._json(send, 200, self._models())
         else:
@@ -581,25 +581,6 @@ class Gateway:
 
     # -- admission and drain --------------------------------------------------------------------
 
-    async def _admitted(self, exchange: Exchange, dialect, scope, receive) -> None:
-        """Run a chat request unless the gateway is full or draining: then 503 with Retry-After,
-        before its body is read (load shedding costs next to nothing)."""
-        limit = self.settings.max_in_flight
-        if self.draining or (limit and self.in_flight >= limit):
-            why = "the gateway is shutting down" if self.draining else f"{limit} turns are in flight, the limit"
-            status, body = _unavailable(dialect, f"{why}: retry shortly")
-            await self._respond(exchange, status, body, headers=[(b"retry-after", b"1")]
-                                + ([(b"connection", b"close")] if self.draining else []))
-            return
-        self.in_flight += 1
-        self._idle = trio.Event() if self._idle.is_set() else self._idle
-        try:
-            await self._chat(dialect, scope, receive, exchange)
-        finally:
-            self.in_flight -= 1
-            if self.in_flight == 0:
-                self._idle.set()
-
     async def drain(self, seconds: float) -> None:
         """Stop admitting turns, wait up to `seconds` for those in flight, then cancel the rest:
         a cancelled stream ends with the explicit error event, a held one gets a 503, and every
@@ -646,142 +627,126 @@ class Gateway:
             return None
         return request
 
-    async def _chat(self, dialect, scope, receive, send: Exchange) -> None:
-        request = await self._request(dialect, scope, receive, send)
-        if request is None:
+    async def _chat(self, exchange: Exchange, dialect, scope, receive) -> None:
+        """Run a chat request unless the gateway is full or draining: then 503 with Retry-After,
+        before its body is read (load shedding costs next to nothing)."""
+        limit = self.settings.max_in_flight
+        if self.draining or (limit and self.in_flight >= limit):
+            why = "the gateway is shutting down" if self.draining else f"{limit} turns are in flight, the limit"
+            status, body = _unavailable(dialect, f"{why}: retry shortly")
+            await self._respond(exchange, status, body, headers=[(b"retry-after", b"1")]
+                                + ([(b"connection", b"close")] if self.draining else []))
             return
-        turn_id = dialect.new_id()
-        kwargs = dict(messages=request, model=request.model)
-        if request.stream:
-            runs: list[TurnRun] = []
-            stream = _StreamWire(turn_id, send, runs, dialect, request)
-            gate_s = self.relay.config.timeouts.gate_commit_s
-            if gate_s > 0:
-                self._gates.hold(stream, trio.current_time() + gate_s)
-            try:
-                result = await self._run_turn(send, turn_id, receive, runs, stream, stream=True, sink=stream, **kwargs)
-            finally:
-                stream.ending()
-            await stream.settled()  # a commit the gate timer began is written whole first
-            if result is not None and send.drained:
+        self.in_flight += 1
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        try:
+            request = await self._request(dialect, scope, receive, exchange)
+            if request is None:
+                return
+            turn_id = dialect.new_id()
+            if request.stream:
+                stream = _StreamWire(turn_id, exchange, dialect, request)
+                gate_s = self.relay.config.timeouts.gate_commit_s
+                if gate_s > 0:
+                    self._gates.hold(stream, trio.current_time() + gate_s)
+                try:
+                    result = await self._run_turn(exchange, turn_id, receive, request, stream)
+                finally:
+                    stream.ending()
+                await stream.settled()  # a commit the gate timer began is written whole first
+            else:
+                result = await self._run_turn(exchange, turn_id, receive, request)
+            if result is not None and exchange.drained:
                 result = _shut_down(result)
             elif result is None or result.outcome == "cancelled":
                 return  # the client went away
-            if not stream.started and result.outcome != "ok":
-                # nothing was sent: a failure before commit still gets a real status and body
-                await self._error_response(send, dialect, result)
-                return
-            await stream.finish(result, self._relayline_field(result))
-            return
-        result = await self._run_turn(send, turn_id, receive, [], **kwargs)
-        if result is not None and send.drained:
-            result = _shut_down(result)
-        elif result is None or result.outcome == "cancelled":
-            return  # the client went away
-        if result.outcome != "ok":
-            await self._error_response(send, dialect, result)
-            return
-        await self._json(send, 200, dialect.completion(turn_id, result, self._relayline_field(result)),
-                         headers=self._attribution(result) + dropped_header(request, result.served))
+            if request.stream and (stream.started or result.outcome == "ok"):
+                await stream.finish(result, self._relayline_field(result))
+            elif result.outcome != "ok":
+                # a stream that sent nothing: a failure before commit still gets a real status and body
+                await self._error_response(exchange, dialect, result)
+            else:
+                await self._json(exchange, 200, dialect.completion(turn_id, result, self._relayline_field(result)),
+                                 headers=self._attribution(result) + dropped_header(request, result.served))
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
 
-    async def _run_turn(self, exchange: Exchange, turn_id: str, receive, runs: list[TurnRun],
-                        stream_wire: _StreamWire | None = None, **kwargs) -> TurnResult | None:
+    async def _run_turn(self, exchange: Exchange, turn_id: str, receive, request: wire.Request,
+                        stream: _StreamWire | None = None) -> TurnResult | None:
         """Run one turn while watching for the client going away (a disconnect cancels it) and
         for a drain running out of time, then account for it: metrics, health view, ledger rows
-        (before any response ends)."""
+        (before any response ends). The run is driven here, in the request's own task and with
+        the run's own cancel scope alone where the server calls back on a hang-up: a held stream
+        keeps every coroutine frame of its path (README "## Performance")."""
         started = trio.current_time()
         REQUEST_ID.set(exchange.request_id)  # sent upstream as x-request-id
-        try:
-            return await self._turn_in_scope(exchange, turn_id, receive, runs, stream_wire, **kwargs)
-        finally:
-            # whatever raised (a helper task of the turn, relayline's own bug), a turn that has a
-            # result is accounted: its ledger rows are what the providers will bill
-            result = runs[0].result if runs else None
-            if result is not None:
-                exchange.result = result
-                exchange.turn = turn_id
-                await self._finish_turn(exchange, result, started)
-
-    async def _turn_in_scope(self, exchange: Exchange, turn_id: str, receive, runs: list[TurnRun],
-                             stream_wire: _StreamWire | None, **kwargs) -> TurnResult | None:
         relay = self.relay  # the turn runs on this one to its end, whatever a reload does
         self._turns_of[relay] = self._turns_of.get(relay, 0) + 1
+        run: TurnRun | None = None
+        owner: TurnRun | _StreamWire | trio.CancelScope | None = None
         try:
-            if exchange.hangup is not None:
-                owner = await self._turn_alone(exchange, relay, runs, stream_wire, kwargs)
-            else:
-                owner = await self._turn_watching(exchange, relay, receive, runs, stream_wire, kwargs)
+            run = relay._new_run(request, model=request.model, stream=stream is not None, gateway=True)
+            # the server's call-back on a hang-up cancels the run itself; else a task watches
+            watching = contextlib.nullcontext() if exchange.hangup is not None else self._watching(receive)
+            async with watching as turn_scope:
+                owner = run if turn_scope is None else turn_scope
+                if stream is not None:  # a hang-up or a drain also cuts short a write in progress
+                    stream.run = run
+                    stream._cancel_turn, owner = owner.cancel, stream
+                self._admit(owner)
+                if turn_scope is None:
+                    exchange.hangup(owner.cancel)
+                try:
+                    await (run.run() if stream is None else run.run(stream))
+                except Exception:
+                    if run.result is None:
+                        raise
+                    # the driver settled the turn (outcome error, reason internal) and logged it:
+                    # it is answered and accounted like any failed turn
+                finally:
+                    if run.result is not None:
+                        relay._observe(run.result)
         finally:
+            if owner is not None:
+                self._turns.discard(owner)
             self._turns_of[relay] -= 1
             if not self._turns_of[relay]:
                 del self._turns_of[relay]
                 if relay is not self.relay:  # retired by a reload: its last turn ended
                     with trio.CancelScope(shield=True):
                         await relay.aclose()
+            # whatever raised (relayline's own bug), a turn that has a result is accounted: its
+            # ledger rows are what the providers will bill
+            result = run.result if run is not None else None
+            if result is not None:
+                exchange.result = result
+                exchange.turn = turn_id
+                await self._finish_turn(exchange, result, started)
         exchange.drained = owner in self._cancelled_by_drain
         self._cancelled_by_drain.discard(owner)
-        return runs[0].result if runs else None
+        return run.result
+
+    @contextlib.asynccontextmanager
+    async def _watching(self, receive):
+        """For a server that does not call back on a hang-up: a scope around the turn, and a
+        task of its own that cancels it when the client disconnects."""
+        with trio.CancelScope() as turn_scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_disconnect, receive, turn_scope)
+                try:
+                    yield turn_scope
+                finally:
+                    nursery.cancel_scope.cancel()
 
     def _admit(self, owner: TurnRun | _StreamWire | trio.CancelScope) -> None:
-        """A turn's canceller (its run, or the scope around it) joins those a drain cancels."""
+        """A turn's canceller (its run, its stream's wire, or the scope around it) joins those a
+        drain cancels."""
         self._turns.add(owner)
         if self._cut:
             self._cancelled_by_drain.add(owner)
             owner.cancel()
-
-    @staticmethod
-    async def _run(relay: Relay, runs: list[TurnRun], kwargs, run_hook) -> None:
-        try:
-            await relay._run_turn(gateway=True, run_hook=run_hook, **kwargs)
-        except Exception:
-            if not runs or runs[0].result is None:
-                raise
-            # the driver settled the turn (outcome error, reason internal) and logged it: it is
-            # answered and accounted like any failed turn
-
-    async def _turn_alone(self, exchange: Exchange, relay: Relay, runs: list[TurnRun], stream: _StreamWire | None,
-                          kwargs):
-        """A turn where the server calls back on a hang-up: the run's own cancel scope is the only
-        one (driver.TurnRun.cancel), and the turn's task its only task (a stream's wire writes in
-        it); the hang-up and a drain cancel it, through the stream's wire for a stream."""
-        hangup = exchange.hangup
-        owner: TurnRun | _StreamWire | None = None
-
-        def attach(run: TurnRun) -> None:  # (the run exists before it first yields)
-            nonlocal owner
-            runs.append(run)
-            owner = run
-            if stream is not None:
-                stream._cancel_turn, owner = run.cancel, stream
-            self._admit(owner)
-            hangup(owner.cancel)
-
-        try:
-            await self._run(relay, runs, kwargs, attach)
-        finally:
-            if owner is not None:
-                self._turns.discard(owner)
-        return owner
-
-    async def _turn_watching(self, exchange: Exchange, relay: Relay, receive, runs: list[TurnRun],
-                             stream: _StreamWire | None, kwargs):
-        """A turn under a server that does not call back on a hang-up: a task of its own waits
-        for the disconnect, and a scope around both is cancelled by it or by a drain."""
-        with trio.CancelScope() as turn_scope:
-            owner: _StreamWire | trio.CancelScope = turn_scope
-            if stream is not None:
-                stream._cancel_turn, owner = turn_scope.cancel, stream
-            self._admit(owner)
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._watch_disconnect, receive, turn_scope)
-                    try:
-                        await self._run(relay, runs, kwargs, runs.append)
-                    finally:
-                        nursery.cancel_scope.cancel()
-            finally:
-                self._turns.discard(owner)
-        return owner
 
     async def _error_response(self, send, dialect, result: TurnResult) -> None:
         status, body = dialect.error(result)
@@ -836,12 +801,12 @@ class _StreamWire:
 
     MAX_PENDING = 256 * 1024
 
-    __slots__ = ("send", "runs", "request", "render", "started", "_head", "_pending", "_pending_bytes", "_sending",
+    __slots__ = ("send", "run", "request", "render", "started", "_head", "_pending", "_pending_bytes", "_sending",
                  "_ending", "_committing", "_gate", "_cancel_turn")
 
-    def __init__(self, turn_id: str, send, runs: list[TurnRun], dialect, request: wire.Request) -> None:
+    def __init__(self, turn_id: str, send, dialect, request: wire.Request) -> None:
         self.send = send
-        self.runs = runs
+        self.run: TurnRun | None = None  # the turn's, once it exists
         self.request = request
         self.render = dialect.stream_renderer(turn_id, request)
         self.started = False
@@ -861,7 +826,7 @@ class _StreamWire:
             self._cancel_turn()
 
     def _served_entry(self):
-        run = self.runs[0] if self.runs else None
+        run = self.run
         if run is None:
             return None
         if run.result is not None and run.result.served is not None:
@@ -870,7 +835,7 @@ class _StreamWire:
 
     def _paused(self):
         """The turn's upstream idle deadline lifted while it waits for the client."""
-        return self.runs[0].consumer_paused() if self.runs else contextlib.nullcontext()
+        return self.run.consumer_paused() if self.run is not None else contextlib.nullcontext()
 
     async def _send_whole(self, message: dict) -> None:
         # a write begun must finish (bytes taken from the buffer would otherwise be lost, and a
@@ -904,7 +869,7 @@ class _StreamWire:
         self.started = True
         self._disarm()
         entry = self._served_entry()
-        run = self.runs[0] if self.runs else None
+        run = self.run
         headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                    (b"x-relayline-served", (entry.label if entry else "none").encode())]
         if run is not None:
