@@ -27,13 +27,12 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import trio
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from peers import MESSAGES, Processes, _throughput  # noqa: E402
+from peers import MESSAGES, Processes, _row_throughput  # noqa: E402
 
 
 def _replay(port: multiprocessing.Queue, answer: bytes) -> None:
@@ -94,13 +93,11 @@ def run(rounds: int, requests: int) -> dict:
             cpu: dict = {name: {1: [], 16: []} for name in urls}
 
             async def main() -> None:
-                async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as client:
-                    for _ in range(rounds):
-                        for name, url in urls.items():
-                            for concurrency in (1, 16):
-                                rows[name][concurrency].append(await _throughput(
-                                    client, f"{url}/v1/chat/completions", concurrency, requests,
-                                    cpu[name][concurrency]))
+                for _ in range(rounds):
+                    for name, url in urls.items():
+                        for concurrency in (1, 16):
+                            rows[name][concurrency].append(await _row_throughput(
+                                f"{url}/v1/chat/completions", concurrency, requests, cpu[name][concurrency]))
 
             trio.run(main)
         finally:

@@ -63,6 +63,12 @@ def _collector_untuned() -> None:
     server.tune_collector = lambda: None  # Python's thresholds (700, 10, 10), nothing frozen
 
 
+def _young_threshold_fixed() -> None:
+    from relayline.adapters.gateway import server
+
+    server.follow_connections = lambda count: None  # the young threshold stays 50,000 at any count
+
+
 def _connect_resolved() -> None:
     from relayline.adapters.providers import upstream
 
@@ -125,6 +131,7 @@ LEVERS = {
     "ledger checkpoint in a thread": _ledger_checkpoint_in_the_loop,
     "ledger id without AUTOINCREMENT": _ledger_id_autoincrement,
     "the collector tuned (startup frozen, rarer passes)": _collector_untuned,
+    "the young threshold follows the connections": _young_threshold_fixed,
     "an IP literal connected directly": _connect_resolved,
     "one response head per answer": _two_response_heads,
     "ids from os.urandom": _uuid_ids,

@@ -12,8 +12,14 @@ that it is not what is measured; its own CPU per request is reported beside the 
 upstream (bench/upstream.py) counts the connections it accepted, so the connections the gateway
 opened per request are a number, not a guess.
 
+How a row is taken, the same for every level: each level runs `--rounds` times (3), the levels
+interleaved round by round and the two targets' order turned every round; a row is the median of
+its rounds (req/s, p99 over p50, CPU per request), its rounds' req/s beside it, and its errors
+summed. The gateway's CPU per request is counted inside the window (a 1,000-client burst's 1,000
+accepts and ~800 upstream connects come before it: `burst_cpu_s`).
+
 Run: python bench/load.py  (results: bench/results/load-<date>.json); a partial run that writes
-nothing: python bench/load.py --levels 16,1000 --streams 0 --seconds 4
+nothing: python bench/load.py --levels 16,1000 --streams 0 --seconds 4 --rounds 1
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import math
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -97,15 +104,20 @@ async def _response(reader: asyncio.StreamReader, watch: bytes = b"", seen=None)
     return status, await reader.readexactly(length), keep
 
 
-async def closed_loop(url: str, concurrency: int, seconds: float, model: str = "frames-1") -> dict:
+async def closed_loop(url: str, concurrency: int, seconds: float, model: str = "frames-1",
+                      pids: dict[str, int] | None = None) -> dict:
     """`concurrency` clients, each on its own connection, sending requests back to back.
 
     The first wave arrives as one burst: at c clients and r req/s its latencies spread from 0 to
     c/r however fair the server is. So the steady state is measured apart: once every client has
     had an answer, a window of `seconds` starts; throughput counts the answers inside it and the
     latencies are those of the requests sent inside it. Errors count over the whole run, burst
-    included, and the burst's own latencies are reported beside."""
+    included, and the burst's own latencies are reported beside. For each of `pids` (name: pid),
+    its CPU per answer inside the window (`window_cpu_ms_per_request`) and its CPU from the first
+    connect to the window's start (`burst_cpu_s`: the accepts, a burst's upstream connects)."""
     request = _request(url, {"model": model, "messages": MESSAGES})
+    pids = pids or {}
+    at_first = {name: _cpu_s(pid) for name, pid in pids.items()}
     sent: list[tuple[float, float]] = []  # (sent, answered) of every 200
     errors: dict[str, int] = {}
     connections = await asyncio.gather(*(_connect(url) for _ in range(concurrency)))
@@ -149,6 +161,9 @@ async def closed_loop(url: str, concurrency: int, seconds: float, model: str = "
     except TimeoutError:
         pass  # no steady state within the bound: the window starts now, the burst's stragglers in it
     window[:] = [time.perf_counter(), time.perf_counter() + seconds]
+    at_start = {name: _cpu_s(pid) for name, pid in pids.items()}
+    await asyncio.sleep(max(0.0, window[1] - time.perf_counter()))
+    at_end = {name: _cpu_s(pid) for name, pid in pids.items()}
     await clients
     elapsed = time.perf_counter() - start
     burst = [done - at for at, done in sent if at < start + 0.05]
@@ -165,6 +180,9 @@ async def closed_loop(url: str, concurrency: int, seconds: float, model: str = "
         "burst_p50_ms": ms(burst, 0.5), "burst_p99_ms": ms(burst, 0.99),
         "errors": sum(errors.values()), "error_kinds": errors,
         "client_cpu_ms_per_request": round((_own_cpu_s() - cpu) / max(len(sent), 1) * 1e3, 3),
+        "window_cpu_ms_per_request": {name: round((at_end[name] - at_start[name]) / max(answers, 1) * 1e3, 3)
+                                      for name in pids},
+        "burst_cpu_s": {name: round(at_start[name] - at_first[name], 2) for name in pids},
     }
 
 
@@ -267,7 +285,7 @@ def _start_without(procs: Processes, lever: str) -> tuple[str, int]:
     return url, proc.pid
 
 
-async def run(procs: Processes, *, seconds: float, levels: tuple[int, ...], streams: int,
+async def run(procs: Processes, *, seconds: float, levels: tuple[int, ...], streams: int, rounds: int = 3,
               profile: str | None = None, without: str | None = None) -> dict:
     direct = f"{procs.upstream}/v1/chat/completions"
     gateway = f"{procs.gateway}/v1/chat/completions"
@@ -287,23 +305,47 @@ async def run(procs: Processes, *, seconds: float, levels: tuple[int, ...], stre
         if without:
             out["streams_without"] = await held_streams(targets[2][1], streams, pids["without"])
             print(f"  streams without: {out['streams_without']}", flush=True)
-    for concurrency in levels:
-        row = {}
-        for name, url in targets:
-            opened = await _upstream_connections(procs.upstream)
-            cpu = _cpu_s(pids.get(name, procs.gateway_pid))
-            spy = _profiler(procs.gateway_pid, seconds, profile) if profile and name == "gateway" \
-                and concurrency == levels[-1] else None
-            row[name] = await closed_loop(url, concurrency, seconds)
-            if spy is not None:
-                spy.wait(seconds + 30)
-            row[name]["upstream_connections_opened"] = await _upstream_connections(procs.upstream) - opened - 1
-            if name in pids:
-                row[name]["gateway_cpu_ms_per_request"] = round(
-                    (_cpu_s(pids[name]) - cpu) / max(row[name]["requests"], 1) * 1e3, 3)
-            print(f"  {name:8} c={concurrency:5}: {row[name]}", flush=True)
-        out["closed_loop"][str(concurrency)] = row
+    upstream_pid = procs.procs[0].pid
+    rounds_out: list[dict] = []
+    for round_ in range(rounds):
+        rows: dict = {}
+        for concurrency in levels:
+            row = rows[str(concurrency)] = {}
+            # every other round the other order: no target always runs first, on the cooler machine
+            for name, url in (targets if round_ % 2 == 0 else targets[::-1]):
+                opened = await _upstream_connections(procs.upstream)
+                watched = {"upstream": upstream_pid} | ({"gateway": pids[name]} if name in pids else {})
+                spy = _profiler(procs.gateway_pid, seconds, profile) if profile and name == "gateway" \
+                    and concurrency == levels[-1] and round_ == 0 else None
+                row[name] = await closed_loop(url, concurrency, seconds, pids=watched)
+                if spy is not None:
+                    spy.wait(seconds + 30)
+                row[name]["upstream_connections_opened"] = await _upstream_connections(procs.upstream) - opened - 1
+                window = row[name]["window_cpu_ms_per_request"]
+                if name in pids:
+                    row[name]["gateway_cpu_ms_per_request"] = window["gateway"]
+                row[name]["upstream_cpu_ms_per_request"] = window["upstream"]
+                print(f"  {name:8} c={concurrency:5} round {round_ + 1}: {row[name]}", flush=True)
+        rounds_out.append(rows)
+    out["rounds"] = rounds_out
+    out["closed_loop"] = {str(level): {name: _median_row([r[str(level)][name] for r in rounds_out])
+                                       for name, _ in targets} for level in levels}
     return out
+
+
+def _median_row(runs: list[dict]) -> dict:
+    """One level's figures over its rounds: the medians, the spread of req/s, errors summed."""
+    def median(key: str):
+        values = [run[key] for run in runs if run.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    row = {key: median(key) for key in ("rps", "p50_ms", "p99_ms", "gateway_cpu_ms_per_request",
+                                        "upstream_cpu_ms_per_request", "client_cpu_ms_per_request",
+                                        "upstream_connections_opened")}
+    ratios = [run["p99_ms"] / run["p50_ms"] for run in runs if run.get("p50_ms")]
+    row.update(rounds=len(runs), rps_each=[run["rps"] for run in runs], errors=sum(run["errors"] for run in runs),
+               p99_over_p50=round(statistics.median(ratios), 2) if ratios else None)
+    return row
 
 
 def verdicts(result: dict) -> dict:
@@ -314,11 +356,11 @@ def verdicts(result: dict) -> dict:
         if level not in loop:
             continue
         g = loop[level]["gateway"]
-        holds = (g["errors"] == 0 and g["p99_ms"] is not None and g["p99_ms"] <= 3 * g["p50_ms"]
+        holds = (g["errors"] == 0 and g["p99_over_p50"] is not None and g["p99_over_p50"] <= 3
                  and base is not None and g["rps"] >= base)
         out[f"under_load_{level}"] = {"holds": holds, "rps": g["rps"], "rps_at_16": base,
-                                      "p99_over_p50": round(g["p99_ms"] / g["p50_ms"], 2) if g["p50_ms"] else None,
-                                      "errors": g["errors"]}
+                                      "p99_over_p50": g["p99_over_p50"], "errors": g["errors"],
+                                      "rps_each": g["rps_each"], "rps_at_16_each": loop["16"]["gateway"]["rps_each"]}
     if "streams" in result:
         s = result["streams"]
         out["streams"] = {"holds": s["errors"] == 0 and s["max_in_flight_together"] == s["streams"]
@@ -332,11 +374,12 @@ def main() -> None:
     parser.add_argument("--levels", default="16,200,1000", help="client concurrencies, comma-separated")
     parser.add_argument("--streams", type=int, default=5000, help="concurrent held streams (0: none)")
     parser.add_argument("--seconds", type=float, default=8.0, help="each closed-loop run's length")
+    parser.add_argument("--rounds", type=int, default=3, help="every level this many times, the levels interleaved")
     parser.add_argument("--out", help="write the results here (default: bench/results/load-<date>.json, full runs only)")
     parser.add_argument("--without", help="also a gateway with this bench/gateway_cpu.py lever put back, beside")
     parser.add_argument("--profile", help="py-spy the gateway at the highest level into this file (collapsed stacks)")
     args = parser.parse_args()
-    full = (args.levels, args.streams, args.seconds, args.without) == ("16,200,1000", 5000, 8.0, None)
+    full = (args.levels, args.streams, args.seconds, args.rounds, args.without) == ("16,200,1000", 5000, 8.0, 3, None)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # every stream holds a client, a gateway and an upstream socket; the processes inherit this
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
@@ -345,7 +388,7 @@ def main() -> None:
               "cpus": os.cpu_count(), "load_average_before": os.getloadavg()}
     with Processes(hold_s=40.0) as procs:
         result.update(asyncio.run(run(procs, seconds=args.seconds, levels=levels, streams=args.streams,
-                                      profile=args.profile, without=args.without)))
+                                      rounds=args.rounds, profile=args.profile, without=args.without)))
     result["load_average_after"] = os.getloadavg()
     result["targets"] = verdicts(result)
     print(json.dumps(result["targets"], indent=2))

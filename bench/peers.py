@@ -19,6 +19,8 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -138,6 +140,25 @@ async def _throughput(client: httpx.AsyncClient, url: str, concurrency: int, tot
     return per_worker * concurrency / elapsed
 
 
+@asynccontextmanager
+async def row_client(url: str, concurrency: int) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client of a throughput row's own, its `concurrency` connections to `url` open.
+    One client shared by the rows is not the same client for each: httpcore scans every
+    connection of its pool on each request, so a row measured after another inherits that row's
+    idle connections (at 16 clients through the gateway, measured after the direct row, 1.45 ms
+    of the client's CPU a request where a client of its own spends 1.12: the floor rows in the
+    README)."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        await _throughput(client, url, concurrency, 4 * concurrency)
+        yield client
+
+
+async def _row_throughput(url: str, concurrency: int, total: int, client_cpu: list[float] | None = None) -> float:
+    async with row_client(url, concurrency) as client:
+        return await _throughput(client, url, concurrency, total, client_cpu)
+
+
 async def _stream_timing(client: httpx.AsyncClient, url: str, frames: int) -> tuple[float, float]:
     """(time to first content byte, total time) for one streamed request."""
     start = time.perf_counter()
@@ -231,9 +252,9 @@ def run_trio_side(procs: Processes, *, rounds: int, n: int) -> dict:
                 total = 64 * 8 if concurrency > 1 else 300
                 cpu: dict[str, list[float]] = {"direct": [], "gateway": []}
                 results["throughput"][concurrency] = {
-                    "direct": await _throughput(client, direct_url, concurrency, total, cpu["direct"]),
-                    "gateway": await _throughput(client, gateway_url, concurrency, total, cpu["gateway"]),
-                    "gateway_2_workers": await _throughput(client, workers_url, concurrency, total),
+                    "direct": await _row_throughput(direct_url, concurrency, total, cpu["direct"]),
+                    "gateway": await _row_throughput(gateway_url, concurrency, total, cpu["gateway"]),
+                    "gateway_2_workers": await _row_throughput(workers_url, concurrency, total),
                 }
                 results["throughput_client_cpu_ms"][concurrency] = {k: v[0] for k, v in cpu.items()}
             # 200-frame and 1-frame streams: the difference is what the 199 more frames cost

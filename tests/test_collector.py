@@ -5,7 +5,11 @@ host's collector alone."""
 import subprocess
 import sys
 
-from relayline.adapters.gateway.server import GC_THRESHOLDS
+from relayline.adapters.gateway.server import (
+    GC_THRESHOLDS,
+    GC_YOUNG_PER_CONNECTION,
+    follow_connections,
+)
 
 # the gateway as `relayline serve` starts it, stopped where it would start serving
 SERVE = """
@@ -44,3 +48,30 @@ def test_the_library_leaves_its_hosts_collector_alone():
     import gc
 
     assert _run(LIBRARY) == f"{gc.get_threshold()} 0"
+
+
+FOLLOW = """
+import gc
+from relayline.adapters.gateway.server import tune_collector, follow_connections
+tune_collector()
+seen = []
+for count in (10, 1_000, 5_000, 3):
+    follow_connections(count)
+    seen.append(gc.get_threshold())
+print(seen)
+"""
+
+
+def test_in_a_gateway_process_the_young_threshold_grows_with_the_open_connections_and_comes_back():
+    young, *older = GC_THRESHOLDS
+    per = GC_YOUNG_PER_CONNECTION
+    assert young < per * 1_000  # else 1,000 clients would not raise it
+    assert _run(FOLLOW) == str([GC_THRESHOLDS, (per * 1_000, *older), (per * 5_000, *older), GC_THRESHOLDS])
+
+
+def test_the_library_process_collector_does_not_follow_connections():
+    import gc
+
+    before = gc.get_threshold()
+    follow_connections(5_000)  # tune_collector never ran here
+    assert gc.get_threshold() == before

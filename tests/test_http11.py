@@ -382,3 +382,26 @@ async def test_an_app_is_told_when_the_whole_body_is_here_and_not_before():
         await stream.aclose()
         stop.set()
     assert said == [("/whole", True, False), ("/halves", False, False), ("/get", True, False)], said
+
+
+async def test_the_server_tells_its_owner_how_many_connections_are_open_as_they_open_and_close():
+    counts: list[int] = []
+    async with trio.open_nursery() as nursery:
+        settings = {"keep_alive_s": 5.0, "max_header_bytes": 4096, "graceful_s": 5.0}
+        server = Server(App(), on_connections=counts.append, **settings)
+        stop = trio.Event()
+        sockets = listening_sockets("127.0.0.1", 0)
+        await nursery.start(server.run, sockets, stop)
+        port = sockets[0].getsockname()[1]
+        streams = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(3)]
+        for stream in streams:  # an answer on each: every connection has been taken
+            await stream.send_all(GET % b"/a")
+            await read_response(stream, bytearray())
+        assert counts == [1, 2, 3]
+        for stream in streams:
+            await stream.aclose()
+        with trio.fail_after(5):
+            while len(counts) < 6:
+                await trio.sleep(0.01)
+        assert counts == [1, 2, 3, 2, 1, 0]
+        stop.set()

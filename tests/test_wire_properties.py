@@ -128,3 +128,54 @@ def test_a_plain_message_read_at_once_is_what_the_general_path_reads(messages):
     fast = read({"model": "m", "messages": messages})
     general = read({"model": "m", "messages": [_Mapping(m) for m in messages]})
     assert fast == general
+
+
+_count = st.one_of(st.integers(0, 10**9), st.integers(-3, 10**9 + 3), st.sampled_from([True, None, 2.0, "3", 10**12]))
+_plain_body = st.fixed_dictionaries(
+    {"choices": st.lists(st.fixed_dictionaries(
+        {"message": st.fixed_dictionaries({"role": st.just("assistant"), "content": st.text(max_size=6)})},
+        optional={"finish_reason": st.one_of(st.none(), st.sampled_from(["stop", "length", "tool_calls", "x"]))}),
+        min_size=1, max_size=2)},
+    optional={"usage": st.one_of(st.none(), st.fixed_dictionaries({}, optional={
+        "prompt_tokens": _count, "completion_tokens": _count, "total_tokens": _count}))})
+_any_body = st.fixed_dictionaries(
+    {"choices": st.one_of(st.just([]), st.lists(st.fixed_dictionaries(
+        {"message": st.one_of(st.none(), st.fixed_dictionaries({}, optional={
+            "role": st.just("assistant"),
+            "content": st.one_of(st.text(max_size=6), st.none(), st.just([{"type": "text", "text": "a"}]), st.just(3)),
+            "tool_calls": st.one_of(st.none(), st.just([]), st.just([{"function": {"name": "f", "arguments": "{}"}}])),
+            "reasoning_content": st.one_of(st.none(), st.text(max_size=3)),
+            "reasoning": st.one_of(st.none(), st.text(max_size=3))}))},
+        optional={"finish_reason": st.one_of(st.none(), st.sampled_from(["stop", "length", "tool_calls", "x"]),
+                                             st.just(3))}), min_size=1, max_size=2))},
+    optional={"usage": st.one_of(st.none(), st.just([]), st.fixed_dictionaries({}, optional={
+        "prompt_tokens": _count, "completion_tokens": _count,
+        "prompt_tokens_details": st.one_of(st.none(), st.just({}), st.just({"cached_tokens": 2})),
+        "completion_tokens_details": st.one_of(st.none(), st.just({"reasoning_tokens": 1}))})),
+        "error": st.one_of(st.none(), st.just(""), st.just("overloaded"))})
+
+
+@given(st.one_of(_plain_body, _any_body))
+def test_a_plain_answer_read_at_once_is_what_the_general_walk_reads(body):
+    """providers/openai.py reads a plain non-streamed answer at once; whatever the answer, what it
+    reads is what the field-by-field walk reads, and an answer the walk refuses is never read."""
+    from relayline.adapters.providers.openai import _plain_answer, _walk_completion
+
+    plain = _plain_answer(body)
+    try:
+        walked = _walk_completion(body)
+    except Exception:  # (refused: malformed, or the provider's error)
+        assert plain is None
+        return
+    assert plain is None or plain == walked
+
+
+def test_a_typical_answer_takes_the_plain_read():
+    from relayline.adapters.providers.openai import _plain_answer, parse_completion
+
+    body = {"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": {
+        "role": "assistant", "content": "hi", "refusal": None}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}}
+    plain = _plain_answer(body)
+    assert plain is not None and plain == parse_completion(body)
+    assert (plain.text, plain.finish_reason, plain.usage.input_tokens, plain.usage.output_tokens) == ("hi", "length", 12, 3)

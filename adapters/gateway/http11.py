@@ -196,8 +196,10 @@ class _Hangups:
 
 class Server:
     def __init__(self, app: App, *, keep_alive_s: float, max_header_bytes: int, graceful_s: float,
-                 error_body: ErrorBody = _plain_error, send_timeout_s: float = SEND_TIMEOUT_S) -> None:
+                 error_body: ErrorBody = _plain_error, send_timeout_s: float = SEND_TIMEOUT_S,
+                 on_connections: Callable[[int], None] | None = None) -> None:
         self.app = app
+        self.on_connections = on_connections  # told the number of open connections whenever it changes
         self.keep_alive_s = keep_alive_s
         self.send_timeout_s = send_timeout_s
         self.max_header_bytes = max_header_bytes
@@ -260,6 +262,8 @@ class Server:
     async def _connection(self, stream: trio.SocketStream) -> None:
         connection = _Connection(self, stream)
         self.connections.add(connection)
+        if self.on_connections is not None:
+            self.on_connections(len(self.connections))
         try:
             await connection.run()
             await connection.linger()
@@ -267,6 +271,8 @@ class Server:
             log.exception("http_connection_error")
         finally:
             self.connections.discard(connection)
+            if self.on_connections is not None:
+                self.on_connections(len(self.connections))
             if self.draining and not self.connections:
                 self._none_left.set()
             await trio.aclose_forcefully(stream)

@@ -1,0 +1,188 @@
+"""Where the gateway's CPU per non-streamed request goes, phase by phase, in µs of a real process.
+
+bench/proxy_floor.py puts the gateway beside a zero-logic proxy on the same server and upstream
+client (the trio floor): what the gateway costs beyond it is its own logic. This bench says which
+logic. The gateway serves in this process (the same server and app as `relayline serve`, its
+collector tuned, its SQLite ledger on) in front of bench/upstream.py; one raw asyncio client
+(bench/load.py's) sends requests one after another from its own process. The synchronous steps
+of the path are wrapped with a clock (perf_counter_ns, about 0.1 µs a wrapper): each row is that
+step's time per request, as it runs in a serving process, caches cold from the step before (a
+step measured in a loop of its own, as bench/gateway_path.py does, comes out about half of
+this). A second run without the wrappers gives the process's own CPU per request; what the rows
+do not cover is the server's loop, trio's scheduler and sockets, and the await glue between
+them (the trio floor's part: proxy_floor.py measures that apart).
+
+Run: python bench/gateway_phases.py [--seconds 5] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import trio
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from procs import stop  # noqa: E402
+
+spent: collections.Counter = collections.Counter()
+calls: collections.Counter = collections.Counter()
+
+
+def _clocked(name: str, fn):
+    @functools.wraps(fn)
+    def clocked(*args, **kwargs):
+        start = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[name] += time.perf_counter_ns() - start
+            calls[name] += 1
+
+    return clocked
+
+
+def _wrap_phases() -> None:
+    """Each synchronous step of a non-streamed request, by the name its row gets."""
+    from relayline.adapters import jsoncodec, otel
+    from relayline.adapters.gateway import app, console, dialects, http11, metrics
+    from relayline.adapters.providers import http, openai, upstream
+    from relayline.adapters.relay import Relay
+    from relayline.adapters.stores import ledger
+    from relayline.machines import turn
+
+    # the gateway's own JSON calls, apart from the upstream answer's (read in its decode row)
+    app.jsoncodec = types.SimpleNamespace(**vars(jsoncodec))
+    steps = [
+        (http11._Reader, "feed", "server: request read by llhttp"),
+        (app, "request_id", "gateway: request id"),
+        (app.jsoncodec, "loads", "request body: JSON read"),
+        (dialects.OPENAI, "parse", "request parse into wire.Request"),
+        (Relay, "plan", "routing: the plan"),
+        (turn.Turn, "__init__", "turn machine: made"),
+        (turn.Turn, "start", "turn machine: start (walk, first call)"),
+        (openai.OpenAIProtocol, "build", "upstream request: built"),
+        (upstream, "render", "upstream request: rendered"),
+        (upstream.Connection, "_feed", "upstream answer read by llhttp"),
+        (http, "decode_completion", "upstream answer: decoded (its JSON read included)"),
+        (turn.Turn, "on_completion", "turn machine: on_completion (records, result)"),
+        (Relay, "_observe", "relay: turn observed (fallback record, log)"),
+        (metrics.Metrics, "turn", "metrics: turn"),
+        (console.Console, "observe", "console: turn observed"),
+        (otel.Tracing, "turn", "tracing: turn (off: the check)"),
+        (app.Gateway, "_note_breakers", "health: breaker transitions"),
+        (ledger, "ledger_rows", "ledger: rows made"),
+        (ledger.LedgerStore, "_insert", "ledger: SQLite insert, committed"),
+        (dialects.OpenAIDialect, "completion", "answer: built"),
+        (app.Gateway, "_relayline_field", "answer: relayline field"),
+        (app.Gateway, "_attribution", "answer: attribution headers"),
+        (app, "dropped_header", "answer: dropped-parameters header"),
+        (app.jsoncodec, "dumps", "answer: JSON written"),
+        (http11, "_render_head", "server: answer head rendered"),
+        (app.Gateway, "_account", "gateway: access line and request metrics"),
+    ]
+    for owner, attr, name in steps:
+        setattr(owner, attr, _clocked(name, getattr(owner, attr)))
+
+
+def serve_and_measure(seconds: float, wrapped: bool) -> dict:
+    from relayline.adapters.cli import _load_config_file
+    from relayline.adapters.gateway import Gateway
+    from relayline.adapters.gateway.http11 import Server, listening_sockets
+    from relayline.adapters.gateway.server import _error_body, tune_collector
+    from relayline.adapters.relay import Relay
+
+    if wrapped:
+        _wrap_phases()
+    upstream = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{upstream.stdout.readline().split()[1]}"
+        with tempfile.TemporaryDirectory() as tmp:
+            config = Path(tmp) / "bench.toml"
+            config.write_text(f'active = "bench.upstream"\n[ledger]\npath = "{tmp}/ledger.sqlite3"\n'
+                              f'[providers."bench.upstream"]\nfamily = "openai"\nbase_url = "{base}/v1"\n'
+                              'api_key = "bench-key"\n')
+            gateway = Gateway.from_relay_config(Relay(_load_config_file(str(config))))
+            settings = gateway.settings
+            server = Server(gateway, keep_alive_s=settings.keep_alive_s, max_header_bytes=settings.max_header_bytes,
+                            graceful_s=1, error_body=_error_body)
+            tune_collector()
+            sockets = listening_sockets("127.0.0.1", 0)
+            url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}/v1/chat/completions"
+            out: dict = {}
+
+            async def main() -> None:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(server.run, sockets, trio.Event())
+                    # warm for a second, then the measured window (bench/load.py's closed loop)
+                    client = (f"import asyncio, json, sys; sys.path.insert(0, {str(HERE)!r}); from load import closed_loop; "
+                              f"asyncio.run(closed_loop({url!r}, 1, 1.0)); "
+                              f"print(json.dumps(asyncio.run(closed_loop({url!r}, 1, {seconds + 1.0}))))")
+                    proc = await trio.lowlevel.open_process([sys.executable, "-c", client], stdout=subprocess.PIPE)
+                    await trio.sleep(1.8)
+                    spent.clear()
+                    calls.clear()
+                    cpu, wall = time.process_time(), time.perf_counter()
+                    await trio.sleep(seconds)
+                    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+                    steps, counts = dict(spent), dict(calls)
+                    answer = await proc.stdout.receive_some(1 << 20)
+                    await proc.wait()
+                    row = json.loads(answer.decode().strip().splitlines()[-1])
+                    requests = row["rps"] * wall  # the client's steady rate over this window
+                    out.update(rps=row["rps"], errors=row["errors"], cpu_us_per_request=cpu / requests * 1e6,
+                               steps={name: {"us": ns / requests / 1e3, "calls": counts[name] / requests}
+                                      for name, ns in sorted(steps.items(), key=lambda kv: -kv[1])})
+                    nursery.cancel_scope.cancel()
+
+            trio.run(main)
+            return out
+    finally:
+        stop([upstream])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--out", help="write the figures here (JSON)")
+    parser.add_argument("--child", choices=("bare", "wrapped"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(serve_and_measure(args.seconds, args.child == "wrapped")))
+        return 0
+    runs = {}
+    for kind in ("bare", "wrapped"):  # each in a process of its own: the wrappers stay out of the bare run
+        done = subprocess.run([sys.executable, __file__, "--child", kind, "--seconds", str(args.seconds)],
+                              capture_output=True, text=True, timeout=120 + 4 * args.seconds)
+        if done.returncode != 0:
+            raise SystemExit(done.stderr[-3000:])
+        runs[kind] = json.loads(done.stdout.strip().splitlines()[-1])
+    bare, wrapped = runs["bare"], runs["wrapped"]
+    covered = sum(step["us"] for step in wrapped["steps"].values())
+    out = {"load_average": os.getloadavg()[0], "cpu_us_per_request": bare["cpu_us_per_request"],
+           "cpu_us_per_request_wrapped": wrapped["cpu_us_per_request"], "rps": bare["rps"],
+           "errors": bare["errors"] + wrapped["errors"], "steps": wrapped["steps"], "steps_total_us": covered}
+    print(f"the gateway's CPU per non-streamed request, concurrency 1: {bare['cpu_us_per_request']:.0f} µs "
+          f"({bare['rps']:.0f} req/s; wrapped {wrapped['cpu_us_per_request']:.0f} µs; load average "
+          f"{out['load_average']:.1f})")
+    for name, step in wrapped["steps"].items():
+        print(f"  {step['us']:7.1f} µs  {step['calls']:4.1f}x  {name}")
+    print(f"  {covered:7.1f} µs  the steps above; the rest is the server's loop, trio, sockets and the glue")
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
