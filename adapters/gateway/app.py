@@ -174,6 +174,8 @@ def request_id(headers: dict[bytes, bytes]) -> str:
     return given if REQUEST_ID_SHAPE.match(given) else os.urandom(16).hex()
 
 
+_CHAT_DIALECTS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
+
 # the methods of each route, for a 405's Allow header (a HEAD is answered wherever a GET is)
 ALLOWED = {path: b"POST" for path in ("/v1/chat/completions", "/v1/messages", "/admin/reload")} | \
     {path: b"GET, HEAD" for path in ("/v1/models", "/admin/plan", "/admin/health", "/metrics", "/healthz", "/readyz")}
@@ -267,7 +269,9 @@ class Gateway:
             exchange.hangup = extensions.get("relayline.hangup")
             exchange.body_here = extensions.get("relayline.body_here")
         try:
-            await self._route(exchange, scope, headers, receive)
+            route = self._route(exchange, scope, headers, receive)
+            del scope, headers  # (a frame's locals live as long as its request: a stream's whole life)
+            await route
         except Exception:
             # relayline's own bug: logged once with its stack; the client gets a JSON 500, never
             # an empty body (after the headers went out, the connection is all that is left)
@@ -337,10 +341,11 @@ class Gateway:
             return
         if not await self._authorised(exchange, headers):
             return
-        if path == "/v1/chat/completions" and method == "POST":
-            await self._chat(exchange, OPENAI, scope, receive)
-        elif path == "/v1/messages" and method == "POST":
-            await self._chat(exchange, ANTHROPIC, scope, receive)
+        del headers
+        if method == "POST" and path in _CHAT_DIALECTS:
+            chat = self._chat(exchange, _CHAT_DIALECTS[path], scope, receive)
+            del scope  # the chat's own frame frees it once the request is read
+            await chat
         elif path == "/v1/models" and method == "GET":
             await self._json(send, 200, self._models())
         else:
@@ -641,6 +646,7 @@ class Gateway:
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         try:
             request = await self._request(dialect, scope, receive, exchange)
+            del scope  # (read: a stream's frames need not keep it)
             if request is None:
                 return
             turn_id = dialect.new_id()
