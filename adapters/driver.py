@@ -33,7 +33,8 @@ from .providers.base import DONE, CallRequest, ProviderClient, ProviderFailure
 
 log = logging.getLogger("relayline.driver")
 
-# may carry `may_block = False` (see TurnRun._frames), and `drained()` (see TurnRun._stream)
+# may carry `may_block = False` (see TurnRun._frames), `drained()` (see TurnRun._stream) and
+# `waiting()` (see TurnRun._pump)
 Sink = Callable[[Event], Awaitable[None]]
 SETTLE_SYNC_S = 5.0
 _SIZED = frozenset({TEXT, REASONING, TOOL_ARGS})  # frames whose text a stream accumulates
@@ -281,7 +282,7 @@ class TurnRun:
 
     # -- one call -----------------------------------------------------------------------------
 
-    def _request(self, call: Call, clock: AttemptClock | None = None) -> CallRequest:
+    def _request(self, call: Call, clock: AttemptClock | None = None, waiting=None) -> CallRequest:
         entry = call.entry
         if call.key_index is not None:
             key = entry.keys[call.key_index]
@@ -293,7 +294,7 @@ class TurnRun:
             request = request.with_prefill(call.prefill)
         return CallRequest(entry, entry.model, request, key, call.key_index, call.mode == "stream", call.probe,
                            self.turn.config.gateway.drop_unsupported_params,
-                           clock=clock, max_bytes=self.max_bytes)
+                           clock=clock, max_bytes=self.max_bytes, waiting=waiting)
 
     def _client(self, call: Call) -> ProviderClient:
         family = call.entry.provider.family
@@ -360,12 +361,19 @@ class TurnRun:
 
     async def _pump(self, call: Call, sink: Sink) -> fc.Failure | None:
         """Open the stream and run its frames through the gate. Returns the failure, or None
-        when the completion signal arrived."""
+        when the completion signal arrived.
+
+        A sink that gathers what it writes (`waiting`: the gateway's wire) is told before each
+        upstream read that may block, by an adapter that reports its waits; with any other, it
+        is told after each frame that gave it events (one write per frame, never a frame held
+        back while the upstream is silent)."""
         client = self._client(call)
+        waiting = getattr(sink, "waiting", None)
+        reported = waiting is not None and getattr(client, "reports_waits", False)
         try:
             with trio.CancelScope() as scope:
                 clock = AttemptClock(scope, self.timeouts, from_write=getattr(client, "reports_sent", False))
-                opened = client.stream(self._request(call, clock))
+                opened = client.stream(self._request(call, clock, waiting if reported else None))
                 frames = await opened.__aenter__()
             if scope.cancelled_caught:  # (the stream was not entered: nothing to exit)
                 return clock.failure()
@@ -376,7 +384,7 @@ class TurnRun:
                     self.turn.stream_headers()
                 except Exception as exc:
                     raise _Escalated(exc) from None
-                failure = await self._frames(frames, sink)
+                failure = await self._frames(frames, sink, None if reported else waiting)
             except BaseException as exc:
                 if not await opened.__aexit__(type(exc), exc, exc.__traceback__):
                     raise
@@ -390,7 +398,7 @@ class TurnRun:
         except Exception as exc:
             return self._internal(call, exc)
 
-    async def _frames(self, frames, sink: Sink) -> fc.Failure | None:
+    async def _frames(self, frames, sink: Sink, each_frame=None) -> fc.Failure | None:
         """Run the frames through the gate under first_token_s and idle_s.
 
         Moving a cancel scope's deadline costs more than the rest of a frame's handling, so it
@@ -438,6 +446,8 @@ class TurnRun:
                             if self.on_draft is not None and event.kind == "text":
                                 draft.append(event.value)
                                 self.on_draft("".join(draft))
+                        if each_frame is not None:
+                            await each_frame()
                     now = clock()
                     if now - armed_at >= slack:
                         armed_at = now

@@ -252,8 +252,32 @@ class Relay:
         run_hook: Callable[[TurnRun], None] | None = None,
     ) -> TurnResult:
         """Run one turn to its result, in the current trio run: the one entry point for the
-        library, the gateway and the simulator. Cancellation is recorded on the result and
-        re-raised. `run_hook` sees the run before it starts (the result survives a cancellation)."""
+        library and the simulator (the gateway runs `_new_run`'s run itself, one coroutine frame
+        fewer for each stream it holds). Cancellation is recorded on the result and re-raised.
+        `run_hook` sees the run before it starts (the result survives a cancellation)."""
+        run = self._new_run(messages, model=model, tools=tools, params=params, operator_model=operator_model,
+                            stream=stream, on_draft=on_draft, gateway=gateway)
+        if run_hook is not None:
+            run_hook(run)
+        try:
+            return await run.run(sink)
+        finally:
+            if run.result is not None:
+                self._observe(run.result)
+
+    def _new_run(
+        self,
+        messages: Sequence[Mapping[str, Any]] | wire.Request,
+        *,
+        model: str | None = None,
+        tools: Sequence[Mapping[str, Any]] = (),
+        params: Mapping[str, Any] | None = None,
+        operator_model: str | None = None,
+        stream: bool = False,
+        on_draft: Callable[[str], None] | None = None,
+        gateway: bool = False,
+    ) -> TurnRun:
+        """A turn planned and ready to run (`TurnRun.run`); its result goes to `_observe`."""
         request = wire_request(messages, tools, params)
         wire.check_model(model)  # it reaches headers, logs and the ledger: printable and bounded
         plan = self.plan(model=model, text=request.turn_text, operator_model=operator_model, gateway=gateway)
@@ -267,14 +291,7 @@ class Relay:
             if unfit:
                 plan = attrs.evolve(plan, unfit=unfit)
         turn = self._turn_factory(plan, self.config, self.health, stream=stream, tools=bool(request.tools))
-        run = TurnRun(turn, self.clients, request, on_draft=on_draft)
-        if run_hook is not None:
-            run_hook(run)
-        try:
-            return await run.run(sink)
-        finally:
-            if run.result is not None:
-                self._observe(run.result)
+        return TurnRun(turn, self.clients, request, on_draft=on_draft)
 
     def _observe(self, result: TurnResult) -> None:
         if result.outcome == "ok" and result.served is not None:

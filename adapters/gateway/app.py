@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import heapq
+import itertools
 import json
 import logging
 import os
@@ -205,9 +207,10 @@ class Gateway:
         self.in_flight = 0
         self.draining = False
         self._trimming = False
-        # what cancels each turn in flight: its run, or the scope around it and its helper tasks
-        self._turns: set[TurnRun | trio.CancelScope] = set()
-        self._cancelled_by_drain: set[TurnRun | trio.CancelScope] = set()
+        # what cancels each turn in flight: its run, its stream's wire, or the scope around it
+        self._turns: set[TurnRun | _StreamWire | trio.CancelScope] = set()
+        self._cancelled_by_drain: set[TurnRun | _StreamWire | trio.CancelScope] = set()
+        self._gates = _GateTimer()  # every held stream's gate_commit_s
         self._cut = False  # the drain ran out of time: a turn that starts now is cancelled at once
         self._idle = trio.Event()
         self._idle.set()
@@ -335,9 +338,9 @@ class Gateway:
         if not await self._authorised(exchange, headers):
             return
         if path == "/v1/chat/completions" and method == "POST":
-            await self._admitted(exchange, OPENAI, scope, receive)
+            await self._chat(exchange, OPENAI, scope, receive)
         elif path == "/v1/messages" and method == "POST":
-            await self._admitted(exchange, ANTHROPIC, scope, receive)
+            await self._chat(exchange, ANTHROPIC, scope, receive)
         elif path == "/v1/models" and method == "GET":
             await self._json(send, 200, self._models())
         else:
@@ -578,25 +581,6 @@ class Gateway:
 
     # -- admission and drain --------------------------------------------------------------------
 
-    async def _admitted(self, exchange: Exchange, dialect, scope, receive) -> None:
-        """Run a chat request unless the gateway is full or draining: then 503 with Retry-After,
-        before its body is read (load shedding costs next to nothing)."""
-        limit = self.settings.max_in_flight
-        if self.draining or (limit and self.in_flight >= limit):
-            why = "the gateway is shutting down" if self.draining else f"{limit} turns are in flight, the limit"
-            status, body = _unavailable(dialect, f"{why}: retry shortly")
-            await self._respond(exchange, status, body, headers=[(b"retry-after", b"1")]
-                                + ([(b"connection", b"close")] if self.draining else []))
-            return
-        self.in_flight += 1
-        self._idle = trio.Event() if self._idle.is_set() else self._idle
-        try:
-            await self._chat(dialect, scope, receive, exchange)
-        finally:
-            self.in_flight -= 1
-            if self.in_flight == 0:
-                self._idle.set()
-
     async def drain(self, seconds: float) -> None:
         """Stop admitting turns, wait up to `seconds` for those in flight, then cancel the rest:
         a cancelled stream ends with the explicit error event, a held one gets a 503, and every
@@ -643,135 +627,126 @@ class Gateway:
             return None
         return request
 
-    async def _chat(self, dialect, scope, receive, send: Exchange) -> None:
-        request = await self._request(dialect, scope, receive, send)
-        if request is None:
+    async def _chat(self, exchange: Exchange, dialect, scope, receive) -> None:
+        """Run a chat request unless the gateway is full or draining: then 503 with Retry-After,
+        before its body is read (load shedding costs next to nothing)."""
+        limit = self.settings.max_in_flight
+        if self.draining or (limit and self.in_flight >= limit):
+            why = "the gateway is shutting down" if self.draining else f"{limit} turns are in flight, the limit"
+            status, body = _unavailable(dialect, f"{why}: retry shortly")
+            await self._respond(exchange, status, body, headers=[(b"retry-after", b"1")]
+                                + ([(b"connection", b"close")] if self.draining else []))
             return
-        turn_id = dialect.new_id()
-        kwargs = dict(messages=request, model=request.model)
-        if request.stream:
-            runs: list[TurnRun] = []
-            stream = _StreamWire(turn_id, send, runs, dialect, request, self.relay.config.timeouts.gate_commit_s)
-            result = await self._run_turn(send, turn_id, receive, runs, (stream.tend,), on_end=stream.ending, stream=True,
-                                          sink=stream.event, **kwargs)
-            if result is not None and send.drained:
+        self.in_flight += 1
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        try:
+            request = await self._request(dialect, scope, receive, exchange)
+            if request is None:
+                return
+            turn_id = dialect.new_id()
+            if request.stream:
+                stream = _StreamWire(turn_id, exchange, dialect, request)
+                gate_s = self.relay.config.timeouts.gate_commit_s
+                if gate_s > 0:
+                    self._gates.hold(stream, trio.current_time() + gate_s)
+                try:
+                    result = await self._run_turn(exchange, turn_id, receive, request, stream)
+                finally:
+                    stream.ending()
+                await stream.settled()  # a commit the gate timer began is written whole first
+            else:
+                result = await self._run_turn(exchange, turn_id, receive, request)
+            if result is not None and exchange.drained:
                 result = _shut_down(result)
             elif result is None or result.outcome == "cancelled":
                 return  # the client went away
-            if not stream.started and result.outcome != "ok":
-                # nothing was sent: a failure before commit still gets a real status and body
-                await self._error_response(send, dialect, result)
-                return
-            await stream._start()  # an answer with nothing to show (a refusal) still is a stream
-            await stream.finish(result, self._relayline_field(result))
-            return
-        result = await self._run_turn(send, turn_id, receive, [], **kwargs)
-        if result is not None and send.drained:
-            result = _shut_down(result)
-        elif result is None or result.outcome == "cancelled":
-            return  # the client went away
-        if result.outcome != "ok":
-            await self._error_response(send, dialect, result)
-            return
-        await self._json(send, 200, dialect.completion(turn_id, result, self._relayline_field(result)),
-                         headers=self._attribution(result) + dropped_header(request, result.served))
+            if request.stream and (stream.started or result.outcome == "ok"):
+                await stream.finish(result, self._relayline_field(result))
+            elif result.outcome != "ok":
+                # a stream that sent nothing: a failure before commit still gets a real status and body
+                await self._error_response(exchange, dialect, result)
+            else:
+                await self._json(exchange, 200, dialect.completion(turn_id, result, self._relayline_field(result)),
+                                 headers=self._attribution(result) + dropped_header(request, result.served))
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
 
-    async def _run_turn(self, exchange: Exchange, turn_id: str, receive, runs: list[TurnRun], tasks=(),
-                        on_end=None, **kwargs) -> TurnResult | None:
+    async def _run_turn(self, exchange: Exchange, turn_id: str, receive, request: wire.Request,
+                        stream: _StreamWire | None = None) -> TurnResult | None:
         """Run one turn while watching for the client going away (a disconnect cancels it) and
         for a drain running out of time, then account for it: metrics, health view, ledger rows
-        (before any response ends)."""
+        (before any response ends). The run is driven here, in the request's own task and with
+        the run's own cancel scope alone where the server calls back on a hang-up: a held stream
+        keeps every coroutine frame of its path (README "## Performance")."""
         started = trio.current_time()
         REQUEST_ID.set(exchange.request_id)  # sent upstream as x-request-id
-        try:
-            return await self._turn_in_scope(exchange, turn_id, receive, runs, tasks, on_end, **kwargs)
-        finally:
-            # whatever raised (a helper task of the turn, relayline's own bug), a turn that has a
-            # result is accounted: its ledger rows are what the providers will bill
-            result = runs[0].result if runs else None
-            if result is not None:
-                exchange.result = result
-                exchange.turn = turn_id
-                await self._finish_turn(exchange, result, started)
-
-    async def _turn_in_scope(self, exchange: Exchange, turn_id: str, receive, runs: list[TurnRun], tasks, on_end,
-                             **kwargs) -> TurnResult | None:
         relay = self.relay  # the turn runs on this one to its end, whatever a reload does
         self._turns_of[relay] = self._turns_of.get(relay, 0) + 1
+        run: TurnRun | None = None
+        owner: TurnRun | _StreamWire | trio.CancelScope | None = None
         try:
-            if exchange.hangup is not None and not tasks and on_end is None:  # (else the helpers run them)
-                owner = await self._turn_alone(exchange, relay, runs, kwargs)
-            else:
-                owner = await self._turn_with_tasks(exchange, relay, receive, runs, tasks, on_end, kwargs)
+            run = relay._new_run(request, model=request.model, stream=stream is not None, gateway=True)
+            # the server's call-back on a hang-up cancels the run itself; else a task watches
+            watching = contextlib.nullcontext() if exchange.hangup is not None else self._watching(receive)
+            async with watching as turn_scope:
+                owner = run if turn_scope is None else turn_scope
+                if stream is not None:  # a hang-up or a drain also cuts short a write in progress
+                    stream.run = run
+                    stream._cancel_turn, owner = owner.cancel, stream
+                self._admit(owner)
+                if turn_scope is None:
+                    exchange.hangup(owner.cancel)
+                try:
+                    await (run.run() if stream is None else run.run(stream))
+                except Exception:
+                    if run.result is None:
+                        raise
+                    # the driver settled the turn (outcome error, reason internal) and logged it:
+                    # it is answered and accounted like any failed turn
+                finally:
+                    if run.result is not None:
+                        relay._observe(run.result)
         finally:
+            if owner is not None:
+                self._turns.discard(owner)
             self._turns_of[relay] -= 1
             if not self._turns_of[relay]:
                 del self._turns_of[relay]
                 if relay is not self.relay:  # retired by a reload: its last turn ended
                     with trio.CancelScope(shield=True):
                         await relay.aclose()
+            # whatever raised (relayline's own bug), a turn that has a result is accounted: its
+            # ledger rows are what the providers will bill
+            result = run.result if run is not None else None
+            if result is not None:
+                exchange.result = result
+                exchange.turn = turn_id
+                await self._finish_turn(exchange, result, started)
         exchange.drained = owner in self._cancelled_by_drain
         self._cancelled_by_drain.discard(owner)
-        return runs[0].result if runs else None
+        return run.result
 
-    def _admit(self, owner: TurnRun | trio.CancelScope) -> None:
-        """A turn's canceller (its run, or the scope around it) joins those a drain cancels."""
+    @contextlib.asynccontextmanager
+    async def _watching(self, receive):
+        """For a server that does not call back on a hang-up: a scope around the turn, and a
+        task of its own that cancels it when the client disconnects."""
+        with trio.CancelScope() as turn_scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_disconnect, receive, turn_scope)
+                try:
+                    yield turn_scope
+                finally:
+                    nursery.cancel_scope.cancel()
+
+    def _admit(self, owner: TurnRun | _StreamWire | trio.CancelScope) -> None:
+        """A turn's canceller (its run, its stream's wire, or the scope around it) joins those a
+        drain cancels."""
         self._turns.add(owner)
         if self._cut:
             self._cancelled_by_drain.add(owner)
             owner.cancel()
-
-    @staticmethod
-    async def _run(relay: Relay, runs: list[TurnRun], kwargs, run_hook) -> None:
-        try:
-            await relay._run_turn(gateway=True, run_hook=run_hook, **kwargs)
-        except Exception:
-            if not runs or runs[0].result is None:
-                raise
-            # the driver settled the turn (outcome error, reason internal) and logged it: it is
-            # answered and accounted like any failed turn
-
-    async def _turn_alone(self, exchange: Exchange, relay: Relay, runs: list[TurnRun], kwargs):
-        """A turn with no helper task and a server that calls back on a hang-up: the run's own
-        cancel scope is the only one (driver.TurnRun.cancel); the hang-up and a drain cancel it."""
-        hangup = exchange.hangup
-
-        def attach(run: TurnRun) -> None:  # (the run exists before it first yields)
-            runs.append(run)
-            self._admit(run)
-            hangup(run.cancel)
-
-        try:
-            await self._run(relay, runs, kwargs, attach)
-        finally:
-            if runs:
-                self._turns.discard(runs[0])
-        return runs[0] if runs else None
-
-    async def _turn_with_tasks(self, exchange: Exchange, relay: Relay, receive, runs: list[TurnRun], tasks, on_end,
-                               kwargs):
-        """A turn with helper tasks (a stream's writer), or watching for a hang-up itself: a
-        scope around them all, cancelled by a hang-up or a drain."""
-        with trio.CancelScope() as turn_scope:
-            self._admit(turn_scope)
-            try:
-                if exchange.hangup is not None:
-                    # the server calls back on a hang-up: no task of the turn's own waits for one
-                    exchange.hangup(turn_scope.cancel)
-                async with trio.open_nursery() as nursery:
-                    if exchange.hangup is None:
-                        nursery.start_soon(self._watch_disconnect, receive, turn_scope)
-                    for task in tasks:
-                        nursery.start_soon(task)
-                    try:
-                        await self._run(relay, runs, kwargs, runs.append)
-                    finally:
-                        if on_end is not None:
-                            on_end()
-                        nursery.cancel_scope.cancel()
-            finally:
-                self._turns.discard(turn_scope)
-        return turn_scope
 
     async def _error_response(self, send, dialect, result: TurnResult) -> None:
         status, body = dialect.error(result)
@@ -809,48 +784,63 @@ def _unavailable(dialect, message: str) -> tuple[int, bytes]:
 
 
 class _StreamWire:
-    """One streamed response: held headers, the commit, and a bounded write buffer.
+    """One streamed response: held headers, the commit, and a bounded write buffer; the driver's
+    sink for the turn.
 
-    The dialect renders; the wire decides when bytes go out. Events are rendered into a pending
-    buffer and one helper task (`tend`) writes whatever has gathered in one ASGI send: frames
-    that arrive together leave together, and an idle stream still sends each frame at once.
-    Past MAX_PENDING the turn waits for it. The same task commits the held headers once
-    `gate_commit_s` passed with nothing decisive (one task fewer per stream than a timer of its
-    own: at thousands of streams in flight, each task is memory).
+    The dialect renders; the wire decides when bytes go out. It has no task of its own (a task
+    with its nursery and scopes was about 5 KiB of every stream in flight): events are rendered
+    into a pending buffer, and the turn's own task writes it, in one ASGI send, when the
+    upstream adapter is about to wait for its next read (`waiting`), so the frames of one read
+    leave together and an idle stream still sends each frame at once. The first token is written
+    at once; past MAX_PENDING the turn writes before it renders more. A client that reads slowly
+    holds the turn's write, and with it the next upstream read (TCP backpressure), its idle
+    deadline lifted meanwhile (a slow reader is not a stalled provider). The held headers are
+    committed after `gate_commit_s` with nothing decisive by the gateway's one gate timer
+    (`_GateTimer`), whatever the turn is waiting on.
     """
 
     MAX_PENDING = 256 * 1024
 
-    __slots__ = ("send", "runs", "request", "render", "gate_s", "started", "_lock", "_pending", "_pending_bytes", "_wake",
-                 "_room", "_sending", "_ending")
+    __slots__ = ("send", "run", "request", "render", "started", "_head", "_pending", "_pending_bytes", "_sending",
+                 "_ending", "_committing", "_gate", "_cancel_turn")
 
-    def __init__(self, turn_id: str, send, runs: list[TurnRun], dialect, request: wire.Request, gate_s: float) -> None:
+    def __init__(self, turn_id: str, send, dialect, request: wire.Request) -> None:
         self.send = send
-        self.gate_s = gate_s
-        self.runs = runs
+        self.run: TurnRun | None = None  # the turn's, once it exists
         self.request = request
         self.render = dialect.stream_renderer(turn_id, request)
         self.started = False
-        self._lock = trio.Lock()  # the helper, the turn's first token and the end all write: keep the wire ordered
+        self._head: dict | None = None  # the response's start, written with the first bytes
         self._pending: list[bytes] = []
         self._pending_bytes = 0
-        self._wake = trio.Event()
-        self._room: trio.Event | None = None  # made when the turn waits for the client (rare: memory per stream)
         self._sending: trio.CancelScope | None = None
         self._ending = False
+        self._committing: trio.Event | None = None  # while the gate timer writes the held commit
+        self._gate: list | None = None  # the gate timer's entry, while the gate holds
+        self._cancel_turn: Callable[[], None] | None = None
+
+    def cancel(self) -> None:
+        """A hang-up or a drain: the turn is cancelled, and a write in progress gets SEND_GRACE_S."""
+        self.ending()
+        if self._cancel_turn is not None:
+            self._cancel_turn()
 
     def _served_entry(self):
-        run = self.runs[0] if self.runs else None
+        run = self.run
         if run is None:
             return None
         if run.result is not None and run.result.served is not None:
             return run.result.served
         return run.turn.call.entry if run.turn.call is not None else None
 
+    def _paused(self):
+        """The turn's upstream idle deadline lifted while it waits for the client."""
+        return self.run.consumer_paused() if self.run is not None else contextlib.nullcontext()
+
     async def _send_whole(self, message: dict) -> None:
-        # the turn's end cancels the helper: a write it began must finish
-        # (bytes taken from the buffer would otherwise be lost). While the turn runs a write
-        # takes the client's time (backpressure); once it ended, SEND_GRACE_S at most
+        # a write begun must finish (bytes taken from the buffer would otherwise be lost, and a
+        # chunk cut in two would garble the stream for the error event a drain still sends): at
+        # the client's pace while the turn runs, SEND_GRACE_S at most once it ended
         with trio.CancelScope(shield=True) as scope:
             if self._ending:
                 scope.deadline = trio.current_time() + SEND_GRACE_S
@@ -863,104 +853,190 @@ class _StreamWire:
     def ending(self) -> None:
         """The turn is over: a write still in progress gets SEND_GRACE_S, not the client's pace."""
         self._ending = True
+        self._disarm()
         if self._sending is not None:
             self._sending.deadline = trio.current_time() + SEND_GRACE_S
 
-    async def _start(self) -> None:
+    def _disarm(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate[3].release(gate)
+
+    def commit(self) -> None:
+        """The held headers and the dialect's opening, queued for the first write."""
         if self.started:
             return
-        async with self._lock:
-            if self.started:
-                return
-            self.started = True
-            entry = self._served_entry()
-            run = self.runs[0] if self.runs else None
-            headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-                       (b"x-relayline-served", (entry.label if entry else "none").encode())]
-            if run is not None:
-                headers.append((b"x-relayline-requested", run.turn.plan.requested.encode()))
-                # the attempt in flight is not recorded yet; a recovered answer's already is
-                in_flight = 1 if run.turn.call is not None else 0
-                headers.append((b"x-relayline-attempts", str(len(run.turn.attempts) + in_flight).encode()))
-            headers += dropped_header(self.request, entry)
-            await self._send_whole({"type": "http.response.start", "status": 200, "headers": headers})
-        gate = self.runs[0].turn.gate if self.runs else None
-        await self._queue(self.render.opening(entry.model if entry is not None else "",
-                                              gate.usage if gate is not None else None))
+        self.started = True
+        self._disarm()
+        entry = self._served_entry()
+        run = self.run
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                   (b"x-relayline-served", (entry.label if entry else "none").encode())]
+        if run is not None:
+            headers.append((b"x-relayline-requested", run.turn.plan.requested.encode()))
+            # the attempt in flight is not recorded yet; a recovered answer's already is
+            in_flight = 1 if run.turn.call is not None else 0
+            headers.append((b"x-relayline-attempts", str(len(run.turn.attempts) + in_flight).encode()))
+        headers += dropped_header(self.request, entry)
+        self._head = {"type": "http.response.start", "status": 200, "headers": headers}
+        gate = run.turn.gate if run is not None else None
+        self._put(self.render.opening(entry.model if entry is not None else "", gate.usage if gate is not None else None))
 
-    async def tend(self) -> None:
-        """The stream's helper: the gate timer until the turn commits, then the writes."""
-        if self.gate_s > 0:
-            with trio.move_on_after(self.gate_s):
-                await self._wake.wait()  # the turn committed first: its first write is waiting
-            await self._start()  # a slow model is not an error: the held headers and preamble go out
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            await self._flush()
+    async def at_gate(self) -> None:
+        """`gate_commit_s` passed with nothing decisive: the held headers and preamble go out (a
+        slow model is not an error). Run by the gate timer's task while the turn waits; the
+        turn's own writes wait for it (`_committing`)."""
+        if self.started or self._ending:
+            return
+        done = self._committing = trio.Event()
+        try:
+            self.commit()
+            await self._write()
+        finally:
+            self._committing = None
+            done.set()
 
-    def _put(self, data: bytes) -> bool:
-        """`data` queued for the helper's next write; True when the queue is over MAX_PENDING
-        (the caller then waits for room)."""
-        self._pending.append(data)
-        self._pending_bytes += len(data)
-        self._wake.set()
-        return self._pending_bytes > self.MAX_PENDING
+    async def settled(self) -> None:
+        """A commit the gate timer began is written whole (before the answer's end, or before
+        the request returns)."""
+        if self._committing is not None:
+            await self._committing.wait()
 
-    async def _queue(self, data: bytes) -> None:
-        if data and self._put(data):
-            await self._room_for_more()
+    def _put(self, data: bytes) -> None:
+        if data:
+            self._pending.append(data)
+            self._pending_bytes += len(data)
 
-    async def _room_for_more(self) -> None:
-        while self._pending_bytes > self.MAX_PENDING:
-            # the client reads slower than the provider writes: the turn waits, and with it the
-            # upstream read (TCP backpressure); the provider's idle deadline is lifted meanwhile
-            room = self._room = trio.Event()
-            if self.runs:
-                with self.runs[0].consumer_paused():
-                    await room.wait()
-            else:
-                await room.wait()
+    async def _write(self) -> None:
+        head, self._head = self._head, None
+        if head is not None:
+            await self._send_whole(head)
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            self._pending_bytes = 0
+            await self._send_whole({"type": "http.response.body", "body": data, "more_body": True})
 
     async def _flush(self) -> None:
-        async with self._lock:
-            while self._pending:
-                data = b"".join(self._pending)
-                self._pending.clear()
-                self._pending_bytes = 0
-                await self._send_whole({"type": "http.response.body", "body": data, "more_body": True})
-            if self._room is not None:
-                self._room.set()
+        await self.settled()
+        with self._paused():
+            await self._write()
 
-    async def event(self, event: Event) -> None:
+    async def __call__(self, event: Event) -> None:
         if not event.visible:
             return  # held protocol frames: the dialect's preamble is rendered at commit
         if not self.started:
-            await self._first(event)
+            self.commit()
+            self._put(self.render.event(event))
+            # the first token goes out now, not once the rest of this upstream read is rendered;
+            # a client slow to take it is not a stalled provider
+            await self._flush()
             return
         # nearly every frame: queued inline (no coroutine of its own for each step)
         data = self.render.event(event)
-        if data and self._put(data):
-            await self._room_for_more()
-
-    async def _first(self, event: Event) -> None:
-        await self._start()
-        await self._queue(self.render.event(event))
-        # the first token goes out now, not once the rest of this upstream read is rendered
-        # (the helper runs only when the turn yields); a client slow to take it is not a
-        # stalled provider
-        if self.runs:
-            with self.runs[0].consumer_paused():
+        if data:
+            self._pending.append(data)
+            self._pending_bytes += len(data)
+            if self._pending_bytes > self.MAX_PENDING:
                 await self._flush()
-        else:
+
+    may_block = False  # bounded buffer: when it must wait for the client, it says so (consumer_paused)
+
+    async def waiting(self) -> None:
+        """The upstream adapter is about to wait for its next read: what gathered goes out."""
+        if self._pending or self._committing is not None:
             await self._flush()
 
-    event.may_block = False  # bounded buffer: when it must wait for the client, it says so (consumer_paused)
-
     async def finish(self, result: TurnResult, relayline: dict) -> None:
-        """The end of the response; whatever the helper had not sent yet goes first."""
+        """The end of the response; whatever was not sent yet goes first."""
+        await self.settled()
+        self.commit()  # an answer with nothing to show (a refusal) still is a stream
         body = self.render.ok(result, relayline) if result.outcome == "ok" else self.render.failed(result, relayline)
-        async with self._lock:
-            body = b"".join(self._pending) + body
-            self._pending.clear()
-            await self.send({"type": "http.response.body", "body": body, "more_body": False})
+        head, self._head = self._head, None
+        if head is not None:
+            await self.send(head)
+        body = b"".join(self._pending) + body
+        self._pending.clear()
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _GateTimer:
+    """Every held stream's gate deadline, served by one task for the whole gateway: a heap of
+    deadlines, not a timer task per stream (README "## Performance": each task is memory). A
+    stream that commits or ends first only clears its entry; when a deadline passes with the
+    stream still held, a short task of the timer's own writes its commit (`_StreamWire.at_gate`:
+    the stream's turn task is busy waiting on the upstream). The task ends when no gate holds and
+    starts again with the next one."""
+
+    __slots__ = ("_heap", "_count", "_live", "_sleep", "_running")
+
+    def __init__(self) -> None:
+        self._heap: list[list] = []  # [deadline, order, wire (None once released), this timer]
+        self._count = itertools.count()
+        self._live = 0
+        self._sleep: trio.CancelScope | None = None
+        self._running = False
+
+    def hold(self, stream: _StreamWire, deadline: float) -> None:
+        entry = [deadline, next(self._count), stream, self]
+        stream._gate = entry
+        heapq.heappush(self._heap, entry)
+        self._live += 1
+        if not self._running:
+            self._running = True
+            trio.lowlevel.spawn_system_task(self._run, name="relayline gate timer")
+        elif self._sleep is not None and deadline < self._sleep.deadline:
+            self._sleep.deadline = deadline  # (a reload shortened gate_commit_s)
+
+    def release(self, entry: list) -> None:
+        """The stream committed or ended (or its deadline came): its entry no longer holds it."""
+        entry[2] = None
+        self._live -= 1
+
+    def _compact(self) -> None:
+        # entries cleared by streams that committed early leave the heap in bulk, not one by one
+        # when their deadline comes (thousands of streams may commit within gate_commit_s)
+        self._heap = [entry for entry in self._heap if entry[2] is not None]
+        heapq.heapify(self._heap)
+        self._live = len(self._heap)
+
+    async def _run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                heap = self._heap
+                while heap:
+                    if len(heap) > 64 and len(heap) > 2 * self._live:
+                        self._compact()
+                        heap = self._heap
+                        continue
+                    deadline, _, stream, _ = heap[0]
+                    if stream is None:
+                        heapq.heappop(heap)
+                        continue
+                    if deadline > trio.current_time():
+                        with trio.CancelScope(deadline=deadline) as self._sleep:
+                            await trio.sleep_forever()
+                        self._sleep = None
+                        heap = self._heap  # (compacted meanwhile)
+                        continue
+                    heapq.heappop(heap)
+                    stream._disarm()
+                    nursery.start_soon(self._commit, stream)
+                self._running = False  # a gate held from now on starts a new task
+        except Exception:  # a system task's error would end the whole run: log it instead
+            log.exception("gate_timer_error")
+        finally:
+            if self._running:  # cancelled with the run (or failed): no gate outlives its task
+                for entry in self._heap:
+                    if entry[2] is not None:
+                        entry[2]._gate = None
+                self._heap, self._live = [], 0
+            self._running = False
+            self._sleep = None
+
+    @staticmethod
+    async def _commit(stream: _StreamWire) -> None:
+        try:
+            await stream.at_gate()
+        except Exception:
+            log.exception("gate_commit_error")

@@ -55,6 +55,7 @@ from urllib.parse import unquote
 import httptools
 import trio
 
+from .. import sockets
 from .listen import BatchListener
 
 log = logging.getLogger("relayline.gateway")
@@ -806,11 +807,17 @@ class _Connection:
     async def _write(self, data: bytes) -> None:
         if self.gone or not data:
             return
+        # a write offered to the socket at once (sockets.py) only when no other is under way: it
+        # skips send_all's check that two tasks never write at the same time
+        at_once = not self.writing
         self.writing = True
         try:
             if len(data) <= WRITE_PIECE:
                 self.writes += 1
-                await self.stream.send_all(data)
+                if at_once:
+                    await sockets.send_all(self.stream, data)
+                else:
+                    await self.stream.send_all(data)
             else:
                 view = memoryview(data)
                 for start in range(0, len(data), WRITE_PIECE):

@@ -9,7 +9,7 @@ which the driver reports; adapters never decide retries.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
@@ -58,6 +58,10 @@ class CallRequest:
     # written, `headers()` when the response headers arrived, `received()` per body chunk
     clock: AttemptClockLike | None = attrs.field(default=None, eq=False, repr=False)
     max_bytes: int = 32 * 1024 * 1024  # limits.max_response_bytes: a larger body is too_large
+    # the consumer's `waiting` (a stream's sink that gathers what it writes): an adapter that
+    # reports waits (`reports_waits = True`) awaits it before each read of the stream's body that
+    # may block, so what the frames of the last read rendered goes out before the wait
+    waiting: Callable[[], Awaitable[None]] | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def dropped(self) -> tuple[str, ...]:
@@ -89,7 +93,8 @@ class AttemptClockLike(Protocol):
 
 class ProviderClient(Protocol):
     # optional: `reports_sent = True` when the adapter calls `request.clock.sent()`; otherwise
-    # the headers clock starts with the call
+    # the headers clock starts with the call. `reports_waits = True` when a stream awaits
+    # `request.waiting` before each body read; otherwise the driver awaits it after each frame
     async def complete(self, request: CallRequest) -> Completion: ...
 
     def stream(self, request: CallRequest) -> AbstractAsyncContextManager[AsyncIterator[Frame]]: ...

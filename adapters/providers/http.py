@@ -163,6 +163,7 @@ class HttpProvider:
     """A provider client for one protocol (openai or anthropic) over the profile pools."""
 
     reports_sent = True  # the driver's headers clock starts when the request was written
+    reports_waits = True  # a stream's body reads await `request.waiting` first
 
     def __init__(self, protocol: WireProtocol, pools: Pools | None = None) -> None:
         self.protocol = protocol
@@ -242,13 +243,19 @@ class HttpProvider:
     def stream(self, request: CallRequest) -> _Streamed:
         return _Streamed(self, request)
 
-    async def _frames(self, response) -> AsyncIterator[Frame]:
+    async def _frames(self, response, waiting=None) -> AsyncIterator[Frame]:
         decoder = SSEDecoder()
         parser = self.protocol.parser()
         chunks = aiter(response)
         first = True
         try:
-            async for chunk in chunks:
+            while True:
+                if waiting is not None:
+                    await waiting()  # the last read's frames leave before the next read waits
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
                 if first and len(chunk) > FIRST_PIECE:
                     # a burst's first read is decoded in two steps: its first events (the first
                     # token) do not wait for every line of the rest to be split (the first byte)
@@ -282,14 +289,15 @@ class _Streamed:
     second @asynccontextmanager around `_exchange`: that one's generator frame and context
     manager were half a KiB of every in-flight stream."""
 
-    __slots__ = ("provider", "exchange")
+    __slots__ = ("provider", "exchange", "waiting")
 
     def __init__(self, provider: HttpProvider, request: CallRequest) -> None:
         self.provider = provider
         self.exchange = provider._exchange(request)
+        self.waiting = request.waiting
 
     async def __aenter__(self) -> AsyncIterator[Frame]:
-        return self.provider._frames(await self.exchange.__aenter__())
+        return self.provider._frames(await self.exchange.__aenter__(), self.waiting)
 
     async def __aexit__(self, *exc_info) -> bool | None:
         return await self.exchange.__aexit__(*exc_info)

@@ -38,6 +38,8 @@ import httptools
 import httpx
 import trio
 
+from .. import sockets
+
 CONNECT_S = 30.0  # opening a connection (and its TLS handshake); the driver's scopes bound the rest
 READ_BYTES = 65536
 MAX_HEAD_BYTES = 100 * 1024  # a response head larger than this is malformed (httpcore's bound)
@@ -314,7 +316,7 @@ class Connection:
             raise UpstreamError("could not connect") from None
 
     async def write(self, data: bytes) -> None:
-        await self.stream.send_all(data)
+        await sockets.send_all(self.stream, data)  # (one exchange at a time: no other writer)
 
     async def read(self) -> bytes:
         return await self.stream.receive_some(READ_BYTES)

@@ -150,6 +150,8 @@ class SimUpstream:
 
 
 class SimClient:
+    reports_waits = True  # a stream's waits await `request.waiting` first
+
     def __init__(self, upstream: SimUpstream) -> None:
         self.upstream = upstream
 
@@ -185,13 +187,15 @@ class SimClient:
     async def stream(self, request: CallRequest):
         reply = self.upstream.next_reply(request, "stream")
         await self._before_headers(reply)
-        yield self._frames(reply)
+        yield self._frames(reply, request.waiting)
 
-    async def _frames(self, reply: Mapping) -> AsyncIterator[Frame]:
+    async def _frames(self, reply: Mapping, waiting=None) -> AsyncIterator[Frame]:
         words: list[str] = []
         explicit_usage = False
         for spec in reply_frames(reply):
             if "wait" in spec:
+                if waiting is not None:  # as a real upstream's read: what came before leaves first
+                    await waiting()
                 await trio.sleep(float(spec["wait"]))
                 continue
             await trio.lowlevel.checkpoint()
