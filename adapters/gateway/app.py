@@ -712,6 +712,11 @@ class Gateway:
                     # the driver settled the turn (outcome error, reason internal) and logged it:
                     # it is answered and accounted like any failed turn
                 finally:
+                    if stream is not None:
+                        # the run is over: the gate timer may no longer commit the held headers
+                        # (while the turn is accounted below: a ledger commit takes its time),
+                        # the result decides what the answer is
+                        stream.ending()
                     if run.result is not None:
                         relay._observe(run.result)
         finally:
