@@ -33,7 +33,7 @@ from .providers.base import DONE, CallRequest, ProviderClient, ProviderFailure
 
 log = logging.getLogger("relayline.driver")
 
-# may carry `may_block = False` (see TurnRun._frames), `drained()` (see TurnRun._stream) and
+# may carry `may_block = False` (see TurnRun._frames), `drained()` (see TurnRun._streamed) and
 # `waiting()` (see TurnRun._pump)
 Sink = Callable[[Event], Awaitable[None]]
 SETTLE_SYNC_S = 5.0
@@ -203,7 +203,10 @@ class TurnRun:
                                 await self._sync_health()
                                 action = turn.on_timer(trio.current_time())
                             elif action.mode == "stream":
-                                action = await self._stream(action, sink)
+                                # the pump awaited here, not from a coroutine around it: a held
+                                # stream keeps every frame of its path
+                                failure = await self._pump(action, sink)
+                                action = await self._streamed(failure, sink)
                             else:
                                 action = await self._complete(action)
                     except _Escalated as exc:
@@ -339,9 +342,9 @@ class TurnRun:
         except Exception as exc:
             raise _Escalated(exc) from None
 
-    async def _stream(self, call: Call, sink: Sink):
+    async def _streamed(self, failure: fc.Failure | None, sink: Sink):
+        """The turn's next action once a stream attempt ended (`failure`: None when it completed)."""
         turn = self.turn
-        failure = await self._pump(call, sink)
         drained = getattr(sink, "drained", None)
         if drained is not None:
             # a sink that hands events on in batches: how the stream ended is decided once the

@@ -15,14 +15,22 @@ ones) are counted too: on a loaded machine each wake-up waits for a core, and tw
 doing half the work wake up more often per request than one busy worker that finds several
 requests ready at each wake-up.
 
+Two references beside them: two separate gateways (one worker each, their own ledger files and
+ports, 8 of the 16 clients each: no SO_REUSEPORT split and no shared SQLite file) and one gateway
+with 8 clients (what half the clients cost a worker alone); and the cores themselves: a Python
+loop alone on one core against one on each core at once, the work per CPU-second of each (below
+1.0 would mean the two cores slow each other, as SMT siblings or a busy host would).
+
 Run: python bench/workers.py [--seconds S]
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,16 +115,35 @@ def run(seconds: float = 4.0) -> dict:
                         _pin(pid, {cores[1]})
                 try:
                     out["runs"][f"{workers} worker{'s' if workers > 1 else ''}{', pinned' if pinned else ''}"] = \
-                        asyncio.run(_measure(url, pids, upstream.pid, seconds))
+                        asyncio.run(_measure([(url, 16)], pids, upstream.pid, seconds))
                 finally:
                     proc.terminate()
                     proc.wait(30)
                     os.sched_setaffinity(0, set(cores))
                     _pin(upstream.pid, set(cores))
+        # the reference with nothing shared: two separate gateways, each its own ledger file and
+        # port, 8 of the 16 clients each (no SO_REUSEPORT split, no shared SQLite file), and one
+        # gateway with 8 clients (what a worker's half of the clients costs it alone)
+        separate = []
+        try:
+            for i in (1, 2):
+                own = Path(tmp.name) / f"separate{i}.toml"
+                own.write_text(config.read_text().replace("ledger.sqlite3", f"ledger-{i}.sqlite3"))
+                separate.append(_start(own, 1))
+            targets = [(url, 8) for _, url, _ in separate]
+            pids = [pid for _, _, own_pids in separate for pid in own_pids]
+            out["runs"]["2 separate gateways"] = asyncio.run(_measure(targets, pids, upstream.pid, seconds))
+            out["runs"]["1 worker, 8 clients"] = asyncio.run(_measure(targets[:1], pids[:1], upstream.pid, seconds))
+        finally:
+            for proc, _, _ in separate:
+                proc.terminate()
+                proc.wait(30)
     finally:
         upstream.terminate()
         upstream.wait(10)
         tmp.cleanup()
+    if len(cores) >= 2:
+        out["cores_scaling"] = cores_scaling(cores)
     out["load_average_at_end"] = os.getloadavg()[0]
     runs = out["runs"]
     one, two = runs.get("1 worker"), runs.get("2 workers")
@@ -126,30 +153,76 @@ def run(seconds: float = 4.0) -> dict:
         out["ceiling_one_worker_rps"] = 1e3 / one["worker_cpu_ms_per_request"][0]
         out["ceiling_all_cores_rps"] = len(cores) * 1e3 / two["all_cpu_ms_per_request"]
         out["ceiling_scaling"] = out["ceiling_all_cores_rps"] / out["ceiling_one_worker_rps"]
+    if one and "2 separate gateways" in runs:
+        out["scaling_separate"] = runs["2 separate gateways"]["rps"] / one["rps"]
     if "1 worker, pinned" in runs and "2 workers, pinned" in runs:
         out["scaling_pinned"] = runs["2 workers, pinned"]["rps"] / runs["1 worker, pinned"]["rps"]
     return out
 
 
-async def _measure(url: str, pids: list[int], upstream_pid: int, seconds: float) -> dict:
-    await closed_loop(url, 16, 1.0)  # warm: connections to the upstream, caches
+async def _measure(targets: list[tuple[str, int]], pids: list[int], upstream_pid: int, seconds: float) -> dict:
+    """Closed loops on every (url, clients) of `targets` at once; per request, the CPU and the
+    context switches of `pids` (the workers, or separate gateways), the upstream and the client."""
+    for url, clients in targets:
+        await closed_loop(url, clients, 1.0)  # warm: connections to the upstream, caches
     before = {pid: _cpu_s(pid) for pid in pids}
     switches = {pid: _switches(pid) for pid in pids}
     upstream_before, client_before = _cpu_s(upstream_pid), _own_cpu_s()
     start = time.perf_counter()
-    row = await closed_loop(url, 16, seconds)
+    rows = await asyncio.gather(*(closed_loop(url, clients, seconds) for url, clients in targets))
     elapsed = time.perf_counter() - start
-    n = max(row["requests"], 1)
+    n = max(sum(row["requests"] for row in rows), 1)
     workers = [(_cpu_s(pid) - before[pid]) / n * 1e3 for pid in pids]
     woken = [(_switches(pid)[0] - switches[pid][0]) / n for pid in pids]
     preempted = [(_switches(pid)[1] - switches[pid][1]) / n for pid in pids]
     upstream = (_cpu_s(upstream_pid) - upstream_before) / n * 1e3
     client = (_own_cpu_s() - client_before) / n * 1e3
-    return {"rps": row["rps"], "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"], "errors": row["errors"],
+    return {"rps": sum(row["rps"] for row in rows), "p50_ms": max(row["p50_ms"] for row in rows),
+            "p99_ms": max(row["p99_ms"] for row in rows), "errors": sum(row["errors"] for row in rows),
             "worker_cpu_ms_per_request": workers, "worker_busy_share": [w * n / 1e3 / elapsed for w in workers],
             "worker_sockets": [_sockets(pid) for pid in pids], "worker_wakeups_per_request": woken,
             "worker_preemptions_per_request": preempted, "upstream_cpu_ms_per_request": upstream,
             "client_cpu_ms_per_request": client, "all_cpu_ms_per_request": sum(workers) + upstream + client}
+
+
+def _python_work(n: int = 20_000) -> int:
+    # shaped like the gateway's own work: small dicts and lists, JSON, bytes, calls
+    total = 0
+    for i in range(n):
+        total += len(json.dumps({"model": "m", "i": i, "messages": [{"role": "user", "content": "hi"}]}).encode())
+    return total
+
+
+def _python_loop(core: int, seconds: float, results) -> None:
+    os.sched_setaffinity(0, {core})
+    _python_work(2_000)
+    cpu, start, done = time.thread_time(), time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        _python_work()
+        done += 1
+    results.put(done / (time.thread_time() - cpu))
+
+
+def cores_scaling(cores: list[int], seconds: float = 2.0, rounds: int = 3) -> dict:
+    """What two cores give two processes that share nothing: a Python loop alone on one core,
+    then one on each core at once, alternated; the work done per CPU-second of each (1.0: the
+    cores do not slow each other, as SMT siblings or a host's contention would)."""
+    import multiprocessing
+
+    results = multiprocessing.get_context("fork").Queue()
+    alone, paired = [], []
+    for _ in range(rounds):
+        for together in (cores[:1], cores[:2]):
+            procs = [multiprocessing.get_context("fork").Process(target=_python_loop, args=(core, seconds, results))
+                     for core in together]
+            for proc in procs:
+                proc.start()
+            rates = [results.get(timeout=seconds + 60) for _ in procs]
+            for proc in procs:
+                proc.join()
+            (alone if len(together) == 1 else paired).extend(rates)
+    return {"alone_per_cpu_s": statistics.median(alone), "paired_per_cpu_s": statistics.median(paired),
+            "paired_over_alone": statistics.median(paired) / statistics.median(alone)}
 
 
 def report(result: dict) -> None:
@@ -167,6 +240,12 @@ def report(result: dict) -> None:
         print(f"  2 workers over 1: {result['scaling']:.2f}x; the ceiling at this CPU per request: one worker "
               f"{result['ceiling_one_worker_rps']:.0f} req/s, all cores {result['ceiling_all_cores_rps']:.0f} req/s "
               f"({result['ceiling_scaling']:.2f}x)")
+    if "scaling_separate" in result:
+        print(f"  2 separate gateways (own ledger files and ports, 8 clients each) over 1 worker: "
+              f"{result['scaling_separate']:.2f}x")
+    if "cores_scaling" in result:
+        print(f"  the cores themselves: a Python loop's work per CPU-second, one on each core over one alone: "
+              f"{result['cores_scaling']['paired_over_alone']:.2f}")
     if "scaling_pinned" in result:
         print(f"  pinned (client and upstream on one core, the workers on the other): 2 workers over 1: "
               f"{result['scaling_pinned']:.2f}x")

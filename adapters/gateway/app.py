@@ -174,6 +174,8 @@ def request_id(headers: dict[bytes, bytes]) -> str:
     return given if REQUEST_ID_SHAPE.match(given) else os.urandom(16).hex()
 
 
+_CHAT_DIALECTS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
+
 # the methods of each route, for a 405's Allow header (a HEAD is answered wherever a GET is)
 ALLOWED = {path: b"POST" for path in ("/v1/chat/completions", "/v1/messages", "/admin/reload")} | \
     {path: b"GET, HEAD" for path in ("/v1/models", "/admin/plan", "/admin/health", "/metrics", "/healthz", "/readyz")}
@@ -267,7 +269,9 @@ class Gateway:
             exchange.hangup = extensions.get("relayline.hangup")
             exchange.body_here = extensions.get("relayline.body_here")
         try:
-            await self._route(exchange, scope, headers, receive)
+            route = self._route(exchange, scope, headers, receive)
+            del scope, headers  # (a frame's locals live as long as its request: a stream's whole life)
+            await route
         except Exception:
             # relayline's own bug: logged once with its stack; the client gets a JSON 500, never
             # an empty body (after the headers went out, the connection is all that is left)
@@ -337,10 +341,11 @@ class Gateway:
             return
         if not await self._authorised(exchange, headers):
             return
-        if path == "/v1/chat/completions" and method == "POST":
-            await self._chat(exchange, OPENAI, scope, receive)
-        elif path == "/v1/messages" and method == "POST":
-            await self._chat(exchange, ANTHROPIC, scope, receive)
+        del headers
+        if method == "POST" and path in _CHAT_DIALECTS:
+            chat = self._chat(exchange, _CHAT_DIALECTS[path], scope, receive)
+            del scope  # the chat's own frame frees it once the request is read
+            await chat
         elif path == "/v1/models" and method == "GET":
             await self._json(send, 200, self._models())
         else:
@@ -641,6 +646,7 @@ class Gateway:
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         try:
             request = await self._request(dialect, scope, receive, exchange)
+            del scope  # (read: a stream's frames need not keep it)
             if request is None:
                 return
             turn_id = dialect.new_id()
@@ -968,23 +974,23 @@ class _GateTimer:
     the stream's turn task is busy waiting on the upstream). The task ends when no gate holds and
     starts again with the next one."""
 
-    __slots__ = ("_heap", "_count", "_live", "_sleep", "_running")
+    __slots__ = ("_heap", "_count", "_live", "_sleep", "_runner")
 
     def __init__(self) -> None:
         self._heap: list[list] = []  # [deadline, order, wire (None once released), this timer]
         self._count = itertools.count()
         self._live = 0
         self._sleep: trio.CancelScope | None = None
-        self._running = False
+        self._runner: object | None = None  # the task serving the heap (a token of its own)
 
     def hold(self, stream: _StreamWire, deadline: float) -> None:
         entry = [deadline, next(self._count), stream, self]
         stream._gate = entry
         heapq.heappush(self._heap, entry)
         self._live += 1
-        if not self._running:
-            self._running = True
-            trio.lowlevel.spawn_system_task(self._run, name="relayline gate timer")
+        if self._runner is None:
+            self._runner = object()
+            trio.lowlevel.spawn_system_task(self._run, self._runner, name="relayline gate timer")
         elif self._sleep is not None and deadline < self._sleep.deadline:
             self._sleep.deadline = deadline  # (a reload shortened gate_commit_s)
 
@@ -992,47 +998,39 @@ class _GateTimer:
         """The stream committed or ended (or its deadline came): its entry no longer holds it."""
         entry[2] = None
         self._live -= 1
+        if len(self._heap) > 64 and len(self._heap) > 2 * self._live:
+            # entries cleared by streams that committed early leave the heap in bulk, not one by
+            # one when their deadline comes: thousands of streams may commit within
+            # gate_commit_s (the timer's task only yields in its sleep, which looks again)
+            self._heap = [entry for entry in self._heap if entry[2] is not None]
+            heapq.heapify(self._heap)
 
-    def _compact(self) -> None:
-        # entries cleared by streams that committed early leave the heap in bulk, not one by one
-        # when their deadline comes (thousands of streams may commit within gate_commit_s)
-        self._heap = [entry for entry in self._heap if entry[2] is not None]
-        heapq.heapify(self._heap)
-        self._live = len(self._heap)
-
-    async def _run(self) -> None:
+    async def _run(self, token: object) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                heap = self._heap
-                while heap:
-                    if len(heap) > 64 and len(heap) > 2 * self._live:
-                        self._compact()
-                        heap = self._heap
-                        continue
-                    deadline, _, stream, _ = heap[0]
+                while self._heap:  # (a release may compact it into a new list: looked up each time)
+                    deadline, _, stream, _ = self._heap[0]
                     if stream is None:
-                        heapq.heappop(heap)
+                        heapq.heappop(self._heap)
                         continue
                     if deadline > trio.current_time():
                         with trio.CancelScope(deadline=deadline) as self._sleep:
                             await trio.sleep_forever()
                         self._sleep = None
-                        heap = self._heap  # (compacted meanwhile)
                         continue
-                    heapq.heappop(heap)
+                    heapq.heappop(self._heap)
                     stream._disarm()
                     nursery.start_soon(self._commit, stream)
-                self._running = False  # a gate held from now on starts a new task
+                self._runner = None  # a gate held from now on starts a new task (this one waits for its commits)
         except Exception:  # a system task's error would end the whole run: log it instead
             log.exception("gate_timer_error")
         finally:
-            if self._running:  # cancelled with the run (or failed): no gate outlives its task
+            if self._runner is token:  # cancelled with the run (or failed): no gate outlives its task
                 for entry in self._heap:
                     if entry[2] is not None:
                         entry[2]._gate = None
                 self._heap, self._live = [], 0
-            self._running = False
-            self._sleep = None
+                self._runner = self._sleep = None
 
     @staticmethod
     async def _commit(stream: _StreamWire) -> None:

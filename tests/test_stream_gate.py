@@ -1,0 +1,118 @@
+"""A streamed answer without a task of its own (app.py's _StreamWire and _GateTimer): its writes
+happen in the turn's task, the frames of one upstream read in one write made before the adapter
+waits again; its held headers go out at `gate_commit_s` whatever the turn waits on (a retry's
+backoff here, not an upstream read), from the gateway's one gate timer, which forgets a stream
+that committed first. On virtual time, against the scripted sim upstream."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+
+from helpers import asgi_post
+from relayline.adapters import Relay
+from relayline.adapters.gateway import Gateway
+from relayline.adapters.gateway.app import _GateTimer
+from relayline.adapters.sim.provider import SimUpstream
+
+CONFIG = """
+active = "sim.a"
+[timeouts]
+gate_commit_s = {gate}
+[reliability]
+provider_retries = 1
+backoff_ms = 5000
+[providers."sim.a"]
+family = "sim"
+model = "m1"
+"""
+BODY = json.dumps({"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+async def streamed(gateway: Gateway) -> list[tuple[float, dict]]:
+    started = trio.current_time()
+    sent: list[tuple[float, dict]] = []
+    await asgi_post(gateway, "/v1/chat/completions", BODY,
+                    on_send=lambda message: sent.append((trio.current_time() - started, message)))
+    return sent
+
+
+def gateway_for(script: list, gate: float, times: int = 1) -> Gateway:
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": script}] * times)
+    return Gateway(Relay.from_toml(CONFIG.format(gate=gate), env={}, sim=sim))
+
+
+def bodies(sent) -> list[tuple[float, bytes]]:
+    return [(at, message["body"]) for at, message in sent if message.get("body")]
+
+
+async def test_the_frames_of_one_read_leave_in_one_write_before_the_upstream_is_waited_on(autojump_clock):
+    frames = [{"role": True}, {"text": "a"}, {"text": "b"}, {"text": "c"}, {"wait": 2}, {"text": "d"}, {"done": True}]
+    writes = bodies(await streamed(gateway_for([{"frames": frames}], gate=30)))
+    assert [b'"a"' in body for _, body in writes] == [True, False, False]  # the first token at once
+    at, together = writes[1]
+    assert b'"b"' in together and b'"c"' in together and at < 0.1  # before the 2 s wait, not after it
+    assert writes[2][0] >= 2 and b'"d"' in writes[2][1] and b"data: [DONE]" in writes[2][1]
+
+
+async def test_the_gate_commits_held_headers_while_the_turn_sleeps_between_attempts(autojump_clock):
+    script = [{"status": 503}, {"frames": [{"role": True}, {"text": "late"}, {"done": True}]}]
+    sent = await streamed(gateway_for(script, gate=1))
+    head_at = next(at for at, message in sent if message["type"] == "http.response.start")
+    text_at = next(at for at, body in bodies(sent) if b'"late"' in body)
+    assert 1 <= head_at < 1.1 and text_at >= 5  # the backoff is 5 s: the head did not wait for it
+    assert sent[0][1]["status"] == 200 and b"data: [DONE]" in sent[-1][1]["body"]
+
+
+async def test_many_held_streams_share_the_one_timer(autojump_clock):
+    frames = [{"role": True}, {"wait": 5}, {"text": "late"}, {"done": True}]
+    gateway = gateway_for([{"frames": frames}], gate=1, times=40)
+    results: list = []
+
+    async def one() -> None:
+        results.append(await streamed(gateway))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(40):
+            nursery.start_soon(one)
+    for sent in results:
+        head_at = next(at for at, message in sent if message["type"] == "http.response.start")
+        assert 1 <= head_at < 1.1 and b"data: [DONE]" in sent[-1][1]["body"]
+    assert len(results) == 40 and gateway._gates._heap == []
+
+
+class _Held:
+    """What the timer needs of a stream: its entry, the release, and the commit."""
+
+    def __init__(self, timer: _GateTimer) -> None:
+        self.timer = timer
+        self._gate = None
+        self.committed_at: float | None = None
+
+    def _disarm(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            self.timer.release(gate)
+
+    async def at_gate(self) -> None:
+        self.committed_at = trio.current_time()
+
+
+async def test_the_timer_commits_the_streams_still_held_and_forgets_the_others(autojump_clock):
+    timer = _GateTimer()
+    streams = [_Held(timer) for _ in range(1000)]
+    start = trio.current_time()
+    for i, stream in enumerate(streams):
+        timer.hold(stream, start + 1 + i / 1000)
+    for stream in streams[100:]:
+        stream._disarm()  # committed (or ended) before its gate
+    assert len(timer._heap) <= 2 * 100  # their entries went with them, not at their deadlines
+    await trio.sleep(3)
+    assert all(start + 1 <= s.committed_at < start + 1.2 for s in streams[:100])
+    assert all(s.committed_at is None for s in streams[100:])
+    assert timer._heap == [] and timer._runner is None  # its task ended: it starts again with the next gate
+    later = _Held(timer)
+    timer.hold(later, trio.current_time() + 1)
+    await trio.sleep(2)
+    assert later.committed_at is not None
