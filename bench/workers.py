@@ -21,7 +21,7 @@ with 8 clients (what half the clients cost a worker alone); and the cores themse
 loop alone on one core against one on each core at once, the work per CPU-second of each (below
 1.0 would mean the two cores slow each other, as SMT siblings or a busy host would).
 
-Run: python bench/workers.py [--seconds S]
+Run: python bench/workers.py [--seconds S] [--rounds N]
 """
 
 from __future__ import annotations
@@ -92,7 +92,21 @@ def _start(config: Path, workers: int) -> tuple[subprocess.Popen, str, list[int]
     return proc, url, pids
 
 
-def run(seconds: float = 4.0) -> dict:
+def _median_row(rows: list[dict]) -> dict:
+    """Rounds of one configuration as one row: each figure's median (per worker for the lists)."""
+    out = {}
+    for key, value in rows[0].items():
+        if isinstance(value, list):
+            out[key] = [statistics.median(row[key][i] for row in rows) for i in range(len(value))]
+        else:
+            out[key] = statistics.median(row[key] for row in rows)
+    return out | {"rps_each": [row["rps"] for row in rows]}
+
+
+def run(seconds: float = 4.0, rounds: int = 3) -> dict:
+    """The unpinned configurations `rounds` times, alternated (the order turned every round, each
+    one started afresh); a row is the median of its rounds, and a scaling the median of the
+    rounds' own ratios (each taken a few seconds apart, as the machine's load drifts)."""
     cores = sorted(os.sched_getaffinity(0))
     tmp = tempfile.TemporaryDirectory()
     upstream = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), "0"], stdout=subprocess.PIPE, text=True)
@@ -100,44 +114,49 @@ def run(seconds: float = 4.0) -> dict:
     config = Path(tmp.name) / "workers.toml"
     config.write_text(f'active = "u"\n[ledger]\npath = "{tmp.name}/ledger.sqlite3"\n[providers.u]\n'
                       f'family = "openai"\nbase_url = "http://127.0.0.1:{port}/v1"\napi_key = "bench-key"\n')
-    out: dict = {"cores": len(cores), "load_average_at_start": os.getloadavg()[0], "runs": {}}
+    separate_configs = []
+    for i in (1, 2):
+        own = Path(tmp.name) / f"separate{i}.toml"
+        own.write_text(config.read_text().replace("ledger.sqlite3", f"ledger-{i}.sqlite3"))
+        separate_configs.append(own)
+    # (name, [(config, workers, clients)]): the two references with nothing shared are two separate
+    # gateways, each its own ledger file and port and 8 of the 16 clients (no SO_REUSEPORT split,
+    # no shared SQLite file), and one gateway with 8 clients (what half the clients cost alone)
+    configurations = [("1 worker", [(config, 1, 16)]), ("2 workers", [(config, 2, 16)]),
+                      ("2 separate gateways", [(own, 1, 8) for own in separate_configs]),
+                      ("1 worker, 8 clients", [(separate_configs[0], 1, 8)])]
+    out: dict = {"cores": len(cores), "load_average_at_start": os.getloadavg()[0], "runs": {}, "rounds": []}
     try:
-        for pinned in (False, True):
-            if pinned and len(cores) < 2:
-                break
-            for workers in (1, 2):
-                if pinned:
-                    os.sched_setaffinity(0, {cores[0]})
-                    _pin(upstream.pid, {cores[0]})
-                proc, url, pids = _start(config, workers)
-                if pinned:
-                    for pid in pids:
-                        _pin(pid, {cores[1]})
+        for round_ in range(rounds):
+            this_round = {}
+            for name, gateways in (configurations if round_ % 2 == 0 else configurations[::-1]):
+                started = [_start(own, workers) for own, workers, _ in gateways]
                 try:
-                    out["runs"][f"{workers} worker{'s' if workers > 1 else ''}{', pinned' if pinned else ''}"] = \
+                    targets = [(url, clients) for (_, url, _), (_, _, clients) in zip(started, gateways, strict=True)]
+                    pids = [pid for _, _, own_pids in started for pid in own_pids]
+                    this_round[name] = asyncio.run(_measure(targets, pids, upstream.pid, seconds))
+                finally:
+                    for proc, _, _ in started:
+                        proc.terminate()
+                        proc.wait(30)
+            out["rounds"].append(this_round)
+        for name, _ in configurations:
+            out["runs"][name] = _median_row([r[name] for r in out["rounds"]])
+        if len(cores) >= 2:
+            for workers in (1, 2):
+                os.sched_setaffinity(0, {cores[0]})
+                _pin(upstream.pid, {cores[0]})
+                proc, url, pids = _start(config, workers)
+                for pid in pids:
+                    _pin(pid, {cores[1]})
+                try:
+                    out["runs"][f"{workers} worker{'s' if workers > 1 else ''}, pinned"] = \
                         asyncio.run(_measure([(url, 16)], pids, upstream.pid, seconds))
                 finally:
                     proc.terminate()
                     proc.wait(30)
                     os.sched_setaffinity(0, set(cores))
                     _pin(upstream.pid, set(cores))
-        # the reference with nothing shared: two separate gateways, each its own ledger file and
-        # port, 8 of the 16 clients each (no SO_REUSEPORT split, no shared SQLite file), and one
-        # gateway with 8 clients (what a worker's half of the clients costs it alone)
-        separate = []
-        try:
-            for i in (1, 2):
-                own = Path(tmp.name) / f"separate{i}.toml"
-                own.write_text(config.read_text().replace("ledger.sqlite3", f"ledger-{i}.sqlite3"))
-                separate.append(_start(own, 1))
-            targets = [(url, 8) for _, url, _ in separate]
-            pids = [pid for _, _, own_pids in separate for pid in own_pids]
-            out["runs"]["2 separate gateways"] = asyncio.run(_measure(targets, pids, upstream.pid, seconds))
-            out["runs"]["1 worker, 8 clients"] = asyncio.run(_measure(targets[:1], pids[:1], upstream.pid, seconds))
-        finally:
-            for proc, _, _ in separate:
-                proc.terminate()
-                proc.wait(30)
     finally:
         upstream.terminate()
         upstream.wait(10)
@@ -146,15 +165,21 @@ def run(seconds: float = 4.0) -> dict:
         out["cores_scaling"] = cores_scaling(cores)
     out["load_average_at_end"] = os.getloadavg()[0]
     runs = out["runs"]
-    one, two = runs.get("1 worker"), runs.get("2 workers")
-    if one and two:
-        out["scaling"] = two["rps"] / one["rps"]
-        # the most each configuration could serve on these cores at the CPU per request measured
-        out["ceiling_one_worker_rps"] = 1e3 / one["worker_cpu_ms_per_request"][0]
-        out["ceiling_all_cores_rps"] = len(cores) * 1e3 / two["all_cpu_ms_per_request"]
-        out["ceiling_scaling"] = out["ceiling_all_cores_rps"] / out["ceiling_one_worker_rps"]
-    if one and "2 separate gateways" in runs:
-        out["scaling_separate"] = runs["2 separate gateways"]["rps"] / one["rps"]
+
+    def ratio(name: str) -> float:
+        return statistics.median(r[name]["rps"] / r["1 worker"]["rps"] for r in out["rounds"])
+
+    one, two = runs["1 worker"], runs["2 workers"]
+    out["scaling"] = ratio("2 workers")
+    out["scaling_separate"] = ratio("2 separate gateways")
+    # the most each configuration could serve on these cores at the CPU per request measured
+    out["ceiling_one_worker_rps"] = 1e3 / one["worker_cpu_ms_per_request"][0]
+    out["ceiling_all_cores_rps"] = len(cores) * 1e3 / two["all_cpu_ms_per_request"]
+    out["ceiling_scaling"] = out["ceiling_all_cores_rps"] / out["ceiling_one_worker_rps"]
+    # ...and were two workers to spend one worker's CPU per request (theirs at 8 clients each is
+    # more: "1 worker, 8 clients"), with the client's and the upstream's as measured
+    out["ceiling_scaling_at_one_workers_cpu"] = len(cores) * 1e3 / one["all_cpu_ms_per_request"] / \
+        out["ceiling_one_worker_rps"]
     if "1 worker, pinned" in runs and "2 workers, pinned" in runs:
         out["scaling_pinned"] = runs["2 workers, pinned"]["rps"] / runs["1 worker, pinned"]["rps"]
     return out
@@ -242,7 +267,8 @@ def report(result: dict) -> None:
               f"({result['ceiling_scaling']:.2f}x)")
     if "scaling_separate" in result:
         print(f"  2 separate gateways (own ledger files and ports, 8 clients each) over 1 worker: "
-              f"{result['scaling_separate']:.2f}x")
+              f"{result['scaling_separate']:.2f}x; were two workers to spend one worker's CPU per request: "
+              f"{result['ceiling_scaling_at_one_workers_cpu']:.2f}x")
     if "cores_scaling" in result:
         print(f"  the cores themselves: a Python loop's work per CPU-second, one on each core over one alone: "
               f"{result['cores_scaling']['paired_over_alone']:.2f}")
@@ -253,4 +279,5 @@ def report(result: dict) -> None:
 
 if __name__ == "__main__":
     seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 4.0
-    report(run(seconds))
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
+    report(run(seconds, rounds))
