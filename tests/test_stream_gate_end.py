@@ -55,3 +55,21 @@ async def test_a_stream_that_failed_before_gate_commit_s_keeps_its_error_status_
     status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY)
     assert ledger.rows >= 1
     assert status != 200 and json.loads(body)["error"], (status, body[:300])
+
+
+async def test_a_streams_ledger_rows_are_committed_before_its_last_bytes_are_sent(autojump_clock):
+    # the gate committed the stream first (the model was slow), then a slow ledger commit: the
+    # stream's end still waits for the rows
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [
+        {"frames": [{"role": True}, {"wait": 1.5}, {"text": "late"}, {"done": True}]}]}])
+    ledger = SlowLedger()
+    rows_at_end = []
+
+    def on_send(message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            rows_at_end.append(ledger.rows)
+
+    gateway = Gateway(Relay.from_toml(CONFIG, env={}, sim=sim), ledger=ledger)
+    status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY, on_send=on_send)
+    assert status == 200 and b'"late"' in body and body.endswith(b"data: [DONE]\n\n")
+    assert rows_at_end == [1]
