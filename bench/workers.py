@@ -21,7 +21,8 @@ with 8 clients (what half the clients cost a worker alone); and the cores themse
 loop alone on one core against one on each core at once, the work per CPU-second of each (below
 1.0 would mean the two cores slow each other, as SMT siblings or a busy host would).
 
-Run: python bench/workers.py [--seconds S] [--rounds N]
+Run: python bench/workers.py [--seconds S] [--rounds N]; a lever's before and after, `--workers 2`
+alternated between two trees: python bench/workers.py --base DIR [--pairs N] [--out FILE]
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import asyncio
 import json
 import os
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -76,10 +79,10 @@ def _pin(pid: int, cores: set[int]) -> None:
         os.sched_setaffinity(int(task), cores)
 
 
-def _start(config: Path, workers: int) -> tuple[subprocess.Popen, str, list[int]]:
+def _start(config: Path, workers: int, env: dict | None = None) -> tuple[subprocess.Popen, str, list[int]]:
     args = [sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config), "--port", "0",
             "--log-level", "warning"] + (["--workers", str(workers)] if workers > 1 else [])
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
     line = ""
     deadline = time.monotonic() + 30
     while "listening on" not in line and time.monotonic() < deadline:
@@ -98,6 +101,8 @@ def _median_row(rows: list[dict]) -> dict:
     for key, value in rows[0].items():
         if isinstance(value, list):
             out[key] = [statistics.median(row[key][i] for row in rows) for i in range(len(value))]
+        elif isinstance(value, dict):
+            out[key] = {name: statistics.median(row[key].get(name, 0) for row in rows) for name in value}
         else:
             out[key] = statistics.median(row[key] for row in rows)
     return out | {"rps_each": [row["rps"] for row in rows]}
@@ -193,10 +198,12 @@ async def _measure(targets: list[tuple[str, int]], pids: list[int], upstream_pid
     before = {pid: _cpu_s(pid) for pid in pids}
     switches = {pid: _switches(pid) for pid in pids}
     upstream_before, client_before = _cpu_s(upstream_pid), _own_cpu_s()
+    counting = _count_syscalls(pids) if shutil.which("perf") else None
     start = time.perf_counter()
     rows = await asyncio.gather(*(closed_loop(url, clients, seconds) for url, clients in targets))
     elapsed = time.perf_counter() - start
     n = max(sum(row["requests"] for row in rows), 1)
+    syscalls = _syscalls_counted(counting, n) if counting is not None else {}
     workers = [(_cpu_s(pid) - before[pid]) / n * 1e3 for pid in pids]
     woken = [(_switches(pid)[0] - switches[pid][0]) / n for pid in pids]
     preempted = [(_switches(pid)[1] - switches[pid][1]) / n for pid in pids]
@@ -207,7 +214,31 @@ async def _measure(targets: list[tuple[str, int]], pids: list[int], upstream_pid
             "worker_cpu_ms_per_request": workers, "worker_busy_share": [w * n / 1e3 / elapsed for w in workers],
             "worker_sockets": [_sockets(pid) for pid in pids], "worker_wakeups_per_request": woken,
             "worker_preemptions_per_request": preempted, "upstream_cpu_ms_per_request": upstream,
-            "client_cpu_ms_per_request": client, "all_cpu_ms_per_request": sum(workers) + upstream + client}
+            "client_cpu_ms_per_request": client, "all_cpu_ms_per_request": sum(workers) + upstream + client,
+            "worker_syscalls_per_request": syscalls}
+
+
+# what the workers ask of the kernel, where perf can count its syscall tracepoints: a sleep in the
+# event loop's thread (SQLite's busy handler when another worker holds the ledger's write lock),
+# the ledger's locks, writes and re-reads, and the wake-ups
+SYSCALLS = ("clock_nanosleep", "fcntl", "pwrite64", "pread64", "epoll_wait")
+
+
+def _count_syscalls(pids: list[int]) -> subprocess.Popen:
+    events = ",".join(f"syscalls:sys_enter_{name}" for name in SYSCALLS)
+    return subprocess.Popen(["perf", "stat", "-x", ",", "-e", events, "-p", ",".join(map(str, pids))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _syscalls_counted(counting: subprocess.Popen, requests: int) -> dict:
+    counting.send_signal(signal.SIGINT)
+    _, err = counting.communicate(timeout=30)
+    out = {}
+    for line in err.splitlines():  # "count,,syscalls:sys_enter_NAME,..." (not counted: no figure)
+        fields = line.split(",")
+        if len(fields) > 2 and fields[0].isdigit() and "sys_enter_" in fields[2]:
+            out[fields[2].split("sys_enter_")[1]] = int(fields[0]) / requests
+    return out
 
 
 def _python_work(n: int = 20_000) -> int:
@@ -260,7 +291,8 @@ def report(result: dict) -> None:
               f"request {workers}; upstream {row['upstream_cpu_ms_per_request']:.2f} ms, client "
               f"{row['client_cpu_ms_per_request']:.2f} ms; all {row['all_cpu_ms_per_request']:.2f} ms; per request, "
               f"worker wake-ups {sum(row['worker_wakeups_per_request']):.2f}, preemptions "
-              f"{sum(row['worker_preemptions_per_request']):.2f}")
+              f"{sum(row['worker_preemptions_per_request']):.2f}"
+              + "".join(f", {name} {count:.3f}" for name, count in row.get("worker_syscalls_per_request", {}).items()))
     if "scaling" in result:
         print(f"  2 workers over 1: {result['scaling']:.2f}x; the ceiling at this CPU per request: one worker "
               f"{result['ceiling_one_worker_rps']:.0f} req/s, all cores {result['ceiling_all_cores_rps']:.0f} req/s "
@@ -277,7 +309,48 @@ def report(result: dict) -> None:
               f"{result['scaling_pinned']:.2f}x")
 
 
+def compare_trees(base: str, pairs: int = 4, seconds: float = 5.0) -> dict:
+    """`--workers 2` at 16 clients on `base`'s package and on this tree's, alternated (a lever's
+    before and after: the figures above per side, each run its own ledger file)."""
+    from procs import tree_env
+
+    tmp = tempfile.TemporaryDirectory()
+    upstream = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), "0"], stdout=subprocess.PIPE, text=True)
+    port = upstream.stdout.readline().split()[1]
+    envs = {"before": tree_env(base), "after": tree_env(None)}
+    sides: dict[str, list[dict]] = {"before": [], "after": []}
+    try:
+        for pair in range(pairs):
+            for side in (("before", "after") if pair % 2 == 0 else ("after", "before")):
+                config = Path(tmp.name) / f"{side}{pair}.toml"
+                config.write_text(f'active = "u"\n[ledger]\npath = "{tmp.name}/{side}{pair}.sqlite3"\n'
+                                  f'[providers.u]\nfamily = "openai"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+                                  'api_key = "bench-key"\n')
+                proc, url, pids = _start(config, 2, envs[side])
+                try:
+                    sides[side].append(asyncio.run(_measure([(url, 16)], pids, upstream.pid, seconds))
+                                       | {"load_average": os.getloadavg()[0]})
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
+        tmp.cleanup()
+    return {side: {"runs": rows, **_median_row(rows)} for side, rows in sides.items()}
+
+
 if __name__ == "__main__":
     seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 4.0
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
-    report(run(seconds, rounds))
+    if "--base" in sys.argv:  # python bench/workers.py --base DIR [--pairs N] [--out FILE]
+        pairs = int(sys.argv[sys.argv.index("--pairs") + 1]) if "--pairs" in sys.argv else 4
+        compared = compare_trees(sys.argv[sys.argv.index("--base") + 1], pairs, seconds)
+        for side, row in compared.items():
+            print(f"  {side:6} {row['rps']:>6.0f} req/s (each {row['rps_each']}), workers' CPU per request "
+                  f"{sum(row['worker_cpu_ms_per_request']):.3f} ms"
+                  + "".join(f", {name} {count:.4f}" for name, count in row["worker_syscalls_per_request"].items()))
+        if "--out" in sys.argv:
+            Path(sys.argv[sys.argv.index("--out") + 1]).write_text(json.dumps(compared, indent=1) + "\n")
+    else:
+        report(run(seconds, rounds))
