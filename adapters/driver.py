@@ -244,6 +244,11 @@ class TurnRun:
         finally:
             turn.health.release_all()  # whatever happened above, no probe outlives its turn
 
+    @property
+    def budget(self) -> float:
+        """When the turn's timeouts.total_s runs out (trio time; inf before it runs)."""
+        return self._budget
+
     def cancel(self) -> None:
         """The owner's cancellation, for an owner with no cancel scope of its own around the run
         (the gateway's non-streamed turn: a client that hung up, a drain): the turn ends as

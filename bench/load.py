@@ -360,7 +360,7 @@ def verdicts(result: dict) -> dict:
                  and base is not None and g["rps"] >= base)
         out[f"under_load_{level}"] = {"holds": holds, "rps": g["rps"], "rps_at_16": base,
                                       "p99_over_p50": g["p99_over_p50"], "errors": g["errors"],
-                                      "rps_each": g["rps_each"], "rps_at_16_each": loop["16"]["gateway"]["rps_each"]}
+                                      "rps_each": g["rps_each"], "rps_at_16_each": loop.get("16", {}).get("gateway", {}).get("rps_each")}
     if "streams" in result:
         s = result["streams"]
         out["streams"] = {"holds": s["errors"] == 0 and s["max_in_flight_together"] == s["streams"]

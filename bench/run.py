@@ -443,7 +443,7 @@ def main() -> int:
         "trio_handoff": bench_trio_handoff(),
         "floor": floor.run(rounds=1 if quick else 3),
         "gateway_levers": gateway_cpu.run(rounds=4 if quick else 20, c16_rounds=1 if quick else 3),
-        "workers": workers.run(seconds=2.0 if quick else 4.0),
+        "workers": workers.run(seconds=2.0 if quick else 4.0, rounds=1 if quick else 3),
         "hosts": bench_hosts(quick),
         "http": http_benchmarks(quick),
         "fleet": fleet.run(),

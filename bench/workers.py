@@ -21,7 +21,8 @@ with 8 clients (what half the clients cost a worker alone); and the cores themse
 loop alone on one core against one on each core at once, the work per CPU-second of each (below
 1.0 would mean the two cores slow each other, as SMT siblings or a busy host would).
 
-Run: python bench/workers.py [--seconds S]
+Run: python bench/workers.py [--seconds S] [--rounds N]; a lever's before and after, `--workers 2`
+alternated between two trees: python bench/workers.py --base DIR [--pairs N] [--out FILE]
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import asyncio
 import json
 import os
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -76,10 +79,10 @@ def _pin(pid: int, cores: set[int]) -> None:
         os.sched_setaffinity(int(task), cores)
 
 
-def _start(config: Path, workers: int) -> tuple[subprocess.Popen, str, list[int]]:
+def _start(config: Path, workers: int, env: dict | None = None) -> tuple[subprocess.Popen, str, list[int]]:
     args = [sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config), "--port", "0",
             "--log-level", "warning"] + (["--workers", str(workers)] if workers > 1 else [])
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
     line = ""
     deadline = time.monotonic() + 30
     while "listening on" not in line and time.monotonic() < deadline:
@@ -92,7 +95,23 @@ def _start(config: Path, workers: int) -> tuple[subprocess.Popen, str, list[int]
     return proc, url, pids
 
 
-def run(seconds: float = 4.0) -> dict:
+def _median_row(rows: list[dict]) -> dict:
+    """Rounds of one configuration as one row: each figure's median (per worker for the lists)."""
+    out = {}
+    for key, value in rows[0].items():
+        if isinstance(value, list):
+            out[key] = [statistics.median(row[key][i] for row in rows) for i in range(len(value))]
+        elif isinstance(value, dict):
+            out[key] = {name: statistics.median(row[key].get(name, 0) for row in rows) for name in value}
+        else:
+            out[key] = statistics.median(row[key] for row in rows)
+    return out | {"rps_each": [row["rps"] for row in rows]}
+
+
+def run(seconds: float = 4.0, rounds: int = 3) -> dict:
+    """The unpinned configurations `rounds` times, alternated (the order turned every round, each
+    one started afresh); a row is the median of its rounds, and a scaling the median of the
+    rounds' own ratios (each taken a few seconds apart, as the machine's load drifts)."""
     cores = sorted(os.sched_getaffinity(0))
     tmp = tempfile.TemporaryDirectory()
     upstream = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), "0"], stdout=subprocess.PIPE, text=True)
@@ -100,44 +119,49 @@ def run(seconds: float = 4.0) -> dict:
     config = Path(tmp.name) / "workers.toml"
     config.write_text(f'active = "u"\n[ledger]\npath = "{tmp.name}/ledger.sqlite3"\n[providers.u]\n'
                       f'family = "openai"\nbase_url = "http://127.0.0.1:{port}/v1"\napi_key = "bench-key"\n')
-    out: dict = {"cores": len(cores), "load_average_at_start": os.getloadavg()[0], "runs": {}}
+    separate_configs = []
+    for i in (1, 2):
+        own = Path(tmp.name) / f"separate{i}.toml"
+        own.write_text(config.read_text().replace("ledger.sqlite3", f"ledger-{i}.sqlite3"))
+        separate_configs.append(own)
+    # (name, [(config, workers, clients)]): the two references with nothing shared are two separate
+    # gateways, each its own ledger file and port and 8 of the 16 clients (no SO_REUSEPORT split,
+    # no shared SQLite file), and one gateway with 8 clients (what half the clients cost alone)
+    configurations = [("1 worker", [(config, 1, 16)]), ("2 workers", [(config, 2, 16)]),
+                      ("2 separate gateways", [(own, 1, 8) for own in separate_configs]),
+                      ("1 worker, 8 clients", [(separate_configs[0], 1, 8)])]
+    out: dict = {"cores": len(cores), "load_average_at_start": os.getloadavg()[0], "runs": {}, "rounds": []}
     try:
-        for pinned in (False, True):
-            if pinned and len(cores) < 2:
-                break
-            for workers in (1, 2):
-                if pinned:
-                    os.sched_setaffinity(0, {cores[0]})
-                    _pin(upstream.pid, {cores[0]})
-                proc, url, pids = _start(config, workers)
-                if pinned:
-                    for pid in pids:
-                        _pin(pid, {cores[1]})
+        for round_ in range(rounds):
+            this_round = {}
+            for name, gateways in (configurations if round_ % 2 == 0 else configurations[::-1]):
+                started = [_start(own, workers) for own, workers, _ in gateways]
                 try:
-                    out["runs"][f"{workers} worker{'s' if workers > 1 else ''}{', pinned' if pinned else ''}"] = \
+                    targets = [(url, clients) for (_, url, _), (_, _, clients) in zip(started, gateways, strict=True)]
+                    pids = [pid for _, _, own_pids in started for pid in own_pids]
+                    this_round[name] = asyncio.run(_measure(targets, pids, upstream.pid, seconds))
+                finally:
+                    for proc, _, _ in started:
+                        proc.terminate()
+                        proc.wait(30)
+            out["rounds"].append(this_round)
+        for name, _ in configurations:
+            out["runs"][name] = _median_row([r[name] for r in out["rounds"]])
+        if len(cores) >= 2:
+            for workers in (1, 2):
+                os.sched_setaffinity(0, {cores[0]})
+                _pin(upstream.pid, {cores[0]})
+                proc, url, pids = _start(config, workers)
+                for pid in pids:
+                    _pin(pid, {cores[1]})
+                try:
+                    out["runs"][f"{workers} worker{'s' if workers > 1 else ''}, pinned"] = \
                         asyncio.run(_measure([(url, 16)], pids, upstream.pid, seconds))
                 finally:
                     proc.terminate()
                     proc.wait(30)
                     os.sched_setaffinity(0, set(cores))
                     _pin(upstream.pid, set(cores))
-        # the reference with nothing shared: two separate gateways, each its own ledger file and
-        # port, 8 of the 16 clients each (no SO_REUSEPORT split, no shared SQLite file), and one
-        # gateway with 8 clients (what a worker's half of the clients costs it alone)
-        separate = []
-        try:
-            for i in (1, 2):
-                own = Path(tmp.name) / f"separate{i}.toml"
-                own.write_text(config.read_text().replace("ledger.sqlite3", f"ledger-{i}.sqlite3"))
-                separate.append(_start(own, 1))
-            targets = [(url, 8) for _, url, _ in separate]
-            pids = [pid for _, _, own_pids in separate for pid in own_pids]
-            out["runs"]["2 separate gateways"] = asyncio.run(_measure(targets, pids, upstream.pid, seconds))
-            out["runs"]["1 worker, 8 clients"] = asyncio.run(_measure(targets[:1], pids[:1], upstream.pid, seconds))
-        finally:
-            for proc, _, _ in separate:
-                proc.terminate()
-                proc.wait(30)
     finally:
         upstream.terminate()
         upstream.wait(10)
@@ -146,15 +170,21 @@ def run(seconds: float = 4.0) -> dict:
         out["cores_scaling"] = cores_scaling(cores)
     out["load_average_at_end"] = os.getloadavg()[0]
     runs = out["runs"]
-    one, two = runs.get("1 worker"), runs.get("2 workers")
-    if one and two:
-        out["scaling"] = two["rps"] / one["rps"]
-        # the most each configuration could serve on these cores at the CPU per request measured
-        out["ceiling_one_worker_rps"] = 1e3 / one["worker_cpu_ms_per_request"][0]
-        out["ceiling_all_cores_rps"] = len(cores) * 1e3 / two["all_cpu_ms_per_request"]
-        out["ceiling_scaling"] = out["ceiling_all_cores_rps"] / out["ceiling_one_worker_rps"]
-    if one and "2 separate gateways" in runs:
-        out["scaling_separate"] = runs["2 separate gateways"]["rps"] / one["rps"]
+
+    def ratio(name: str) -> float:
+        return statistics.median(r[name]["rps"] / r["1 worker"]["rps"] for r in out["rounds"])
+
+    one, two = runs["1 worker"], runs["2 workers"]
+    out["scaling"] = ratio("2 workers")
+    out["scaling_separate"] = ratio("2 separate gateways")
+    # the most each configuration could serve on these cores at the CPU per request measured
+    out["ceiling_one_worker_rps"] = 1e3 / one["worker_cpu_ms_per_request"][0]
+    out["ceiling_all_cores_rps"] = len(cores) * 1e3 / two["all_cpu_ms_per_request"]
+    out["ceiling_scaling"] = out["ceiling_all_cores_rps"] / out["ceiling_one_worker_rps"]
+    # ...and were two workers to spend one worker's CPU per request (theirs at 8 clients each is
+    # more: "1 worker, 8 clients"), with the client's and the upstream's as measured
+    out["ceiling_scaling_at_one_workers_cpu"] = len(cores) * 1e3 / one["all_cpu_ms_per_request"] / \
+        out["ceiling_one_worker_rps"]
     if "1 worker, pinned" in runs and "2 workers, pinned" in runs:
         out["scaling_pinned"] = runs["2 workers, pinned"]["rps"] / runs["1 worker, pinned"]["rps"]
     return out
@@ -168,10 +198,12 @@ async def _measure(targets: list[tuple[str, int]], pids: list[int], upstream_pid
     before = {pid: _cpu_s(pid) for pid in pids}
     switches = {pid: _switches(pid) for pid in pids}
     upstream_before, client_before = _cpu_s(upstream_pid), _own_cpu_s()
+    counting = _count_syscalls(pids) if shutil.which("perf") else None
     start = time.perf_counter()
     rows = await asyncio.gather(*(closed_loop(url, clients, seconds) for url, clients in targets))
     elapsed = time.perf_counter() - start
     n = max(sum(row["requests"] for row in rows), 1)
+    syscalls = _syscalls_counted(counting, n) if counting is not None else {}
     workers = [(_cpu_s(pid) - before[pid]) / n * 1e3 for pid in pids]
     woken = [(_switches(pid)[0] - switches[pid][0]) / n for pid in pids]
     preempted = [(_switches(pid)[1] - switches[pid][1]) / n for pid in pids]
@@ -182,7 +214,31 @@ async def _measure(targets: list[tuple[str, int]], pids: list[int], upstream_pid
             "worker_cpu_ms_per_request": workers, "worker_busy_share": [w * n / 1e3 / elapsed for w in workers],
             "worker_sockets": [_sockets(pid) for pid in pids], "worker_wakeups_per_request": woken,
             "worker_preemptions_per_request": preempted, "upstream_cpu_ms_per_request": upstream,
-            "client_cpu_ms_per_request": client, "all_cpu_ms_per_request": sum(workers) + upstream + client}
+            "client_cpu_ms_per_request": client, "all_cpu_ms_per_request": sum(workers) + upstream + client,
+            "worker_syscalls_per_request": syscalls}
+
+
+# what the workers ask of the kernel, where perf can count its syscall tracepoints: a sleep in the
+# event loop's thread (SQLite's busy handler when another worker holds the ledger's write lock),
+# the ledger's locks, writes and re-reads, and the wake-ups
+SYSCALLS = ("clock_nanosleep", "fcntl", "pwrite64", "pread64", "epoll_wait")
+
+
+def _count_syscalls(pids: list[int]) -> subprocess.Popen:
+    events = ",".join(f"syscalls:sys_enter_{name}" for name in SYSCALLS)
+    return subprocess.Popen(["perf", "stat", "-x", ",", "-e", events, "-p", ",".join(map(str, pids))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _syscalls_counted(counting: subprocess.Popen, requests: int) -> dict:
+    counting.send_signal(signal.SIGINT)
+    _, err = counting.communicate(timeout=30)
+    out = {}
+    for line in err.splitlines():  # "count,,syscalls:sys_enter_NAME,..." (not counted: no figure)
+        fields = line.split(",")
+        if len(fields) > 2 and fields[0].isdigit() and "sys_enter_" in fields[2]:
+            out[fields[2].split("sys_enter_")[1]] = int(fields[0]) / requests
+    return out
 
 
 def _python_work(n: int = 20_000) -> int:
@@ -235,14 +291,16 @@ def report(result: dict) -> None:
               f"request {workers}; upstream {row['upstream_cpu_ms_per_request']:.2f} ms, client "
               f"{row['client_cpu_ms_per_request']:.2f} ms; all {row['all_cpu_ms_per_request']:.2f} ms; per request, "
               f"worker wake-ups {sum(row['worker_wakeups_per_request']):.2f}, preemptions "
-              f"{sum(row['worker_preemptions_per_request']):.2f}")
+              f"{sum(row['worker_preemptions_per_request']):.2f}"
+              + "".join(f", {name} {count:.3f}" for name, count in row.get("worker_syscalls_per_request", {}).items()))
     if "scaling" in result:
         print(f"  2 workers over 1: {result['scaling']:.2f}x; the ceiling at this CPU per request: one worker "
               f"{result['ceiling_one_worker_rps']:.0f} req/s, all cores {result['ceiling_all_cores_rps']:.0f} req/s "
               f"({result['ceiling_scaling']:.2f}x)")
     if "scaling_separate" in result:
         print(f"  2 separate gateways (own ledger files and ports, 8 clients each) over 1 worker: "
-              f"{result['scaling_separate']:.2f}x")
+              f"{result['scaling_separate']:.2f}x; were two workers to spend one worker's CPU per request: "
+              f"{result['ceiling_scaling_at_one_workers_cpu']:.2f}x")
     if "cores_scaling" in result:
         print(f"  the cores themselves: a Python loop's work per CPU-second, one on each core over one alone: "
               f"{result['cores_scaling']['paired_over_alone']:.2f}")
@@ -251,6 +309,48 @@ def report(result: dict) -> None:
               f"{result['scaling_pinned']:.2f}x")
 
 
+def compare_trees(base: str, pairs: int = 4, seconds: float = 5.0) -> dict:
+    """`--workers 2` at 16 clients on `base`'s package and on this tree's, alternated (a lever's
+    before and after: the figures above per side, each run its own ledger file)."""
+    from procs import tree_env
+
+    tmp = tempfile.TemporaryDirectory()
+    upstream = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), "0"], stdout=subprocess.PIPE, text=True)
+    port = upstream.stdout.readline().split()[1]
+    envs = {"before": tree_env(base), "after": tree_env(None)}
+    sides: dict[str, list[dict]] = {"before": [], "after": []}
+    try:
+        for pair in range(pairs):
+            for side in (("before", "after") if pair % 2 == 0 else ("after", "before")):
+                config = Path(tmp.name) / f"{side}{pair}.toml"
+                config.write_text(f'active = "u"\n[ledger]\npath = "{tmp.name}/{side}{pair}.sqlite3"\n'
+                                  f'[providers.u]\nfamily = "openai"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+                                  'api_key = "bench-key"\n')
+                proc, url, pids = _start(config, 2, envs[side])
+                try:
+                    sides[side].append(asyncio.run(_measure([(url, 16)], pids, upstream.pid, seconds))
+                                       | {"load_average": os.getloadavg()[0]})
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
+        tmp.cleanup()
+    return {side: {"runs": rows, **_median_row(rows)} for side, rows in sides.items()}
+
+
 if __name__ == "__main__":
     seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 4.0
-    report(run(seconds))
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
+    if "--base" in sys.argv:  # python bench/workers.py --base DIR [--pairs N] [--out FILE]
+        pairs = int(sys.argv[sys.argv.index("--pairs") + 1]) if "--pairs" in sys.argv else 4
+        compared = compare_trees(sys.argv[sys.argv.index("--base") + 1], pairs, seconds)
+        for side, row in compared.items():
+            print(f"  {side:6} {row['rps']:>6.0f} req/s (each {row['rps_each']}), workers' CPU per request "
+                  f"{sum(row['worker_cpu_ms_per_request']):.3f} ms"
+                  + "".join(f", {name} {count:.4f}" for name, count in row["worker_syscalls_per_request"].items()))
+        if "--out" in sys.argv:
+            Path(sys.argv[sys.argv.index("--out") + 1]).write_text(json.dumps(compared, indent=1) + "\n")
+    else:
+        report(run(seconds, rounds))

@@ -105,6 +105,65 @@ async def test_a_shared_commit_that_fails_raises_in_every_turn_that_shared_it(tm
     store.close()
 
 
+async def test_a_shared_commit_waits_for_another_workers_lock_with_the_loop_free(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    store = LedgerStore(path)
+    store.together = lambda: True
+    other = sqlite3.connect(path, isolation_level=None)  # another worker, in its commit
+    other.execute("BEGIN IMMEDIATE")
+    ticks = 0
+    returned: list[str] = []
+
+    async def finish(turn: str) -> None:
+        await store.record(turn, _result())
+        returned.append(turn)
+
+    async def other_clients() -> None:  # what SQLite's own busy wait would have stalled
+        nonlocal ticks
+        while not returned:
+            ticks += 1
+            await trio.sleep(0.001)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_clients)
+        for i in range(3):
+            nursery.start_soon(finish, f"t{i}")
+        await trio.sleep(0.1)
+        assert returned == [] and ticks >= 20  # the turns wait (their rows are not written), the loop runs
+        other.execute("COMMIT")
+    other.close()
+    assert sorted(returned) == ["t0", "t1", "t2"]
+    assert sorted(r["turn"] for r in store.rows()) == ["t0", "t1", "t2"]
+    store.close()
+
+
+async def test_a_lock_held_beyond_the_busy_wait_fails_every_turn_of_the_commit(tmp_path, monkeypatch):
+    monkeypatch.setattr(ledger_module, "BUSY_S", 0.2)
+    path = tmp_path / "ledger.sqlite3"
+    store = LedgerStore(path)
+    store.together = lambda: True
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    failed: list[str] = []
+
+    async def finish(turn: str) -> None:
+        try:
+            await store.record(turn, _result())
+        except sqlite3.OperationalError:
+            failed.append(turn)
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            for i in range(2):
+                nursery.start_soon(finish, f"t{i}")
+    other.execute("ROLLBACK")
+    other.close()
+    assert sorted(failed) == ["t0", "t1"]
+    assert store.rows() == []  # and no transaction left open: the next commit goes through
+    assert await store.record("after", _result()) == 1
+    store.close()
+
+
 # the schema every ledger file was made with before the id lost AUTOINCREMENT
 SCHEMA_WITH_AUTOINCREMENT = """
 CREATE TABLE attempts (

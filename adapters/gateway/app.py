@@ -712,6 +712,11 @@ class Gateway:
                     # the driver settled the turn (outcome error, reason internal) and logged it:
                     # it is answered and accounted like any failed turn
                 finally:
+                    if stream is not None:
+                        # the run is over: the gate timer may no longer commit the held headers
+                        # (while the turn is accounted below: a ledger commit takes its time),
+                        # the result decides what the answer is
+                        stream.ending()
                     if run.result is not None:
                         relay._observe(run.result)
         finally:
@@ -846,10 +851,15 @@ class _StreamWire:
     async def _send_whole(self, message: dict) -> None:
         # a write begun must finish (bytes taken from the buffer would otherwise be lost, and a
         # chunk cut in two would garble the stream for the error event a drain still sends): at
-        # the client's pace while the turn runs, SEND_GRACE_S at most once it ended
+        # the client's pace while the turn runs, SEND_GRACE_S at most once it ended. The shield
+        # also keeps the turn's own deadline out, and the write runs in the turn's task: so the
+        # turn's budget (timeouts.total_s) bounds it here, or a client that stopped reading would
+        # hold the turn and its upstream connection until the server's send watchdog
         with trio.CancelScope(shield=True) as scope:
             if self._ending:
                 scope.deadline = trio.current_time() + SEND_GRACE_S
+            elif self.run is not None:
+                scope.deadline = self.run.budget + SEND_GRACE_S
             self._sending = scope
             try:
                 await self.send(message)

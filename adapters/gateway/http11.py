@@ -842,6 +842,13 @@ class _Connection:
             self.gone = True
             self._hung_up()  # before the close yields: its fd number may be taken and watched again
             await trio.aclose_forcefully(self.stream)
+        except trio.Cancelled:
+            # a write cut short (the app's grace for a slow client ran out) may have sent part of
+            # a chunk: nothing may follow it on this connection (an error event written next
+            # would land inside the cut chunk), so the answer ends here, cut, and the connection
+            # closes once the app returns
+            self.gone = True
+            raise
         finally:
             self.writing = False
 

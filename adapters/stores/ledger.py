@@ -2,7 +2,8 @@
 
 The gateway writes a turn's rows before its response completes, so a client that saw an answer
 can find what it cost. One connection and a lock serialise writes; the turns that finish
-together share a transaction (`record`). The WAL is copied into the
+together share a transaction (`record`), and wait for another process's write lock (the
+gateway's workers share the file) in the event loop, not in SQLite's sleeping busy handler. The WAL is copied into the
 database (a checkpoint, with its fsync) by a thread of the store's own, never by the write that
 crossed the threshold: in the event loop that write stalled every client for the fsync (a few
 ms, once every ~250 turns). `report` backs `relayline
@@ -63,6 +64,9 @@ INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * 
 BUSY_S = 5.0  # how long a statement waits for another connection's write lock (sqlite3's default)
 MIGRATION_WAIT_S = 600.0  # how long opening waits for another process's migration of the same file
 CHECKPOINT_EVERY = 250  # writes (about 1,000 WAL pages: SQLite's own autocheckpoint threshold)
+# a shared commit that finds another process's write lock (the gateway's workers share the file)
+# tries again after these waits, doubling, until BUSY_S: a commit holds the lock for tens of µs
+LOCKED_WAIT_S = (0.0002, 0.005)
 
 
 def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "") -> list[tuple]:
@@ -161,26 +165,60 @@ class LedgerStore:
             self._insert(rows)
         return len(rows)
 
-    def _insert(self, rows: list[tuple]) -> None:
-        """One transaction for all of `rows` (in autocommit, executemany commits each row)."""
+    def _insert(self, rows: list[tuple], *, busy_wait: bool = True) -> None:
+        """One transaction for all of `rows` (in autocommit, executemany commits each row).
+        Without `busy_wait`, another connection's write lock is an immediate SQLITE_BUSY."""
         with self._lock:
-            if len(rows) == 1:
-                self._conn.execute(INSERT, rows[0])
-            else:
-                self._conn.execute("BEGIN")
+            if not busy_wait:
+                self._conn.execute("PRAGMA busy_timeout = 0")
                 try:
-                    self._conn.executemany(INSERT, rows)
-                    self._conn.execute("COMMIT")
-                except BaseException:
-                    # a failed COMMIT can leave the transaction open (SQLITE_BUSY does): the
-                    # next turn's rows must not join a transaction that never ends
-                    if self._conn.in_transaction:
-                        self._conn.execute("ROLLBACK")
+                    self._insert_locked(rows)
+                finally:
+                    self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
+            else:
+                self._insert_locked(rows)
+
+    def _insert_locked(self, rows: list[tuple]) -> None:
+        if len(rows) == 1:
+            self._conn.execute(INSERT, rows[0])
+        else:
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.executemany(INSERT, rows)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                # a failed COMMIT can leave the transaction open (SQLITE_BUSY does): the
+                # next turn's rows must not join a transaction that never ends
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+        self._since_checkpoint += 1
+        if self._checkpoint_every and self._since_checkpoint >= self._checkpoint_every:
+            self._since_checkpoint = 0
+            self._start_checkpoint()
+
+    async def _commit_waiting_in_the_loop(self, batch: _Batch) -> None:
+        """`batch`'s rows in one transaction, with another process's write lock waited for in the
+        event loop. SQLite's own busy handler sleeps in this thread (1 ms, then 2, 5, 10 ...), and
+        while other turns are in flight that stalls all of them: with `--workers 2` about one
+        shared commit in 50 met the other worker's lock (bench/workers.py, perf's syscall counts).
+        The batch stays open while it waits: the turns that finish meanwhile join it, so a wait
+        makes one larger commit, as the stall did, not a queue of small ones."""
+        wait, most = LOCKED_WAIT_S
+        deadline = None
+        while True:
+            try:
+                self._insert(batch.rows, busy_wait=False)
+                return  # (no checkpoint between the commit and the caller closing the batch)
+            except sqlite3.OperationalError as exc:
+                if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) != sqlite3.SQLITE_BUSY:
                     raise
-            self._since_checkpoint += 1
-            if self._checkpoint_every and self._since_checkpoint >= self._checkpoint_every:
-                self._since_checkpoint = 0
-                self._start_checkpoint()
+                now = trio.current_time()
+                deadline = now + BUSY_S if deadline is None else deadline
+                if now >= deadline:
+                    raise
+            await trio.sleep(wait)
+            wait = min(wait * 2, most)
 
     def _start_checkpoint(self) -> None:
         """Wake the checkpointer (started on the first need: most stores never get there)."""
@@ -235,7 +273,7 @@ class LedgerStore:
         batch = self._batch
         if batch is not None:
             batch.rows.extend(rows)
-            with trio.CancelScope(shield=True):  # a pass at most: the rows are this turn's bill
+            with trio.CancelScope(shield=True):  # a pass, or another worker's lock: this turn's bill
                 await batch.committed.wait()
             if batch.error is not None:
                 raise batch.error
@@ -245,16 +283,14 @@ class LedgerStore:
             return len(rows)
         batch = self._batch = _Batch(rows)
         try:
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True):  # the rows are the turns' bill
                 await trio.lowlevel.checkpoint()
-        finally:
-            self._batch = None
-        try:
-            self._insert(batch.rows)
+                await self._commit_waiting_in_the_loop(batch)
         except Exception as exc:
             batch.error = exc
             raise
         finally:
+            self._batch = None
             batch.committed.set()
         return len(rows)
 

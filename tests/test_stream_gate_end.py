@@ -1,0 +1,75 @@
+"""The gate timer and a turn that already ended (issue 17's review).
+
+A stream's gate_commit_s is served by the gateway's one gate timer. Once the turn's run ended,
+the gate must hold no more: what the response is (a real error status for a stream that showed
+nothing, or the stream's end) is the turn's result's to decide, even when accounting for the
+turn (the ledger's commit) takes past gate_commit_s. On virtual time, against the sim upstream.
+"""
+
+from __future__ import annotations
+
+import json
+
+import trio
+
+from helpers import asgi_post
+from relayline.adapters import Relay
+from relayline.adapters.gateway import Gateway
+from relayline.adapters.sim.provider import SimUpstream
+
+CONFIG = """
+active = "sim.a"
+[reliability]
+provider_retries = 0
+[timeouts]
+gate_commit_s = 1
+[providers."sim.a"]
+family = "sim"
+model = "m1"
+price = { input_per_mtok = 1.0, output_per_mtok = 2.0 }
+"""
+BODY = json.dumps({"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+class SlowLedger:
+    """A ledger whose commit takes half a second (a busy disk, a remote database)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+    async def record(self, turn_id: str, result, *, client: str = "") -> int:
+        await trio.sleep(0.5)
+        self.rows += len(result.ledger)
+        return len(result.ledger)
+
+
+async def test_a_stream_that_failed_before_gate_commit_s_keeps_its_error_status_while_its_ledger_commits(
+        autojump_clock):
+    # an empty answer (billed: it reported usage), and its non-streamed retry, end the turn at
+    # 0.8 s, before the gate's 1 s;
+    # its ledger row commits until 1.4 s
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [
+        {"frames": [{"role": True}, {"wait": 0.4}, {"done": True}]}]}])
+    ledger = SlowLedger()
+    gateway = Gateway(Relay.from_toml(CONFIG, env={}, sim=sim), ledger=ledger)
+    status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY)
+    assert ledger.rows >= 1
+    assert status != 200 and json.loads(body)["error"], (status, body[:300])
+
+
+async def test_a_streams_ledger_rows_are_committed_before_its_last_bytes_are_sent(autojump_clock):
+    # the gate committed the stream first (the model was slow), then a slow ledger commit: the
+    # stream's end still waits for the rows
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [
+        {"frames": [{"role": True}, {"wait": 1.5}, {"text": "late"}, {"done": True}]}]}])
+    ledger = SlowLedger()
+    rows_at_end = []
+
+    def on_send(message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            rows_at_end.append(ledger.rows)
+
+    gateway = Gateway(Relay.from_toml(CONFIG, env={}, sim=sim), ledger=ledger)
+    status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY, on_send=on_send)
+    assert status == 200 and b'"late"' in body and body.endswith(b"data: [DONE]\n\n")
+    assert rows_at_end == [1]
