@@ -1,7 +1,8 @@
-"""The gateway's streamed response and its one helper task (app.py's _StreamWire): the held headers
-go out after `timeouts.gate_commit_s` when nothing decisive came (a slow model is not an error),
-frames then go out as they come, and the turn's end cancels the helper without losing a byte.
-On virtual time, against the scripted sim upstream."""
+"""The gateway's streamed response (app.py's _StreamWire, written by the turn's own task, its held
+headers committed by the gateway's gate timer): the held headers go out after
+`timeouts.gate_commit_s` when nothing decisive came (a slow model is not an error), frames then go
+out as they come, and the turn's end loses no byte. On virtual time, against the scripted sim
+upstream."""
 
 from __future__ import annotations
 
