@@ -59,7 +59,10 @@ def child(rounds: int, held: int) -> dict:
 
         out["stream"] = trio.run(streams)
     if held:
-        with Processes(hold_s=3.0) as procs:  # a fresh gateway: no freed heap from earlier requests
+        # a fresh gateway (no freed heap from earlier requests), and a hold long enough for every
+        # stream to be in flight at once (as bench/load.py's): with 3 s, a gateway that takes the
+        # burst faster ended its first streams before the last began, and its figure was per fewer
+        with Processes(hold_s=40.0) as procs:
             out["held"] = asyncio.run(load.held_streams(f"{procs.gateway}/v1/chat/completions", held,
                                                         procs.gateway_pid))
     return out
