@@ -1,11 +1,13 @@
-"""Each stream deadline fires through the gateway where it fires in the library (issue 17's review).
+"""Each deadline fires through the gateway where it fires in the library (issue 17's review).
 
 The gateway's stream is the driver's sink with a `waiting()` the upstream adapter awaits before
 each read (what the last read rendered is written then, the provider's idle deadline lifted
 while it is): the deadlines must not move with it. Each case runs one streamed turn both ways
 against the same loopback upstreams: in the library (a sink with no `waiting`), and through the
 real gateway server with a client reading the whole answer. The attempts and the outcome must be
-the same, and the gateway's client must see the stream end as the outcome says.
+the same, and the gateway's client must see the stream end as the outcome says. The non-streamed
+cases check the same of the upstream client's read of a whole answer (its deadline is moved once
+when the answer came with its head).
 """
 
 from __future__ import annotations
@@ -60,20 +62,24 @@ CASES = {
 }
 
 
-async def library_turn(cfg) -> object:
+async def library_turn(cfg, stream: bool = True) -> object:
     async with Relay(structure_config(cfg), env={}) as relay:
         with trio.fail_after(10):
-            return await relay._run_turn(HI, stream=True)
+            return await relay._run_turn(HI, stream=stream)
 
 
-async def gateway_turn(cfg, path: str) -> tuple[object, bytes]:
+def story(result) -> tuple:
+    return result.outcome, result.error, [(a.provider, a.outcome) for a in result.attempts]
+
+
+async def gateway_turn(cfg, path: str, stream: bool = True) -> tuple[object, bytes]:
     results = []
     relay = Relay(structure_config(cfg), env={})
     relay.observers.append(results.append)
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(lambda task_status: serve(Gateway(relay), port=0, task_status=task_status))
         host, port = binds[0].removeprefix("http://").split(":")
-        body = json.dumps({"model": "m-primary", "stream": True, "max_tokens": 64, "messages": HI}).encode()
+        body = json.dumps({"model": "m-primary", "stream": stream, "max_tokens": 64, "messages": HI}).encode()
         client = await trio.open_tcp_stream(host, int(port))
         conn = h11.Connection(h11.CLIENT)
         await client.send_all(conn.send(h11.Request(method="POST", target=path, headers=[
@@ -121,10 +127,6 @@ async def test_a_stream_deadline_fires_through_the_gateway_as_in_the_library(cas
             sides.start_soon(side, "through", gateway_turn, path)
         nursery.cancel_scope.cancel()
     alone, (through, received) = both["alone"], both["through"]
-
-    def story(result):
-        return result.outcome, result.error, [(a.provider, a.outcome) for a in result.attempts]
-
     assert story(through) == story(alone), received[:1000]
     end, error = DIALECTS[path]
     last = received[received.rstrip(b"\n").rfind(b"\n\n") + 2:]
@@ -135,3 +137,46 @@ async def test_a_stream_deadline_fires_through_the_gateway_as_in_the_library(cas
         assert last.startswith(error), last
     else:  # nothing was shown: a real status
         assert not received.startswith(b"200 ") and b'"error"' in received
+
+
+JSON = (("content-type", "application/json"),)
+WHOLE = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "whole"},
+                                 "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+
+NOT_STREAMED = {
+    # no head within headers_s: the backup answers
+    "headers_s": (Reply(delay=math.inf), {"headers_s": 0.3}),
+    # a head, then the body stalls past idle_s: a stalled body, the backup answers
+    "idle_s": (Reply(headers=JSON, pieces=(WHOLE[:20].encode(), 5.0, WHOLE[20:].encode())), {"idle_s": 0.3}),
+    # a body that trickles, each gap inside idle_s: total_s ends the turn
+    "total_s": (Reply(headers=JSON, pieces=tuple(p for c in WHOLE for p in (0.1, c.encode()))),
+                {"idle_s": 0.3, "total_s": 1.0}),
+}
+
+
+@pytest.mark.parametrize("case", NOT_STREAMED)
+async def test_a_non_streamed_deadline_fires_through_the_gateway_as_in_the_library(case):
+    reply, timeouts = NOT_STREAMED[case]
+    async with trio.open_nursery() as nursery:
+        primary = LoopbackServer(lambda seen: reply)
+        backup = LoopbackServer(backup_reply)
+        await primary.start(nursery)
+        await backup.start(nursery)
+        cfg = loopback_config(primary.url, backup.url, reliability={"provider_retries": 0},
+                              timeouts={"headers_s": 2, "idle_s": 2, "total_s": 5, **timeouts})
+        both: dict = {}
+
+        async def side(name, turn, *args) -> None:
+            both[name] = await turn(cfg, *args)
+
+        async with trio.open_nursery() as sides:
+            sides.start_soon(side, "alone", library_turn, False)
+            sides.start_soon(side, "through", gateway_turn, "/v1/chat/completions", False)
+        nursery.cancel_scope.cancel()
+    alone, (through, received) = both["alone"], both["through"]
+    assert story(through) == story(alone), received[:1000]
+    if alone.outcome == "ok":
+        assert received.startswith(b"200 ") and json.loads(received[4:])["choices"][0]["message"]["content"] == \
+            "from the backup"
+    else:
+        assert not received.startswith(b"200 ") and json.loads(received[4:])["error"]
