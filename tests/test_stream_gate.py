@@ -116,3 +116,42 @@ async def test_the_timer_commits_the_streams_still_held_and_forgets_the_others(a
     timer.hold(later, trio.current_time() + 1)
     await trio.sleep(2)
     assert later.committed_at is not None
+
+
+async def test_a_shorter_gate_held_while_the_timer_sleeps_is_served_at_its_own_deadline(autojump_clock):
+    timer = _GateTimer()
+    start = trio.current_time()
+    first, second = _Held(timer), _Held(timer)
+    timer.hold(first, start + 30)
+    await trio.sleep(0.1)  # the timer sleeps towards 30 s
+    timer.hold(second, start + 1)  # (a reload shortened gate_commit_s)
+    await trio.sleep(2)
+    assert second.committed_at is not None and start + 1 <= second.committed_at < start + 1.1
+    assert first.committed_at is None
+    await trio.sleep(30)
+    assert start + 30 <= first.committed_at < start + 30.1
+
+
+class _SlowToCommit(_Held):
+    async def at_gate(self) -> None:
+        await trio.sleep(1)  # a client slow to take the held head
+        await super().at_gate()
+
+
+async def test_a_gate_held_while_the_last_task_waits_for_its_commits_is_served_by_the_next(autojump_clock):
+    timer = _GateTimer()
+    start = trio.current_time()
+    slow = _SlowToCommit(timer)
+    timer.hold(slow, start + 1)
+    await trio.sleep(1.5)  # its heap is empty: the task only waits for the slow commit
+    later = [_Held(timer) for _ in range(100)]
+    for i, stream in enumerate(later):
+        timer.hold(stream, start + 3 + i / 100)
+    await trio.sleep(1)  # the first task ended at 2 s: it must not take the new gates with it
+    for stream in later[50:]:
+        stream._disarm()  # committed before their gate, after that task ended
+    await trio.sleep(2)
+    assert start + 2 <= slow.committed_at < start + 2.1
+    assert all(start + 3 <= s.committed_at < start + 4.1 for s in later[:50])
+    assert all(s.committed_at is None for s in later[50:])
+    assert timer._heap == [] and timer._runner is None and timer._live == 0
