@@ -183,6 +183,9 @@ async def closed_loop(url: str, concurrency: int, seconds: float, model: str = "
         "window_cpu_ms_per_request": {name: round((at_end[name] - at_start[name]) / max(answers, 1) * 1e3, 3)
                                       for name in pids},
         "burst_cpu_s": {name: round(at_start[name] - at_first[name], 2) for name in pids},
+        # the share of one core each process had inside the window: a gateway below 1.0 with no
+        # idle wait was held off its core by the machine's other processes
+        "window_busy_share": {name: round((at_end[name] - at_start[name]) / seconds, 2) for name in pids},
     }
 
 
@@ -325,6 +328,8 @@ async def run(procs: Processes, *, seconds: float, levels: tuple[int, ...], stre
                 if name in pids:
                     row[name]["gateway_cpu_ms_per_request"] = window["gateway"]
                 row[name]["upstream_cpu_ms_per_request"] = window["upstream"]
+                if name in pids:
+                    row[name]["gateway_busy_share"] = row[name]["window_busy_share"]["gateway"]
                 print(f"  {name:8} c={concurrency:5} round {round_ + 1}: {row[name]}", flush=True)
         rounds_out.append(rows)
     out["rounds"] = rounds_out
@@ -339,7 +344,7 @@ def _median_row(runs: list[dict]) -> dict:
         values = [run[key] for run in runs if run.get(key) is not None]
         return statistics.median(values) if values else None
 
-    row = {key: median(key) for key in ("rps", "p50_ms", "p99_ms", "gateway_cpu_ms_per_request",
+    row = {key: median(key) for key in ("rps", "p50_ms", "p99_ms", "gateway_cpu_ms_per_request", "gateway_busy_share",
                                         "upstream_cpu_ms_per_request", "client_cpu_ms_per_request",
                                         "upstream_connections_opened")}
     ratios = [run["p99_ms"] / run["p50_ms"] for run in runs if run.get("p50_ms")]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import trio
 
 from helpers import asgi_post
@@ -73,3 +74,30 @@ async def test_a_streams_ledger_rows_are_committed_before_its_last_bytes_are_sen
     status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY, on_send=on_send)
     assert status == 200 and b'"late"' in body and body.endswith(b"data: [DONE]\n\n")
     assert rows_at_end == [1]
+
+
+@pytest.mark.parametrize("gate_s", [0.5, 30])
+async def test_a_drain_answers_a_held_stream_503_and_one_the_gate_committed_with_its_error_event(gate_s, autojump_clock):
+    # the model is silent after its role frame: at 2 s the drain (0.5 s) cuts the turn; with a
+    # gate of 0.5 s the stream was committed by then (200, then the shutdown's error event), with
+    # 30 s it is still held (a real 503, nothing shown)
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [
+        {"frames": [{"role": True}, {"wait": 60}, {"text": "never"}, {"done": True}]}]}])
+    gateway = Gateway(Relay.from_toml(CONFIG.replace("gate_commit_s = 1", f"gate_commit_s = {gate_s}"), env={},
+                                      sim=sim))
+    answers = []
+
+    async def post() -> None:
+        answers.append(await asgi_post(gateway, "/v1/chat/completions", BODY, bound=30))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(post)
+        await trio.sleep(2)
+        await gateway.drain(0.5)
+    ((status, _, body),) = answers
+    if gate_s < 2:
+        assert status == 200 and b'"role":"assistant"' in body
+        assert b'"shutting_down"' in body.rsplit(b"data: ", 1)[1] and b"never" not in body
+    else:
+        assert status == 503 and json.loads(body)["error"]["code"] == "shutting_down"
+    assert not gateway._gates._live and not gateway._turns
