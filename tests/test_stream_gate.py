@@ -7,14 +7,17 @@ that committed first. On virtual time, against the scripted sim upstream."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import trio
 
 from helpers import asgi_post
 from relayline.adapters import Relay
-from relayline.adapters.gateway import Gateway
+from relayline.adapters.gateway import Gateway, serve
 from relayline.adapters.gateway.app import _GateTimer
+from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.adapters.sim.provider import SimUpstream
+from relayline.machines.config import structure_config
 
 CONFIG = """
 active = "sim.a"
@@ -116,6 +119,65 @@ async def test_the_timer_commits_the_streams_still_held_and_forgets_the_others(a
     timer.hold(later, trio.current_time() + 1)
     await trio.sleep(2)
     assert later.committed_at is not None
+
+
+def _chunk(obj) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+def _held_reply(seen) -> Reply:
+    """A role frame and a first token, then the provider waits (a held stream), then the end."""
+    return Reply(pieces=(_chunk({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
+                         _chunk({"choices": [{"index": 0, "delta": {"content": "w0"}, "finish_reason": None}]}), 1.5,
+                         _chunk({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}), b"data: [DONE]\n\n"))
+
+
+def _task_names() -> Counter:
+    names, todo = Counter(), [trio.lowlevel.current_root_task()]
+    while todo:
+        task = todo.pop()
+        names[task.name] += 1
+        todo += [child for nursery in task.child_nurseries for child in nursery.child_tasks]
+    return names
+
+
+async def test_a_held_stream_is_its_connections_task_alone():
+    """What a stream in flight costs is mostly its tasks and scopes (README "## Performance"): a
+    held stream through the real server and upstream client adds the server's task for its
+    connection and the upstream's own (this process serves both), nothing per stream besides."""
+    upstream = LoopbackServer(_held_reply)
+    held = 12
+    async with trio.open_nursery() as nursery:
+        await upstream.start(nursery)
+        config = {"active": "p", "timeouts": {"gate_commit_s": 30},
+                  "providers": {"p": {"family": "openai", "base_url": f"{upstream.url}/v1", "model": "m",
+                                      "api_key": "k-held"}}}
+        gateway = Gateway(Relay(structure_config(config), env={}))
+        binds = await nursery.start(lambda task_status: serve(gateway, port=0, task_status=task_status))
+        host, port = binds[0].removeprefix("http://").split(":")
+        before = _task_names()
+        streams = []
+        with trio.fail_after(10):
+            for _ in range(held):
+                stream = await trio.open_tcp_stream(host, int(port))
+                streams.append(stream)
+                await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: %d\r\n\r\n%s"
+                                      % (len(BODY), BODY))
+                received = b""
+                while b'"w0"' not in received:
+                    received += await stream.receive_some(65536)
+            during = _task_names() - before
+            for stream in streams:
+                received = b""
+                while not received.endswith(b"0\r\n\r\n"):
+                    received += await stream.receive_some(65536)
+                await stream.aclose()
+        nursery.cancel_scope.cancel()
+    # per stream: the server's task for its connection, and the loopback upstream's for its
+    # own (both trio's serve_tcp handlers); for them all, the gate timer (the streams committed:
+    # it ends at its next wake-up)
+    handlers = "trio._highlevel_serve_listeners._run_handler"
+    assert during[handlers] == 2 * held and set(during) <= {handlers, "relayline gate timer"}, during
 
 
 async def test_a_shorter_gate_held_while_the_timer_sleeps_is_served_at_its_own_deadline(autojump_clock):
