@@ -34,7 +34,7 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from procs import stop  # noqa: E402
+from procs import gateway_server, stop  # noqa: E402
 
 spent: collections.Counter = collections.Counter()
 calls: collections.Counter = collections.Counter()
@@ -97,11 +97,8 @@ def _wrap_phases() -> None:
 
 
 def serve_and_measure(seconds: float, wrapped: bool) -> dict:
-    from relayline.adapters.cli import _load_config_file
-    from relayline.adapters.gateway import Gateway
-    from relayline.adapters.gateway.http11 import Server, listening_sockets
-    from relayline.adapters.gateway.server import _error_body, tune_collector
-    from relayline.adapters.relay import Relay
+    from relayline.adapters.gateway.http11 import listening_sockets
+    from relayline.adapters.gateway.server import tune_collector
 
     if wrapped:
         _wrap_phases()
@@ -109,14 +106,7 @@ def serve_and_measure(seconds: float, wrapped: bool) -> dict:
     try:
         base = f"http://127.0.0.1:{upstream.stdout.readline().split()[1]}"
         with tempfile.TemporaryDirectory() as tmp:
-            config = Path(tmp) / "bench.toml"
-            config.write_text(f'active = "bench.upstream"\n[ledger]\npath = "{tmp}/ledger.sqlite3"\n'
-                              f'[providers."bench.upstream"]\nfamily = "openai"\nbase_url = "{base}/v1"\n'
-                              'api_key = "bench-key"\n')
-            gateway = Gateway.from_relay_config(Relay(_load_config_file(str(config))))
-            settings = gateway.settings
-            server = Server(gateway, keep_alive_s=settings.keep_alive_s, max_header_bytes=settings.max_header_bytes,
-                            graceful_s=1, error_body=_error_body)
+            server = gateway_server(base, tmp)
             tune_collector()
             sockets = listening_sockets("127.0.0.1", 0)
             url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}/v1/chat/completions"

@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from peers import Processes, _row_throughput, _throughput, cpu_s, row_client  # noqa: E402
-from procs import stop  # noqa: E402
+from procs import gateway_server, stop  # noqa: E402
 
 TARGETS = ("direct", "trio floor", "asyncio floor", "gateway")
 JSON = b"application/json"
@@ -90,19 +90,7 @@ def _trio_server(kind: str, upstream: str, tmp: str):
 
     if kind == "trio":
         return Server(_trio_floor_app(upstream), keep_alive_s=30, max_header_bytes=16384, graceful_s=1)
-    from relayline.adapters.cli import _load_config_file
-    from relayline.adapters.gateway import Gateway
-    from relayline.adapters.gateway.server import _error_body
-    from relayline.adapters.relay import Relay
-
-    config = Path(tmp) / "bench.toml"
-    config.write_text(f'active = "bench.upstream"\n[ledger]\npath = "{tmp}/ledger.sqlite3"\n'
-                      f'[providers."bench.upstream"]\nfamily = "openai"\nbase_url = "{upstream}/v1"\n'
-                      'api_key = "bench-key"\n')
-    gateway = Gateway.from_relay_config(Relay(_load_config_file(str(config))))
-    settings = gateway.settings
-    return Server(gateway, keep_alive_s=settings.keep_alive_s, max_header_bytes=settings.max_header_bytes,
-                  graceful_s=1, error_body=_error_body)
+    return gateway_server(upstream, tmp)
 
 
 def serve_trio(upstream: str) -> None:

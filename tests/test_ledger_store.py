@@ -264,6 +264,34 @@ def test_a_current_ledger_is_opened_without_taking_the_write_lock(tmp_path, monk
         writer.close()
 
 
+def test_a_file_another_connection_is_writing_in_rollback_mode_is_switched_to_wal_once_it_is_done(tmp_path):
+    # SQLite refuses the switch to WAL at once, without its busy handler, while another
+    # connection holds a write lock on a rollback-journal file (workers opening one old or new
+    # file together raced into this): opening waits for the write, as any busy statement does
+    path = tmp_path / "rollback.sqlite3"
+    with sqlite3.connect(path) as made:
+        made.execute("CREATE TABLE other (a)")
+    made.close()
+    writing = threading.Event()
+
+    def write_for_a_while() -> None:
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("INSERT INTO other VALUES (1)")
+        writing.set()
+        time.sleep(0.3)
+        other.execute("COMMIT")
+        other.close()
+
+    writer = threading.Thread(target=write_for_a_while)
+    writer.start()
+    assert writing.wait(10)
+    store = LedgerStore(path)
+    writer.join(10)
+    assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    store.close()
+
+
 def test_workers_opening_one_old_ledger_together_rebuild_it_once(tmp_path):
     path = tmp_path / "old.sqlite3"
     with sqlite3.connect(path) as old:

@@ -95,7 +95,7 @@ class LedgerStore:
         self._conn = sqlite3.connect(self.path, timeout=BUSY_S, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:
-            wal = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+            wal = self._enter_wal()
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(SCHEMA)
             self._migrate()
@@ -110,6 +110,25 @@ class LedgerStore:
         self._kick = threading.Event()
         self._checkpointer: threading.Thread | None = None
         self._closed = False
+
+    def _enter_wal(self) -> bool:
+        """The file in WAL mode; False where it cannot be (":memory:").
+
+        A file still in rollback-journal mode (made by another tool, or by a relayline before
+        WAL) is switched under an exclusive lock. While another connection holds a write lock on
+        it (another worker switching it at the same moment), SQLite refuses the switch at once,
+        without its busy handler (waiting could deadlock), so the wait is here: short sleeps,
+        BUSY_S in all, as any other statement's busy wait."""
+        deadline = time.monotonic() + BUSY_S
+        pause = 0.001
+        while True:
+            try:
+                return self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _migrate(self) -> None:
         if not self._outdated():  # (a read: a current file is opened without the write lock)
