@@ -7,6 +7,7 @@ import sys
 
 from relayline.adapters.gateway.server import (
     GC_THRESHOLDS,
+    GC_YOUNG_MOST,
     GC_YOUNG_PER_CONNECTION,
     follow_connections,
 )
@@ -62,11 +63,11 @@ print(seen)
 """
 
 
-def test_in_a_gateway_process_the_young_threshold_grows_with_the_open_connections_and_comes_back():
+def test_in_a_gateway_process_the_young_threshold_grows_with_the_open_connections_to_a_bound_and_comes_back():
     young, *older = GC_THRESHOLDS
     per = GC_YOUNG_PER_CONNECTION
-    assert young < per * 1_000  # else 1,000 clients would not raise it
-    assert _run(FOLLOW) == str([GC_THRESHOLDS, (per * 1_000, *older), (per * 5_000, *older), GC_THRESHOLDS])
+    assert young < per * 1_000 <= GC_YOUNG_MOST < per * 5_000  # 1,000 clients raise it; 5,000 meet the bound
+    assert _run(FOLLOW) == str([GC_THRESHOLDS, (per * 1_000, *older), (GC_YOUNG_MOST, *older), GC_THRESHOLDS])
 
 
 def test_the_library_process_collector_does_not_follow_connections():

@@ -125,7 +125,8 @@ class LedgerStore:
             try:
                 return self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                busy = (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_BUSY
+                if not busy or time.monotonic() + pause > deadline:
                     raise
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
@@ -228,7 +229,7 @@ class LedgerStore:
         while True:
             try:
                 self._insert(batch.rows, busy_wait=False)
-                return  # (no checkpoint between the commit and the caller closing the batch)
+                return  # (no await before the caller closes the batch: no record() joins a committed one)
             except sqlite3.OperationalError as exc:
                 if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) != sqlite3.SQLITE_BUSY:
                     raise
