@@ -101,15 +101,10 @@ async def gateway_turn(cfg, path: str, stream: bool = True) -> tuple[object, byt
     return result, received
 
 
-# each dialect's stream: its clean end, and its error event
-DIALECTS = {"/v1/chat/completions": (b"data: [DONE]\n\n", b'data: {"error"'),
-            "/v1/messages": (b"event: message_stop\n", b"event: error\n")}
-
-
-@pytest.mark.parametrize("path", DIALECTS)
-@pytest.mark.parametrize("case", CASES)
-async def test_a_stream_deadline_fires_through_the_gateway_as_in_the_library(case, path):
-    reply, timeouts = CASES[case]
+async def both_ways(reply: Reply, timeouts: dict, path: str, stream: bool):
+    """One turn in the library and one through the gateway at once (the case's waits overlap),
+    each against its own primary answering `reply` and a backup that answers: (alone, (through,
+    the bytes the gateway's client received))."""
     async with trio.open_nursery() as nursery:
         primary = LoopbackServer(lambda seen: reply)
         backup = LoopbackServer(backup_reply)
@@ -122,11 +117,23 @@ async def test_a_stream_deadline_fires_through_the_gateway_as_in_the_library(cas
         async def side(name, turn, *args) -> None:
             both[name] = await turn(cfg, *args)
 
-        async with trio.open_nursery() as sides:  # (the two at once: the case's waits overlap)
-            sides.start_soon(side, "alone", library_turn)
-            sides.start_soon(side, "through", gateway_turn, path)
+        async with trio.open_nursery() as sides:
+            sides.start_soon(side, "alone", library_turn, stream)
+            sides.start_soon(side, "through", gateway_turn, path, stream)
         nursery.cancel_scope.cancel()
-    alone, (through, received) = both["alone"], both["through"]
+    return both["alone"], both["through"]
+
+
+# each dialect's stream: its clean end, and its error event
+DIALECTS = {"/v1/chat/completions": (b"data: [DONE]\n\n", b'data: {"error"'),
+            "/v1/messages": (b"event: message_stop\n", b"event: error\n")}
+
+
+@pytest.mark.parametrize("path", DIALECTS)
+@pytest.mark.parametrize("case", CASES)
+async def test_a_stream_deadline_fires_through_the_gateway_as_in_the_library(case, path):
+    reply, timeouts = CASES[case]
+    alone, (through, received) = await both_ways(reply, timeouts, path, True)
     assert story(through) == story(alone), received[:1000]
     end, error = DIALECTS[path]
     last = received[received.rstrip(b"\n").rfind(b"\n\n") + 2:]
@@ -157,23 +164,7 @@ NOT_STREAMED = {
 @pytest.mark.parametrize("case", NOT_STREAMED)
 async def test_a_non_streamed_deadline_fires_through_the_gateway_as_in_the_library(case):
     reply, timeouts = NOT_STREAMED[case]
-    async with trio.open_nursery() as nursery:
-        primary = LoopbackServer(lambda seen: reply)
-        backup = LoopbackServer(backup_reply)
-        await primary.start(nursery)
-        await backup.start(nursery)
-        cfg = loopback_config(primary.url, backup.url, reliability={"provider_retries": 0},
-                              timeouts={"headers_s": 2, "idle_s": 2, "total_s": 5, **timeouts})
-        both: dict = {}
-
-        async def side(name, turn, *args) -> None:
-            both[name] = await turn(cfg, *args)
-
-        async with trio.open_nursery() as sides:
-            sides.start_soon(side, "alone", library_turn, False)
-            sides.start_soon(side, "through", gateway_turn, "/v1/chat/completions", False)
-        nursery.cancel_scope.cancel()
-    alone, (through, received) = both["alone"], both["through"]
+    alone, (through, received) = await both_ways(reply, timeouts, "/v1/chat/completions", False)
     assert story(through) == story(alone), received[:1000]
     if alone.outcome == "ok":
         assert received.startswith(b"200 ") and json.loads(received[4:])["choices"][0]["message"]["content"] == \

@@ -84,6 +84,18 @@ async def test_turns_that_finish_together_share_one_commit_and_a_turn_alone_comm
     store.close()
 
 
+def _recording(store: LedgerStore, failed: list[str]):
+    """A turn's end that records its row and notes the turn in `failed` when the commit fails."""
+
+    async def finish(turn: str) -> None:
+        try:
+            await store.record(turn, _result())
+        except sqlite3.OperationalError:
+            failed.append(turn)
+
+    return finish
+
+
 async def test_a_shared_commit_that_fails_raises_in_every_turn_that_shared_it(tmp_path):
     path = tmp_path / "ledger.sqlite3"
     store = LedgerStore(path)
@@ -91,12 +103,7 @@ async def test_a_shared_commit_that_fails_raises_in_every_turn_that_shared_it(tm
     with sqlite3.connect(path) as other:
         other.execute("DROP TABLE attempts")  # the next commit fails: a real error, from SQLite
     failed: list[str] = []
-
-    async def finish(turn: str) -> None:
-        try:
-            await store.record(turn, _result())
-        except sqlite3.OperationalError:
-            failed.append(turn)
+    finish = _recording(store, failed)
 
     async with trio.open_nursery() as nursery:
         for i in range(3):
@@ -145,12 +152,7 @@ async def test_a_lock_held_beyond_the_busy_wait_fails_every_turn_of_the_commit(t
     other = sqlite3.connect(path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     failed: list[str] = []
-
-    async def finish(turn: str) -> None:
-        try:
-            await store.record(turn, _result())
-        except sqlite3.OperationalError:
-            failed.append(turn)
+    finish = _recording(store, failed)
 
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
