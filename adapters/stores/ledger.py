@@ -76,6 +76,11 @@ def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None, *, c
              r.input_tokens, r.output_tokens, r.cost_usd, client) for r in result.ledger]
 
 
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Another connection holds the lock (SQLITE_BUSY and its extended codes)."""
+    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_BUSY
+
+
 class _Batch:
     """The rows of the turns that finish in one pass of the scheduler: one commit."""
 
@@ -125,8 +130,7 @@ class LedgerStore:
             try:
                 return self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
             except sqlite3.OperationalError as exc:
-                busy = (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_BUSY
-                if not busy or time.monotonic() + pause > deadline:
+                if not _busy(exc) or time.monotonic() + pause > deadline:
                     raise
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
@@ -231,7 +235,7 @@ class LedgerStore:
                 self._insert(batch.rows, busy_wait=False)
                 return  # (no await before the caller closes the batch: no record() joins a committed one)
             except sqlite3.OperationalError as exc:
-                if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) != sqlite3.SQLITE_BUSY:
+                if not _busy(exc):
                     raise
                 now = trio.current_time()
                 deadline = now + BUSY_S if deadline is None else deadline
