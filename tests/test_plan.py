@@ -7,10 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import config, labels, plan
+from relayline.machines import plan as plan_module
 from relayline.machines.config import Secret
 from relayline.machines.effort import EffortDecision, RouteSelection, allowlist, decide, estimate
 from relayline.machines.errors import ConfigError
-from relayline.machines import plan as plan_module
 from relayline.machines.plan import build_router, materialise, plan_turn, profile_keys, resolve_ref
 
 # -- materialisation ---------------------------------------------------------------------------
