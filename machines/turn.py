@@ -156,10 +156,12 @@ class TurnResult:
     stop_sequence: str | None = None
     usage: Usage | None = None  # the accepted answer's usage
     rejection: Rejection | None = None  # every attempt was a client rejection: the upstream's words
+    # the sum of the ledger's rows, once: the answer's header and field, the access line, the
+    # console and the log each read it
+    cost_usd: float = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def cost_usd(self) -> float:
-        return sum(r.cost_usd for r in self.ledger)
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "cost_usd", sum(r.cost_usd for r in self.ledger))
 
 
 @attrs.frozen
