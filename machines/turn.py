@@ -174,6 +174,13 @@ Action = Call | Sleep | Finish  # what the driver does next
 
 
 class Turn:
+    # slotted, as the walk and the lifecycles: a turn's attributes are read and written some
+    # hundred times a turn, and each held stream keeps its turn
+    __slots__ = ("plan", "config", "health", "stream_requested", "tools", "life", "cancellation", "attempts",
+                 "ledger", "walk", "gate", "walks", "gates", "call", "call_at", "answer", "forwarded",
+                 "shown_reasoning", "executed_tools", "failure", "continuation", "walk_result", "spent", "refusal",
+                 "advance_refusals", "rejections")
+
     def __init__(self, plan: Plan, config: Config, store: HealthStore, *, stream: bool, tools: bool = False):
         self.plan = plan
         self.config = config
