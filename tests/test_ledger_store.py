@@ -311,6 +311,29 @@ def test_a_new_ledger_writes_no_sequence_row_per_commit(tmp_path):
     store.close()
 
 
+def _page_size(path) -> int:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("PRAGMA page_size").fetchone()[0]
+
+
+def test_a_new_ledger_has_small_pages_and_one_made_before_keeps_its_own(tmp_path):
+    # a commit writes each page it changed to the WAL whole: a new file's are 1 KiB, not 4
+    store = LedgerStore(tmp_path / "new.sqlite3")
+    store.write("t1", _result())
+    store.close()
+    assert _page_size(tmp_path / "new.sqlite3") == ledger_module.PAGE_BYTES == 1024
+    old = tmp_path / "old.sqlite3"
+    with sqlite3.connect(old) as conn:  # made before, at SQLite's default page size
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.executescript(ledger_module.SCHEMA)
+        conn.execute(ledger_module.INSERT, ledger_module.ledger_rows("t0", _result(), 1.0)[0])
+    store = LedgerStore(old)
+    store.write("t1", _result())
+    assert [r["turn"] for r in store.rows()] == ["t0", "t1"]
+    store.close()
+    assert _page_size(old) == 4096
+
+
 def test_a_worker_opening_a_ledger_while_another_rebuilds_it_waits_for_the_rebuild(tmp_path, monkeypatch):
     """`serve --workers` opens one file in each worker at once. A large ledger made with
     AUTOINCREMENT takes one of them seconds to rebuild (2 million rows: 15 s); the others must

@@ -56,6 +56,12 @@ CREATE TABLE IF NOT EXISTS attempts (
 CREATE INDEX IF NOT EXISTS attempts_ts ON attempts (ts);
 """
 
+# A new file's page size. A commit writes each page it changed to the WAL whole, with its checksum:
+# a row's table leaf and index leaf, 8 KiB a commit at SQLite's default 4 KiB pages, 2 KiB at 1 KiB
+# (a row is about 100 bytes). Must be set before the file's first write, so files made before keep
+# theirs.
+PAGE_BYTES = 1024
+
 # columns added after the first release: (name, definition), applied to older files in order
 MIGRATIONS = (("client", "TEXT NOT NULL DEFAULT ''"),)
 # what `relayline ledger --by` groups on (both stores)
@@ -122,6 +128,7 @@ class LedgerStore:
         self._conn = sqlite3.connect(self.path, timeout=BUSY_S, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:
+            self._conn.execute(f"PRAGMA page_size = {PAGE_BYTES}")  # (a file made before keeps its own)
             wal = self._enter_wal()
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(SCHEMA)
