@@ -191,7 +191,7 @@ def test_the_turns_bookkeeping_waits_for_the_answer_and_never_fails_it(tmp_path,
     path = tmp_path / "ledger.sqlite3"
     replies = [{"provider": "anthropic.primary", "script": [{"text": "first"}, {"text": "second"}]}]
     with BackgroundGateway(two_profiles(), replies, ledger_path=str(path)) as gw:
-        answered = threading.Event()
+        answered, observed = threading.Event(), threading.Event()
         seen: list[tuple[bool, int]] = []
         observe = gw.gateway.console.observe
 
@@ -199,10 +199,12 @@ def test_the_turns_bookkeeping_waits_for_the_answer_and_never_fails_it(tmp_path,
             # the client has its whole answer before this returns (else it waits here 5 s in vain)
             seen.append((answered.wait(5), len(LedgerStore(path).rows())))
             observe(turn_id, result, latency_s)
+            observed.set()
 
         gw.gateway.console.observe = observed_after_the_answer
         assert client(gw).chat.completions.create(model="x", messages=HI).choices[0].message.content == "first"
         answered.set()
+        assert observed.wait(5)
 
         def failing(result, seconds):
             raise RuntimeError("a metrics bug")
