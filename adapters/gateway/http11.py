@@ -139,41 +139,69 @@ class _Listener(trio.abc.Listener[trio.SocketStream]):
         await self.inner.aclose()
 
 
+class _Watched:
+    """A connection's entry in the hang-up set: the request's call-back while one runs."""
+
+    __slots__ = ("owner", "callback", "hung_up")
+
+    def __init__(self, owner: object) -> None:
+        self.owner = owner
+        self.callback: Callable[[], None] | None = None
+        self.hung_up = False  # the event came (it comes once: EPOLLONESHOT)
+
+
 class _Hangups:
     """Calls back the requests whose client hung up while their app runs, with no task per
     request: their sockets are in an epoll set of the server's own, one-shot for EPOLLRDHUP (the
     peer closed its side, whatever it sent before it: a pipelined request does not hide it), and
     one task waits for that set to be readable. The gateway's task per turn blocked in
     `receive()` cost ~55 µs of CPU per request (its spawn, its cancellation at the turn's end:
-    bench/gateway_cpu.py); a registration costs two epoll_ctl calls. Linux only (epoll); without
-    it the extension is absent and an app waits in `receive()`."""
+    bench/gateway_cpu.py). A connection's socket joins the set at its first watched request and
+    leaves it when the connection ends (`forget`, before its socket closes): two epoll_ctl calls
+    a connection, not two a request (bench/glue_counts.py); between requests it has no call-back,
+    and a hang-up heard then is told to the next request at once, as a new registration would
+    have told it. Linux only (epoll); without it the extension is absent and an app waits in
+    `receive()`."""
 
     AVAILABLE = hasattr(select, "epoll") and hasattr(select, "EPOLLRDHUP")
 
     def __init__(self) -> None:
         self.epoll = select.epoll()
-        # fd -> (the connection that registered it, its call-back). A socket closed while it is
-        # in the set leaves it (the kernel's doing) and its number may be reused at once: an
-        # entry is removed only by the connection that made it
-        self.callbacks: dict[int, tuple[object, Callable[[], None]]] = {}
+        # fd -> the entry of the connection that registered it. A socket closed while it is in
+        # the set leaves it (the kernel's doing) and its number may be reused at once: an entry
+        # is removed only by the connection that made it
+        self.callbacks: dict[int, _Watched] = {}
 
     def watch(self, fd: int, owner: object, callback: Callable[[], None]) -> None:
         if self.epoll.closed:  # the server is ending: every request is being cancelled anyway
             callback()
             return
-        if self.callbacks.pop(fd, None) is not None:  # a closed socket's stale entry
-            self._unregister(fd)
-        self.epoll.register(fd, select.EPOLLRDHUP | select.EPOLLONESHOT)  # (HUP and ERR always count)
-        self.callbacks[fd] = (owner, callback)
+        entry = self.callbacks.get(fd)
+        if entry is None or entry.owner is not owner:
+            if entry is not None:  # a closed socket's stale entry
+                self._unregister(fd)
+            entry = self.callbacks[fd] = _Watched(owner)
+            self.epoll.register(fd, select.EPOLLRDHUP | select.EPOLLONESHOT)  # (HUP and ERR always count)
+        if entry.hung_up:
+            callback()
+        else:
+            entry.callback = callback
 
     def unwatch(self, fd: int, owner: object) -> Callable[[], None] | None:
-        """Stop watching; the call-back that was waiting, if the owner's entry still was."""
+        """The request is over: the call-back that was waiting, if the owner's entry still had
+        one. The socket stays in the set for the connection's next request."""
         entry = self.callbacks.get(fd)
-        if entry is not None and entry[0] is owner:
-            del self.callbacks[fd]
-            self._unregister(fd)
-            return entry[1]
+        if entry is not None and entry.owner is owner:
+            callback, entry.callback = entry.callback, None
+            return callback
         return None
+
+    def forget(self, fd: int, owner: object) -> None:
+        """The connection ends (its socket is closed next): its entry and registration go."""
+        entry = self.callbacks.get(fd)
+        if entry is not None and entry.owner is owner:
+            del self.callbacks[fd]
+            self._unregister(fd)  # (a one-shot that fired is still in the set, disarmed)
 
     def _unregister(self, fd: int) -> None:
         if not self.epoll.closed:
@@ -187,10 +215,12 @@ class _Hangups:
             while True:
                 await trio.lowlevel.wait_readable(self.epoll.fileno())
                 for fd, _events in self.epoll.poll(0):
-                    entry = self.callbacks.pop(fd, None)
-                    if entry is not None:
-                        self._unregister(fd)
-                        entry[1]()
+                    entry = self.callbacks.get(fd)
+                    if entry is not None and not entry.hung_up:
+                        entry.hung_up = True
+                        callback, entry.callback = entry.callback, None
+                        if callback is not None:
+                            callback()
         finally:
             self.epoll.close()
 
@@ -276,6 +306,7 @@ class Server:
                 self.on_connections(len(self.connections))
             if self.draining and not self.connections:
                 self._none_left.set()
+            connection.forget_hangups()
             await trio.aclose_forcefully(stream)
 class _Close(Exception):
     """The connection ends here (the peer left, or a protocol error was answered)."""
@@ -591,7 +622,7 @@ class _Connection:
             callback()
             return
         self.server.hangups.watch(fd, self, callback)
-        self.hangup_fd = fd
+        self.hangup_fd = fd  # (watched until the connection ends: forget_hangups)
 
     def stalled(self) -> bool:
         """The watchdog's look: True when a write has been stuck for SEND_CHECKS looks."""
@@ -756,7 +787,6 @@ class _Connection:
         finally:
             if self.hangup_fd is not None:  # the request is over: a hang-up from now on is the connection's
                 self.server.hangups.unwatch(self.hangup_fd, self)
-                self.hangup_fd = None
         if not self.response_done and not self.gone:
             raise _Close  # the app ended without finishing its answer: nothing else can follow
 
@@ -858,9 +888,17 @@ class _Connection:
         epoll set without an event (a reset the write saw first would be lost to it too)."""
         fd, self.hangup_fd = self.hangup_fd, None
         if fd is not None:
-            callback = self.server.hangups.unwatch(fd, self)
+            hangups = self.server.hangups
+            callback = hangups.unwatch(fd, self)
+            hangups.forget(fd, self)
             if callback is not None:
                 callback()
+
+    def forget_hangups(self) -> None:
+        """The connection ends: its socket leaves the hang-up set before it closes."""
+        fd, self.hangup_fd = self.hangup_fd, None
+        if fd is not None:
+            self.server.hangups.forget(fd, self)
 
     def _head(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more: bool) -> bytes:
         """The answer's head, its framing decided as h11 decided it: a declared length, else the
