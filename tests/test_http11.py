@@ -173,6 +173,39 @@ async def test_a_head_too_slow_and_an_idle_connection_are_closed_without_an_answ
     assert app.seen == ["/once"]
 
 
+async def test_a_keep_alive_connection_waits_for_its_next_head_with_no_timer_of_its_own(monkeypatch):
+    """The head watchdog (one task for the server) bounds each wait for a head: serving requests
+    on a kept-alive connection enters no cancel scope (a deadline registered and removed per
+    request cost more than reading the head)."""
+    entered: list[str] = []
+    enter = trio.CancelScope.__enter__
+    client = trio.lowlevel.current_task()
+
+    def counted(scope):
+        task = trio.lowlevel.current_task()
+        if task is not client:  # (the client's reads here have their own timers)
+            entered.append(task.name)
+        return enter(scope)
+
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, App(), keep_alive_s=0.4)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        await stream.send_all(GET % b"/first")
+        await read_response(stream, buffer)
+        monkeypatch.setattr(trio.CancelScope, "__enter__", counted)
+        for path in (b"/a", b"/b", b"/c"):
+            await stream.send_all(GET % path)
+            assert (await read_response(stream, buffer)).endswith(path + b" 0")
+        monkeypatch.undo()
+        assert entered == []
+        started = trio.current_time()
+        assert await read_until_closed(stream) == b""  # idle: closed by the watchdog, unanswered
+        waited = trio.current_time() - started
+        stop.set()
+    assert 0.35 <= waited < 3
+
+
 async def test_a_head_beyond_the_limit_is_431_and_a_malformed_request_400_both_closed():
     app = App()
     async with trio.open_nursery() as nursery:

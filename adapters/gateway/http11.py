@@ -7,7 +7,8 @@ server keeps what the gateway relied on hypercorn for, and more (tests/test_http
 tests/test_http11_attack.py with docs/http-server.md for the attacks):
 
 - a request head must be complete within `keep_alive_s`, which is also how long an idle
-  keep-alive connection is kept (one timer, closed without an answer, as hypercorn and nginx do);
+  keep-alive connection is kept (one bound, closed without an answer, as hypercorn and nginx do;
+  one watchdog task for all connections, `_watch_heads`, not a timer per request);
 - a head still arriving beyond `max_header_bytes` is a 431, a malformed request a 400 (llhttp's
   verdict), and the connection is closed after either;
 - keep-alive, HTTP/1.0 and `connection: close` follow h11's rules (HTTP/1.0 is never kept alive);
@@ -65,6 +66,7 @@ READ_AHEAD = 64 * 1024  # input buffered beyond the request in progress (a pipel
 LINGER_S, LINGER_BYTES = 0.5, 64 * 1024  # reading past a closed request before the socket closes
 BACKLOG = 2048  # bursts of new connections must queue, not be refused
 SHED_ON_EMFILE = 32  # connections waiting for a head closed when accept() runs out of descriptors (as nginx)
+HEAD_CHECK_S = 1.0  # the head watchdog looks at least this often (and 4 times per keep_alive_s)
 SEND_TIMEOUT_S = 60.0  # nginx's send_timeout: how long a write may make no progress
 SEND_CHECKS = 4  # the watchdog looks this many times per SEND_TIMEOUT_S
 WRITE_PIECE = 64 * 1024  # the unit of progress the watchdog sees: a slow reader of a large body is not cut
@@ -256,6 +258,7 @@ class Server:
                 self.hangups = _Hangups()
                 nursery.start_soon(self.hangups.run)
             nursery.start_soon(accept)
+            nursery.start_soon(self._watch_heads)
             nursery.start_soon(self._watch_sends)
             task_status.started([url_of(sock) for sock in sockets])
             await stop.wait()
@@ -270,6 +273,19 @@ class Server:
                     await self._none_left.wait()
             nursery.cancel_scope.cancel()
 
+    async def _watch_heads(self) -> None:
+        """Close the connections that have waited `keep_alive_s` for a request head (idle, or a
+        head still arriving), within a further min(HEAD_CHECK_S, keep_alive_s / 4). One task
+        for all of them: a timer (a cancel scope with a deadline) around each request's wait
+        for its head cost more than the server's whole read of that head (bench/glue_counts.py);
+        a connection only notes when its wait began."""
+        every = min(HEAD_CHECK_S, self.keep_alive_s / 4)
+        while True:
+            await trio.sleep(every)
+            too_old = trio.current_time() - self.keep_alive_s
+            for connection in [c for c in self.connections if c.waiting_since is not None and c.waiting_since <= too_old]:
+                connection.drain()
+
     async def _watch_sends(self) -> None:
         """Close the connections whose write has made no progress for `send_timeout_s` (cut
         within a further send_timeout_s / SEND_CHECKS). One task for all of them: a timeout
@@ -282,8 +298,8 @@ class Server:
 
     def shed_waiting(self) -> None:
         """Close the SHED_ON_EMFILE connections that have waited longest for a request head."""
-        waiting = [(scope.deadline, connection) for connection in self.connections
-                   if (scope := connection.head_scope) is not None and not scope.cancel_called]
+        waiting = [(since, connection) for connection in self.connections
+                   if (since := connection.waiting_since) is not None]
         waiting.sort(key=lambda pair: pair[0])
         for _, connection in waiting[:SHED_ON_EMFILE]:
             connection.drain()
@@ -581,7 +597,7 @@ def _render_head(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
 
 
 class _Connection:
-    __slots__ = ("server", "stream", "reader", "head_scope", "client", "local", "gone", "sent_head", "pending_head",
+    __slots__ = ("server", "stream", "reader", "waiting_since", "client", "local", "gone", "sent_head", "pending_head",
                  "method", "response_done", "writing", "writes", "writes_seen", "checks_stalled", "hangup_fd",
                  "extensions", "keep_alive", "request_done", "expect_continue", "framing", "remaining", "read_ahead")
 
@@ -589,7 +605,7 @@ class _Connection:
         self.server = server
         self.stream = stream
         self.reader = _Reader(server.max_header_bytes)
-        self.head_scope: trio.CancelScope | None = None
+        self.waiting_since: float | None = None  # when its wait for a request head began (while it waits)
         sock = stream.socket
         try:
             self.client = tuple(sock.getpeername()[:2])
@@ -633,10 +649,15 @@ class _Connection:
         return self.checks_stalled >= SEND_CHECKS
 
     def drain(self) -> None:
-        """The server is draining (or out of descriptors): a connection waiting for a request
-        head closes now."""
-        if self.head_scope is not None:
-            self.head_scope.cancel()
+        """The server is draining (or out of descriptors, or its head took `keep_alive_s`): a
+        connection waiting for a request head closes now, without an answer. Its socket is
+        closed under the read waiting on it, which ends the read at once (trio's
+        notify_closing), as a timer's cancellation did."""
+        if self.waiting_since is not None:
+            self.waiting_since = None
+            self.gone = True
+            self.forget_hangups()  # (before the close: its fd number may be taken and watched again)
+            self.stream.socket.close()
 
     async def run(self) -> None:
         reader = self.reader
@@ -644,12 +665,12 @@ class _Connection:
             while True:
                 if self.server.draining and not reader.pending() and reader.state == _IDLE and reader.refeed is None:
                     return  # the drain closes a connection between two requests
-                with trio.move_on_after(self.server.keep_alive_s) as scope:
-                    self.head_scope = scope
-                    event = await self._next_event()
-                self.head_scope = None
-                if scope.cancelled_caught or type(event) is not _Head:
+                # the wait for a head is bounded by the server's head watchdog (_watch_heads)
+                self.waiting_since = trio.current_time()
+                event = await self._next_event()
+                if self.waiting_since is None or type(event) is not _Head:
                     return  # idle, or a head too slow (closed without an answer), or the client left
+                self.waiting_since = None
                 await self._request(event)
                 self._finish_reading()
                 if self.gone or not self.response_done or not self.request_done or not self.keep_alive:
