@@ -712,6 +712,10 @@ class _Connection:
 
     async def _read(self) -> bytes:
         try:
+            if self.waiting_since is not None:
+                # a head: the client sends it once it has read the last answer, so it is not
+                # here yet (sockets.py)
+                return await sockets.receive_after_wait(self.stream, READ_SIZE)
             return await self.stream.receive_some(READ_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return b""
