@@ -22,8 +22,8 @@ on the sim family, bench/gateway_trees.py's, instead of the floor and the upstre
 from __future__ import annotations
 
 import argparse
-import cProfile
 import collections
+import cProfile
 import json
 import os
 import pstats
@@ -44,9 +44,9 @@ from proxy_floor import CLIENT, _trio_server, _tune_collector  # noqa: E402
 
 # `clients` connections at once, each sending its share of the requests back to back (load.py's
 # raw asyncio client)
-CLIENTS = """
+CLIENTS = f"""
 import asyncio, sys
-sys.path.insert(0, {here!r})
+sys.path.insert(0, {str(HERE)!r})
 from load import MESSAGES, _connect, _request, _response
 port, n, c = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 url = f"http://127.0.0.1:{{port}}/v1/chat/completions"
@@ -61,7 +61,7 @@ async def client():
 async def main():
     await asyncio.gather(*(client() for _ in range(c)))
 asyncio.run(main())
-""".format(here=str(HERE))
+"""
 
 # the calls counted by name: a row, and a pattern over cProfile's "file:function" for each call
 # (a C function's file is "~", its name as "<method 'send' of '_socket.socket' objects>")
