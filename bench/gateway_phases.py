@@ -12,7 +12,11 @@ this). A second run without the wrappers gives the process's own CPU per request
 do not cover is the server's loop, trio's scheduler and sockets, and the await glue between
 them (the trio floor's part: proxy_floor.py measures that apart).
 
-Run: python bench/gateway_phases.py [--seconds 5] [--out FILE]
+Run: python bench/gateway_phases.py [--seconds 5] [--out FILE] [--base DIR [--after DIR] [--pairs 3]]
+
+With `--base` (a checkout of the code before a lever, as bench/procs.py's `tree_env` takes it)
+the two trees are measured alternately in one run, the order turned each pair, and each row is
+the median of its pairs: a lever's before and after per step, under the same machine load.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from procs import gateway_server, stop  # noqa: E402
+from procs import child_in_tree, gateway_server, stop, tree_arguments  # noqa: E402
 
 spent: collections.Counter = collections.Counter()
 calls: collections.Counter = collections.Counter()
@@ -93,7 +97,8 @@ def _wrap_phases() -> None:
         (app.Gateway, "_account", "gateway: access line and request metrics"),
     ]
     for owner, attr, name in steps:
-        setattr(owner, attr, _clocked(name, getattr(owner, attr)))
+        if hasattr(owner, attr):  # (a tree before or after a lever may not have every step)
+            setattr(owner, attr, _clocked(name, getattr(owner, attr)))
 
 
 def serve_and_measure(seconds: float, wrapped: bool) -> dict:
@@ -142,33 +147,73 @@ def serve_and_measure(seconds: float, wrapped: bool) -> dict:
         stop([upstream])
 
 
+def _measure(tree: str | None, seconds: float) -> dict:
+    """One tree's two children: bare (the process's CPU per request) and wrapped (its steps)."""
+    runs = {}
+    for kind in ("bare", "wrapped"):  # each in a process of its own: the wrappers stay out of the bare run
+        args = ["--child", kind, "--seconds", str(seconds)]
+        runs[kind] = child_in_tree(__file__, tree, args[1:], timeout_s=120 + 4 * seconds)
+    bare, wrapped = runs["bare"], runs["wrapped"]
+    return {"cpu_us_per_request": bare["cpu_us_per_request"], "cpu_us_per_request_wrapped": wrapped["cpu_us_per_request"],
+            "rps": bare["rps"], "errors": bare["errors"] + wrapped["errors"], "steps": wrapped["steps"],
+            "steps_total_us": sum(step["us"] for step in wrapped["steps"].values())}
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def _trees(args: argparse.Namespace) -> dict:
+    """{side: [one _measure a pair]}, the sides alternated and the order turned each pair."""
+    sides: dict[str, list[dict]] = {"before": [], "after": []}
+    for pair in range(args.pairs):
+        for side in (("before", "after") if pair % 2 == 0 else ("after", "before")):
+            sides[side].append(_measure(args.base if side == "before" else args.after, args.seconds))
+    out = {}
+    for side, runs in sides.items():
+        names = dict.fromkeys(name for run in runs for name in run["steps"])
+        out[side] = {"cpu_us_per_request": _median([run["cpu_us_per_request"] for run in runs]),
+                     "rps": _median([run["rps"] for run in runs]), "errors": sum(run["errors"] for run in runs),
+                     "steps": {name: {"us": _median([run["steps"].get(name, {"us": 0.0})["us"] for run in runs])}
+                               for name in names},
+                     "runs": runs}
+        out[side]["steps_total_us"] = sum(step["us"] for step in out[side]["steps"].values())
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--out", help="write the figures here (JSON)")
-    parser.add_argument("--child", choices=("bare", "wrapped"), help=argparse.SUPPRESS)
+    tree_arguments(parser, pairs=3)
+    parser.add_argument("child_kind", nargs="?", choices=("bare", "wrapped"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(serve_and_measure(args.seconds, args.child == "wrapped")))
+        print(json.dumps(serve_and_measure(args.seconds, args.child_kind == "wrapped")))
         return 0
-    runs = {}
-    for kind in ("bare", "wrapped"):  # each in a process of its own: the wrappers stay out of the bare run
-        done = subprocess.run([sys.executable, __file__, "--child", kind, "--seconds", str(args.seconds)],
-                              capture_output=True, text=True, timeout=120 + 4 * args.seconds)
-        if done.returncode != 0:
-            raise SystemExit(done.stderr[-3000:])
-        runs[kind] = json.loads(done.stdout.strip().splitlines()[-1])
-    bare, wrapped = runs["bare"], runs["wrapped"]
-    covered = sum(step["us"] for step in wrapped["steps"].values())
-    out = {"load_average": os.getloadavg()[0], "cpu_us_per_request": bare["cpu_us_per_request"],
-           "cpu_us_per_request_wrapped": wrapped["cpu_us_per_request"], "rps": bare["rps"],
-           "errors": bare["errors"] + wrapped["errors"], "steps": wrapped["steps"], "steps_total_us": covered}
-    print(f"the gateway's CPU per non-streamed request, concurrency 1: {bare['cpu_us_per_request']:.0f} µs "
-          f"({bare['rps']:.0f} req/s; wrapped {wrapped['cpu_us_per_request']:.0f} µs; load average "
-          f"{out['load_average']:.1f})")
-    for name, step in wrapped["steps"].items():
-        print(f"  {step['us']:7.1f} µs  {step['calls']:4.1f}x  {name}")
-    print(f"  {covered:7.1f} µs  the steps above; the rest is the server's loop, trio, sockets and the glue")
+    if args.base:
+        load = os.getloadavg()[0]
+        out = _trees(args)
+        out["load_average"] = [load, os.getloadavg()[0]]
+        before, after = out["before"], out["after"]
+        print(f"the gateway's CPU per non-streamed request, concurrency 1, medians of {args.pairs} alternated pairs "
+              f"(load average {load:.1f}-{out['load_average'][1]:.1f}): before {before['cpu_us_per_request']:.0f} µs, "
+              f"after {after['cpu_us_per_request']:.0f} µs")
+        print(f"  {'before':>9} {'after':>9}")
+        for name in dict.fromkeys([*before["steps"], *after["steps"]]):
+            print(f"  {before['steps'].get(name, {'us': 0})['us']:7.1f} µs {after['steps'].get(name, {'us': 0})['us']:7.1f} µs  {name}")
+        print(f"  {before['steps_total_us']:7.1f} µs {after['steps_total_us']:7.1f} µs  the steps above")
+    else:
+        out = _measure(None, args.seconds)
+        out["load_average"] = os.getloadavg()[0]
+        print(f"the gateway's CPU per non-streamed request, concurrency 1: {out['cpu_us_per_request']:.0f} µs "
+              f"({out['rps']:.0f} req/s; wrapped {out['cpu_us_per_request_wrapped']:.0f} µs; load average "
+              f"{out['load_average']:.1f})")
+        for name, step in out["steps"].items():
+            print(f"  {step['us']:7.1f} µs  {step['calls']:4.1f}x  {name}")
+        print(f"  {out['steps_total_us']:7.1f} µs  the steps above; the rest is the server's loop, trio, sockets and the glue")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     return 0

@@ -119,6 +119,11 @@ class Spec:
     # object (a shipped spec is loaded once per process: since start). The operator's console
     # draws them on the diagrams; a list per key keeps the hot path to one lookup and one add.
     fired: dict[tuple[str, str], list[int]] = attrs.field(factory=dict, eq=False)
+    # the table again as `Lifecycle.fire` reads it: state -> trigger -> its candidates, each as
+    # (dest, guards, unless, its `fired` list, its index there): one lookup by the state a
+    # lifecycle holds and one by the trigger, no key tuple made and hashed, twice, each fire
+    moves: dict[str, dict[str, tuple[tuple[str, tuple[str, ...], tuple[str, ...], list[int], int], ...]]] = \
+        attrs.field(factory=dict, eq=False, repr=False)
     # the states tagged terminal, once: every turn's end asks whether its machines reached one
     terminal: frozenset[str] = attrs.field(init=False, eq=False, repr=False)
 
@@ -238,6 +243,10 @@ def build_spec(raw: dict[str, Any], source: str) -> Spec:
             table[(s, t.trigger)] = table.get((s, t.trigger), ()) + (t,)
     spec.table.update(table)
     spec.fired.update((key, [0] * len(candidates)) for key, candidates in table.items())
+    spec.moves.update((name, {}) for name in spec.states)
+    for (source, trigger), candidates in table.items():
+        counts = spec.fired[(source, trigger)]
+        spec.moves[source][trigger] = tuple((t.dest, t.guards, t.unless, counts, i) for i, t in enumerate(candidates))
     return spec
 
 
@@ -447,11 +456,11 @@ def _guard(model: Any, name: str) -> bool:
     return bool(value() if callable(value) else value)
 
 
-def _passes(t: TransitionSpec, model: Any) -> bool:
-    for g in t.guards:
+def _passes(guards: tuple[str, ...], unless: tuple[str, ...], model: Any) -> bool:
+    for g in guards:
         if not _guard(model, g):
             return False
-    for g in t.unless:
+    for g in unless:
         if _guard(model, g):
             return False
     return True
@@ -486,18 +495,20 @@ class Lifecycle:
             del history[0]
 
     def fire(self, trigger: str, model: Any = None) -> bool:
-        key = (self.state, trigger)
-        candidates = self.spec.table.get(key)
+        candidates = self.spec.moves[self.state].get(trigger)
         if candidates is None:
             raise IllegalTransition(
                 f"{self.spec.name}: trigger {trigger!r} is not declared from state {self.state!r}"
             )
-        for i, t in enumerate(candidates):
-            if (t.guards or t.unless) and not _passes(t, model):
+        for dest, guards, unless, fired, i in candidates:
+            if (guards or unless) and not _passes(guards, unless, model):
                 continue
-            self.state = t.dest
-            self.record(t.dest)
-            self.spec.fired[key][i] += 1
+            self.state = dest
+            history = self.history  # (`record`, inline: a turn fires six times)
+            history.append(dest)
+            if len(history) > self.history_limit:
+                del history[0]
+            fired[i] += 1
             return True
         raise IllegalTransition(
             f"{self.spec.name}: no transition on {trigger!r} from state {self.state!r} is enabled "

@@ -33,6 +33,9 @@ from .errors import ConfigError
 from .families import FAMILIES
 
 HINT_PREFIX = "hint:"
+# plans kept per router: the models clients ask for are few, but a client may name any model, so
+# the cache starts over when full rather than growing with them
+MAX_CACHED_PLANS = 1024
 CATALOG_DOMAIN = "catalog"  # the domain name of every catalog chain; the requested model names it
 
 
@@ -74,6 +77,10 @@ class Router:
     catalog: dict[str, Domain]  # by catalog model name
     keys: dict[str, tuple[Secret, ...]]  # each profile's own credentials (a pool or one key)
     warnings: tuple[ConfigWarning, ...]
+    # (chosen model, gateway) -> the plan `plan_turn` made for it without an effort decision: a
+    # plan depends on nothing else, and making it again was most of a turn's routing (every
+    # entry resolved, priced and made anew); bounded by MAX_CACHED_PLANS
+    plans: dict[tuple[str | None, bool], Plan] = attrs.field(factory=dict, eq=False, repr=False)
 
 
 @attrs.frozen
@@ -300,7 +307,6 @@ def plan_turn(
     hands the choice back to effort routing.
     """
     config = router.config
-    notes: list[str] = []
     chosen: str | None = None
     decision = None
     if operator_model is not None and operator_model != "auto":
@@ -315,6 +321,22 @@ def plan_turn(
             chosen = HINT_PREFIX + decision.hint
         elif selection is not None:
             chosen = selection.model
+    if decision is not None:
+        return _plan(router, chosen, decision, gateway)
+    plans = router.plans
+    key = (chosen, gateway)
+    plan = plans.get(key)
+    if plan is None:
+        if len(plans) >= MAX_CACHED_PLANS:
+            plans.clear()
+        plan = plans[key] = _plan(router, chosen, None, gateway)
+    return plan
+
+
+def _plan(router: Router, chosen: str | None, decision: effort.EffortDecision | None, gateway: bool) -> Plan:
+    """The plan for the model `chosen` (None: the active profile's), as `plan_turn` decided it."""
+    config = router.config
+    notes: list[str] = []
     domain, requested, hint = router.default, chosen, None
     if chosen is not None and chosen.startswith(HINT_PREFIX):
         name = chosen[len(HINT_PREFIX):]

@@ -87,6 +87,9 @@ class Completion:
         return bool(self.tool_calls) or bool(strip_think(self.text).strip()) or self.refusal
 
 
+NO_ANSWER = Completion()  # a result without an answer reads its answer's fields from this one
+
+
 @attrs.frozen
 class AttemptRecord:
     provider: str
@@ -655,29 +658,30 @@ class Turn:
 
     def _result(self, outcome: Outcome, error: ErrorReason | None, served: PlannedEntry | None,
                 partial: str | None) -> TurnResult:
-        answer = self.answer if outcome == Outcome.OK else None
         fallback = served is not None and served.index != 0
         notice = None
-        mode = self.config.notices.model_fallback_notice
-        requested_entry = self.plan.entries[0].label if self.plan.entries else self.plan.requested
-        if fallback and mode == "redacted":
-            notice = "Note: a fallback model answered this request."
-        elif served is not None and fallback and mode == "detailed":
-            notice = f"Note: {served.label} answered because {requested_entry} was unavailable."
+        if fallback:
+            mode = self.config.notices.model_fallback_notice
+            if mode == "redacted":
+                notice = "Note: a fallback model answered this request."
+            elif served is not None and mode == "detailed":
+                requested_entry = self.plan.entries[0].label if self.plan.entries else self.plan.requested
+                notice = f"Note: {served.label} answered because {requested_entry} was unavailable."
+        answer = self.answer if outcome == Outcome.OK and self.answer is not None else NO_ANSWER
         return TurnResult(
             outcome=outcome,
             error=error,
             message=self._error_message(error) if error else None,
             requested=self.plan.requested,
             served=served,
-            text=answer.text if answer else None,
-            reasoning=answer.reasoning if answer else "",
-            tool_calls=answer.tool_calls if answer else (),
-            tool_arguments=answer.tool_arguments if answer else (),
-            tool_ids=answer.tool_ids if answer else (),
-            finish_reason=answer.finish_reason if answer else None,
-            stop_sequence=answer.stop_sequence if answer else None,
-            usage=answer.usage if answer else None,
+            text=answer.text if answer is not NO_ANSWER else None,
+            reasoning=answer.reasoning,
+            tool_calls=answer.tool_calls,
+            tool_arguments=answer.tool_arguments,
+            tool_ids=answer.tool_ids,
+            finish_reason=answer.finish_reason,
+            stop_sequence=answer.stop_sequence,
+            usage=answer.usage,
             rejection=self._rejection(error),
             partial_text=partial or None,
             notice=notice,

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relayline.machines.config import Price
-from relayline.machines.ledger import MAX_TOKENS, Usage, row
+from relayline.machines.ledger import MAX_TOKENS, Usage, row, tokens
 
 PRICE = Price(input_per_mtok=3.0, output_per_mtok=15.0)
 
@@ -56,3 +56,15 @@ def test_any_counts_give_a_finite_non_negative_cost(counts):
     line = row("p", "m", PRICE, usage, accepted=True, outcome="ok", mode="complete")
     assert 0 <= line.input_tokens <= 3 * MAX_TOKENS and 0 <= line.output_tokens <= MAX_TOKENS
     assert math.isfinite(line.cost_usd) and line.cost_usd >= 0
+
+
+@given(st.one_of(st.integers(-3, MAX_TOKENS + 3), st.integers(), st.booleans(), st.floats(allow_nan=True),
+                 st.sampled_from(["12", "x", None, 2.9, -0.5])))
+def test_a_count_read_at_once_is_the_count_the_backstop_reads(value):
+    """`tokens` takes a plain count in range as it is; whatever the value, it bills what the
+    backstop's general reading (int(), clamped, 0 for what is not a number) makes of it."""
+    try:
+        general = min(max(int(value), 0), MAX_TOKENS)
+    except (TypeError, ValueError, OverflowError):
+        general = 0
+    assert tokens(value) == general and type(tokens(value)) is int

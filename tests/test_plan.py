@@ -7,10 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import config, labels, plan
+from relayline.machines import plan as plan_module
 from relayline.machines.config import Secret
 from relayline.machines.effort import EffortDecision, RouteSelection, allowlist, decide, estimate
 from relayline.machines.errors import ConfigError
-from relayline.machines.plan import build_router, materialise, profile_keys, resolve_ref
+from relayline.machines.plan import build_router, materialise, plan_turn, profile_keys, resolve_ref
 
 # -- materialisation ---------------------------------------------------------------------------
 
@@ -248,6 +249,33 @@ def test_the_turns_model_comes_from_operator_then_request_then_effort_then_the_s
     assert plan(plain, model="r").hint is None and labels(plan(plain, model="r")) == ["a/r"]
     assert plan(plain, model="hint:nope").warnings == (
         "unknown_hint: 'hint:nope' names no route; the default domain serves it",)
+
+
+# a router keeps the plans it made without an effort decision: the same choice reads the same
+# plan, equal to one a fresh router makes, whatever the choice, its owner or a second ask
+CHOICES = st.sampled_from([None, "auto", "fast", "r", "m1", "hint:fast", "hint:pin", "hint:home", "hint:nope",
+                           "hint:FAST", "c1", "whatever"])
+
+
+@given(model=CHOICES, operator=CHOICES, gateway=st.booleans(), switched=st.one_of(st.none(), CHOICES))
+def test_a_kept_plan_is_the_plan_made_afresh(model, operator, gateway, switched):
+    cfg = config(**ROUTED)
+    kept = build_router(cfg, {})
+    selection = RouteSelection().model_switch(switched) if switched else None
+    ask = dict(model=model, operator_model=operator, selection=selection, gateway=gateway)
+    first = plan_turn(kept, **ask)
+    again = plan_turn(kept, **ask)
+    assert again is first
+    assert first == plan_turn(build_router(cfg, {}), **ask)
+
+
+def test_plans_with_an_effort_decision_are_made_each_turn_and_the_kept_ones_are_bounded(monkeypatch):
+    router = build_router(config(**EFFORT), {})
+    assert plan_turn(router, text=COMPLEX).effort is not None and not router.plans
+    monkeypatch.setattr(plan_module, "MAX_CACHED_PLANS", 3)
+    for i in range(7):
+        assert labels(plan_turn(router, model=f"hint:cloud{i}"))
+        assert len(router.plans) <= 3
 
 
 # -- routes and hints ---------------------------------------------------------------------------

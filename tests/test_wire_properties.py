@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from helpers import asgi_post
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway
+from relayline.adapters.providers.base import client_headers
 from relayline.machines import wire
 from relayline.machines.config import structure_config
 
@@ -128,6 +129,40 @@ def test_a_plain_message_read_at_once_is_what_the_general_path_reads(messages):
     fast = read({"model": "m", "messages": messages})
     general = read({"model": "m", "messages": [_Mapping(m) for m in messages]})
     assert fast == general
+
+
+_option = st.sampled_from([("stream", True), ("stream", "yes"), ("temperature", 0.5), ("temperature", 7),
+                           ("stop", "END"), ("n", 2), ("seed", 3), ("max_tokens", 0), ("user", "u"),
+                           ("stream_options", {"include_usage": True}), ("reasoning_effort", "low")])
+
+
+@given(model=st.one_of(st.none(), st.just("m"), st.just(""), st.just(3), st.just("x" * 300)),
+       messages=st.one_of(st.just([]), st.just("hi"), st.lists(st.fixed_dictionaries(
+           {"role": st.sampled_from(["user", "assistant", "critic"]), "content": st.one_of(st.text(max_size=4), st.none())},
+           optional={"name": st.just("n")}), min_size=1, max_size=3)),
+       options=st.lists(_option, max_size=2), has_model=st.booleans(),
+       headers=st.lists(st.sampled_from([("OpenAI-Beta", "b"), ("openai-organization", "o"), ("Authorization", "k")]),
+                        max_size=2))
+def test_a_bare_body_read_at_once_is_what_the_options_path_reads(model, messages, options, has_model, headers):
+    """providers/openai.py reads a body of messages and a model at once; whatever the body, the
+    request (or the refusal) is the one the path that reads every option makes."""
+    from relayline.adapters.providers.openai import _messages, _with_options, parse_request
+
+    body = {"messages": messages, **dict(options)}
+    if has_model:
+        body["model"] = model
+
+    def read(how):
+        try:
+            return how()
+        except wire.WireError as error:
+            return ("refused", error.param, str(error))
+
+    def general():
+        parsed, names = _messages(body)
+        return _with_options(body, parsed, names, wire.Passthrough(body, client_headers(headers, "openai")))
+
+    assert read(lambda: parse_request(body, headers)) == read(general)
 
 
 _count = st.one_of(st.integers(0, 10**9), st.integers(-3, 10**9 + 3), st.sampled_from([True, None, 2.0, "3", 10**12]))

@@ -36,12 +36,9 @@ class ProviderFailure(Exception):
 def client_headers(headers: Iterable[tuple[str, str]], dialect: str) -> tuple[tuple[str, str], ...]:
     """The client request headers that travel to a provider of the dialect's own family: the
     API's version and feature flags, never credentials or hop-by-hop headers."""
-    def travels(name: str) -> bool:
-        if dialect == "anthropic":
-            return name in ("anthropic-beta", "anthropic-version")
-        return name.startswith("openai-")
-
-    return tuple((k.lower(), v) for k, v in headers if travels(k.lower()))
+    if dialect == "anthropic":
+        return tuple([(name, v) for k, v in headers if (name := k.lower()) in ("anthropic-beta", "anthropic-version")])
+    return tuple([(name, v) for k, v in headers if (name := k.lower()).startswith("openai-")])
 
 
 @attrs.frozen

@@ -166,17 +166,36 @@ def _response_format(raw) -> w.ResponseFormat:
     return w.ResponseFormat(kind, schema)
 
 
+# a body of these fields alone (nearly every one: the messages and a model) has no option to read
+_BARE = frozenset({"model", "messages"})
+
+
 def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
     """A chat completions body (and its request headers) as the canonical request; a body of the
     wrong shape raises WireError naming the field."""
     body = w.want_dict(body, "")
+    parsed, extra_names = _messages(body)
+    kept = w.Passthrough(body, client_headers(headers, "openai")) if passthrough else None
+    if not extra_names and body.keys() <= _BARE:
+        # what `_with_options` makes of it, without its eleven absent options looked up and
+        # checked one by one (a property test holds the two equal)
+        return w.Request(messages=parsed, model=w.check_model(body.get("model")), source="openai", passthrough=kept)
+    return _with_options(body, parsed, extra_names, kept)
+
+
+def _messages(body: dict) -> tuple[tuple[w.Message, ...], list[str]]:
+    """The body's messages, and the names of the fields in them this family alone has."""
     if body.get("n") not in (None, 1):
         raise w.WireError("n", "only n = 1 is supported")
     messages = w.want_list(body.get("messages"), "messages")
     if not messages:
         raise w.WireError("messages", "must not be empty")
     extra_names: list[str] = []
-    parsed = tuple(_message(m, i, extra_names) for i, m in enumerate(messages))
+    return tuple([_message(m, i, extra_names) for i, m in enumerate(messages)]), extra_names
+
+
+def _with_options(body: dict, parsed: tuple[w.Message, ...], extra_names: list[str],
+                  passthrough: w.Passthrough | None) -> w.Request:
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -204,7 +223,7 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
         user=w.optional(body, "user", w.want_str),
         extra=extra,
         source="openai",
-        passthrough=w.Passthrough(body, client_headers(headers, "openai")) if passthrough else None,
+        passthrough=passthrough,
     )
 
 
