@@ -1,4 +1,5 @@
-"""A write the kernel takes whole costs no pass of trio's scheduler.
+"""A write the kernel takes whole costs no pass of trio's scheduler; a read that must wait tries
+no read first.
 
 trio's `SocketStream.send_all` ends every write with a schedule point, a whole pass of the run
 loop (its epoll_wait included), even when the kernel took every byte at once: the usual case for
@@ -12,10 +13,20 @@ by a read that waits (the provider's answer, the client's next request): the tas
 
 Only for a stream no other task writes to at the same time (send_all's conflict check is not
 made on the first offer), and only for a plain TCP stream: TLS goes through send_all.
+
+trio's `receive_some` first tries the read, and only when the kernel has nothing (EAGAIN, a
+BlockingIOError raised and caught) waits for the socket and reads again. Where the bytes cannot
+be there yet, the answer to a request just written (the provider's head) or the next request of
+a client still reading this answer, that first try is a syscall and an exception for nothing,
+twice a request (bench/glue_counts.py: recvfrom 2.9-3.5 a request for 2 reads). `receive_after_wait`
+waits first: the same checkpoint (the wait parks; a cancelled task reads nothing), the same
+errors in trio's words. Where the bytes were there after all, the wait returns in the next pass
+of the loop, as trio's read would have yielded one after reading them.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 
 import trio
@@ -34,3 +45,25 @@ async def send_all(stream: trio.abc.SendStream, data: bytes | bytearray | memory
         sent = 0
     if sent < len(data):
         await stream.send_all(memoryview(data)[sent:])
+
+
+async def receive_after_wait(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes:
+    """Up to `max_bytes` from the stream, b"" at its end: trio's `receive_some`, waiting before
+    the first read (see above). Only one task may read a stream at a time, as with trio's."""
+    if type(stream) is not trio.SocketStream:
+        return await stream.receive_some(max_bytes)
+    sock = stream.socket
+    while True:
+        if sock.fileno() < 0:
+            await trio.lowlevel.checkpoint()
+            raise trio.ClosedResourceError("this socket was already closed")
+        await trio.lowlevel.wait_readable(sock)  # (closed while it waits: ClosedResourceError)
+        try:
+            # fileno() read now, with no await before the read (as in send_all)
+            return os.read(sock.fileno(), max_bytes)
+        except BlockingIOError:
+            continue  # (readable, then read by nobody else: rare, e.g. a checksum the kernel dropped)
+        except OSError as exc:
+            if exc.errno == errno.EBADF:
+                raise trio.ClosedResourceError("this socket was already closed") from None
+            raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc

@@ -182,6 +182,43 @@ def test_ledger_rows_are_written_before_the_response_completes(tmp_path):
                        "rejected_cost_usd": pytest.approx(10 * 3 / 1e6), "input_tokens": 20, "output_tokens": 2}]
 
 
+def test_the_turns_bookkeeping_waits_for_the_answer_and_never_fails_it(tmp_path, caplog):
+    """The ledger row is committed before the answer completes; the turn's metrics, console,
+    trace and log lines and the access line come after its bytes are written, and a failing one
+    is logged: the answer stands and the gateway serves on."""
+    import threading
+
+    path = tmp_path / "ledger.sqlite3"
+    replies = [{"provider": "anthropic.primary", "script": [{"text": "first"}, {"text": "second"}]}]
+    with BackgroundGateway(two_profiles(), replies, ledger_path=str(path)) as gw:
+        answered, observed = threading.Event(), threading.Event()
+        seen: list[tuple[bool, int]] = []
+        observe = gw.gateway.console.observe
+
+        def observed_after_the_answer(turn_id, result, latency_s):
+            # the client has its whole answer before this returns (else it waits here 5 s in vain)
+            seen.append((answered.wait(5), len(LedgerStore(path).rows())))
+            observe(turn_id, result, latency_s)
+            observed.set()
+
+        gw.gateway.console.observe = observed_after_the_answer
+        assert client(gw).chat.completions.create(model="x", messages=HI).choices[0].message.content == "first"
+        answered.set()
+        assert observed.wait(5)
+
+        def failing(result, seconds):
+            raise RuntimeError("a metrics bug")
+
+        gw.gateway.metrics.turn = failing
+        assert client(gw).chat.completions.create(model="x", messages=HI).choices[0].message.content == "second"
+        metrics = samples(httpx.get(f"{gw.url}/metrics").text)
+    assert seen == [(True, 1)]  # and the ledger row was there before the answer
+    assert any("turn_bookkeeping_error" in r.getMessage() for r in caplog.records)
+    # what the failing step left out is the turn's own; the request's metrics were kept
+    assert metrics[("relayline_http_requests_total", (("route", "/v1/chat/completions"), ("status", "200")))] == 2
+    assert metrics[("relayline_turns_total", (("outcome", "ok"),))] == 1
+
+
 def test_a_client_disconnect_cancels_the_turn_without_a_retry():
     replies = [{"provider": "anthropic.primary", "script": [
         {"frames": [{"role": True}, {"text": "first"}, {"wait": 3.0}, {"text": " never"}, {"done": True}]}]}]

@@ -173,6 +173,39 @@ async def test_a_head_too_slow_and_an_idle_connection_are_closed_without_an_answ
     assert app.seen == ["/once"]
 
 
+async def test_a_keep_alive_connection_waits_for_its_next_head_with_no_timer_of_its_own(monkeypatch):
+    """The head watchdog (one task for the server) bounds each wait for a head: serving requests
+    on a kept-alive connection enters no cancel scope (a deadline registered and removed per
+    request cost more than reading the head)."""
+    entered: list[str] = []
+    enter = trio.CancelScope.__enter__
+    client = trio.lowlevel.current_task()
+
+    def counted(scope):
+        task = trio.lowlevel.current_task()
+        if task is not client:  # (the client's reads here have their own timers)
+            entered.append(task.name)
+        return enter(scope)
+
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, App(), keep_alive_s=0.4)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        await stream.send_all(GET % b"/first")
+        await read_response(stream, buffer)
+        monkeypatch.setattr(trio.CancelScope, "__enter__", counted)
+        for path in (b"/a", b"/b", b"/c"):
+            await stream.send_all(GET % path)
+            assert (await read_response(stream, buffer)).endswith(path + b" 0")
+        monkeypatch.undo()
+        assert entered == []
+        started = trio.current_time()
+        assert await read_until_closed(stream) == b""  # idle: closed by the watchdog, unanswered
+        waited = trio.current_time() - started
+        stop.set()
+    assert 0.35 <= waited < 3
+
+
 async def test_a_head_beyond_the_limit_is_431_and_a_malformed_request_400_both_closed():
     app = App()
     async with trio.open_nursery() as nursery:
@@ -345,6 +378,79 @@ async def test_an_app_asking_to_be_told_of_a_hang_up_is_called_back_once_and_onl
         stop.set()
     # (the pipelined /next may be served too, to a client already gone: its call-back is right)
     assert calls[:1] == ["/wait"] and "/quick" not in calls and not server.hangups.callbacks, calls
+
+
+class _CountedEpoll:
+    """The hang-up set's epoll, its registrations counted (select.epoll's methods are C)."""
+
+    def __init__(self, epoll) -> None:
+        self.inner = epoll
+        self.calls: list[str] = []
+
+    def register(self, fd, events):
+        self.calls.append("register")
+        self.inner.register(fd, events)
+
+    def unregister(self, fd):
+        self.calls.append("unregister")
+        self.inner.unregister(fd)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+async def test_a_connection_joins_the_hang_up_set_once_for_all_its_requests():
+    """Two epoll_ctl calls a connection, not two a request: the socket stays in the set between
+    requests (without a call-back) and leaves it when the connection ends."""
+    calls: list[str] = []
+
+    async def app(scope, receive, send):
+        scope["extensions"]["relayline.hangup"](lambda: calls.append(scope["path"]))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"done"})
+
+    async with trio.open_nursery() as nursery:
+        server, stop, port = await start(nursery, app)
+        epoll = server.hangups.epoll = _CountedEpoll(server.hangups.epoll)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        for path in (b"/a", b"/b", b"/c"):
+            await stream.send_all(GET % path)
+            assert (await read_response(stream, buffer)).endswith(b"done")
+        assert epoll.calls == ["register"] and len(server.hangups.callbacks) == 1
+        await stream.aclose()  # after its answers: no call-back
+        with trio.fail_after(5):
+            while server.connections:
+                await trio.sleep(0.01)
+        stop.set()
+    assert epoll.calls == ["register", "unregister"] and not server.hangups.callbacks and not calls
+
+
+async def test_a_hang_up_heard_between_requests_is_told_to_the_next_request_at_once():
+    """A client that hangs up while its connection has no request running: the next request
+    it sent ahead is told at once when it asks, as a new registration would have told it."""
+    from relayline.adapters.gateway.http11 import _Hangups
+
+    hangups = _Hangups()
+    ours, theirs = socket.socketpair()
+    owner = object()
+    heard: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hangups.run)
+        hangups.watch(ours.fileno(), owner, lambda: heard.append("first"))
+        assert hangups.unwatch(ours.fileno(), owner) is not None  # the first request ended, unheard
+        theirs.shutdown(socket.SHUT_WR)
+        with trio.fail_after(5):
+            while not hangups.callbacks[ours.fileno()].hung_up:
+                await trio.sleep(0.01)
+        assert heard == []  # no request was running
+        hangups.watch(ours.fileno(), owner, lambda: heard.append("second"))
+        assert heard == ["second"]
+        hangups.forget(ours.fileno(), owner)
+        assert not hangups.callbacks
+        nursery.cancel_scope.cancel()
+    ours.close()
+    theirs.close()
 
 
 async def test_an_app_is_told_when_the_whole_body_is_here_and_not_before():

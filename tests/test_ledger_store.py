@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
@@ -166,6 +168,128 @@ async def test_a_lock_held_beyond_the_busy_wait_fails_every_turn_of_the_commit(t
     store.close()
 
 
+class _OtherWorker:
+    """Another process (another gateway worker) that takes the ledger file's write lock and holds
+    it until `release()`, or until it exits."""
+
+    CODE = ("import sqlite3, sys; conn = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "conn.execute('BEGIN IMMEDIATE'); print('locked', flush=True); sys.stdin.readline(); "
+            "conn.execute('COMMIT')")
+
+    def __init__(self, path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", self.CODE, str(path)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "locked"
+
+    def release(self) -> None:
+        self.proc.stdin.write("\n")
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=10) == 0
+
+    def release_after(self, seconds: float) -> threading.Thread:
+        timer = threading.Timer(seconds, self.release)
+        timer.start()
+        return timer
+
+
+def _busy_timeout(store: LedgerStore) -> int:
+    return store._conn.execute("PRAGMA busy_timeout").fetchone()[0]
+
+
+async def test_a_turn_alone_waits_for_another_processs_lock_in_the_loop_not_in_sqlite(tmp_path):
+    """The store's connection has no busy handler, ever: a turn alone that meets another worker's
+    write lock waits in the event loop (the loop runs meanwhile), and commits once it is free."""
+    path = tmp_path / "ledger.sqlite3"
+    store = LedgerStore(path)
+    assert _busy_timeout(store) == 0
+    other = _OtherWorker(path)
+    ticks = 0
+    returned: list[str] = []
+
+    async def finish(turn: str) -> None:
+        await store.record(turn, _result())
+        returned.append(turn)
+
+    async def other_clients() -> None:  # what a sleep in SQLite's busy handler would have stalled
+        nonlocal ticks
+        while not returned:
+            ticks += 1
+            await trio.sleep(0.001)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other_clients)
+            nursery.start_soon(finish, "alone")
+            await trio.sleep(0.1)
+            assert returned == [] and ticks >= 20  # the turn waits, the loop runs
+            nursery.start_soon(finish, "joined")  # a turn that finishes meanwhile joins its commit
+            await trio.sleep(0.02)
+            assert _busy_timeout(store) == 0
+            other.release()
+    assert sorted(returned) == ["alone", "joined"]
+    assert store._since_checkpoint == 1  # one commit for both
+    assert sorted(r["turn"] for r in store.rows()) == ["alone", "joined"]
+    store.close()
+
+
+def test_a_synchronous_write_waits_for_another_processs_lock_in_its_own_thread(tmp_path, monkeypatch):
+    path = tmp_path / "ledger.sqlite3"
+    store = LedgerStore(path)
+    other = _OtherWorker(path)
+    assert [r["turn"] for r in store.rows()] == []  # readers go on while the lock is held (WAL)
+    other.release_after(0.2)
+    started = time.monotonic()
+    assert store.write("waited", _result()) == 1
+    assert time.monotonic() - started >= 0.15  # it waited for the lock, then wrote
+    assert [r["turn"] for r in store.rows()] == ["waited"]
+    assert [r["output_tokens"] for r in store.report()] == [5]
+    assert _busy_timeout(store) == 0
+
+    monkeypatch.setattr(ledger_module, "BUSY_S", 0.2)  # a lock held beyond the wait: the write fails
+    other = _OtherWorker(path)
+    started = time.monotonic()
+    try:
+        store.write("lost", _result())
+    except sqlite3.OperationalError as exc:
+        assert ledger_module._busy(exc)
+    else:
+        raise AssertionError("a write beyond the busy wait succeeded")
+    assert 0.1 <= time.monotonic() - started < 2
+    other.release()
+    assert store.write("after", _result()) == 1  # no transaction was left open
+    assert [r["turn"] for r in store.rows()] == ["waited", "after"]
+    store.close()
+
+
+async def test_a_report_in_progress_never_holds_up_a_turns_commit(tmp_path):
+    """The console reads its cost windows in a worker thread every few seconds; over a large
+    ledger a report takes long. It reads on a connection of its own, beside the writer: a turn's
+    commit in the event loop does not wait for it."""
+    store = LedgerStore(tmp_path / "ledger.sqlite3")
+    for i in range(50):
+        store.write(f"t{i}", _result())
+    reading, go_on = threading.Event(), threading.Event()
+
+    def paused() -> int:  # SQLite calls this while the report's statement runs: it holds there
+        reading.set()
+        go_on.wait(10)
+        return 0
+
+    store._reading().set_progress_handler(paused, 100)
+    report = threading.Thread(target=lambda: store.report(since=0.0))
+    report.start()
+    assert reading.wait(5)
+    started = time.monotonic()
+    assert await store.record("during", _result()) == 1
+    waited = time.monotonic() - started
+    go_on.set()
+    report.join(10)
+    store._reading().set_progress_handler(None, 0)
+    assert waited < 2  # (on the writer's connection and lock it waited for the report: the 10 s)
+    assert store.rows()[-1]["turn"] == "during"
+    store.close()
+
+
 # the schema every ledger file was made with before the id lost AUTOINCREMENT
 SCHEMA_WITH_AUTOINCREMENT = """
 CREATE TABLE attempts (
@@ -214,6 +338,29 @@ def test_a_new_ledger_writes_no_sequence_row_per_commit(tmp_path):
     store.write("t1", _result())
     assert "sqlite_sequence" not in _tables(path)
     store.close()
+
+
+def _page_size(path) -> int:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("PRAGMA page_size").fetchone()[0]
+
+
+def test_a_new_ledger_has_small_pages_and_one_made_before_keeps_its_own(tmp_path):
+    # a commit writes each page it changed to the WAL whole: a new file's are 1 KiB, not 4
+    store = LedgerStore(tmp_path / "new.sqlite3")
+    store.write("t1", _result())
+    store.close()
+    assert _page_size(tmp_path / "new.sqlite3") == ledger_module.PAGE_BYTES == 1024
+    old = tmp_path / "old.sqlite3"
+    with sqlite3.connect(old) as conn:  # made before, at SQLite's default page size
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.executescript(ledger_module.SCHEMA)
+        conn.execute(ledger_module.INSERT, ledger_module.ledger_rows("t0", _result(), 1.0)[0])
+    store = LedgerStore(old)
+    store.write("t1", _result())
+    assert [r["turn"] for r in store.rows()] == ["t0", "t1"]
+    store.close()
+    assert _page_size(old) == 4096
 
 
 def test_a_worker_opening_a_ledger_while_another_rebuilds_it_waits_for_the_rebuild(tmp_path, monkeypatch):

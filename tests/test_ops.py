@@ -576,6 +576,37 @@ def test_sigint_exits_0_without_a_traceback(tmp_path):
 # -- OpenTelemetry (the otel extra; part of dev, so make test runs this) ------------------------------
 
 
+
+TRACING_SET_UP_LATER = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from relayline.adapters.otel import Tracing
+from relayline.machines.turn import TurnResult
+
+result = TurnResult(outcome="ok", error=None, message=None, requested="p/m", served=None, text="hi", reasoning="",
+                    tool_calls=(), partial_text=None, notice=None, fallback=False, attempts=(), skipped=(), ledger=())
+tracing = Tracing()  # made before any SDK: the API alone, spans not built
+assert not tracing._recording()
+tracing.turn(result, started=1.0, ended=2.0, clock_now=2.0)
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)  # the SDK set up since: the next turn is traced
+tracing.turn(result, started=2.0, ended=3.0, clock_now=3.0, request_id="later")
+assert [s.attributes["relayline.request_id"] for s in exporter.get_finished_spans()] == ["later"]
+print("ok")
+"""
+
+
+def test_an_sdk_set_up_after_the_gateway_traces_the_turns_from_then_on():
+    pytest.importorskip("opentelemetry.sdk.trace", reason="the otel extra is not installed")
+    # (its own process: a global tracer provider can be set once a process)
+    done = subprocess.run([sys.executable, "-c", TRACING_SET_UP_LATER], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
 def test_turns_and_attempts_are_genai_spans():
     sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="the otel extra is not installed")
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

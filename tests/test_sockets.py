@@ -114,3 +114,68 @@ async def test_a_stream_that_is_not_plain_tcp_goes_through_its_own_send_all():
     left, right = trio.testing.memory_stream_pair()
     await sockets.send_all(left, b"memory")
     assert await right.receive_some(100) == b"memory"
+
+
+# -- receive_after_wait: a read that waits before it tries ------------------------------------------
+
+
+async def test_a_read_that_must_wait_reads_once_what_arrives(monkeypatch):
+    client, server = await _pair()
+    reads: list[int] = []
+    read = sockets.os.read
+
+    def counted(fd: int, n: int) -> bytes:
+        reads.append(fd)
+        return read(fd, n)
+
+    monkeypatch.setattr(sockets.os, "read", counted)
+    async with trio.open_nursery() as nursery:
+        async def later() -> None:
+            await trio.sleep(0.05)
+            await client.send_all(b"the answer")
+
+        nursery.start_soon(later)
+        with trio.fail_after(10):
+            assert await sockets.receive_after_wait(server, 65536) == b"the answer"
+    assert len(reads) == 1  # no read before the wait (trio's receive_some tries one, then waits)
+    await client.send_all(b"already here")
+    await trio.sleep(0.05)
+    with trio.fail_after(10):
+        assert await sockets.receive_after_wait(server, 65536) == b"already here"
+    await client.aclose()
+    with trio.fail_after(10):
+        assert await sockets.receive_after_wait(server, 65536) == b""  # the peer's end
+    await server.aclose()
+
+
+async def test_a_read_that_must_wait_fails_as_trios_would():
+    client, server = await _pair()
+    await client.send_all(b"kept")
+    with trio.CancelScope() as scope:  # a cancelled task reads nothing: the bytes stay for the next read
+        scope.cancel()
+        await sockets.receive_after_wait(server, 65536)
+    assert scope.cancelled_caught
+    with trio.fail_after(10):
+        assert await sockets.receive_after_wait(server, 65536) == b"kept"
+
+    async with trio.open_nursery() as nursery:  # closed while it waits
+        async def close_soon() -> None:
+            await trio.sleep(0.05)
+            server.socket.close()
+
+        nursery.start_soon(close_soon)
+        with pytest.raises(trio.ClosedResourceError):
+            await sockets.receive_after_wait(server, 65536)
+    with pytest.raises(trio.ClosedResourceError):  # already closed
+        await sockets.receive_after_wait(server, 65536)
+    await client.aclose()
+
+    client, server = await _pair()
+    client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    await client.aclose()  # closed with a reset
+    with pytest.raises(trio.BrokenResourceError), trio.fail_after(10):
+        await sockets.receive_after_wait(server, 65536)
+    await server.aclose()
+    left, right = trio.testing.memory_stream_pair()  # not plain TCP: its own receive_some
+    await left.send_all(b"memory")
+    assert await sockets.receive_after_wait(right, 100) == b"memory"

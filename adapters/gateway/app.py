@@ -109,7 +109,7 @@ class Exchange:
 
     __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
                  "drained", "turn", "unread_body", "receive", "sent", "declared_length", "hangup",
-                 "body_here")
+                 "body_here", "relay", "turn_started", "turn_ended")
 
     def __init__(self, send, method: str, path: str, request_id: str, headers: dict[bytes, bytes],
                  receive=None) -> None:
@@ -129,6 +129,10 @@ class Exchange:
         self.first_byte: float | None = None
         self.sent = 0  # response body bytes
         self.result: TurnResult | None = None
+        # the relay the turn ran on and the turn's start and end (trio's clock): what is observed
+        # of it once the answer is out (`Gateway._observe_turn`)
+        self.relay: Relay | None = None
+        self.turn_started = self.turn_ended = 0.0
         self.client = ""
         self.drained = False
         self.turn: str | None = None
@@ -170,8 +174,12 @@ class Exchange:
 def request_id(headers: dict[bytes, bytes]) -> str:
     """The client's x-request-id when it is a plain token, else a new one: it is echoed, logged
     and sent upstream, so nothing a client sends reaches a log or a header unchecked."""
-    given = headers.get(b"x-request-id", b"").decode("latin-1")
-    return given if REQUEST_ID_SHAPE.match(given) else os.urandom(16).hex()
+    given = headers.get(b"x-request-id")
+    if given is not None:  # (most clients send none: no decode and no match for them)
+        text = given.decode("latin-1")
+        if REQUEST_ID_SHAPE.match(text):
+            return text
+    return os.urandom(16).hex()
 
 
 _CHAT_DIALECTS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
@@ -280,7 +288,7 @@ class Gateway:
                 await self._respond(exchange, 500, exchange.dialect.http_error(
                     500, "internal error in the gateway (logged)", "internal_error"))
         finally:
-            self._account(exchange)
+            self._after(exchange)
         if exchange.sent >= TRIM_AFTER_BYTES or _read_too_much(exchange.result):
             exchange.result = None  # the answer's text is freed before the trim
             await self._give_back_memory()
@@ -510,18 +518,9 @@ class Gateway:
                 log.warning("breaker_transition profile=%s from=%s to=%s", alias, before, profile["breaker"])
             self._breakers[alias] = profile["breaker"]
 
-    async def _finish_turn(self, exchange: Exchange, result: TurnResult, started: float) -> None:
-        now = trio.current_time()
-        horizon = now - self.relay.config.breaker.window_s
-        for attempt in result.attempts:
-            seen = self._outcomes[attempt.provider]
-            seen.append((now, attempt.outcome == "ok"))
-            while seen and (seen[0][0] < horizon or len(seen) > MAX_OUTCOMES):
-                seen.popleft()
-        self.metrics.turn(result, now - started)
-        self.console.observe(exchange.turn, result, now - started)
-        self.tracing.turn(result, started=started, ended=now, clock_now=now, request_id=exchange.request_id,
-                          families=self._families)
+    async def _record(self, exchange: Exchange, result: TurnResult) -> None:
+        """The turn's ledger rows, committed before its answer completes: a client that saw an
+        answer can find what it cost."""
         if self.ledger is not None and result.ledger:
             try:
                 await self.ledger.record(exchange.turn, result, client=exchange.client)
@@ -530,6 +529,35 @@ class Gateway:
                 # operator gets the lost rows in the log (and /readyz reports the ledger)
                 log.exception("ledger_write_error request_id=%s turn=%s rows=%d cost_usd=%.8f", exchange.request_id,
                               exchange.turn, len(result.ledger), result.cost_usd)
+
+    def _after(self, exchange: Exchange) -> None:
+        """What the client does not wait for, done once its answer's bytes are written (or it
+        went away): the turn observed (relay, health view, metrics, console, trace, log lines),
+        then the access line and the request metrics. The answer is out: a failure here is
+        logged, never the request's error."""
+        try:
+            if exchange.result is not None and exchange.relay is not None:
+                self._observe_turn(exchange, exchange.result)
+        except Exception:
+            log.exception("turn_bookkeeping_error request_id=%s turn=%s", exchange.request_id, exchange.turn)
+        try:
+            self._account(exchange)
+        except Exception:
+            log.exception("access_bookkeeping_error request_id=%s", exchange.request_id)
+
+    def _observe_turn(self, exchange: Exchange, result: TurnResult) -> None:
+        started, now = exchange.turn_started, exchange.turn_ended
+        exchange.relay._observe(result)  # the relay the turn ran on (a reload may have retired it)
+        horizon = now - self.relay.config.breaker.window_s
+        for attempt in result.attempts:
+            seen = self._outcomes[attempt.provider]
+            seen.append((now, attempt.outcome == "ok"))
+            while seen and (seen[0][0] < horizon or len(seen) > MAX_OUTCOMES):
+                seen.popleft()
+        self.metrics.turn(result, now - started)
+        self.console.observe(exchange.turn, result, now - started)
+        self.tracing.turn(result, started=started, ended=now, clock_now=trio.current_time(),
+                          request_id=exchange.request_id, families=self._families)
         served = result.served.label if result.served else "none"
         if result.fallback:
             log.warning("fallback request_id=%s requested=%s served=%s attempts=%d", exchange.request_id,
@@ -682,8 +710,8 @@ class Gateway:
     async def _run_turn(self, exchange: Exchange, turn_id: str, receive, request: wire.Request,
                         stream: _StreamWire | None = None) -> TurnResult | None:
         """Run one turn while watching for the client going away (a disconnect cancels it) and
-        for a drain running out of time, then account for it: metrics, health view, ledger rows
-        (before any response ends). The run is driven here, in the request's own task and with
+        for a drain running out of time, then write its ledger rows (before any response ends;
+        the rest of its bookkeeping waits for the answer: `_after`). The run is driven here, in the request's own task and with
         the run's own cancel scope alone where the server calls back on a hang-up: a held stream
         keeps every coroutine frame of its path (README "## Performance")."""
         started = trio.current_time()
@@ -717,8 +745,6 @@ class Gateway:
                         # (while the turn is accounted below: a ledger commit takes its time),
                         # the result decides what the answer is
                         stream.ending()
-                    if run.result is not None:
-                        relay._observe(run.result)
         finally:
             if owner is not None:
                 self._turns.discard(owner)
@@ -732,9 +758,9 @@ class Gateway:
             # ledger rows are what the providers will bill
             result = run.result if run is not None else None
             if result is not None:
-                exchange.result = result
-                exchange.turn = turn_id
-                await self._finish_turn(exchange, result, started)
+                exchange.result, exchange.turn, exchange.relay = result, turn_id, relay
+                exchange.turn_started, exchange.turn_ended = started, trio.current_time()
+                await self._record(exchange, result)
         exchange.drained = owner in self._cancelled_by_drain
         self._cancelled_by_drain.discard(owner)
         return run.result

@@ -199,7 +199,7 @@ class Console:
     # -- what the gateway tells it ----------------------------------------------------------
 
     def observe(self, turn_id: str, result: TurnResult, latency_s: float) -> None:
-        """A turn finished (called by the gateway after each turn, before its response ends).
+        """A turn finished (called by the gateway after each turn, once its answer is written).
         Its view is built when the console first reads it, not here: most turns of a busy
         gateway are never looked at, and a view costs more than the rest of this."""
         now = trio.current_time()

@@ -7,7 +7,8 @@ server keeps what the gateway relied on hypercorn for, and more (tests/test_http
 tests/test_http11_attack.py with docs/http-server.md for the attacks):
 
 - a request head must be complete within `keep_alive_s`, which is also how long an idle
-  keep-alive connection is kept (one timer, closed without an answer, as hypercorn and nginx do);
+  keep-alive connection is kept (one bound, closed without an answer, as hypercorn and nginx do;
+  one watchdog task for all connections, `_watch_heads`, not a timer per request);
 - a head still arriving beyond `max_header_bytes` is a 431, a malformed request a 400 (llhttp's
   verdict), and the connection is closed after either;
 - keep-alive, HTTP/1.0 and `connection: close` follow h11's rules (HTTP/1.0 is never kept alive);
@@ -65,6 +66,7 @@ READ_AHEAD = 64 * 1024  # input buffered beyond the request in progress (a pipel
 LINGER_S, LINGER_BYTES = 0.5, 64 * 1024  # reading past a closed request before the socket closes
 BACKLOG = 2048  # bursts of new connections must queue, not be refused
 SHED_ON_EMFILE = 32  # connections waiting for a head closed when accept() runs out of descriptors (as nginx)
+HEAD_CHECK_S = 1.0  # the head watchdog looks at least this often (and 4 times per keep_alive_s)
 SEND_TIMEOUT_S = 60.0  # nginx's send_timeout: how long a write may make no progress
 SEND_CHECKS = 4  # the watchdog looks this many times per SEND_TIMEOUT_S
 WRITE_PIECE = 64 * 1024  # the unit of progress the watchdog sees: a slow reader of a large body is not cut
@@ -139,41 +141,69 @@ class _Listener(trio.abc.Listener[trio.SocketStream]):
         await self.inner.aclose()
 
 
+class _Watched:
+    """A connection's entry in the hang-up set: the request's call-back while one runs."""
+
+    __slots__ = ("owner", "callback", "hung_up")
+
+    def __init__(self, owner: object) -> None:
+        self.owner = owner
+        self.callback: Callable[[], None] | None = None
+        self.hung_up = False  # the event came (it comes once: EPOLLONESHOT)
+
+
 class _Hangups:
     """Calls back the requests whose client hung up while their app runs, with no task per
     request: their sockets are in an epoll set of the server's own, one-shot for EPOLLRDHUP (the
     peer closed its side, whatever it sent before it: a pipelined request does not hide it), and
     one task waits for that set to be readable. The gateway's task per turn blocked in
     `receive()` cost ~55 µs of CPU per request (its spawn, its cancellation at the turn's end:
-    bench/gateway_cpu.py); a registration costs two epoll_ctl calls. Linux only (epoll); without
-    it the extension is absent and an app waits in `receive()`."""
+    bench/gateway_cpu.py). A connection's socket joins the set at its first watched request and
+    leaves it when the connection ends (`forget`, before its socket closes): two epoll_ctl calls
+    a connection, not two a request (bench/glue_counts.py); between requests it has no call-back,
+    and a hang-up heard then is told to the next request at once, as a new registration would
+    have told it. Linux only (epoll); without it the extension is absent and an app waits in
+    `receive()`."""
 
     AVAILABLE = hasattr(select, "epoll") and hasattr(select, "EPOLLRDHUP")
 
     def __init__(self) -> None:
         self.epoll = select.epoll()
-        # fd -> (the connection that registered it, its call-back). A socket closed while it is
-        # in the set leaves it (the kernel's doing) and its number may be reused at once: an
-        # entry is removed only by the connection that made it
-        self.callbacks: dict[int, tuple[object, Callable[[], None]]] = {}
+        # fd -> the entry of the connection that registered it. A socket closed while it is in
+        # the set leaves it (the kernel's doing) and its number may be reused at once: an entry
+        # is removed only by the connection that made it
+        self.callbacks: dict[int, _Watched] = {}
 
     def watch(self, fd: int, owner: object, callback: Callable[[], None]) -> None:
         if self.epoll.closed:  # the server is ending: every request is being cancelled anyway
             callback()
             return
-        if self.callbacks.pop(fd, None) is not None:  # a closed socket's stale entry
-            self._unregister(fd)
-        self.epoll.register(fd, select.EPOLLRDHUP | select.EPOLLONESHOT)  # (HUP and ERR always count)
-        self.callbacks[fd] = (owner, callback)
+        entry = self.callbacks.get(fd)
+        if entry is None or entry.owner is not owner:
+            if entry is not None:  # a closed socket's stale entry
+                self._unregister(fd)
+            entry = self.callbacks[fd] = _Watched(owner)
+            self.epoll.register(fd, select.EPOLLRDHUP | select.EPOLLONESHOT)  # (HUP and ERR always count)
+        if entry.hung_up:
+            callback()
+        else:
+            entry.callback = callback
 
     def unwatch(self, fd: int, owner: object) -> Callable[[], None] | None:
-        """Stop watching; the call-back that was waiting, if the owner's entry still was."""
+        """The request is over: the call-back that was waiting, if the owner's entry still had
+        one. The socket stays in the set for the connection's next request."""
         entry = self.callbacks.get(fd)
-        if entry is not None and entry[0] is owner:
-            del self.callbacks[fd]
-            self._unregister(fd)
-            return entry[1]
+        if entry is not None and entry.owner is owner:
+            callback, entry.callback = entry.callback, None
+            return callback
         return None
+
+    def forget(self, fd: int, owner: object) -> None:
+        """The connection ends (its socket is closed next): its entry and registration go."""
+        entry = self.callbacks.get(fd)
+        if entry is not None and entry.owner is owner:
+            del self.callbacks[fd]
+            self._unregister(fd)  # (a one-shot that fired is still in the set, disarmed)
 
     def _unregister(self, fd: int) -> None:
         if not self.epoll.closed:
@@ -187,10 +217,12 @@ class _Hangups:
             while True:
                 await trio.lowlevel.wait_readable(self.epoll.fileno())
                 for fd, _events in self.epoll.poll(0):
-                    entry = self.callbacks.pop(fd, None)
-                    if entry is not None:
-                        self._unregister(fd)
-                        entry[1]()
+                    entry = self.callbacks.get(fd)
+                    if entry is not None and not entry.hung_up:
+                        entry.hung_up = True
+                        callback, entry.callback = entry.callback, None
+                        if callback is not None:
+                            callback()
         finally:
             self.epoll.close()
 
@@ -226,6 +258,7 @@ class Server:
                 self.hangups = _Hangups()
                 nursery.start_soon(self.hangups.run)
             nursery.start_soon(accept)
+            nursery.start_soon(self._watch_heads)
             nursery.start_soon(self._watch_sends)
             task_status.started([url_of(sock) for sock in sockets])
             await stop.wait()
@@ -240,6 +273,19 @@ class Server:
                     await self._none_left.wait()
             nursery.cancel_scope.cancel()
 
+    async def _watch_heads(self) -> None:
+        """Close the connections that have waited `keep_alive_s` for a request head (idle, or a
+        head still arriving), within a further min(HEAD_CHECK_S, keep_alive_s / 4). One task
+        for all of them: a timer (a cancel scope with a deadline) around each request's wait
+        for its head cost more than the server's whole read of that head (bench/glue_counts.py);
+        a connection only notes when its wait began."""
+        every = min(HEAD_CHECK_S, self.keep_alive_s / 4)
+        while True:
+            await trio.sleep(every)
+            too_old = trio.current_time() - self.keep_alive_s
+            for connection in [c for c in self.connections if c.waiting_since is not None and c.waiting_since <= too_old]:
+                connection.drain()
+
     async def _watch_sends(self) -> None:
         """Close the connections whose write has made no progress for `send_timeout_s` (cut
         within a further send_timeout_s / SEND_CHECKS). One task for all of them: a timeout
@@ -252,8 +298,8 @@ class Server:
 
     def shed_waiting(self) -> None:
         """Close the SHED_ON_EMFILE connections that have waited longest for a request head."""
-        waiting = [(scope.deadline, connection) for connection in self.connections
-                   if (scope := connection.head_scope) is not None and not scope.cancel_called]
+        waiting = [(since, connection) for connection in self.connections
+                   if (since := connection.waiting_since) is not None]
         waiting.sort(key=lambda pair: pair[0])
         for _, connection in waiting[:SHED_ON_EMFILE]:
             connection.drain()
@@ -276,6 +322,7 @@ class Server:
                 self.on_connections(len(self.connections))
             if self.draining and not self.connections:
                 self._none_left.set()
+            connection.forget_hangups()
             await trio.aclose_forcefully(stream)
 class _Close(Exception):
     """The connection ends here (the peer left, or a protocol error was answered)."""
@@ -550,7 +597,7 @@ def _render_head(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
 
 
 class _Connection:
-    __slots__ = ("server", "stream", "reader", "head_scope", "client", "local", "gone", "sent_head", "pending_head",
+    __slots__ = ("server", "stream", "reader", "waiting_since", "client", "local", "gone", "sent_head", "pending_head",
                  "method", "response_done", "writing", "writes", "writes_seen", "checks_stalled", "hangup_fd",
                  "extensions", "keep_alive", "request_done", "expect_continue", "framing", "remaining", "read_ahead")
 
@@ -558,7 +605,7 @@ class _Connection:
         self.server = server
         self.stream = stream
         self.reader = _Reader(server.max_header_bytes)
-        self.head_scope: trio.CancelScope | None = None
+        self.waiting_since: float | None = None  # when its wait for a request head began (while it waits)
         sock = stream.socket
         try:
             self.client = tuple(sock.getpeername()[:2])
@@ -591,7 +638,7 @@ class _Connection:
             callback()
             return
         self.server.hangups.watch(fd, self, callback)
-        self.hangup_fd = fd
+        self.hangup_fd = fd  # (watched until the connection ends: forget_hangups)
 
     def stalled(self) -> bool:
         """The watchdog's look: True when a write has been stuck for SEND_CHECKS looks."""
@@ -602,10 +649,15 @@ class _Connection:
         return self.checks_stalled >= SEND_CHECKS
 
     def drain(self) -> None:
-        """The server is draining (or out of descriptors): a connection waiting for a request
-        head closes now."""
-        if self.head_scope is not None:
-            self.head_scope.cancel()
+        """The server is draining (or out of descriptors, or its head took `keep_alive_s`): a
+        connection waiting for a request head closes now, without an answer. Its socket is
+        closed under the read waiting on it, which ends the read at once (trio's
+        notify_closing), as a timer's cancellation did."""
+        if self.waiting_since is not None:
+            self.waiting_since = None
+            self.gone = True
+            self.forget_hangups()  # (before the close: its fd number may be taken and watched again)
+            self.stream.socket.close()
 
     async def run(self) -> None:
         reader = self.reader
@@ -613,12 +665,12 @@ class _Connection:
             while True:
                 if self.server.draining and not reader.pending() and reader.state == _IDLE and reader.refeed is None:
                     return  # the drain closes a connection between two requests
-                with trio.move_on_after(self.server.keep_alive_s) as scope:
-                    self.head_scope = scope
-                    event = await self._next_event()
-                self.head_scope = None
-                if scope.cancelled_caught or type(event) is not _Head:
+                # the wait for a head is bounded by the server's head watchdog (_watch_heads)
+                self.waiting_since = trio.current_time()
+                event = await self._next_event()
+                if self.waiting_since is None or type(event) is not _Head:
                     return  # idle, or a head too slow (closed without an answer), or the client left
+                self.waiting_since = None
                 await self._request(event)
                 self._finish_reading()
                 if self.gone or not self.response_done or not self.request_done or not self.keep_alive:
@@ -660,6 +712,10 @@ class _Connection:
 
     async def _read(self) -> bytes:
         try:
+            if self.waiting_since is not None:
+                # a head: the client sends it once it has read the last answer, so it is not
+                # here yet (sockets.py)
+                return await sockets.receive_after_wait(self.stream, READ_SIZE)
             return await self.stream.receive_some(READ_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return b""
@@ -756,7 +812,6 @@ class _Connection:
         finally:
             if self.hangup_fd is not None:  # the request is over: a hang-up from now on is the connection's
                 self.server.hangups.unwatch(self.hangup_fd, self)
-                self.hangup_fd = None
         if not self.response_done and not self.gone:
             raise _Close  # the app ended without finishing its answer: nothing else can follow
 
@@ -858,9 +913,17 @@ class _Connection:
         epoll set without an event (a reset the write saw first would be lost to it too)."""
         fd, self.hangup_fd = self.hangup_fd, None
         if fd is not None:
-            callback = self.server.hangups.unwatch(fd, self)
+            hangups = self.server.hangups
+            callback = hangups.unwatch(fd, self)
+            hangups.forget(fd, self)
             if callback is not None:
                 callback()
+
+    def forget_hangups(self) -> None:
+        """The connection ends: its socket leaves the hang-up set before it closes."""
+        fd, self.hangup_fd = self.hangup_fd, None
+        if fd is not None:
+            self.server.hangups.forget(fd, self)
 
     def _head(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more: bool) -> bytes:
         """The answer's head, its framing decided as h11 decided it: a declared length, else the

@@ -318,13 +318,17 @@ class Connection:
     async def write(self, data: bytes) -> None:
         await sockets.send_all(self.stream, data)  # (one exchange at a time: no other writer)
 
-    async def read(self) -> bytes:
+    async def read(self, first: bool = False) -> bytes:
+        """`first`: the first read of an answer to a request just written, whose bytes cannot be
+        here yet: no read is tried before the wait (sockets.py)."""
+        if first:
+            return await sockets.receive_after_wait(self.stream, READ_BYTES)
         return await self.stream.receive_some(READ_BYTES)
 
-    async def _receive(self, lost: str) -> bytes:
+    async def _receive(self, lost: str, first: bool = False) -> bytes:
         """The next bytes read (b"" once the peer closed: `_eof`); a transport error is `lost`."""
         try:
-            data = await self.read()
+            data = await self.read(first)
         except TRANSPORT_ERRORS:
             raise UpstreamError(lost) from None
         if not data:
@@ -360,8 +364,10 @@ class Connection:
             raise UpstreamError("connection lost while sending the request") from None
         if clock is not None:
             clock.sent()
+        first = True
         while not self._head_done:
-            data = await self._receive("connection lost before the response")
+            data = await self._receive("connection lost before the response", first)
+            first = False
             if not data:
                 raise UpstreamError("connection closed before the response")
             self._feed(data)

@@ -2,8 +2,10 @@
 
 The gateway writes a turn's rows before its response completes, so a client that saw an answer
 can find what it cost. One connection and a lock serialise writes; the turns that finish
-together share a transaction (`record`), and wait for another process's write lock (the
-gateway's workers share the file) in the event loop, not in SQLite's sleeping busy handler. The WAL is copied into the
+together share a transaction (`record`). The connection has no busy handler (busy_timeout 0): a
+turn waits for another process's write lock (the gateway's workers share the file) in the event
+loop, and the synchronous `write` waits in its own thread. The readers have a connection of their
+own, which reads beside the writer. The WAL is copied into the
 database (a checkpoint, with its fsync) by a thread of the store's own, never by the write that
 crossed the threshold: in the event loop that write stalled every client for the fsync (a few
 ms, once every ~250 turns). `report` backs `relayline
@@ -21,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
@@ -28,6 +31,7 @@ from relayline.machines.config import Ledger
 from relayline.machines.turn import TurnResult
 
 log = logging.getLogger("relayline.ledger")
+T = TypeVar("T")
 
 DEFAULT_PATH = "relayline-ledger.sqlite3"
 
@@ -53,6 +57,12 @@ CREATE TABLE IF NOT EXISTS attempts (
 CREATE INDEX IF NOT EXISTS attempts_ts ON attempts (ts);
 """
 
+# A new file's page size. A commit writes each page it changed to the WAL whole, with its checksum:
+# a row's table leaf and index leaf, 8 KiB a commit at SQLite's default 4 KiB pages, 2 KiB at 1 KiB
+# (a row is about 100 bytes). Must be set before the file's first write, so files made before keep
+# theirs.
+PAGE_BYTES = 1024
+
 # columns added after the first release: (name, definition), applied to older files in order
 MIGRATIONS = (("client", "TEXT NOT NULL DEFAULT ''"),)
 # what `relayline ledger --by` groups on (both stores)
@@ -64,9 +74,12 @@ INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * 
 BUSY_S = 5.0  # how long a statement waits for another connection's write lock (sqlite3's default)
 MIGRATION_WAIT_S = 600.0  # how long opening waits for another process's migration of the same file
 CHECKPOINT_EVERY = 250  # writes (about 1,000 WAL pages: SQLite's own autocheckpoint threshold)
-# a shared commit that finds another process's write lock (the gateway's workers share the file)
-# tries again after these waits, doubling, until BUSY_S: a commit holds the lock for tens of µs
+# a turn's commit that finds another process's write lock (the gateway's workers share the file)
+# tries again after these waits in the event loop, doubling, until BUSY_S: a commit holds the lock
+# for tens of µs
 LOCKED_WAIT_S = (0.0002, 0.005)
+# the same in the caller's thread (`write`, opening): SQLite's busy handler's own pace
+SYNC_WAIT_S = (0.001, 0.05)
 
 
 def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "") -> list[tuple]:
@@ -79,6 +92,22 @@ def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None, *, c
 def _busy(exc: sqlite3.OperationalError) -> bool:
     """Another connection holds the lock (SQLITE_BUSY and its extended codes)."""
     return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_BUSY
+
+
+def _waited(call: Callable[[], T]) -> T:
+    """`call()`, with another connection's lock waited for in this thread: short sleeps, BUSY_S in
+    all (SQLite's busy handler would do the same, but the writer's connection has none: in the
+    event loop's thread it would stall every turn)."""
+    deadline = time.monotonic() + BUSY_S
+    pause, most = SYNC_WAIT_S
+    while True:
+        try:
+            return call()
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, most)
 
 
 class _Batch:
@@ -100,15 +129,22 @@ class LedgerStore:
         self._conn = sqlite3.connect(self.path, timeout=BUSY_S, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:
+            self._conn.execute(f"PRAGMA page_size = {PAGE_BYTES}")  # (a file made before keeps its own)
             wal = self._enter_wal()
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(SCHEMA)
             self._migrate()
             if wal:
                 self._conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it
+            # from here on no statement of this connection sleeps in SQLite's busy handler: each
+            # caller waits for a lock its own way (`record` in the event loop, the others `_waited`)
+            self._conn.execute("PRAGMA busy_timeout = 0")
         self._since_checkpoint = 0
         self._checkpoint_every = CHECKPOINT_EVERY if wal else 0
         self._batch: _Batch | None = None
+        # the readers' own connection (`_reading`); in memory there is one database, this one
+        self._reader: sqlite3.Connection | None = None if wal else self._conn
+        self._read_lock = threading.Lock() if wal else self._lock
         # whether other turns are in flight, so that rows may wait a pass for company (the
         # gateway's count; alone, a turn's rows are committed at once)
         self.together: Callable[[], bool] = lambda: False
@@ -122,18 +158,8 @@ class LedgerStore:
         A file still in rollback-journal mode (made by another tool, or by a relayline before
         WAL) is switched under an exclusive lock. While another connection holds a write lock on
         it (another worker switching it at the same moment), SQLite refuses the switch at once,
-        without its busy handler (waiting could deadlock), so the wait is here: short sleeps,
-        BUSY_S in all, as any other statement's busy wait."""
-        deadline = time.monotonic() + BUSY_S
-        pause = 0.001
-        while True:
-            try:
-                return self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
-            except sqlite3.OperationalError as exc:
-                if not _busy(exc) or time.monotonic() + pause > deadline:
-                    raise
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
+        without its busy handler (waiting could deadlock), so the wait is here (`_waited`)."""
+        return _waited(lambda: self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal")
 
     def _migrate(self) -> None:
         if not self._outdated():  # (a read: a current file is opened without the write lock)
@@ -184,23 +210,18 @@ class LedgerStore:
         log.info("ledger_migrated path=%s change=no_autoincrement", self.path)
 
     def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "") -> int:
+        """A turn's rows, from synchronous code: another process's write lock is waited for in
+        this thread (`record` is the event loop's)."""
         rows = ledger_rows(turn_id, result, now, client=client)
         if rows:
-            self._insert(rows)
+            _waited(lambda: self._insert(rows))
         return len(rows)
 
-    def _insert(self, rows: list[tuple], *, busy_wait: bool = True) -> None:
+    def _insert(self, rows: list[tuple]) -> None:
         """One transaction for all of `rows` (in autocommit, executemany commits each row).
-        Without `busy_wait`, another connection's write lock is an immediate SQLITE_BUSY."""
+        Another connection's write lock is an immediate SQLITE_BUSY: the caller waits for it."""
         with self._lock:
-            if not busy_wait:
-                self._conn.execute("PRAGMA busy_timeout = 0")
-                try:
-                    self._insert_locked(rows)
-                finally:
-                    self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
-            else:
-                self._insert_locked(rows)
+            self._insert_locked(rows)
 
     def _insert_locked(self, rows: list[tuple]) -> None:
         if len(rows) == 1:
@@ -223,16 +244,16 @@ class LedgerStore:
 
     async def _commit_waiting_in_the_loop(self, batch: _Batch) -> None:
         """`batch`'s rows in one transaction, with another process's write lock waited for in the
-        event loop. SQLite's own busy handler sleeps in this thread (1 ms, then 2, 5, 10 ...), and
-        while other turns are in flight that stalls all of them: with `--workers 2` about one
-        shared commit in 50 met the other worker's lock (bench/workers.py, perf's syscall counts).
+        event loop. SQLite's own busy handler would sleep in this thread (1 ms, then 2, 5, 10 ...),
+        stalling every turn in flight: with `--workers 2` about one shared commit in 50 met the
+        other worker's lock (bench/workers.py, perf's syscall counts).
         The batch stays open while it waits: the turns that finish meanwhile join it, so a wait
         makes one larger commit, as the stall did, not a queue of small ones."""
         wait, most = LOCKED_WAIT_S
         deadline = None
         while True:
             try:
-                self._insert(batch.rows, busy_wait=False)
+                self._insert(batch.rows)
                 return  # (no await before the caller closes the batch: no record() joins a committed one)
             except sqlite3.OperationalError as exc:
                 if not _busy(exc):
@@ -290,7 +311,9 @@ class LedgerStore:
         ~30-150 µs, a hop to a worker thread ~250 µs. When other turns are in flight
         (`together`, set by the gateway), the turns that finish in the same pass of the scheduler
         share one transaction: the first waits that one pass, then commits every row given
-        meanwhile, and each returns once its rows are committed (or raises what the commit did)."""
+        meanwhile, and each returns once its rows are committed (or raises what the commit did).
+        A turn alone that finds another process's write lock waits for it as a shared commit does,
+        and the turns that finish meanwhile join it."""
         rows = ledger_rows(turn_id, result, client=client)
         if not rows:
             return 0
@@ -303,8 +326,12 @@ class LedgerStore:
                 raise batch.error
             return len(rows)
         if not self.together():
-            self._insert(rows)
-            return len(rows)
+            try:
+                self._insert(rows)
+                return len(rows)
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    raise
         batch = self._batch = _Batch(rows)
         try:
             with trio.CancelScope(shield=True):  # the rows are the turns' bill
@@ -318,9 +345,20 @@ class LedgerStore:
             batch.committed.set()
         return len(rows)
 
+    def _reading(self) -> sqlite3.Connection:
+        """The readers' connection, opened at the first read. In WAL mode a read runs beside the
+        writer: a long report (the console's cost windows over a large ledger, every 5 s while a
+        console is open, in a worker thread) never holds the writer's lock, which the event
+        loop's next commit would wait for. Another process's lock is waited for by SQLite's busy
+        handler, in the reader's own thread."""
+        if self._reader is None:
+            self._reader = sqlite3.connect(self.path, timeout=BUSY_S, check_same_thread=False, isolation_level=None)
+        return self._reader
+
     def rows(self, since: float = 0.0) -> list[dict]:
-        with self._lock:
-            cur = self._conn.execute(f"SELECT {', '.join(COLUMNS)} FROM attempts WHERE ts >= ? ORDER BY id", (since,))
+        with self._read_lock:
+            cur = self._reading().execute(f"SELECT {', '.join(COLUMNS)} FROM attempts WHERE ts >= ? ORDER BY id",
+                                          (since,))
             names = [d[0] for d in cur.description]
             return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
@@ -329,8 +367,8 @@ class LedgerStore:
         accepted versus rejected."""
         group = GROUPS[by]
         columns = ", ".join(group)
-        with self._lock:
-            cur = self._conn.execute(
+        with self._read_lock:
+            cur = self._reading().execute(
                 f"SELECT {columns}, "
                 "SUM(accepted), SUM(1 - accepted), "
                 "SUM(CASE WHEN accepted THEN cost_usd ELSE 0 END), SUM(CASE WHEN accepted THEN 0 ELSE cost_usd END), "
@@ -349,6 +387,9 @@ class LedgerStore:
         if self._checkpointer is not None:
             self._kick.set()
             self._checkpointer.join(timeout=5)
+        with self._read_lock:
+            if self._reader is not None and self._reader is not self._conn:
+                self._reader.close()
         with self._lock:
             self._conn.close()  # the last connection to close checkpoints what is left
 
