@@ -257,6 +257,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--syscalls", action="store_true", help="syscalls per request too (strace -c -f)")
     parser.add_argument("--base", help="the gateway of this tree's package too (a lever's before)")
+    parser.add_argument("--after", help="with --base: the tree after the lever (default: this one)")
     parser.add_argument("--out", help="write the figures here (JSON)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="count", help=argparse.SUPPRESS)
@@ -280,7 +281,7 @@ def main() -> int:
         targets = [] if args.sim else [("trio floor", "trio", None)]
         if args.base:
             targets.append((f"{gateway} (--base)", gateway, args.base))
-        targets.append((gateway, gateway, None))
+        targets.append((gateway, gateway, args.after))
         for label, kind, tree in targets:
             done = subprocess.run([sys.executable, __file__, "--child", kind, upstream, str(args.requests),
                                    "--clients", str(args.clients)],
