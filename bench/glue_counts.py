@@ -11,10 +11,13 @@ client) in front of bench/upstream.py. Per request, over a window of `--requests
   deadlines set, checkpoints, parks (`wait_task_rescheduled`), epoll registrations, sockets'
   sends and receives, contextvars copies and runs, Python and C calls in all;
 - syscalls by kind (`--syscalls`: perf's syscall tracepoints over two runs `--requests` apart, so
-  that start-up and shutdown cancel out).
+  that start-up and shutdown cancel out);
+- instructions (`--instructions`: cachegrind, the same two runs' difference), and CPU
+  (`--cpu ROUNDS`: the process's, the targets alternated round by round, with the CPU of its
+  socket writes apart: on loopback a write carries the kernel's whole send and the peer's wake).
 
 Run: python bench/glue_counts.py [--requests 400] [--clients 1] [--syscalls] [--cpu ROUNDS]
-         [--instructions] [--sim] [--base DIR] [--out FILE]
+         [--instructions] [--sim] [--base DIR [--after DIR]] [--out FILE]
 (`--base DIR`: the gateway of that tree's package too, as a lever's before; `--sim`: the gateway
 on the sim family, bench/gateway_trees.py's, instead of the floor and the upstream call)
 """
