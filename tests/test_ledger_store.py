@@ -261,6 +261,35 @@ def test_a_synchronous_write_waits_for_another_processs_lock_in_its_own_thread(t
     store.close()
 
 
+async def test_a_report_in_progress_never_holds_up_a_turns_commit(tmp_path):
+    """The console reads its cost windows in a worker thread every few seconds; over a large
+    ledger a report takes long. It reads on a connection of its own, beside the writer: a turn's
+    commit in the event loop does not wait for it."""
+    store = LedgerStore(tmp_path / "ledger.sqlite3")
+    for i in range(50):
+        store.write(f"t{i}", _result())
+    reading, go_on = threading.Event(), threading.Event()
+
+    def paused() -> int:  # SQLite calls this while the report's statement runs: it holds there
+        reading.set()
+        go_on.wait(10)
+        return 0
+
+    store._reading().set_progress_handler(paused, 100)
+    report = threading.Thread(target=lambda: store.report(since=0.0))
+    report.start()
+    assert reading.wait(5)
+    started = time.monotonic()
+    assert await store.record("during", _result()) == 1
+    waited = time.monotonic() - started
+    go_on.set()
+    report.join(10)
+    store._reading().set_progress_handler(None, 0)
+    assert waited < 2  # (on the writer's connection and lock it waited for the report: the 10 s)
+    assert store.rows()[-1]["turn"] == "during"
+    store.close()
+
+
 # the schema every ledger file was made with before the id lost AUTOINCREMENT
 SCHEMA_WITH_AUTOINCREMENT = """
 CREATE TABLE attempts (

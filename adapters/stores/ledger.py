@@ -4,7 +4,8 @@ The gateway writes a turn's rows before its response completes, so a client that
 can find what it cost. One connection and a lock serialise writes; the turns that finish
 together share a transaction (`record`). The connection has no busy handler (busy_timeout 0): a
 turn waits for another process's write lock (the gateway's workers share the file) in the event
-loop, and the synchronous `write` and the readers wait in their own thread. The WAL is copied into the
+loop, and the synchronous `write` waits in its own thread. The readers have a connection of their
+own, which reads beside the writer. The WAL is copied into the
 database (a checkpoint, with its fsync) by a thread of the store's own, never by the write that
 crossed the threshold: in the event loop that write stalled every client for the fsync (a few
 ms, once every ~250 turns). `report` backs `relayline
@@ -77,7 +78,7 @@ CHECKPOINT_EVERY = 250  # writes (about 1,000 WAL pages: SQLite's own autocheckp
 # tries again after these waits in the event loop, doubling, until BUSY_S: a commit holds the lock
 # for tens of µs
 LOCKED_WAIT_S = (0.0002, 0.005)
-# the same in the caller's thread (`write`, the readers, opening): SQLite's busy handler's own pace
+# the same in the caller's thread (`write`, opening): SQLite's busy handler's own pace
 SYNC_WAIT_S = (0.001, 0.05)
 
 
@@ -95,7 +96,7 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
 
 def _waited(call: Callable[[], T]) -> T:
     """`call()`, with another connection's lock waited for in this thread: short sleeps, BUSY_S in
-    all (SQLite's busy handler would do the same, but the store's connection has none: in the
+    all (SQLite's busy handler would do the same, but the writer's connection has none: in the
     event loop's thread it would stall every turn)."""
     deadline = time.monotonic() + BUSY_S
     pause, most = SYNC_WAIT_S
@@ -141,6 +142,9 @@ class LedgerStore:
         self._since_checkpoint = 0
         self._checkpoint_every = CHECKPOINT_EVERY if wal else 0
         self._batch: _Batch | None = None
+        # the readers' own connection (`_reading`); in memory there is one database, this one
+        self._reader: sqlite3.Connection | None = None if wal else self._conn
+        self._read_lock = threading.Lock() if wal else self._lock
         # whether other turns are in flight, so that rows may wait a pass for company (the
         # gateway's count; alone, a turn's rows are committed at once)
         self.together: Callable[[], bool] = lambda: False
@@ -341,24 +345,30 @@ class LedgerStore:
             batch.committed.set()
         return len(rows)
 
-    def rows(self, since: float = 0.0) -> list[dict]:
-        return _waited(lambda: self._rows(since))
+    def _reading(self) -> sqlite3.Connection:
+        """The readers' connection, opened at the first read. In WAL mode a read runs beside the
+        writer: a long report (the console's cost windows over a large ledger, every 5 s while a
+        console is open, in a worker thread) never holds the writer's lock, which the event
+        loop's next commit would wait for. Another process's lock is waited for by SQLite's busy
+        handler, in the reader's own thread."""
+        if self._reader is None:
+            self._reader = sqlite3.connect(self.path, timeout=BUSY_S, check_same_thread=False, isolation_level=None)
+        return self._reader
 
-    def _rows(self, since: float) -> list[dict]:
-        with self._lock:
-            cur = self._conn.execute(f"SELECT {', '.join(COLUMNS)} FROM attempts WHERE ts >= ? ORDER BY id", (since,))
+    def rows(self, since: float = 0.0) -> list[dict]:
+        with self._read_lock:
+            cur = self._reading().execute(f"SELECT {', '.join(COLUMNS)} FROM attempts WHERE ts >= ? ORDER BY id",
+                                          (since,))
             names = [d[0] for d in cur.description]
             return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
     def report(self, since: float = 0.0, by: str = "model") -> list[dict]:
         """Cost per profile and model (by="model") or per client key id (by="client"),
         accepted versus rejected."""
-        return _waited(lambda: self._report(since, GROUPS[by]))
-
-    def _report(self, since: float, group: tuple[str, ...]) -> list[dict]:
+        group = GROUPS[by]
         columns = ", ".join(group)
-        with self._lock:
-            cur = self._conn.execute(
+        with self._read_lock:
+            cur = self._reading().execute(
                 f"SELECT {columns}, "
                 "SUM(accepted), SUM(1 - accepted), "
                 "SUM(CASE WHEN accepted THEN cost_usd ELSE 0 END), SUM(CASE WHEN accepted THEN 0 ELSE cost_usd END), "
@@ -377,6 +387,9 @@ class LedgerStore:
         if self._checkpointer is not None:
             self._kick.set()
             self._checkpointer.join(timeout=5)
+        with self._read_lock:
+            if self._reader is not None and self._reader is not self._conn:
+                self._reader.close()
         with self._lock:
             self._conn.close()  # the last connection to close checkpoints what is left
 
