@@ -114,9 +114,10 @@ class AttemptClock:
             self.scope.deadline = self._after(self.timeouts.idle_s)
 
     def read(self) -> None:
-        """The whole body is in: decoding it (in a worker process, for a large one: started on
-        first use) is relayline's time, not a stalled provider's; it is bounded by the body's size
-        (and by the turn's budget)."""
+        """The whole body is in, and its decoding will be awaited (in a worker process, for a
+        large one: started on first use): that is relayline's time, not a stalled provider's; it
+        is bounded by the body's size (and by the turn's budget). A body decoded inline awaits
+        nothing, so no deadline can fire in it: the adapter does not call this then."""
         self.phase = "decoding"
         self.scope.deadline = self.limit
 
@@ -333,9 +334,17 @@ class TurnRun:
         self._clock = None
         if scope.cancel_called and not self.cancelled:
             raise _Spent(completion)
-        if scope.deadline != self._budget:  # (an answer read whole already put it back: read())
+        # the attempt's deadline goes back to the turn's budget before anything else is awaited:
+        # a failure's next step waits for a fleet's health first; an answer's next step is
+        # decided with nothing awaited, and is most often the turn's end, whose scope closes
+        # with no checkpoint in between (a deadline set for nothing cost ~2 µs a turn)
+        answered = isinstance(completion, Completion) and completion.has_answer
+        if not answered and scope.deadline != self._budget:
             scope.deadline = self._budget
-        return await self._answered(completion)
+        action = await self._answered(completion)
+        if answered and not isinstance(action, Finish) and scope.deadline != self._budget:
+            scope.deadline = self._budget
+        return action
 
     async def _answered(self, completion: Completion | fc.Failure):
         """The turn's next action after an attempt's answer or failure."""

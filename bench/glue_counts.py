@@ -11,10 +11,13 @@ client) in front of bench/upstream.py. Per request, over a window of `--requests
   deadlines set, checkpoints, parks (`wait_task_rescheduled`), epoll registrations, sockets'
   sends and receives, contextvars copies and runs, Python and C calls in all;
 - syscalls by kind (`--syscalls`: perf's syscall tracepoints over two runs `--requests` apart, so
-  that start-up and shutdown cancel out).
+  that start-up and shutdown cancel out);
+- instructions (`--instructions`: cachegrind, the same two runs' difference), and CPU
+  (`--cpu ROUNDS`: the process's, the targets alternated round by round, with the CPU of its
+  socket writes apart: on loopback a write carries the kernel's whole send and the peer's wake).
 
 Run: python bench/glue_counts.py [--requests 400] [--clients 1] [--syscalls] [--cpu ROUNDS]
-         [--instructions] [--sim] [--base DIR] [--out FILE]
+         [--instructions] [--sim] [--base DIR [--after DIR]] [--out FILE]
 (`--base DIR`: the gateway of that tree's package too, as a lever's before; `--sim`: the gateway
 on the sim family, bench/gateway_trees.py's, instead of the floor and the upstream call)
 """
@@ -32,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import trio
@@ -148,8 +152,24 @@ def _sim_server(tmp: str):
 
 def serve_counted(kind: str, upstream: str, requests: int, mode: str, clients: int = 1) -> dict:
     """Serve a warm-up client, then `requests` of another: with the counters on ("count"), with
-    nothing added ("bare", for strace), or with the process's CPU time taken ("cpu")."""
+    nothing added ("bare", for perf and cachegrind), or with the process's CPU time taken
+    ("cpu": its socket writes' own CPU too, the kernel's loopback send inside them)."""
     import time
+
+    writes = [0]
+    if mode == "cpu":
+        from relayline.adapters import sockets
+
+        write = os.write
+
+        def timed(fd: int, data) -> int:
+            start = time.thread_time_ns()
+            try:
+                return write(fd, data)
+            finally:
+                writes[0] += time.thread_time_ns() - start
+
+        sockets.os = types.SimpleNamespace(**{**vars(os), "write": timed})
 
     from relayline.adapters.gateway.http11 import listening_sockets
 
@@ -179,6 +199,8 @@ def serve_counted(kind: str, upstream: str, requests: int, mode: str, clients: i
             scheduler.on = False
             nursery.cancel_scope.cancel()
             out["cpu_us_per_request"] = cpu / requests * 1e6
+            if mode == "cpu":
+                out["write_cpu_us_per_request"] = writes[0] / requests / 1e3
             if mode == "count":
                 out["scheduler"] = {k: v / requests for k, v in sorted(scheduler.counts.items())}
                 out["calls"], out["top"] = _by_name(pstats.Stats(profiler), requests)
@@ -238,6 +260,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--syscalls", action="store_true", help="syscalls per request too (strace -c -f)")
     parser.add_argument("--base", help="the gateway of this tree's package too (a lever's before)")
+    parser.add_argument("--after", help="with --base: the tree after the lever (default: this one)")
     parser.add_argument("--out", help="write the figures here (JSON)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="count", help=argparse.SUPPRESS)
@@ -261,7 +284,7 @@ def main() -> int:
         targets = [] if args.sim else [("trio floor", "trio", None)]
         if args.base:
             targets.append((f"{gateway} (--base)", gateway, args.base))
-        targets.append((gateway, gateway, None))
+        targets.append((gateway, gateway, args.after))
         for label, kind, tree in targets:
             done = subprocess.run([sys.executable, __file__, "--child", kind, upstream, str(args.requests),
                                    "--clients", str(args.clients)],
@@ -283,9 +306,11 @@ def main() -> int:
                     raise SystemExit(f"{label}: {done.stderr[-3000:]}")
                 row = json.loads(done.stdout.strip().splitlines()[-1])
                 out["targets"][label].setdefault("cpu_rounds", []).append(row["cpu_us_per_request"])
+                out["targets"][label].setdefault("write_cpu_rounds", []).append(row["write_cpu_us_per_request"])
         for row in out["targets"].values():
             if "cpu_rounds" in row:
                 row.setdefault("cpu", {})["CPU µs a request (median of the rounds)"] = statistics.median(row["cpu_rounds"])
+                row["cpu"]["  of it in os.write (the kernel's loopback send)"] = statistics.median(row["write_cpu_rounds"])
     finally:
         stop([upstream_proc])
     labels = list(out["targets"])
@@ -298,7 +323,7 @@ def main() -> int:
             keys = [row for row, _ in CALLS] + ["function calls in all (Python and C)"]
         for key in keys:
             values = " | ".join(f"{t.get(section, {}).get(key, 0):8.2f}" for t in out["targets"].values())
-            print(f"  {section:<9} {key:<48} {values}")
+            print(f"  {section:<9} {key[:64]:<64} {values}")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     return 0

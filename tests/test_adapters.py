@@ -281,3 +281,36 @@ def test_no_secret_in_any_adapter_failure(status, echo, stream):
         logger.setLevel(previous)
     exposed = repr(got) + str(getattr(got, "message", "")) + "\n".join(records)
     assert KEY not in exposed
+
+
+async def test_an_answer_that_ends_the_turn_leaves_the_attempts_deadline_where_it_is(monkeypatch):
+    """The attempt's deadline moves with the provider's phases (the request written: headers_s;
+    the head, each body read: idle_s) and not again once the answer is read: nothing is awaited
+    between an answer decoded inline and the turn's end, so no deadline can fire there (a
+    deadline moved for nothing cost ~2 µs a turn)."""
+    import sys
+
+    body = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},
+                                    "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+    moved_by: list[str] = []
+    deadline = trio.CancelScope.deadline
+    turn_task = trio.lowlevel.current_task()
+
+    def counted(scope, value: float) -> None:
+        if trio.lowlevel.current_task() is turn_task:
+            moved_by.append(sys._getframe(1).f_code.co_name)
+        deadline.fset(scope, value)
+
+    async with trio.open_nursery() as nursery:
+        server = LoopbackServer(lambda seen: Reply(headers=(("content-type", "application/json"),),
+                                                   pieces=(body.encode(),)))
+        await server.start(nursery)
+        async with Relay.from_toml(config("openai", server.url), env={}) as relay:
+            await relay._run_turn([{"role": "user", "content": "hi"}])  # (a warm connection)
+            monkeypatch.setattr(trio.CancelScope, "deadline", property(deadline.fget, counted))
+            with trio.fail_after(10):
+                result = await relay._run_turn([{"role": "user", "content": "hi"}])
+            monkeypatch.undo()
+        nursery.cancel_scope.cancel()
+    assert result.outcome == "ok" and result.text == "hello"
+    assert moved_by[0] == "sent" and set(moved_by) <= {"sent", "headers", "received"}, moved_by

@@ -310,6 +310,34 @@ async def test_an_answer_with_bytes_after_it_or_from_http_1_0_is_read_and_its_co
     await pool.aclose()
 
 
+async def test_a_bounded_pool_gets_its_slot_back_from_every_way_an_exchange_ends(serve):
+    """`[gateway] max_in_flight` bounds a profile's connections: an exchange that failed to
+    connect, whose head was malformed, whose block raised, or that ended cleanly, each gives its
+    slot back (else the next one would wait for ever), and only the clean one keeps its
+    connection."""
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    refused = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    listener.close()
+    malformed = await serve(lambda number, index: b"<html>no HTTP at all</html>\r\n\r\n")
+    good = await serve(lambda number, index: json_answer())
+    pool = ProfilePool(max_connections=1)
+    with trio.fail_after(5):
+        for _ in range(2):
+            with pytest.raises(UpstreamError, match="could not connect"):
+                await fetch(pool, request(refused))
+            with pytest.raises(UpstreamError, match="malformed HTTP response head"):
+                await fetch(pool, request(malformed.url))
+            with pytest.raises(KeyError):
+                async with pool.exchange(request(good.url)):
+                    raise KeyError("the block's own error")
+            assert pool.opened == 0  # (the block left its body unread: not reused)
+            assert await fetch(pool, request(good.url)) == (200, {"content-type": "application/json",
+                                                                   "content-length": "12"}, b'{"ok": true}', True)
+            assert pool.opened == 1
+    await pool.aclose()
+
+
 async def test_a_refused_connection_is_an_upstream_error():
     listener = trio.socket.socket()
     await listener.bind(("127.0.0.1", 0))

@@ -711,9 +711,10 @@ class Gateway:
                         stream: _StreamWire | None = None) -> TurnResult | None:
         """Run one turn while watching for the client going away (a disconnect cancels it) and
         for a drain running out of time, then write its ledger rows (before any response ends;
-        the rest of its bookkeeping waits for the answer: `_after`). The run is driven here, in the request's own task and with
-        the run's own cancel scope alone where the server calls back on a hang-up: a held stream
-        keeps every coroutine frame of its path (README "## Performance")."""
+        the rest of its bookkeeping waits for the answer: `_after`). The run is driven here, in
+        the request's own task and with the run's own cancel scope alone where the server calls
+        back on a hang-up: a held stream keeps every coroutine frame of its path (README
+        "## Performance")."""
         started = trio.current_time()
         REQUEST_ID.set(exchange.request_id)  # sent upstream as x-request-id
         relay = self.relay  # the turn runs on this one to its end, whatever a reload does

@@ -66,7 +66,8 @@ READ_AHEAD = 64 * 1024  # input buffered beyond the request in progress (a pipel
 LINGER_S, LINGER_BYTES = 0.5, 64 * 1024  # reading past a closed request before the socket closes
 BACKLOG = 2048  # bursts of new connections must queue, not be refused
 SHED_ON_EMFILE = 32  # connections waiting for a head closed when accept() runs out of descriptors (as nginx)
-HEAD_CHECK_S = 1.0  # the head watchdog looks at least this often (and 4 times per keep_alive_s)
+HEAD_CHECK_S = 1.0  # the head watchdog looks at least this often (and 4 times per keep_alive_s)...
+HEAD_CHECK_LEAST_S = 0.01  # ...but never more often than this (a tiny keep_alive_s is no busy loop)
 SEND_TIMEOUT_S = 60.0  # nginx's send_timeout: how long a write may make no progress
 SEND_CHECKS = 4  # the watchdog looks this many times per SEND_TIMEOUT_S
 WRITE_PIECE = 64 * 1024  # the unit of progress the watchdog sees: a slow reader of a large body is not cut
@@ -279,7 +280,7 @@ class Server:
         for all of them: a timer (a cancel scope with a deadline) around each request's wait
         for its head cost more than the server's whole read of that head (bench/glue_counts.py);
         a connection only notes when its wait began."""
-        every = min(HEAD_CHECK_S, self.keep_alive_s / 4)
+        every = max(min(HEAD_CHECK_S, self.keep_alive_s / 4), HEAD_CHECK_LEAST_S)
         while True:
             await trio.sleep(every)
             too_old = trio.current_time() - self.keep_alive_s
@@ -294,6 +295,9 @@ class Server:
             await trio.sleep(self.send_timeout_s / SEND_CHECKS)
             for connection in [c for c in self.connections if c.stalled()]:
                 log.warning("http_send_timeout client_read_nothing_for_s=%g", self.send_timeout_s)
+                # an app watching for a hang-up hears it now: once the socket is closed its number
+                # may be taken by a new connection before the write that fails says it
+                connection._hung_up()
                 await trio.aclose_forcefully(connection.stream)  # its write raises ClosedResourceError
 
     def shed_waiting(self) -> None:

@@ -179,8 +179,8 @@ class HttpProvider:
                 raise ProviderFailure(fc.truncated(str(exc))) from None
             except UnsupportedEncoding as exc:
                 raise _unsupported(exc) from None
-        if request.clock is not None:
-            request.clock.read()
+        if request.clock is not None and len(body) > PROCESS_PARSE_BYTES:
+            request.clock.read()  # (the decode below is awaited; an inline one awaits nothing)
         if len(body) > PROCESS_PARSE_BYTES and _Decoding.in_processes:
             # a large answer is decoded in a worker process: JSON parsing holds the GIL for the
             # whole document (~0.1 s for 32 MiB), so a thread would still stall every other

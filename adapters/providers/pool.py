@@ -42,8 +42,6 @@ import os
 import ssl
 import urllib.request
 from collections import deque
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import trio
 
@@ -97,41 +95,11 @@ class ProfilePool:
         self._httpx: HttpxPool | None = None
         self._expiry: trio.CancelScope | None = None
 
-    @asynccontextmanager
-    async def exchange(self, request: UpstreamRequest, clock=None) -> AsyncIterator:
-        """Send `request` and yield the response once its head arrived; the block reads the body
-        (or not). On exit the connection goes back to the pool if the exchange ended cleanly."""
-        origin = split_url(request.url)[0]
-        through = self._through.get(origin, False)
-        if through is False:
-            through = self._through[origin] = self._httpx_for(origin)
-        if through is not None:
-            async with through.exchange(request, clock) as response:
-                yield response
-            return
-        bound = self.bound
-        if bound is not None:
-            await bound.acquire()
-        try:
-            connection = await self._take(origin)
-            if connection is None:
-                connection = await Connection.connect(origin, self.ssl_context)
-                self.opened += 1
-            response = None
-            try:
-                response = await connection.exchange(request, clock)
-                # sent: the rendered request (the whole prompt again, beside the turn's own) is not
-                # kept while the body is read, for the life of a stream
-                del request
-                yield response
-            finally:
-                if response is not None and response.complete and not self.closed and connection.reusable():
-                    self._keep(connection)
-                else:
-                    await self._close(connection)
-        finally:
-            if bound is not None:
-                bound.release()
+    def exchange(self, request: UpstreamRequest, clock=None) -> _PooledExchange:
+        """`async with pool.exchange(request) as response`: send `request` and get the response
+        once its head arrived; the block reads the body (or not). On exit the connection goes
+        back to the pool if the exchange ended cleanly."""
+        return _PooledExchange(self, request, clock)
 
     async def _take(self, origin: Origin) -> Connection | None:
         stack = self.idle.get(origin)
@@ -205,6 +173,72 @@ class ProfilePool:
         if self._httpx is not None:
             await self._httpx.aclose()
         self._through.clear()
+
+
+class _PooledExchange:
+    """One exchange on one of a pool's connections (`ProfilePool.exchange`). A class, not an
+    @asynccontextmanager: the generator cost each request an async generator (trio's hooks
+    keep every live one in a weak set) and its frame, and each stream kept them for its whole
+    life (bench/proxy_floor.py --instructions)."""
+
+    __slots__ = ("pool", "request", "clock", "inner", "connection", "response")
+
+    def __init__(self, pool: ProfilePool, request: UpstreamRequest, clock) -> None:
+        self.pool = pool
+        self.request: UpstreamRequest | None = request
+        self.clock = clock
+        self.inner = None  # the httpx pool's exchange, for an origin that goes through httpx
+        self.connection: Connection | None = None
+        self.response = None
+
+    async def __aenter__(self):
+        pool = self.pool
+        # sent: the rendered request (the whole prompt again, beside the turn's own) is not kept
+        # while the body is read, for the life of a stream
+        request, self.request = self.request, None
+        clock, self.clock = self.clock, None
+        origin = split_url(request.url)[0]
+        through = pool._through.get(origin, False)
+        if through is False:
+            through = pool._through[origin] = pool._httpx_for(origin)
+        if through is not None:
+            self.inner = through.exchange(request, clock)
+            return await self.inner.__aenter__()
+        bound = pool.bound
+        if bound is not None:
+            await bound.acquire()
+        try:
+            connection = await pool._take(origin)
+            if connection is None:
+                connection = await Connection.connect(origin, pool.ssl_context)
+                pool.opened += 1
+            try:
+                response = await connection.exchange(request, clock)
+            except BaseException:
+                await pool._close(connection)
+                raise
+        except BaseException:
+            if bound is not None:
+                bound.release()
+            raise
+        self.connection, self.response = connection, response
+        return response
+
+    async def __aexit__(self, kind, exc, tb) -> bool | None:
+        if self.inner is not None:
+            inner, self.inner = self.inner, None
+            return await inner.__aexit__(kind, exc, tb)
+        pool, connection, response = self.pool, self.connection, self.response
+        self.connection = self.response = None
+        try:
+            if response.complete and not pool.closed and connection.reusable():
+                pool._keep(connection)
+            else:
+                await pool._close(connection)
+        finally:
+            if pool.bound is not None:
+                pool.bound.release()
+        return None
 
 
 class Pools:
