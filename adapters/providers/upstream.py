@@ -319,7 +319,7 @@ class Connection:
         await sockets.send_all(self.stream, data)  # (one exchange at a time: no other writer)
 
     async def read(self, first: bool = False) -> bytes:
-        """`first`: the first read of an answer to a request just written, whose bytes cannot be
+        """`first`: the first read of an answer to a request just written, whose bytes are seldom
         here yet: no read is tried before the wait (sockets.py)."""
         if first:
             return await sockets.receive_after_wait(self.stream, READ_BYTES)
