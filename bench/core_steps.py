@@ -12,6 +12,11 @@ row is the least of ROUNDS rounds (machine noise only adds), then the median ove
 `--base DIR` names a checkout of the code before a lever (bench/procs.py's `tree_env`).
 
     python bench/core_steps.py [--base DIR [--after DIR]] [--pairs 5] [--n 5000]
+    python bench/core_steps.py --instructions [--base DIR [--after DIR]]
+
+A step worth a µs moves less than a loaded machine's noise even here; `--instructions` counts
+the instructions of all the steps a request under valgrind's cachegrind (two runs COUNTS apart
+per tree, their difference over the requests between: deterministic, whatever the load).
 """
 
 from __future__ import annotations
@@ -23,16 +28,18 @@ import sys
 import time
 from pathlib import Path
 
-from procs import alternate, tree_arguments
+from procs import alternate, tree_arguments, tree_env
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = 3
+COUNTS = (200, 1200)  # --instructions: requests in the two cachegrind runs of a tree
 STEPS = ("request: JSON read and parse", "turn made (plan, machine, run)", "turn started",
          "upstream request: built", "upstream request: rendered", "upstream answer: decoded",
          "turn: on_completion", "answer: field, headers, body, JSON")
 
 
-def child(n: int) -> dict:
+def _request_path():
+    """The steps, as one call a request, and the dict of ns each step spent."""
     from load import MESSAGES
     from upstream import body_for
 
@@ -77,6 +84,11 @@ def child(n: int) -> dict:
         for step, took in zip(STEPS, (b - a, c - b, d - c, e - d, f - e, g - f, h - g, i - h), strict=True):
             spent[step] += took
 
+    return one, spent
+
+
+def child(n: int) -> dict:
+    one, spent = _request_path()
     for _ in range(n):  # warm
         one()
     best = dict.fromkeys(STEPS, float("inf"))
@@ -89,15 +101,53 @@ def child(n: int) -> dict:
     return best
 
 
+def counted(n: int) -> None:
+    """`n` requests' steps and nothing else (run under cachegrind by `instructions`)."""
+    one, _ = _request_path()
+    for _ in range(n):
+        one()
+
+
+def instructions(trees: dict[str, str | None]) -> dict[str, float]:
+    import re
+    import subprocess
+
+    out = {}
+    for label, tree in trees.items():
+        refs = []
+        for n in COUNTS:
+            done = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+                                   sys.executable, __file__, "--count", str(n)],
+                                  env={**tree_env(tree), "PYTHONHASHSEED": "0"}, capture_output=True, text=True,
+                                  timeout=1800)
+            found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+            if done.returncode != 0 or found is None:
+                raise SystemExit(f"{label}: {done.stderr[-2000:]}")
+            refs.append(int(found.group(1).replace(",", "")))
+        out[label] = (refs[1] - refs[0]) / (COUNTS[1] - COUNTS[0])
+        print(f"  {label:<8} {out[label]:10,.0f} instructions a request, all the steps", flush=True)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     tree_arguments(parser, pairs=5)
     parser.add_argument("--n", type=int, default=5000, help="requests per round (ROUNDS rounds per child)")
     parser.add_argument("--out", help="write the figures here (JSON)")
+    parser.add_argument("--instructions", action="store_true", help="instructions a request (cachegrind)")
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
+    if args.child or args.count:
         sys.path.insert(0, str(HERE))
-        print(json.dumps(child(args.n)))
+        if args.count:
+            counted(args.count)
+        else:
+            print(json.dumps(child(args.n)))
+        return 0
+    if args.instructions:
+        out = instructions({"before": args.base, "after": args.after} if args.base else {"this tree": None})
+        if args.out:
+            Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
         return 0
     sides = alternate(__file__, args, ["--n", str(args.n)], timeout_s=600)
     medians = {side: {step: statistics.median(run[step] for run in runs) for step in STEPS}
