@@ -153,7 +153,7 @@ _TOKEN = r"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
 _NAME = re.compile(_TOKEN).fullmatch
 _UNSAFE_VALUE = re.compile(r"[\r\n\0]|^[ \t]|[ \t]$").search
 # the same checks for every header at once: the names joined by LF, and the values joined by LF
-# (a value's own LF shows as one separator too many)
+# (a name's or a value's own LF shows as one separator too many)
 _NAMES = re.compile(f"{_TOKEN}(?:\n{_TOKEN})*").fullmatch
 _UNSAFE_VALUES = re.compile(r"[\r\0]|^[ \t]|[ \t]$", re.MULTILINE).search
 
@@ -163,9 +163,10 @@ def check_headers(headers: dict[str, str]) -> None:
     framing (this client's to write). The headers are checked together, in two regex passes
     rather than two for each header; only a request that fails is checked header by header, to
     name the header."""
-    values = "\n".join(headers.values())
-    if (_NAMES("\n".join(headers)) and values.count("\n") == len(headers) - 1 and not _UNSAFE_VALUES(values)
-            and not headers.keys() & _FRAMING):
+    names, values = "\n".join(headers), "\n".join(headers.values())
+    separators = len(headers) - 1
+    if (_NAMES(names) and names.count("\n") == separators and values.count("\n") == separators
+            and not _UNSAFE_VALUES(values) and not headers.keys() & _FRAMING):
         return
     for name, value in headers.items():
         if not _NAME(name) or _UNSAFE_VALUE(value) or name in _FRAMING:
