@@ -160,12 +160,11 @@ class TurnRun:
         # each decision of the turn's machines, so each sees the fleet (an answer needs none:
         # whatever the fleet says, the turn is done), and what the turn did is pushed at its end
         self._store = turn.health.store if hasattr(turn.health.store, "sync") else None
-        self._profiles = tuple({e.profile: None for e in turn.plan.entries})
 
     async def _sync_health(self, *, read: bool = True) -> None:
         store = self._store
         if store is not None and (read or store.pending):
-            await store.sync(self._profiles if read else ())
+            await store.sync(tuple({e.profile: None for e in self.turn.plan.entries}) if read else ())
 
     async def _sync_settled(self) -> None:
         """After a turn was settled by cancellation or a crash: its held probes go back to the

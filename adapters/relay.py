@@ -268,7 +268,9 @@ class Relay:
         """A turn planned and ready to run (`TurnRun.run`); its result goes to `_observe`."""
         request = wire_request(messages, tools, params)
         wire.check_model(model)  # it reaches headers, logs and the ledger: printable and bounded
-        plan = self.plan(model=model, text=request.turn_text, operator_model=operator_model, gateway=gateway)
+        # the turn's text is read only by effort routing (a plan without it is kept: `Router.plans`)
+        text = request.turn_text if self.config.effort_routing is not None else ""
+        plan = self.plan(model=model, text=text, operator_model=operator_model, gateway=gateway)
         if not self.config.gateway.drop_unsupported_params:
             # CONFIG.md "The wire": an entry that cannot honour the request is skipped, not sent
             unfit = {}

@@ -113,7 +113,7 @@ class Scheduler(trio.abc.Instrument):
         if self.on:
             self.counts["scheduler passes (epoll_wait)"] += 1
             if timeout > 0:
-                self.counts["  passes that block"] += 1
+                self.counts["  passes that may block (a timeout)"] += 1
 
 
 def _by_name(stats: pstats.Stats, requests: int) -> tuple[dict, dict]:

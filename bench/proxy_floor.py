@@ -352,7 +352,7 @@ def serve_counted(kind: str, upstream: str, n: int) -> None:
         trio.run(main, tmp)
 
 
-def instructions(trees: dict[str, str | None], counts: tuple[int, int] = (20, 220)) -> dict:
+def instructions(trees: dict[str, str | None], counts: tuple[int, int] = (20, 220), floor: bool = True) -> dict:
     """Instructions per request of the trio floor and of the gateway (each tree in `trees`),
     from cachegrind's count of two runs `counts` requests apart (their start-up cancels out)."""
     import re
@@ -361,7 +361,8 @@ def instructions(trees: dict[str, str | None], counts: tuple[int, int] = (20, 22
 
     out: dict = {}
     with Processes() as procs:
-        runs = [("trio floor", "trio", None)] + [(f"gateway {name}", "gateway", tree) for name, tree in trees.items()]
+        runs = [("trio floor", "trio", None)] if floor else []
+        runs += [(f"gateway {name}", "gateway", tree) for name, tree in trees.items()]
         for label, kind, tree in runs:
             refs = []
             for n in counts:
@@ -401,6 +402,7 @@ def main() -> int:
                         help="instructions per request (cachegrind) of the trio floor and the gateway")
     parser.add_argument("--base", help="with --instructions: the gateway of this tree's package too (a lever's before)")
     parser.add_argument("--after", help="with --base: the tree after the lever (default: this one)")
+    parser.add_argument("--no-floor", action="store_true", help="with --instructions: the gateway's trees alone")
     parser.add_argument("--count", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--serve", nargs=2, metavar=("KIND", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -414,7 +416,7 @@ def main() -> int:
         return 0
     if args.instructions:
         trees = {"before (--base)": args.base, "after": args.after} if args.base else {"(this tree)": None}
-        out = instructions(trees)
+        out = instructions(trees, floor=not args.no_floor)
     elif args.shared_client:
         out = shared_client(args.rounds)
         for how, rows in out.items():

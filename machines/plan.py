@@ -94,10 +94,12 @@ class PlannedEntry:
     provider: Provider
     keys: tuple[Secret, ...] = attrs.field(repr=False)
     price: Price = Price()  # this model's price on this profile (the ledger bills with it)
+    # profile/model, once: a turn's answer, log lines and console read it several times, and a
+    # router keeps its plans (`Router.plans`), so it is made once per model asked for
+    label: str = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def label(self) -> str:
-        return f"{self.profile}/{self.model}"
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "label", f"{self.profile}/{self.model}")
 
 
 @attrs.frozen

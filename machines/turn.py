@@ -156,10 +156,12 @@ class TurnResult:
     stop_sequence: str | None = None
     usage: Usage | None = None  # the accepted answer's usage
     rejection: Rejection | None = None  # every attempt was a client rejection: the upstream's words
+    # the sum of the ledger's rows, once: the answer's header and field, the access line, the
+    # console and the log each read it
+    cost_usd: float = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def cost_usd(self) -> float:
-        return sum(r.cost_usd for r in self.ledger)
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "cost_usd", sum(r.cost_usd for r in self.ledger))
 
 
 @attrs.frozen
@@ -172,6 +174,13 @@ Action = Call | Sleep | Finish  # what the driver does next
 
 
 class Turn:
+    # slotted, as the walk and the lifecycles: a turn's attributes are read and written some
+    # hundred times a turn, and each held stream keeps its turn
+    __slots__ = ("plan", "config", "health", "stream_requested", "tools", "life", "cancellation", "attempts",
+                 "ledger", "walk", "gate", "walks", "gates", "call", "call_at", "answer", "forwarded",
+                 "shown_reasoning", "executed_tools", "failure", "continuation", "walk_result", "spent", "refusal",
+                 "advance_refusals", "rejections")
+
     def __init__(self, plan: Plan, config: Config, store: HealthStore, *, stream: bool, tools: bool = False):
         self.plan = plan
         self.config = config

@@ -188,6 +188,9 @@ class Walk:
     reads (properties named as in the spec), performs the actions and waits a row names, and
     acts on the state the engine reached (`_enter`), never on a flag of its own."""
 
+    __slots__ = ("plan", "rel", "health", "mode_for", "budgets", "exclude", "life", "index", "tries", "backoff",
+                 "attempted", "forced", "last_failure", "failure", "now")
+
     def __init__(
         self,
         plan: Plan,

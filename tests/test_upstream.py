@@ -7,15 +7,12 @@ and deflate, TLS against a local CA, and the proxies httpx honoured."""
 from __future__ import annotations
 
 import gzip
-import re
 import ssl
 import zlib
 from functools import partial
 
 import pytest
 import trio
-from hypothesis import example, given
-from hypothesis import strategies as st
 
 from relayline.adapters.providers import pool as pool_module
 from relayline.adapters.providers.pool import Pools, ProfilePool
@@ -25,8 +22,6 @@ from relayline.adapters.providers.upstream import (
     UnsupportedEncoding,
     UpstreamError,
     UpstreamRequest,
-    check_headers,
-    render,
 )
 
 OK_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
@@ -581,36 +576,3 @@ async def test_an_ip_literal_is_connected_directly_and_a_name_is_resolved(serve,
     assert (await fetch(six, request(f"http://[::1]:{port}/v1/chat/completions")))[2] == b'{"ok": true}'
     assert resolved == ["localhost"]
     await six.aclose()
-
-
-# -- the request head's header checks -----------------------------------------------------------
-
-_header_text = st.text(st.sampled_from("aZ9-_:; \t\r\n\0é"), max_size=5)
-
-
-@given(st.dictionaries(st.one_of(_header_text, st.sampled_from(["content-length", "x-request-id"])), _header_text,
-                       max_size=4))
-@example({"a\nb": "x"})  # a name with a line feed reads as two names when the names are joined
-@example({"x-a": "1", "b\nc": "2"})
-def test_headers_checked_together_are_refused_as_each_checked_alone_would_be(headers):
-    """render() checks every header in two regex passes: it refuses a request, naming the same
-    header, exactly when checking each header alone would."""
-    def alone() -> str | None:
-        for name, value in headers.items():
-            if not re.fullmatch(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+", name) or re.search(r"[\r\n\0]|^[ \t]|[ \t]$", value) \
-                    or name in ("content-length", "transfer-encoding"):
-                return name
-        return None
-
-    try:
-        check_headers(headers)
-        refused = None
-    except ValueError as exc:
-        refused = str(exc)
-    first = alone()
-    assert refused == (None if first is None else
-                       f"header {first!r} cannot be sent upstream (an illegal name or value, or framing)")
-    if first is None:
-        head = render(UpstreamRequest("http://127.0.0.1:9/v1/chat/completions", headers, b"{}")).decode("latin-1")
-        # the request line, host, the three defaults, each header, content-length and the blank line
-        assert head.count("\r\n") == len(headers) + 7

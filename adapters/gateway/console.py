@@ -125,15 +125,14 @@ class _Ended:
     result, never the result itself (its text may be large, and it is not the console's)."""
 
     __slots__ = ("seq", "turn", "latency_s", "ended", "wall", "requested", "served", "outcome", "error", "fallback",
-                 "attempts", "ledger", "skipped")
+                 "attempts", "ledger", "skipped", "cost_usd")
 
     def __init__(self, seq: int, turn: str, result: TurnResult, latency_s: float, ended: float, wall: float) -> None:
         self.seq, self.turn, self.latency_s, self.ended, self.wall = seq, turn, latency_s, ended, wall
         self.requested, self.served, self.outcome = result.requested, result.served, result.outcome
         self.error, self.fallback = result.error, result.fallback
         self.attempts, self.ledger, self.skipped = result.attempts, result.ledger, result.skipped
-
-    cost_usd = TurnResult.cost_usd  # (it reads only `ledger`, which this keeps)
+        self.cost_usd = result.cost_usd
 
     def view(self) -> TurnView:
         return turn_view(self.seq, self.turn, self, self.latency_s, self.ended, self.wall)  # type: ignore[arg-type]

@@ -139,7 +139,7 @@ class OpenAIDialect:
         return status, self.error_body(result.message or "failed", type_, code)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict) -> dict:
-        tools = _tools(result, ToolIds("call_"))
+        tools = _tools(result, ToolIds("call_")) if result.tool_calls else []
         message: dict = {"role": "assistant", "content": result.text or (None if tools else "")}
         if result.reasoning:
             message["reasoning_content"] = result.reasoning

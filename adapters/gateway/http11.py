@@ -671,10 +671,12 @@ class _Connection:
                     return  # the drain closes a connection between two requests
                 # the wait for a head is bounded by the server's head watchdog (_watch_heads)
                 self.waiting_since = trio.current_time()
-                event = await self._next_event()
-                if self.waiting_since is None or type(event) is not _Head:
+                try:
+                    event = await self._next_event()
+                finally:  # (however the wait ends: a connection that lingers waits for no head)
+                    closed, self.waiting_since = self.waiting_since is None, None
+                if closed or type(event) is not _Head:
                     return  # idle, or a head too slow (closed without an answer), or the client left
-                self.waiting_since = None
                 await self._request(event)
                 self._finish_reading()
                 if self.gone or not self.response_done or not self.request_done or not self.keep_alive:
@@ -717,7 +719,7 @@ class _Connection:
     async def _read(self) -> bytes:
         try:
             if self.waiting_since is not None:
-                # a head: the client sends it once it has read the last answer, so it is not
+                # a head: the client sends it once it has read the last answer, so it is seldom
                 # here yet (sockets.py)
                 return await sockets.receive_after_wait(self.stream, READ_SIZE)
             return await self.stream.receive_some(READ_SIZE)

@@ -1,0 +1,117 @@
+"""The turn's pure steps of a non-streamed OpenAI request, each in a loop of its own (never part
+of `make test`): µs a step, two trees alternated.
+
+bench/gateway_phases.py clocks the same steps in a serving process, where each runs with caches
+cold from the step before and a loaded machine preempts some of them: there a lever worth 2 µs
+is within one run's noise. Here each step runs on a warm cache, without sockets or trio, as the
+gateway calls it (the bench's request body and upstream answer, an openai-family profile): the
+request's JSON and its parse, the turn made (plan, turn machine, run), the turn started, the
+upstream request built and rendered, the upstream answer decoded, the turn's on_completion, and
+the answer (its relayline field, attribution and dropped-parameters headers, body and JSON). A
+row is the least of ROUNDS rounds (machine noise only adds), then the median over the pairs.
+`--base DIR` names a checkout of the code before a lever (bench/procs.py's `tree_env`).
+
+    python bench/core_steps.py [--base DIR [--after DIR]] [--pairs 5] [--n 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from procs import alternate, tree_arguments
+
+HERE = Path(__file__).resolve().parent
+ROUNDS = 3
+STEPS = ("request: JSON read and parse", "turn made (plan, machine, run)", "turn started",
+         "upstream request: built", "upstream request: rendered", "upstream answer: decoded",
+         "turn: on_completion", "answer: field, headers, body, JSON")
+
+
+def child(n: int) -> dict:
+    from load import MESSAGES
+    from upstream import body_for
+
+    from relayline.adapters import jsoncodec
+    from relayline.adapters.gateway import Gateway, app, dialects
+    from relayline.adapters.providers import http, upstream
+    from relayline.adapters.relay import Relay
+    from relayline.machines.config import parse_config
+
+    raw = json.dumps({"model": "frames-1", "messages": MESSAGES}).encode()
+    answer = body_for("frames", 1, False)
+    headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+               (b"content-length", str(len(raw)).encode()), (b"user-agent", b"bench")]
+    relay = Relay(parse_config('active = "bench.upstream"\n[providers."bench.upstream"]\nfamily = "openai"\n'
+                               'base_url = "http://127.0.0.1:9/v1"\napi_key = "bench-key"\n'), env={})
+    gateway = Gateway(relay)
+    dialect = dialects.OPENAI
+    protocol = relay.clients["openai"].protocol
+    spent = dict.fromkeys(STEPS, 0)
+
+    def one() -> None:
+        clock = time.perf_counter_ns
+        a = clock()
+        request = dialect.parse(jsoncodec.loads(raw), [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers])
+        b = clock()
+        run = relay._new_run(request, model=request.model, stream=False, gateway=True)
+        c = clock()
+        call = run.turn.start(1.0)
+        d = clock()
+        built = protocol.build(run._request(call))
+        e = clock()
+        upstream.render(built)
+        f = clock()
+        completion = http.decode_completion(protocol, answer)
+        g = clock()
+        result = run.turn.on_completion(completion, 1.01).result
+        h = clock()
+        body = dialect.completion("chatcmpl-bench", result, gateway._relayline_field(result))
+        gateway._attribution(result) + app.dropped_header(request, result.served)
+        jsoncodec.dumps(body)
+        i = clock()
+        for step, took in zip(STEPS, (b - a, c - b, d - c, e - d, f - e, g - f, h - g, i - h), strict=True):
+            spent[step] += took
+
+    for _ in range(n):  # warm
+        one()
+    best = dict.fromkeys(STEPS, float("inf"))
+    for _ in range(ROUNDS):
+        spent.update(dict.fromkeys(STEPS, 0))
+        for _ in range(n):
+            one()
+        for step in STEPS:
+            best[step] = min(best[step], spent[step] / n / 1e3)
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    tree_arguments(parser, pairs=5)
+    parser.add_argument("--n", type=int, default=5000, help="requests per round (ROUNDS rounds per child)")
+    parser.add_argument("--out", help="write the figures here (JSON)")
+    args = parser.parse_args()
+    if args.child:
+        sys.path.insert(0, str(HERE))
+        print(json.dumps(child(args.n)))
+        return 0
+    sides = alternate(__file__, args, ["--n", str(args.n)], timeout_s=600)
+    medians = {side: {step: statistics.median(run[step] for run in runs) for step in STEPS}
+               for side, runs in sides.items()}
+    print(f"µs a step, each in a loop of its own (least of {ROUNDS} rounds of {args.n}), medians of {args.pairs} "
+          "children a tree")
+    print("  " + "".join(f"{side:>9}" for side in medians))
+    for step in STEPS:
+        print("  " + "".join(f"{medians[side][step]:9.2f}" for side in medians) + f"  {step}")
+    print("  " + "".join(f"{sum(medians[side].values()):9.2f}" for side in medians) + "  all of them")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"medians": medians, "runs": sides}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
