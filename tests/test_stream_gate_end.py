@@ -101,3 +101,25 @@ async def test_a_drain_answers_a_held_stream_503_and_one_the_gate_committed_with
     else:
         assert status == 503 and json.loads(body)["error"]["code"] == "shutting_down"
     assert not gateway._gates._live and not gateway._turns
+
+
+@pytest.mark.parametrize("fails", ["planning", "admitting"])
+async def test_a_stream_whose_run_could_not_be_made_or_started_leaves_no_gate_held(fails, monkeypatch, autojump_clock):
+    # relayline's own bug where a turn's run is made (the plan) or where it is admitted: the
+    # client gets a 500 and nothing after it; the gate timer holds no stream and never writes
+    # a commit of its own (a held gate would write a 200 head after the 500, at gate_commit_s)
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"frames": [{"text": "x"}, {"done": True}]}]}])
+    relay = Relay.from_toml(CONFIG, env={}, sim=sim)
+    gateway = Gateway(relay)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(*((relay, "_new_run") if fails == "planning" else (gateway, "_admit")), broken)
+    starts = []
+    status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY,
+                                      on_send=lambda m: starts.append(m.get("status")))
+    await trio.sleep(3)  # past gate_commit_s
+    assert status == 500 and json.loads(body)["error"]
+    assert [s for s in starts if s is not None] == [500]
+    assert not gateway._gates._live and not gateway._gates._heap and not gateway._turns

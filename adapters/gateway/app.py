@@ -680,13 +680,7 @@ class Gateway:
             turn_id = dialect.new_id()
             if request.stream:
                 stream = _StreamWire(turn_id, exchange, dialect, request)
-                gate_s = self.relay.config.timeouts.gate_commit_s
-                if gate_s > 0:
-                    self._gates.hold(stream, trio.current_time() + gate_s)
-                try:
-                    result = await self._run_turn(exchange, turn_id, receive, request, stream)
-                finally:
-                    stream.ending()
+                result = await self._run_turn(exchange, turn_id, receive, request, stream)
                 await stream.settled()  # a commit the gate timer began is written whole first
             else:
                 result = await self._run_turn(exchange, turn_id, receive, request)
@@ -730,10 +724,15 @@ class Gateway:
                 if stream is not None:  # a hang-up or a drain also cuts short a write in progress
                     stream.run = run
                     stream._cancel_turn, owner = owner.cancel, stream
-                self._admit(owner)
-                if turn_scope is None:
-                    exchange.hangup(owner.cancel)
+                    # the gate holds from the request's start, and only once the run exists: the
+                    # `finally` below, before any await, is the one place it is let go
+                    gate_s = relay.config.timeouts.gate_commit_s
+                    if gate_s > 0:
+                        self._gates.hold(stream, started + gate_s)
                 try:
+                    self._admit(owner)
+                    if turn_scope is None:
+                        exchange.hangup(owner.cancel)
                     await (run.run() if stream is None else run.run(stream))
                 except Exception:
                     if run.result is None:
@@ -991,8 +990,8 @@ class _StreamWire:
             await self._flush()
 
     async def finish(self, result: TurnResult, relayline: dict) -> None:
-        """The end of the response; whatever was not sent yet goes first."""
-        await self.settled()
+        """The end of the response; whatever was not sent yet goes first (after `settled`: a
+        commit the gate timer began is written whole)."""
         self.commit()  # an answer with nothing to show (a refusal) still is a stream
         body = self.render.ok(result, relayline) if result.outcome == "ok" else self.render.failed(result, relayline)
         head, self._head = self._head, None
