@@ -205,6 +205,30 @@ async def test_a_keep_alive_connection_waits_for_its_next_head_with_no_timer_of_
     assert 0.35 <= waited < 3
 
 
+async def test_a_drain_closes_a_connection_waiting_for_its_next_head_gracefully():
+    """A connection the drain (or the head watchdog) closes between requests is closed without a
+    reset, even with the client's next request unread: the client reads EOF, and what it sent is
+    read and dropped (linger). A close with input unread resets the connection, and a reset can
+    destroy an answer the client has not read yet."""
+    import os
+
+    app = App()
+    async with trio.open_nursery() as nursery:
+        server, stop, port = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(GET % b"/a")
+        assert (await read_response(stream, bytearray())).endswith(b"/a 0")
+        await trio.sleep(0.05)  # (the connection waits for its next head)
+        (connection,) = server.connections
+        os.write(stream.socket.fileno(), GET % b"/b")  # its next request, unread when...
+        connection.drain()  # ...the drain closes the connection (no checkpoint in between)
+        with trio.fail_after(5):
+            assert await stream.receive_some(100) == b""  # EOF, not a reset (BrokenResourceError)
+        await stream.aclose()
+        stop.set()
+    assert app.seen == ["/a"]  # (the request it sent ahead was never served)
+
+
 async def test_a_head_beyond_the_limit_is_431_and_a_malformed_request_400_both_closed():
     app = App()
     async with trio.open_nursery() as nursery:

@@ -654,14 +654,15 @@ class _Connection:
 
     def drain(self) -> None:
         """The server is draining (or out of descriptors, or its head took `keep_alive_s`): a
-        connection waiting for a request head closes now, without an answer. Its socket is
-        closed under the read waiting on it, which ends the read at once (trio's
-        notify_closing), as a timer's cancellation did."""
+        connection waiting for a request head closes now, without an answer. The read waiting
+        for the head ends at once (trio's notify_closing: ClosedResourceError), as a timer's
+        cancellation did, and no other is made (`gone`); the socket stays open for `linger`,
+        which says EOF and reads what the client still sends before the close (closing it here
+        could reset the connection and destroy the last answer before the client read it)."""
         if self.waiting_since is not None:
             self.waiting_since = None
             self.gone = True
-            self.forget_hangups()  # (before the close: its fd number may be taken and watched again)
-            self.stream.socket.close()
+            trio.lowlevel.notify_closing(self.stream.socket)
 
     async def run(self) -> None:
         reader = self.reader
@@ -741,6 +742,8 @@ class _Connection:
         """Read until the reader has an event; False when the client left (`gone`)."""
         reader = self.reader
         while not reader.pending():
+            if self.gone:  # (drained while it waited: drain())
+                return False
             data = await self._read()
             if not data:
                 self.gone = True
