@@ -190,7 +190,7 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
     """The request fields an entry of `family` with `capabilities` cannot honour (CONFIG.md "The
     wire"), by name. Empty: the entry can serve the request as asked."""
     names: list[str] = []
-    if request.has_images and not capabilities.vision:
+    if not capabilities.vision and request.has_images:  # (the capability first: it reads no message)
         names.append("image")
     if request.tools and not capabilities.tools:
         names.append("tools")
