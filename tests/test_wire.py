@@ -536,6 +536,30 @@ def test_drop_unsupported_params_drops_and_names_them():
     assert "seed" not in sent and sent["temperature"] == 0.5
 
 
+@STREAM
+def test_a_dropped_field_whose_name_is_no_plain_header_text_is_named_quoted_not_a_500(stream):
+    # the names in x-relayline-dropped are the client's own JSON keys: one with a line feed, a
+    # NUL, a comma or non-ASCII text was written into the head raw, which the server refused
+    # (a 500 for a client's field, then a dropped connection)
+    odd = {"x\ny": 1, "a\u0000": 2, "b, c": 3, "\u00e9t\u00e9": 4, "q\"": 5}
+    with RecordingUpstream() as upstream:
+        config = {"active": "anthropic.up", "gateway": {"drop_unsupported_params": True},
+                  "providers": {"anthropic.up": {"family": "anthropic", "base_url": upstream.url, "api_key": "sk-wire-test-0006",
+                                                 "model": "claude-up"}}}
+        with BackgroundGateway(config) as gw:
+            raw = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.with_raw_response
+            reply = raw.create(model="claude-up", messages=[{"role": "user", "content": "hi"}], seed=7, stream=stream,
+                               extra_body=odd)
+            if stream:
+                list(reply.parse())
+        sent = upstream.seen[-1].body
+    assert reply.status_code == 200
+    dropped = reply.headers["x-relayline-dropped"]
+    assert dropped.isascii() and dropped.isprintable()
+    assert json.loads(f"[{dropped.replace('seed', json.dumps('seed'))}]") == ["seed", *odd]
+    assert not set(odd) & set(sent) and "seed" not in sent
+
+
 def test_the_library_takes_and_returns_the_same_model():
     import trio
 

@@ -802,13 +802,24 @@ class Gateway:
                 scope.cancel()
                 return
 
+# a dropped field's name written as it is: printable ASCII but a space, '"', ',' and '\\'
+_PLAIN_FIELD = re.compile(r"[\x21\x23-\x2b\x2d-\x5b\x5d-\x7e]+").fullmatch
+
+
 def dropped_header(request: wire.Request, entry) -> list[tuple[bytes, bytes]]:
-    """x-relayline-dropped: the fields `drop_unsupported_params` dropped for the serving entry."""
+    """x-relayline-dropped: the fields `drop_unsupported_params` dropped for the serving entry.
+    A name is the client's own JSON key: one that is not plain header text (a line feed, a NUL,
+    a comma, non-ASCII) is written as a JSON string in ASCII, so the list stays one legal
+    header line that still names it."""
     if entry is None or request is None:
         return []
     provider = entry.provider
     dropped = wire.unsupported(request, provider.family, provider.capabilities)
-    return [(b"x-relayline-dropped", ", ".join(dropped).encode())] if dropped else []
+    if not dropped:
+        return []
+    names = [name if _PLAIN_FIELD(name) else json.dumps(name).replace("\x7f", "\\u007f") for name in dropped]
+    return [(b"x-relayline-dropped", ", ".join(names).encode())]
+
 
 def _shut_down(result: TurnResult) -> TurnResult:
     """A turn the drain cancelled: said as such to its client, never as a client disconnect."""
