@@ -22,6 +22,7 @@ from relayline.adapters.providers.upstream import (
     UnsupportedEncoding,
     UpstreamError,
     UpstreamRequest,
+    render,
 )
 
 OK_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
@@ -576,3 +577,16 @@ async def test_an_ip_literal_is_connected_directly_and_a_name_is_resolved(serve,
     assert (await fetch(six, request(f"http://[::1]:{port}/v1/chat/completions")))[2] == b'{"ok": true}'
     assert resolved == ["localhost"]
     await six.aclose()
+
+
+@pytest.mark.parametrize("headers", [
+    {"a\nb": "x"},  # a line feed in a name: two lines of the head (the joined-names lever let it through)
+    {"x-ok": "1", "b\nc": "2"},
+    {"a\rb": "x"}, {"a b": "x"}, {"": "x"}, {"x-a": "1\r\nhost: evil"}, {"x-a": "1\nx-b: 2"}, {"x-a": "\0"},
+    {"x-a": " padded"}, {"x-a": "padded\t"}, {"content-length": "5"}, {"transfer-encoding": "chunked"},
+])
+def test_a_header_that_would_change_the_heads_lines_or_framing_is_never_written(headers):
+    """render() is the last check before bytes go upstream: a profile's or a client's header
+    that is not one legal line of its own is refused, naming it."""
+    with pytest.raises(ValueError, match="cannot be sent upstream"):
+        render(UpstreamRequest("http://127.0.0.1:9/v1/chat/completions", headers, b"{}"))
