@@ -702,7 +702,7 @@ class Turn:
 
     def _rejection(self, error: ErrorReason | None) -> Rejection | None:
         """The upstream's own rejection, when every attempt of the turn was one."""
-        if error not in (ErrorReason.EXHAUSTED, ErrorReason.CLIENT_ERROR) or not self.rejections:
+        if not self.rejections or error not in (ErrorReason.EXHAUSTED, ErrorReason.CLIENT_ERROR):
             return None
         if any(r is None for r in self.rejections):
             return None
