@@ -126,6 +126,16 @@ async def asyncio_within(fn, seconds):
         pass
 
 
+@pytest.fixture(autouse=True)
+def sigint_raises_keyboard_interrupt():
+    """Python's own SIGINT handler for these tests: a process started in the background by a
+    shell without job control (`cmd &` in a script, as a CI runner may) inherits SIGINT ignored,
+    and Python then installs no handler, so the host's interrupt would never arrive."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def interrupt_main_after(seconds):
     """SIGINT to this (main) thread: a blocked synchronous call sees KeyboardInterrupt."""
     main = threading.main_thread().ident
