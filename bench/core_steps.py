@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from procs import alternate, tree_arguments, tree_env
+from procs import alternate, per_run_instructions, tree_arguments, tree_env
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = 3
@@ -109,22 +109,10 @@ def counted(n: int) -> None:
 
 
 def instructions(trees: dict[str, str | None]) -> dict[str, float]:
-    import re
-    import subprocess
-
     out = {}
     for label, tree in trees.items():
-        refs = []
-        for n in COUNTS:
-            done = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-                                   sys.executable, __file__, "--count", str(n)],
-                                  env={**tree_env(tree), "PYTHONHASHSEED": "0"}, capture_output=True, text=True,
-                                  timeout=1800)
-            found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
-            if done.returncode != 0 or found is None:
-                raise SystemExit(f"{label}: {done.stderr[-2000:]}")
-            refs.append(int(found.group(1).replace(",", "")))
-        out[label] = (refs[1] - refs[0]) / (COUNTS[1] - COUNTS[0])
+        out[label] = per_run_instructions([__file__, "--count"], {**tree_env(tree), "PYTHONHASHSEED": "0"},
+                                          COUNTS, label)
         print(f"  {label:<8} {out[label]:10,.0f} instructions a request, all the steps", flush=True)
     return out
 

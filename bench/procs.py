@@ -63,6 +63,20 @@ def child_in_tree(script: str, tree: str | None, args: list[str], timeout_s: flo
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def per_run_instructions(args: list[str], env: dict, counts: tuple[int, int], label: str) -> float:
+    """Instructions per unit of work of `python *args n`, a script that does `n` units: from
+    cachegrind's counts of two runs `counts` units apart, so that their start-up cancels out."""
+    refs = []
+    for n in counts:
+        done = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+                               sys.executable, *args, str(n)], env=env, capture_output=True, text=True, timeout=1800)
+        found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+        if done.returncode != 0 or found is None:
+            raise SystemExit(f"{label}: {done.stderr[-2000:]}")
+        refs.append(int(found.group(1).replace(",", "")))
+    return (refs[1] - refs[0]) / (counts[1] - counts[0])
+
+
 def tree_arguments(parser: argparse.ArgumentParser, pairs: int = 3) -> None:
     """The options of a bench that measures two trees alternated (`alternate`)."""
     parser.add_argument("--base", help="the package directory of the tree before the lever")

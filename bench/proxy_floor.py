@@ -355,25 +355,15 @@ def serve_counted(kind: str, upstream: str, n: int) -> None:
 def instructions(trees: dict[str, str | None], counts: tuple[int, int] = (20, 220), floor: bool = True) -> dict:
     """Instructions per request of the trio floor and of the gateway (each tree in `trees`),
     from cachegrind's count of two runs `counts` requests apart (their start-up cancels out)."""
-    import re
-
-    from procs import tree_env
+    from procs import per_run_instructions, tree_env
 
     out: dict = {}
     with Processes() as procs:
         runs = [("trio floor", "trio", None)] if floor else []
         runs += [(f"gateway {name}", "gateway", tree) for name, tree in trees.items()]
         for label, kind, tree in runs:
-            refs = []
-            for n in counts:
-                done = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-                                       sys.executable, __file__, "--count", kind, procs.upstream, str(n)],
-                                      env=tree_env(tree), capture_output=True, text=True, timeout=1800)
-                found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
-                if done.returncode != 0 or found is None:
-                    raise SystemExit(f"{label}: {done.stderr[-2000:]}")
-                refs.append(int(found.group(1).replace(",", "")))
-            out[label] = (refs[1] - refs[0]) / (counts[1] - counts[0])
+            out[label] = per_run_instructions([__file__, "--count", kind, procs.upstream], tree_env(tree), counts,
+                                              label)
             print(f"  {label:<24} {out[label]:12,.0f} instructions a request", flush=True)
     return out
 
