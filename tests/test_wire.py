@@ -523,15 +523,23 @@ def test_drop_unsupported_params_strips_images_for_a_profile_without_vision(stre
     assert sent["messages"] == [{"role": "user", "content": "what is this?"}] and sent["user"] == "u-1"
 
 
-def test_drop_unsupported_params_drops_and_names_them():
+def _seed_to_claude_dropping(api_key: str, **create):
+    """An OpenAI-dialect request with a `seed` (which the anthropic family cannot honour) to a
+    gateway that drops what its entry cannot honour: the reply, and the body the upstream got."""
     with RecordingUpstream() as upstream:
         config = {"active": "anthropic.up", "gateway": {"drop_unsupported_params": True},
-                  "providers": {"anthropic.up": {"family": "anthropic", "base_url": upstream.url, "api_key": "sk-wire-test-0002",
+                  "providers": {"anthropic.up": {"family": "anthropic", "base_url": upstream.url, "api_key": api_key,
                                                  "model": "claude-up"}}}
         with BackgroundGateway(config) as gw:
             raw = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.with_raw_response
-            reply = raw.create(model="claude-up", messages=[{"role": "user", "content": "hi"}], seed=7, temperature=0.5)
-        sent = upstream.seen[-1].body
+            reply = raw.create(model="claude-up", messages=[{"role": "user", "content": "hi"}], seed=7, **create)
+            if create.get("stream"):
+                list(reply.parse())
+    return reply, upstream.seen[-1].body
+
+
+def test_drop_unsupported_params_drops_and_names_them():
+    reply, sent = _seed_to_claude_dropping("sk-wire-test-0002", temperature=0.5)
     assert reply.headers["x-relayline-dropped"] == "seed"
     assert "seed" not in sent and sent["temperature"] == 0.5
 
@@ -542,17 +550,7 @@ def test_a_dropped_field_whose_name_is_no_plain_header_text_is_named_quoted_not_
     # NUL, a comma or non-ASCII text was written into the head raw, which the server refused
     # (a 500 for a client's field, then a dropped connection)
     odd = {"x\ny": 1, "a\u0000": 2, "b, c": 3, "\u00e9t\u00e9": 4, "q\"": 5}
-    with RecordingUpstream() as upstream:
-        config = {"active": "anthropic.up", "gateway": {"drop_unsupported_params": True},
-                  "providers": {"anthropic.up": {"family": "anthropic", "base_url": upstream.url, "api_key": "sk-wire-test-0006",
-                                                 "model": "claude-up"}}}
-        with BackgroundGateway(config) as gw:
-            raw = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.with_raw_response
-            reply = raw.create(model="claude-up", messages=[{"role": "user", "content": "hi"}], seed=7, stream=stream,
-                               extra_body=odd)
-            if stream:
-                list(reply.parse())
-        sent = upstream.seen[-1].body
+    reply, sent = _seed_to_claude_dropping("sk-wire-test-0006", stream=stream, extra_body=odd)
     assert reply.status_code == 200
     dropped = reply.headers["x-relayline-dropped"]
     assert dropped.isascii() and dropped.isprintable()
