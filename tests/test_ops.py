@@ -261,26 +261,6 @@ def test_load_beyond_max_in_flight_is_shed_with_retry_after_and_nothing_is_lost(
 # -- logs, request ids, metrics ---------------------------------------------------------------------
 
 
-def test_new_ids_are_random_hex_from_a_pool_that_a_forked_worker_does_not_share():
-    from relayline.adapters.gateway.app import RandomHex
-
-    ids = RandomHex()
-    made = [ids(16) for _ in range(3 * RandomHex.POOL_BYTES // 16 + 5)]  # across three refills
-    assert len(set(made)) == len(made) and all(len(i) == 32 and int(i, 16) >= 0 for i in made)
-    assert len(ids(RandomHex.POOL_BYTES + 8)) == 2 * (RandomHex.POOL_BYTES + 8)  # larger than a pool
-    ids(16)  # the pool now holds bytes a child would hand out again, had it kept them
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover (the child)
-        os.write(write, ids(16).encode())
-        os._exit(0)
-    os.close(write)
-    os.waitpid(child, 0)
-    in_child = os.read(read, 64).decode()
-    os.close(read)
-    assert len(in_child) == 32 and in_child != ids(16)
-
-
 def test_access_lines_are_json_with_the_request_id_which_is_echoed_and_sent_upstream():
     replies = [{"provider": "openai.main", "script": [{"status": 503}]},
                {"provider": "openai.backup", "script": [{"text": "from the backup"}]}]

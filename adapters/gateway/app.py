@@ -171,35 +171,6 @@ class Exchange:
                     return
 
 
-class RandomHex:
-    """Random hex for new ids, from the kernel's random bytes read 4 KiB at a time: a getrandom
-    call per id was most of an id's cost in a serving process (2.3 µs). The bytes are
-    os.urandom's, so the ids are as unpredictable as before; a forked process starts with an
-    empty pool, never its parent's (two workers never hand out the same id). Not for threads
-    sharing one instance: the gateway takes its ids in its event loop's thread."""
-
-    __slots__ = ("_pool", "_at")
-    POOL_BYTES = 4096
-
-    def __init__(self) -> None:
-        self._pool, self._at = b"", 0
-        os.register_at_fork(after_in_child=self._forget)
-
-    def _forget(self) -> None:
-        self._pool, self._at = b"", 0
-
-    def __call__(self, nbytes: int) -> str:
-        at = self._at
-        end = at + nbytes
-        if end > len(self._pool):
-            self._pool, at, end = os.urandom(max(self.POOL_BYTES, nbytes)), 0, nbytes
-        self._at = end
-        return self._pool[at:end].hex()
-
-
-random_hex = RandomHex()
-
-
 def request_id(headers: dict[bytes, bytes]) -> str:
     """The client's x-request-id when it is a plain token, else a new one: it is echoed, logged
     and sent upstream, so nothing a client sends reaches a log or a header unchecked."""
@@ -208,7 +179,7 @@ def request_id(headers: dict[bytes, bytes]) -> str:
         text = given.decode("latin-1")
         if REQUEST_ID_SHAPE.match(text):
             return text
-    return random_hex(16)
+    return os.urandom(16).hex()
 
 
 _CHAT_DIALECTS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
