@@ -287,37 +287,6 @@ def test_the_event_stream_pushes_a_turn_and_only_what_changed(tmp_path):
     assert_clean("the event stream", tap.data.decode())
 
 
-async def test_the_health_view_counts_every_attempt_observed_across_its_batches():
-    from relayline.adapters.gateway import Gateway
-    from relayline.adapters.gateway.console import FOLD_EVERY
-    from relayline.adapters.relay import Relay
-    from relayline.machines.config import structure_config
-
-    config = outage_config()
-    config["providers"]["sim.backup"].pop("api_key_env")
-    gateway = Gateway(Relay(structure_config(config), env={}))
-    console = gateway.console
-
-    def observe(i: int) -> None:
-        now = trio.current_time()
-        record = AttemptRecord("sim.backup", "backup-1", "complete", "ok" if i % 2 else "retryable", None, now - 0.2, None,
-                               ended=now - 0.1)
-        result = TurnResult("ok", None, None, "sim.backup/backup-1", None, ANSWER, "", (), None, None, False,
-                            (record,), (), ())
-        console.observe(f"t-{i}", result, 0.2)
-
-    seen = 0
-    for n in (3, FOLD_EVERY - 1, FOLD_EVERY + 2, 2 * FOLD_EVERY + 5):  # read between folds and across them
-        while seen < n:
-            observe(seen)
-            seen += 1
-        backup = next(p for p in console.health(trio.current_time())["profiles"] if p["profile"] == "sim.backup")
-        assert backup["attempts"] == n and backup["success_rate"] == pytest.approx((n // 2) / n, abs=1e-4)
-        assert backup["latency_p50_ms"] == 100.0
-    assert [t.turn for t in console.turns][-2:] == [f"t-{seen - 2}", f"t-{seen - 1}"]
-    await gateway.relay.aclose()
-
-
 def test_attempts_are_paired_with_their_ledger_rows():
     records = (AttemptRecord("a", "m", "stream", "stream_failed", "overloaded", 10.0, 0, ended=10.25),
                AttemptRecord("a", "m", "stream", "interrupted", "timeout", 10.5, 1, ended=11.0),

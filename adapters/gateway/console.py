@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 RECENT_TURNS = 200  # kept in memory, newest last; the page shows them all, filtered by outcome
 ATTEMPTS_KEPT = 2048  # per profile, for success rate and latency: the window's most recent ones
-FOLD_EVERY = 128  # turns observed before their attempts are put in their profiles' windows
 SSE_TICK_S = 1.0  # how often a stream re-reads state that changes with time alone (time left)
 SSE_KEEPALIVE_S = 15.0
 COST_EVERY_S = 5.0  # the ledger is re-read for a stream at most this often, and only after new turns
@@ -189,8 +188,6 @@ class Console:
         # and bounded, so a busy gateway's console costs the same as an idle one's
         self._attempts: dict[str, deque[tuple[float, bool, float | None]]] = defaultdict(
             lambda: deque(maxlen=ATTEMPTS_KEPT))
-        # the turns observed whose attempts are not in `_attempts` yet (`_fold`)
-        self._unfolded: list[_Ended] = []
         self._changed = trio.Event()
         self._streams = 0
         self._static: dict[str, bytes] = {}
@@ -205,29 +202,16 @@ class Console:
         """A turn finished (called by the gateway after each turn, once its answer is written).
         Its view is built when the console first reads it, not here: most turns of a busy
         gateway are never looked at, and a view costs more than the rest of this."""
+        now = trio.current_time()
         self._seq += 1
-        ended = _Ended(self._seq, turn_id, result, latency_s, trio.current_time(), time.time())
-        self._recent.append(ended)
-        unfolded = self._unfolded
-        unfolded.append(ended)
-        if len(unfolded) >= FOLD_EVERY:
-            self._fold()
+        self._recent.append(_Ended(self._seq, turn_id, result, latency_s, now, time.time()))
+        for a in result.attempts:
+            self._attempts[a.provider].append((now, a.outcome == "ok", _latency_ms(a, now)))
         if self._streams:
             # wake every open event stream; each re-reads what it shows and sends what changed
             # (with none open, no one waits on the event: it is not replaced every turn)
             self._changed.set()
             self._changed = trio.Event()
-
-    def _fold(self) -> None:
-        """The attempts of the turns observed since the last fold, into each profile's window.
-        A batch at a time (and before the health view reads them): one turn at a time, after
-        each answer and with every cache cold, this was most of what a turn cost the console."""
-        attempts = self._attempts
-        for ended in self._unfolded:
-            now = ended.ended
-            for a in ended.attempts:
-                attempts[a.provider].append((now, a.outcome == "ok", _latency_ms(a, now)))
-        self._unfolded = []
 
     @property
     def turns(self) -> deque[TurnView]:
@@ -280,7 +264,6 @@ class Console:
         config = self.relay.config
         window = config.breaker.window_s
         profiles = []
-        self._fold()
         for alias in sorted(config.providers):
             breaker = self.relay.health.breaker(alias)
             state = breaker.refresh(now)
