@@ -327,38 +327,6 @@ def test_metrics_parse_and_carry_the_operating_series():
     assert not any("somebody" in value for _, labels in found for _, value in labels)
 
 
-def test_metrics_kept_in_batches_count_every_turn_at_a_scrape_and_under_the_labels_they_ran_with():
-    from relayline.adapters.gateway.metrics import FOLD_EVERY, Metrics
-    from relayline.machines.config import structure_config
-    from relayline.machines.ledger import LedgerRow
-    from relayline.machines.turn import TurnResult
-
-    def turn(model: str) -> TurnResult:
-        row = LedgerRow(provider="openai.main", model=model, accepted=True, input_tokens=3, output_tokens=5,
-                        cost_usd=0.001, outcome="ok")
-        return TurnResult(outcome="ok", error=None, message=None, requested="openai.main", served=None, text="",
-                          reasoning="", tool_calls=(), partial_text=None, notice=None, fallback=False, attempts=(),
-                          skipped=(), ledger=(row,))
-
-    metrics = Metrics(structure_config(profiles()), frozenset({"/v1/chat/completions"}),
-                      lambda: {"profiles": {}, "in_flight": 0})
-    gpt4o = (("direction", "output"), ("model", "gpt-4o"), ("provider", "openai.main"))
-    for n in (1, FOLD_EVERY - 1, FOLD_EVERY + 1, 2 * FOLD_EVERY + 3):  # a scrape between folds and across them
-        while metrics.turns.values.get(("ok",), 0) + len(metrics._waiting) < n:
-            metrics.turn(turn("gpt-4o"), 0.2)
-        found = samples(metrics.render().decode())
-        assert found[("relayline_turns_total", (("outcome", "ok"),))] == n
-        assert found[("relayline_tokens_total", gpt4o)] == 5 * n
-    # a reload that no longer names gpt-4o: the turns that ended before it keep their model's label
-    metrics.turn(turn("gpt-4o"), 0.2)
-    metrics.relabel(structure_config(profiles(providers={"openai.main": {"family": "sim", "model": "gpt-5"}})))
-    metrics.turn(turn("gpt-4o"), 0.2)
-    found = samples(metrics.render().decode())
-    assert found[("relayline_tokens_total", gpt4o)] == 5 * (2 * FOLD_EVERY + 4)
-    assert found[("relayline_tokens_total", (("direction", "output"), ("model", "other"),
-                                             ("provider", "openai.main")))] == 5
-
-
 # -- the ledger: spend per client key ---------------------------------------------------------------
 
 

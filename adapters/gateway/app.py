@@ -53,7 +53,7 @@ from ..stores.ledger import DEFAULT_PATH, LedgerStore, open_ledger
 from .auth import Access, KeyRing, bearer, is_loopback, load_access
 from .console import Console
 from .dialects import ANTHROPIC, OPENAI
-from .metrics import CONTENT_TYPE, Metrics
+from .metrics import CONTENT_TYPE, Metrics, configured_models
 
 log = logging.getLogger("relayline.gateway")
 access_log = logging.getLogger("relayline.access")
@@ -237,7 +237,8 @@ class Gateway:
         self.access = access
         self.settings = relay.config.gateway
         self.max_body = self.settings.max_body_bytes
-        self.metrics.relabel(relay.config)
+        self.metrics.providers = frozenset(relay.config.providers)
+        self.metrics.models = configured_models(relay.config)
         if old is not relay and not self._turns_of.get(old):
             await old.aclose()
 

@@ -7,9 +7,7 @@ scrape is rare. The live state (breaker state, cooldown left, turns in flight) i
 time too, so a gauge is never stale. Label sets are bounded: `provider` is a configured profile
 alias, `model` a model the config names (anything else, an unpinned entry forwarding whatever a
 client asked for, is "other"), `route` one of the gateway's routes, `outcome` the turn machine's
-vocabulary. What a request or a turn adds is kept as it ended and counted in batches
-(`FOLD_EVERY`, and before each scrape): counted one turn at a time, after each answer, with
-every cache cold from the request's own work, it cost about three times as much.
+vocabulary.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 OTHER = "other"
-FOLD_EVERY = 128  # requests and turns kept before they are counted (a scrape counts them first)
 
 
 def configured_models(config: Config) -> frozenset[str]:
@@ -111,16 +108,8 @@ class Metrics:
         self.ttft = _Histogram("relayline_time_to_first_token_seconds",
                                "From the request to the first byte of the answer, by the serving profile and model.",
                                ("provider", "model"), TTFT_BUCKETS)
-        # (count, *what it counts) of the requests and turns not counted yet
-        self._waiting: list[tuple] = []
         self.registry.register(_Families(self))
         self.registry.register(_LiveCollector(self))
-
-    def relabel(self, config: Config) -> None:
-        """A reload's profiles and models: what ended before it is counted under the labels it ran with."""
-        self.fold()
-        self.providers = frozenset(config.providers)
-        self.models = configured_models(config)
 
     def route(self, path: str) -> str:
         return path if path in self.routes else OTHER
@@ -130,45 +119,23 @@ class Metrics:
                 model if model in self.models else "none" if model is None else OTHER)
 
     def request(self, path: str, status: int) -> None:
-        self._wait((self._request, path, status))
-
-    def first_token(self, provider: str | None, model: str | None, seconds: float) -> None:
-        self._wait((self._first_token, provider, model, seconds))
-
-    def turn(self, result: TurnResult, seconds: float) -> None:
-        # what the counts read of the result, never the result itself (its text is not ours to keep)
-        self._wait((self._turn, result.outcome, result.fallback, result.attempts, result.ledger, result.served,
-                    seconds))
-
-    def _wait(self, item: tuple) -> None:
-        waiting = self._waiting
-        waiting.append(item)
-        if len(waiting) >= FOLD_EVERY:
-            self.fold()
-
-    def fold(self) -> None:
-        """Count the requests and turns kept since the last fold."""
-        waiting, self._waiting = self._waiting, []
-        for count, *what in waiting:
-            count(*what)
-
-    def _request(self, path: str, status: int) -> None:
         self.requests.inc((self.route(path), str(status)))
 
-    def _first_token(self, provider: str | None, model: str | None, seconds: float) -> None:
+    def first_token(self, provider: str | None, model: str | None, seconds: float) -> None:
         self.ttft.observe(self._labels(provider, model), seconds)
 
-    def _turn(self, outcome: str, fallback: bool, attempts: tuple, ledger: tuple, served, seconds: float) -> None:
-        self.turns.inc((outcome,))
-        if fallback:
+    def turn(self, result: TurnResult, seconds: float) -> None:
+        self.turns.inc((result.outcome,))
+        if result.fallback:
             self.fallbacks.inc()
-        for attempt in attempts:
+        for attempt in result.attempts:
             self.attempts.inc((*self._labels(attempt.provider, attempt.model), attempt.outcome))
-        for row in ledger:
+        for row in result.ledger:
             provider, model = self._labels(row.provider, row.model)
             self.tokens.inc((provider, model, "input"), row.input_tokens)
             self.tokens.inc((provider, model, "output"), row.output_tokens)
             self.cost.inc((provider, model), row.cost_usd)
+        served = result.served
         self.turn_seconds.observe(self._labels(served.profile if served else None, served.model if served else None),
                                   seconds)
 
@@ -187,7 +154,6 @@ class _Families:
 
     def collect(self):
         m = self.metrics
-        m.fold()
         for kept in (m.requests, m.turns, m.attempts, m.fallbacks, m.tokens, m.cost, m.turn_seconds, m.ttft):
             yield kept.family()
 
