@@ -556,12 +556,10 @@ class Gateway:
                 seen.popleft()
         self.metrics.turn(result, now - started)
         self.console.observe(exchange.turn, result, now - started)
-        self.tracing.turn(result, started=started, ended=now, clock_now=trio.current_time(),
-                          request_id=exchange.request_id, families=self._families)
-        served = result.served.label if result.served else "none"
+        self.tracing.turn(result, started=started, ended=now, request_id=exchange.request_id, families=self._families)
         if result.fallback:
             log.warning("fallback request_id=%s requested=%s served=%s attempts=%d", exchange.request_id,
-                        result.requested, served, len(result.attempts))
+                        result.requested, result.served.label if result.served else "none", len(result.attempts))
         if result.outcome in ("error", "interrupted") and result.error not in QUIET_ERRORS:
             log.warning("turn_failed request_id=%s outcome=%s reason=%s requested=%s attempts=%d",
                         exchange.request_id, result.outcome, result.error, result.requested, len(result.attempts))
@@ -570,14 +568,14 @@ class Gateway:
 
     def _account(self, exchange: Exchange) -> None:
         """The access line and the request metrics, once the response ended (or the client left)."""
-        now = trio.current_time()
         status = exchange.status if exchange.status is not None else 499  # the client went away first
         self.metrics.request(exchange.path, status)
         result = exchange.result
         if result is not None and exchange.first_byte is not None and result.served is not None:
             self.metrics.first_token(result.served.profile, result.served.model, exchange.first_byte - exchange.started)
         if not access_log.isEnabledFor(logging.INFO):
-            return  # `--log-level warning`: the line is not built at all
+            return  # `--log-level warning`: the line is not built at all (nor its clock read)
+        now = trio.current_time()
         fields = {
             "method": exchange.method, "path": exchange.path[:200], "status": status,
             "latency_ms": round((now - exchange.started) * 1000, 2),
