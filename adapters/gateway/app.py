@@ -504,19 +504,20 @@ class Gateway:
                 "success_rate": round(sum(ok for _, ok in seen) / len(seen), 4) if seen else None,
                 "transitions": breaker.transitions,
             }
-        self._note_breakers(profiles)
+        self._note_breakers({alias: profile["breaker"] for alias, profile in profiles.items()})
         return {"window_s": window, "profiles": profiles, "fallback_record": dict(self.relay.fallback_record),
                 "in_flight": self.in_flight, "draining": self.draining}
 
     def _live(self) -> dict:
         return self.health()
 
-    def _note_breakers(self, profiles: dict) -> None:
-        for alias, profile in profiles.items():
+    def _note_breakers(self, states: dict[str, str]) -> None:
+        """Each profile's breaker state (alias -> state): a change since the last is logged."""
+        for alias, state in states.items():
             before = self._breakers.get(alias, "closed")
-            if profile["breaker"] != before:
-                log.warning("breaker_transition profile=%s from=%s to=%s", alias, before, profile["breaker"])
-            self._breakers[alias] = profile["breaker"]
+            if state != before:
+                log.warning("breaker_transition profile=%s from=%s to=%s", alias, before, state)
+            self._breakers[alias] = state
 
     async def _record(self, exchange: Exchange, result: TurnResult) -> None:
         """The turn's ledger rows, committed before its answer completes: a client that saw an
@@ -549,13 +550,15 @@ class Gateway:
         started, now = exchange.turn_started, exchange.turn_ended
         exchange.relay._observe(result)  # the relay the turn ran on (a reload may have retired it)
         horizon = now - self.relay.config.breaker.window_s
+        tried: dict[str, None] = {}  # the profiles the turn tried, once each
         for attempt in result.attempts:
+            tried[attempt.provider] = None
             seen = self._outcomes[attempt.provider]
             seen.append((now, attempt.outcome == "ok"))
             while seen and (seen[0][0] < horizon or len(seen) > MAX_OUTCOMES):
                 seen.popleft()
         self.metrics.turn(result, now - started)
-        self.console.observe(exchange.turn, result, now - started)
+        self.console.observe(exchange.turn, result, now - started, now)
         self.tracing.turn(result, started=started, ended=now, request_id=exchange.request_id, families=self._families)
         if result.fallback:
             log.warning("fallback request_id=%s requested=%s served=%s attempts=%d", exchange.request_id,
@@ -563,8 +566,8 @@ class Gateway:
         if result.outcome in ("error", "interrupted") and result.error not in QUIET_ERRORS:
             log.warning("turn_failed request_id=%s outcome=%s reason=%s requested=%s attempts=%d",
                         exchange.request_id, result.outcome, result.error, result.requested, len(result.attempts))
-        self._note_breakers({alias: {"breaker": self.relay.health.breaker(alias).refresh(now)}
-                             for alias in {a.provider for a in result.attempts}})
+        health = self.relay.health
+        self._note_breakers({alias: health.breaker(alias).refresh(now) for alias in tried})
 
     def _account(self, exchange: Exchange) -> None:
         """The access line and the request metrics, once the response ended (or the client left)."""
