@@ -2,18 +2,21 @@
 general path it short-cuts, on generated input (the JSON codec against the standard library,
 the text-chunk reader against the general chunk walk, slotted stream chunks against whole
 rendered chunks, the LF-only SSE split against the general line splitter, a text chunk read once
-against the checked read)."""
+against the checked read, an answer head's kept names and counted values against the regex over
+its lines)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from relayline.adapters import jsoncodec
+from relayline.adapters.gateway import http11
 from relayline.adapters.gateway.dialects import AnthropicStream, OpenAIStream
 from relayline.adapters.providers import openai
 from relayline.adapters.providers.anthropic import AnthropicStreamParser
@@ -227,3 +230,41 @@ def test_a_document_read_after_its_shape_is_what_the_checked_read_makes(data):
 
     assert outcome(lambda: jsoncodec.loads_after_shape(data, jsoncodec.loads_shape(data))) == \
         outcome(lambda: jsoncodec.loads(data))
+
+
+# the answer head's check as it was written before the names were kept and the values counted:
+# one regex over all the lines, and the lines counted (each name a token on its own, too)
+_HEAD_LINES = re.compile(rb"(?:[-!#$%&'*+.^_`|~0-9A-Za-z]+: [^\r\n\0]*\r\n)*").fullmatch
+_TOKEN_NAME = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+").fullmatch
+
+
+def _head_by_regex(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
+    lines = b"".join([name + b": " + value + b"\r\n" for name, value in headers])
+    if _HEAD_LINES(lines) is None or lines.count(b"\n") != len(headers) or \
+            not all(_TOKEN_NAME(name) for name, _ in headers):
+        raise ValueError("refused")
+    return b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, http11.REASONS.get(status, b""), lines)
+
+
+_names = st.sampled_from([b"content-type", b"x-relayline-served", b"date", b"X-Up", b"a!#$%&'*+.^_`|~9"]) | \
+    st.sampled_from([b"a b", b"a:b", b"", b"x\r\ny", b"\xff", b"x-\x7f", b"a\0"]) | st.binary(max_size=6)
+_values = st.sampled_from([b"", b"application/json", b"true", b" v ", b"\t", b"\xff\xfe", b"a: b"]) | \
+    st.sampled_from([b"x\r\ny: z", b"v\r", b"v\n", b"v\0", b"\r\n", b"\n\r"]) | st.binary(max_size=6)
+
+
+@given(st.sampled_from([200, 204, 400, 431, 599, 999]),
+       st.lists(st.tuples(_names, _values), max_size=8))
+@example(200, [(b"a", b"v\0")])
+@example(200, [(b"a", b"v\r"), (b"b", b"\n")])
+@example(200, [(b"a", b"x\r\nb: y")])
+@example(200, [(b"a b", b"v")])
+@example(200, [])
+def test_an_answer_head_is_rendered_and_refused_as_the_regex_over_its_lines_did(status, headers):
+    def outcome(render):
+        try:
+            return render(status, list(headers))
+        except ValueError:
+            return "refused"
+
+    assert outcome(http11._render_head) == outcome(_head_by_regex)
+    assert outcome(http11._render_head) == outcome(_head_by_regex)  # (a name kept as a token on the first)
