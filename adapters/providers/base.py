@@ -71,11 +71,12 @@ class CallRequest:
         """The canonical request as this entry is sent it (unsupported fields dropped if asked)."""
         return wire.without(self.request, self.dropped)
 
-    def forwarded_headers(self, family: str) -> dict[str, str]:
+    def forwarded_headers(self, family: str) -> tuple[tuple[str, str], ...]:
+        """The client's headers that travel to a provider of `family` (its own dialect's)."""
         request = self.request
         if request.passthrough is None or request.source != family:
-            return {}
-        return dict(request.passthrough.headers)
+            return ()
+        return request.passthrough.headers
 
 
 class AttemptClockLike(Protocol):
