@@ -12,6 +12,7 @@ The driver calls it in the h11 style: `start` returns the first action; each rep
 from __future__ import annotations
 
 import itertools
+import operator
 
 import attrs
 
@@ -52,6 +53,7 @@ from .walk import (
 )
 from .wire import CONTENT_FILTER
 
+_COST = operator.attrgetter("cost_usd")
 MAX_ERROR_ATTEMPTS = 16
 MAX_ERROR_CHARS = 2000
 REJECTION_STATUSES = (400, 413, 422)
@@ -90,7 +92,11 @@ class Completion:
 NO_ANSWER = Completion()  # a result without an answer reads its answer's fields from this one
 
 
-@attrs.frozen
+# the records a turn builds (an attempt each, its result once) are frozen but keep their fields
+# in an instance dict, not slots: a frozen slotted class's __init__ sets each field through
+# `object.__setattr__` (a method call a field), a dict-backed one stores into its dict, 2-3x
+# faster for the result's 21 fields; no record is held by a stream while it runs
+@attrs.frozen(slots=False)
 class AttemptRecord:
     provider: str
     model: str
@@ -134,7 +140,7 @@ class Rejection:
     message: str
 
 
-@attrs.frozen
+@attrs.frozen(slots=False)
 class TurnResult:
     outcome: Outcome
     error: ErrorReason | None
@@ -161,7 +167,7 @@ class TurnResult:
     cost_usd: float = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "cost_usd", sum(r.cost_usd for r in self.ledger))
+        self.__dict__["cost_usd"] = sum(map(_COST, self.ledger))
 
 
 @attrs.frozen
@@ -677,27 +683,28 @@ class Turn:
                 requested_entry = self.plan.entries[0].label if self.plan.entries else self.plan.requested
                 notice = f"Note: {served.label} answered because {requested_entry} was unavailable."
         answer = self.answer if outcome == Outcome.OK and self.answer is not None else NO_ANSWER
+        # positionally, in the fields' order: 21 keywords cost more to match than to build
         return TurnResult(
-            outcome=outcome,
-            error=error,
-            message=self._error_message(error) if error else None,
-            requested=self.plan.requested,
-            served=served,
-            text=answer.text if answer is not NO_ANSWER else None,
-            reasoning=answer.reasoning,
-            tool_calls=answer.tool_calls,
-            tool_arguments=answer.tool_arguments,
-            tool_ids=answer.tool_ids,
-            finish_reason=answer.finish_reason,
-            stop_sequence=answer.stop_sequence,
-            usage=answer.usage,
-            rejection=self._rejection(error),
-            partial_text=partial or None,
-            notice=notice,
-            fallback=fallback,
-            attempts=tuple(self.attempts),
-            skipped=tuple(self.health.skips),
-            ledger=tuple(self.ledger),
+            outcome,
+            error,
+            self._error_message(error) if error else None,  # message
+            self.plan.requested,
+            served,
+            answer.text if answer is not NO_ANSWER else None,
+            answer.reasoning,
+            answer.tool_calls,
+            partial or None,  # partial_text
+            notice,
+            fallback,
+            tuple(self.attempts),
+            tuple(self.health.skips),  # skipped
+            tuple(self.ledger),
+            answer.tool_arguments,
+            answer.tool_ids,
+            answer.finish_reason,
+            answer.stop_sequence,
+            answer.usage,
+            self._rejection(error) if self.rejections else None,
         )
 
     def _rejection(self, error: ErrorReason | None) -> Rejection | None:
