@@ -28,6 +28,8 @@ _STATES = {state.value: state for state in BreakerState}
 # costs 77 ns where a module's name costs 12 (EnumType's __getattr__ sends every read of the
 # class's attributes through Python), and a turn reads them a dozen times
 _OPEN, _HALF_OPEN, _PROBING = BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.PROBING
+_SUCCESS = BreakerTrigger.SUCCESS  # (fired by every answered turn)
+_NEVER = -math.inf  # a profile never cooled down
 
 
 class Breaker:
@@ -58,9 +60,11 @@ class Breaker:
         state = self.life.state
         if state == _OPEN and now >= self.open_until:
             self._fire(BreakerTrigger.COOL_OFF)
+            state = self.life.state
         elif state == _PROBING and now >= self.lease_until:
             self._fire(BreakerTrigger.LEASE_EXPIRED)
-        return self.state
+            state = self.life.state
+        return _STATES[state]  # (`state`, without its property call: a turn refreshes three times)
 
     def _fire(self, trigger: BreakerTrigger) -> None:
         before = self.life.state
@@ -104,7 +108,7 @@ class Breaker:
     def success(self, now: float) -> None:
         self.refresh(now)
         probing = self.life.state == _PROBING
-        self._fire(BreakerTrigger.SUCCESS)
+        self._fire(_SUCCESS)
         if probing:
             self.failures.clear()
 
@@ -146,10 +150,10 @@ class InMemoryHealth:
         self._keys: dict[str, int] = {}
 
     def cooldown_until(self, profile: str) -> float:
-        return self._cooldowns.get(profile, float("-inf"))
+        return self._cooldowns.get(profile, _NEVER)
 
     def set_cooldown(self, profile: str, until: float) -> None:
-        self._cooldowns[profile] = max(until, self._cooldowns.get(profile, float("-inf")))
+        self._cooldowns[profile] = max(until, self._cooldowns.get(profile, _NEVER))
 
     def clear_cooldown(self, profile: str) -> None:
         self._cooldowns.pop(profile, None)
