@@ -214,7 +214,7 @@ class Walk:
         self.mode_for = mode_for  # None: every call in complete mode
         self.budgets = budgets or {}
         self.exclude = exclude
-        self.life: Lifecycle = load_spec("walk").start()
+        self.life = Lifecycle(load_spec("walk"))
         self.index = -1
         self.tries = 0
         self.backoff = self.rel.first_backoff_s
