@@ -27,7 +27,7 @@ _STATES = {state.value: state for state in BreakerState}
 # the states a breaker's every turn compares with, read once: on 3.11 reading an enum's member
 # costs 77 ns where a module's name costs 12 (EnumType's __getattr__ sends every read of the
 # class's attributes through Python), and a turn reads them a dozen times
-_OPEN, _HALF_OPEN, _PROBING = BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.PROBING
+_CLOSED, _OPEN, _HALF_OPEN, _PROBING = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.PROBING
 _SUCCESS = BreakerTrigger.SUCCESS  # (fired by every answered turn)
 _NEVER = -math.inf  # a profile never cooled down
 
@@ -74,14 +74,16 @@ class Breaker:
 
     def blocks(self, now: float) -> bool:
         """True when a turn must skip this profile before sending anything."""
-        if not self.config.enabled:
+        # `refresh` moves only an open or a probing breaker (their time-outs): a closed one, every
+        # healthy profile's, is answered without it (here, in `claim` and in `success`)
+        if not self.config.enabled or self.life.state == _CLOSED:
             return False
         return self.refresh(now) in (_OPEN, _PROBING)
 
     def claim(self, now: float, *, force: bool = False) -> bool:
         """Before an attempt: take the half-open probe (or, forced, probe an open breaker).
         Returns True when this caller now holds the probe."""
-        if not self.config.enabled:
+        if not self.config.enabled or self.life.state == _CLOSED:
             return False
         state = self.refresh(now)
         if state == _HALF_OPEN:
@@ -106,7 +108,8 @@ class Breaker:
             self.failures.clear()
 
     def success(self, now: float) -> None:
-        self.refresh(now)
+        if self.life.state != _CLOSED:
+            self.refresh(now)
         probing = self.life.state == _PROBING
         self._fire(_SUCCESS)
         if probing:

@@ -325,7 +325,8 @@ class Turn:
                 reason: FailureClass | StreamOutcome | None = None, detail: str = "",
                 usage: Usage | None = None, accepted: bool = False, bill: bool = True,
                 failure: fc.Failure | None = None) -> None:
-        call = self._call()
+        call = self.call
+        assert call is not None, "no call is pending"
         if outcome != fc.OK:
             self.rejections.append(_rejection(failure))
         entry = call.entry
@@ -396,7 +397,9 @@ class Turn:
             return self._follow(self._walk().on_result(fc.Failure(fc.EMPTY, "empty completion"), now), now)
         self._record(fc.OK, now, usage=usage, accepted=True)
         self.answer = result
-        return self._follow(self._walk().on_result(None, now), now)
+        walk = self.walk
+        assert walk is not None, "no walk is running"
+        return self._follow(walk.on_result(None, now), now)
 
     # -- streaming ----------------------------------------------------------------------------
 
@@ -648,7 +651,8 @@ class Turn:
             if settled is not done:
                 done, mode = settled, self.refusal.mode
         self.call = None
-        self.health.release_all()
+        if self.health.probes:  # (a walk that ended released them)
+            self.health.release_all()
         self.walk_result = done
         if not self.life.terminal:
             self.life.fire(_END, self)

@@ -349,7 +349,7 @@ class Walk:
         raise IllegalTransition(f"walk: cannot end in {state!r} coming from {came_from!r}")
 
     def _call(self) -> Call:
-        entry = self.entry
+        entry = self.plan.entries[self.index]
         self.tries += 1
         self.attempted = True
         self.health.before_attempt(entry.profile, self.now, force=self.forced)
@@ -435,7 +435,7 @@ class Walk:
         """The result of the pending call: None for a success, else its classified failure,
         which the spec's decision table turns into the next trigger."""
         self.now = now
-        entry = self.entry
+        entry = self.plan.entries[self.index]
         if failure is None:
             self.health.success(entry.profile, now)
             self.life.fire(_SUCCEED)
