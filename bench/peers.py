@@ -211,7 +211,7 @@ async def _held_streams(client: httpx.AsyncClient, url: str, count: int) -> tupl
     return ok, errors
 
 
-def run_trio_side(procs: Processes, *, rounds: int, n: int) -> dict:
+def run_trio_side(procs: Processes, *, rounds: int, n: int, throughput_rounds: int = 5) -> dict:
     from relayline.adapters import Relay
 
     # the gateway's own CPU while it served each kind of request: what it costs whatever the load
@@ -246,17 +246,22 @@ def run_trio_side(procs: Processes, *, rounds: int, n: int) -> dict:
                 results["gateway_cpu_s"]["latency"] += cpu_s(procs.gateway_pid) - before
                 results["latency"]["library"] += await _library_calls(relay, n)
             results["throughput"] = {}
+            results["throughput_rounds"] = {}
             results["throughput_client_cpu_ms"] = {}
             await _timed_posts(client, workers_url, 50)
+            urls = {"direct": direct_url, "gateway": gateway_url, "gateway_2_workers": workers_url}
             for concurrency in (1, 16, 64):
                 total = 64 * 8 if concurrency > 1 else 300
+                # one round of each is a fraction of a second, and the machine moves a round's figure by
+                # 20-40%: medians of alternated rounds, the order turned each round, as bench/load.py does
+                rps: dict[str, list[float]] = {name: [] for name in urls}
                 cpu: dict[str, list[float]] = {"direct": [], "gateway": []}
-                results["throughput"][concurrency] = {
-                    "direct": await _row_throughput(direct_url, concurrency, total, cpu["direct"]),
-                    "gateway": await _row_throughput(gateway_url, concurrency, total, cpu["gateway"]),
-                    "gateway_2_workers": await _row_throughput(workers_url, concurrency, total),
-                }
-                results["throughput_client_cpu_ms"][concurrency] = {k: v[0] for k, v in cpu.items()}
+                for turn in range(throughput_rounds if concurrency < 64 else min(3, throughput_rounds)):
+                    for name in (list(urls) if turn % 2 == 0 else list(urls)[::-1]):
+                        rps[name].append(await _row_throughput(urls[name], concurrency, total, cpu.get(name)))
+                results["throughput"][concurrency] = {k: statistics.median(v) for k, v in rps.items()}
+                results["throughput_rounds"][concurrency] = rps
+                results["throughput_client_cpu_ms"][concurrency] = {k: statistics.median(v) for k, v in cpu.items()}
             # 200-frame and 1-frame streams: the difference is what the 199 more frames cost
             stream: dict = {f"{name}_{frames}": [] for name in ("direct", "gateway", "library") for frames in (1, 200)}
             for _ in range(rounds * 10):
@@ -431,6 +436,7 @@ def summarise(trio_side: dict, lite: dict | None) -> dict:
     for c, row in trio_side["throughput"].items():
         summary["throughput_rps"][str(c)] = dict(row)
     summary["throughput_client_cpu_ms"] = {str(c): row for c, row in trio_side["throughput_client_cpu_ms"].items()}
+    summary["throughput_rounds_rps"] = {str(c): row for c, row in trio_side["throughput_rounds"].items()}
     if "throughput_raw" in trio_side:
         summary["throughput_raw"] = trio_side["throughput_raw"]
     for name in ("direct", "gateway", "library"):

@@ -367,7 +367,7 @@ def http_benchmarks(quick: bool) -> dict:
 
     rounds, n = (1, 100) if quick else (3, 300)
     with Processes(hold_s=2.0) as procs:
-        trio_side = run_trio_side(procs, rounds=rounds, n=n)
+        trio_side = run_trio_side(procs, rounds=rounds, n=n, throughput_rounds=1 if quick else 5)
         trio_side["throughput_raw"] = raw_throughput(procs, rounds=1 if quick else 3)
         lite = run_litellm(procs.upstream, rounds=rounds, n=n)
     if lite is None:
@@ -389,7 +389,7 @@ def print_http(h: dict) -> None:
         of_library = f"{lat['litellm']['added_p50'] / library:.1f}x the library's" if library > 0 else \
             f"the library adds nothing over the direct call ({library:+.3f} ms)"
         print(f"LiteLLM adds {lat['litellm']['added_p50'] / lat['gateway']['added_p50']:.1f}x the gateway's p50; {of_library}")
-    print("\nthroughput (requests/s)")
+    print("\nthroughput (requests/s; medians of alternated rounds, bench/peers.py)")
     for c, row in h["throughput_rps"].items():
         print(f"  concurrency {c:>3}: " + ", ".join(f"{k} {v:,.0f}" for k, v in row.items()))
         cpu = h.get("throughput_client_cpu_ms", {}).get(c)
