@@ -114,6 +114,41 @@ async def test_a_shared_commit_that_fails_raises_in_every_turn_that_shared_it(tm
     store.close()
 
 
+async def test_each_turn_of_a_failed_shared_commit_raises_its_own_error_with_a_bounded_traceback(tmp_path):
+    # the same exception object raised in every joined turn took each raise's frames into its one
+    # traceback: each logged `ledger_write_error` was longer than the last (20 turns: 20 times)
+    path = tmp_path / "ledger.sqlite3"
+    store = LedgerStore(path)
+    store.together = lambda: True
+    with sqlite3.connect(path) as other:
+        other.execute("DROP TABLE attempts")
+    errors: dict[str, BaseException] = {}
+
+    async def finish(turn: str) -> None:
+        try:
+            await store.record(turn, _result())
+        except sqlite3.OperationalError as exc:
+            errors[turn] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i in range(20):
+            nursery.start_soon(finish, f"t{i}")
+    depths = []
+    for exc in errors.values():
+        assert "no such table: attempts" in str(exc)
+        # what a log line prints: the exception and what caused it, each frame of each traceback
+        chain, depth = exc, 0
+        while chain is not None:
+            tb = chain.__traceback__
+            while tb is not None:
+                depth, tb = depth + 1, tb.tb_next
+            chain = chain.__cause__ or chain.__context__
+        depths.append(depth)
+    assert max(depths) <= 10, depths  # one turn's frames and the commit's, never the other turns'
+    assert len(errors) == 20 and len({id(exc) for exc in errors.values()}) == 20
+    store.close()
+
+
 async def test_a_shared_commit_waits_for_another_workers_lock_with_the_loop_free(tmp_path):
     path = tmp_path / "ledger.sqlite3"
     store = LedgerStore(path)

@@ -17,6 +17,7 @@ migrated in place when opened. A fleet keeps the same rows in PostgreSQL instead
 
 from __future__ import annotations
 
+import copy
 import logging
 import sqlite3
 import threading
@@ -108,6 +109,18 @@ def _waited(call: Callable[[], T]) -> T:
                 raise
         time.sleep(pause)
         pause = min(pause * 2, most)
+
+
+def _own(error: Exception) -> Exception:
+    """A shared commit's error as one joined turn raises it: a copy (same type, message and
+    SQLite codes) caused by the original. Raising the one object in every joined turn appended
+    each turn's frames to its one traceback, so each logged error was longer than the last."""
+    try:
+        own = copy.copy(error)
+    except Exception:  # (an exception type that cannot be made again from its args)
+        own = RuntimeError(f"the shared ledger commit failed: {error!r}")
+    own.__cause__ = error
+    return own
 
 
 class _Batch:
@@ -323,7 +336,7 @@ class LedgerStore:
             with trio.CancelScope(shield=True):  # a pass, or another worker's lock: this turn's bill
                 await batch.committed.wait()
             if batch.error is not None:
-                raise batch.error
+                raise _own(batch.error)
             return len(rows)
         if not self.together():
             try:
