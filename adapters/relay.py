@@ -301,9 +301,10 @@ class Relay:
                 self.fallback_record[domain] = result.served.label
             else:
                 self.fallback_record.pop(domain, None)  # a later primary success clears the record
-        log.info("turn outcome=%s error=%s requested=%s served=%s attempts=%d cost_usd=%.8f",
-                 result.outcome, result.error, result.requested,
-                 result.served.label if result.served else "none", len(result.attempts), result.cost_usd)
+        if log.isEnabledFor(logging.INFO):  # (its arguments are not read at the gateway's usual level)
+            log.info("turn outcome=%s error=%s requested=%s served=%s attempts=%d cost_usd=%.8f",
+                     result.outcome, result.error, result.requested,
+                     result.served.label if result.served else "none", len(result.attempts), result.cost_usd)
         for observer in self.observers:
             observer(result)
 

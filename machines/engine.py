@@ -457,11 +457,14 @@ def _guard(model: Any, name: str) -> bool:
 
 
 def _passes(guards: tuple[str, ...], unless: tuple[str, ...], model: Any) -> bool:
+    # `_guard`, inline: a guarded fire reads one or two guards (every turn's end reads one)
     for g in guards:
-        if not _guard(model, g):
+        value = getattr(model, g)
+        if not (value() if callable(value) else value):
             return False
     for g in unless:
-        if _guard(model, g):
+        value = getattr(model, g)
+        if value() if callable(value) else value:
             return False
     return True
 

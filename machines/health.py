@@ -27,7 +27,9 @@ _STATES = {state.value: state for state in BreakerState}
 # the states a breaker's every turn compares with, read once: on 3.11 reading an enum's member
 # costs 77 ns where a module's name costs 12 (EnumType's __getattr__ sends every read of the
 # class's attributes through Python), and a turn reads them a dozen times
-_OPEN, _HALF_OPEN, _PROBING = BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.PROBING
+_CLOSED, _OPEN, _HALF_OPEN, _PROBING = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.PROBING
+_SUCCESS = BreakerTrigger.SUCCESS  # (fired by every answered turn)
+_NEVER = -math.inf  # a profile never cooled down
 
 
 class Breaker:
@@ -58,9 +60,11 @@ class Breaker:
         state = self.life.state
         if state == _OPEN and now >= self.open_until:
             self._fire(BreakerTrigger.COOL_OFF)
+            state = self.life.state
         elif state == _PROBING and now >= self.lease_until:
             self._fire(BreakerTrigger.LEASE_EXPIRED)
-        return self.state
+            state = self.life.state
+        return _STATES[state]  # (`state`, without its property call: a turn refreshes three times)
 
     def _fire(self, trigger: BreakerTrigger) -> None:
         before = self.life.state
@@ -70,14 +74,16 @@ class Breaker:
 
     def blocks(self, now: float) -> bool:
         """True when a turn must skip this profile before sending anything."""
-        if not self.config.enabled:
+        # `refresh` moves only an open or a probing breaker (their time-outs): a closed one, every
+        # healthy profile's, is answered without it (here, in `claim` and in `success`)
+        if not self.config.enabled or self.life.state == _CLOSED:
             return False
         return self.refresh(now) in (_OPEN, _PROBING)
 
     def claim(self, now: float, *, force: bool = False) -> bool:
         """Before an attempt: take the half-open probe (or, forced, probe an open breaker).
         Returns True when this caller now holds the probe."""
-        if not self.config.enabled:
+        if not self.config.enabled or self.life.state == _CLOSED:
             return False
         state = self.refresh(now)
         if state == _HALF_OPEN:
@@ -102,9 +108,10 @@ class Breaker:
             self.failures.clear()
 
     def success(self, now: float) -> None:
-        self.refresh(now)
+        if self.life.state != _CLOSED:
+            self.refresh(now)
         probing = self.life.state == _PROBING
-        self._fire(BreakerTrigger.SUCCESS)
+        self._fire(_SUCCESS)
         if probing:
             self.failures.clear()
 
@@ -146,10 +153,10 @@ class InMemoryHealth:
         self._keys: dict[str, int] = {}
 
     def cooldown_until(self, profile: str) -> float:
-        return self._cooldowns.get(profile, float("-inf"))
+        return self._cooldowns.get(profile, _NEVER)
 
     def set_cooldown(self, profile: str, until: float) -> None:
-        self._cooldowns[profile] = max(until, self._cooldowns.get(profile, float("-inf")))
+        self._cooldowns[profile] = max(until, self._cooldowns.get(profile, _NEVER))
 
     def clear_cooldown(self, profile: str) -> None:
         self._cooldowns.pop(profile, None)

@@ -114,11 +114,13 @@ class Plan:
     # profiles that cannot honour this turn's request, with the fields they cannot (wire.unsupported)
     unfit: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     catalog: CatalogModel | None = None
+    # what the turn asked for, "domain/model", made once: a kept plan serves many turns, and each
+    # turn's result, error message and log read it
+    requested: str = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def requested(self) -> str:
+    def __attrs_post_init__(self) -> None:
         model = self.requested_model or (self.entries[0].model if self.entries else "")
-        return f"{self.domain}/{model}"
+        object.__setattr__(self, "requested", f"{self.domain}/{model}")
 
     def allows(self, profile: str) -> bool:
         return self.allowlist is None or profile in self.allowlist

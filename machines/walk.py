@@ -140,10 +140,13 @@ HEALTH_SKIPS = frozenset({SkipReason.COOLDOWN, SkipReason.BREAKER})
 # read costs 77 ns on 3.11, a module name 12, and a walk enters a state twice a turn)
 _CALLING, _BACKING_OFF, _CHOOSING = WalkState.CALLING, WalkState.BACKING_OFF, WalkState.CHOOSING
 _SUCCEEDED, _CANCELLED = WalkState.SUCCEEDED, WalkState.CANCELLED
+_CALL, _SUCCEED = WalkTrigger.CALL, WalkTrigger.SUCCEED  # (fired by every answered turn)
+_COMPLETE = Mode.COMPLETE
+ANY_NEED = Need()  # a call that asks nothing beyond being allowed, fit and healthy: met by every entry
 
 
 def unavailable(plan: Plan, health: TurnHealth, entry: PlannedEntry, now: float,
-                need: Need = Need()) -> SkipReason | None:
+                need: Need = ANY_NEED) -> SkipReason | None:
     """Why `entry` cannot be attempted now, or None when it can: the one meaning of "can serve
     now" that the walk's choice, its situations, the forced probe, the stream's first entry, the
     recovery and the continuation all read. In order: outside the allowlist, unable to honour the
@@ -153,7 +156,7 @@ def unavailable(plan: Plan, health: TurnHealth, entry: PlannedEntry, now: float,
         return SkipReason.ALLOWLIST
     if entry.profile in plan.unfit:
         return SkipReason.UNSUPPORTED
-    if not need.met_by(entry.provider.capabilities):
+    if need is not ANY_NEED and not need.met_by(entry.provider.capabilities):
         return SkipReason.CAPABILITY
     if entry.profile in health.refused:
         return SkipReason.REFUSED
@@ -201,17 +204,17 @@ class Walk:
         config: Config,
         health: TurnHealth,
         *,
-        mode_for: Callable[[PlannedEntry], Mode] = lambda e: Mode.COMPLETE,
+        mode_for: Callable[[PlannedEntry], Mode] | None = None,
         budgets: dict[int, int] | None = None,
         exclude: frozenset[int] = frozenset(),
     ) -> None:
         self.plan = plan
         self.rel = config.reliability
         self.health = health
-        self.mode_for = mode_for
+        self.mode_for = mode_for  # None: every call in complete mode
         self.budgets = budgets or {}
         self.exclude = exclude
-        self.life: Lifecycle = load_spec("walk").start()
+        self.life = Lifecycle(load_spec("walk"))
         self.index = -1
         self.tries = 0
         self.backoff = self.rel.first_backoff_s
@@ -346,12 +349,12 @@ class Walk:
         raise IllegalTransition(f"walk: cannot end in {state!r} coming from {came_from!r}")
 
     def _call(self) -> Call:
-        entry = self.entry
+        entry = self.plan.entries[self.index]
         self.tries += 1
         self.attempted = True
         self.health.before_attempt(entry.profile, self.now, force=self.forced)
-        return Call(entry, self.mode_for(entry), key_index(self.health.store, entry), self.tries,
-                    self.budget(self.index), self.forced)
+        mode = _COMPLETE if self.mode_for is None else self.mode_for(entry)
+        return Call(entry, mode, key_index(self.health.store, entry), self.tries, self.budget(self.index), self.forced)
 
     def _exhausted_reason(self) -> ErrorReason:
         if not self.attempted and self.plan.unfit and not any(
@@ -367,14 +370,19 @@ class Walk:
 
     def _choose(self) -> Call | Sleep | WalkDone:
         if not self.forced:  # a forced probe is the walk's last attempt
-            for j in self._reach():
-                entry = self.plan.entries[j]
-                reason = unavailable(self.plan, self.health, entry, self.now)
+            plan = self.plan
+            entries = plan.entries
+            # `_reach`, read lazily: the first entry that can be attempted ends the scan
+            for j in range(self.index + 1, len(entries)):
+                if j in self.exclude or self.budget(j) <= 0:
+                    continue
+                entry = entries[j]
+                reason = unavailable(plan, self.health, entry, self.now)
                 if reason is None:
                     self.index, self.tries, self.backoff = j, 0, self.rel.first_backoff_s
-                    self.life.fire(WalkTrigger.CALL)
+                    self.life.fire(_CALL)
                     return self._enter()
-                self.health.skip(entry, reason, self.plan.unfit.get(entry.profile, ()))
+                self.health.skip(entry, reason, plan.unfit.get(entry.profile, ()))
         if not self.attempted and not self.forced:
             # CONFIG.md: every entry was skipped for health before any attempt: probe the one
             # whose window ends soonest, once, rather than failing without trying
@@ -427,10 +435,10 @@ class Walk:
         """The result of the pending call: None for a success, else its classified failure,
         which the spec's decision table turns into the next trigger."""
         self.now = now
-        entry = self.entry
+        entry = self.plan.entries[self.index]
         if failure is None:
             self.health.success(entry.profile, now)
-            self.life.fire(WalkTrigger.SUCCEED)
+            self.life.fire(_SUCCEED)
             return self._enter()
         self.failure, self.last_failure = failure, failure.kind
         self.health.failure(entry.profile, failure.kind, now)
