@@ -2,20 +2,23 @@
 general path it short-cuts, on generated input (the JSON codec against the standard library,
 the text-chunk reader against the general chunk walk, slotted stream chunks against whole
 rendered chunks, the LF-only SSE split against the general line splitter, a text chunk read once
-against the checked read)."""
+against the checked read, an answer head's kept names and counted values against the regex over
+its lines, an upstream request on its profile's fixed head against the general render)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from relayline.adapters import jsoncodec
+from relayline.adapters.gateway import http11
 from relayline.adapters.gateway.dialects import AnthropicStream, OpenAIStream
-from relayline.adapters.providers import openai
+from relayline.adapters.providers import openai, upstream
 from relayline.adapters.providers.anthropic import AnthropicStreamParser
 from relayline.adapters.providers.base import ProviderFailure
 from relayline.adapters.providers.openai import OpenAIStreamParser
@@ -227,3 +230,100 @@ def test_a_document_read_after_its_shape_is_what_the_checked_read_makes(data):
 
     assert outcome(lambda: jsoncodec.loads_after_shape(data, jsoncodec.loads_shape(data))) == \
         outcome(lambda: jsoncodec.loads(data))
+
+
+# the answer head's check as it was written before the names were kept and the values counted:
+# one regex over all the lines, and the lines counted (each name a token on its own, too)
+_HEAD_LINES = re.compile(rb"(?:[-!#$%&'*+.^_`|~0-9A-Za-z]+: [^\r\n\0]*\r\n)*").fullmatch
+_TOKEN_NAME = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+").fullmatch
+
+
+def _head_by_regex(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
+    lines = b"".join([name + b": " + value + b"\r\n" for name, value in headers])
+    if _HEAD_LINES(lines) is None or lines.count(b"\n") != len(headers) or \
+            not all(_TOKEN_NAME(name) for name, _ in headers):
+        raise ValueError("refused")
+    return b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, http11.REASONS.get(status, b""), lines)
+
+
+_names = st.sampled_from([b"content-type", b"x-relayline-served", b"date", b"X-Up", b"a!#$%&'*+.^_`|~9"]) | \
+    st.sampled_from([b"a b", b"a:b", b"", b"x\r\ny", b"\xff", b"x-\x7f", b"a\0"]) | st.binary(max_size=6)
+_values = st.sampled_from([b"", b"application/json", b"true", b" v ", b"\t", b"\xff\xfe", b"a: b"]) | \
+    st.sampled_from([b"x\r\ny: z", b"v\r", b"v\n", b"v\0", b"\r\n", b"\n\r"]) | st.binary(max_size=6)
+
+
+@given(st.sampled_from([200, 204, 400, 431, 599, 999]),
+       st.lists(st.tuples(_names, _values), max_size=8))
+@example(200, [(b"a", b"v\0")])
+@example(200, [(b"a", b"v\r"), (b"b", b"\n")])
+@example(200, [(b"a", b"x\r\nb: y")])
+@example(200, [(b"a b", b"v")])
+@example(200, [])
+def test_an_answer_head_is_rendered_and_refused_as_the_regex_over_its_lines_did(status, headers):
+    def outcome(render):
+        try:
+            return render(status, list(headers))
+        except ValueError:
+            return "refused"
+
+    assert outcome(http11._render_head) == outcome(_head_by_regex)
+    assert outcome(http11._render_head) == outcome(_head_by_regex)  # (a name kept as a token on the first)
+
+
+_upstream_names = st.sampled_from(["content-type", "authorization", "x-team", "X-Team", "user-agent", "accept", "host",
+                                   "x-request-id", "openai-beta", "content-length", "a b", "a\nb", "", "é"])
+_upstream_values = st.sampled_from(["application/json", "Bearer sk-1", "core", "", " padded", "x\r\ny: z", "\0",
+                                    "ü", "€", "1"]) | st.text(max_size=6)
+
+
+@given(st.dictionaries(_upstream_names, _upstream_values, max_size=5),
+       st.dictionaries(_upstream_names, _upstream_values, max_size=3),
+       st.sampled_from(["http://127.0.0.1:9/v1/chat/completions", "https://api.example.com/v1/messages?beta=true",
+                        "ftp://nowhere/x"]),
+       st.sets(_upstream_names, max_size=2))
+@example({"content-type": "application/json", "x-request-id": "profile's"}, {"x-request-id": "the request's"},
+         "http://127.0.0.1:9/v1/chat/completions", set())
+@example({"X-Team": "a", "x-team": "b"}, {}, "http://127.0.0.1:9/v1/chat/completions", set())
+@example({"x-team": "a", "accept": "b"}, {}, "http://127.0.0.1:9/v1/chat/completions", {"accept"})
+def test_a_request_on_its_profiles_fixed_head_is_rendered_and_refused_as_the_general_render(profile, added, url, removed):
+    """The fixed head (a profile's headers rendered and checked once) changes nothing a request
+    sends or is refused for: whatever a request adds, replaces or removes after it was built."""
+    def outcome(fixed):
+        headers = upstream.lowercase(profile)
+        headers.update(added)
+        for name in removed:
+            headers.pop(name, None)
+        try:
+            return upstream.render(upstream.UpstreamRequest(url, headers, b'{"a":1}', fixed))
+        except (ValueError, UnicodeEncodeError) as exc:
+            return type(exc).__name__, str(exc)
+
+    fixed = upstream.fixed_head(url, profile)
+    assert outcome(fixed) == outcome(None)
+
+
+def test_a_profiles_requests_share_one_fixed_head_per_key_and_forwarded_headers():
+    from relayline.adapters.providers.base import CallRequest
+    from relayline.adapters.relay import Relay
+    from relayline.machines import wire
+    from relayline.machines.config import parse_config
+
+    relay = Relay(parse_config('active = "p"\n[providers.p]\nfamily = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n'
+                               'api_keys = ["k1", "k2"]\nheaders = { X-Team = "core" }\n'), env={})
+    protocol = relay.clients["openai"].protocol
+    entry = relay.plan(model=None, gateway=True).entries[0]
+
+    def built(key_index: int, forwarded=()):
+        request = wire.Request(messages=(wire.Message(wire.USER, (wire.Part(wire.TEXT, "hi"),)),), source="openai",
+                               passthrough=wire.Passthrough({"messages": [{"role": "user", "content": "hi"}]}, forwarded))
+        return protocol.build(CallRequest(entry, entry.model, request, entry.keys[key_index], key_index))
+
+    first, again, other_key = built(0), built(0), built(1)
+    beta = built(0, (("openai-beta", "assistants=v2"),))
+    assert first.fixed is again.fixed and first.headers is not again.headers  # (each request's own dict)
+    assert other_key.fixed is not first.fixed and other_key.headers["authorization"] == "Bearer k2"
+    assert first.headers == {"content-type": "application/json", "x-team": "core", "authorization": "Bearer k1"}
+    assert beta.headers["openai-beta"] == "assistants=v2" and beta.fixed is not first.fixed
+    for request in (first, other_key, beta):
+        general = upstream.UpstreamRequest(request.url, request.headers, request.body)
+        assert upstream.render(request) == upstream.render(general)

@@ -182,6 +182,7 @@ def request_id(headers: dict[bytes, bytes]) -> str:
     return os.urandom(16).hex()
 
 
+_TRAVELLING = (b"openai-", b"anthropic-")  # the prefixes of the client headers that may travel upstream
 _CHAT_DIALECTS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
 
 # the methods of each route, for a 405's Allow header (a HEAD is answered wherever a GET is)
@@ -646,7 +647,10 @@ class Gateway:
         try:
             if isinstance(body, wire.WireError):
                 raise body
-            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers") or ()]
+            # only the headers a dialect may pass on are decoded (providers/base.py `client_headers`:
+            # openai-*, anthropic-beta and anthropic-version; ASGI's names are lowercase)
+            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers") or ()
+                       if k.startswith(_TRAVELLING)]
             request = dialect.parse(body, headers)
         except wire.WireError as error:
             await self._respond(send, *dialect.bad_request(error))

@@ -586,18 +586,35 @@ class _Refused(Exception):
         self.fault = fault
 
 
-_TOKEN_LINES = re.compile(rb"(?:[-!#$%&'*+.^_`|~0-9A-Za-z]+: [^\r\n\0]*\r\n)*").fullmatch
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+").fullmatch
+# the header names found tokens: an app's answers use a few dozen names, each checked once (the
+# check over every line, a regex walking each byte of the head, was most of a head's render)
+_TOKEN_NAMES: set[bytes] = set()
+TOKEN_NAMES_MOST = 512  # an app that makes up names does not grow this without bound: the rest are checked each time
+
+_FRAMING_NAMES = frozenset({b"content-length", b"connection", b"transfer-encoding"})  # what `_head` reads
 
 
 def _render_head(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
-    """A response head, with one check over all its header lines (a token for each name, no CR, LF
-    or NUL in a value: what h11 checked header by header); an app's bad header raises here. A CR
-    LF in a value would make its rest a line of its own that passes the check: the lines are
-    counted too."""
-    lines = b"".join([name + b": " + value + b"\r\n" for name, value in headers])
-    if _TOKEN_LINES(lines) is None or lines.count(b"\n") != len(headers):
-        raise ValueError("an illegal response header name or value (e.g. a CR or LF in a value)")
-    return b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, REASONS.get(status, b""), lines)
+    """A response head, its header lines checked as h11 checked them (a token for each name, no
+    CR, LF or NUL in a value); an app's bad header raises here. A value's CR, LF or NUL is found
+    by counting them over all the lines at once: the lines are joined by CR LF, and a name (a
+    token) and the ": " have none, so any more of either, or a NUL at all, is a value's. The
+    lines are joined in C (`map`), not a Python expression a header."""
+    names = _TOKEN_NAMES
+    for name, _ in headers:  # (a pair each: anything else raises here, before the join reads it)
+        if type(name) is not bytes or name not in names:  # (a bytearray is checked, never kept)
+            if _TOKEN(name) is None:
+                raise ValueError("an illegal response header name")
+            if type(name) is bytes and len(names) < TOKEN_NAMES_MOST:
+                names.add(name)
+    if not headers:
+        return b"HTTP/1.1 %d %s\r\n\r\n" % (status, REASONS.get(status, b""))
+    lines = b"\r\n".join(map(b": ".join, headers))
+    ends = len(headers) - 1
+    if lines.count(b"\n") != ends or lines.count(b"\r") != ends or b"\0" in lines:
+        raise ValueError("an illegal response header value (a CR, LF or NUL in it)")
+    return b"HTTP/1.1 %d %s\r\n%s\r\n\r\n" % (status, REASONS.get(status, b""), lines)
 
 
 class _Connection:
@@ -940,11 +957,14 @@ class _Connection:
         declared = None
         for name, value in headers:
             lowered = name.lower()
+            if lowered not in _FRAMING_NAMES:  # (nearly every header: one look-up, not three tests)
+                continue
             if lowered == b"content-length":
                 declared = int(value)
-            elif lowered == b"connection" and b"close" in value.lower():
-                self.keep_alive = False
-            elif lowered == b"transfer-encoding":
+            elif lowered == b"connection":
+                if b"close" in value.lower():
+                    self.keep_alive = False
+            else:
                 raise ValueError("an app's transfer-encoding: the server frames the answer itself")
         bodiless = status < 200 or status in (204, 304)
         if bodiless:

@@ -36,9 +36,9 @@ from relayline.machines.turn import Completion
 from .. import jsoncodec
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure, client_headers
-from .http import HttpProvider, json_frame
+from .http import FixedHeads, HttpProvider, json_frame
 from .pool import Pools
-from .upstream import UpstreamRequest, lowercase
+from .upstream import UpstreamRequest
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
@@ -427,16 +427,23 @@ class AnthropicStreamParser:
 class AnthropicProtocol:
     family = "anthropic"
 
+    def __init__(self) -> None:
+        self.heads = FixedHeads()
+
     def build(self, request: CallRequest) -> UpstreamRequest:
-        provider = request.entry.provider
-        base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
-        headers = {"content-type": "application/json", "anthropic-version": API_VERSION,
-                   **request.forwarded_headers("anthropic"), **provider.headers}
-        if request.key is not None:
-            headers["x-api-key"] = request.key.reveal()
+        provider, key = request.entry.provider, request.key
+        forwarded = request.forwarded_headers("anthropic")
+        fixed = self.heads.get(provider, key, forwarded)
+        if fixed is None:
+            base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
+            headers = {"content-type": "application/json", "anthropic-version": API_VERSION, **dict(forwarded),
+                       **provider.headers}
+            if key is not None:
+                headers["x-api-key"] = key.reveal()
+            fixed = self.heads.keep(provider, key, forwarded, f"{base}/v1/messages", headers)
         body = render_request(request.wire_request(), request.model, request.stream,
                               provider.max_output_tokens or DEFAULT_MAX_TOKENS)
-        return UpstreamRequest(f"{base}/v1/messages", lowercase(headers), jsoncodec.dumps_kept(body))
+        return UpstreamRequest(fixed.url, dict(fixed.headers), jsoncodec.dumps_kept(body), fixed)
 
     def completion(self, body: dict) -> Completion:
         return parse_completion(body)

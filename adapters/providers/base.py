@@ -35,7 +35,8 @@ class ProviderFailure(Exception):
 
 def client_headers(headers: Iterable[tuple[str, str]], dialect: str) -> tuple[tuple[str, str], ...]:
     """The client request headers that travel to a provider of the dialect's own family: the
-    API's version and feature flags, never credentials or hop-by-hop headers."""
+    API's version and feature flags, never credentials or hop-by-hop headers. (The gateway
+    decodes for it only the names these start with: app.py's `_TRAVELLING`.)"""
     if dialect == "anthropic":
         return tuple([(name, v) for k, v in headers if (name := k.lower()) in ("anthropic-beta", "anthropic-version")])
     return tuple([(name, v) for k, v in headers if (name := k.lower()).startswith("openai-")])
@@ -71,11 +72,12 @@ class CallRequest:
         """The canonical request as this entry is sent it (unsupported fields dropped if asked)."""
         return wire.without(self.request, self.dropped)
 
-    def forwarded_headers(self, family: str) -> dict[str, str]:
+    def forwarded_headers(self, family: str) -> tuple[tuple[str, str], ...]:
+        """The client's headers that travel to a provider of `family` (its own dialect's)."""
         request = self.request
         if request.passthrough is None or request.source != family:
-            return {}
-        return dict(request.passthrough.headers)
+            return ()
+        return request.passthrough.headers
 
 
 class AttemptClockLike(Protocol):

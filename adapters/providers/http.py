@@ -30,7 +30,7 @@ from ..redact import redact
 from ..sse import SSEDecoder, SSEEvent, SSEProtocolError
 from .base import DONE, CallRequest, ProviderFailure
 from .pool import Pools
-from .upstream import UnsupportedEncoding, UpstreamError, UpstreamRequest
+from .upstream import FixedHead, UnsupportedEncoding, UpstreamError, UpstreamRequest, fixed_head
 
 log = logging.getLogger("relayline.providers")
 
@@ -156,6 +156,34 @@ class WireProtocol(Protocol):
 
 def _unsupported(exc: UnsupportedEncoding) -> ProviderFailure:
     return ProviderFailure(fc.malformed(f"content-encoding {exc} (not asked for: relayline reads gzip and deflate)"))
+
+
+class FixedHeads:
+    """A protocol's `FixedHead`s: one per profile, key and forwarded client headers, made by its
+    first request and used by every request after it. Building each request's headers afresh
+    (its dicts merged, its names folded, the key's header written) and checking each of them
+    again in `render` was about half of the upstream request's building and rendering
+    (bench/gateway_phases.py). A head holds its profile and key, so neither's id is taken by
+    another while it is kept; at most MOST are kept (a reload's new profiles start them over)."""
+
+    MOST = 256
+    __slots__ = ("_heads",)
+
+    def __init__(self) -> None:
+        self._heads: dict[tuple, tuple[object, object, FixedHead]] = {}
+
+    def get(self, provider, key, forwarded: tuple[tuple[str, str], ...]) -> FixedHead | None:
+        kept = self._heads.get((id(provider), id(key), forwarded))
+        return kept[2] if kept is not None and kept[0] is provider and kept[1] is key else None
+
+    def keep(self, provider, key, forwarded: tuple[tuple[str, str], ...], url: str,
+             headers: dict[str, str]) -> FixedHead:
+        """The head of `url` and `headers` (the profile's requests' own), kept."""
+        if len(self._heads) >= self.MOST:
+            self._heads.clear()
+        head = fixed_head(url, headers)
+        self._heads[(id(provider), id(key), forwarded)] = (provider, key, head)
+        return head
 
 
 class HttpProvider:

@@ -34,9 +34,9 @@ from relayline.machines.turn import Completion
 from .. import jsoncodec
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure, client_headers
-from .http import HttpProvider, json_frame
+from .http import FixedHeads, HttpProvider, json_frame
 from .pool import Pools
-from .upstream import UpstreamRequest, lowercase
+from .upstream import UpstreamRequest
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -495,14 +495,21 @@ class OpenAIStreamParser:
 class OpenAIProtocol:
     family = "openai"
 
+    def __init__(self) -> None:
+        self.heads = FixedHeads()
+
     def build(self, request: CallRequest) -> UpstreamRequest:
-        provider = request.entry.provider
-        base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
-        headers = {"content-type": "application/json", **request.forwarded_headers("openai"), **provider.headers}
-        if request.key is not None:
-            headers["authorization"] = f"Bearer {request.key.reveal()}"
+        provider, key = request.entry.provider, request.key
+        forwarded = request.forwarded_headers("openai")
+        fixed = self.heads.get(provider, key, forwarded)
+        if fixed is None:
+            base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
+            headers = {"content-type": "application/json", **dict(forwarded), **provider.headers}
+            if key is not None:
+                headers["authorization"] = f"Bearer {key.reveal()}"
+            fixed = self.heads.keep(provider, key, forwarded, f"{base}/chat/completions", headers)
         body = render_request(request.wire_request(), request.model, request.stream)
-        return UpstreamRequest(f"{base}/chat/completions", lowercase(headers), jsoncodec.dumps_kept(body))
+        return UpstreamRequest(fixed.url, dict(fixed.headers), jsoncodec.dumps_kept(body), fixed)
 
     def completion(self, body: dict) -> Completion:
         return parse_completion(body)

@@ -134,13 +134,29 @@ _DEFAULTS = frozenset({"host", *dict(_DEFAULT_HEADERS)})
 _FRAMING = frozenset({"content-length", "transfer-encoding"})  # this client's to write
 
 
+@attrs.frozen(eq=False)
+class FixedHead:
+    """What every request of one profile (its URL, its own headers and key, the client headers
+    that travel with it) has in common: its headers (lowercase names) and their lines, with the
+    request line, the Host and the defaults, rendered and checked once (`fixed_head`). A request
+    built on it (`UpstreamRequest.fixed`) has only what it adds checked and rendered: its
+    x-request-id. `lines` is None when these headers cannot be sent: `render` then refuses them
+    as it refuses any, naming the header."""
+
+    url: str
+    headers: dict[str, str]
+    lines: str | None
+
+
 @attrs.frozen
 class UpstreamRequest:
-    """A POST to a provider: what a protocol's `build()` returns. Header names are lowercase."""
+    """A POST to a provider: what a protocol's `build()` returns. Header names are lowercase.
+    `fixed`, when given, holds `url` and the lines of those of `headers` it has (`FixedHead`)."""
 
     url: str
     headers: dict[str, str]
     body: bytes
+    fixed: FixedHead | None = attrs.field(default=None, eq=False, repr=False)
 
 
 def lowercase(headers: dict[str, str]) -> dict[str, str]:
@@ -153,14 +169,37 @@ _NAME = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+").fullmatch
 _UNSAFE_VALUE = re.compile(r"[\r\n\0]|^[ \t]|[ \t]$").search
 
 
+def fixed_head(url: str, headers: dict[str, str]) -> FixedHead:
+    """The head a profile's requests share (`FixedHead`), its lines rendered and checked here."""
+    headers = lowercase(headers)
+    try:
+        lines: str | None = _head_lines(url, headers)
+    except ValueError:
+        lines = None  # (refused where each request is rendered, as without a fixed head)
+    return FixedHead(url, headers, lines)
+
+
 def render(request: UpstreamRequest) -> bytes:
     """The request's head and body as one buffer (one send).
 
     The head is written here rather than by an HTTP library: h11 re-validated and re-encoded
     every header of every request (about a third of the client's CPU per request, cProfile),
-    where these checks are one regex each."""
-    _, host, target = split_url(request.url)
-    given = request.headers
+    where these checks are one regex each, and a request built on its profile's `FixedHead`
+    has only the headers it adds checked."""
+    fixed = request.fixed
+    lines = None
+    if fixed is not None and fixed.lines is not None and request.url is fixed.url:
+        lines = _added_to(fixed, request.headers)
+    if lines is None:
+        lines = _head_lines(request.url, request.headers)
+    body = request.body
+    return f"{lines}content-length: {len(body)}\r\n\r\n".encode("latin-1") + body
+
+
+def _head_lines(url: str, given: dict[str, str]) -> str:
+    """The request line and the header lines, each header checked (ValueError names one that
+    cannot be sent)."""
+    _, host, target = split_url(url)
     lines = [f"POST {target} HTTP/1.1\r\nhost: {host}\r\n"]
     if given.keys() & _DEFAULTS:  # a profile's own headers win over these defaults
         lines = [f"POST {target} HTTP/1.1\r\n"]
@@ -171,9 +210,26 @@ def render(request: UpstreamRequest) -> bytes:
         if not _NAME(name) or _UNSAFE_VALUE(value) or name in _FRAMING:
             raise ValueError(f"header {name!r} cannot be sent upstream (an illegal name or value, or framing)")
         lines.append(f"{name}: {value}\r\n")
-    body = request.body
-    lines.append(f"content-length: {len(body)}\r\n\r\n")
-    return "".join(lines).encode("latin-1") + body
+    return "".join(lines)
+
+
+def _added_to(fixed: FixedHead, given: dict[str, str]) -> str | None:
+    """The fixed head's lines and those of the headers `given` adds to it; None when `given`
+    is not the fixed headers and additions (one of them replaced or missing, or an addition that
+    is a default's or cannot be sent): the general path renders it, or refuses it."""
+    static = fixed.headers
+    added = []
+    kept = 0
+    for name, value in given.items():
+        if static.get(name) is value:  # (the very string the fixed lines were rendered from)
+            kept += 1
+        elif name in _DEFAULTS or not _NAME(name) or _UNSAFE_VALUE(value) or name in _FRAMING:
+            return None
+        else:
+            added.append(f"{name}: {value}\r\n")
+    if kept != len(static):  # (one was replaced, or is missing)
+        return None
+    return fixed.lines + "".join(added) if added else fixed.lines
 
 
 class _Malformed(Exception):
