@@ -312,7 +312,9 @@ class Gateway:
     async def _route(self, exchange: Exchange, scope, headers, receive) -> None:
         method, path, send = exchange.method, exchange.path, exchange
         method = "GET" if method == "HEAD" else method  # a HEAD is a GET whose body the server does not send
-        # the server bounds a head still arriving; a whole one that came in one read is checked here
+        # the server bounds a head still arriving; a whole one that came in one read is checked here,
+        # where its 431 is in the route's dialect (an Anthropic client's error shape) and has its
+        # access line and request id, which the server's own refusal (no route seen) cannot give
         head = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + sum(
             len(k) + len(v) + 4 for k, v in scope.get("headers") or ())
         if head > self.settings.max_header_bytes:
