@@ -2,18 +2,18 @@
 spends in each of the gateway's steps that read and write bytes (never part of `make test`).
 
 bench/core_steps.py measures the turn's pure steps and bench/gateway_phases.py every step in a
-serving process, where at a load average of 6 one step's µs moves by half between two runs of
-the same code. Here each wire step runs alone in a loop, as the gateway calls it, on bench/load.py's
-request and bench/upstream.py's answer: the server's read of the request by llhttp (its
-callbacks), the body's JSON, its parse into wire.Request (the headers the dialect reads
-decoded), the upstream request built and rendered, the upstream answer read by llhttp and
-decoded, the answer head rendered, and the whole answer written through the ASGI path (its
-JSON, relayline field, attribution and dropped-parameters headers, the access wrapper and the
-server's head, into a connection that keeps the bytes). `--instructions` counts each step's
-instructions under valgrind's cachegrind: a run of `--count` requests against one of none,
-their difference over the requests (deterministic, whatever the load); otherwise µs a step,
-the least of ROUNDS rounds. `--base DIR` (and `--after DIR`) measure two trees, a lever's
-before and after, in one run.
+serving process, where at a load average of 6 one step's µs moves by half between two runs of the
+same code. Here each wire step runs alone in a loop, as the gateway calls it, on bench/load.py's
+request and bench/upstream.py's answer: the server's read of the request by llhttp (its callbacks),
+the body's JSON, its parse into wire.Request (the headers the dialect reads decoded), the upstream
+request built and rendered, the upstream answer read by llhttp (bench/upstream.py's two-header head,
+and a provider's 23-header one) and decoded, the answer head rendered, and the whole answer written
+through the ASGI path (its JSON, relayline field, attribution and dropped-parameters headers, the
+access wrapper and the server's head, into a connection that keeps the bytes). `--instructions`
+counts each step's instructions under valgrind's cachegrind: a run of `--count` requests against one
+of none, their difference over the requests (deterministic, whatever the load); otherwise µs a step,
+the least of ROUNDS rounds. `--base DIR` (and `--after DIR`) measure two trees, a lever's before and
+after, in one run.
 
     python bench/wire_steps.py [--instructions] [--steps NAME ...] [--base DIR [--after DIR]] [--out FILE]
 """
@@ -35,7 +35,7 @@ ROUNDS = 5
 COUNT = 2000  # --instructions: requests a step runs in its counted run
 STEPS = ("server: request read by llhttp", "request body: JSON read", "request parse into wire.Request",
          "upstream request: built", "upstream request: rendered", "upstream answer read by llhttp",
-         "upstream answer: decoded", "server: answer head rendered", "answer: written whole (ASGI path)")
+         "upstream answer read by llhttp, a provider's 23-header head", "upstream answer: decoded", "server: answer head rendered", "answer: written whole (ASGI path)")
 
 
 def _steps() -> dict:
@@ -54,6 +54,17 @@ def _steps() -> dict:
     answer = body_for("frames", 1, False)
     answer_wire = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
         len(answer), answer)
+    # the head of an answer as OpenAI's API sends it (bench/upstream.py sends two headers)
+    provider_wire = b"".join([
+        b"HTTP/1.1 200 OK\r\ndate: Mon, 30 Nov 2026 22:00:00 GMT\r\ncontent-type: application/json\r\n",
+        b"content-length: %d\r\nconnection: keep-alive\r\naccess-control-expose-headers: X-Request-ID\r\n" % len(answer),
+        b"openai-organization: org-abc\r\nopenai-processing-ms: 312\r\nopenai-project: proj_abc\r\n",
+        b"openai-version: 2020-10-01\r\nx-envoy-upstream-service-time: 318\r\nx-ratelimit-limit-requests: 10000\r\n",
+        b"x-ratelimit-limit-tokens: 30000000\r\nx-ratelimit-remaining-requests: 9999\r\n",
+        b"x-ratelimit-remaining-tokens: 29999990\r\nx-ratelimit-reset-requests: 6ms\r\nx-ratelimit-reset-tokens: 0s\r\n",
+        b"x-request-id: req_0123456789abcdef\r\nstrict-transport-security: max-age=31536000\r\n",
+        b"cf-cache-status: DYNAMIC\r\nx-content-type-options: nosniff\r\nserver: cloudflare\r\n",
+        b"cf-ray: 8f0000000000-AMS\r\nalt-svc: h3=\":443\"; ma=86400\r\n\r\n", answer])
     relay = Relay(parse_config('active = "bench.upstream"\n[providers."bench.upstream"]\nfamily = "openai"\n'
                                'base_url = "http://127.0.0.1:9/v1"\napi_key = "bench-key"\n'), env={})
     gateway = Gateway(relay)
@@ -95,9 +106,9 @@ def _steps() -> dict:
 
     connection = upstream.Connection(upstream.Origin("http", "127.0.0.1", 9), None, -1)
 
-    def upstream_read():
+    def upstream_read(wire: bytes = answer_wire):
         connection._begin_exchange()
-        connection._feed(answer_wire)
+        connection._feed(wire)
 
     completion = http.decode_completion(protocol, answer)
     result = run.turn.on_completion(completion, 1.01).result
@@ -132,7 +143,8 @@ def _steps() -> dict:
     answer_written()
     assert kept.kept.startswith(b"HTTP/1.1 200 OK\r\n"), kept.kept[:40]
     return dict(zip(STEPS, (server_read, lambda: jsoncodec.loads(raw), parse, build, lambda: upstream.render(built),
-                            upstream_read, lambda: http.decode_completion(protocol, answer),
+                            upstream_read, lambda: upstream_read(provider_wire),
+                            lambda: http.decode_completion(protocol, answer),
                             lambda: http11._render_head(200, answer_headers), answer_written), strict=True))
 
 
