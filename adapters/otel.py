@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 
+import trio
+
 from relayline.machines.turn import TurnResult
 
 try:
@@ -42,12 +44,15 @@ class Tracing:
         self._on = _global_provider_set()
         return self._on
 
-    def turn(self, result: TurnResult, *, started: float, ended: float, clock_now: float,
+    def turn(self, result: TurnResult, *, started: float, ended: float, clock_now: float | None = None,
              request_id: str | None = None, families: dict[str, str] | None = None) -> None:
         """Record a finished turn. `started`, `ended` and the attempts' times are on the clock
-        whose current reading is `clock_now` (trio's): they are placed on the wall clock here."""
+        whose current reading is `clock_now` (None: trio's, read now): they are placed on the
+        wall clock here. (Read here, not by the caller: with tracing off nothing reads it.)"""
         if not self._recording():
             return
+        if clock_now is None:
+            clock_now = trio.current_time()
         offset_ns = time.time_ns() - int(clock_now * 1e9)
 
         def wall(t: float) -> int:

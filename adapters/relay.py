@@ -237,14 +237,25 @@ class Relay:
 
     # -- turns --------------------------------------------------------------------------------
 
-    async def _run_turn(self, messages: Sequence[Mapping[str, Any]] | wire.Request, *, sink: Sink = _discard,
-                        run_hook: Callable[[TurnRun], None] | None = None, **turn: Any) -> TurnResult:
+    async def _run_turn(
+        self,
+        messages: Sequence[Mapping[str, Any]] | wire.Request,
+        *,
+        model: str | None = None,
+        tools: Sequence[Mapping[str, Any]] = (),
+        params: Mapping[str, Any] | None = None,
+        operator_model: str | None = None,
+        stream: bool = False,
+        on_draft: Callable[[str], None] | None = None,
+        sink: Sink = _discard,
+        run_hook: Callable[[TurnRun], None] | None = None,
+    ) -> TurnResult:
         """Run one turn to its result, in the current trio run: the one entry point for the
         library and the simulator (the gateway runs `_new_run`'s run itself, one coroutine frame
-        fewer for each stream it holds; `turn` is `_new_run`'s keywords). Cancellation is
-        recorded on the result and re-raised. `run_hook` sees the run before it starts (the
-        result survives a cancellation)."""
-        run = self._new_run(messages, **turn)
+        fewer for each stream it holds). Cancellation is recorded on the result and re-raised.
+        `run_hook` sees the run before it starts (the result survives a cancellation)."""
+        run = self._new_run(messages, model=model, tools=tools, params=params, operator_model=operator_model,
+                            stream=stream, on_draft=on_draft)
         if run_hook is not None:
             run_hook(run)
         try:

@@ -195,10 +195,10 @@ def test_the_turns_bookkeeping_waits_for_the_answer_and_never_fails_it(tmp_path,
         seen: list[tuple[bool, int]] = []
         observe = gw.gateway.console.observe
 
-        def observed_after_the_answer(turn_id, result, latency_s):
+        def observed_after_the_answer(turn_id, result, latency_s, *ended):
             # the client has its whole answer before this returns (else it waits here 5 s in vain)
             seen.append((answered.wait(5), len(LedgerStore(path).rows())))
-            observe(turn_id, result, latency_s)
+            observe(turn_id, result, latency_s, *ended)
             observed.set()
 
         gw.gateway.console.observe = observed_after_the_answer

@@ -259,6 +259,34 @@ async def test_http_1_0_and_connection_close_end_the_connection_after_the_answer
     assert "/ignored" not in app.seen
 
 
+async def test_a_stream_to_http_1_0_or_to_connection_close_is_framed_by_the_close_and_else_chunked():
+    # RFC 9112 6.1: no chunked to an HTTP/1.0 client; 6.3's last case: a response with neither
+    # a length nor chunked ends with the connection's close, legal for both clients
+    app = App()
+    async with trio.open_nursery() as nursery:
+        _, stop, port = await start(nursery, app)
+        answers = []
+        for request in (b"GET /stream HTTP/1.0\r\n\r\n",
+                        b"GET /stream HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+                        b"GET /stream HTTP/1.1\r\nhost: x\r\nconnection: keep-alive, close\r\n\r\n"):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(request)
+            answers.append(await read_until_closed(stream))
+        kept = await trio.open_tcp_stream("127.0.0.1", port)
+        await kept.send_all(GET % b"/stream")
+        chunked = await read_response(kept, bytearray())
+        stop.set()
+    for answer in answers:
+        head, _, body = answer.partition(b"\r\n\r\n")
+        lines = head.lower().split(b"\r\n")
+        assert lines[0] == b"http/1.1 200 ok" and b"connection: close" in lines, answer
+        assert not any(line.startswith((b"content-length", b"transfer-encoding")) for line in lines), answer
+        assert body == b"one two three"  # the bytes as sent, then the close
+    head, _, body = chunked.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower() and b"connection" not in head.lower()
+    assert body == b"4\r\none \r\n4\r\ntwo \r\n5\r\nthree\r\n0\r\n\r\n"
+
+
 async def test_expect_100_continue_is_answered_when_the_body_is_read():
     app = App()
     async with trio.open_nursery() as nursery:

@@ -222,6 +222,15 @@ def test_headers_beyond_the_limit_are_refused():
     assert big.status_code == 431 and small.status_code == 200
 
 
+def test_a_whole_head_beyond_the_limit_is_refused_in_its_routes_dialect_with_a_request_id():
+    # why the app, not the server, decides a whole head's 431 (app.py's _route)
+    with BackgroundGateway(profiles(gateway={"max_header_bytes": 4096})) as gw:
+        big = httpx.post(f"{gw.url}/v1/messages", json={}, headers={"x-filler": "a" * 8000})
+    assert big.status_code == 431 and big.headers["x-request-id"] and big.headers["connection"] == "close"
+    assert big.json() == {"type": "error", "error": {"type": "invalid_request_error",
+                                                     "message": "request headers larger than 4096 bytes"}}
+
+
 def test_a_query_string_counts_toward_the_header_limit():
     # a head that arrives whole in one read is measured by the app: the query is part of it
     with BackgroundGateway(profiles(gateway={"max_header_bytes": 4096})) as gw:

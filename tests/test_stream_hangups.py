@@ -8,7 +8,8 @@ than gate_commit_s: the gate timer commits it) and then streams frames with paus
 hangs up at a random moment (before the head, while the gate holds, mid-stream, by a close or a
 reset) or reads to the end. Afterwards: no turn in flight, no stream on the gate timer, no
 upstream connection out of its pool or left open uncounted, no file descriptor and no task more
-than before, and every client that read to the end got a clean stream's end.
+than before (counted as what this test opened), and every client that read to the end got a clean
+stream's end.
 """
 
 from __future__ import annotations
@@ -51,8 +52,40 @@ def reply(seen) -> Reply:
     return Reply(delay=delay, pieces=tuple(pieces))
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_fds() -> dict[str, str]:
+    """What each of the process's file descriptors is, by number."""
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # (listdir's own)
+            pass
+    return fds
+
+
+def opened_since(before: dict[str, str], ports: tuple[int, int]) -> tuple[list[tuple[int, int]], list[str]]:
+    """The descriptors opened since `before` and still open: the TCP sockets that touch `ports`
+    (the gateway's and the provider's) as (local port, remote port), and every other one. Only
+    what was opened is counted: an fd that another test left behind may close at any moment
+    (a socket in a cycle the collector frees, a thread still ending), and counting all of them
+    once read one fewer than this test left."""
+    inodes = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                inodes[f"socket:[{fields[9]}]"] = (int(fields[1].rsplit(":", 1)[1], 16),
+                                                   int(fields[2].rsplit(":", 1)[1], 16))
+    ours, others = [], []
+    for fd, target in open_fds().items():
+        if before.get(fd) == target:
+            continue
+        if target in inodes and set(inodes[target]) & set(ports):
+            ours.append(inodes[target])
+        else:
+            others.append(target)
+    return ours, others
 
 
 def tasks() -> list[str]:
@@ -112,6 +145,7 @@ async def test_streams_hung_up_at_random_points_leave_nothing_behind():
         relay = Relay(structure_config(config), env={})
         gateway = Gateway(relay)
         binds = await nursery.start(lambda task_status: serve(gateway, port=0, task_status=task_status))
+        gateway_port = int(binds[0].rsplit(":", 1)[1])
         await trio.sleep(0.05)
         fds_before, tasks_before = open_fds(), tasks()
         with trio.fail_after(60):
@@ -125,8 +159,12 @@ async def test_streams_hung_up_at_random_points_leave_nothing_behind():
         pools = relay.http_pools().profile("primary")
         idle = idle_upstreams(relay)
         more_tasks = Counter(tasks()) - Counter(tasks_before)
-        left = (open_fds() - fds_before, more_tasks, len(gateway._turns), gateway._gates._live,
-                pools.opened - idle)
+        ours, others = opened_since(fds_before, (gateway_port, upstream.port))
+        # each idle pooled connection is two sockets, its client's end and the provider's
+        client_ends = sorted(local for local, remote in ours if remote == upstream.port)
+        provider_ends = sorted(remote for local, remote in ours if local == upstream.port)
+        left = (len(ours), client_ends == provider_ends, others, more_tasks, len(gateway._turns),
+                gateway._gates._live, pools.opened - idle)
         await relay.aclose()
         nursery.cancel_scope.cancel()
 
@@ -134,7 +172,7 @@ async def test_streams_hung_up_at_random_points_leave_nothing_behind():
     # what is left is the pool's idle connections, both of their ends in this process (the
     # provider's task for each, and the pool's expiry task with them)
     expected = Counter({"trio._highlevel_serve_listeners._run_handler": idle, "relayline upstream pool expiry": 1})
-    assert left == (2 * idle, +expected, 0, 0, 0), (left, idle)
+    assert left == (2 * idle, True, [], +expected, 0, 0, 0), (left, idle)
     assert len(upstream.seen) <= STREAMS  # never a retry after a hang-up
 
 

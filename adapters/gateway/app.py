@@ -312,7 +312,9 @@ class Gateway:
     async def _route(self, exchange: Exchange, scope, headers, receive) -> None:
         method, path, send = exchange.method, exchange.path, exchange
         method = "GET" if method == "HEAD" else method  # a HEAD is a GET whose body the server does not send
-        # the server bounds a head still arriving; a whole one that came in one read is checked here
+        # the server bounds a head still arriving; a whole one that came in one read is checked here,
+        # where its 431 is in the route's dialect (an Anthropic client's error shape) and has its
+        # access line and request id, which the server's own refusal (no route seen) cannot give
         head = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + sum(
             len(k) + len(v) + 4 for k, v in scope.get("headers") or ())
         if head > self.settings.max_header_bytes:
@@ -505,19 +507,20 @@ class Gateway:
                 "success_rate": round(sum(ok for _, ok in seen) / len(seen), 4) if seen else None,
                 "transitions": breaker.transitions,
             }
-        self._note_breakers(profiles)
+        self._note_breakers({alias: profile["breaker"] for alias, profile in profiles.items()})
         return {"window_s": window, "profiles": profiles, "fallback_record": dict(self.relay.fallback_record),
                 "in_flight": self.in_flight, "draining": self.draining}
 
     def _live(self) -> dict:
         return self.health()
 
-    def _note_breakers(self, profiles: dict) -> None:
-        for alias, profile in profiles.items():
+    def _note_breakers(self, states: dict[str, str]) -> None:
+        """Each profile's breaker state (alias -> state): a change since the last is logged."""
+        for alias, state in states.items():
             before = self._breakers.get(alias, "closed")
-            if profile["breaker"] != before:
-                log.warning("breaker_transition profile=%s from=%s to=%s", alias, before, profile["breaker"])
-            self._breakers[alias] = profile["breaker"]
+            if state != before:
+                log.warning("breaker_transition profile=%s from=%s to=%s", alias, before, state)
+            self._breakers[alias] = state
 
     async def _record(self, exchange: Exchange, result: TurnResult) -> None:
         """The turn's ledger rows, committed before its answer completes: a client that saw an
@@ -550,35 +553,35 @@ class Gateway:
         started, now = exchange.turn_started, exchange.turn_ended
         exchange.relay._observe(result)  # the relay the turn ran on (a reload may have retired it)
         horizon = now - self.relay.config.breaker.window_s
+        tried: dict[str, None] = {}  # the profiles the turn tried, once each
         for attempt in result.attempts:
+            tried[attempt.provider] = None
             seen = self._outcomes[attempt.provider]
             seen.append((now, attempt.outcome == "ok"))
             while seen and (seen[0][0] < horizon or len(seen) > MAX_OUTCOMES):
                 seen.popleft()
         self.metrics.turn(result, now - started)
-        self.console.observe(exchange.turn, result, now - started)
-        self.tracing.turn(result, started=started, ended=now, clock_now=trio.current_time(),
-                          request_id=exchange.request_id, families=self._families)
-        served = result.served.label if result.served else "none"
+        self.console.observe(exchange.turn, result, now - started, now)
+        self.tracing.turn(result, started=started, ended=now, request_id=exchange.request_id, families=self._families)
         if result.fallback:
             log.warning("fallback request_id=%s requested=%s served=%s attempts=%d", exchange.request_id,
-                        result.requested, served, len(result.attempts))
+                        result.requested, result.served.label if result.served else "none", len(result.attempts))
         if result.outcome in ("error", "interrupted") and result.error not in QUIET_ERRORS:
             log.warning("turn_failed request_id=%s outcome=%s reason=%s requested=%s attempts=%d",
                         exchange.request_id, result.outcome, result.error, result.requested, len(result.attempts))
-        self._note_breakers({alias: {"breaker": self.relay.health.breaker(alias).refresh(now)}
-                             for alias in {a.provider for a in result.attempts}})
+        health = self.relay.health
+        self._note_breakers({alias: health.breaker(alias).refresh(now) for alias in tried})
 
     def _account(self, exchange: Exchange) -> None:
         """The access line and the request metrics, once the response ended (or the client left)."""
-        now = trio.current_time()
         status = exchange.status if exchange.status is not None else 499  # the client went away first
         self.metrics.request(exchange.path, status)
         result = exchange.result
         if result is not None and exchange.first_byte is not None and result.served is not None:
             self.metrics.first_token(result.served.profile, result.served.model, exchange.first_byte - exchange.started)
         if not access_log.isEnabledFor(logging.INFO):
-            return  # `--log-level warning`: the line is not built at all
+            return  # `--log-level warning`: the line is not built at all (nor its clock read)
+        now = trio.current_time()
         fields = {
             "method": exchange.method, "path": exchange.path[:200], "status": status,
             "latency_ms": round((now - exchange.started) * 1000, 2),

@@ -198,11 +198,12 @@ class Console:
 
     # -- what the gateway tells it ----------------------------------------------------------
 
-    def observe(self, turn_id: str, result: TurnResult, latency_s: float) -> None:
-        """A turn finished (called by the gateway after each turn, once its answer is written).
-        Its view is built when the console first reads it, not here: most turns of a busy
-        gateway are never looked at, and a view costs more than the rest of this."""
-        now = trio.current_time()
+    def observe(self, turn_id: str, result: TurnResult, latency_s: float, ended: float | None = None) -> None:
+        """A turn finished (called by the gateway after each turn, once its answer is written), at
+        `ended` on trio's clock (None: now). Its view is built when the console first reads it,
+        not here: most turns of a busy gateway are never looked at, and a view costs more than
+        the rest of this."""
+        now = trio.current_time() if ended is None else ended
         self._seq += 1
         self._recent.append(_Ended(self._seq, turn_id, result, latency_s, now, time.time()))
         for a in result.attempts:

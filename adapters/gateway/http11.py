@@ -952,8 +952,11 @@ class _Connection:
             self.server.hangups.forget(fd, self)
 
     def _head(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more: bool) -> bytes:
-        """The answer's head, its framing decided as h11 decided it: a declared length, else the
-        whole body's length, else chunked (or, to an HTTP/1.0 client, the connection's close)."""
+        """The answer's head and its framing (RFC 9112 6.1-6.3): a declared length, else the whole
+        body's length, else chunked while the connection stays open. A stream to a client that
+        asked for `connection: close`, or to an HTTP/1.0 client (which may not be sent chunked,
+        6.1), is framed by the connection's close instead (6.3, its last case: a response with
+        neither length nor chunked ends with the connection): legal, and its SSE has its own end."""
         declared = None
         for name, value in headers:
             lowered = name.lower()

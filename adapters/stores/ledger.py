@@ -152,6 +152,9 @@ class LedgerStore:
             # from here on no statement of this connection sleeps in SQLite's busy handler: each
             # caller waits for a lock its own way (`record` in the event loop, the others `_waited`)
             self._conn.execute("PRAGMA busy_timeout = 0")
+        # the writer's one cursor: a cursor per statement (`Connection.execute`) was an object made
+        # and freed with each commit
+        self._writer = self._conn.cursor()
         self._since_checkpoint = 0
         self._checkpoint_every = CHECKPOINT_EVERY if wal else 0
         self._batch: _Batch | None = None
@@ -237,18 +240,19 @@ class LedgerStore:
             self._insert_locked(rows)
 
     def _insert_locked(self, rows: list[tuple]) -> None:
+        writer = self._writer
         if len(rows) == 1:
-            self._conn.execute(INSERT, rows[0])
+            writer.execute(INSERT, rows[0])
         else:
-            self._conn.execute("BEGIN")
+            writer.execute("BEGIN")
             try:
-                self._conn.executemany(INSERT, rows)
-                self._conn.execute("COMMIT")
+                writer.executemany(INSERT, rows)
+                writer.execute("COMMIT")
             except BaseException:
                 # a failed COMMIT can leave the transaction open (SQLITE_BUSY does): the
                 # next turn's rows must not join a transaction that never ends
                 if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
+                    writer.execute("ROLLBACK")
                 raise
         self._since_checkpoint += 1
         if self._checkpoint_every and self._since_checkpoint >= self._checkpoint_every:
