@@ -40,6 +40,11 @@ SETTLE_SYNC_S = 5.0
 _SIZED = frozenset({TEXT, REASONING, TOOL_ARGS})  # frames whose text a stream accumulates
 
 
+def _whole(completion: Completion | fc.Failure) -> bool:
+    """An answer the turn can end with: nothing of the fleet's health needs reading before it."""
+    return isinstance(completion, Completion) and completion.has_answer
+
+
 async def _discard(event: Event) -> None:
     return None
 
@@ -193,9 +198,10 @@ class TurnRun:
                     try:
                         if resume is not None:
                             answer, resume = resume, None
-                            action = await self._answered(answer)
+                            action = await self._answered(answer, _whole(answer))
                         elif action is None:
-                            await self._sync_health()
+                            if self._store is not None:  # (no coroutine made for a store that is not a fleet's)
+                                await self._sync_health()
                             action = turn.start(trio.current_time())
                         while not isinstance(action, Finish):
                             if isinstance(action, Sleep):
@@ -226,7 +232,8 @@ class TurnRun:
                     break
                 resume = timed_out.failure()
             self.result = action.result
-            await self._sync_health(read=False)
+            if self._store is not None:
+                await self._sync_health(read=False)
             for event in action.deliver:
                 await sink(event)
             return self.result
@@ -338,17 +345,17 @@ class TurnRun:
         # a failure's next step waits for a fleet's health first; an answer's next step is
         # decided with nothing awaited, and is most often the turn's end, whose scope closes
         # with no checkpoint in between (a deadline set for nothing cost ~2 µs a turn)
-        answered = isinstance(completion, Completion) and completion.has_answer
+        answered = _whole(completion)
         if not answered and scope.deadline != self._budget:
             scope.deadline = self._budget
-        action = await self._answered(completion)
+        action = await self._answered(completion, answered)
         if answered and not isinstance(action, Finish) and scope.deadline != self._budget:
             scope.deadline = self._budget
         return action
 
-    async def _answered(self, completion: Completion | fc.Failure):
-        """The turn's next action after an attempt's answer or failure."""
-        if not (isinstance(completion, Completion) and completion.has_answer):
+    async def _answered(self, completion: Completion | fc.Failure, answered: bool):
+        """The turn's next action after an attempt's answer or failure (`answered`: `_whole`)."""
+        if not answered and self._store is not None:
             await self._sync_health()
         try:
             return self.turn.on_completion(completion, trio.current_time())

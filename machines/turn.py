@@ -64,6 +64,8 @@ _WALK, _OPEN_STREAM, _COMMIT, _COMPLETE, _END = (TurnTrigger.WALK, TurnTrigger.O
                                                  TurnTrigger.COMPLETE, TurnTrigger.END)
 _FINISH = CancellationTrigger.FINISH
 _STREAM, _COMPLETE_MODE = Mode.STREAM, Mode.COMPLETE
+# (and per event of a stream: stream_frame tells them apart for every event it forwards)
+_TEXT, _REASONING, _EXECUTED_TOOL = EventKind.TEXT, EventKind.REASONING, EventKind.EXECUTED_TOOL
 
 
 def _rejection(failure: fc.Failure | None) -> Rejection | None:
@@ -408,7 +410,8 @@ class Turn:
 
     def stream_frame(self, frame: Frame) -> tuple[Event, ...]:
         """One frame of the open stream; returns the events to forward to the immutable sink."""
-        gate = self._gate()
+        gate = self.gate
+        assert gate is not None, "no stream is open"
         was_committed = gate.committed
         events = gate.feed(frame)
         if events and not was_committed and self.life.state != _CONTINUING:
@@ -417,11 +420,12 @@ class Turn:
             if self.walk is not None and self.walk.life.state == WalkState.CALLING:
                 self.walk.on_committed()
         for event in events:
-            if event.kind == EventKind.TEXT:
+            kind = event.kind
+            if kind == _TEXT:
                 self.forwarded.append(event.value)
-            elif event.kind == EventKind.REASONING:
+            elif kind == _REASONING:
                 self.shown_reasoning = True
-            elif event.kind == EventKind.EXECUTED_TOOL:
+            elif kind == _EXECUTED_TOOL:
                 self.executed_tools = True
         return events
 
