@@ -13,10 +13,14 @@ row is the least of ROUNDS rounds (machine noise only adds), then the median ove
 
     python bench/core_steps.py [--base DIR [--after DIR]] [--pairs 5] [--n 5000]
     python bench/core_steps.py --instructions [--base DIR [--after DIR]]
+    python bench/core_steps.py --instructions --turn [--base DIR [--after DIR]]
 
 A step worth a µs moves less than a loaded machine's noise even here; `--instructions` counts
 the instructions of all the steps a request under valgrind's cachegrind (two runs COUNTS apart
-per tree, their difference over the requests between: deterministic, whatever the load).
+per tree, their difference over the requests between: deterministic, whatever the load); with
+`--turn`, those of the turn machine's three steps apart (made, started, told the answer: a
+request parsed and an answer decoded once, then each step's count the difference of two runs
+that go up to it and to the step before).
 """
 
 from __future__ import annotations
@@ -38,23 +42,32 @@ STEPS = ("request: JSON read and parse", "turn made (plan, machine, run)", "turn
          "turn: on_completion", "answer: field, headers, body, JSON")
 
 
-def _request_path():
-    """The steps, as one call a request, and the dict of ns each step spent."""
+TURN_STEPS = ("turn made (plan, machine, run)", "turn started", "turn: on_completion")
+
+
+def _relay_and_bodies():
+    """The bench's relay (an openai-family profile), request body and upstream answer."""
     from load import MESSAGES
     from upstream import body_for
 
-    from relayline.adapters import jsoncodec
-    from relayline.adapters.gateway import Gateway, app, dialects
-    from relayline.adapters.providers import http, upstream
     from relayline.adapters.relay import Relay
     from relayline.machines.config import parse_config
 
     raw = json.dumps({"model": "frames-1", "messages": MESSAGES}).encode()
-    answer = body_for("frames", 1, False)
-    headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
-               (b"content-length", str(len(raw)).encode()), (b"user-agent", b"bench")]
     relay = Relay(parse_config('active = "bench.upstream"\n[providers."bench.upstream"]\nfamily = "openai"\n'
                                'base_url = "http://127.0.0.1:9/v1"\napi_key = "bench-key"\n'), env={})
+    return relay, raw, body_for("frames", 1, False)
+
+
+def _request_path():
+    """The steps, as one call a request, and the dict of ns each step spent."""
+    from relayline.adapters import jsoncodec
+    from relayline.adapters.gateway import Gateway, app, dialects
+    from relayline.adapters.providers import http, upstream
+
+    relay, raw, answer = _relay_and_bodies()
+    headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+               (b"content-length", str(len(raw)).encode()), (b"user-agent", b"bench")]
     gateway = Gateway(relay)
     dialect = dialects.OPENAI
     protocol = relay.clients["openai"].protocol
@@ -108,6 +121,35 @@ def counted(n: int) -> None:
         one()
 
 
+def turn_counted(n: int, upto: int) -> None:
+    """`n` turns up to and including TURN_STEPS[upto] (`--turn`): the request parsed and the
+    answer decoded once, outside the count's difference."""
+    from relayline.adapters import jsoncodec
+    from relayline.adapters.gateway import dialects
+    from relayline.adapters.providers import http
+
+    relay, raw, answer = _relay_and_bodies()
+    request = dialects.OPENAI.parse(jsoncodec.loads(raw), [])
+    completion = http.decode_completion(relay.clients["openai"].protocol, answer)
+    for _ in range(n):
+        run = relay._new_run(request, model=request.model, stream=False, gateway=True)
+        if upto >= 1:
+            run.turn.start(1.0)
+        if upto >= 2:
+            run.turn.on_completion(completion, 1.01)
+
+
+def turn_instructions(trees: dict[str, str | None]) -> dict[str, dict[str, float]]:
+    out = {}
+    for label, tree in trees.items():
+        env = {**tree_env(tree), "PYTHONHASHSEED": "0"}
+        upto = [per_run_instructions([__file__, "--turn-upto", str(i), "--count"], env, COUNTS, label)
+                for i in range(len(TURN_STEPS))]
+        out[label] = {step: upto[i] - (upto[i - 1] if i else 0) for i, step in enumerate(TURN_STEPS)}
+        print(f"  {label:<8} " + ", ".join(f"{step} {n:,.0f}" for step, n in out[label].items()), flush=True)
+    return out
+
+
 def instructions(trees: dict[str, str | None]) -> dict[str, float]:
     out = {}
     for label, tree in trees.items():
@@ -123,17 +165,22 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=5000, help="requests per round (ROUNDS rounds per child)")
     parser.add_argument("--out", help="write the figures here (JSON)")
     parser.add_argument("--instructions", action="store_true", help="instructions a request (cachegrind)")
+    parser.add_argument("--turn", action="store_true", help="with --instructions: the turn machine's steps apart")
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--turn-upto", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child or args.count:
         sys.path.insert(0, str(HERE))
-        if args.count:
+        if args.count and args.turn_upto is not None:
+            turn_counted(args.count, args.turn_upto)
+        elif args.count:
             counted(args.count)
         else:
             print(json.dumps(child(args.n)))
         return 0
     if args.instructions:
-        out = instructions({"before": args.base, "after": args.after} if args.base else {"this tree": None})
+        trees = {"before": args.base, "after": args.after} if args.base else {"this tree": None}
+        out = turn_instructions(trees) if args.turn else instructions(trees)
         if args.out:
             Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
         return 0
