@@ -12,10 +12,10 @@ through the ASGI path (its JSON, relayline field, attribution and dropped-parame
 access wrapper and the server's head, into a connection that keeps the bytes). `--instructions`
 counts each step's instructions under valgrind's cachegrind: a run of `--count` requests against one
 of none, their difference over the requests (deterministic, whatever the load); otherwise µs a step,
-the least of ROUNDS rounds. `--base DIR` (and `--after DIR`) measure two trees, a lever's before and
-after, in one run.
+the least of ROUNDS rounds in each of `--pairs` children a tree, the trees alternated. `--base DIR`
+(and `--after DIR`) measure two trees, a lever's before and after, in one run.
 
-    python bench/wire_steps.py [--instructions] [--steps NAME ...] [--base DIR [--after DIR]] [--out FILE]
+    python bench/wire_steps.py [--instructions] [--steps NAME ...] [--base DIR [--after DIR]] [--pairs 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -198,6 +198,7 @@ def main() -> int:
     parser.add_argument("--instructions", action="store_true", help="instructions a step (cachegrind)")
     parser.add_argument("--steps", nargs="*", help="only these steps (their names, or a word of them)")
     parser.add_argument("--n", type=int, default=5000, help="calls of a step a round (µs)")
+    parser.add_argument("--pairs", type=int, default=3, help="children a tree, alternated (µs)")
     parser.add_argument("--out", help="write the figures here (JSON)")
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--step", help=argparse.SUPPRESS)
@@ -216,13 +217,17 @@ def main() -> int:
         out = instructions(trees, names)
         unit = "instructions"
     else:
-        out = {}
-        for label, tree in trees.items():
-            done = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--timed", *names],
-                                  env=tree_env(tree), capture_output=True, text=True, timeout=1800)
-            if done.returncode != 0:
-                raise SystemExit(done.stderr[-2000:])
-            out[label] = json.loads(done.stdout.strip().splitlines()[-1])
+        # each tree's child `--pairs` times, the order turned each pair; a step's figure is its
+        # least over them (a loaded machine's noise only adds)
+        out = {label: {} for label in trees}
+        for pair in range(args.pairs):
+            for label, tree in (list(trees.items()) if pair % 2 == 0 else list(trees.items())[::-1]):
+                done = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--timed", *names],
+                                      env=tree_env(tree), capture_output=True, text=True, timeout=1800)
+                if done.returncode != 0:
+                    raise SystemExit(done.stderr[-2000:])
+                for name, us in json.loads(done.stdout.strip().splitlines()[-1]).items():
+                    out[label][name] = min(us, out[label].get(name, us))
         unit = "µs"
     print("  " + "".join(f"{label:>14}" for label in trees) + f"  ({unit} a request)")
     for name in names:

@@ -250,3 +250,69 @@ def _connections_on(pid: int, port: int) -> int:
                 if local_port == port and fields[3] == "01" and fields[9] in inodes:  # 01: ESTABLISHED
                     count += 1
     return count
+
+
+def test_workers_on_one_sqlite_ledger_commit_each_turns_row_before_its_answer_ends_while_the_lock_is_taken(
+        tmp_path, upstream):
+    """Three workers, one SQLite file, and another process's connection taking its write lock
+    again and again: the moment a client has an answer's last byte, streamed or not, in either
+    dialect, its turn's accepted row is in the file (the guarantee the speed work must keep)."""
+    import re
+    import sqlite3
+    import threading
+
+    path = tmp_path / "l.sqlite3"
+    config = tmp_path / "locked.toml"
+    config.write_text(fleet_config(upstream, extra=f'[ledger]\npath = "{path}"'))
+    with ServeProcess(config, "--workers", "3") as gateway:
+        host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+
+        def turn(stream: bool, dialect: str) -> bytes:
+            body = json.dumps({"model": "model-a", "stream": stream, "max_tokens": 16, "messages": HI}).encode()
+            with socket.create_connection((host, int(port)), timeout=20) as client:
+                client.sendall(f"POST {dialect} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\ncontent-type: "
+                               f"application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+                answer = b""
+                while chunk := client.recv(65536):
+                    answer += chunk
+            return answer
+
+        assert turn(False, "/v1/chat/completions").startswith(b"HTTP/1.1 200")  # (the file is made)
+        stop, held = threading.Event(), []
+
+        def hold_the_lock() -> None:
+            holder = sqlite3.connect(path, timeout=20, isolation_level=None)
+            while not stop.is_set():
+                holder.execute("BEGIN IMMEDIATE")
+                time.sleep(0.02)
+                holder.execute("COMMIT")
+                held.append(1)
+                time.sleep(0.02)
+            holder.close()
+
+        missing, answered = [], []
+
+        def client(n: int) -> None:
+            reader = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=20)
+            for i in range(8):
+                stream, dialect = (n + i) % 2 == 0, ("/v1/chat/completions", "/v1/messages")[(n // 2 + i) % 2]
+                answer = turn(stream, dialect)
+                assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+                turn_id = re.search(rb'"id": ?"((?:chatcmpl-|msg_)[0-9a-f]+)"', answer).group(1).decode()
+                rows = reader.execute("SELECT accepted FROM attempts WHERE turn = ?", (turn_id,)).fetchall()
+                (answered if rows == [(1,)] else missing).append((turn_id, stream, dialect, rows))
+            reader.close()
+
+        holder = threading.Thread(target=hold_the_lock)
+        holder.start()
+        clients = [threading.Thread(target=client, args=(n,)) for n in range(16)]
+        try:
+            for thread in clients:
+                thread.start()
+            for thread in clients:
+                thread.join(60)
+        finally:
+            stop.set()
+            holder.join(20)
+    assert missing == [] and len(answered) == 16 * 8, missing[:5]
+    assert len(held) >= 5  # (the lock was taken while the turns ran)
