@@ -144,8 +144,8 @@ class FixedHead:
     as it refuses any, naming the header."""
 
     url: str
-    headers: dict[str, str]
-    lines: str | None
+    headers: dict[str, str] = attrs.field(repr=False)  # (the key's header is one: never in a repr)
+    lines: str | None = attrs.field(repr=False)
 
 
 @attrs.frozen
