@@ -324,7 +324,9 @@ def test_a_profiles_requests_share_one_fixed_head_per_key_and_forwarded_headers(
     assert other_key.fixed is not first.fixed and other_key.headers["authorization"] == "Bearer k2"
     assert first.headers == {"content-type": "application/json", "x-team": "core", "authorization": "Bearer k1"}
     assert beta.headers["openai-beta"] == "assistants=v2" and beta.fixed is not first.fixed
-    assert "k1" not in repr(first.fixed) and "k2" not in repr(other_key.fixed)  # (a kept head never shows its key)
+    for shown in (repr(first.fixed), repr(other_key.fixed), repr(first), repr(other_key)):
+        assert "k1" not in shown and "k2" not in shown  # (neither a kept head nor a request shows its key)
+    assert "authorization" in repr(first)  # (the names are there)
     for request in (first, other_key, beta):
         general = upstream.UpstreamRequest(request.url, request.headers, request.body)
         assert upstream.render(request) == upstream.render(general)

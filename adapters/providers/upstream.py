@@ -154,7 +154,8 @@ class UpstreamRequest:
     `fixed`, when given, holds `url` and the lines of those of `headers` it has (`FixedHead`)."""
 
     url: str
-    headers: dict[str, str]
+    # the key's header is one of them: a repr (a traceback's locals, a debug line) names them only
+    headers: dict[str, str] = attrs.field(repr=lambda headers: f"<{', '.join(headers)}>")
     body: bytes
     fixed: FixedHead | None = attrs.field(default=None, eq=False, repr=False)
 
