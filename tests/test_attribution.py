@@ -11,10 +11,9 @@ import openai
 from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import config, labels, plan
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.adapters.stores.ledger import LedgerStore
-
-from helpers import config, labels, plan
 
 HI = [{"role": "user", "content": "hi"}]
 
