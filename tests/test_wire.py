@@ -481,6 +481,24 @@ def test_spent_retries_tell_the_sdk_not_to_retry(gw, upstream):
     assert len(upstream.seen) == 1  # the SDK did not multiply relayline's attempts
 
 
+@STREAM
+def test_an_openai_refusal_is_the_answer_in_both_dialects_not_an_empty_completion(gw, upstream, stream):
+    """OpenAI declines in `message.refusal` (content null, finish_reason stop); it was read as
+    an empty answer, retried and ended in a 502 that never showed the client the refusal."""
+    upstream.answer = Answer(text="", refusal="I'm sorry, I can't help with that.")
+    if stream:
+        chunks = openai_call(gw, True, model="openai")
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    else:
+        choice = openai_call(gw, False, model="openai").choices[0]
+        text, finish = choice.message.content, [choice.finish_reason]
+    assert (text, finish) == ("I'm sorry, I can't help with that.", ["content_filter"])
+    message = anthropic_call(gw, stream, model="openai")
+    assert [b.text for b in message.content] == ["I'm sorry, I can't help with that."]
+    assert message.stop_reason == "refusal" and len(upstream.seen) == 2
+
+
 def test_a_200_carrying_an_error_is_a_failure_not_an_empty_answer(gw, upstream):
     upstream.answer = Answer(text="", error={"type": "server_error", "message": "overloaded"})
     with pytest.raises(openai.APIStatusError) as info:

@@ -378,7 +378,7 @@ def _plain_answer(body: dict) -> Completion | None:
     finish = choice.get("finish_reason")
     if type(text) is not str or (finish is not None and type(finish) is not str) or \
             message.get("tool_calls") is not None or message.get("reasoning_content") is not None or \
-            message.get("reasoning") is not None:
+            message.get("reasoning") is not None or message.get("refusal") is not None:
         return None
     raw = body.get("usage")
     if raw is None:
@@ -417,10 +417,15 @@ def _walk_completion(body: dict) -> Completion:
         names.append(w.want_str(function.get("name"), f"{where}.function.name"))
         arguments.append(_arguments(function.get("arguments"), f"{where}.function.arguments"))
         ids.append(w.optional(call, "id", w.want_str, where) or "")
-    return Completion(_text(message.get("content"), "choices[0].message.content"),
-                      _reasoning(message, "choices[0].message"), tuple(names),
-                      _usage(body.get("usage")) or Usage(), tuple(arguments), tuple(ids),
-                      _finish(choice.get("finish_reason"), "choices[0].finish_reason"))
+    text = _text(message.get("content"), "choices[0].message.content")
+    finish = _finish(choice.get("finish_reason"), "choices[0].finish_reason")
+    refusal = w.optional(message, "refusal", w.want_str, "choices[0].message")
+    if refusal:
+        # the model declined (structured outputs): its words are the answer, a refusal as
+        # on_refusal and both dialects know one (finish_reason stop said nothing of it)
+        text, finish = text + refusal, w.CONTENT_FILTER
+    return Completion(text, _reasoning(message, "choices[0].message"), tuple(names),
+                      _usage(body.get("usage")) or Usage(), tuple(arguments), tuple(ids), finish)
 
 
 def _only_text(obj: dict) -> str | None:
@@ -444,6 +449,7 @@ class OpenAIStreamParser:
     def __init__(self) -> None:
         self.done = False
         self.finished = False
+        self.refused = False  # refusal deltas came: the finish is a refusal, whatever it says
 
     def complete_at_eof(self) -> bool:
         return self.finished
@@ -481,6 +487,10 @@ class OpenAIStreamParser:
             if content is not None:
                 content = w.want_str(content, f"{where}.delta.content")
                 frames.append(Frame(TEXT, content) if content else Frame(PREAMBLE))
+            refusal = delta.get("refusal")
+            if refusal is not None and w.want_str(refusal, f"{where}.delta.refusal"):
+                self.refused = True
+                frames.append(Frame(TEXT, refusal))
             for j, call in enumerate(w.optional(delta, "tool_calls", w.want_list, f"{where}.delta") or ()):
                 at = f"{where}.delta.tool_calls[{j}]"
                 call = w.want_dict(call, at)
@@ -494,7 +504,7 @@ class OpenAIStreamParser:
             finish = _finish(choice.get("finish_reason"), f"{where}.finish_reason")
             if finish:
                 self.finished = True
-                frames.append(Frame(FINISH, finish))
+                frames.append(Frame(FINISH, w.CONTENT_FILTER if self.refused else finish))
         usage = _usage(obj.get("usage"))
         if usage is not None:
             frames.append(Frame(USAGE, usage=usage))
