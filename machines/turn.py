@@ -87,6 +87,9 @@ class Completion:
     tool_ids: tuple[str, ...] = ()  # each tool call's id as the provider sent it ("" when absent)
     finish_reason: str | None = None  # canonical (machines/wire.py), as the provider said it
     stop_sequence: str | None = None  # which stop sequence ended it, when the provider says (Anthropic)
+    # Anthropic's thinking blocks as sent, (type, thinking or redacted data, signature): a client
+    # sends them back, signed, for the next turn
+    thinking: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def refusal(self) -> bool:
@@ -171,6 +174,7 @@ class TurnResult:
     stop_sequence: str | None = None
     usage: Usage | None = None  # the accepted answer's usage
     rejection: Rejection | None = None  # every attempt was a client rejection: the upstream's words
+    thinking: tuple[tuple[str, str, str], ...] = ()  # the answer's (Completion.thinking)
     # the sum of the ledger's rows, once: the answer's header and field, the access line, the
     # console and the log each read it
     cost_usd: float = attrs.field(init=False, eq=False, repr=False)
@@ -674,7 +678,11 @@ class Turn:
     def _delivery(self, answer: Completion) -> tuple[Event, ...]:
         events = []
         if answer.reasoning and not self.shown_reasoning:
-            events.append(Event(EventKind.REASONING, answer.reasoning))
+            signed = [(text, signature) for kind, text, signature in answer.thinking if kind == "thinking"]
+            for text, signature in signed or [(answer.reasoning, "")]:
+                events.append(Event(EventKind.REASONING, text))
+                if signature:  # (a reasoning event with no words carries the signature of those before it)
+                    events.append(Event(EventKind.REASONING, "", signature))
         if answer.text:
             events.append(Event(EventKind.TEXT, answer.text))
             self.forwarded.append(answer.text)
@@ -721,6 +729,7 @@ class Turn:
             answer.stop_sequence,
             answer.usage,
             self._rejection(error) if self.rejections else None,
+            answer.thinking,
         )
 
     def _rejection(self, error: ErrorReason | None) -> Rejection | None:

@@ -437,6 +437,26 @@ def test_anthropic_stream_message_start_carries_the_input_tokens(gw, upstream):
     assert delta.usage.output_tokens == 9
 
 
+@STREAM
+def test_thinking_reaches_an_anthropic_client_signed_so_it_can_go_back(gw, upstream, stream):
+    """Anthropic verifies the signature of each thinking block a client sends back (thinking with
+    tools must be sent back): a gateway that drops it breaks the next turn."""
+    upstream.answer = Answer(text="Let me check.", reasoning="I should look it up.", tool_calls=(TOOL,),
+                             redacted="" if stream else "EmwKAhgBEgy")
+    message = anthropic_call(gw, stream, model="anthropic", max_tokens=2048,
+                             thinking={"type": "enabled", "budget_tokens": 1024})
+    blocks = [b.model_dump(exclude_none=True) for b in message.content]
+    assert blocks[0] == {"type": "thinking", "thinking": "I should look it up.", "signature": "sig"}
+    if not stream:
+        assert blocks[1] == {"type": "redacted_thinking", "data": "EmwKAhgBEgy"}
+    assert [b["type"] for b in blocks[-2:]] == ["text", "tool_use"]
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": blocks},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": TOOL[0], "content": "sunny"}]}]
+    anthropic_call(gw, False, model="anthropic", messages=history, max_tokens=2048,
+                   thinking={"type": "enabled", "budget_tokens": 1024})
+    assert upstream.seen[-1].body["messages"][1]["content"] == blocks
+
+
 def test_usage_details_and_reasoning_reach_an_openai_client(gw, upstream):
     upstream.answer = Answer(text="42", reasoning="let me think", usage={
         "prompt_tokens": 50, "completion_tokens": 30, "prompt_tokens_details": {"cached_tokens": 20},

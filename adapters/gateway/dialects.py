@@ -176,6 +176,8 @@ class OpenAIStream:
     def event(self, event: Event) -> bytes:
         field = self.DELTAS.get(event.kind)
         if field is not None:
+            if not event.value:
+                return b""  # an Anthropic thinking signature: no place for it here
             parts = self.slotted.get(field)
             if parts is None:
                 parts = self.slotted[field] = _slotted(self._chunk({field: _SLOT}))
@@ -238,8 +240,9 @@ class AnthropicDialect:
         return status, self.error_body(result.message or "failed", type_)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict) -> dict:
-        content: list[dict] = []
-        if result.reasoning:
+        content: list[dict] = [{"type": kind, "thinking": text, "signature": signature} if kind == "thinking"
+                               else {"type": kind, "data": text} for kind, text, signature in result.thinking]
+        if result.reasoning and not content:  # (another family's reasoning: no signature to give)
             content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
         if result.text:
             content.append({"type": "text", "text": result.text})
@@ -290,6 +293,10 @@ class AnthropicStream:
 
     def event(self, event: Event) -> bytes:
         out = b""
+        if event.ref and event.kind == "reasoning":  # the signature of the thinking block just shown
+            return _sse({"type": "content_block_delta", "index": self.index,
+                         "delta": {"type": "signature_delta", "signature": event.ref}},
+                        "content_block_delta") if self.block == "reasoning" else b""
         if event.kind in self.BLOCKS:
             block_type, delta_type, field = self.BLOCKS[event.kind]
             if self.block != event.kind:

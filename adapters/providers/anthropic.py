@@ -331,7 +331,7 @@ def _executed(block_type: str) -> bool:
 def parse_completion(body: dict) -> Completion:
     if body.get("type") == "error" or body.get("error"):
         _raise_error(body.get("error"))
-    text, reasoning, tools, arguments, ids = [], [], [], [], []
+    text, reasoning, tools, arguments, ids, thinking = [], [], [], [], [], []
     for i, block in enumerate(w.want_list(body.get("content"), "content")):
         where = f"content[{i}]"
         block = w.want_dict(block, where)
@@ -340,13 +340,17 @@ def parse_completion(body: dict) -> Completion:
             text.append(w.want_str(block.get("text"), f"{where}.text"))
         elif btype == "thinking":
             reasoning.append(w.want_str(block.get("thinking"), f"{where}.thinking"))
+            thinking.append(("thinking", reasoning[-1], w.optional(block, "signature", w.want_str, where) or ""))
+        elif btype == "redacted_thinking":
+            thinking.append((btype, w.want_str(block.get("data"), f"{where}.data"), ""))
         elif btype == "tool_use":
             tools.append(w.want_str(block.get("name"), f"{where}.name"))
             arguments.append(json.dumps(w.want_dict(block.get("input", {}), f"{where}.input")))
             ids.append(w.optional(block, "id", w.want_str, where) or "")
     usage = _usage(body["usage"]) if body.get("usage") is not None else Usage()
     return Completion("".join(text), "".join(reasoning), tuple(tools), usage, tuple(arguments), tuple(ids),
-                      _stop(body.get("stop_reason"), "stop_reason"), w.optional(body, "stop_sequence", w.want_str))
+                      _stop(body.get("stop_reason"), "stop_reason"), w.optional(body, "stop_sequence", w.want_str),
+                      tuple(thinking))
 
 
 class AnthropicStreamParser:
@@ -383,7 +387,9 @@ class AnthropicStreamParser:
                 return [Frame(REASONING, w.want_str(delta.get("thinking", ""), "delta.thinking"))]
             if dtype == "input_json_delta" and not _executed(self.blocks.get(obj.get("index"), "")):
                 return [Frame(TOOL_ARGS, w.want_str(delta.get("partial_json", ""), "delta.partial_json"))]
-            return []  # signature_delta, citations_delta: nothing to show
+            if dtype == "signature_delta":
+                return [Frame(REASONING, "", ref=w.want_str(delta.get("signature"), "delta.signature"))]
+            return []  # citations_delta: nothing to show
         if kind == "content_block_start":
             block = w.want_dict(obj.get("content_block"), "content_block")
             btype = w.want_str(block.get("type", ""), "content_block.type")

@@ -34,6 +34,7 @@ class Answer:
     finish: str | None = None  # e.g. "length" / "max_tokens"; None: the natural one
     stop_sequence: str | None = None  # Anthropic: the stop sequence that matched
     refusal: str = ""  # OpenAI: the model declined (message.refusal, streamed as refusal deltas)
+    redacted: str = ""  # Anthropic: a redacted_thinking block's data, after the thinking (not streamed)
     usage: dict | None = None  # the family's usage object; None: a small default
     status: int = 200
     error: dict | None = None  # the error body for a status >= 400 (or an `error` in a 200)
@@ -89,6 +90,8 @@ def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
     content: list[dict] = []
     if answer.reasoning:
         content.append({"type": "thinking", "thinking": answer.reasoning, "signature": "sig"})
+    if answer.redacted and not stream:
+        content.append({"type": "redacted_thinking", "data": answer.redacted})
     if answer.text:
         content.append({"type": "text", "text": answer.text})
     content += [{"type": "tool_use", "id": i, "name": n, "input": json.loads(a)} for i, n, a in answer.tool_calls]
@@ -111,6 +114,9 @@ def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
             start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
         out.append(_sse({"type": "content_block_start", "index": index, "content_block": start}, "content_block_start"))
         out.append(_sse({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"))
+        if block["type"] == "thinking":
+            out.append(_sse({"type": "content_block_delta", "index": index,
+                             "delta": {"type": "signature_delta", "signature": block["signature"]}}, "content_block_delta"))
         out.append(_sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
     out.append(_sse({"type": "message_delta", "delta": {"stop_reason": finish, "stop_sequence": answer.stop_sequence},
                      "usage": {"output_tokens": usage.get("output_tokens", 0)}}, "message_delta"))
