@@ -12,7 +12,10 @@ The driver calls it in the h11 style: `start` returns the first action; each rep
 from __future__ import annotations
 
 import itertools
+import json
 import operator
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -90,6 +93,9 @@ class Completion:
     # Anthropic's thinking blocks as sent, (type, thinking or redacted data, signature): a client
     # sends them back, signed, for the next turn
     thinking: tuple[tuple[str, str, str], ...] = ()
+    # an OpenAI answer's choice logprobs, as sent, when the client asked for them (a stream's ride
+    # on its text events' ref, as JSON)
+    logprobs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)
 
     @property
     def refusal(self) -> bool:
@@ -175,6 +181,7 @@ class TurnResult:
     usage: Usage | None = None  # the accepted answer's usage
     rejection: Rejection | None = None  # every attempt was a client rejection: the upstream's words
     thinking: tuple[tuple[str, str, str], ...] = ()  # the answer's (Completion.thinking)
+    logprobs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)  # the answer's
     # the sum of the ledger's rows, once: the answer's header and field, the access line, the
     # console and the log each read it
     cost_usd: float = attrs.field(init=False, eq=False, repr=False)
@@ -684,7 +691,7 @@ class Turn:
                 if signature:  # (a reasoning event with no words carries the signature of those before it)
                     events.append(Event(EventKind.REASONING, "", signature))
         if answer.text:
-            events.append(Event(EventKind.TEXT, answer.text))
+            events.append(Event(EventKind.TEXT, answer.text, json.dumps(answer.logprobs) if answer.logprobs else ""))
             self.forwarded.append(answer.text)
         ids = answer.tool_ids + ("",) * (len(answer.tool_calls) - len(answer.tool_ids))
         for name, arguments, ref in itertools.zip_longest(answer.tool_calls, answer.tool_arguments, ids):
@@ -730,6 +737,7 @@ class Turn:
             answer.usage,
             self._rejection(error) if self.rejections else None,
             answer.thinking,
+            answer.logprobs,
         )
 
     def _rejection(self, error: ErrorReason | None) -> Rejection | None:

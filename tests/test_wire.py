@@ -457,6 +457,17 @@ def test_thinking_reaches_an_anthropic_client_signed_so_it_can_go_back(gw, upstr
     assert upstream.seen[-1].body["messages"][1]["content"] == blocks
 
 
+@STREAM
+def test_logprobs_reach_the_openai_client_that_asked_for_them(gw, upstream, stream):
+    upstream.answer = Answer(text="Paris", logprobs=True)
+    reply = openai_call(gw, stream, model="openai", logprobs=True)
+    choices = [c.choices[0] for c in reply if c.choices and c.choices[0].delta.content] if stream else reply.choices
+    assert [c.logprobs.model_dump() for c in choices] == [
+        {"content": [{"token": "Paris", "logprob": -0.25, "bytes": [80, 97, 114, 105, 115], "top_logprobs": []}],
+         "refusal": None}]
+    assert upstream.seen[-1].body["logprobs"] is True
+
+
 def test_usage_details_and_reasoning_reach_an_openai_client(gw, upstream):
     upstream.answer = Answer(text="42", reasoning="let me think", usage={
         "prompt_tokens": 50, "completion_tokens": 30, "prompt_tokens_details": {"cached_tokens": 20},

@@ -140,7 +140,8 @@ class OpenAIDialect:
                                      for i, n, a in tools]
         return {
             "id": turn_id, "object": "chat.completion", "created": int(time.time()), "model": result.served.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": wire.TO_OPENAI[_finish(result, len(tools))]}],
+            "choices": [{"index": 0, "message": message, "finish_reason": wire.TO_OPENAI[_finish(result, len(tools))]}
+                        | ({"logprobs": result.logprobs} if result.logprobs is not None else {})],
             "usage": openai_usage(_usage(result)),
             "relayline": relayline,
         }
@@ -176,8 +177,14 @@ class OpenAIStream:
     def event(self, event: Event) -> bytes:
         field = self.DELTAS.get(event.kind)
         if field is not None:
-            if not event.value:
-                return b""  # an Anthropic thinking signature: no place for it here
+            if event.ref:
+                if field != "content":
+                    return b""  # an Anthropic thinking signature: no place for it here
+                # text with the logprobs the client asked for
+                return _sse({"id": self.turn_id, "object": "chat.completion.chunk", "created": self.created,
+                             "model": self.model, "choices": [{"index": 0, "delta": {field: event.value},
+                                                               "logprobs": jsoncodec.loads(event.ref),
+                                                               "finish_reason": None}]})
             parts = self.slotted.get(field)
             if parts is None:
                 parts = self.slotted[field] = _slotted(self._chunk({field: _SLOT}))
