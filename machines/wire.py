@@ -216,6 +216,9 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
             names.append("document.source.url")
         if any(m.is_error for m in request.messages):
             names.append("tool_result.is_error")
+        # an OpenAI tool message holds text alone: an image or document a tool gave back has no place
+        names.extend(dict.fromkeys(f"tool_result.content.{p.type}" for m in request.messages if m.role == TOOL
+                                   for p in m.content if p.type != TEXT))
     else:
         if request.response_format is not None and request.response_format.type != "text":
             names.append("response_format")
@@ -367,7 +370,8 @@ def without(request: Request, names: tuple[str, ...]) -> Request:
             return "image" not in names
         return not (part.type == DOCUMENT and part.data is None and "document.source.url" in names)
 
-    messages = tuple(attrs.evolve(m, content=tuple(p for p in m.content if keep(p)),
+    messages = tuple(attrs.evolve(m, content=tuple(p for p in m.content if keep(p) and not (
+                                      m.role == TOOL and f"tool_result.content.{p.type}" in names)),
                                   is_error=m.is_error and "tool_result.is_error" not in names)
                      for m in request.messages)
     tools = "tools" in names

@@ -354,6 +354,12 @@ def test_anthropic_passthrough_keeps_cache_control_top_k_and_the_beta_header(gw,
     ({"messages": [{"role": "user", "content": [
         {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain words"}}]}]},
      "document.source.text"),
+    # an OpenAI tool message holds text alone
+    ({"messages": [{"role": "user", "content": "q"},
+                   {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                       {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}]}]},
+     "tool_result.content.image"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "file_1"}}]}]},
      "image.source.file"),
 ])
