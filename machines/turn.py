@@ -90,9 +90,9 @@ class Completion:
     tool_ids: tuple[str, ...] = ()  # each tool call's id as the provider sent it ("" when absent)
     finish_reason: str | None = None  # canonical (machines/wire.py), as the provider said it
     stop_sequence: str | None = None  # which stop sequence ended it, when the provider says (Anthropic)
-    # Anthropic's thinking blocks as sent, (type, thinking or redacted data, signature): a client
-    # sends them back, signed, for the next turn
-    thinking: tuple[tuple[str, str, str], ...] = ()
+    # an Anthropic answer's content blocks as sent, when the canonical fields would lose some of
+    # them (thinking and its signature, which the client sends back; citations; server tools)
+    blocks: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)
     # an OpenAI answer's choice logprobs, as sent, when the client asked for them (a stream's ride
     # on its text events' ref, as JSON)
     logprobs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)
@@ -180,7 +180,7 @@ class TurnResult:
     stop_sequence: str | None = None
     usage: Usage | None = None  # the accepted answer's usage
     rejection: Rejection | None = None  # every attempt was a client rejection: the upstream's words
-    thinking: tuple[tuple[str, str, str], ...] = ()  # the answer's (Completion.thinking)
+    blocks: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)  # the answer's (Completion.blocks)
     logprobs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)  # the answer's
     # the sum of the ledger's rows, once: the answer's header and field, the access line, the
     # console and the log each read it
@@ -685,10 +685,10 @@ class Turn:
     def _delivery(self, answer: Completion) -> tuple[Event, ...]:
         events = []
         if answer.reasoning and not self.shown_reasoning:
-            signed = [(text, signature) for kind, text, signature in answer.thinking if kind == "thinking"]
+            signed = [(b["thinking"], b.get("signature")) for b in answer.blocks if b.get("type") == "thinking"]
             for text, signature in signed or [(answer.reasoning, "")]:
                 events.append(Event(EventKind.REASONING, text))
-                if signature:  # (a reasoning event with no words carries the signature of those before it)
+                if signature and isinstance(signature, str):  # (a reasoning event with no words carries the signature of those before it)
                     events.append(Event(EventKind.REASONING, "", signature))
         if answer.text:
             events.append(Event(EventKind.TEXT, answer.text, json.dumps(answer.logprobs) if answer.logprobs else ""))
@@ -736,7 +736,7 @@ class Turn:
             answer.stop_sequence,
             answer.usage,
             self._rejection(error) if self.rejections else None,
-            answer.thinking,
+            answer.blocks,
             answer.logprobs,
         )
 

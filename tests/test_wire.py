@@ -474,6 +474,16 @@ def test_logprobs_reach_the_openai_client_that_asked_for_them(gw, upstream, stre
     assert upstream.seen[-1].body["logprobs"] is True
 
 
+def test_citations_reach_an_anthropic_client_and_the_words_an_openai_one(gw, upstream):
+    cited = {"type": "char_location", "cited_text": "The grass is green.", "document_index": 0,
+             "document_title": "facts", "start_char_index": 0, "end_char_index": 20}
+    upstream.answer = Answer(text="The grass is green.", citations=(cited,))
+    message = anthropic_call(gw, False, model="anthropic")
+    assert [b.model_dump(exclude_none=True) for b in message.content] == [
+        {"type": "text", "text": "The grass is green.", "citations": [cited]}]
+    assert openai_call(gw, False, model="anthropic").choices[0].message.content == "The grass is green."
+
+
 def test_usage_details_and_reasoning_reach_an_openai_client(gw, upstream):
     upstream.answer = Answer(text="42", reasoning="let me think", usage={
         "prompt_tokens": 50, "completion_tokens": 30, "prompt_tokens_details": {"cached_tokens": 20},

@@ -247,14 +247,15 @@ class AnthropicDialect:
         return status, self.error_body(result.message or "failed", type_)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict) -> dict:
-        content: list[dict] = [{"type": kind, "thinking": text, "signature": signature} if kind == "thinking"
-                               else {"type": kind, "data": text} for kind, text, signature in result.thinking]
-        if result.reasoning and not content:  # (another family's reasoning: no signature to give)
-            content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
-        if result.text:
-            content.append({"type": "text", "text": result.text})
         tools = _tools(result, ToolIds("toolu_"))
-        content += [{"type": "tool_use", "id": i, "name": n, "input": wire.json_object(a) or {}} for i, n, a in tools]
+        if result.blocks:  # an Anthropic provider's content as it sent it
+            content = [dict(block) for block in result.blocks]
+        else:
+            content = [{"type": "thinking", "thinking": result.reasoning, "signature": ""}] if result.reasoning else []
+            if result.text:
+                content.append({"type": "text", "text": result.text})
+            content += [{"type": "tool_use", "id": i, "name": n, "input": wire.json_object(a) or {}}
+                        for i, n, a in tools]
         return {"id": turn_id, "type": "message", "role": "assistant", "model": result.served.model, "content": content,
                 "stop_reason": wire.TO_ANTHROPIC[_finish(result, len(tools))], "stop_sequence": result.stop_sequence,
                 "usage": anthropic_usage(_usage(result)), "relayline": relayline}

@@ -331,26 +331,28 @@ def _executed(block_type: str) -> bool:
 def parse_completion(body: dict) -> Completion:
     if body.get("type") == "error" or body.get("error"):
         _raise_error(body.get("error"))
-    text, reasoning, tools, arguments, ids, thinking = [], [], [], [], [], []
-    for i, block in enumerate(w.want_list(body.get("content"), "content")):
+    text, reasoning, tools, arguments, ids = [], [], [], [], []
+    content = w.want_list(body.get("content"), "content")
+    kept = False  # a block the canonical fields do not hold: the content goes to Anthropic clients as sent
+    for i, block in enumerate(content):
         where = f"content[{i}]"
         block = w.want_dict(block, where)
         btype = block.get("type")
         if btype == "text":
             text.append(w.want_str(block.get("text"), f"{where}.text"))
-        elif btype == "thinking":
-            reasoning.append(w.want_str(block.get("thinking"), f"{where}.thinking"))
-            thinking.append(("thinking", reasoning[-1], w.optional(block, "signature", w.want_str, where) or ""))
-        elif btype == "redacted_thinking":
-            thinking.append((btype, w.want_str(block.get("data"), f"{where}.data"), ""))
+            kept = kept or bool(block.get("citations"))
         elif btype == "tool_use":
             tools.append(w.want_str(block.get("name"), f"{where}.name"))
             arguments.append(json.dumps(w.want_dict(block.get("input", {}), f"{where}.input")))
             ids.append(w.optional(block, "id", w.want_str, where) or "")
+        else:  # thinking (signed), redacted_thinking, server tools and their results
+            if btype == "thinking":
+                reasoning.append(w.want_str(block.get("thinking"), f"{where}.thinking"))
+            kept = True
     usage = _usage(body["usage"]) if body.get("usage") is not None else Usage()
     return Completion("".join(text), "".join(reasoning), tuple(tools), usage, tuple(arguments), tuple(ids),
                       _stop(body.get("stop_reason"), "stop_reason"), w.optional(body, "stop_sequence", w.want_str),
-                      tuple(thinking))
+                      tuple(content) if kept else ())
 
 
 class AnthropicStreamParser:

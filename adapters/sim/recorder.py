@@ -35,6 +35,7 @@ class Answer:
     stop_sequence: str | None = None  # Anthropic: the stop sequence that matched
     refusal: str = ""  # OpenAI: the model declined (message.refusal, streamed as refusal deltas)
     logprobs: bool = False  # OpenAI: each text piece with its token's logprob, as logprobs: true asks
+    citations: tuple[dict, ...] = ()  # Anthropic: the text block's citations (not streamed)
     redacted: str = ""  # Anthropic: a redacted_thinking block's data, after the thinking (not streamed)
     usage: dict | None = None  # the family's usage object; None: a small default
     status: int = 200
@@ -101,7 +102,8 @@ def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
     if answer.redacted and not stream:
         content.append({"type": "redacted_thinking", "data": answer.redacted})
     if answer.text:
-        content.append({"type": "text", "text": answer.text})
+        content.append({"type": "text", "text": answer.text} | (
+            {"citations": list(answer.citations)} if answer.citations and not stream else {}))
     content += [{"type": "tool_use", "id": i, "name": n, "input": json.loads(a)} for i, n, a in answer.tool_calls]
     if not stream:
         if answer.error is not None:
