@@ -218,6 +218,22 @@ def test_sdk_objects_echoed_into_history_cross_families(gw, upstream):
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"extra_body": {"provider": {"order": ["x"]}}}, "provider"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
+    # what the Anthropic shapes have no place for is refused, never dropped on the way
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": WEATHER}}]},
+     "tools.function.strict"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/c.png", "detail": "low"}}]}]},
+     "content.image_url.detail"),
+    ({"messages": [{"role": "user", "content": "q"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"city": "Par'}}]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "cut"}]},
+     "tool_calls.function.arguments"),
+    ({"messages": [{"role": "user", "content": "q"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1, 2]"}}]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "a list"}]},
+     "tool_calls.function.arguments"),
 ])
 def test_openai_fields_anthropic_cannot_honour_are_a_400_naming_them(gw, upstream, fields, named):
     with pytest.raises(openai.BadRequestError) as info:
@@ -335,12 +351,32 @@ def test_anthropic_passthrough_keeps_cache_control_top_k_and_the_beta_header(gw,
                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "boom",
                                                  "is_error": True}]}]}, "is_error"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain words"}}]}]},
+     "document.source.text"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "file_1"}}]}]},
+     "image.source.file"),
 ])
 def test_anthropic_fields_openai_cannot_honour_are_an_anthropic_400(gw, upstream, fields, named):
     with pytest.raises(anthropic.BadRequestError) as info:
         anthropic_call(gw, False, model="openai", **fields)
     assert named in info.value.message and info.value.body["type"] == "error"
     assert upstream.seen == []
+
+
+ANTHROPIC_SOURCES = [
+    {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain words"}, "title": "t"},
+    {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": "a chunk"}]}},
+    {"type": "document", "source": {"type": "file", "file_id": "file_011"}},
+    {"type": "image", "source": {"type": "file", "file_id": "file_012"}},
+]
+
+
+@pytest.mark.parametrize("block", ANTHROPIC_SOURCES, ids=["text", "content", "file-document", "file-image"])
+def test_anthropic_document_and_file_sources_reach_an_anthropic_profile_as_sent(gw, upstream, block):
+    messages = [{"role": "user", "content": [block, {"type": "text", "text": "summarise"}]}]
+    assert anthropic_call(gw, False, model="anthropic", messages=messages).content[0].text == "ok"
+    assert upstream.seen[-1].body["messages"] == messages
 
 
 # -- responses --------------------------------------------------------------------------------------
@@ -443,6 +479,24 @@ def test_spent_retries_tell_the_sdk_not_to_retry(gw, upstream):
         client.chat.completions.create(model="openai", messages=[{"role": "user", "content": "hi"}])
     assert info.value.status_code == 502 and info.value.response.headers["x-should-retry"] == "false"
     assert len(upstream.seen) == 1  # the SDK did not multiply relayline's attempts
+
+
+@STREAM
+def test_an_openai_refusal_is_the_answer_in_both_dialects_not_an_empty_completion(gw, upstream, stream):
+    """OpenAI declines in `message.refusal` (content null, finish_reason stop); it was read as
+    an empty answer, retried and ended in a 502 that never showed the client the refusal."""
+    upstream.answer = Answer(text="", refusal="I'm sorry, I can't help with that.")
+    if stream:
+        chunks = openai_call(gw, True, model="openai")
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    else:
+        choice = openai_call(gw, False, model="openai").choices[0]
+        text, finish = choice.message.content, [choice.finish_reason]
+    assert (text, finish) == ("I'm sorry, I can't help with that.", ["content_filter"])
+    message = anthropic_call(gw, stream, model="openai")
+    assert [b.text for b in message.content] == ["I'm sorry, I can't help with that."]
+    assert message.stop_reason == "refusal" and len(upstream.seen) == 2
 
 
 def test_a_200_carrying_an_error_is_a_failure_not_an_empty_answer(gw, upstream):

@@ -78,14 +78,6 @@ def _tools(result: TurnResult, ids: ToolIds) -> list[tuple[str, str, str]]:
     return [(ids(i), name, args or "{}") for i, name, args in zip(given, result.tool_calls, arguments, strict=False)]
 
 
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def _sse(obj: dict, event: str | None = None) -> bytes:
     head = f"event: {event}\n".encode() if event else b""
     return head + b"data: " + jsoncodec.dumps(obj) + b"\n\n"
@@ -252,7 +244,7 @@ class AnthropicDialect:
         if result.text:
             content.append({"type": "text", "text": result.text})
         tools = _tools(result, ToolIds("toolu_"))
-        content += [{"type": "tool_use", "id": i, "name": n, "input": _json_object(a)} for i, n, a in tools]
+        content += [{"type": "tool_use", "id": i, "name": n, "input": wire.json_object(a) or {}} for i, n, a in tools]
         return {"id": turn_id, "type": "message", "role": "assistant", "model": result.served.model, "content": content,
                 "stop_reason": wire.TO_ANTHROPIC[_finish(result, len(tools))], "stop_sequence": result.stop_sequence,
                 "usage": anthropic_usage(_usage(result)), "relayline": relayline}

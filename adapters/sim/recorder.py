@@ -33,6 +33,7 @@ class Answer:
     tool_calls: tuple[tuple[str, str, str], ...] = ()  # (id, name, JSON arguments)
     finish: str | None = None  # e.g. "length" / "max_tokens"; None: the natural one
     stop_sequence: str | None = None  # Anthropic: the stop sequence that matched
+    refusal: str = ""  # OpenAI: the model declined (message.refusal, streamed as refusal deltas)
     usage: dict | None = None  # the family's usage object; None: a small default
     status: int = 200
     error: dict | None = None  # the error body for a status >= 400 (or an `error` in a 200)
@@ -47,7 +48,7 @@ def openai_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ...]:
     finish = answer.finish or ("tool_calls" if answer.tool_calls else "stop")
     usage = answer.usage or {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
     if not stream:
-        message: dict = {"role": "assistant", "content": answer.text or None}
+        message: dict = {"role": "assistant", "content": answer.text or None, "refusal": answer.refusal or None}
         if answer.reasoning:
             message["reasoning_content"] = answer.reasoning
         if answer.tool_calls:
@@ -69,6 +70,9 @@ def openai_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ...]:
         out.append(chunk({"reasoning_content": answer.reasoning}))
     if answer.text:
         out.append(chunk({"content": answer.text}))
+    if answer.refusal:  # in two pieces, as OpenAI streams it
+        half = len(answer.refusal) // 2
+        out += [chunk({"refusal": answer.refusal[:half]}), chunk({"refusal": answer.refusal[half:]})]
     for index, (call_id, name, arguments) in enumerate(answer.tool_calls):
         out.append(chunk({"tool_calls": [{"index": index, "id": call_id, "type": "function",
                                           "function": {"name": name, "arguments": ""}}]}))
