@@ -474,6 +474,14 @@ def test_logprobs_reach_the_openai_client_that_asked_for_them(gw, upstream, stre
     assert upstream.seen[-1].body["logprobs"] is True
 
 
+@STREAM
+def test_a_paused_server_tool_turn_stays_paused_for_an_anthropic_client(gw, upstream, stream):
+    """pause_turn asks the client to send the turn back to be continued: it was end_turn."""
+    upstream.answer = Answer(text="Searching.", finish="pause_turn")
+    assert anthropic_call(gw, stream, model="anthropic").stop_reason == "pause_turn"
+    assert openai_call(gw, False, model="anthropic").choices[0].finish_reason == "stop"
+
+
 def test_citations_reach_an_anthropic_client_and_the_words_an_openai_one(gw, upstream):
     cited = {"type": "char_location", "cited_text": "The grass is green.", "document_index": 0,
              "document_title": "facts", "start_char_index": 0, "end_char_index": 20}
