@@ -41,6 +41,7 @@ FINISH_REASONS = (STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER, PAUSE
 
 # reasoning_effort <-> thinking.budget_tokens (CONFIG.md "The wire")
 EFFORT_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384}
+MIN_BUDGET = EFFORT_BUDGETS["low"]  # Anthropic's least thinking budget
 
 MAX_MODEL_CHARS = 256  # a model name reaches headers, logs and the ledger: bounded and printable
 
@@ -224,8 +225,9 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
     else:
         if request.response_format is not None and request.response_format.type != "text":
             names.append("response_format")
-        if request.reasoning is not None and request.reasoning.as_budget() is None:
-            names.append("reasoning_effort")
+        if request.reasoning is not None and (request.reasoning.as_budget() is None or (
+                request.max_tokens is not None and request.max_tokens <= MIN_BUDGET)):
+            names.append("reasoning_effort")  # (a limit that leaves no room for the least budget)
         if any(json_object(c.arguments) is None for m in request.messages for c in m.tool_calls):
             names.append("messages.tool_calls.function.arguments")
     return tuple(dict.fromkeys(names))
