@@ -362,6 +362,9 @@ def test_anthropic_passthrough_keeps_cache_control_top_k_and_the_beta_header(gw,
     ({"messages": [{"role": "user", "content": [
         {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain words"}}]}]},
      "document.source.text"),
+    # a trailing assistant message asks Anthropic to continue it; an OpenAI server answers anew
+    ({"messages": [{"role": "user", "content": "Name a colour"}, {"role": "assistant", "content": "The colour is"}]},
+     "prefill"),
     # an OpenAI tool message holds text alone
     ({"messages": [{"role": "user", "content": "q"},
                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
