@@ -269,8 +269,10 @@ async def held_streams(url: str, count: int, gateway_pid: int) -> dict:
 
 
 def _profiler(pid: int, seconds: float, path: str) -> subprocess.Popen:
-    """py-spy sampling the gateway (collapsed stacks: one line per stack, its sample count last)."""
-    return subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--format", "raw",
+    """py-spy sampling the gateway: an SVG flame graph for a path ending .svg, speedscope's JSON for
+    .json, else collapsed stacks (one line per stack, its sample count last) to add up by frame."""
+    fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(Path(path).suffix, "raw")
+    return subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--format", fmt,
                              "--duration", str(int(seconds)), "--rate", "200", "--nonblocking", "-o", path],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -382,7 +384,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="every level this many times, the levels interleaved")
     parser.add_argument("--out", help="write the results here (default: bench/results/load-<date>.json, full runs only)")
     parser.add_argument("--without", help="also a gateway with this bench/gateway_cpu.py lever put back, beside")
-    parser.add_argument("--profile", help="py-spy the gateway at the highest level into this file (collapsed stacks)")
+    parser.add_argument("--profile", help="py-spy the gateway at the highest level into this file (.svg: a flame "
+                        "graph, .json: speedscope, else collapsed stacks)")
     args = parser.parse_args()
     full = (args.levels, args.streams, args.seconds, args.rounds, args.without) == ("16,200,1000", 5000, 8.0, 3, None)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

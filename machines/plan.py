@@ -352,6 +352,11 @@ def _plan(router: Router, chosen: str | None, decision: effort.EffortDecision | 
         domain = router.catalog[chosen]
     elif gateway and chosen in router.domains:
         domain, requested, hint = router.domains[chosen], router.route_models[chosen], chosen
+    elif chosen is not None and chosen.startswith(domain.root + "/") and len(chosen) > len(domain.root) + 1:
+        # "profile/model" naming the default domain's own profile (the form x-relayline-served
+        # shows): that model on it; an unpinned entry is sent the model, not the pair, and the
+        # requested label names the profile once
+        requested = chosen[len(domain.root) + 1:]
     entries: list[PlannedEntry] = []
     for entry in domain.entries:
         entry_model = entry.model if entry.pinned else requested

@@ -119,7 +119,14 @@ class StreamGate:
             self.stop_sequence = frame.ref or None
             return ()
         if not frame.decisive:
-            if self.life.state == StreamState.HELD:
+            if frame.ref and frame.kind == REASONING:
+                # the signature of the thinking just shown (Anthropic's signature_delta): the
+                # client sends it back with that thinking, so it goes where the thinking went
+                event = Event(EventKind.REASONING, "", frame.ref)
+                if self.life.state == StreamState.COMMITTED:
+                    return (event,)
+                self.held.append(event)
+            elif self.life.state == StreamState.HELD:
                 self.held.append(Event(EventKind.PREAMBLE, frame.kind))
             return ()
         event = Event(EVENT_NAMES[frame.kind], frame.value, frame.ref)

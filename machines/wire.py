@@ -15,6 +15,7 @@ rules as the config (a string is not a number) for embedders who build requests 
 
 from __future__ import annotations
 
+import json
 import typing
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, NoReturn
@@ -186,6 +187,16 @@ def extras(fields: Mapping[str, Any], known: Collection[str]) -> list[str]:
             if k not in known and v is not None and v != [] and v != {} and not (k in NEUTRAL and v == NEUTRAL[k])]
 
 
+def json_object(text: str) -> dict[str, Any] | None:
+    """A tool call's JSON arguments as the object they must be ("" is no arguments); None when
+    they are not one (cut short, a list...): an Anthropic `tool_use.input` has no place for them."""
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def unsupported(request: Request, family: str, capabilities: Capabilities) -> tuple[str, ...]:
     """The request fields an entry of `family` with `capabilities` cannot honour (CONFIG.md "The
     wire"), by name. Empty: the entry can serve the request as asked."""
@@ -205,11 +216,16 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
             names.append("document.source.url")
         if any(m.is_error for m in request.messages):
             names.append("tool_result.is_error")
+        # an OpenAI tool message holds text alone: an image or document a tool gave back has no place
+        names.extend(dict.fromkeys(f"tool_result.content.{p.type}" for m in request.messages if m.role == TOOL
+                                   for p in m.content if p.type != TEXT))
     else:
         if request.response_format is not None and request.response_format.type != "text":
             names.append("response_format")
         if request.reasoning is not None and request.reasoning.as_budget() is None:
             names.append("reasoning_effort")
+        if any(json_object(c.arguments) is None for m in request.messages for c in m.tool_calls):
+            names.append("messages.tool_calls.function.arguments")
     return tuple(dict.fromkeys(names))
 
 
@@ -348,11 +364,14 @@ def without(request: Request, names: tuple[str, ...]) -> Request:
         return request
 
     def keep(part: Part) -> bool:
+        if part.data is None and part.url is None and any(x in names for x in part.extra):
+            return False  # a source only its own family has (a file, a text document)
         if part.type == IMAGE:
             return "image" not in names
         return not (part.type == DOCUMENT and part.data is None and "document.source.url" in names)
 
-    messages = tuple(attrs.evolve(m, content=tuple(p for p in m.content if keep(p)),
+    messages = tuple(attrs.evolve(m, content=tuple(p for p in m.content if keep(p) and not (
+                                      m.role == TOOL and f"tool_result.content.{p.type}" in names)),
                                   is_error=m.is_error and "tool_result.is_error" not in names)
                      for m in request.messages)
     tools = "tools" in names

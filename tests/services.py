@@ -11,10 +11,12 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 
 
 def free_port() -> int:
@@ -73,6 +75,27 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (from /proc: no procps needed)."""
+    found = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # (it ended meanwhile)
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(stat.split("/")[2]))
+    return found
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:  # (a backend that was ending as it was listed)
+        pass
+
+
 def _postgres_bin() -> str | None:
     found = shutil.which("initdb")
     if found:
@@ -120,10 +143,35 @@ class PostgresServer:
     def start(self) -> None:
         self._run(os.path.join(self.bin, "initdb"), "-D", self.data, "-A", "trust", "-U", "relayline",
                   "-E", "UTF8", "--no-sync")
+        self._start()
+
+    def _start(self) -> None:
         self._run(os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w",
                   "-t", "60", "-o", f"-p {self.port} -h 127.0.0.1 -k {self.dir} -F -c max_connections=60",
                   "start")
         _wait_for_port(self.port, None, 30)
+
+    def restart(self) -> None:
+        """Killed (as a crash: every connection cut) and started again on the same port."""
+        self._run(os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-m", "immediate", "-w", "stop")
+        self._start()
+
+    @contextmanager
+    def frozen(self):
+        """Every process of the cluster stopped (SIGSTOP) for the block, then resumed: a server
+        that hangs with its connections open, as one swapping or stalled on its disk does. The
+        kernel still accepts connections and data for it; nothing answers."""
+        with open(os.path.join(self.data, "postmaster.pid")) as f:
+            postmaster = int(f.readline())
+        os.kill(postmaster, signal.SIGSTOP)  # first: it forks no backend after the children are listed
+        pids = [postmaster, *_children(postmaster)]
+        for pid in pids[1:]:
+            _signal(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in pids:
+                _signal(pid, signal.SIGCONT)
 
     def stop(self) -> None:
         if os.path.exists(os.path.join(self.data, "postmaster.pid")):

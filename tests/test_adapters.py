@@ -82,7 +82,8 @@ EXPECTED = {
     "openai_midstream_error": dict(outcome="error", events=[], attempts=[("stream_failed", "retryable")]),
     "anthropic_text": dict(outcome="ok", events=["text:Hello", "text:! How can I help?"], ledger=[(25, 15, True)]),
     "anthropic_thinking_tool": dict(outcome="ok", events=[
-        "reasoning:I should look up the weather.", "text:Let me check.", "tool:get_weather",
+        # (the empty reasoning event carries the thinking's signature, in its ref)
+        "reasoning:I should look up the weather.", "reasoning:", "text:Let me check.", "tool:get_weather",
         'tool_args:{"location": "San Fra', 'tool_args:ncisco, CA"}'], ledger=[(2572, 89, True)], tools=("get_weather",)),
     "anthropic_overloaded": dict(outcome="error", events=[], attempts=[("stream_failed", "retryable")]),
     "anthropic_server_tool": dict(outcome="ok", events=[

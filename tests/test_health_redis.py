@@ -173,3 +173,37 @@ async def test_a_key_pool_cursor_moved_by_one_worker_is_where_the_other_starts(r
         await two._run_turn(HI)
     assert [c.key_index for c in one.sim.calls] == [0, 1]
     assert [c.key_index for c in two.sim.calls] == [1], "the fleet's cursor: the key that last worked"
+
+
+async def test_a_store_that_stalls_mid_run_costs_a_turn_at_most_the_sync_timeout_and_the_fleet_resumes(
+        redis_server, prefix, caplog):
+    """Redis that hangs (CLIENT PAUSE: connections open, nothing answered; as a store swapping
+    or blocked by a slow script does) rather than going away: a turn waits at most TIMEOUT_S
+    for it, then serves on local health; once Redis answers again the worker is back on the
+    fleet's state, and what it reads is this round's, not the round it gave up on (a reply
+    left unread on a pooled connection would shift every later one by a round)."""
+    import coredis
+
+    from relayline.adapters.stores.health import TIMEOUT_S
+
+    caplog.set_level(logging.WARNING, logger="relayline.health")
+    one = worker(redis_server.url, prefix, [{"text": "ok"}])
+    two = worker(redis_server.url, prefix, [{"status": 503}])
+    admin = coredis.Redis.from_url(redis_server.url, decode_responses=True)
+    async with one, two, admin:
+        assert (await one._run_turn(HI)).outcome == "ok" and one.health.reachable
+        await admin.client_pause(1500)
+        started = trio.current_time()
+        assert (await one._run_turn(HI)).outcome == "ok"
+        assert trio.current_time() - started < TIMEOUT_S + 0.4
+        assert not one.health.reachable
+        with trio.fail_after(10):
+            while not one.health.reachable:
+                await trio.sleep(0.2)
+                assert (await one._run_turn(HI)).outcome == "ok"
+        for _ in range(2):  # two opens sim.a for the fleet...
+            await two._run_turn(HI)
+        result = await one._run_turn(HI)  # ...which one's next round reads
+    assert [str(s) for s in result.skipped] == ["sim.a/m1 breaker"]
+    warnings = [r.getMessage() for r in caplog.records if "health_store_unreachable" in r.getMessage()]
+    assert len(warnings) == 1 and "TooSlowError" in warnings[0]

@@ -1,17 +1,22 @@
 """The PostgreSQL ledger ([ledger] url) against a real PostgreSQL server: the migration on start,
-one row per billable attempt, and `relayline ledger` reading it with the same totals as SQLite."""
+one row per billable attempt, `relayline ledger` reading it with the same totals as SQLite, and a
+server that hangs or restarts under it. Real clock: a write's wait is bounded on trio's clock,
+which an autojump clock would skip while the worker thread waits on the server."""
 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+import uuid
 
 import pytest
+import trio
 
 from relayline.adapters import Relay
 from relayline.adapters.sim.provider import SimUpstream
-from relayline.adapters.stores.ledger import LedgerStore, open_ledger
+from relayline.adapters.stores.ledger import LedgerStore, LedgerUnavailable, open_ledger
 from relayline.adapters.stores.postgres import MIGRATIONS, PostgresLedger
 from relayline.machines.config import Ledger
 
@@ -19,6 +24,7 @@ TWO = """
 active = "sim.a"
 [reliability]
 provider_retries = 1
+backoff_ms = 50
 [providers."sim.a"]
 family = "sim"
 model = "m1"
@@ -37,7 +43,7 @@ def pg_url(postgres_server):
     """A fresh database per test, so row counts are this test's own."""
     import psycopg
 
-    name = f"t{abs(hash(object()))}"
+    name = f"t{uuid.uuid4().hex}"  # (an object's hash is its address, which the next test's may reuse)
     with psycopg.connect(postgres_server.url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     return postgres_server.url.rsplit("/", 1)[0] + "/" + name
@@ -50,7 +56,7 @@ async def _turns(relay, n):
     return results
 
 
-async def test_the_schema_is_migrated_once_and_a_turn_writes_one_row_per_billable_attempt(pg_url, autojump_clock):
+async def test_the_schema_is_migrated_once_and_a_turn_writes_one_row_per_billable_attempt(pg_url):
     first = PostgresLedger(pg_url)
     second = PostgresLedger(pg_url)  # another worker starting: the migration is not applied twice
     assert first.schema_version == second.schema_version == len(MIGRATIONS)
@@ -72,7 +78,7 @@ async def test_the_schema_is_migrated_once_and_a_turn_writes_one_row_per_billabl
     second.close()
 
 
-async def test_relayline_ledger_reads_postgres_and_sqlite_with_equal_totals(pg_url, tmp_path, autojump_clock):
+async def test_relayline_ledger_reads_postgres_and_sqlite_with_equal_totals(pg_url, tmp_path):
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "ok", "usage": [1000, 500]}] * 7}])
     relay = Relay.from_toml(TWO, env={}, sim=sim)
     pg = open_ledger(Ledger(url=pg_url))
@@ -105,3 +111,74 @@ def test_an_unreachable_postgres_is_a_clear_error_without_the_password(tmp_path)
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert "ledger.url" in out.stderr and "127.0.0.1" in out.stderr and "hunter2secret" not in out.stderr
+
+
+async def _until(predicate, seconds: float) -> bool:
+    with trio.move_on_after(seconds):
+        while not predicate():
+            await trio.sleep(0.05)
+        return True
+    return False
+
+
+async def test_a_frozen_postgres_holds_a_write_at_most_timeout_s_and_the_abandoned_rows_never_land_later(
+        pg_url, postgres_server):
+    """A server that hangs with its connections open (stopped, swapping, a stalled disk): the
+    write gives up after the ledger's timeout_s, however it hangs (the insert on a pooled
+    connection, or a new connection), and what it gave up on is rolled back, never committed
+    when the server comes back (the operator was told those rows are lost)."""
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "ok", "usage": [10, 5]}] * 8}])
+    relay = Relay.from_toml(TWO, env={}, sim=sim)
+    ledger = PostgresLedger(pg_url, timeout_s=1.0)
+    result = await relay._run_turn(HI)
+    assert await ledger.record("before", result) == 1
+    with postgres_server.frozen():
+        for turn in ("during-1", "during-2"):
+            started = trio.current_time()
+            with trio.fail_after(5), pytest.raises(LedgerUnavailable, match="within 1 s"):
+                await ledger.record(turn, result)
+            assert trio.current_time() - started < 3
+    # the server answers again: the abandoned inserts finish and roll back, a new write lands
+    assert await _until(lambda: ledger.abandoned == 0, 10), "the abandoned writes ended"
+    assert await ledger.record("after", result) == 1
+    assert [r["turn"] for r in ledger.rows()] == ["before", "after"]
+    ledger.close()
+
+
+async def test_after_a_postgres_restart_the_next_write_lands(pg_url, postgres_server):
+    """The pool's connections died with the server: the first write after it came back takes a
+    live one, it is not lost on a dead one."""
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "ok", "usage": [10, 5]}] * 4}])
+    relay = Relay.from_toml(TWO, env={}, sim=sim)
+    ledger = PostgresLedger(pg_url, timeout_s=5.0)
+    result = await relay._run_turn(HI)
+    assert await ledger.record("before", result) == 1
+    postgres_server.restart()
+    assert await ledger.record("after", result) == 1
+    assert [r["turn"] for r in ledger.rows()] == ["before", "after"]
+    ledger.close()
+
+
+async def test_a_gateway_over_a_frozen_postgres_answers_within_the_ledger_timeout_and_logs_the_lost_rows(
+        pg_url, postgres_server, caplog):
+    from helpers import asgi_post
+    from relayline.adapters.gateway import Gateway
+
+    caplog.set_level(logging.ERROR, logger="relayline.gateway")
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "billed anyway", "usage": [10, 5]}] * 3}])
+    relay = Relay.from_toml(TWO, env={}, sim=sim)
+    gateway = Gateway(relay, ledger=PostgresLedger(pg_url, timeout_s=1.0))
+    body = json.dumps({"model": "m1", "messages": HI}).encode()
+    with postgres_server.frozen():
+        status, _, answer = await asgi_post(gateway, "/v1/chat/completions", body, bound=5)
+        with trio.fail_after(5):  # /readyz says so, in its own time, with the write still hung
+            assert await gateway._ledger_ready() == "the ledger did not answer within 2 s"
+    assert status == 200 and json.loads(answer)["choices"][0]["message"]["content"] == "billed anyway"
+    lost = [r for r in caplog.records if r.getMessage().startswith("ledger_write_error")]
+    assert len(lost) == 1 and lost[0].exc_info is None, "an outage's reason, not a trace"
+    lost = [r.getMessage() for r in lost]
+    assert len(lost) == 1 and "rows=1" in lost[0] and "waited_s=1" in lost[0], lost
+    status, _, _ = await asgi_post(gateway, "/v1/chat/completions", body, bound=15)
+    assert status == 200 and len(gateway.ledger.rows()) == 1
+    await relay.aclose()
+    gateway.ledger.close()

@@ -670,3 +670,27 @@ def test_an_answer_before_the_body_was_read_closes_the_connection():
     # the 401 came before the body was read: the client must not send its next request on it
     assert refused.status_code == 401 and refused.headers["connection"] == "close"
     assert answered.status_code == 200 and "connection" not in answered.headers
+
+
+def test_a_probing_breaker_is_half_open_in_the_metrics_not_an_unknown_state():
+    """While one turn probes a half-open profile the breaker's state is `probing`: the gauge says
+    half-open (1), one of the three values its help text names, not -1."""
+    import threading
+
+    config = profiles(breaker={"failure_threshold": 1, "open_s": 0.3})
+    replies = [{"provider": "openai.main", "script": [{"status": 503}, {"text": "probe", "delay": 1.5}]},
+               {"provider": "openai.backup", "script": [{"text": "from the backup"}]}]
+    with BackgroundGateway(config, replies) as gw:
+        assert chat(gw).status_code == 200  # main fails: its breaker opens
+        time.sleep(0.4)  # half-open: the next turn probes, slowly
+        probe = threading.Thread(target=chat, args=(gw,))
+        probe.start()
+        try:
+            deadline = time.monotonic() + 5
+            while httpx.get(f"{gw.url}/admin/health").json()["profiles"]["openai.main"]["breaker"] != "probing":
+                assert time.monotonic() < deadline, "the probe never started"
+                time.sleep(0.02)
+            found = samples(httpx.get(f"{gw.url}/metrics").text)
+        finally:
+            probe.join(10)
+    assert found[("relayline_breaker_state", (("provider", "openai.main"),))] == 1

@@ -218,6 +218,22 @@ def test_sdk_objects_echoed_into_history_cross_families(gw, upstream):
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"extra_body": {"provider": {"order": ["x"]}}}, "provider"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
+    # what the Anthropic shapes have no place for is refused, never dropped on the way
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": WEATHER}}]},
+     "tools.function.strict"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/c.png", "detail": "low"}}]}]},
+     "content.image_url.detail"),
+    ({"messages": [{"role": "user", "content": "q"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"city": "Par'}}]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "cut"}]},
+     "tool_calls.function.arguments"),
+    ({"messages": [{"role": "user", "content": "q"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1, 2]"}}]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "a list"}]},
+     "tool_calls.function.arguments"),
 ])
 def test_openai_fields_anthropic_cannot_honour_are_a_400_naming_them(gw, upstream, fields, named):
     with pytest.raises(openai.BadRequestError) as info:
@@ -335,12 +351,38 @@ def test_anthropic_passthrough_keeps_cache_control_top_k_and_the_beta_header(gw,
                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "boom",
                                                  "is_error": True}]}]}, "is_error"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain words"}}]}]},
+     "document.source.text"),
+    # an OpenAI tool message holds text alone
+    ({"messages": [{"role": "user", "content": "q"},
+                   {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                       {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}]}]},
+     "tool_result.content.image"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "file_1"}}]}]},
+     "image.source.file"),
 ])
 def test_anthropic_fields_openai_cannot_honour_are_an_anthropic_400(gw, upstream, fields, named):
     with pytest.raises(anthropic.BadRequestError) as info:
         anthropic_call(gw, False, model="openai", **fields)
     assert named in info.value.message and info.value.body["type"] == "error"
     assert upstream.seen == []
+
+
+ANTHROPIC_SOURCES = [
+    {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain words"}, "title": "t"},
+    {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": "a chunk"}]}},
+    {"type": "document", "source": {"type": "file", "file_id": "file_011"}},
+    {"type": "image", "source": {"type": "file", "file_id": "file_012"}},
+]
+
+
+@pytest.mark.parametrize("block", ANTHROPIC_SOURCES, ids=["text", "content", "file-document", "file-image"])
+def test_anthropic_document_and_file_sources_reach_an_anthropic_profile_as_sent(gw, upstream, block):
+    messages = [{"role": "user", "content": [block, {"type": "text", "text": "summarise"}]}]
+    assert anthropic_call(gw, False, model="anthropic", messages=messages).content[0].text == "ok"
+    assert upstream.seen[-1].body["messages"] == messages
 
 
 # -- responses --------------------------------------------------------------------------------------
@@ -401,6 +443,47 @@ def test_anthropic_stream_message_start_carries_the_input_tokens(gw, upstream):
     assert delta.usage.output_tokens == 9
 
 
+@STREAM
+def test_thinking_reaches_an_anthropic_client_signed_so_it_can_go_back(gw, upstream, stream):
+    """Anthropic verifies the signature of each thinking block a client sends back (thinking with
+    tools must be sent back): a gateway that drops it breaks the next turn."""
+    upstream.answer = Answer(text="Let me check.", reasoning="I should look it up.", tool_calls=(TOOL,),
+                             redacted="" if stream else "EmwKAhgBEgy")
+    message = anthropic_call(gw, stream, model="anthropic", max_tokens=2048,
+                             thinking={"type": "enabled", "budget_tokens": 1024})
+    blocks = [b.model_dump(exclude_none=True) for b in message.content]
+    assert blocks[0] == {"type": "thinking", "thinking": "I should look it up.", "signature": "sig"}
+    if not stream:
+        assert blocks[1] == {"type": "redacted_thinking", "data": "EmwKAhgBEgy"}
+    assert [b["type"] for b in blocks[-2:]] == ["text", "tool_use"]
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": blocks},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": TOOL[0], "content": "sunny"}]}]
+    anthropic_call(gw, False, model="anthropic", messages=history, max_tokens=2048,
+                   thinking={"type": "enabled", "budget_tokens": 1024})
+    assert upstream.seen[-1].body["messages"][1]["content"] == blocks
+
+
+@STREAM
+def test_logprobs_reach_the_openai_client_that_asked_for_them(gw, upstream, stream):
+    upstream.answer = Answer(text="Paris", logprobs=True)
+    reply = openai_call(gw, stream, model="openai", logprobs=True)
+    choices = [c.choices[0] for c in reply if c.choices and c.choices[0].delta.content] if stream else reply.choices
+    assert [c.logprobs.model_dump() for c in choices] == [
+        {"content": [{"token": "Paris", "logprob": -0.25, "bytes": [80, 97, 114, 105, 115], "top_logprobs": []}],
+         "refusal": None}]
+    assert upstream.seen[-1].body["logprobs"] is True
+
+
+def test_citations_reach_an_anthropic_client_and_the_words_an_openai_one(gw, upstream):
+    cited = {"type": "char_location", "cited_text": "The grass is green.", "document_index": 0,
+             "document_title": "facts", "start_char_index": 0, "end_char_index": 20}
+    upstream.answer = Answer(text="The grass is green.", citations=(cited,))
+    message = anthropic_call(gw, False, model="anthropic")
+    assert [b.model_dump(exclude_none=True) for b in message.content] == [
+        {"type": "text", "text": "The grass is green.", "citations": [cited]}]
+    assert openai_call(gw, False, model="anthropic").choices[0].message.content == "The grass is green."
+
+
 def test_usage_details_and_reasoning_reach_an_openai_client(gw, upstream):
     upstream.answer = Answer(text="42", reasoning="let me think", usage={
         "prompt_tokens": 50, "completion_tokens": 30, "prompt_tokens_details": {"cached_tokens": 20},
@@ -443,6 +526,24 @@ def test_spent_retries_tell_the_sdk_not_to_retry(gw, upstream):
         client.chat.completions.create(model="openai", messages=[{"role": "user", "content": "hi"}])
     assert info.value.status_code == 502 and info.value.response.headers["x-should-retry"] == "false"
     assert len(upstream.seen) == 1  # the SDK did not multiply relayline's attempts
+
+
+@STREAM
+def test_an_openai_refusal_is_the_answer_in_both_dialects_not_an_empty_completion(gw, upstream, stream):
+    """OpenAI declines in `message.refusal` (content null, finish_reason stop); it was read as
+    an empty answer, retried and ended in a 502 that never showed the client the refusal."""
+    upstream.answer = Answer(text="", refusal="I'm sorry, I can't help with that.")
+    if stream:
+        chunks = openai_call(gw, True, model="openai")
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    else:
+        choice = openai_call(gw, False, model="openai").choices[0]
+        text, finish = choice.message.content, [choice.finish_reason]
+    assert (text, finish) == ("I'm sorry, I can't help with that.", ["content_filter"])
+    message = anthropic_call(gw, stream, model="openai")
+    assert [b.text for b in message.content] == ["I'm sorry, I can't help with that."]
+    assert message.stop_reason == "refusal" and len(upstream.seen) == 2
 
 
 def test_a_200_carrying_an_error_is_a_failure_not_an_empty_answer(gw, upstream):

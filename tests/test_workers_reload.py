@@ -316,3 +316,58 @@ def test_workers_on_one_sqlite_ledger_commit_each_turns_row_before_its_answer_en
             holder.join(20)
     assert missing == [] and len(answered) == 16 * 8, missing[:5]
     assert len(held) >= 5  # (the lock was taken while the turns ran)
+
+
+def test_the_supervisor_gives_workers_their_drain_s_and_more_before_it_kills_them(tmp_path):
+    """A long drain (streams of reasoning models run for minutes) is the workers' to finish: the
+    supervisor's wait is drain_s and a grace for the ledger rows, as the config file says at the
+    stop (a reload may have raised it), never a fixed minute that SIGKILLs a worker mid-drain
+    and loses its rows."""
+    from relayline.adapters.gateway.workers import STOP_GRACE_S, stop_wait_s
+    from relayline.machines.config import parse_config
+
+    path = tmp_path / "c.toml"
+    base = 'active = "s"\n[providers.s]\nfamily = "sim"\nmodel = "m"\n'
+    path.write_text(base + "[gateway]\ndrain_s = 300\n")
+    started = parse_config(path.read_text())
+    assert stop_wait_s(str(path), started) == 300 + STOP_GRACE_S
+    path.write_text(base + "[gateway]\ndrain_s = 900\n")  # raised, then SIGHUP'd
+    assert stop_wait_s(str(path), started) == 900 + STOP_GRACE_S
+    path.write_text("not toml [")  # a broken file: the drain it started with
+    assert stop_wait_s(str(path), started) == 300 + STOP_GRACE_S
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a parent-death signal is Linux's (prctl)")
+def test_workers_whose_supervisor_was_killed_drain_and_exit_instead_of_serving_on(tmp_path, upstream):
+    """A supervisor killed outright (SIGKILL, the OOM killer) cannot forward the stop: its
+    workers used to serve on, orphans holding the port (with SO_REUSEPORT, beside the next
+    supervisor's workers, on the old config). Each worker hears its parent's death as a SIGTERM:
+    the usual drain, then exit."""
+    config = tmp_path / "orphans.toml"
+    config.write_text(fleet_config(upstream, extra=f'[ledger]\npath = "{tmp_path / "l.sqlite3"}"'))
+    with ServeProcess(config, "--workers", "2") as gateway:
+        deadline = time.monotonic() + 20
+        workers = _children(gateway.proc.pid)
+        while len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            workers = _children(gateway.proc.pid)
+        assert httpx.post(f"{gateway.url}/v1/chat/completions", json={"model": "model-a", "messages": HI},
+                          timeout=20).status_code == 200
+        gateway.proc.kill()
+        gateway.proc.wait(10)
+        deadline = time.monotonic() + 15
+        alive = workers
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive = [pid for pid in workers if _running(pid)]
+        for pid in alive:  # (the test's own cleanup when it fails)
+            os.kill(pid, signal.SIGKILL)
+    assert not alive, "workers outlived their supervisor"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -49,7 +49,7 @@ from ..driver import TurnRun
 from ..otel import Tracing
 from ..providers.http import REQUEST_ID
 from ..relay import Relay
-from ..stores.ledger import DEFAULT_PATH, LedgerStore, open_ledger
+from ..stores.ledger import DEFAULT_PATH, LedgerStore, LedgerUnavailable, open_ledger
 from .auth import Access, KeyRing, bearer, is_loopback, load_access
 from .console import Console
 from .dialects import ANTHROPIC, OPENAI
@@ -62,6 +62,7 @@ SEND_GRACE_S = 10.0
 REQUEST_ID_SHAPE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 QUIET_ERRORS = {"client_error", "context_window"}  # the client's own doing: the access line says enough
 MAX_OUTCOMES = 4096  # per profile, for /admin/health's success rate: bounded between reads
+READY_WAIT_S = 2.0  # a readiness check of the ledger that takes longer says not ready
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
 
 
@@ -213,6 +214,7 @@ class Gateway:
         self.readiness: dict[str, Callable[[], Awaitable[str | None]]] = {}
         if ledger is not None:
             self.readiness["ledger"] = self._ledger_ready
+            self._ready_limiter = trio.CapacityLimiter(1)
         if hasattr(relay.health, "reachable"):  # a shared health store (stores/health.py)
             self.readiness["shared_store"] = self._store_ready
         self.in_flight = 0
@@ -445,8 +447,14 @@ class Gateway:
         return None if health.reachable else f"the shared health store at {health.where} does not answer"
 
     async def _ledger_ready(self) -> str | None:
-        writable = await trio.to_thread.run_sync(self.ledger.writable)
-        return None if writable else "the ledger is not writable"
+        # a ledger server that hangs would hold the check (and /readyz) forever: it is waited for
+        # READY_WAIT_S, and one at a time, so that a prober polling it leaves at most one thread
+        # hung on the server, not one per poll
+        with trio.move_on_after(READY_WAIT_S):
+            writable = await trio.to_thread.run_sync(self.ledger.writable, limiter=self._ready_limiter,
+                                                     abandon_on_cancel=True)
+            return None if writable else "the ledger is not writable"
+        return f"the ledger did not answer within {READY_WAIT_S:g} s"
 
     async def _read_body(self, receive, send, dialect) -> bytes | None:
         if send.declared_length > self.max_body:  # refused before a byte of it is read (or 100-continue'd)
@@ -526,13 +534,16 @@ class Gateway:
         """The turn's ledger rows, committed before its answer completes: a client that saw an
         answer can find what it cost."""
         if self.ledger is not None and result.ledger:
+            # the answer was made and the providers bill it: the client still gets it; the
+            # operator gets the lost rows in the log (and /readyz reports the ledger)
+            lost = "ledger_write_error request_id=%s turn=%s rows=%d cost_usd=%.8f"
             try:
                 await self.ledger.record(exchange.turn, result, client=exchange.client)
+            except LedgerUnavailable as exc:  # an outage: its reason, not a trace per answer
+                log.error(lost + " error=ledger_timeout waited_s=%g", exchange.request_id, exchange.turn,
+                          len(result.ledger), result.cost_usd, exc.waited_s)
             except Exception:
-                # the answer was made and the providers bill it: the client still gets it; the
-                # operator gets the lost rows in the log (and /readyz reports the ledger)
-                log.exception("ledger_write_error request_id=%s turn=%s rows=%d cost_usd=%.8f", exchange.request_id,
-                              exchange.turn, len(result.ledger), result.cost_usd)
+                log.exception(lost, exchange.request_id, exchange.turn, len(result.ledger), result.cost_usd)
 
     def _after(self, exchange: Exchange) -> None:
         """What the client does not wait for, done once its answer's bytes are written (or it
@@ -714,8 +725,8 @@ class Gateway:
         for a drain running out of time, then write its ledger rows (before any response ends;
         the rest of its bookkeeping waits for the answer: `_after`). The run is driven here, in
         the request's own task and with the run's own cancel scope alone where the server calls
-        back on a hang-up: a held stream keeps every coroutine frame of its path (README
-        "## Performance")."""
+        back on a hang-up: a held stream keeps every coroutine frame of its path
+        (docs/performance-history.md, "Memory per held stream")."""
         started = trio.current_time()
         REQUEST_ID.set(exchange.request_id)  # sent upstream as x-request-id
         relay = self.relay  # the turn runs on this one to its end, whatever a reload does
@@ -1022,7 +1033,7 @@ class _StreamWire:
 
 class _GateTimer:
     """Every held stream's gate deadline, served by one task for the whole gateway: a heap of
-    deadlines, not a timer task per stream (README "## Performance": each task is memory). A
+    deadlines, not a timer task per stream (docs/performance-history.md: each task is memory). A
     stream that commits or ends first only clears its entry; when a deadline passes with the
     stream still held, a short task of the timer's own writes its commit (`_StreamWire.at_gate`:
     the stream's turn task is busy waiting on the upstream). The task ends when no gate holds and

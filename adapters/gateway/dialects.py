@@ -78,14 +78,6 @@ def _tools(result: TurnResult, ids: ToolIds) -> list[tuple[str, str, str]]:
     return [(ids(i), name, args or "{}") for i, name, args in zip(given, result.tool_calls, arguments, strict=False)]
 
 
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def _sse(obj: dict, event: str | None = None) -> bytes:
     head = f"event: {event}\n".encode() if event else b""
     return head + b"data: " + jsoncodec.dumps(obj) + b"\n\n"
@@ -148,7 +140,8 @@ class OpenAIDialect:
                                      for i, n, a in tools]
         return {
             "id": turn_id, "object": "chat.completion", "created": int(time.time()), "model": result.served.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": wire.TO_OPENAI[_finish(result, len(tools))]}],
+            "choices": [{"index": 0, "message": message, "finish_reason": wire.TO_OPENAI[_finish(result, len(tools))]}
+                        | ({"logprobs": result.logprobs} if result.logprobs is not None else {})],
             "usage": openai_usage(_usage(result)),
             "relayline": relayline,
         }
@@ -184,6 +177,14 @@ class OpenAIStream:
     def event(self, event: Event) -> bytes:
         field = self.DELTAS.get(event.kind)
         if field is not None:
+            if event.ref:
+                if field != "content":
+                    return b""  # an Anthropic thinking signature: no place for it here
+                # text with the logprobs the client asked for
+                return _sse({"id": self.turn_id, "object": "chat.completion.chunk", "created": self.created,
+                             "model": self.model, "choices": [{"index": 0, "delta": {field: event.value},
+                                                               "logprobs": jsoncodec.loads(event.ref),
+                                                               "finish_reason": None}]})
             parts = self.slotted.get(field)
             if parts is None:
                 parts = self.slotted[field] = _slotted(self._chunk({field: _SLOT}))
@@ -246,13 +247,15 @@ class AnthropicDialect:
         return status, self.error_body(result.message or "failed", type_)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict) -> dict:
-        content: list[dict] = []
-        if result.reasoning:
-            content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
-        if result.text:
-            content.append({"type": "text", "text": result.text})
         tools = _tools(result, ToolIds("toolu_"))
-        content += [{"type": "tool_use", "id": i, "name": n, "input": _json_object(a)} for i, n, a in tools]
+        if result.blocks:  # an Anthropic provider's content as it sent it
+            content = [dict(block) for block in result.blocks]
+        else:
+            content = [{"type": "thinking", "thinking": result.reasoning, "signature": ""}] if result.reasoning else []
+            if result.text:
+                content.append({"type": "text", "text": result.text})
+            content += [{"type": "tool_use", "id": i, "name": n, "input": wire.json_object(a) or {}}
+                        for i, n, a in tools]
         return {"id": turn_id, "type": "message", "role": "assistant", "model": result.served.model, "content": content,
                 "stop_reason": wire.TO_ANTHROPIC[_finish(result, len(tools))], "stop_sequence": result.stop_sequence,
                 "usage": anthropic_usage(_usage(result)), "relayline": relayline}
@@ -298,6 +301,10 @@ class AnthropicStream:
 
     def event(self, event: Event) -> bytes:
         out = b""
+        if event.ref and event.kind == "reasoning":  # the signature of the thinking block just shown
+            return _sse({"type": "content_block_delta", "index": self.index,
+                         "delta": {"type": "signature_delta", "signature": event.ref}},
+                        "content_block_delta") if self.block == "reasoning" else b""
         if event.kind in self.BLOCKS:
             block_type, delta_type, field = self.BLOCKS[event.kind]
             if self.block != event.kind:

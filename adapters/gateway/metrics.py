@@ -25,7 +25,8 @@ from relayline.machines.turn import TurnResult
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+# a probing breaker is half-open with its one probe in flight (specs/breaker.toml): 1 too
+BREAKER_STATES = {"closed": 0, "half_open": 1, "probing": 1, "open": 2}
 OTHER = "other"
 
 
@@ -169,14 +170,14 @@ class _LiveCollector:
 
     def collect(self):
         live = self.metrics._live()
-        state = GaugeMetricFamily("relayline_breaker_state", "Breaker state by profile: 0 closed, 1 half-open, 2 open.",
+        state = GaugeMetricFamily("relayline_breaker_state", "Breaker state by profile: 0 closed, 1 half-open (probing or not), 2 open.",
                                   labels=["provider"])
         cooldown = GaugeMetricFamily("relayline_cooldown_seconds", "Rate-limit cooldown left by profile (0: none).",
                                      labels=["provider"])
         transitions = CounterMetricFamily("relayline_breaker_transitions", "Breaker state changes by profile.",
                                           labels=["provider"])
         for alias, profile in sorted(live["profiles"].items()):
-            state.add_metric([alias], BREAKER_STATES.get(profile["breaker"], -1))
+            state.add_metric([alias], BREAKER_STATES[profile["breaker"]])
             cooldown.add_metric([alias], profile["cooldown_s"])
             transitions.add_metric([alias], profile["transitions"])
         in_flight = GaugeMetricFamily("relayline_in_flight", "Turns in flight (admitted, not yet answered).",

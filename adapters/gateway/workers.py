@@ -12,22 +12,51 @@ it: at most about a second).
 
 A worker is a separate process with its own health unless the config names a shared store
 ([health] store = "redis://..."): the supervisor says which at start. It forwards SIGHUP
-(reload the config) to every worker, and SIGTERM/SIGINT (stop), then waits for them; a worker
-that dies is started again (at most once a second).
+(reload the config) to every worker, and SIGTERM/SIGINT (stop), then waits for them (their drain_s
+and a grace); a worker that dies is started again (at most once a second), and on Linux a
+supervisor that dies (SIGKILL) stops its workers the usual way (a parent-death SIGTERM).
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from functools import partial
+from pathlib import Path
 
-from relayline.machines.config import Config
+from relayline.machines.config import Config, ConfigError, parse_config
 
 RESTART_PAUSE_S = 1.0
-STOP_WAIT_S = 60.0
+# beyond drain_s, what a worker still does before it exits: the cancelled turns' ledger rows (a
+# PostgreSQL write may wait 10 s) and its close; after it, a worker is killed
+STOP_GRACE_S = 30.0
+
+
+def _libc_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+        return None
+
+
+_PRCTL = _libc_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_parent(supervisor: int) -> None:
+    """In a worker, before it runs: the supervisor's death (SIGKILL, the OOM killer: nothing
+    forwards a stop then) is a SIGTERM to the worker, its usual drain. Without it the workers
+    served on as orphans holding the port, beside the next supervisor's on the old config."""
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != supervisor:  # it died before the prctl: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def listening_socket(host: str, port: int, backlog: int = 2048, *, reuse_port: bool = False) -> socket.socket:
@@ -72,6 +101,18 @@ def health_note(config: Config, workers: int) -> str:
     return f"health: shared by the {workers} workers in Redis at {where}"
 
 
+def stop_wait_s(config_path: str, config: Config) -> float:
+    """How long the workers get to stop: their drain_s (the longest of the one they started with
+    and the file's now: a reload may have raised it), then STOP_GRACE_S. A fixed wait shorter
+    than drain_s killed workers mid-drain, and their turns' ledger rows with them."""
+    drain = config.gateway.drain_s
+    try:
+        drain = max(drain, parse_config(Path(config_path).read_text(), config_path).gateway.drain_s)
+    except (OSError, UnicodeDecodeError, ConfigError):
+        pass  # (a file the workers would refuse to reload: they drain as they started)
+    return drain + STOP_GRACE_S
+
+
 def supervise(config_path: str, config: Config, *, host: str, port: int, workers: int,
               worker_args: tuple[str, ...] = ()) -> int:
     sockets = listening_sockets(host, port, workers)
@@ -80,13 +121,17 @@ def supervise(config_path: str, config: Config, *, host: str, port: int, workers
     print(f"{health_note(config, workers)}\nrelayline gateway listening on http://{shown}:{bound_port} "
           f"({workers} workers)", file=sys.stderr, flush=True)
 
+    supervisor = os.getpid()
+
     def start(i: int) -> subprocess.Popen:
         fd = sockets[i % len(sockets)].fileno()
         return subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", config_path,
-                                 "--listen-fd", str(fd), *worker_args], pass_fds=(fd,))
+                                 "--listen-fd", str(fd), *worker_args], pass_fds=(fd,),
+                                preexec_fn=partial(_stop_with_parent, supervisor) if _PRCTL else None)
 
-    procs = [start(i) for i in range(workers)]
+    procs: list[subprocess.Popen] = []
     stopping: list[int] = []
+    stopped: set[int] = set()  # the workers told to stop (a second SIGTERM would cut their drain)
 
     def forward(signum, _frame) -> None:
         if signum != signal.SIGHUP:
@@ -94,11 +139,17 @@ def supervise(config_path: str, config: Config, *, host: str, port: int, workers
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM if signum != signal.SIGHUP else signal.SIGHUP)
+                if signum != signal.SIGHUP:
+                    stopped.add(proc.pid)
 
+    # (before any worker starts: a stop that arrives meanwhile is forwarded, not the
+    # supervisor's own death by the default action with its workers left running)
     for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
     last_restart = 0.0
     try:
+        for i in range(workers):
+            procs.append(start(i))
         while not stopping:
             for i, proc in enumerate(procs):
                 if proc.poll() is not None and not stopping and time.monotonic() - last_restart >= RESTART_PAUSE_S:
@@ -107,7 +158,10 @@ def supervise(config_path: str, config: Config, *, host: str, port: int, workers
                     last_restart = time.monotonic()
                     procs[i] = start(i)
             time.sleep(0.1)
-        deadline = time.monotonic() + STOP_WAIT_S
+        for proc in procs:  # one started as the stop arrived
+            if proc.pid not in stopped and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + stop_wait_s(config_path, config)
         for proc in procs:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))

@@ -51,15 +51,22 @@ KNOWN = frozenset({"model", "messages", "system", "max_tokens", "stream", "tempe
 # -- requests: messages body -> canonical ------------------------------------------------------------
 
 
-def _source(raw, param: str) -> dict:
+# sources no other family has: a plain-text or chunked document, and the Files API's file ids
+OWN_SOURCES = ("text", "content", "file")
+
+
+def _source(raw, param: str, block: str, extra: tuple[str, ...]) -> dict:
     source = w.want_dict(raw.get("source"), w.path(param, "source"))
     kind = w.want_str(source.get("type"), w.path(param, "source.type"))
     if kind == "base64":
         return {"media_type": w.want_str(source.get("media_type"), w.path(param, "source.media_type")),
-                "data": w.want_str(source.get("data"), w.path(param, "source.data"))}
+                "data": w.want_str(source.get("data"), w.path(param, "source.data")), "extra": extra}
     if kind == "url":
-        return {"url": w.want_str(source.get("url"), w.path(param, "source.url"))}
-    raise w.WireError(w.path(param, "source.type"), "must be base64 or url")
+        return {"url": w.want_str(source.get("url"), w.path(param, "source.url")), "extra": extra}
+    if kind in OWN_SOURCES:
+        # an anthropic profile gets the client's body as sent; another family cannot take it
+        return {"extra": (*extra, f"{block}.source.{kind}")}
+    raise w.WireError(w.path(param, "source.type"), f"must be one of base64, url, {', '.join(OWN_SOURCES)}")
 
 
 def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.Message | None:
@@ -70,7 +77,7 @@ def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.M
     if kind == "text":
         return w.Part(w.TEXT, w.want_str(raw.get("text"), w.path(param, "text")), extra=extra)
     if kind in ("image", "document"):
-        return w.Part(w.IMAGE if kind == "image" else w.DOCUMENT, extra=extra, **_source(raw, param))
+        return w.Part(w.IMAGE if kind == "image" else w.DOCUMENT, **_source(raw, param, kind, extra))
     if kind in ("tool_use", "tool_result"):
         extra_names.extend(extra)  # cache_control on a tool block: this family's own
     if kind == "tool_use":
@@ -217,14 +224,6 @@ def _blocks(parts: tuple[w.Part, ...]) -> list[dict]:
     return [b for b in map(_render_part, parts) if b is not None and (b["type"] != "text" or b["text"])]
 
 
-def _input(arguments: str) -> dict:
-    try:
-        value = json.loads(arguments or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def render_messages(messages: tuple[w.Message, ...]) -> tuple[list[dict], list[dict]]:
     """(system blocks, messages): Anthropic wants the system prompt apart and roles alternating,
     so consecutive messages of one role (tool results and the user's next words) become one."""
@@ -248,7 +247,7 @@ def render_messages(messages: tuple[w.Message, ...]) -> tuple[list[dict], list[d
             add("user", [result])
         elif message.role == w.ASSISTANT:
             blocks = _blocks(message.content) + [
-                {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)} for c in message.tool_calls]
+                {"type": "tool_use", "id": c.id, "name": c.name, "input": w.json_object(c.arguments) or {}} for c in message.tool_calls]
             add("assistant", blocks or [{"type": "text", "text": ""}])
         else:
             add("user", _blocks(message.content) or [{"type": "text", "text": ""}])
@@ -333,21 +332,27 @@ def parse_completion(body: dict) -> Completion:
     if body.get("type") == "error" or body.get("error"):
         _raise_error(body.get("error"))
     text, reasoning, tools, arguments, ids = [], [], [], [], []
-    for i, block in enumerate(w.want_list(body.get("content"), "content")):
+    content = w.want_list(body.get("content"), "content")
+    kept = False  # a block the canonical fields do not hold: the content goes to Anthropic clients as sent
+    for i, block in enumerate(content):
         where = f"content[{i}]"
         block = w.want_dict(block, where)
         btype = block.get("type")
         if btype == "text":
             text.append(w.want_str(block.get("text"), f"{where}.text"))
-        elif btype == "thinking":
-            reasoning.append(w.want_str(block.get("thinking"), f"{where}.thinking"))
+            kept = kept or bool(block.get("citations"))
         elif btype == "tool_use":
             tools.append(w.want_str(block.get("name"), f"{where}.name"))
             arguments.append(json.dumps(w.want_dict(block.get("input", {}), f"{where}.input")))
             ids.append(w.optional(block, "id", w.want_str, where) or "")
+        else:  # thinking (signed), redacted_thinking, server tools and their results
+            if btype == "thinking":
+                reasoning.append(w.want_str(block.get("thinking"), f"{where}.thinking"))
+            kept = True
     usage = _usage(body["usage"]) if body.get("usage") is not None else Usage()
     return Completion("".join(text), "".join(reasoning), tuple(tools), usage, tuple(arguments), tuple(ids),
-                      _stop(body.get("stop_reason"), "stop_reason"), w.optional(body, "stop_sequence", w.want_str))
+                      _stop(body.get("stop_reason"), "stop_reason"), w.optional(body, "stop_sequence", w.want_str),
+                      tuple(content) if kept else ())
 
 
 class AnthropicStreamParser:
@@ -384,7 +389,9 @@ class AnthropicStreamParser:
                 return [Frame(REASONING, w.want_str(delta.get("thinking", ""), "delta.thinking"))]
             if dtype == "input_json_delta" and not _executed(self.blocks.get(obj.get("index"), "")):
                 return [Frame(TOOL_ARGS, w.want_str(delta.get("partial_json", ""), "delta.partial_json"))]
-            return []  # signature_delta, citations_delta: nothing to show
+            if dtype == "signature_delta":
+                return [Frame(REASONING, "", ref=w.want_str(delta.get("signature"), "delta.signature"))]
+            return []  # citations_delta: nothing to show
         if kind == "content_block_start":
             block = w.want_dict(obj.get("content_block"), "content_block")
             btype = w.want_str(block.get("type", ""), "content_block.type")

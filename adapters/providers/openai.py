@@ -67,8 +67,13 @@ def _part(raw, param: str, extra_names: list[str]) -> w.Part:
         return w.Part(w.TEXT, w.want_str(raw.get("text"), w.path(param, "text")), extra=extra)
     if kind == "image_url":
         image = raw.get("image_url")
-        url = image if isinstance(image, str) else w.want_str(w.want_dict(image, w.path(param, "image_url")).get("url"),
-                                                             w.path(param, "image_url.url"))
+        if isinstance(image, str):
+            url = image
+        else:
+            url = w.want_str(w.want_dict(image, w.path(param, "image_url")).get("url"), w.path(param, "image_url.url"))
+            # `detail` (low: fewer tokens; high: more) has no Anthropic equivalent; auto asks nothing
+            extra += tuple(f"content.image_url.{k}" for k in w.extras(image, ("url",))
+                           if not (k == "detail" and image[k] == "auto"))
         data = _data_url(url)
         if data is not None:
             return w.Part(w.IMAGE, data=data[1], media_type=data[0], extra=extra)
@@ -136,11 +141,14 @@ def _message(raw, index: int, extra_names: list[str]) -> w.Message:
     raise w.WireError(w.path(param, "role"), "must be one of system, developer, user, assistant, tool")
 
 
-def _tool(raw, param: str) -> w.Tool:
+def _tool(raw, param: str, extra_names: list[str]) -> w.Tool:
     raw = w.want_dict(raw, param)
     if raw.get("type", "function") != "function":
         raise w.WireError(w.path(param, "type"), "only function tools are supported")
     function = w.want_dict(raw.get("function"), w.path(param, "function"))
+    # `strict: true` (arguments that always match the schema) is a promise no translation keeps
+    extra_names.extend(f"tools.function.{k}" for k in w.extras(function, ("name", "description", "parameters"))
+                       if function[k] is not False)
     parameters = w.optional(function, "parameters", w.want_dict, w.path(param, "function"))
     return w.Tool(w.want_str(function.get("name"), w.path(param, "function.name")),
                   w.optional(function, "description", w.want_str, w.path(param, "function")) or "",
@@ -200,7 +208,8 @@ def _with_options(body: dict, parsed: tuple[w.Message, ...], extra_names: list[s
     if isinstance(stop, str):
         stop = [stop]
     stop = () if stop is None else tuple(w.want_str(s, w.path("stop", i)) for i, s in enumerate(w.want_list(stop, "stop")))
-    tools = w.optional(body, "tools", w.want_list)
+    tools = tuple(_tool(t, w.path("tools", i), extra_names)
+                  for i, t in enumerate(w.optional(body, "tools", w.want_list) or ()))
     options = w.optional(body, "stream_options", w.want_dict) or {}
     effort = w.optional(body, "reasoning_effort", w.want_str)
     max_tokens = w.optional(body, "max_completion_tokens", w.want_int, "", 1)
@@ -215,7 +224,7 @@ def _with_options(body: dict, parsed: tuple[w.Message, ...], extra_names: list[s
         temperature=w.optional(body, "temperature", w.want_number, "", 0, 2),
         top_p=w.optional(body, "top_p", w.want_number, "", 0, 1),
         stop=stop,
-        tools=tuple(_tool(t, w.path("tools", i)) for i, t in enumerate(tools or ())),
+        tools=tools,
         tool_choice=_tool_choice(body["tool_choice"]) if body.get("tool_choice") is not None else None,
         parallel_tool_calls=w.optional(body, "parallel_tool_calls", w.want_bool),
         response_format=_response_format(body["response_format"]) if body.get("response_format") is not None else None,
@@ -369,7 +378,8 @@ def _plain_answer(body: dict) -> Completion | None:
     finish = choice.get("finish_reason")
     if type(text) is not str or (finish is not None and type(finish) is not str) or \
             message.get("tool_calls") is not None or message.get("reasoning_content") is not None or \
-            message.get("reasoning") is not None:
+            message.get("reasoning") is not None or message.get("refusal") is not None or \
+            choice.get("logprobs") is not None:
         return None
     raw = body.get("usage")
     if raw is None:
@@ -408,10 +418,16 @@ def _walk_completion(body: dict) -> Completion:
         names.append(w.want_str(function.get("name"), f"{where}.function.name"))
         arguments.append(_arguments(function.get("arguments"), f"{where}.function.arguments"))
         ids.append(w.optional(call, "id", w.want_str, where) or "")
-    return Completion(_text(message.get("content"), "choices[0].message.content"),
-                      _reasoning(message, "choices[0].message"), tuple(names),
-                      _usage(body.get("usage")) or Usage(), tuple(arguments), tuple(ids),
-                      _finish(choice.get("finish_reason"), "choices[0].finish_reason"))
+    text = _text(message.get("content"), "choices[0].message.content")
+    finish = _finish(choice.get("finish_reason"), "choices[0].finish_reason")
+    refusal = w.optional(message, "refusal", w.want_str, "choices[0].message")
+    if refusal:
+        # the model declined (structured outputs): its words are the answer, a refusal as
+        # on_refusal and both dialects know one (finish_reason stop said nothing of it)
+        text, finish = text + refusal, w.CONTENT_FILTER
+    return Completion(text, _reasoning(message, "choices[0].message"), tuple(names),
+                      _usage(body.get("usage")) or Usage(), tuple(arguments), tuple(ids), finish,
+                      logprobs=w.optional(choice, "logprobs", w.want_dict, "choices[0]"))
 
 
 def _only_text(obj: dict) -> str | None:
@@ -422,7 +438,7 @@ def _only_text(obj: dict) -> str | None:
     if type(choices) is not list or len(choices) != 1 or obj.get("usage") is not None or obj.get("error"):
         return None
     choice = choices[0]
-    if type(choice) is not dict or choice.get("finish_reason") is not None:
+    if type(choice) is not dict or choice.get("finish_reason") is not None or choice.get("logprobs") is not None:
         return None
     delta = choice.get("delta")
     if type(delta) is not dict or len(delta) != 1:
@@ -435,6 +451,7 @@ class OpenAIStreamParser:
     def __init__(self) -> None:
         self.done = False
         self.finished = False
+        self.refused = False  # refusal deltas came: the finish is a refusal, whatever it says
 
     def complete_at_eof(self) -> bool:
         return self.finished
@@ -471,7 +488,14 @@ class OpenAIStreamParser:
             content = delta.get("content")
             if content is not None:
                 content = w.want_str(content, f"{where}.delta.content")
-                frames.append(Frame(TEXT, content) if content else Frame(PREAMBLE))
+                logprobs = w.optional(choice, "logprobs", w.want_dict, where)
+                # the text's logprobs ride on its frame (the client asked for them), as JSON
+                frames.append(Frame(TEXT, content, ref=jsoncodec.dumps(logprobs).decode() if logprobs else "")
+                              if content else Frame(PREAMBLE))
+            refusal = delta.get("refusal")
+            if refusal is not None and w.want_str(refusal, f"{where}.delta.refusal"):
+                self.refused = True
+                frames.append(Frame(TEXT, refusal))
             for j, call in enumerate(w.optional(delta, "tool_calls", w.want_list, f"{where}.delta") or ()):
                 at = f"{where}.delta.tool_calls[{j}]"
                 call = w.want_dict(call, at)
@@ -485,7 +509,7 @@ class OpenAIStreamParser:
             finish = _finish(choice.get("finish_reason"), f"{where}.finish_reason")
             if finish:
                 self.finished = True
-                frames.append(Frame(FINISH, finish))
+                frames.append(Frame(FINISH, w.CONTENT_FILTER if self.refused else finish))
         usage = _usage(obj.get("usage"))
         if usage is not None:
             frames.append(Frame(USAGE, usage=usage))

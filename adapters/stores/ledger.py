@@ -123,6 +123,15 @@ def _own(error: Exception) -> Exception:
     return own
 
 
+class LedgerUnavailable(Exception):
+    """The ledger did not take a turn's rows within `waited_s` (its server is down or hangs);
+    never says where (a URL may hold a password)."""
+
+    def __init__(self, waited_s: float) -> None:
+        super().__init__(f"the ledger did not commit within {waited_s:g} s")
+        self.waited_s = waited_s
+
+
 class _Batch:
     """The rows of the turns that finish in one pass of the scheduler: one commit."""
 

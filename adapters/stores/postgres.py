@@ -11,14 +11,16 @@ that workers starting together do not race, and is recorded in relayline_schema.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from functools import partial
 
 import trio
 
 from relayline.machines.turn import TurnResult
 
-from .ledger import COLUMNS, GROUPS, ledger_rows
+from .ledger import COLUMNS, GROUPS, LedgerUnavailable, ledger_rows
 
 MIGRATIONS = (
     # 1: the attempts table (the SQLite ledger's columns)
@@ -46,6 +48,36 @@ MIGRATION_LOCK = 0x72656C61  # any constant shared by every worker: "rela"
 POOL_SIZE = 4
 
 
+class _GaveUp(Exception):
+    pass
+
+
+class _Write:
+    """One write in its worker thread, and whether the event loop still waits for it."""
+
+    __slots__ = ("ledger", "gave_up", "ended")
+
+    def __init__(self, ledger: PostgresLedger) -> None:
+        self.ledger = ledger
+        self.gave_up = False
+        self.ended = False
+
+    def run(self, turn_id: str, result: TurnResult, client: str) -> int:
+        try:
+            return self.ledger.write(turn_id, result, client=client, wanted=lambda: not self.gave_up)
+        finally:
+            with self.ledger._abandon_lock:
+                self.ended = True
+                if self.gave_up:
+                    self.ledger.abandoned -= 1
+
+    def give_up(self) -> None:
+        with self.ledger._abandon_lock:
+            self.gave_up = True
+            if not self.ended:
+                self.ledger.abandoned += 1
+
+
 def _connect_error(url: str, exc: Exception) -> RuntimeError:
     # the URL may carry a password: name the host part only
     where = url.rsplit("@", 1)[-1]
@@ -67,9 +99,17 @@ class PostgresLedger:
                 self._migrate(conn)
         except Exception as exc:
             raise _connect_error(url, exc) from None
+        # connect_timeout: a new connection to a server that hangs gives up (libpq waits forever).
+        # check: a pooled connection is tried (one empty round trip) before it carries a write,
+        # so the writes after a server restart take new connections instead of being lost on
+        # the dead ones (one write per pooled connection)
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, timeout=timeout_s, open=True,
-                                    kwargs={"autocommit": True})
+                                    kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout_s))},
+                                    check=ConnectionPool.check_connection)
         self._limiter = trio.CapacityLimiter(pool_size)
+        self.timeout_s = timeout_s
+        self.abandoned = 0  # writes given up on whose thread still waits on the server
+        self._abandon_lock = threading.Lock()
 
     @staticmethod
     def _migrate(conn) -> None:
@@ -89,23 +129,36 @@ class PostgresLedger:
         with self._pool.connection() as conn:
             return conn.execute("SELECT COALESCE(MAX(version), 0) FROM relayline_schema").fetchone()[0]
 
-    def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "") -> int:
+    def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "",
+              wanted: Callable[[], bool] | None = None) -> int:
+        """Insert a turn's rows in one transaction; `wanted()` false after the insert (the caller
+        gave up waiting) rolls it back instead of committing."""
         rows = ledger_rows(turn_id, result, now, client=client)
         if not rows:
             return 0
         placeholders = ", ".join(["%s"] * len(COLUMNS))
         with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
             cur.executemany(f"INSERT INTO relayline_attempts ({', '.join(COLUMNS)}) VALUES ({placeholders})", rows)
+            if wanted is not None and not wanted():
+                raise _GaveUp  # (the transaction rolls back)
         return len(rows)
 
     async def record(self, turn_id: str, result: TurnResult, *, client: str = "") -> int:
-        """Write a turn's rows from the event loop: a blocking insert in a bounded worker thread."""
+        """Write a turn's rows from the event loop: a blocking insert in a bounded worker thread,
+        waited for at most timeout_s (LedgerUnavailable). A server that hangs with its connections
+        open (stopped, swapping, a stalled disk) would hold the thread, and the answer behind it,
+        forever: libpq has no read timeout. The thread given up on is left to end on its own, and
+        rolls back rather than commit rows the operator was told are lost (the one window left: a
+        COMMIT already sent when the wait ends)."""
         if not result.ledger:
             return 0
+        write = _Write(self)
         # shielded: a client that went away after its turn ended still leaves the turn's rows
-        with trio.CancelScope(shield=True):
-            return await trio.to_thread.run_sync(partial(self.write, turn_id, result, client=client),
-                                                 limiter=self._limiter)
+        with trio.CancelScope(shield=True), trio.move_on_after(self.timeout_s):
+            return await trio.to_thread.run_sync(partial(write.run, turn_id, result, client), limiter=self._limiter,
+                                                 abandon_on_cancel=True)
+        write.give_up()
+        raise LedgerUnavailable(self.timeout_s)
 
     def writable(self) -> bool:
         """Readiness: a connection from the pool answers (blocking: run it in a worker thread)."""
