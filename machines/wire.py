@@ -33,9 +33,11 @@ SYSTEM, USER, ASSISTANT, TOOL = "system", "user", "assistant", "tool"
 ROLES = (SYSTEM, USER, ASSISTANT, TOOL)
 TEXT, IMAGE, DOCUMENT = "text", "image", "document"
 
-# finish reasons, canonical (OpenAI's words, with stop_sequence kept apart for Anthropic clients)
+# finish reasons, canonical (OpenAI's words, with stop_sequence kept apart for Anthropic clients,
+# and Anthropic's pause_turn: a server tool turn its client must continue)
 STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER = "stop", "stop_sequence", "length", "tool_calls", "content_filter"
-FINISH_REASONS = (STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER)
+PAUSE = "pause_turn"
+FINISH_REASONS = (STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER, PAUSE)
 
 # reasoning_effort <-> thinking.budget_tokens (CONFIG.md "The wire")
 EFFORT_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384}
@@ -234,11 +236,11 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
 OPENAI_FINISH = {"stop": STOP, "length": LENGTH, "tool_calls": TOOL_CALLS, "function_call": TOOL_CALLS,
                  "content_filter": CONTENT_FILTER}
 ANTHROPIC_STOP = {"end_turn": STOP, "stop_sequence": STOP_SEQUENCE, "max_tokens": LENGTH, "tool_use": TOOL_CALLS,
-                  "refusal": CONTENT_FILTER, "pause_turn": STOP, "model_context_window_exceeded": LENGTH}
+                  "refusal": CONTENT_FILTER, "pause_turn": PAUSE, "model_context_window_exceeded": LENGTH}
 TO_OPENAI = {STOP: "stop", STOP_SEQUENCE: "stop", LENGTH: "length", TOOL_CALLS: "tool_calls",
-             CONTENT_FILTER: "content_filter"}
+             CONTENT_FILTER: "content_filter", PAUSE: "stop"}
 TO_ANTHROPIC = {STOP: "end_turn", STOP_SEQUENCE: "stop_sequence", LENGTH: "max_tokens", TOOL_CALLS: "tool_use",
-                CONTENT_FILTER: "refusal"}
+                CONTENT_FILTER: "refusal", PAUSE: "pause_turn"}
 
 
 def finish_reason(reason: str | None, tool_calls: int) -> str:

@@ -11,6 +11,9 @@ import anthropic
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_wire_properties import bodies
 
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.adapters.sim.recorder import Answer, RecordingUpstream
@@ -474,6 +477,14 @@ def test_logprobs_reach_the_openai_client_that_asked_for_them(gw, upstream, stre
     assert upstream.seen[-1].body["logprobs"] is True
 
 
+@STREAM
+def test_a_paused_server_tool_turn_stays_paused_for_an_anthropic_client(gw, upstream, stream):
+    """pause_turn asks the client to send the turn back to be continued: it was end_turn."""
+    upstream.answer = Answer(text="Searching.", finish="pause_turn")
+    assert anthropic_call(gw, stream, model="anthropic").stop_reason == "pause_turn"
+    assert openai_call(gw, False, model="anthropic").choices[0].finish_reason == "stop"
+
+
 def test_citations_reach_an_anthropic_client_and_the_words_an_openai_one(gw, upstream):
     cited = {"type": "char_location", "cited_text": "The grass is green.", "document_index": 0,
              "document_title": "facts", "start_char_index": 0, "end_char_index": 20}
@@ -568,6 +579,20 @@ def test_wrong_shapes_are_a_400_naming_the_field(gw, upstream, body, param):
     r = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers={"authorization": "Bearer gw-key"})
     assert r.status_code == 400 and r.json()["error"]["param"] == param
     assert upstream.seen == []
+
+
+@pytest.mark.property
+@settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(body=bodies(), path=st.sampled_from(["/v1/chat/completions", "/v1/messages"]),
+       route=st.sampled_from(["openai", "anthropic"]))
+def test_odd_bodies_through_both_families_get_a_2xx_or_a_4xx(gw, body, path, route):
+    """Odd values (nulls, huge numbers, lone surrogates, empty lists, deep nesting...) read and
+    translated for a real family, each way: an answer or a 4xx, never a crash."""
+    if body.startswith(b'{"model": "m"'):
+        body = body.replace(b'"m"', json.dumps(route).encode(), 1)
+    answer = httpx.post(f"{gw.url}{path}", content=body, timeout=30,
+                        headers={"authorization": "Bearer gw-key", "x-api-key": "gw-key"})
+    assert answer.status_code < 300 or 400 <= answer.status_code < 500, (answer.status_code, answer.text[:300])
 
 
 @pytest.mark.parametrize("path,headers,status", [
