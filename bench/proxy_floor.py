@@ -363,7 +363,7 @@ def instructions(trees: dict[str, str | None], counts: tuple[int, int] = (20, 22
     """Instructions per request of the trio floor and of the gateway (each tree in `trees`),
     from cachegrind's count of two runs `counts` requests apart (their start-up cancels out).
     `model` "headed-1": the upstream answers under a real provider's head (bench/upstream.py);
-    `history`: the request carries that many earlier turns (about 140 bytes each) before its own."""
+    `history`: the request carries that many earlier turns (about 160 bytes each) before its own."""
     from procs import per_run_instructions, tree_env
 
     out: dict = {}
@@ -405,7 +405,7 @@ def main() -> int:
     parser.add_argument("--provider-head", action="store_true",
                         help="with --instructions: the upstream answers under OpenAI's 23-field head, not two fields")
     parser.add_argument("--history", type=int, default=0,
-                        help="with --instructions: earlier turns in each request's body (about 140 bytes each)")
+                        help="with --instructions: earlier turns in each request's body (about 160 bytes each)")
     parser.add_argument("--count", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--serve", nargs=2, metavar=("KIND", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -52,7 +52,7 @@ def _steps() -> dict:
 
     wire = _request("http://127.0.0.1:8080/v1/chat/completions", {"model": "frames-1", "messages": MESSAGES})
     raw = wire.partition(b"\r\n\r\n")[2]
-    # a conversation's body (5.9 KB): what a chat client sends once it has some history
+    # a conversation's body (6.6 KB): what a chat client sends once it has some history
     turns = [{"role": ("user", "assistant")[i % 2], "content": f"a turn of the conversation so far, number {i}, "
               "with about as much text in it as a short chat message has, give or take a few words"}
              for i in range(40)]

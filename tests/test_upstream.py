@@ -177,6 +177,8 @@ CHUNKED = OK_HEAD + b"transfer-encoding: chunked\r\n\r\n"
     (CHUNKED + b"0\r\n\r\n", b""),  # an empty body
     (OK_HEAD + b"content-length: 0\r\n\r\n", b""),
     (b"HTTP/1.1 100 Continue\r\n\r\n" + json_answer(b"{}"), b"{}"),  # an informational head first
+    # empty lines before a status line (llhttp skips them; the head is read from its "HTTP/")
+    (b"\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n\r\n" + json_answer(b"{}"), b"{}"),
 ])
 @pytest.mark.parametrize("pieces", [0, 1, 7])
 async def test_framing_read_whole_however_it_is_split_and_the_connection_reused(serve, framed, body, pieces):

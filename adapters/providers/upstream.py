@@ -315,14 +315,16 @@ class Connection:
         # without CR, LF or NUL, no obs-fold, one Content-Length, not both framings)
         unread = self._unread
         begin = self._head_from
+        versioned = unread.startswith(b"HTTP/1.", begin)  # (llhttp has read the version's digits)
+        if not versioned:  # another version, or empty lines before the status line (llhttp skips them)
+            begin = unread.find(b"HTTP/", begin)
+            versioned = unread.startswith(b"HTTP/1.", begin)
         end = unread.find(b"\r\n\r\n", begin)
         self._head_from = end + 4
         if status < 200:  # an informational head: the real one follows (llhttp ends this message)
             return
-        if not unread.startswith(b"HTTP/1.", begin):
-            begin = unread.find(b"HTTP/", begin)  # (llhttp skips empty lines before a status line)
-            if not unread.startswith(b"HTTP/1.", begin):  # (llhttp has read the version's digits)
-                raise _Malformed("not HTTP/1.x")
+        if not versioned:
+            raise _Malformed("not HTTP/1.x")
         if end - begin > MAX_HEAD_BYTES:  # (one that arrived whole in a read or two)
             raise _Malformed("a head too large")
         self._unread = b""
