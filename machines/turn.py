@@ -96,6 +96,8 @@ class Completion:
     # an OpenAI answer's choice logprobs, as sent, when the client asked for them (a stream's ride
     # on its text events' ref, as JSON)
     logprobs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)
+    # an OpenAI answer's message.annotations (a search model's url citations), as sent
+    annotations: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)
 
     @property
     def refusal(self) -> bool:
@@ -182,6 +184,7 @@ class TurnResult:
     rejection: Rejection | None = None  # every attempt was a client rejection: the upstream's words
     blocks: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)  # the answer's (Completion.blocks)
     logprobs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)  # the answer's
+    annotations: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)  # the answer's
     # the sum of the ledger's rows, once: the answer's header and field, the access line, the
     # console and the log each read it
     cost_usd: float = attrs.field(init=False, eq=False, repr=False)
@@ -738,6 +741,7 @@ class Turn:
             self._rejection(error) if self.rejections else None,
             answer.blocks,
             answer.logprobs,
+            answer.annotations,
         )
 
     def _rejection(self, error: ErrorReason | None) -> Rejection | None:

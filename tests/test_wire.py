@@ -493,6 +493,17 @@ def test_a_paused_server_tool_turn_stays_paused_for_an_anthropic_client(gw, upst
     assert openai_call(gw, False, model="anthropic").choices[0].finish_reason == "stop"
 
 
+def test_url_citations_reach_an_openai_client(gw, upstream):
+    """A search model's answer cites its sources in message.annotations: they were dropped."""
+    cited = {"type": "url_citation", "url_citation": {"start_index": 0, "end_index": 5, "url": "https://example.com/",
+                                                      "title": "Example"}}
+    upstream.answer = Answer(text="Paris", annotations=(cited,))
+    message = openai_call(gw, False, model="openai").choices[0].message
+    assert [a.model_dump() for a in message.annotations] == [cited]
+    upstream.answer = Answer(text="Paris")
+    assert openai_call(gw, False, model="openai").choices[0].message.annotations is None  # none: none shown
+
+
 def test_citations_reach_an_anthropic_client_and_the_words_an_openai_one(gw, upstream):
     cited = {"type": "char_location", "cited_text": "The grass is green.", "document_index": 0,
              "document_title": "facts", "start_char_index": 0, "end_char_index": 20}

@@ -135,6 +135,8 @@ class OpenAIDialect:
         message: dict = {"role": "assistant", "content": result.text or (None if tools else "")}
         if result.reasoning:
             message["reasoning_content"] = result.reasoning
+        if result.annotations:  # a search model's url citations, as the provider sent them
+            message["annotations"] = list(result.annotations)
         if tools:
             message["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
                                      for i, n, a in tools]

@@ -379,7 +379,7 @@ def _plain_answer(body: dict) -> Completion | None:
     if type(text) is not str or (finish is not None and type(finish) is not str) or \
             message.get("tool_calls") is not None or message.get("reasoning_content") is not None or \
             message.get("reasoning") is not None or message.get("refusal") is not None or \
-            choice.get("logprobs") is not None:
+            choice.get("logprobs") is not None or message.get("annotations"):
         return None
     raw = body.get("usage")
     if raw is None:
@@ -427,7 +427,8 @@ def _walk_completion(body: dict) -> Completion:
         text, finish = text + refusal, w.CONTENT_FILTER
     return Completion(text, _reasoning(message, "choices[0].message"), tuple(names),
                       _usage(body.get("usage")) or Usage(), tuple(arguments), tuple(ids), finish,
-                      logprobs=w.optional(choice, "logprobs", w.want_dict, "choices[0]"))
+                      logprobs=w.optional(choice, "logprobs", w.want_dict, "choices[0]"),
+                      annotations=tuple(w.optional(message, "annotations", w.want_list, "choices[0].message") or ()))
 
 
 def _only_text(obj: dict) -> str | None:

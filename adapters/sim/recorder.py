@@ -34,6 +34,7 @@ class Answer:
     finish: str | None = None  # e.g. "length" / "max_tokens"; None: the natural one
     stop_sequence: str | None = None  # Anthropic: the stop sequence that matched
     refusal: str = ""  # OpenAI: the model declined (message.refusal, streamed as refusal deltas)
+    annotations: tuple[dict, ...] = ()  # OpenAI: the message's url citations (search models; not streamed)
     logprobs: bool = False  # OpenAI: each text piece with its token's logprob, as logprobs: true asks
     citations: tuple[dict, ...] = ()  # Anthropic: the text block's citations (not streamed)
     redacted: str = ""  # Anthropic: a redacted_thinking block's data, after the thinking (not streamed)
@@ -59,6 +60,7 @@ def openai_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ...]:
         message: dict = {"role": "assistant", "content": answer.text or None, "refusal": answer.refusal or None}
         if answer.reasoning:
             message["reasoning_content"] = answer.reasoning
+        message["annotations"] = list(answer.annotations)  # ([] when none, as OpenAI sends it)
         if answer.tool_calls:
             message["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
                                      for i, n, a in answer.tool_calls]
