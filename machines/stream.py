@@ -46,7 +46,7 @@ class Frame:
     kind: str  # a FrameKind (adapters may pass the plain string)
     value: str = ""
     usage: Usage | None = None
-    ref: str = ""  # a tool call's id, as the provider sent it
+    ref: str = ""  # a tool call's id, as the provider sent it; for tool_args, an earlier call's place
 
     @property
     def decisive(self) -> bool:
@@ -137,7 +137,8 @@ class StreamGate:
             self.tool_ids.append(frame.ref)
             self.arguments.append([])
         elif frame.kind == TOOL_ARGS and self.arguments:
-            self.arguments[-1].append(frame.value)
+            place = int(frame.ref) if frame.ref.isdigit() and int(frame.ref) < len(self.arguments) else -1
+            self.arguments[place].append(frame.value)
         if self.life.state == StreamState.COMMITTED:
             return (event,)
         self.life.fire(StreamTrigger.DECISIVE)

@@ -172,6 +172,21 @@ def test_an_anthropic_delta_read_once_makes_the_frames_of_the_checked_read(data)
     assert feed(AnthropicStreamParser, data, one_read=True) == feed(AnthropicStreamParser, data, one_read=False)
 
 
+def test_a_piece_of_an_earlier_tool_call_is_rendered_to_that_call():
+    """Calls opened together, then their arguments (the ref names the earlier call's place): each
+    dialect puts the piece where its SDK gathers that call's arguments."""
+    events = [Event("tool", "first", "call_1"), Event("tool", "second", "call_2"), Event("tool_args", '{"x": 1}', "0"),
+              Event("tool_args", '{"y": 2}')]
+    openai, anthropic = OpenAIStream("chatcmpl-1", False), AnthropicStream("msg_1")
+    openai.opening("m")
+    anthropic.opening("m")
+    chunks = [json.loads(openai.event(e).removeprefix(b"data: ")) for e in events]
+    assert [c["choices"][0]["delta"]["tool_calls"][0]["index"] for c in chunks] == [0, 1, 0, 1]
+    deltas = [json.loads(line.removeprefix(b"data: ")) for e in events for line in anthropic.event(e).splitlines()
+              if line.startswith(b"data: ") and b"input_json_delta" in line]
+    assert [(d["index"], d["delta"]["partial_json"]) for d in deltas] == [(0, '{"x": 1}'), (1, '{"y": 2}')]
+
+
 # -- slotted stream chunks ------------------------------------------------------------------------
 
 @given(st.lists(st.tuples(st.sampled_from(["text", "reasoning"]), st.text(max_size=12)), min_size=1, max_size=6),

@@ -117,6 +117,10 @@ OPENAI_FIELDS = [
      {"tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": True}}),
     ("reasoning_effort", {"reasoning_effort": "medium"}, {"reasoning_effort": "medium"},
      {"thinking": {"type": "enabled", "budget_tokens": 4096}, "max_tokens": 2048 + 4096}),
+    # OpenAI's limit counts the reasoning; Anthropic wants the budget below max_tokens
+    ("reasoning_effort_within_a_limit", {"reasoning_effort": "medium", "max_completion_tokens": 3000},
+     {"reasoning_effort": "medium", "max_completion_tokens": 3000},
+     {"thinking": {"type": "enabled", "budget_tokens": 2999}, "max_tokens": 3000}),
     ("image_base64", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"},
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]}]},
@@ -221,6 +225,7 @@ def test_sdk_objects_echoed_into_history_cross_families(gw, upstream):
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"extra_body": {"provider": {"order": ["x"]}}}, "provider"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"reasoning_effort": "low", "max_tokens": 1024}, "reasoning_effort"),  # no room for Anthropic's least budget
     # what the Anthropic shapes have no place for is refused, never dropped on the way
     ({"tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": WEATHER}}]},
      "tools.function.strict"),
@@ -357,6 +362,9 @@ def test_anthropic_passthrough_keeps_cache_control_top_k_and_the_beta_header(gw,
     ({"messages": [{"role": "user", "content": [
         {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain words"}}]}]},
      "document.source.text"),
+    # a trailing assistant message asks Anthropic to continue it; an OpenAI server answers anew
+    ({"messages": [{"role": "user", "content": "Name a colour"}, {"role": "assistant", "content": "The colour is"}]},
+     "prefill"),
     # an OpenAI tool message holds text alone
     ({"messages": [{"role": "user", "content": "q"},
                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},

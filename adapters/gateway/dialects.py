@@ -194,7 +194,8 @@ class OpenAIStream:
             return self._chunk({"tool_calls": [{"index": self.tools - 1, "id": self.ids(event.ref),
                                                 "type": "function", "function": {"name": event.value, "arguments": ""}}]})
         if event.kind == "tool_args":
-            return self._chunk({"tool_calls": [{"index": max(self.tools - 1, 0), "function": {"arguments": event.value}}]})
+            index = int(event.ref) if event.ref.isdigit() else max(self.tools - 1, 0)  # (ref: an earlier call's)
+            return self._chunk({"tool_calls": [{"index": index, "function": {"arguments": event.value}}]})
         return b""  # provider-executed tool work has no chunk shape here; it shows in the ledger
 
     def ok(self, result: TurnResult, relayline: dict) -> bytes:
@@ -269,13 +270,14 @@ class AnthropicStream:
 
     BLOCKS = {"text": ("text", "text_delta", "text"), "reasoning": ("thinking", "thinking_delta", "thinking")}
 
-    __slots__ = ("turn_id", "index", "block", "tools", "ids", "slotted")
+    __slots__ = ("turn_id", "index", "block", "tools", "tool_blocks", "ids", "slotted")
 
     def __init__(self, turn_id: str) -> None:
         self.turn_id = turn_id
         self.index = -1
         self.block: str | None = None
         self.tools = 0
+        self.tool_blocks: list[int] = []  # each tool call's block index
         self.ids = ToolIds("toolu_")
         self.slotted: tuple[int, str, bytes, bytes] = (-1, "", b"", b"")  # the open block's delta
 
@@ -318,7 +320,13 @@ class AnthropicStream:
             return out + head + jsoncodec.dumps(event.value) + tail
         if event.kind == "tool":
             self.tools += 1
-            return self._open("tool", {"type": "tool_use", "id": self.ids(event.ref), "name": event.value, "input": {}})
+            out = self._open("tool", {"type": "tool_use", "id": self.ids(event.ref), "name": event.value, "input": {}})
+            self.tool_blocks.append(self.index)
+            return out
+        if event.kind == "tool_args" and event.ref.isdigit() and int(event.ref) < len(self.tool_blocks):
+            # a piece of a call opened before the last one: to its own block (the SDKs gather by index)
+            return _sse({"type": "content_block_delta", "index": self.tool_blocks[int(event.ref)],
+                         "delta": {"type": "input_json_delta", "partial_json": event.value}}, "content_block_delta")
         if event.kind == "tool_args" and self.block == "tool":
             return _sse({"type": "content_block_delta", "index": self.index,
                          "delta": {"type": "input_json_delta", "partial_json": event.value}}, "content_block_delta")

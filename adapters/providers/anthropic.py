@@ -267,6 +267,9 @@ def render_request(request: w.Request, model: str, stream: bool, max_output_toke
             body["system"] = system if any(set(b) != {"type", "text"} for b in system) else "\n\n".join(
                 b["text"] for b in system)
         budget = request.reasoning.as_budget() if request.reasoning is not None else None
+        if budget is not None and request.max_tokens:
+            # OpenAI's limit counts the reasoning too; Anthropic's budget must stay below max_tokens
+            budget = min(budget, request.max_tokens - 1)
         # thinking spends from max_tokens: with no limit asked for, leave room for the answer
         body["max_tokens"] = request.max_tokens or (max_output_tokens + (budget or 0))
         for name in ("temperature", "top_p", "top_k"):

@@ -452,6 +452,7 @@ class OpenAIStreamParser:
         self.done = False
         self.finished = False
         self.refused = False  # refusal deltas came: the finish is a refusal, whatever it says
+        self.calls: dict[object, int] = {}  # a tool call's `index` -> its place among the calls opened
 
     def complete_at_eof(self) -> bool:
         return self.finished
@@ -501,11 +502,16 @@ class OpenAIStreamParser:
                 call = w.want_dict(call, at)
                 function = w.optional(call, "function", w.want_dict, at) or {}
                 name = w.optional(function, "name", w.want_str, f"{at}.function")
+                index = call.get("index", j)
                 if name:
+                    self.calls[index] = len(self.calls)
                     frames.append(Frame(TOOL_CALL, name, ref=w.optional(call, "id", w.want_str, at) or ""))
                 arguments = _arguments(function.get("arguments"), f"{at}.function.arguments")
                 if arguments:
-                    frames.append(Frame(TOOL_ARGS, arguments))
+                    # a piece of a call opened before the last one names its place (calls opened
+                    # together, then their arguments); a piece of the last one goes to it as before
+                    place = self.calls.get(index, len(self.calls) - 1)
+                    frames.append(Frame(TOOL_ARGS, arguments, ref=str(place) if place != len(self.calls) - 1 else ""))
             finish = _finish(choice.get("finish_reason"), f"{where}.finish_reason")
             if finish:
                 self.finished = True
