@@ -18,13 +18,23 @@ import orjson
 
 # orjson reads an integer beyond 64 bits as a float (a seed or an id would silently change):
 # a run of 19 digits anywhere sends the document to `json`, which keeps it exact. Found by
-# mapping every digit to "0" and looking for 19 of them: two C passes (a regex is 10x slower)
+# mapping every digit to "0" and looking for 19 of them: two C passes (a regex is 10x slower).
+# Every 9th character is looked at first: a run of 19 digits covers two consecutive ones of
+# them, so a document whose sample has no two digits side by side has no long number, and only
+# one that has (a run of 10 digits or more: a timestamp, an id) is looked at whole. The sample
+# is a ninth of the document: the check cost about as much as orjson's read of a large body
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19
+_STRIDE = 9  # (19 >= 2 * 9 + 1: a run of 19 covers two multiples of 9)
 
 
 def _no_long_number(data: bytes | bytearray | str) -> bool:
     """No run of 19 digits: no integer orjson would read differently from `json` (as a float)."""
+    sample = data[::_STRIDE]
+    if isinstance(sample, str):  # (a character that is not a digit encodes to no digit byte)
+        sample = sample.encode("utf-8", "surrogatepass")
+    if b"00" not in sample.translate(_DIGITS_AS_ZERO):
+        return True
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     return _LONG_RUN not in raw.translate(_DIGITS_AS_ZERO)
 

@@ -103,7 +103,7 @@ class Reply:
     ledger: tuple[LedgerRow, ...]
     cost_usd: float
     result: TurnResult = attrs.field(repr=False)
-    finish_reason: str = wire.STOP  # canonical: stop, stop_sequence, length, tool_calls, content_filter
+    finish_reason: str = wire.STOP  # canonical: stop, stop_sequence, length, tool_calls, content_filter, pause_turn
     tool_call_ids: tuple[str, ...] = ()  # as the provider sent them ("" where it sent none)
     tool_arguments: tuple[str, ...] = ()  # JSON text, aligned with tool_calls
     usage: Usage = Usage()  # input, output, cache read/write and reasoning tokens of the answer

@@ -206,12 +206,14 @@ def _h11_client(h11, conn) -> tuple:
 
 
 def _llhttp_client(connection) -> tuple:
+    from relayline.adapters.providers import upstream
+
     connection._begin_exchange()
     connection._feed(RESPONSE)
     pieces = connection._pieces
     connection._pieces = []
     assert connection.reusable()
-    return connection._headers, pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    return upstream.head_fields(connection._fields), pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def micro(rounds: int = 7, n: int = 20000) -> dict:

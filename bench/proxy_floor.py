@@ -24,6 +24,8 @@ difference is the path, not the collector.
 Run: python bench/proxy_floor.py [--rounds 5] [--requests 1600] [--out FILE]
      python bench/proxy_floor.py --shared-client [--rounds 3]  (run.py's throughput rows with one
      httpx client for all rows, as they were measured, beside a client per row, as they are now)
+     python bench/proxy_floor.py --instructions [--base DIR [--after DIR]] [--no-floor] [--provider-head]
+            [--history N]  (instructions a request under cachegrind: no load moves them)
 (the proxies alone: python bench/proxy_floor.py --serve trio|asyncio UPSTREAM_URL)
 """
 
@@ -313,9 +315,12 @@ def shared_client(rounds: int) -> dict:
 # -- instructions per request (valgrind's cachegrind): figures no load moves -------------------------
 
 CLIENT = """
-import socket, sys
-port, n = int(sys.argv[1]), int(sys.argv[2])
-body = b'{"model": "frames-1", "messages": [{"role": "user", "content": "hi"}]}'
+import json, socket, sys
+port, model, history, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+turns = [{"role": ("user", "assistant")[i % 2], "content": "a turn of the conversation so far, number %d, "
+          "with about as much text in it as a short chat message has, give or take a few words" % i}
+         for i in range(history)]
+body = json.dumps({"model": model, "messages": [*turns, {"role": "user", "content": "hi"}]}).encode()
 request = (b"POST /v1/chat/completions HTTP/1.1\\r\\nhost: bench\\r\\ncontent-type: application/json\\r\\n"
            b"authorization: Bearer bench-key\\r\\ncontent-length: %d\\r\\n\\r\\n%s" % (len(body), body))
 sock = socket.create_connection(("127.0.0.1", port), timeout=60)
@@ -332,7 +337,7 @@ for _ in range(n):
 """
 
 
-def serve_counted(kind: str, upstream: str, n: int) -> None:
+def serve_counted(kind: str, upstream: str, model: str, history: int, n: int) -> None:
     """Serve `n` requests of a client process (one after another), then return: run under
     cachegrind, the process's instructions; two `n` apart, their difference is per request."""
     import tempfile
@@ -345,16 +350,20 @@ def serve_counted(kind: str, upstream: str, n: int) -> None:
         sockets = listening_sockets("127.0.0.1", 0)
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run, sockets, trio.Event())
-            await trio.run_process([sys.executable, "-c", CLIENT, str(sockets[0].getsockname()[1]), str(n)])
+            await trio.run_process([sys.executable, "-c", CLIENT, str(sockets[0].getsockname()[1]), model,
+                                    str(history), str(n)])
             nursery.cancel_scope.cancel()
 
     with tempfile.TemporaryDirectory() as tmp:
         trio.run(main, tmp)
 
 
-def instructions(trees: dict[str, str | None], counts: tuple[int, int] = (20, 220), floor: bool = True) -> dict:
+def instructions(trees: dict[str, str | None], counts: tuple[int, int] = (20, 220), floor: bool = True,
+                 model: str = "frames-1", history: int = 0) -> dict:
     """Instructions per request of the trio floor and of the gateway (each tree in `trees`),
-    from cachegrind's count of two runs `counts` requests apart (their start-up cancels out)."""
+    from cachegrind's count of two runs `counts` requests apart (their start-up cancels out).
+    `model` "headed-1": the upstream answers under a real provider's head (bench/upstream.py);
+    `history`: the request carries that many earlier turns (about 160 bytes each) before its own."""
     from procs import per_run_instructions, tree_env
 
     out: dict = {}
@@ -362,8 +371,8 @@ def instructions(trees: dict[str, str | None], counts: tuple[int, int] = (20, 22
         runs = [("trio floor", "trio", None)] if floor else []
         runs += [(f"gateway {name}", "gateway", tree) for name, tree in trees.items()]
         for label, kind, tree in runs:
-            out[label] = per_run_instructions([__file__, "--count", kind, procs.upstream], tree_env(tree), counts,
-                                              label)
+            out[label] = per_run_instructions([__file__, "--count", kind, procs.upstream, model, str(history)],
+                                              tree_env(tree), counts, label)
             print(f"  {label:<24} {out[label]:12,.0f} instructions a request", flush=True)
     return out
 
@@ -393,7 +402,11 @@ def main() -> int:
     parser.add_argument("--base", help="with --instructions: the gateway of this tree's package too (a lever's before)")
     parser.add_argument("--after", help="with --base: the tree after the lever (default: this one)")
     parser.add_argument("--no-floor", action="store_true", help="with --instructions: the gateway's trees alone")
-    parser.add_argument("--count", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--provider-head", action="store_true",
+                        help="with --instructions: the upstream answers under OpenAI's 23-field head, not two fields")
+    parser.add_argument("--history", type=int, default=0,
+                        help="with --instructions: earlier turns in each request's body (about 160 bytes each)")
+    parser.add_argument("--count", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--serve", nargs=2, metavar=("KIND", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -401,12 +414,13 @@ def main() -> int:
         (serve_trio if kind == "trio" else serve_asyncio)(upstream)
         return 0
     if args.count:
-        kind, upstream, n = args.count
-        serve_counted(kind, upstream, int(n))
+        kind, upstream, model, history, n = args.count
+        serve_counted(kind, upstream, model, int(history), int(n))
         return 0
     if args.instructions:
         trees = {"before (--base)": args.base, "after": args.after} if args.base else {"(this tree)": None}
-        out = instructions(trees, floor=not args.no_floor)
+        out = instructions(trees, floor=not args.no_floor, model="headed-1" if args.provider_head else "frames-1",
+                           history=args.history)
     elif args.shared_client:
         out = shared_client(args.rounds)
         for how, rows in out.items():

@@ -4,6 +4,8 @@ It must not be the bottleneck, so it does almost nothing: HTTP/1.1 keep-alive, a
 by Content-Length, and a reply chosen by the requested model name:
 
     "frames-N"  N content frames (a stream when the request asks for one; else one JSON body)
+    "headed-N"  the same, under the head OpenAI's API sends (23 fields: ids, rate limits, its
+                CDN's cookies), where "frames-N" has a content type and a length alone
     "hold-N"    a stream that sends its role frame and N text frames, then waits `hold` seconds
                 before finishing (the memory benchmark keeps streams in flight with it)
     GET /stats  {"connections": accepted so far}: the load benchmark counts connections opened
@@ -18,7 +20,17 @@ import json
 import re
 import sys
 
-MODEL = re.compile(rb'"model"\s*:\s*"(frames|hold)-(\d+)"')
+MODEL = re.compile(rb'"model"\s*:\s*"(frames|hold|headed)-(\d+)"')
+# what OpenAI's API sends besides a content type and a length (a real answer's head)
+PROVIDER_FIELDS = (
+    b"date: Mon, 30 Nov 2026 22:00:00 GMT\r\nconnection: keep-alive\r\naccess-control-expose-headers: X-Request-ID\r\n"
+    b"openai-organization: org-abc\r\nopenai-processing-ms: 312\r\nopenai-project: proj_abc\r\n"
+    b"openai-version: 2020-10-01\r\nx-envoy-upstream-service-time: 318\r\nx-ratelimit-limit-requests: 10000\r\n"
+    b"x-ratelimit-limit-tokens: 30000000\r\nx-ratelimit-remaining-requests: 9999\r\n"
+    b"x-ratelimit-remaining-tokens: 29999990\r\nx-ratelimit-reset-requests: 6ms\r\nx-ratelimit-reset-tokens: 0s\r\n"
+    b"x-request-id: req_0123456789abcdef\r\nstrict-transport-security: max-age=31536000\r\n"
+    b"cf-cache-status: DYNAMIC\r\nset-cookie: __cf_bm=abc; path=/; HttpOnly\r\nset-cookie: _cfuvid=def; path=/\r\n"
+    b"x-content-type-options: nosniff\r\nserver: cloudflare\r\ncf-ray: 8f0000000000-AMS\r\n")
 STREAM = re.compile(rb'"stream"\s*:\s*true')
 
 
@@ -85,10 +97,10 @@ class Upstream(asyncio.Protocol):
         if kind == "hold" and stream:
             asyncio.get_running_loop().create_task(self.held(n))
             return
-        payload = body_for(kind, n, stream)
+        payload = body_for("frames" if kind == "headed" else kind, n, stream)
         ctype = b"text/event-stream" if stream else b"application/json"
-        self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: " + ctype + b"\r\ncontent-length: "
-                             + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        self.transport.write(b"HTTP/1.1 200 OK\r\n" + (PROVIDER_FIELDS if kind == "headed" else b"") + b"content-type: "
+                             + ctype + b"\r\ncontent-length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
 
     async def held(self, n: int) -> None:
         self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")

@@ -5,7 +5,7 @@ bench/core_steps.py measures the turn's pure steps and bench/gateway_phases.py e
 serving process, where at a load average of 6 one step's µs moves by half between two runs of the
 same code. Here each wire step runs alone in a loop, as the gateway calls it, on bench/load.py's
 request and bench/upstream.py's answer: the server's read of the request by llhttp (its callbacks),
-the body's JSON, its parse into wire.Request (the headers the dialect reads decoded), the upstream
+the body's JSON (and a 40-turn conversation's), its parse into wire.Request (the headers the dialect reads decoded), the upstream
 request built and rendered, the upstream answer read by llhttp (bench/upstream.py's two-header head,
 and a provider's 23-header one) and decoded, the answer head rendered, and the whole answer written
 through the ASGI path (its JSON, relayline field, attribution and dropped-parameters headers, the
@@ -15,7 +15,7 @@ of none, their difference over the requests (deterministic, whatever the load); 
 the least of ROUNDS rounds in each of `--pairs` children a tree, the trees alternated. `--base DIR`
 (and `--after DIR`) measure two trees, a lever's before and after, in one run.
 
-    python bench/wire_steps.py [--instructions] [--steps NAME ...] [--base DIR [--after DIR]] [--pairs 3] [--out FILE]
+    python bench/wire_steps.py [--instructions [--requests 2000]] [--steps NAME ...] [--base DIR [--after DIR]] [--pairs 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from procs import tree_env
 HERE = Path(__file__).resolve().parent
 ROUNDS = 5
 COUNT = 2000  # --instructions: requests a step runs in its counted run
-STEPS = ("server: request read by llhttp", "request body: JSON read", "request parse into wire.Request",
+STEPS = ("server: request read by llhttp", "request body: JSON read", "request body: JSON read, 40 earlier turns",
+         "request parse into wire.Request",
          "upstream request: built", "upstream request: rendered", "upstream answer read by llhttp",
          "upstream answer read by llhttp, a provider's 23-header head", "upstream answer: decoded", "server: answer head rendered", "answer: written whole (ASGI path)")
 
@@ -51,6 +52,11 @@ def _steps() -> dict:
 
     wire = _request("http://127.0.0.1:8080/v1/chat/completions", {"model": "frames-1", "messages": MESSAGES})
     raw = wire.partition(b"\r\n\r\n")[2]
+    # a conversation's body (6.6 KB): what a chat client sends once it has some history
+    turns = [{"role": ("user", "assistant")[i % 2], "content": f"a turn of the conversation so far, number {i}, "
+              "with about as much text in it as a short chat message has, give or take a few words"}
+             for i in range(40)]
+    history = json.dumps({"model": "frames-1", "messages": [*turns, *MESSAGES]}).encode()
     answer = body_for("frames", 1, False)
     answer_wire = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
         len(answer), answer)
@@ -142,7 +148,7 @@ def _steps() -> dict:
 
     answer_written()
     assert kept.kept.startswith(b"HTTP/1.1 200 OK\r\n"), kept.kept[:40]
-    return dict(zip(STEPS, (server_read, lambda: jsoncodec.loads(raw), parse, build, lambda: upstream.render(built),
+    return dict(zip(STEPS, (server_read, lambda: jsoncodec.loads(raw), lambda: jsoncodec.loads(history), parse, build, lambda: upstream.render(built),
                             upstream_read, lambda: upstream_read(provider_wire),
                             lambda: http.decode_completion(protocol, answer),
                             lambda: http11._render_head(200, answer_headers), answer_written), strict=True))
@@ -182,12 +188,12 @@ def _refs(tree: str | None, step: str | None, n: int) -> int:
     return int(found.group(1).replace(",", ""))
 
 
-def instructions(trees: dict[str, str | None], names: list[str]) -> dict:
+def instructions(trees: dict[str, str | None], names: list[str], count: int = COUNT) -> dict:
     out: dict = {label: {} for label in trees}
     for label, tree in trees.items():
         none = _refs(tree, None, 0)  # start-up and the inputs made, nothing run
         for name in names:
-            out[label][name] = (_refs(tree, name, COUNT) - none) / COUNT
+            out[label][name] = (_refs(tree, name, count) - none) / count
     return out
 
 
@@ -200,6 +206,9 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=5000, help="calls of a step a round (µs)")
     parser.add_argument("--pairs", type=int, default=3, help="children a tree, alternated (µs)")
     parser.add_argument("--out", help="write the figures here (JSON)")
+    parser.add_argument("--requests", type=int, default=COUNT,
+                        help="--instructions: requests a step runs in its counted run (the start-up's own "
+                             "variation, a few million instructions, is divided by it)")
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--step", help=argparse.SUPPRESS)
     parser.add_argument("--timed", nargs="*", help=argparse.SUPPRESS)
@@ -214,7 +223,7 @@ def main() -> int:
     names = [s for s in STEPS if not args.steps or any(word in s for word in args.steps)]
     trees = {"before": args.base, "after": args.after} if args.base else {"this tree": None}
     if args.instructions:
-        out = instructions(trees, names)
+        out = instructions(trees, names, args.requests)
         unit = "instructions"
     else:
         # each tree's child `--pairs` times, the order turned each pair; a step's figure is its

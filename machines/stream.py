@@ -46,7 +46,7 @@ class Frame:
     kind: str  # a FrameKind (adapters may pass the plain string)
     value: str = ""
     usage: Usage | None = None
-    ref: str = ""  # a tool call's id, as the provider sent it
+    ref: str = ""  # a tool call's id, as the provider sent it; for tool_args, an earlier call's place
 
     @property
     def decisive(self) -> bool:
@@ -119,7 +119,14 @@ class StreamGate:
             self.stop_sequence = frame.ref or None
             return ()
         if not frame.decisive:
-            if self.life.state == StreamState.HELD:
+            if frame.ref and frame.kind == REASONING:
+                # the signature of the thinking just shown (Anthropic's signature_delta): the
+                # client sends it back with that thinking, so it goes where the thinking went
+                event = Event(EventKind.REASONING, "", frame.ref)
+                if self.life.state == StreamState.COMMITTED:
+                    return (event,)
+                self.held.append(event)
+            elif self.life.state == StreamState.HELD:
                 self.held.append(Event(EventKind.PREAMBLE, frame.kind))
             return ()
         event = Event(EVENT_NAMES[frame.kind], frame.value, frame.ref)
@@ -130,7 +137,8 @@ class StreamGate:
             self.tool_ids.append(frame.ref)
             self.arguments.append([])
         elif frame.kind == TOOL_ARGS and self.arguments:
-            self.arguments[-1].append(frame.value)
+            place = int(frame.ref) if frame.ref.isdigit() and int(frame.ref) < len(self.arguments) else -1
+            self.arguments[place].append(frame.value)
         if self.life.state == StreamState.COMMITTED:
             return (event,)
         self.life.fire(StreamTrigger.DECISIVE)

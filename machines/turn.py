@@ -12,7 +12,10 @@ The driver calls it in the h11 style: `start` returns the first action; each rep
 from __future__ import annotations
 
 import itertools
+import json
 import operator
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -87,6 +90,12 @@ class Completion:
     tool_ids: tuple[str, ...] = ()  # each tool call's id as the provider sent it ("" when absent)
     finish_reason: str | None = None  # canonical (machines/wire.py), as the provider said it
     stop_sequence: str | None = None  # which stop sequence ended it, when the provider says (Anthropic)
+    # an Anthropic answer's content blocks as sent, when the canonical fields would lose some of
+    # them (thinking and its signature, which the client sends back; citations; server tools)
+    blocks: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)
+    # an OpenAI answer's choice logprobs, as sent, when the client asked for them (a stream's ride
+    # on its text events' ref, as JSON)
+    logprobs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)
 
     @property
     def refusal(self) -> bool:
@@ -171,6 +180,8 @@ class TurnResult:
     stop_sequence: str | None = None
     usage: Usage | None = None  # the accepted answer's usage
     rejection: Rejection | None = None  # every attempt was a client rejection: the upstream's words
+    blocks: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)  # the answer's (Completion.blocks)
+    logprobs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)  # the answer's
     # the sum of the ledger's rows, once: the answer's header and field, the access line, the
     # console and the log each read it
     cost_usd: float = attrs.field(init=False, eq=False, repr=False)
@@ -674,9 +685,13 @@ class Turn:
     def _delivery(self, answer: Completion) -> tuple[Event, ...]:
         events = []
         if answer.reasoning and not self.shown_reasoning:
-            events.append(Event(EventKind.REASONING, answer.reasoning))
+            signed = [(b["thinking"], b.get("signature")) for b in answer.blocks if b.get("type") == "thinking"]
+            for text, signature in signed or [(answer.reasoning, "")]:
+                events.append(Event(EventKind.REASONING, text))
+                if signature and isinstance(signature, str):  # (a reasoning event with no words carries the signature of those before it)
+                    events.append(Event(EventKind.REASONING, "", signature))
         if answer.text:
-            events.append(Event(EventKind.TEXT, answer.text))
+            events.append(Event(EventKind.TEXT, answer.text, json.dumps(answer.logprobs) if answer.logprobs else ""))
             self.forwarded.append(answer.text)
         ids = answer.tool_ids + ("",) * (len(answer.tool_calls) - len(answer.tool_ids))
         for name, arguments, ref in itertools.zip_longest(answer.tool_calls, answer.tool_arguments, ids):
@@ -721,6 +736,8 @@ class Turn:
             answer.stop_sequence,
             answer.usage,
             self._rejection(error) if self.rejections else None,
+            answer.blocks,
+            answer.logprobs,
         )
 
     def _rejection(self, error: ErrorReason | None) -> Rejection | None:

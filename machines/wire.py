@@ -33,12 +33,15 @@ SYSTEM, USER, ASSISTANT, TOOL = "system", "user", "assistant", "tool"
 ROLES = (SYSTEM, USER, ASSISTANT, TOOL)
 TEXT, IMAGE, DOCUMENT = "text", "image", "document"
 
-# finish reasons, canonical (OpenAI's words, with stop_sequence kept apart for Anthropic clients)
+# finish reasons, canonical (OpenAI's words, with stop_sequence kept apart for Anthropic clients,
+# and Anthropic's pause_turn: a server tool turn its client must continue)
 STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER = "stop", "stop_sequence", "length", "tool_calls", "content_filter"
-FINISH_REASONS = (STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER)
+PAUSE = "pause_turn"
+FINISH_REASONS = (STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER, PAUSE)
 
 # reasoning_effort <-> thinking.budget_tokens (CONFIG.md "The wire")
 EFFORT_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384}
+MIN_BUDGET = EFFORT_BUDGETS["low"]  # Anthropic's least thinking budget
 
 MAX_MODEL_CHARS = 256  # a model name reaches headers, logs and the ledger: bounded and printable
 
@@ -216,11 +219,20 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
             names.append("document.source.url")
         if any(m.is_error for m in request.messages):
             names.append("tool_result.is_error")
+        last = request.messages[-1] if request.messages else None
+        if last is not None and last.role == ASSISTANT and not last.tool_calls and not capabilities.prefill:
+            # Anthropic continues a trailing assistant message; a chat completions server answers
+            # anew, and the client would join its answer to the text it asked to be continued
+            names.append("prefill")
+        # an OpenAI tool message holds text alone: an image or document a tool gave back has no place
+        names.extend(dict.fromkeys(f"tool_result.content.{p.type}" for m in request.messages if m.role == TOOL
+                                   for p in m.content if p.type != TEXT))
     else:
         if request.response_format is not None and request.response_format.type != "text":
             names.append("response_format")
-        if request.reasoning is not None and request.reasoning.as_budget() is None:
-            names.append("reasoning_effort")
+        if request.reasoning is not None and (request.reasoning.as_budget() is None or (
+                request.max_tokens is not None and request.max_tokens <= MIN_BUDGET)):
+            names.append("reasoning_effort")  # (a limit that leaves no room for the least budget)
         if any(json_object(c.arguments) is None for m in request.messages for c in m.tool_calls):
             names.append("messages.tool_calls.function.arguments")
     return tuple(dict.fromkeys(names))
@@ -231,11 +243,11 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
 OPENAI_FINISH = {"stop": STOP, "length": LENGTH, "tool_calls": TOOL_CALLS, "function_call": TOOL_CALLS,
                  "content_filter": CONTENT_FILTER}
 ANTHROPIC_STOP = {"end_turn": STOP, "stop_sequence": STOP_SEQUENCE, "max_tokens": LENGTH, "tool_use": TOOL_CALLS,
-                  "refusal": CONTENT_FILTER, "pause_turn": STOP, "model_context_window_exceeded": LENGTH}
+                  "refusal": CONTENT_FILTER, "pause_turn": PAUSE, "model_context_window_exceeded": LENGTH}
 TO_OPENAI = {STOP: "stop", STOP_SEQUENCE: "stop", LENGTH: "length", TOOL_CALLS: "tool_calls",
-             CONTENT_FILTER: "content_filter"}
+             CONTENT_FILTER: "content_filter", PAUSE: "stop"}
 TO_ANTHROPIC = {STOP: "end_turn", STOP_SEQUENCE: "stop_sequence", LENGTH: "max_tokens", TOOL_CALLS: "tool_use",
-                CONTENT_FILTER: "refusal"}
+                CONTENT_FILTER: "refusal", PAUSE: "pause_turn"}
 
 
 def finish_reason(reason: str | None, tool_calls: int) -> str:
@@ -367,7 +379,10 @@ def without(request: Request, names: tuple[str, ...]) -> Request:
             return "image" not in names
         return not (part.type == DOCUMENT and part.data is None and "document.source.url" in names)
 
-    messages = tuple(attrs.evolve(m, content=tuple(p for p in m.content if keep(p)),
+    if "prefill" in names:
+        request = attrs.evolve(request, messages=request.messages[:-1])
+    messages = tuple(attrs.evolve(m, content=tuple(p for p in m.content if keep(p) and not (
+                                      m.role == TOOL and f"tool_result.content.{p.type}" in names)),
                                   is_error=m.is_error and "tool_result.is_error" not in names)
                      for m in request.messages)
     tools = "tools" in names

@@ -44,6 +44,7 @@ def summary(result, events) -> dict:
         "ledger": [(r.input_tokens, r.output_tokens, r.accepted) for r in result.ledger],
         "partial": result.partial_text,
         "tools": result.tool_calls,
+        "arguments": result.tool_arguments,
     }
 
 
@@ -82,7 +83,8 @@ EXPECTED = {
     "openai_midstream_error": dict(outcome="error", events=[], attempts=[("stream_failed", "retryable")]),
     "anthropic_text": dict(outcome="ok", events=["text:Hello", "text:! How can I help?"], ledger=[(25, 15, True)]),
     "anthropic_thinking_tool": dict(outcome="ok", events=[
-        "reasoning:I should look up the weather.", "text:Let me check.", "tool:get_weather",
+        # (the empty reasoning event carries the thinking's signature, in its ref)
+        "reasoning:I should look up the weather.", "reasoning:", "text:Let me check.", "tool:get_weather",
         'tool_args:{"location": "San Fra', 'tool_args:ncisco, CA"}'], ledger=[(2572, 89, True)], tools=("get_weather",)),
     "anthropic_overloaded": dict(outcome="error", events=[], attempts=[("stream_failed", "retryable")]),
     "anthropic_server_tool": dict(outcome="ok", events=[
@@ -107,6 +109,24 @@ async def test_transcript(name):
         assert request.headers["x-api-key"] == KEY and request.headers["anthropic-version"] == "2023-06-01"
         assert request.body["max_tokens"] > 0
     assert request.headers["x-team"] == "core" and request.body["model"] == "model-x" and request.body["stream"]
+
+
+def _chunk(delta: dict, finish: str | None = None) -> bytes:
+    return b"data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode() + b"\n\n"
+
+
+async def test_openai_tool_call_pieces_go_to_the_call_their_index_names():
+    """Two calls opened in one chunk, then each one's arguments: a piece belongs to the call its
+    `index` names, not to whichever call was opened last."""
+    calls = [{"index": i, "id": f"call_{n}", "type": "function", "function": {"name": n, "arguments": ""}}
+             for i, n in enumerate(["first", "second"])]
+    pieces = [_chunk({"role": "assistant", "content": None}), _chunk({"tool_calls": calls}),
+              _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"x": 1}'}}]}),
+              _chunk({"tool_calls": [{"index": 1, "function": {"arguments": '{"y": 2}'}}]}),
+              _chunk({}, "tool_calls"), b"data: [DONE]\n\n"]
+    got, _ = await run_stream("openai", serve(pieces))
+    assert (got["outcome"], got["tools"], got["arguments"]) == ("ok", ("first", "second"), ('{"x": 1}', '{"y": 2}'))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

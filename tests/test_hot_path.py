@@ -172,6 +172,21 @@ def test_an_anthropic_delta_read_once_makes_the_frames_of_the_checked_read(data)
     assert feed(AnthropicStreamParser, data, one_read=True) == feed(AnthropicStreamParser, data, one_read=False)
 
 
+def test_a_piece_of_an_earlier_tool_call_is_rendered_to_that_call():
+    """Calls opened together, then their arguments (the ref names the earlier call's place): each
+    dialect puts the piece where its SDK gathers that call's arguments."""
+    events = [Event("tool", "first", "call_1"), Event("tool", "second", "call_2"), Event("tool_args", '{"x": 1}', "0"),
+              Event("tool_args", '{"y": 2}')]
+    openai, anthropic = OpenAIStream("chatcmpl-1", False), AnthropicStream("msg_1")
+    openai.opening("m")
+    anthropic.opening("m")
+    chunks = [json.loads(openai.event(e).removeprefix(b"data: ")) for e in events]
+    assert [c["choices"][0]["delta"]["tool_calls"][0]["index"] for c in chunks] == [0, 1, 0, 1]
+    deltas = [json.loads(line.removeprefix(b"data: ")) for e in events for line in anthropic.event(e).splitlines()
+              if line.startswith(b"data: ") and b"input_json_delta" in line]
+    assert [(d["index"], d["delta"]["partial_json"]) for d in deltas] == [(0, '{"x": 1}'), (1, '{"y": 2}')]
+
+
 # -- slotted stream chunks ------------------------------------------------------------------------
 
 @given(st.lists(st.tuples(st.sampled_from(["text", "reasoning"]), st.text(max_size=12)), min_size=1, max_size=6),
@@ -330,3 +345,28 @@ def test_a_profiles_requests_share_one_fixed_head_per_key_and_forwarded_headers(
     for request in (first, other_key, beta):
         general = upstream.UpstreamRequest(request.url, request.headers, request.body)
         assert upstream.render(request) == upstream.render(general)
+
+
+# -- the long-number check before orjson (jsoncodec._no_long_number) --------------------------------
+
+_RUN_OF_19 = re.compile(r"[0-9]{19}")
+
+
+@pytest.mark.parametrize("kind", [str, bytes, bytearray])
+def test_a_run_of_19_digits_is_found_at_every_offset_and_a_shorter_one_never(kind):
+    # (every 9th character is looked at first: a run of 19 covers two of them wherever it starts)
+    for offset in range(30):
+        for length in range(9, 22):
+            for filler in ("x", "é", " "):
+                text = filler * offset + "7" * length + filler * 11
+                data = text if kind is str else kind(text.encode())
+                assert jsoncodec._no_long_number(data) is (length < 19), (offset, length, filler)
+
+
+@given(st.lists(st.one_of(st.text("0123456789", min_size=1, max_size=25), st.text("ab\"é,:{}[] ", min_size=1, max_size=12)),
+                max_size=12))
+def test_the_long_number_check_is_a_search_for_19_digits(pieces):
+    text = "".join(pieces)
+    expected = _RUN_OF_19.search(text) is None
+    assert jsoncodec._no_long_number(text) is expected
+    assert jsoncodec._no_long_number(text.encode()) is expected

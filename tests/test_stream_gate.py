@@ -142,7 +142,7 @@ def _task_names() -> Counter:
 
 
 async def test_a_held_stream_is_its_connections_task_alone():
-    """What a stream in flight costs is mostly its tasks and scopes (README "## Performance"): a
+    """What a stream in flight costs is mostly its tasks and scopes (docs/performance-history.md): a
     held stream through the real server and upstream client adds the server's task for its
     connection and the upstream's own (this process serves both), nothing per stream besides."""
     upstream = LoopbackServer(_held_reply)

@@ -13,6 +13,8 @@ from functools import partial
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from relayline.adapters.providers import pool as pool_module
 from relayline.adapters.providers.pool import Pools, ProfilePool
@@ -22,6 +24,7 @@ from relayline.adapters.providers.upstream import (
     UnsupportedEncoding,
     UpstreamError,
     UpstreamRequest,
+    head_fields,
     render,
 )
 
@@ -174,6 +177,8 @@ CHUNKED = OK_HEAD + b"transfer-encoding: chunked\r\n\r\n"
     (CHUNKED + b"0\r\n\r\n", b""),  # an empty body
     (OK_HEAD + b"content-length: 0\r\n\r\n", b""),
     (b"HTTP/1.1 100 Continue\r\n\r\n" + json_answer(b"{}"), b"{}"),  # an informational head first
+    # empty lines before a status line (llhttp skips them; the head is read from its "HTTP/")
+    (b"\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n\r\n" + json_answer(b"{}"), b"{}"),
 ])
 @pytest.mark.parametrize("pieces", [0, 1, 7])
 async def test_framing_read_whole_however_it_is_split_and_the_connection_reused(serve, framed, body, pieces):
@@ -209,6 +214,9 @@ async def test_a_body_closed_by_the_connection_is_read_whole_and_the_connection_
     (CHUNKED + b"5\r\nhello!!\r\n0\r\n\r\n", "malformed HTTP response body"),  # a chunk longer than it said
     # framing in a trailer (h11 refused it; llhttp took a Transfer-Encoding there as the connection's end)
     (CHUNKED + b"5\r\nhello\r\n0\r\ntransfer-encoding: gzip\r\n\r\n", "malformed HTTP response body"),
+    (CHUNKED + b"5\r\nhello\r\n0\r\ncontent-length: 5\r\n\r\n", "malformed HTTP response body"),
+    # the connection's management in a trailer (RFC 9110 6.5.1): llhttp ends the connection there
+    (CHUNKED + b"5\r\nhello\r\n0\r\nconnection: close\r\n\r\n", "malformed HTTP response body"),
 ])
 async def test_a_cut_or_malformed_body_is_an_upstream_error_and_closes_the_connection(serve, answer, message):
     server = await serve(lambda number, index: answer, close=True)
@@ -251,6 +259,15 @@ async def test_a_malformed_head_is_an_upstream_error(serve, answer):
     b"HTTP/1.1 200 O\x00K\r\ncontent-length: 2\r\n\r\nok",  # llhttp reads any byte in a reason phrase
 
     b"HTTP/1.1 200 OK\r\n" + b"x-long: " + b"a" * (101 * 1024) + b"\r\n\r\n",  # a head beyond 100 KiB
+    b"HTTP/1.1 200 OK\r\n" + b"x-many: y\r\n" * 10000 + b"\r\n",  # headers that add up beyond it
+    # the head's lines are read from its bytes, not from llhttp's callbacks: what llhttp refuses
+    # in them is still refused before they are read
+    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-folded: a\r\n b\r\n\r\nok",  # obs-fold
+    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-cr: a\rb\r\n\r\nok",  # a CR in a value
+    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-lf: a\nb\r\n\r\nok",  # a bare LF line
+    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-space : b\r\n\r\nok",  # whitespace before the colon
+    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\nok",  # one length twice
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n0\r\n\r\n",
 ])
 async def test_what_h11_refused_in_a_head_is_still_refused(serve, answer):
     server = await serve(lambda number, index: answer, close=True)
@@ -590,3 +607,63 @@ def test_a_header_that_would_change_the_heads_lines_or_framing_is_never_written(
     that is not one legal line of its own is refused, naming it."""
     with pytest.raises(ValueError, match="cannot be sent upstream"):
         render(UpstreamRequest("http://127.0.0.1:9/v1/chat/completions", headers, b"{}"))
+
+
+# the head of an answer as OpenAI's API sends it: twenty-two lines, two of them set-cookie
+PROVIDER_HEAD = (
+    b"HTTP/1.1 200 OK\r\nDate: Mon, 30 Nov 2026 22:00:00 GMT\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 2\r\nConnection: keep-alive\r\naccess-control-expose-headers: X-Request-ID\r\n"
+    b"openai-organization: org-abc\r\nopenai-processing-ms: 312\r\nopenai-version: 2020-10-01\r\n"
+    b"x-ratelimit-limit-requests: 10000\r\nx-ratelimit-limit-tokens: 30000000\r\n"
+    b"x-ratelimit-remaining-requests: 9999\r\nx-ratelimit-remaining-tokens: 29999990\r\n"
+    b"x-ratelimit-reset-requests: 6ms\r\nx-ratelimit-reset-tokens: 0s\r\nx-request-id: req_0123abcDEF\r\n"
+    b"set-cookie: __cf_bm=abc; path=/; HttpOnly\r\nset-cookie: _cfuvid=def; path=/\r\n"
+    b"retry-after:\t 7 \t\r\nx-empty:\r\nserver: cloudflare\r\ncf-ray: 8f0000000000-AMS\r\n"
+    b"alt-svc: h3=\":443\"; ma=86400\r\n\r\n{}")
+
+
+@pytest.mark.parametrize("pieces", [0, 1, 13])
+async def test_a_providers_head_is_read_field_by_field_however_it_is_split(serve, pieces):
+    early = b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n"
+    server = await serve(lambda number, index: (early if index else b"") + PROVIDER_HEAD, pieces=pieces)
+    pool = ProfilePool()
+    with trio.fail_after(10):
+        for _ in range(2):  # the second after an informational head, on the same connection
+            status, headers, body, complete = await fetch(pool, request(server.url))
+            assert (status, body, complete) == (200, b"{}", True)
+            assert len(headers) == 21 and "link" not in headers  # (the two set-cookie lines: the last)
+            assert headers["content-length"] == "2" and headers["x-request-id"] == "req_0123abcDEF"
+            assert headers["retry-after"] == "7" and headers["x-empty"] == ""
+            assert headers["set-cookie"] == "_cfuvid=def; path=/" and headers["alt-svc"] == 'h3=":443"; ma=86400'
+            assert headers["date"] == "Mon, 30 Nov 2026 22:00:00 GMT"
+    assert server.accepted == 1
+    await pool.aclose()
+
+
+_TOKEN = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_FRAMING_NAMES = {"content-length", "transfer-encoding", "connection", "content-encoding", "upgrade", "keep-alive",
+                  "proxy-connection"}
+
+
+@pytest.mark.property
+@given(fields=st.lists(st.tuples(
+    st.text(_TOKEN, min_size=1, max_size=12).filter(lambda name: name.lower() not in _FRAMING_NAMES),
+    st.text(" \t", max_size=2),
+    st.text(st.characters(min_codepoint=0x21, max_codepoint=0xFF, blacklist_characters="\x7f"), max_size=12),
+    st.sampled_from(["", " ", "a b", "\t"]),
+    st.text(" \t", max_size=2)), max_size=30),
+    cuts=st.lists(st.integers(min_value=1, max_value=600), max_size=4))
+def test_a_heads_fields_are_those_its_lines_say_however_its_reads_are_cut(fields, cuts):
+    """What llhttp accepts in a head's lines is read as RFC 9112 says: names folded, the value
+    without the whitespace around it, the last of a name's lines winning, whatever the reads."""
+    lines = b"".join(f"{name}:{before}{value}{inner}{value}{after}\r\n".encode("latin-1")
+                     for name, before, value, inner, after in fields)
+    wire = b"HTTP/1.1 200 OK\r\n" + lines + b"content-length: 2\r\n\r\nok"
+    connection = Connection(None, None, -1)
+    reads = [wire[a:b] for a, b in zip([0, *sorted(cuts)], [*sorted(cuts), len(wire)], strict=True) if a < b]
+    for read in reads:
+        connection._feed(read)
+    expected = {name.lower(): f"{value}{inner}{value}".strip(" \t") for name, _, value, inner, _ in fields}
+    expected["content-length"] = "2"
+    assert connection._status == 200 and connection._done and connection._length == "2"
+    assert head_fields(connection._fields) == expected

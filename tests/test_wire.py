@@ -11,6 +11,9 @@ import anthropic
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_wire_properties import bodies
 
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.adapters.sim.recorder import Answer, RecordingUpstream
@@ -114,6 +117,10 @@ OPENAI_FIELDS = [
      {"tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": True}}),
     ("reasoning_effort", {"reasoning_effort": "medium"}, {"reasoning_effort": "medium"},
      {"thinking": {"type": "enabled", "budget_tokens": 4096}, "max_tokens": 2048 + 4096}),
+    # OpenAI's limit counts the reasoning; Anthropic wants the budget below max_tokens
+    ("reasoning_effort_within_a_limit", {"reasoning_effort": "medium", "max_completion_tokens": 3000},
+     {"reasoning_effort": "medium", "max_completion_tokens": 3000},
+     {"thinking": {"type": "enabled", "budget_tokens": 2999}, "max_tokens": 3000}),
     ("image_base64", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"},
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]}]},
@@ -218,6 +225,7 @@ def test_sdk_objects_echoed_into_history_cross_families(gw, upstream):
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"extra_body": {"provider": {"order": ["x"]}}}, "provider"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"reasoning_effort": "low", "max_tokens": 1024}, "reasoning_effort"),  # no room for Anthropic's least budget
     # what the Anthropic shapes have no place for is refused, never dropped on the way
     ({"tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": WEATHER}}]},
      "tools.function.strict"),
@@ -354,6 +362,15 @@ def test_anthropic_passthrough_keeps_cache_control_top_k_and_the_beta_header(gw,
     ({"messages": [{"role": "user", "content": [
         {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain words"}}]}]},
      "document.source.text"),
+    # a trailing assistant message asks Anthropic to continue it; an OpenAI server answers anew
+    ({"messages": [{"role": "user", "content": "Name a colour"}, {"role": "assistant", "content": "The colour is"}]},
+     "prefill"),
+    # an OpenAI tool message holds text alone
+    ({"messages": [{"role": "user", "content": "q"},
+                   {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                       {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}]}]},
+     "tool_result.content.image"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "file_1"}}]}]},
      "image.source.file"),
 ])
@@ -435,6 +452,55 @@ def test_anthropic_stream_message_start_carries_the_input_tokens(gw, upstream):
     assert events[0].type == "message_start" and events[0].message.usage.input_tokens == 321
     delta = next(e for e in events if e.type == "message_delta")
     assert delta.usage.output_tokens == 9
+
+
+@STREAM
+def test_thinking_reaches_an_anthropic_client_signed_so_it_can_go_back(gw, upstream, stream):
+    """Anthropic verifies the signature of each thinking block a client sends back (thinking with
+    tools must be sent back): a gateway that drops it breaks the next turn."""
+    upstream.answer = Answer(text="Let me check.", reasoning="I should look it up.", tool_calls=(TOOL,),
+                             redacted="" if stream else "EmwKAhgBEgy")
+    message = anthropic_call(gw, stream, model="anthropic", max_tokens=2048,
+                             thinking={"type": "enabled", "budget_tokens": 1024})
+    blocks = [b.model_dump(exclude_none=True) for b in message.content]
+    assert blocks[0] == {"type": "thinking", "thinking": "I should look it up.", "signature": "sig"}
+    if not stream:
+        assert blocks[1] == {"type": "redacted_thinking", "data": "EmwKAhgBEgy"}
+    assert [b["type"] for b in blocks[-2:]] == ["text", "tool_use"]
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": blocks},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": TOOL[0], "content": "sunny"}]}]
+    anthropic_call(gw, False, model="anthropic", messages=history, max_tokens=2048,
+                   thinking={"type": "enabled", "budget_tokens": 1024})
+    assert upstream.seen[-1].body["messages"][1]["content"] == blocks
+
+
+@STREAM
+def test_logprobs_reach_the_openai_client_that_asked_for_them(gw, upstream, stream):
+    upstream.answer = Answer(text="Paris", logprobs=True)
+    reply = openai_call(gw, stream, model="openai", logprobs=True)
+    choices = [c.choices[0] for c in reply if c.choices and c.choices[0].delta.content] if stream else reply.choices
+    assert [c.logprobs.model_dump() for c in choices] == [
+        {"content": [{"token": "Paris", "logprob": -0.25, "bytes": [80, 97, 114, 105, 115], "top_logprobs": []}],
+         "refusal": None}]
+    assert upstream.seen[-1].body["logprobs"] is True
+
+
+@STREAM
+def test_a_paused_server_tool_turn_stays_paused_for_an_anthropic_client(gw, upstream, stream):
+    """pause_turn asks the client to send the turn back to be continued: it was end_turn."""
+    upstream.answer = Answer(text="Searching.", finish="pause_turn")
+    assert anthropic_call(gw, stream, model="anthropic").stop_reason == "pause_turn"
+    assert openai_call(gw, False, model="anthropic").choices[0].finish_reason == "stop"
+
+
+def test_citations_reach_an_anthropic_client_and_the_words_an_openai_one(gw, upstream):
+    cited = {"type": "char_location", "cited_text": "The grass is green.", "document_index": 0,
+             "document_title": "facts", "start_char_index": 0, "end_char_index": 20}
+    upstream.answer = Answer(text="The grass is green.", citations=(cited,))
+    message = anthropic_call(gw, False, model="anthropic")
+    assert [b.model_dump(exclude_none=True) for b in message.content] == [
+        {"type": "text", "text": "The grass is green.", "citations": [cited]}]
+    assert openai_call(gw, False, model="anthropic").choices[0].message.content == "The grass is green."
 
 
 def test_usage_details_and_reasoning_reach_an_openai_client(gw, upstream):
@@ -521,6 +587,20 @@ def test_wrong_shapes_are_a_400_naming_the_field(gw, upstream, body, param):
     r = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers={"authorization": "Bearer gw-key"})
     assert r.status_code == 400 and r.json()["error"]["param"] == param
     assert upstream.seen == []
+
+
+@pytest.mark.property
+@settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(body=bodies(), path=st.sampled_from(["/v1/chat/completions", "/v1/messages"]),
+       route=st.sampled_from(["openai", "anthropic"]))
+def test_odd_bodies_through_both_families_get_a_2xx_or_a_4xx(gw, body, path, route):
+    """Odd values (nulls, huge numbers, lone surrogates, empty lists, deep nesting...) read and
+    translated for a real family, each way: an answer or a 4xx, never a crash."""
+    if body.startswith(b'{"model": "m"'):
+        body = body.replace(b'"m"', json.dumps(route).encode(), 1)
+    answer = httpx.post(f"{gw.url}{path}", content=body, timeout=30,
+                        headers={"authorization": "Bearer gw-key", "x-api-key": "gw-key"})
+    assert answer.status_code < 300 or 400 <= answer.status_code < 500, (answer.status_code, answer.text[:300])
 
 
 @pytest.mark.parametrize("path,headers,status", [

@@ -205,6 +205,7 @@ def test_workers_share_the_connections_of_clients_that_connect_together(tmp_path
         request = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
                    f"content-length: {len(body)}\r\n\r\n").encode() + body
         clients = [socket.create_connection((host, int(port)), timeout=20) for _ in range(32)]
+        peers = {client.getsockname()[1] for client in clients}
         try:
             for client in clients:
                 client.sendall(request)
@@ -213,7 +214,7 @@ def test_workers_share_the_connections_of_clients_that_connect_together(tmp_path
             held = {}
             for pid in _children(gateway.proc.pid):  # read again: a child seen earlier may be gone
                 try:
-                    connections = _connections_on(pid, int(port))
+                    connections = _connections_on(pid, int(port), peers)
                 except FileNotFoundError:  # a short-lived child of the supervisor, not a worker
                     continue
                 if connections:
@@ -230,8 +231,10 @@ def _children(pid: int) -> list[int]:
     return [int(child) for child in out]
 
 
-def _connections_on(pid: int, port: int) -> int:
-    """Established TCP connections on local `port` whose socket `pid` holds (from /proc)."""
+def _connections_on(pid: int, port: int, peers: set[int]) -> int:
+    """Established TCP connections on local `port` from one of the local ports `peers`, whose
+    socket `pid` holds (from /proc). The peers matter: other processes on the machine (another
+    suite running beside this one) may connect to a port a gateway of theirs had before ours."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -247,7 +250,9 @@ def _connections_on(pid: int, port: int) -> int:
             for line in lines:
                 fields = line.split()
                 local_port = int(fields[1].rsplit(":", 1)[1], 16)
-                if local_port == port and fields[3] == "01" and fields[9] in inodes:  # 01: ESTABLISHED
+                peer_port = int(fields[2].rsplit(":", 1)[1], 16)
+                if (local_port == port and peer_port in peers and fields[3] == "01"  # 01: ESTABLISHED
+                        and fields[9] in inodes):
                     count += 1
     return count
 

@@ -734,8 +734,8 @@ class Gateway:
         for a drain running out of time, then write its ledger rows (before any response ends;
         the rest of its bookkeeping waits for the answer: `_after`). The run is driven here, in
         the request's own task and with the run's own cancel scope alone where the server calls
-        back on a hang-up: a held stream keeps every coroutine frame of its path (README
-        "## Performance")."""
+        back on a hang-up: a held stream keeps every coroutine frame of its path
+        (docs/performance-history.md, "Memory per held stream")."""
         started = trio.current_time()
         REQUEST_ID.set(exchange.request_id)  # sent upstream as x-request-id
         relay = self.relay  # the turn runs on this one to its end, whatever a reload does
@@ -1042,7 +1042,7 @@ class _StreamWire:
 
 class _GateTimer:
     """Every held stream's gate deadline, served by one task for the whole gateway: a heap of
-    deadlines, not a timer task per stream (README "## Performance": each task is memory). A
+    deadlines, not a timer task per stream (docs/performance-history.md: each task is memory). A
     stream that commits or ends first only clears its entry; when a deadline passes with the
     stream still held, a short task of the timer's own writes its commit (`_StreamWire.at_gate`:
     the stream's turn task is busy waiting on the upstream). The task ends when no gate holds and

@@ -140,7 +140,8 @@ class OpenAIDialect:
                                      for i, n, a in tools]
         return {
             "id": turn_id, "object": "chat.completion", "created": int(time.time()), "model": result.served.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": wire.TO_OPENAI[_finish(result, len(tools))]}],
+            "choices": [{"index": 0, "message": message, "finish_reason": wire.TO_OPENAI[_finish(result, len(tools))]}
+                        | ({"logprobs": result.logprobs} if result.logprobs is not None else {})],
             "usage": openai_usage(_usage(result)),
             "relayline": relayline,
         }
@@ -176,6 +177,14 @@ class OpenAIStream:
     def event(self, event: Event) -> bytes:
         field = self.DELTAS.get(event.kind)
         if field is not None:
+            if event.ref:
+                if field != "content":
+                    return b""  # an Anthropic thinking signature: no place for it here
+                # text with the logprobs the client asked for
+                return _sse({"id": self.turn_id, "object": "chat.completion.chunk", "created": self.created,
+                             "model": self.model, "choices": [{"index": 0, "delta": {field: event.value},
+                                                               "logprobs": jsoncodec.loads(event.ref),
+                                                               "finish_reason": None}]})
             parts = self.slotted.get(field)
             if parts is None:
                 parts = self.slotted[field] = _slotted(self._chunk({field: _SLOT}))
@@ -185,7 +194,8 @@ class OpenAIStream:
             return self._chunk({"tool_calls": [{"index": self.tools - 1, "id": self.ids(event.ref),
                                                 "type": "function", "function": {"name": event.value, "arguments": ""}}]})
         if event.kind == "tool_args":
-            return self._chunk({"tool_calls": [{"index": max(self.tools - 1, 0), "function": {"arguments": event.value}}]})
+            index = int(event.ref) if event.ref.isdigit() else max(self.tools - 1, 0)  # (ref: an earlier call's)
+            return self._chunk({"tool_calls": [{"index": index, "function": {"arguments": event.value}}]})
         return b""  # provider-executed tool work has no chunk shape here; it shows in the ledger
 
     def ok(self, result: TurnResult, relayline: dict) -> bytes:
@@ -238,13 +248,15 @@ class AnthropicDialect:
         return status, self.error_body(result.message or "failed", type_)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict) -> dict:
-        content: list[dict] = []
-        if result.reasoning:
-            content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
-        if result.text:
-            content.append({"type": "text", "text": result.text})
         tools = _tools(result, ToolIds("toolu_"))
-        content += [{"type": "tool_use", "id": i, "name": n, "input": wire.json_object(a) or {}} for i, n, a in tools]
+        if result.blocks:  # an Anthropic provider's content as it sent it
+            content = [dict(block) for block in result.blocks]
+        else:
+            content = [{"type": "thinking", "thinking": result.reasoning, "signature": ""}] if result.reasoning else []
+            if result.text:
+                content.append({"type": "text", "text": result.text})
+            content += [{"type": "tool_use", "id": i, "name": n, "input": wire.json_object(a) or {}}
+                        for i, n, a in tools]
         return {"id": turn_id, "type": "message", "role": "assistant", "model": result.served.model, "content": content,
                 "stop_reason": wire.TO_ANTHROPIC[_finish(result, len(tools))], "stop_sequence": result.stop_sequence,
                 "usage": anthropic_usage(_usage(result)), "relayline": relayline}
@@ -258,13 +270,14 @@ class AnthropicStream:
 
     BLOCKS = {"text": ("text", "text_delta", "text"), "reasoning": ("thinking", "thinking_delta", "thinking")}
 
-    __slots__ = ("turn_id", "index", "block", "tools", "ids", "slotted")
+    __slots__ = ("turn_id", "index", "block", "tools", "tool_blocks", "ids", "slotted")
 
     def __init__(self, turn_id: str) -> None:
         self.turn_id = turn_id
         self.index = -1
         self.block: str | None = None
         self.tools = 0
+        self.tool_blocks: list[int] = []  # each tool call's block index
         self.ids = ToolIds("toolu_")
         self.slotted: tuple[int, str, bytes, bytes] = (-1, "", b"", b"")  # the open block's delta
 
@@ -290,6 +303,10 @@ class AnthropicStream:
 
     def event(self, event: Event) -> bytes:
         out = b""
+        if event.ref and event.kind == "reasoning":  # the signature of the thinking block just shown
+            return _sse({"type": "content_block_delta", "index": self.index,
+                         "delta": {"type": "signature_delta", "signature": event.ref}},
+                        "content_block_delta") if self.block == "reasoning" else b""
         if event.kind in self.BLOCKS:
             block_type, delta_type, field = self.BLOCKS[event.kind]
             if self.block != event.kind:
@@ -303,7 +320,13 @@ class AnthropicStream:
             return out + head + jsoncodec.dumps(event.value) + tail
         if event.kind == "tool":
             self.tools += 1
-            return self._open("tool", {"type": "tool_use", "id": self.ids(event.ref), "name": event.value, "input": {}})
+            out = self._open("tool", {"type": "tool_use", "id": self.ids(event.ref), "name": event.value, "input": {}})
+            self.tool_blocks.append(self.index)
+            return out
+        if event.kind == "tool_args" and event.ref.isdigit() and int(event.ref) < len(self.tool_blocks):
+            # a piece of a call opened before the last one: to its own block (the SDKs gather by index)
+            return _sse({"type": "content_block_delta", "index": self.tool_blocks[int(event.ref)],
+                         "delta": {"type": "input_json_delta", "partial_json": event.value}}, "content_block_delta")
         if event.kind == "tool_args" and self.block == "tool":
             return _sse({"type": "content_block_delta", "index": self.index,
                          "delta": {"type": "input_json_delta", "partial_json": event.value}}, "content_block_delta")

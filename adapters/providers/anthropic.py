@@ -267,6 +267,9 @@ def render_request(request: w.Request, model: str, stream: bool, max_output_toke
             body["system"] = system if any(set(b) != {"type", "text"} for b in system) else "\n\n".join(
                 b["text"] for b in system)
         budget = request.reasoning.as_budget() if request.reasoning is not None else None
+        if budget is not None and request.max_tokens:
+            # OpenAI's limit counts the reasoning too; Anthropic's budget must stay below max_tokens
+            budget = min(budget, request.max_tokens - 1)
         # thinking spends from max_tokens: with no limit asked for, leave room for the answer
         body["max_tokens"] = request.max_tokens or (max_output_tokens + (budget or 0))
         for name in ("temperature", "top_p", "top_k"):
@@ -332,21 +335,27 @@ def parse_completion(body: dict) -> Completion:
     if body.get("type") == "error" or body.get("error"):
         _raise_error(body.get("error"))
     text, reasoning, tools, arguments, ids = [], [], [], [], []
-    for i, block in enumerate(w.want_list(body.get("content"), "content")):
+    content = w.want_list(body.get("content"), "content")
+    kept = False  # a block the canonical fields do not hold: the content goes to Anthropic clients as sent
+    for i, block in enumerate(content):
         where = f"content[{i}]"
         block = w.want_dict(block, where)
         btype = block.get("type")
         if btype == "text":
             text.append(w.want_str(block.get("text"), f"{where}.text"))
-        elif btype == "thinking":
-            reasoning.append(w.want_str(block.get("thinking"), f"{where}.thinking"))
+            kept = kept or bool(block.get("citations"))
         elif btype == "tool_use":
             tools.append(w.want_str(block.get("name"), f"{where}.name"))
             arguments.append(json.dumps(w.want_dict(block.get("input", {}), f"{where}.input")))
             ids.append(w.optional(block, "id", w.want_str, where) or "")
+        else:  # thinking (signed), redacted_thinking, server tools and their results
+            if btype == "thinking":
+                reasoning.append(w.want_str(block.get("thinking"), f"{where}.thinking"))
+            kept = True
     usage = _usage(body["usage"]) if body.get("usage") is not None else Usage()
     return Completion("".join(text), "".join(reasoning), tuple(tools), usage, tuple(arguments), tuple(ids),
-                      _stop(body.get("stop_reason"), "stop_reason"), w.optional(body, "stop_sequence", w.want_str))
+                      _stop(body.get("stop_reason"), "stop_reason"), w.optional(body, "stop_sequence", w.want_str),
+                      tuple(content) if kept else ())
 
 
 class AnthropicStreamParser:
@@ -383,7 +392,9 @@ class AnthropicStreamParser:
                 return [Frame(REASONING, w.want_str(delta.get("thinking", ""), "delta.thinking"))]
             if dtype == "input_json_delta" and not _executed(self.blocks.get(obj.get("index"), "")):
                 return [Frame(TOOL_ARGS, w.want_str(delta.get("partial_json", ""), "delta.partial_json"))]
-            return []  # signature_delta, citations_delta: nothing to show
+            if dtype == "signature_delta":
+                return [Frame(REASONING, "", ref=w.want_str(delta.get("signature"), "delta.signature"))]
+            return []  # citations_delta: nothing to show
         if kind == "content_block_start":
             block = w.want_dict(obj.get("content_block"), "content_block")
             btype = w.want_str(block.get("type", ""), "content_block.type")

@@ -236,7 +236,7 @@ class HttpProvider:
         """The body, never buffered beyond limits.max_response_bytes: a declared length above it
         is refused before reading, an undeclared one as soon as it crosses it."""
         limit = request.max_bytes
-        declared = response.headers.get("content-length", "")
+        declared = response.content_length or ""
         if declared.isdigit() and int(declared) > limit:
             raise ProviderFailure(fc.too_large(limit))
         clock = request.clock

@@ -136,12 +136,13 @@ class HttpxResponse:
     """An httpx response with upstream.Response's surface (status, headers, decoded body pieces,
     `complete`), so the provider code has one path."""
 
-    __slots__ = ("raw", "status", "headers", "complete")
+    __slots__ = ("raw", "status", "headers", "content_length", "complete")
 
     def __init__(self, raw: httpx.Response) -> None:
         self.raw = raw
         self.status = raw.status_code
         self.headers = raw.headers
+        self.content_length = raw.headers.get("content-length")
         self.complete = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:

@@ -378,7 +378,8 @@ def _plain_answer(body: dict) -> Completion | None:
     finish = choice.get("finish_reason")
     if type(text) is not str or (finish is not None and type(finish) is not str) or \
             message.get("tool_calls") is not None or message.get("reasoning_content") is not None or \
-            message.get("reasoning") is not None or message.get("refusal") is not None:
+            message.get("reasoning") is not None or message.get("refusal") is not None or \
+            choice.get("logprobs") is not None:
         return None
     raw = body.get("usage")
     if raw is None:
@@ -425,7 +426,8 @@ def _walk_completion(body: dict) -> Completion:
         # on_refusal and both dialects know one (finish_reason stop said nothing of it)
         text, finish = text + refusal, w.CONTENT_FILTER
     return Completion(text, _reasoning(message, "choices[0].message"), tuple(names),
-                      _usage(body.get("usage")) or Usage(), tuple(arguments), tuple(ids), finish)
+                      _usage(body.get("usage")) or Usage(), tuple(arguments), tuple(ids), finish,
+                      logprobs=w.optional(choice, "logprobs", w.want_dict, "choices[0]"))
 
 
 def _only_text(obj: dict) -> str | None:
@@ -436,7 +438,7 @@ def _only_text(obj: dict) -> str | None:
     if type(choices) is not list or len(choices) != 1 or obj.get("usage") is not None or obj.get("error"):
         return None
     choice = choices[0]
-    if type(choice) is not dict or choice.get("finish_reason") is not None:
+    if type(choice) is not dict or choice.get("finish_reason") is not None or choice.get("logprobs") is not None:
         return None
     delta = choice.get("delta")
     if type(delta) is not dict or len(delta) != 1:
@@ -450,6 +452,7 @@ class OpenAIStreamParser:
         self.done = False
         self.finished = False
         self.refused = False  # refusal deltas came: the finish is a refusal, whatever it says
+        self.calls: dict[object, int] = {}  # a tool call's `index` -> its place among the calls opened
 
     def complete_at_eof(self) -> bool:
         return self.finished
@@ -486,7 +489,10 @@ class OpenAIStreamParser:
             content = delta.get("content")
             if content is not None:
                 content = w.want_str(content, f"{where}.delta.content")
-                frames.append(Frame(TEXT, content) if content else Frame(PREAMBLE))
+                logprobs = w.optional(choice, "logprobs", w.want_dict, where)
+                # the text's logprobs ride on its frame (the client asked for them), as JSON
+                frames.append(Frame(TEXT, content, ref=jsoncodec.dumps(logprobs).decode() if logprobs else "")
+                              if content else Frame(PREAMBLE))
             refusal = delta.get("refusal")
             if refusal is not None and w.want_str(refusal, f"{where}.delta.refusal"):
                 self.refused = True
@@ -496,11 +502,16 @@ class OpenAIStreamParser:
                 call = w.want_dict(call, at)
                 function = w.optional(call, "function", w.want_dict, at) or {}
                 name = w.optional(function, "name", w.want_str, f"{at}.function")
+                index = call.get("index", j)
                 if name:
+                    self.calls[index] = len(self.calls)
                     frames.append(Frame(TOOL_CALL, name, ref=w.optional(call, "id", w.want_str, at) or ""))
                 arguments = _arguments(function.get("arguments"), f"{at}.function.arguments")
                 if arguments:
-                    frames.append(Frame(TOOL_ARGS, arguments))
+                    # a piece of a call opened before the last one names its place (calls opened
+                    # together, then their arguments); a piece of the last one goes to it as before
+                    place = self.calls.get(index, len(self.calls) - 1)
+                    frames.append(Frame(TOOL_ARGS, arguments, ref=str(place) if place != len(self.calls) - 1 else ""))
             finish = _finish(choice.get("finish_reason"), f"{where}.finish_reason")
             if finish:
                 self.finished = True

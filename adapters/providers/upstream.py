@@ -6,8 +6,8 @@ non-streamed request in the upstream call through httpx and httpcore (py-spy: a 
 model built and copied per call, the head and the body written in two sends, h11 under three
 layers of wrappers). A provider call is narrow: a POST with a body of known length, an answer
 framed by content-length, chunked or the connection's close, maybe gzip. This client does just
-that: the head and the body go out in one send, the response head is read once into a dict, and
-body bytes come as they arrive. Connections are pooled per profile by providers/pool.py.
+that: the head and the body go out in one send, the response head's framing is read once (its
+other fields only when asked for), and body bytes come as they arrive. Connections are pooled per profile by providers/pool.py.
 
 The response is parsed by llhttp, Node's parser in C, through httptools: h11 (pure Python) cost
 about a third of this client's CPU per exchange. llhttp runs strict (no leniency is switched on);
@@ -233,6 +233,26 @@ def _added_to(fixed: FixedHead, given: dict[str, str]) -> str | None:
     return fixed.lines + "".join(added) if added else fixed.lines
 
 
+# a head reaches this client as one string, its status line and field lines each ending in CRLF
+# (llhttp parsed them, without a callback a field: httptools' bridge into Python cost about 4,500
+# instructions a field whatever the callback did, and a provider's answer has twenty-odd). A
+# field's line is found by its name's, lowercase, after the CRLF that ends the line before: no
+# value holds a CR or LF (llhttp refused them)
+_CONTENT_LENGTH = "\r\ncontent-length:"
+_CONTENT_ENCODING = "\r\ncontent-encoding:"
+_TRANSFER_ENCODING = "\r\ntransfer-encoding:"
+
+
+def head_fields(fields: str) -> dict[str, str]:
+    """Every field of a head (`fields`: its status line and field lines, each ending in CRLF) by
+    lowercase name, without the whitespace around its value, the last of a name's lines winning."""
+    headers = {}
+    for line in fields.split("\r\n")[1:-1]:
+        name, _, value = line.partition(":")
+        headers[name.lower()] = value.strip(" \t")
+    return headers
+
+
 class _Malformed(Exception):
     """The peer broke HTTP/1.1 in a way the parser's callbacks, not llhttp, noticed."""
 
@@ -242,8 +262,9 @@ class Connection:
     llhttp (httptools' HttpResponseParser, whose callbacks are this object's `on_*` methods).
     The pool's seams (connect, write, read, close) are its methods."""
 
-    __slots__ = ("origin", "stream", "idle_since", "_fd", "_parser", "_status", "_headers", "_pieces", "_stalled", "_head_size",
-                 "_head_done", "_done", "_keep_alive", "_after", "_eof", "_framed", "_fault")
+    __slots__ = ("origin", "stream", "idle_since", "_fd", "_parser", "_status", "_fields", "_length", "_encoding", "_pieces",
+                 "_stalled", "_unread", "_head_from", "_head_done", "_done", "_keep_alive", "_chunked", "_after", "_eof",
+                 "_framed", "_fault")
 
     def __init__(self, origin: Origin, stream: trio.abc.Stream, fd: int) -> None:
         self.origin = origin
@@ -257,13 +278,17 @@ class Connection:
 
     def _begin_exchange(self) -> None:
         self._status = 0
-        self._headers: dict[str, str] = {}
+        self._fields = ""  # the final head's lines (`head_fields`)
+        self._length: str | None = None  # its Content-Length
+        self._encoding: str | None = None  # its Content-Encoding
         self._pieces: list[bytes] = []  # body bytes parsed and not yet taken
         self._stalled = 0  # read since the head began or the body last gave bytes (a head, trailer or chunk line that never ends)
-        self._head_size = 0  # its header lines' names and values
+        self._unread: bytes | bytearray = b""  # the bytes read while the head is not done: its block is taken from them
+        self._head_from = 0  # where in them the next head begins (after an informational one)
         self._head_done = False  # the final (non-1xx) head was read
         self._done = False  # the answer ended as framed
         self._keep_alive = False
+        self._chunked = False
         self._framed = True  # False: the answer's body ends with the connection (no length, not chunked)
         self._fault = False  # the body broke HTTP/1.1 after the bytes in _pieces (raised once they are taken)
 
@@ -281,46 +306,63 @@ class Connection:
         if b"\0" in reason:  # (llhttp takes any byte in a reason phrase; h11 refused a NUL, as RFC 9112 4 does)
             raise _Malformed("a NUL in the status line")
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self._head_done:  # a chunked body's trailer: not part of the head (as with h11 before)
-            if name.lower() in (b"transfer-encoding", b"content-length"):
-                # framing in a trailer (h11 refused it): llhttp takes a Transfer-Encoding there as
-                # the connection's end, after the answer was judged reusable
-                raise _Malformed("framing in a trailer")
-            return
-        self._head_size += len(name) + len(value)
-        key = name.decode("latin-1").lower()
-        if key == "transfer-encoding" and key in self._headers:
-            value = b","  # two codings are never chunked alone (llhttp frames by the last)
-        self._headers[key] = value.decode("latin-1").rstrip(" \t")
-
     def on_headers_complete(self) -> None:
         parser = self._parser
         status = parser.get_status_code()
         if status < 100:  # (llhttp reads any three digits, and would wait for a head after this one)
             raise _Malformed("not a status code")
+        # the head, whole in the bytes read: llhttp has checked its lines (a token name, a value
+        # without CR, LF or NUL, no obs-fold, one Content-Length, not both framings)
+        unread = self._unread
+        begin = self._head_from
+        versioned = unread.startswith(b"HTTP/1.", begin)  # (llhttp has read the version's digits)
+        if not versioned:  # another version, or empty lines before the status line (llhttp skips them)
+            begin = unread.find(b"HTTP/", begin)
+            versioned = unread.startswith(b"HTTP/1.", begin)
+        end = unread.find(b"\r\n\r\n", begin)
+        self._head_from = end + 4
         if status < 200:  # an informational head: the real one follows (llhttp ends this message)
-            self._headers = {}
-            self._head_size = 0
             return
-        if parser.get_http_version()[:2] != "1.":
+        if not versioned:
             raise _Malformed("not HTTP/1.x")
-        if self._head_size > MAX_HEAD_BYTES:  # (one that arrived whole in a read or two)
+        if end - begin > MAX_HEAD_BYTES:  # (one that arrived whole in a read or two)
             raise _Malformed("a head too large")
-        headers = self._headers
-        coding = headers.get("transfer-encoding")
-        if coding is not None and coding.lower() != "chunked":  # (llhttp would read it to the close)
-            raise _Malformed("a transfer coding other than chunked")
+        self._unread = b""
+        # only the framing is read here, every field only when asked for (`Response.headers`)
+        self._fields = fields = unread[begin:end + 2].decode("latin-1")
+        lowered = fields.lower()
+        at = lowered.rfind(_CONTENT_LENGTH)
+        if at < 0:
+            self._length = length = None
+        else:
+            at += len(_CONTENT_LENGTH)
+            self._length = length = fields[at:fields.index("\r", at)].strip(" \t")
+        if _CONTENT_ENCODING in lowered:
+            at = lowered.rfind(_CONTENT_ENCODING) + len(_CONTENT_ENCODING)
+            self._encoding = fields[at:fields.index("\r", at)].strip(" \t")
+        chunked = _TRANSFER_ENCODING in lowered
+        if chunked:
+            # llhttp would read another coding to the close, and frames by the last of two lines
+            at = lowered.find(_TRANSFER_ENCODING) + len(_TRANSFER_ENCODING)
+            if fields[at:fields.index("\r", at)].strip(" \t").lower() != "chunked" or \
+                    lowered.find(_TRANSFER_ENCODING, at) >= 0:
+                raise _Malformed("a transfer coding other than chunked")
+            self._chunked = True
         self._status = status
         self._head_done = True
         self._keep_alive = parser.should_keep_alive()  # (llhttp forgets it once the message ends)
-        self._framed = coding is not None or "content-length" in headers or status in (204, 304)
+        self._framed = chunked or length is not None or status in (204, 304)
 
     def on_body(self, data: bytes) -> None:
         self._pieces.append(data)
 
     def on_message_complete(self) -> None:
         if self._head_done:
+            if self._chunked and self._keep_alive and not self._parser.should_keep_alive():
+                # a trailer said Transfer-Encoding or Connection, which llhttp takes as the
+                # connection's end after the head judged it reusable: framing and the connection's
+                # management are never a trailer's (RFC 9110 6.5.1; h11 refused framing there)
+                raise _Malformed("framing in a trailer")
             self._done = True
 
     # -- reading ---------------------------------------------------------------------------------
@@ -328,6 +370,13 @@ class Connection:
     def _feed(self, data: bytes) -> None:
         """Parse what was read; an error is the exchange's UpstreamError (relayline's words)."""
         parsed = len(self._pieces)
+        if not self._head_done:  # (the head's block is read from these: on_headers_complete)
+            if not self._unread:
+                self._unread = data  # (nearly always the head's only read: kept, not copied)
+            else:  # (grown in place: a head trickled in small reads is not copied again each read)
+                if type(self._unread) is bytes:
+                    self._unread = bytearray(self._unread)
+                self._unread += data
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade, _Malformed):  # (a 101 is an upgrade)
@@ -434,7 +483,7 @@ class Connection:
             # fire, and the attempt's deadline is moved once (read()) where it was moved three
             # times (headers, received, read: bench/proxy_floor.py --instructions)
             clock.headers()
-        return Response(self, self._status, self._headers)
+        return Response(self, self._status, self._fields, self._length, self._encoding)
 
     async def body_bytes(self) -> bytes | None:
         """The body bytes parsed so far (read more if there are none yet): None once it ended."""
@@ -462,18 +511,29 @@ class Connection:
 
 class Response:
     """A response head and its body, read on demand: `async for piece in response` yields the
-    decoded body bytes (b"" never), and `complete` says the body ended as framed."""
+    decoded body bytes (b"" never), and `complete` says the body ended as framed. Its fields are
+    read from the head's lines when `headers` is first asked for (to classify an error): an
+    answer's success needs only its framing, `content_length` and its content coding."""
 
-    __slots__ = ("connection", "status", "headers", "complete", "_inflate", "_tail")
+    __slots__ = ("connection", "status", "content_length", "complete", "_fields", "_headers", "_inflate", "_tail")
 
-    def __init__(self, connection: Connection, status: int, headers: dict[str, str]) -> None:
+    def __init__(self, connection: Connection, status: int, fields: str, content_length: str | None = None,
+                 content_encoding: str | None = None) -> None:
         self.connection = connection
         self.status = status
-        self.headers = headers
+        self.content_length = content_length
         self.complete = False
+        self._fields = fields
+        self._headers: dict[str, str] | None = None
         self._tail = b""
-        coding = headers.get("content-encoding")
-        self._inflate = None if coding is None else _decoder(coding)
+        self._inflate = None if content_encoding is None else _decoder(content_encoding)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Every field of the head by lowercase name (the last of a name's lines winning)."""
+        if self._headers is None:
+            self._headers = head_fields(self._fields)
+        return self._headers
 
     def __aiter__(self) -> Response:
         return self

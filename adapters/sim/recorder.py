@@ -34,6 +34,9 @@ class Answer:
     finish: str | None = None  # e.g. "length" / "max_tokens"; None: the natural one
     stop_sequence: str | None = None  # Anthropic: the stop sequence that matched
     refusal: str = ""  # OpenAI: the model declined (message.refusal, streamed as refusal deltas)
+    logprobs: bool = False  # OpenAI: each text piece with its token's logprob, as logprobs: true asks
+    citations: tuple[dict, ...] = ()  # Anthropic: the text block's citations (not streamed)
+    redacted: str = ""  # Anthropic: a redacted_thinking block's data, after the thinking (not streamed)
     usage: dict | None = None  # the family's usage object; None: a small default
     status: int = 200
     error: dict | None = None  # the error body for a status >= 400 (or an `error` in a 200)
@@ -42,6 +45,11 @@ class Answer:
 def _sse(obj, event: str | None = None) -> bytes:
     data = obj if isinstance(obj, str) else json.dumps(obj)
     return (f"event: {event}\n" if event else "").encode() + f"data: {data}\n\n".encode()
+
+
+def _logprobs(text: str) -> dict:
+    return {"content": [{"token": text, "logprob": -0.25, "bytes": list(text.encode()), "top_logprobs": []}],
+            "refusal": None}
 
 
 def openai_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ...]:
@@ -55,13 +63,15 @@ def openai_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ...]:
             message["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
                                      for i, n, a in answer.tool_calls]
         body = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": model,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage}
+                "choices": [{"index": 0, "message": message, "finish_reason": finish,
+                             "logprobs": _logprobs(answer.text) if answer.logprobs else None}], "usage": usage}
         if answer.error is not None:
             body["error"] = answer.error
         return (json.dumps(body).encode(),)
 
-    def chunk(delta, finish_reason=None, **extra):
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
+    def chunk(delta, finish_reason=None, logprobs=None, **extra):
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+                                             "logprobs": logprobs}]
         return _sse({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": model,
                      "choices": choices, **extra})
 
@@ -69,7 +79,7 @@ def openai_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ...]:
     if answer.reasoning:
         out.append(chunk({"reasoning_content": answer.reasoning}))
     if answer.text:
-        out.append(chunk({"content": answer.text}))
+        out.append(chunk({"content": answer.text}, logprobs=_logprobs(answer.text) if answer.logprobs else None))
     if answer.refusal:  # in two pieces, as OpenAI streams it
         half = len(answer.refusal) // 2
         out += [chunk({"refusal": answer.refusal[:half]}), chunk({"refusal": answer.refusal[half:]})]
@@ -89,8 +99,11 @@ def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
     content: list[dict] = []
     if answer.reasoning:
         content.append({"type": "thinking", "thinking": answer.reasoning, "signature": "sig"})
+    if answer.redacted and not stream:
+        content.append({"type": "redacted_thinking", "data": answer.redacted})
     if answer.text:
-        content.append({"type": "text", "text": answer.text})
+        content.append({"type": "text", "text": answer.text} | (
+            {"citations": list(answer.citations)} if answer.citations and not stream else {}))
     content += [{"type": "tool_use", "id": i, "name": n, "input": json.loads(a)} for i, n, a in answer.tool_calls]
     if not stream:
         if answer.error is not None:
@@ -111,6 +124,9 @@ def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
             start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
         out.append(_sse({"type": "content_block_start", "index": index, "content_block": start}, "content_block_start"))
         out.append(_sse({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"))
+        if block["type"] == "thinking":
+            out.append(_sse({"type": "content_block_delta", "index": index,
+                             "delta": {"type": "signature_delta", "signature": block["signature"]}}, "content_block_delta"))
         out.append(_sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
     out.append(_sse({"type": "message_delta", "delta": {"stop_reason": finish, "stop_sequence": answer.stop_sequence},
                      "usage": {"output_tokens": usage.get("output_tokens", 0)}}, "message_delta"))
