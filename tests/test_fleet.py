@@ -94,11 +94,17 @@ def test_redis_killed_mid_run_fails_no_request_and_shared_state_resumes(tmp_path
         redis_server.kill()
         try:
             burst(40)  # the store is down: local health, no failed request
+            # and every worker stays ready (a load balancer keeps the fleet), saying why it is degraded
+            for gateway in (one, two):
+                ready = client.get(f"{gateway.url}/readyz")
+                assert ready.status_code == 200 and ready.json()["status"] == "degraded"
+                assert "does not answer" in ready.json()["checks"]["shared_store"]
         finally:
             redis_server.start()
         time.sleep(1.2)  # the store is retried once a second
         burst(20)
         assert statuses == [200] * 80
+        assert client.get(f"{one.url}/readyz").json()["status"] == "ready"
         for gateway in (one, two):
             assert gateway.stderr.count("health_store_unreachable") == 1, gateway.stderr
             assert "health_store_reachable" in gateway.stderr

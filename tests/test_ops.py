@@ -175,9 +175,15 @@ def test_healthz_and_readyz(tmp_path):
         async def unreachable():
             return "the shared store does not answer"
 
-        gw.gateway.readiness["shared_store"] = unreachable  # the hook a shared health store uses
+        # a shared health store that is down is reported, and the gateway stays ready: it
+        # serves on local health (a 503 would take every worker of the fleet out at once)
+        gw.gateway.degradations["shared_store"] = unreachable  # the hook a shared health store uses
         ready = httpx.get(f"{gw.url}/readyz")
-        assert ready.status_code == 503 and ready.json()["checks"]["shared_store"] == "the shared store does not answer"
+        assert ready.status_code == 200 and ready.json() == {"status": "degraded", "checks": {
+            "config": "ok", "ledger": "ok", "shared_store": "the shared store does not answer"}}
+        gw.gateway.readiness["ledger"] = unreachable  # (as a ledger that cannot be written)
+        ready = httpx.get(f"{gw.url}/readyz")
+        assert ready.status_code == 503 and ready.json()["status"] == "not ready"
 
 
 def test_readyz_reports_a_ledger_that_cannot_be_written(tmp_path):

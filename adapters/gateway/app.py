@@ -209,14 +209,18 @@ class Gateway:
         self.max_body = self.settings.max_body_bytes
         self._outcomes: dict[str, deque[tuple[float, bool]]] = defaultdict(deque)
         self._breakers: dict[str, str] = {}
-        # readiness checks beyond "config loaded": name -> callable answering an error or None;
-        # a shared health store adds its own here ("shared store reachable")
+        # readiness checks beyond "config loaded": name -> callable answering an error or None
         self.readiness: dict[str, Callable[[], Awaitable[str | None]]] = {}
+        # what /readyz reports without failing it: the gateway serves without it. A shared health
+        # store is one: when it is down each worker serves on local health (CONFIG.md), and a
+        # 503 from every worker at once would have the load balancer take the whole fleet out
+        # for an outage the fleet rides through
+        self.degradations: dict[str, Callable[[], Awaitable[str | None]]] = {}
         if ledger is not None:
             self.readiness["ledger"] = self._ledger_ready
             self._ready_limiter = trio.CapacityLimiter(1)
         if hasattr(relay.health, "reachable"):  # a shared health store (stores/health.py)
-            self.readiness["shared_store"] = self._store_ready
+            self.degradations["shared_store"] = self._store_ready
         self.in_flight = 0
         self.draining = False
         self._trimming = False
@@ -438,13 +442,18 @@ class Gateway:
         if self.draining:
             checks["draining"] = "the gateway is shutting down"
         ready = all(problem is None for problem in checks.values())
-        body = {"status": "ready" if ready else "not ready",
+        degraded = False
+        for name, check in self.degradations.items():
+            checks[name] = problem = await check()
+            degraded = degraded or problem is not None
+        body = {"status": "not ready" if not ready else "degraded" if degraded else "ready",
                 "checks": {name: problem or "ok" for name, problem in checks.items()}}
         await self._json(send, 200 if ready else 503, body)
 
     async def _store_ready(self) -> str | None:
         health = self.relay.health
-        return None if health.reachable else f"the shared health store at {health.where} does not answer"
+        return None if health.reachable else (f"the shared health store at {health.where} does not answer: "
+                                              "serving on this worker's own health")
 
     async def _ledger_ready(self) -> str | None:
         # a ledger server that hangs would hold the check (and /readyz) forever: it is waited for
