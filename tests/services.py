@@ -89,6 +89,21 @@ def _children(parent: int) -> list[int]:
     return found
 
 
+def _wait_stopped(pid: int, seconds: float = 10.0) -> None:
+    """Until `pid` is stopped by a signal (state T in /proc), or gone."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:  # (it ended meanwhile)
+            return
+        if state in ("T", "t", "Z", "X"):
+            return
+        time.sleep(0.001)
+    raise RuntimeError(f"process {pid} did not stop within {seconds} s")
+
+
 def _signal(pid: int, signum: int) -> None:
     try:
         os.kill(pid, signum)
@@ -163,10 +178,16 @@ class PostgresServer:
         kernel still accepts connections and data for it; nothing answers."""
         with open(os.path.join(self.data, "postmaster.pid")) as f:
             postmaster = int(f.readline())
-        os.kill(postmaster, signal.SIGSTOP)  # first: it forks no backend after the children are listed
+        # the postmaster first, and seen stopped before its children are listed: a kill() only
+        # queues the signal, and a postmaster still running for a moment could fork a backend
+        # the list misses, which would go on answering its connection through the freeze
+        os.kill(postmaster, signal.SIGSTOP)
+        _wait_stopped(postmaster)
         pids = [postmaster, *_children(postmaster)]
         for pid in pids[1:]:
             _signal(pid, signal.SIGSTOP)
+        for pid in pids[1:]:
+            _wait_stopped(pid)
         try:
             yield
         finally:
