@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE))
 
 from procs import listening, stop  # noqa: E402
 
-from relayline.adapters.sim.loopback import LoopbackServer, Reply, Seen  # noqa: E402
+from relayline.adapters.sim.loopback import BackgroundLoopback, Reply, Seen  # noqa: E402
 
 KEYS = ("sk-soak-a-7f3e9c1d2b", "sk-soak-a-second-44aa91", "sk-soak-b-0c8d2e6f")
 JSON = (("content-type", "application/json"),)
@@ -97,43 +97,17 @@ def faults(stream: bool, turn: int, limit: int) -> list[Reply]:
     return [reply for fault in cycle for reply in (fault, _ok(stream, f"a{turn}"))]
 
 
-class Upstream:
+class Upstream(BackgroundLoopback):
     """The loopback upstream in a thread of its own (its memory is not the gateway's)."""
 
     def __init__(self, limit: int, clean: bool = False) -> None:
+        super().__init__(self._handle)
         self.limit = limit
         self.clean = clean
         self.count = {"a": 0, "b": 0}
-        self._server = LoopbackServer(self._handle)
-        self._ready = threading.Event()
-        self._stop: trio.Event | None = None
-        self._token = None
-        self._thread = threading.Thread(target=lambda: trio.run(self._main), daemon=True)
-
-    async def _main(self) -> None:
-        self._stop = trio.Event()
-        self._token = trio.lowlevel.current_trio_token()
-        async with trio.open_nursery() as nursery:
-            await self._server.start(nursery)
-            self._ready.set()
-            await self._stop.wait()
-            nursery.cancel_scope.cancel()
-
-    def __enter__(self) -> Upstream:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        self._thread.join(10)
-
-    @property
-    def url(self) -> str:
-        return self._server.url
 
     def _handle(self, seen: Seen) -> Reply:
-        self._server.seen.clear()  # (the server keeps every request it saw: not here)
+        self.server.seen.clear()  # (the server keeps every request it saw: not here)
         alias = seen.path.strip("/").split("/", 1)[0]
         stream = bool((seen.body or {}).get("stream"))
         n = self.count[alias]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import trio
 
-from relayline.adapters.sim.loopback import LoopbackServer, Reply, Seen
+from relayline.adapters.sim.loopback import BackgroundLoopback, Reply, Seen
 
 JSON = (("content-type", "application/json"),)
 SSE = (("content-type", "text/event-stream"),)
@@ -32,20 +32,12 @@ def _chunk(delta: dict, finish=None, model="m") -> bytes:
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
-class Upstream:
+class Upstream(BackgroundLoopback):
     def __init__(self) -> None:
         self.mode: dict[str, dict] = {}
         self.log: list[tuple[str, str, bool]] = []
         self._lock = threading.Lock()
-        self._server = LoopbackServer(self._handle)
-        self._stop: trio.Event | None = None
-        self._token = None
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=lambda: trio.run(self._main), daemon=True)
-
-    @property
-    def url(self) -> str:
-        return self._server.url
+        super().__init__(self._handle)
 
     def base_url(self, alias: str) -> str:
         return f"{self.url}/{alias}/v1"
@@ -56,24 +48,6 @@ class Upstream:
     def count(self, alias: str) -> int:
         with self._lock:
             return sum(1 for a, _, _ in self.log if a == alias)
-
-    async def _main(self) -> None:
-        self._stop = trio.Event()
-        self._token = trio.lowlevel.current_trio_token()
-        async with trio.open_nursery() as nursery:
-            await self._server.start(nursery)
-            self._ready.set()
-            await self._stop.wait()
-            nursery.cancel_scope.cancel()
-
-    def __enter__(self) -> Upstream:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        self._thread.join(10)
 
     async def _handle(self, seen: Seen) -> Reply:
         alias = seen.path.strip("/").split("/", 1)[0]

@@ -10,9 +10,7 @@ event loops, so the servers get a trio loop of their own and the caller keeps it
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
-from typing import Self
 
 import trio
 
@@ -22,57 +20,8 @@ from ..gateway import Gateway, serve
 from ..gateway.auth import Access, KeyRing
 from ..relay import Relay
 from ..stores.ledger import LedgerStore
+from .loopback import BackgroundTrio
 from .server import SimHTTPServer, shape_by_alias, wire_to
-
-
-class BackgroundTrio:
-    """A trio run on a daemon thread that serves until the `with` block ends."""
-
-    def __init__(self, name: str) -> None:
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as exc:  # surfaced to the caller by __enter__
-            self._error = exc
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        self._stop = trio.Event()
-        async with trio.open_nursery() as nursery:
-            await self._serve(nursery)
-            self._ready.set()
-            await self._stop.wait()
-            await self._close()
-            nursery.cancel_scope.cancel()
-
-    async def _serve(self, nursery: trio.Nursery) -> None:
-        raise NotImplementedError
-
-    async def _close(self) -> None:
-        pass
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        if not self._ready.wait(30):
-            raise RuntimeError("the gateway did not start within 30 s")
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self._token is not None and self._stop is not None:
-            try:
-                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-            except trio.RunFinishedError:
-                pass
-        self._thread.join(30)
 
 
 class BackgroundUpstreams(BackgroundTrio):

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import threading
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Self
 
 import attrs
 import h11
@@ -116,3 +118,69 @@ def sse_events(text: bytes) -> list[bytes]:
     """A transcript split into its events (each ending with its blank line)."""
     parts = text.replace(b"\r\n", b"\n").split(b"\n\n")
     return [p + b"\n\n" for p in parts if p.strip()]
+
+
+class BackgroundTrio:
+    """A trio run on a daemon thread that serves until the `with` block ends."""
+
+    def __init__(self, name: str) -> None:
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:  # surfaced to the caller by __enter__
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await self._serve(nursery)
+            self._ready.set()
+            await self._stop.wait()
+            await self._close()
+            nursery.cancel_scope.cancel()
+
+    async def _serve(self, nursery: trio.Nursery) -> None:
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        pass
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError(f"{self._thread.name} did not start within 30 s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._token is not None and self._stop is not None:
+            try:
+                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+            except trio.RunFinishedError:
+                pass
+        self._thread.join(30)
+
+
+class BackgroundLoopback(BackgroundTrio):
+    """A LoopbackServer answering with `handler` on a trio loop of its own, for blocking callers
+    (the SDKs, tests and benches that are not trio)."""
+
+    def __init__(self, handler: Callable[[Seen], Reply | Awaitable[Reply]], name: str = "relayline-upstream") -> None:
+        super().__init__(name)
+        self.server = LoopbackServer(handler)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    async def _serve(self, nursery: trio.Nursery) -> None:
+        await self.server.start(nursery)

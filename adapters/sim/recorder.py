@@ -13,12 +13,10 @@ like the gateway (background.py), runs its own trio loop.
 from __future__ import annotations
 
 import json
-import threading
 
 import attrs
-import trio
 
-from .loopback import LoopbackServer, Reply, Seen
+from .loopback import BackgroundLoopback, Reply, Seen
 
 SSE = (("content-type", "text/event-stream"),)
 JSON = (("content-type", "application/json"),)
@@ -136,15 +134,11 @@ def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
     return tuple(out)
 
 
-class RecordingUpstream:
+class RecordingUpstream(BackgroundLoopback):
     def __init__(self) -> None:
+        super().__init__(self._answer)
         self.answer = Answer()
         self.seen: list[Seen] = []
-        self.url = ""
-        self._ready = threading.Event()
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
-        self._thread = threading.Thread(target=lambda: trio.run(self._main), name="relayline-upstream", daemon=True)
 
     def _answer(self, seen: Seen) -> Reply:
         self.seen.append(seen)
@@ -158,25 +152,3 @@ class RecordingUpstream:
         stream = bool(body.get("stream"))
         render = anthropic_reply if family == "anthropic" else openai_reply
         return Reply(headers=SSE if stream else JSON, pieces=render(answer, body.get("model", ""), stream))
-
-    async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        self._stop = trio.Event()
-        async with trio.open_nursery() as nursery:
-            server = LoopbackServer(self._answer)
-            await server.start(nursery)
-            self.url = server.url
-            self._ready.set()
-            await self._stop.wait()
-            nursery.cancel_scope.cancel()
-
-    def __enter__(self) -> RecordingUpstream:
-        self._thread.start()
-        if not self._ready.wait(30):
-            raise RuntimeError("the upstream did not start within 30 s")
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self._token is not None and self._stop is not None:
-            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        self._thread.join(30)
