@@ -28,13 +28,17 @@ _LONG_RUN = b"0" * 19
 _STRIDE = 9  # (19 >= 2 * 9 + 1: a run of 19 covers two multiples of 9)
 
 
+_SAMPLED_FROM = 4096  # (below it the sample's own slice costs more than it saves: a stream frame)
+
+
 def _no_long_number(data: bytes | bytearray | str) -> bool:
     """No run of 19 digits: no integer orjson would read differently from `json` (as a float)."""
-    sample = data[::_STRIDE]
-    if isinstance(sample, str):  # (a character that is not a digit encodes to no digit byte)
-        sample = sample.encode("utf-8", "surrogatepass")
-    if b"00" not in sample.translate(_DIGITS_AS_ZERO):
-        return True
+    if len(data) > _SAMPLED_FROM:
+        sample = data[::_STRIDE]
+        if isinstance(sample, str):  # (a character that is not a digit encodes to no digit byte)
+            sample = sample.encode("utf-8", "surrogatepass")
+        if b"00" not in sample.translate(_DIGITS_AS_ZERO):
+            return True
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     return _LONG_RUN not in raw.translate(_DIGITS_AS_ZERO)
 

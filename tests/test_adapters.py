@@ -172,6 +172,11 @@ async def test_malformed_frames_are_protocol_errors_not_crashes():
     assert got["outcome"] == "error" and got["attempts"][0] == ("stream_failed", "retryable")
     got, _ = await run_stream("anthropic", serve([b"event: ping\ndata: \xff\xfe\n\n"]))
     assert got["attempts"][0] == ("stream_failed", "retryable")
+    # a tool call's index that is no integer (a list: unhashable as the parser's key)
+    bad = (b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":[0],"id":"c",'
+           b'"function":{"name":"f","arguments":""}}]}}]}\n\n')
+    got, _ = await run_stream("openai", serve([bad]))
+    assert got["attempts"][0] == ("stream_failed", "malformed")  # (it was an internal error: a TypeError)
 
 
 # -- complete mode and HTTP errors -----------------------------------------------------------------

@@ -272,13 +272,12 @@ class AnthropicStream:
 
     BLOCKS = {"text": ("text", "text_delta", "text"), "reasoning": ("thinking", "thinking_delta", "thinking")}
 
-    __slots__ = ("turn_id", "index", "block", "tools", "tool_blocks", "ids", "slotted")
+    __slots__ = ("turn_id", "index", "block", "tool_blocks", "ids", "slotted")
 
     def __init__(self, turn_id: str) -> None:
         self.turn_id = turn_id
         self.index = -1
         self.block: str | None = None
-        self.tools = 0
         self.tool_blocks: list[int] = []  # each tool call's block index
         self.ids = ToolIds("toolu_")
         self.slotted: tuple[int, str, bytes, bytes] = (-1, "", b"", b"")  # the open block's delta
@@ -321,22 +320,23 @@ class AnthropicStream:
                 self.slotted = (self.index, delta_type, head, tail)
             return out + head + jsoncodec.dumps(event.value) + tail
         if event.kind == "tool":
-            self.tools += 1
             out = self._open("tool", {"type": "tool_use", "id": self.ids(event.ref), "name": event.value, "input": {}})
             self.tool_blocks.append(self.index)
             return out
-        if event.kind == "tool_args" and event.ref.isdigit() and int(event.ref) < len(self.tool_blocks):
-            # a piece of a call opened before the last one: to its own block (the SDKs gather by index)
-            return _sse({"type": "content_block_delta", "index": self.tool_blocks[int(event.ref)],
-                         "delta": {"type": "input_json_delta", "partial_json": event.value}}, "content_block_delta")
-        if event.kind == "tool_args" and self.block == "tool":
-            return _sse({"type": "content_block_delta", "index": self.index,
-                         "delta": {"type": "input_json_delta", "partial_json": event.value}}, "content_block_delta")
+        if event.kind == "tool_args":
+            # a piece of a call opened before the last one names its place: to its own block (the
+            # SDKs gather by index); any other, to the open tool block
+            place = int(event.ref) if event.ref.isdigit() else -1
+            index = self.tool_blocks[place] if 0 <= place < len(self.tool_blocks) else (
+                self.index if self.block == "tool" else None)
+            if index is not None:
+                return _sse({"type": "content_block_delta", "index": index,
+                             "delta": {"type": "input_json_delta", "partial_json": event.value}}, "content_block_delta")
         return b""
 
     def ok(self, result: TurnResult, relayline: dict) -> bytes:
         delta = {"type": "message_delta",
-                 "delta": {"stop_reason": wire.TO_ANTHROPIC[_finish(result, self.tools)],
+                 "delta": {"stop_reason": wire.TO_ANTHROPIC[_finish(result, len(self.tool_blocks))],
                            "stop_sequence": result.stop_sequence},
                  "usage": anthropic_usage(_usage(result)), "relayline": relayline}
         return self._close() + _sse(delta, "message_delta") + _sse({"type": "message_stop"}, "message_stop")

@@ -27,9 +27,10 @@ import subprocess
 import sys
 import time
 from functools import partial
-from pathlib import Path
 
-from relayline.machines.config import Config, ConfigError, parse_config
+from relayline.machines.config import Config, ConfigError
+
+from .reload import load_file
 
 RESTART_PAUSE_S = 1.0
 # beyond drain_s, what a worker still does before it exits: the cancelled turns' ledger rows (a
@@ -107,8 +108,8 @@ def stop_wait_s(config_path: str, config: Config) -> float:
     than drain_s killed workers mid-drain, and their turns' ledger rows with them."""
     drain = config.gateway.drain_s
     try:
-        drain = max(drain, parse_config(Path(config_path).read_text(), config_path).gateway.drain_s)
-    except (OSError, UnicodeDecodeError, ConfigError):
+        drain = max(drain, load_file(config_path).gateway.drain_s)  # (read as a reload reads it)
+    except (UnicodeDecodeError, ConfigError):
         pass  # (a file the workers would refuse to reload: they drain as they started)
     return drain + STOP_GRACE_S
 

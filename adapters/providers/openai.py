@@ -503,7 +503,8 @@ class OpenAIStreamParser:
                 call = w.want_dict(call, at)
                 function = w.optional(call, "function", w.want_dict, at) or {}
                 name = w.optional(function, "name", w.want_str, f"{at}.function")
-                index = call.get("index", j)
+                index = w.optional(call, "index", w.want_int, at)
+                index = j if index is None else index
                 if name:
                     self.calls[index] = len(self.calls)
                     frames.append(Frame(TOOL_CALL, name, ref=w.optional(call, "id", w.want_str, at) or ""))

@@ -243,6 +243,14 @@ _CONTENT_ENCODING = "\r\ncontent-encoding:"
 _TRANSFER_ENCODING = "\r\ntransfer-encoding:"
 
 
+def _field(fields: str, at: int, line: str) -> str | None:
+    """The value of the field whose `line` start (`_CONTENT_LENGTH`...) is `at` in `fields`."""
+    if at < 0:
+        return None
+    at += len(line)
+    return fields[at:fields.index("\r", at)].strip(" \t")
+
+
 def head_fields(fields: str) -> dict[str, str]:
     """Every field of a head (`fields`: its status line and field lines, each ending in CRLF) by
     lowercase name, without the whitespace around its value, the last of a name's lines winning."""
@@ -331,21 +339,14 @@ class Connection:
         # only the framing is read here, every field only when asked for (`Response.headers`)
         self._fields = fields = unread[begin:end + 2].decode("latin-1")
         lowered = fields.lower()
-        at = lowered.rfind(_CONTENT_LENGTH)
-        if at < 0:
-            self._length = length = None
-        else:
-            at += len(_CONTENT_LENGTH)
-            self._length = length = fields[at:fields.index("\r", at)].strip(" \t")
-        if _CONTENT_ENCODING in lowered:
-            at = lowered.rfind(_CONTENT_ENCODING) + len(_CONTENT_ENCODING)
-            self._encoding = fields[at:fields.index("\r", at)].strip(" \t")
-        chunked = _TRANSFER_ENCODING in lowered
+        self._length = length = _field(fields, lowered.rfind(_CONTENT_LENGTH), _CONTENT_LENGTH)
+        self._encoding = _field(fields, lowered.rfind(_CONTENT_ENCODING), _CONTENT_ENCODING)
+        at = lowered.find(_TRANSFER_ENCODING)
+        chunked = at >= 0
         if chunked:
             # llhttp would read another coding to the close, and frames by the last of two lines
-            at = lowered.find(_TRANSFER_ENCODING) + len(_TRANSFER_ENCODING)
-            if fields[at:fields.index("\r", at)].strip(" \t").lower() != "chunked" or \
-                    lowered.find(_TRANSFER_ENCODING, at) >= 0:
+            if _field(fields, at, _TRANSFER_ENCODING).lower() != "chunked" or \
+                    lowered.find(_TRANSFER_ENCODING, at + len(_TRANSFER_ENCODING)) >= 0:
                 raise _Malformed("a transfer coding other than chunked")
             self._chunked = True
         self._status = status
@@ -517,8 +518,8 @@ class Response:
 
     __slots__ = ("connection", "status", "content_length", "complete", "_fields", "_headers", "_inflate", "_tail")
 
-    def __init__(self, connection: Connection, status: int, fields: str, content_length: str | None = None,
-                 content_encoding: str | None = None) -> None:
+    def __init__(self, connection: Connection, status: int, fields: str, content_length: str | None,
+                 content_encoding: str | None) -> None:
         self.connection = connection
         self.status = status
         self.content_length = content_length
