@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SHARED := $(wildcard ../shared/conformance/*.toml)
 
-.PHONY: install browser demo test fuzz mutmut bench diagrams lint typecheck clean
+.PHONY: install browser demo docs test fuzz mutmut bench diagrams lint typecheck clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -15,18 +15,30 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# the console tests drive a real headless browser: Debian's chromium (apt-get needs root)
+# the console tests drive a real headless browser: Debian's chromium, installed only as root with
+# apt-get (CI, a fresh machine); anywhere else its tests skip and say what to install
 browser:
-	@command -v chromium >/dev/null 2>&1 || { export DEBIAN_FRONTEND=noninteractive; \
-	  apt-get update -q -o DPkg::Lock::Timeout=120 >/dev/null && \
-	  apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=120 chromium >/dev/null; }
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+	  || command -v google-chrome >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get update -q -o DPkg::Lock::Timeout=120 >/dev/null && \
+	    apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=120 chromium >/dev/null \
+	    || echo "browser: apt-get failed: the console's browser tests will skip"; \
+	  else echo "browser: no chromium and cannot install it here (not root, or no apt-get): the console's browser tests will skip (install chromium to run them)"; fi; }
 
 demo: install
 	$(BIN)/relayline demo
 
+# the manual (docs/, mkdocs.yml) as a site in site/; strict: a dead link or a page missing from
+# the navigation fails the build
+docs: install
+	$(BIN)/mkdocs build --strict --quiet --site-dir site
+
 test: install browser
 	bash .ci/services
 	$(BIN)/relayline diagram --check
+	$(MAKE) --no-print-directory docs
 	$(BIN)/ruff check machines adapters tests bench examples
 	$(MAKE) --no-print-directory typecheck
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest
@@ -74,4 +86,4 @@ typecheck: install
 	$(BIN)/mypy  # machines/, strict ([tool.mypy] in pyproject.toml)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis .mutmut
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .hypothesis .mutmut

@@ -162,7 +162,7 @@ class Chromium:
     def __init__(self, workdir: Path, executable: str | None = None) -> None:
         self.executable = executable or find_chromium()
         if self.executable is None:
-            raise BrowserError("no chromium on PATH: `make test` installs Debian's chromium (apt-get install chromium)")
+            raise BrowserError("no chromium on PATH: install chromium (`make test` does, as root with apt-get)")
         self.profile = Path(workdir) / "chromium-profile"
         self.proc: subprocess.Popen | None = None
         self.port = 0

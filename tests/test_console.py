@@ -17,7 +17,7 @@ import h11
 import httpx
 import pytest
 import trio
-from browser import Chromium
+from browser import Chromium, find_chromium
 
 from relayline.adapters.gateway.console import CSP, MERMAID, turn_view
 from relayline.adapters.sim.background import BackgroundGateway
@@ -119,6 +119,8 @@ def assert_clean(where: str, text: str) -> None:
 
 @pytest.fixture
 def browser(tmp_path):
+    if find_chromium() is None:
+        pytest.skip("no chromium on PATH: install chromium (`make test` does, as root with apt-get)")
     with Chromium(tmp_path) as chromium:
         yield chromium
 
