@@ -1,4 +1,4 @@
-"""The HTTP/1.1 parser lever (issue 17): llhttp (httptools) in place of h11, before and after in
+"""The HTTP/1.1 parser lever: llhttp (httptools) in place of h11, before and after in
 one run (`python bench/http_parser.py --base DIR`; never part of `make test`).
 
 The parser has no switch: the before is a checkout of the code before the lever (`--base`, its

@@ -1,7 +1,7 @@
 """The gateway under load (`make bench`; never part of `make test`).
 
-Issue 12 saw 1,000 concurrent clients collapse the gateway to 38-64 req/s (httpcore's pool scan,
-and upstream connections re-opened instead of reused); issue 17 sets the targets: at 200 and
+The fault review saw 1,000 concurrent clients collapse the gateway to 38-64 req/s (httpcore's pool scan,
+and upstream connections re-opened instead of reused); the performance targets are: at 200 and
 1,000 concurrent clients no error, p99 at most 3x p50 and throughput not below the concurrency-16
 figure; 5,000 concurrent streams with no error and at most 32 KiB of gateway memory per stream.
 

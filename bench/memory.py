@@ -1,6 +1,6 @@
 """Gateway memory under the largest replies (`make bench`; never part of `make test`).
 
-Issue 12 found the gateway's memory growing with the response and staying grown. This measures
+The fault review found the gateway's memory growing with the response and staying grown. This measures
 the gateway's resident set (its own `relayline serve` process) before, at the peak of, and after:
 
 - a 32 MiB non-streamed reply (accepted: just under `[limits] max_response_bytes`, the default);

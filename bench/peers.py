@@ -464,7 +464,7 @@ def summarise(trio_side: dict, lite: dict | None) -> dict:
 
 
 def targets(summary: dict) -> list[dict]:
-    """Issue 17's targets this run measures, each with its figure, LiteLLM's where it has one,
+    """The performance targets this run measures, each with its figure, LiteLLM's where it has one,
     and whether it holds."""
     lat, rps, stream = summary["latency_ms"], summary["throughput_rps"], summary["stream"]
     lite_lat, lite_stream = lat.get("litellm"), stream.get("litellm")

@@ -1,6 +1,6 @@
 """The proxy floor: what any Python proxy costs, beside what the gateway costs, in one run.
 
-Issue 17's throughput target (the gateway at >= 60% of the direct call's requests/s, closed-loop
+The throughput target (the gateway at >= 60% of the direct call's requests/s, closed-loop
 httpx clients at concurrency 1 and 16, bench/run.py's rows) says nothing about how close a proxy
 written in Python can come. This bench measures it: the same httpx clients (peers.py's
 `_throughput`), the same upstream process (bench/upstream.py), the targets alternated in each

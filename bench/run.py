@@ -15,7 +15,7 @@ machine. This file measures the sans-I/O core:
 - the gateway's own path with an in-process upstream, each lever off in turn (bench/gateway_cpu.py),
   and `--workers 2` against one worker with the CPU each process spends (bench/workers.py);
 - the HTTP server floor (bench/floor.py) and the HTTP side by side (bench/peers.py): direct,
-  gateway, library and LiteLLM, with issue 17's targets marked holds / does not hold;
+  gateway, library and LiteLLM, with the performance targets marked holds / does not hold;
 - the library from asyncio, synchronous code and a trio guest run, beside trio (bench/hosts.py);
 - a fleet's shared state (bench/fleet.py): Redis health vs the memory store, PostgreSQL vs SQLite.
 
@@ -411,7 +411,7 @@ def print_http(h: dict) -> None:
     print(f"\ngateway process CPU: {cpu['ms_per_request']:.2f} ms per non-streamed request "
           f"({cpu['ms_per_request_in_process_upstream']:.2f} ms with an in-process upstream: no HTTP call), "
           f"{cpu['us_per_frame']:.1f} µs per streamed frame (10 ms ticks: a rough figure)")
-    print("\nissue 17's targets")
+    print("\nthe performance targets")
     for t in h["targets"]:
         lite = f"; LiteLLM {t['litellm']:.3g} {t['unit']}" if t["litellm"] is not None else ""
         sign = ">=" if t["at_least"] else "<="

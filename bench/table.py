@@ -17,7 +17,7 @@ def _fmt(value: float, unit: str) -> str:
 
 
 def targets(results: dict) -> str:
-    rows = ["| issue 17 target | relayline | LiteLLM, same run | holds? |", "| --- | --- | --- | --- |"]
+    rows = ["| target | relayline | LiteLLM, same run | holds? |", "| --- | --- | --- | --- |"]
     workers = results.get("workers")
     for t in results["http"]["targets"]:
         sign = "≥" if t["at_least"] else "≤"

@@ -1,4 +1,4 @@
-"""The upstream client lever (issue 17): the gateway on its lean HTTP/1.1 client
+"""The upstream client lever: the gateway on its lean HTTP/1.1 client
 (providers/upstream.py) beside the same gateway on httpx (RELAYLINE_UPSTREAM_CLIENT=httpx), in
 the same run, against the same raw asyncio upstream (bench/upstream.py), rounds interleaved.
 
