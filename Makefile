@@ -33,7 +33,7 @@ demo: install
 # the manual (docs/, mkdocs.yml) as a site in site/; strict: a dead link or a page missing from
 # the navigation fails the build
 docs: install
-	$(BIN)/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 test: install browser
 	bash .ci/services

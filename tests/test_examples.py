@@ -58,8 +58,8 @@ def test_catalog_example_loads_and_orders_its_hosts_by_price():
     assert [e.profile for e in plan_turn(router, model="deepseek-v3").entries] == ["fireworks.main", "together.main"]
 
 
-def test_readme_shows_the_catalog_examples_plan_as_it_is():
-    readme = (EXAMPLES.parent / "README.md").read_text()
+def test_the_manual_shows_the_catalog_examples_plan_as_it_is():
+    readme = (EXAMPLES.parent / "docs" / "concepts.md").read_text()
     block = readme.split("<!-- catalog-plan:start")[1].split("<!-- catalog-plan:end -->")[0]
     shown = block.split("```\n", 1)[1].rsplit("\n```", 1)[0]
     assert shown == catalog_plan_output()

@@ -1,4 +1,5 @@
-"""README "Use it from Python": every snippet runs as written, from the repository root."""
+"""The library's snippets, in the README's quickstart and in the manual's library page: every one
+runs as written, from the repository root."""
 
 from __future__ import annotations
 
@@ -13,14 +14,23 @@ import relayline.adapters as public
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
-SECTION = README[README.index("## Use it from Python"):README.index("## The command line")]
-SNIPPETS = re.findall(r"```python\n(.*?)```", SECTION, re.S)
+QUICKSTART = README[README.index("## Quickstart: the library"):README.index("## The command line")]
+LIBRARY = (ROOT / "docs" / "library.md").read_text()
 
 
-def test_the_section_shows_the_three_hosts():
-    assert len(SNIPPETS) >= 3
-    assert any("trio.run(" in s for s in SNIPPETS) and any("asyncio.run(" in s for s in SNIPPETS)
-    assert any("complete_sync(" in s and "stream_sync(" in s for s in SNIPPETS)
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+SNIPPETS = python_blocks(QUICKSTART) + python_blocks(LIBRARY)
+
+
+@pytest.mark.parametrize("text", [QUICKSTART, LIBRARY], ids=["readme", "manual"])
+def test_each_shows_the_three_hosts(text):
+    snippets = python_blocks(text)
+    assert len(snippets) >= 3
+    assert any("trio.run(" in s for s in snippets) and any("asyncio.run(" in s for s in snippets)
+    assert any("complete_sync(" in s and "stream_sync(" in s for s in snippets)
 
 
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=[f"snippet{i}" for i in range(len(SNIPPETS))])
