@@ -321,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     p = command("simulate", "run scenario files on virtual time; exit 1 if an expectation fails", cmd_simulate)
-    p.add_argument("files", nargs="+", help="scenario TOML files (SCENARIOS.md)")
+    p.add_argument("files", nargs="+", help="scenario TOML files (docs/behaviour.md)")
     p.add_argument("--json", action="store_true", help="print the trace and check nothing")
     p.add_argument("--http", choices=WIRES,
                    help="serve the sim profiles over real loopback HTTP in this protocol's shape")

@@ -283,7 +283,7 @@ class Relay:
         text = request.turn_text if self.config.effort_routing is not None else ""
         plan = self.plan(model=model, text=text, operator_model=operator_model, gateway=gateway)
         if not self.config.gateway.drop_unsupported_params:
-            # CONFIG.md "The wire": an entry that cannot honour the request is skipped, not sent
+            # docs/wire.md: an entry that cannot honour the request is skipped, not sent
             unfit = {}
             for entry in plan.entries:
                 fields = wire.unsupported(request, entry.provider.family, entry.provider.capabilities)

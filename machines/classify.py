@@ -2,7 +2,7 @@
 
 Providers disagree on how they say "your prompt is too long" or "you are out of credit"; the
 walk must not. Everything a provider sends (status, error code, message, Retry-After headers) is
-reduced here to one of the failure classes of CONFIG.md plus a short `detail` that relayline
+reduced here to one of the failure classes (docs/concepts.md) plus a short `detail` that relayline
 writes itself. The provider's message is read, never kept: it does not reach errors or traces.
 """
 
@@ -30,7 +30,7 @@ TOO_LARGE = FailureClass.TOO_LARGE
 INTERNAL = FailureClass.INTERNAL
 
 FAILURE_CLASSES = tuple(FailureClass)
-# CONFIG.md: only these teach the breaker anything about a profile's health
+# only these teach the breaker anything about a profile's health
 BREAKER_CLASSES = frozenset({RETRYABLE, MALFORMED, TIMEOUT})
 
 # Context-window phrasings seen from OpenAI, Anthropic, OpenRouter, Groq, vLLM, Ollama, llama.cpp
@@ -61,7 +61,7 @@ class Failure:
     status: int | None = None
     retry_after_s: float | None = None
     # a client rejection's upstream error type and message, bounded and redacted by the adapter:
-    # the one provider text a client gets back (CONFIG.md "The wire"), never in `detail`
+    # the one provider text a client gets back (docs/wire.md), never in `detail`
     error_type: str | None = attrs.field(default=None, repr=False)
     error_message: str | None = attrs.field(default=None, repr=False)
 

@@ -1,11 +1,11 @@
 """The configuration, as frozen attrs classes structured from TOML by cattrs.
 
-Keys and defaults are CONFIG.md's, exactly. Structuring is strict (a string is not an int, an
+Keys and defaults are exactly those docs/configuration.md documents. Structuring is strict (a string is not an int, an
 unknown key is an error) and reports every problem at once, each with its key path in the
 operator's own notation: `providers."anthropic.main".fallbacks[1]`. Values whose validity
 depends on other keys (an `active` that names no profile, a route without a hint) are checked
 after structuring, with the same paths. Graph problems (dangling fallbacks, cycles) are not
-errors here: plan.py prunes them with warnings, as CONFIG.md requires.
+errors here: plan.py prunes them with warnings, as the rules require (docs/concepts.md).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Secret:
 
 @attrs.frozen
 class Capabilities:
-    # CONFIG.md "The wire": capabilities left unset default to true, except prefill
+    # docs/wire.md: capabilities left unset default to true, except prefill
     streaming: bool = True
     tools: bool = True
     vision: bool = True
@@ -103,7 +103,7 @@ class Reliability:
 
     @property
     def first_backoff_s(self) -> float:
-        # CONFIG.md: the first wait has a floor of 50 ms, whatever is configured
+        # the first wait has a floor of 50 ms, whatever is configured
         return max(self.backoff_ms, 50) / 1000.0
 
 

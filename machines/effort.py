@@ -97,7 +97,7 @@ def allowlist(config: Config, decision: EffortDecision | None) -> frozenset[str]
 
 @attrs.frozen
 class RouteSelection:
-    """Who owns the route at a scope (a session, a channel): automatic effort routing or the
+    """Who owns the route at a scope (a conversation, a channel): automatic effort routing or the
     operator. `model` is the active model at that scope, if any.
 
     An explicit operator selection disables effort routing at its scope; selecting "auto" gives

@@ -19,7 +19,7 @@ from .config import Breaker as BreakerConfig
 from .engine import Lifecycle, load_spec
 from .vocab import BreakerState, BreakerTrigger
 
-# a turn lives at most timeouts.total_s (CONFIG.md's default): no probe outlives its turn by more
+# a turn lives at most timeouts.total_s (its default): no probe outlives its turn by more
 DEFAULT_PROBE_LEASE_S = 600.0
 # a state name as its BreakerState: a lookup, where BreakerState(name) costs a µs (Enum's
 # __call__), and a breaker's state is read several times a turn

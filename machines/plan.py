@@ -1,12 +1,12 @@
 """From config and request to the exact, ordered chain of entries a turn may attempt.
 
-A reliability domain is one root profile flattened depth first (CONFIG.md "Materialising the
-attempt order"): the pinned primary, its fallback_models, then each fallback profile with its own
+A reliability domain is one root profile flattened depth first (docs/concepts.md, "Reliability
+domains and the attempt order"): the pinned primary, its fallback_models, then each fallback profile with its own
 model, its own fallback_models and its own fallbacks. Bad edges are pruned with a warning, never
 fatal; a reachable profile that cannot supply its credential, or whose family is unknown, is fatal.
 
 The router holds one domain for the active profile, one per unique route target, and one per
-catalog model (CONFIG.md "Model catalog": its channels, cheapest first, cut at max_hops; a
+catalog model (docs/concepts.md "The catalog": its channels, cheapest first, cut at max_hops; a
 channel's own fallbacks are not walked). `plan_turn` picks the domain for a request (model,
 hint:NAME, catalog name, operator selection or effort decision), fills unpinned entries with the
 requested model and prices every entry. Everything here is pure: the environment comes in as a

@@ -551,7 +551,7 @@ class Turn:
         raise IllegalTransition(f"turn: a stream's end cannot lead to state {state!r}")
 
     def _semantic_empty_recovery(self, entry: PlannedEntry, now: float) -> Action:
-        # CONFIG.md: the exact entry gets one non-streaming recovery attempt when retries > 0
+        # the exact entry gets one non-streaming recovery attempt when retries > 0
         # (replay-safe), or when it is the only candidate; both at once merge into one attempt
         index = entry.index
         allowance = 1 if (self.config.reliability.provider_retries > 0 or self._only_candidate(index, now)) else 0

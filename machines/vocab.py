@@ -159,7 +159,7 @@ class Mode(StrEnum):
 
 
 class FailureClass(StrEnum):
-    """CONFIG.md's failure classes: each is one column of the walk's decision table."""
+    """The failure classes (docs/concepts.md, "The walk"): each is one column of the walk's decision table."""
 
     EMPTY = "empty"
     RETRYABLE = "retryable"
@@ -169,7 +169,7 @@ class FailureClass(StrEnum):
     QUOTA = "quota"
     CONTEXT_WINDOW = "context_window"
     REJECTED = "rejected"
-    # a content-policy refusal (CONFIG.md "Refusals"): a 400 naming a content policy, or a completion
+    # a content-policy refusal (docs/concepts.md, "Refusals"): a 400 naming a content policy, or a completion
     # whose finish reason is content_filter. With on_refusal = "return" the turn demotes it to what
     # it was before refusals had a class of their own (rejected, or an ordinary answer).
     REFUSED = "refused"
@@ -203,7 +203,7 @@ class ErrorReason(StrEnum):
     CONTEXT_WINDOW = "context_window"
     CLIENT_ERROR = "client_error"
     NO_CANDIDATE = "no_candidate"
-    UNSUPPORTED = "unsupported"  # no entry can honour the request as asked (CONFIG.md "The wire")
+    UNSUPPORTED = "unsupported"  # no entry can honour the request as asked (docs/wire.md)
     DEADLINE = "deadline"  # timeouts.total_s passed before an answer
     INTERNAL = "internal"  # relayline failed to make or read the call (logged with its stack)
     CANCELLED = "cancelled"

@@ -271,7 +271,7 @@ class Walk:
     @property
     def other_candidate(self) -> bool:
         """Another candidate (`another_candidate`) after the current entry; after a 429, as it
-        will stand once the profile cools down (CONFIG.md: cool down and advance only when there
+        will stand once the profile cools down (cool down and advance only when there
         is somewhere to advance to)."""
         return another_candidate(self.plan, self.health, self.entry, self.now, self._reach(),
                                  cooled=self.failure is not None and self.failure.kind == fc.RATE_LIMITED)
@@ -384,7 +384,7 @@ class Walk:
                     return self._enter()
                 self.health.skip(entry, reason, plan.unfit.get(entry.profile, ()))
         if not self.attempted and not self.forced:
-            # CONFIG.md: every entry was skipped for health before any attempt: probe the one
+            # every entry was skipped for health before any attempt: probe the one
             # whose window ends soonest, once, rather than failing without trying
             skipped = [
                 j for j in range(len(self.plan.entries))

@@ -39,7 +39,7 @@ STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER = "stop", "stop_sequence
 PAUSE = "pause_turn"
 FINISH_REASONS = (STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER, PAUSE)
 
-# reasoning_effort <-> thinking.budget_tokens (CONFIG.md "The wire")
+# reasoning_effort <-> thinking.budget_tokens (docs/wire.md)
 EFFORT_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384}
 MIN_BUDGET = EFFORT_BUDGETS["low"]  # Anthropic's least thinking budget
 
@@ -201,8 +201,8 @@ def json_object(text: str) -> dict[str, Any] | None:
 
 
 def unsupported(request: Request, family: str, capabilities: Capabilities) -> tuple[str, ...]:
-    """The request fields an entry of `family` with `capabilities` cannot honour (CONFIG.md "The
-    wire"), by name. Empty: the entry can serve the request as asked."""
+    """The request fields an entry of `family` with `capabilities` cannot honour (docs/wire.md),
+    by name. Empty: the entry can serve the request as asked."""
     names: list[str] = []
     if not capabilities.vision and request.has_images:  # (the capability first: it reads no message)
         names.append("image")

@@ -37,7 +37,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 @pytest.fixture(scope="session")
 def redis_server():
-    """A real redis-server on a loopback port, for the whole session (tests may kill and restart it)."""
+    """A real redis-server on a loopback port, for the whole test run (tests may kill and restart it)."""
     reason = RedisServer.unavailable()
     if reason:
         pytest.skip(reason)
@@ -49,7 +49,7 @@ def redis_server():
 
 @pytest.fixture(scope="session")
 def postgres_server():
-    """A real PostgreSQL cluster on a loopback port, for the whole session."""
+    """A real PostgreSQL cluster on a loopback port, for the whole test run."""
     reason = PostgresServer.unavailable()
     if reason:
         pytest.skip(reason)

@@ -1,5 +1,5 @@
-"""Requested versus served, for every model form a client may name (CONFIG.md "Routes and hints",
-"Model catalog", "Attribution"): the plan's label, and every place the gateway shows it (the
+"""Requested versus served, for every model form a client may name (docs/concepts.md, "Reliability
+domains and the attempt order", "The catalog", "Attribution"): the plan's label, and every place the gateway shows it (the
 attribution header, the `relayline` answer field, the ledger row, the console), through the
 official SDKs over loopback HTTP."""
 
@@ -45,7 +45,7 @@ def test_each_model_form_is_labelled_as_config_md_says():
         "hint:nope": ("openai.main/hint:nope", "openai.main/m-main"),  # the literal stays requested
         "fast": ("un.pinned/fm", "un.pinned/fm"),  # the gateway: a route's hint names a model
         "llama": ("catalog/llama", "sim.c1/llama"),  # no price: the listed order
-        # another profile's name is a model literal of the default domain (CONFIG.md: any other
+        # another profile's name is a model literal of the default domain (any other
         # model value uses the default domain unchanged)
         "anthropic.backup/m-backup": ("openai.main/anthropic.backup/m-backup", "openai.main/m-main"),
         "openai.main/": ("openai.main/openai.main/", "openai.main/m-main"),

@@ -1,4 +1,4 @@
-"""CONFIG.md "Model catalog: cost-ordered chains": validation with key paths, the chain, prices."""
+"""docs/concepts.md "The catalog": validation with key paths, the chain, prices."""
 
 import pytest
 from hypothesis import given

@@ -322,7 +322,7 @@ def test_a_finish_reason_is_the_providers_else_what_the_answer_shows(reason, too
     assert finish_reason(reason, tools) == canonical
 
 
-# -- what an entry cannot honour (CONFIG.md "The wire"): named, so the walk skips it ----------------
+# -- what an entry cannot honour (docs/wire.md): named, so the walk skips it ----------------
 
 def _unsupported(family, source="openai", capabilities=None, **request):
     from relayline.machines.config import Capabilities

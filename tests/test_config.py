@@ -1,4 +1,4 @@
-"""CONFIG.md "File shape": keys, defaults, strictness, key paths, secrets."""
+"""docs/configuration.md: keys, defaults, strictness, key paths, secrets."""
 
 import pytest
 
@@ -20,7 +20,7 @@ def test_defaults_are_config_md():
     assert cfg.notices.model_fallback_notice == "off"
     p = cfg.providers["a"]
     assert (p.locality, p.capabilities.streaming, p.capabilities.tools, p.capabilities.vision,
-            p.capabilities.prefill) == ("cloud", True, True, True, False)  # CONFIG.md "The wire"
+            p.capabilities.prefill) == ("cloud", True, True, True, False)  # docs/wire.md
 
 
 def test_backoff_floor_is_50ms():

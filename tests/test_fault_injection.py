@@ -1,4 +1,4 @@
-"""An exception at every await point of a turn (issue 12): Hypothesis picks the point and the
+"""An exception at every await point of a turn: Hypothesis picks the point and the
 exception, a real turn runs through the real driver against loopback upstreams, and then:
 
 - no breaker is left `probing`, and the exception is accounted for: the attempt it hit is that

@@ -69,7 +69,7 @@ def outcomes(result) -> list[tuple[str, str, str]]:
     return [(a.provider, a.outcome, a.detail) for a in result.attempts]
 
 
-# -- the upstream kinds of issue 12 ------------------------------------------------------------
+# -- the upstream kinds of fault ------------------------------------------------------------
 
 
 async def test_a_hanging_upstream_is_a_headers_timeout_and_the_backup_answers():
@@ -319,7 +319,7 @@ class CrashingProbe:
 
 @pytest.mark.parametrize("fault", ["adapter raises", "lone surrogate"])
 async def test_a_turn_that_raises_while_probing_never_wedges_the_breaker(fault, autojump_clock):
-    """Issue 12's wedge: a half-open profile, a turn holding its probe raises, and a healthy
+    """A wedge: a half-open profile, a turn holding its probe raises, and a healthy
     turn after it probes and closes the breaker."""
     replies = iter([Reply(status=503, headers=JSON_HEADERS, pieces=(b"{}",))])
     async with trio.open_nursery() as nursery:
@@ -570,7 +570,7 @@ async def test_what_the_client_did_never_moves_the_providers_breaker():
         await relay.aclose()
         nursery.cancel_scope.cancel()
     assert garbage.startswith(b"HTTP/1.1 400") and stalled.startswith(b"HTTP/1.1 408")
-    # (client_errors = "advance", CONFIG.md's default: another provider may take what one refused)
+    # (client_errors = "advance", the default: another provider may take what one refused)
     assert rejected.startswith(b"HTTP/1.1 200") and b"x-relayline-served: backup/m-backup" in rejected
     assert sorted([(a.provider, a.outcome) for a in r.attempts] for r in results[:3]) == [
         [("primary", "cancelled")], [("primary", "cancelled")], [("primary", "rejected"), ("backup", "ok")]]

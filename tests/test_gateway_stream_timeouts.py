@@ -1,4 +1,4 @@
-"""Each deadline fires through the gateway where it fires in the library (issue 17's review).
+"""Each deadline fires through the gateway where it fires in the library.
 
 The gateway's stream is the driver's sink with a `waiting()` the upstream adapter awaits before
 each read (what the last read rendered is written then, the provider's idle deadline lifted
@@ -39,7 +39,7 @@ ANSWER = (ROLE, chunk({"content": "from the backup"}), chunk({}, "stop"), b"data
 
 def backup_reply(seen) -> Reply:
     """The backup answers in the mode it is asked (a recovery after a failed stream is a
-    non-streamed call: CONFIG.md stream.recovery)."""
+    non-streamed call: stream.recovery (docs/configuration.md))."""
     if seen.body.get("stream"):
         return Reply(headers=SSE, pieces=ANSWER)
     return Reply(headers=(("content-type", "application/json"),), pieces=(json.dumps(

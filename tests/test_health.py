@@ -84,7 +84,7 @@ def test_a_probe_held_past_its_lease_is_freed_for_another_turn():
     assert b.claim(36.6) and b.state == "probing"
 
 
-# -- the arithmetic at each edge (CONFIG.md: failure_threshold failures inside window_s open it
+# -- the arithmetic at each edge (failure_threshold failures inside window_s open it
 # for open_s; after open_s it is half-open; a probe success closes it and clears its failures) ---
 
 def test_a_failure_exactly_window_s_old_has_left_the_window():

@@ -1,4 +1,4 @@
-"""Running the gateway in production (issue 13), over real loopback sockets: fail-closed keys,
+"""Running the gateway in production, over real loopback sockets: fail-closed keys,
 the admin key, probes, client limits, load shedding, access lines, metrics, request ids, spend
 per client key, and the drain on SIGTERM with `relayline serve` as its own process."""
 

@@ -1,4 +1,4 @@
-"""CONFIG.md "Materialising the attempt order", "Routes and hints", "Effort routing"."""
+"""docs/concepts.md "Reliability domains and the attempt order", "Effort routing"."""
 
 from collections import deque
 

@@ -1,4 +1,4 @@
-"""CONFIG.md "Refusals" at the gateway: the official openai and anthropic SDKs as clients, sim
+"""docs/concepts.md "Refusals" at the gateway: the official openai and anthropic SDKs as clients, sim
 upstreams speaking the real protocols over loopback (an Anthropic `refusal` stop reason, an
 OpenAI `content_filter` finish reason, a content-policy 400)."""
 

@@ -1,4 +1,4 @@
-"""The embedder's API (DESIGN.md "Public API"), on virtual time with sim upstreams."""
+"""The embedder's API (docs/library.md), on virtual time with sim upstreams."""
 
 import logging
 

@@ -1,4 +1,4 @@
-"""A client that reads slowly, through the real gateway over loopback HTTP (issue 12: "the
+"""A client that reads slowly, through the real gateway over loopback HTTP ("the
 provider is blamed for the client").
 
 The gateway runs under hypercorn as `relayline serve` does; the client is a raw socket with a

@@ -1,4 +1,4 @@
-"""A stream's deadlines when the client, not the provider, holds it up (issue 17's review).
+"""A stream's deadlines when the client, not the provider, holds it up.
 
 A gateway stream writes to its client in the turn's own task; a client that stops reading holds
 that write, and with it the next upstream read. The provider's idle deadline is lifted meanwhile

@@ -1,4 +1,4 @@
-"""The gate timer and a turn that already ended (issue 17's review).
+"""The gate timer and a turn that already ended.
 
 A stream's gate_commit_s is served by the gateway's one gate timer. Once the turn's run ended,
 the gate must hold no more: what the response is (a real error status for a stream that showed

@@ -1,4 +1,4 @@
-"""Many streams whose clients hang up at random points leave nothing behind (issue 17's review).
+"""Many streams whose clients hang up at random points leave nothing behind.
 (A quarter of the requests are not streamed: their turn is cancelled by the hang-up alone.)
 
 A gateway stream has no task of its own: the turn's task writes it, the gateway's one gate

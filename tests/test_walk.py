@@ -185,7 +185,7 @@ def test_a_config_error_lists_every_problem_on_its_own_line():
 
 
 # -- the aggregated error a turn ends with: each attempt's number, retry counter, reason class and
-# relayline's own detail, bounded (CONFIG.md "When all fail") --------------------------------------
+# relayline's own detail, bounded (docs/concepts.md "The walk") --------------------------------------
 
 def _complete(cfg, *results, now=0.0, **plan_args):
     """A non-streamed turn answered by `results` in order; its result."""

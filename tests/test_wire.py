@@ -1,4 +1,4 @@
-"""Wire fidelity (CONFIG.md "The wire"): the official openai and anthropic SDKs in front of the
+"""Wire fidelity (docs/wire.md): the official openai and anthropic SDKs in front of the
 gateway, and a loopback upstream that records every body and header it received. Each request
 field is checked in each direction (OpenAI->openai, OpenAI->anthropic, Anthropic->anthropic,
 Anthropic->openai), streamed and not; then what the provider said on the way back."""

@@ -120,7 +120,7 @@ class Exchange:
         self.unread_body = self.declared_length > 0 or b"transfer-encoding" in headers
         # a client waiting for 100-continue has sent no body: an early answer reads none of it
         self.receive = None if headers.get(b"expect", b"").lower() == b"100-continue" else receive
-        # every answer on the Anthropic route speaks Anthropic, errors included (CONFIG.md "The wire")
+        # every answer on the Anthropic route speaks Anthropic, errors included (docs/wire.md)
         self.dialect = ANTHROPIC if path.startswith("/v1/messages") else OPENAI
         self.method = method
         self.path = path
@@ -212,7 +212,7 @@ class Gateway:
         # readiness checks beyond "config loaded": name -> callable answering an error or None
         self.readiness: dict[str, Callable[[], Awaitable[str | None]]] = {}
         # what /readyz reports without failing it: the gateway serves without it. A shared health
-        # store is one: when it is down each worker serves on local health (CONFIG.md), and a
+        # store is one: when it is down each worker serves on local health (docs/gateway.md), and a
         # 503 from every worker at once would have the load balancer take the whole fleet out
         # for an outage the fleet rides through
         self.degradations: dict[str, Callable[[], Awaitable[str | None]]] = {}

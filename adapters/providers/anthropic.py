@@ -256,7 +256,7 @@ def render_messages(messages: tuple[w.Message, ...]) -> tuple[list[dict], list[d
 
 def render_request(request: w.Request, model: str, stream: bool, max_output_tokens: int = DEFAULT_MAX_TOKENS) -> dict:
     """The body for an anthropic-family entry: the client's own body when it spoke this dialect,
-    else the canonical request translated (CONFIG.md "The wire")."""
+    else the canonical request translated (docs/wire.md)."""
     if request.passthrough is not None and request.source == "anthropic":
         body = dict(request.passthrough.body)
         body.setdefault("max_tokens", max_output_tokens)

@@ -268,7 +268,7 @@ def _render_message(message: w.Message) -> dict:
 
 def render_request(request: w.Request, model: str, stream: bool) -> dict:
     """The body for an openai-family entry: the client's own body when it spoke this dialect,
-    else the canonical request translated (CONFIG.md "The wire")."""
+    else the canonical request translated (docs/wire.md)."""
     if request.passthrough is not None and request.source == "openai":
         body = dict(request.passthrough.body)
     else:

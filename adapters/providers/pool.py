@@ -5,7 +5,7 @@ profile's connections are its own to count and to bound.
 
 Reuse: a finished exchange puts its connection on top of its origin's idle stack, and the next
 request takes the top one (O(1), and a quiet profile reuses its warmest connection, whose TCP
-window and TLS session are hot). A connection goes back only when the exchange ended cleanly
+window and TLS state are hot). A connection goes back only when the exchange ended cleanly
 on both sides (the answer whole as framed, keep-alive, nothing after the body); anything else
 closes it. An idle
 connection is checked before it carries a request: one its peer closed is dropped and the next

@@ -1,4 +1,4 @@
-"""The `sim` family: scripted upstreams, in process (SCENARIOS.md "Replies").
+"""The `sim` family: scripted upstreams, in process (docs/behaviour.md).
 
 One reply answers one provider call; a profile's script is consumed in order and its last reply
 repeats. A profile with no script answers `{ text = "ok" }`. Waits (`delay`, `wait`, `hang`)
@@ -111,7 +111,7 @@ def aggregate_frames(frames: Sequence[Mapping]) -> dict:
 
 
 def reply_frames(reply: Mapping) -> list[Mapping]:
-    """A reply as explicit stream frames (SCENARIOS.md): role preamble, reasoning, one text
+    """A reply as explicit stream frames (docs/behaviour.md): role preamble, reasoning, one text
     frame per word (spaces kept), tool call, usage, the completion signal."""
     if "frames" in reply:
         return list(reply["frames"])

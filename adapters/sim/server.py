@@ -6,7 +6,7 @@ with an ordinary base_url:
     openai shape:     base_url = "http://127.0.0.1:PORT/ALIAS/v1"   -> POST /ALIAS/v1/chat/completions
     anthropic shape:  base_url = "http://127.0.0.1:PORT/ALIAS"      -> POST /ALIAS/v1/messages
 
-Each call takes the profile's next scripted reply (SCENARIOS.md "Replies") and renders it as
+Each call takes the profile's next scripted reply (docs/behaviour.md) and renders it as
 the real provider would send it: JSON bodies, SSE byte streams, HTTP errors with Retry-After,
 refused connections, hangs, pauses between frames. The demo, the gateway tests and the
 benchmarks use it; nothing here is mocked on the client side.
@@ -182,7 +182,7 @@ class SimHTTPServer:
     """Scripted upstreams for many profiles behind one loopback port."""
 
     def __init__(self, replies: list[Mapping] = ()) -> None:
-        # SCENARIOS.md: a reply script may name a model (absent: any model on that profile)
+        # a reply script may name a model (absent: any model on that profile)
         self.scripts = [Script(r["provider"], r.get("model"), list(r.get("script") or [{"text": "ok"}]))
                         for r in replies]
         self.server = LoopbackServer(self._answer)

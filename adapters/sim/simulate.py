@@ -1,6 +1,6 @@
 """`relayline simulate`: scenarios on virtual time through the real core and the real driver.
 
-A scenario (SCENARIOS.md) is a config, scripted sim upstreams and requests with expectations.
+A scenario (docs/behaviour.md) is a config, scripted sim upstreams and requests with expectations.
 Everything runs under trio's MockClock with autojump, so backoffs, Retry-After waits, cooldowns,
 breaker windows and timeouts take no real time, and the same scenario always gives the same trace.
 """
@@ -93,7 +93,7 @@ def _trace(result: TurnResult, events: list[Event], origin: float) -> dict:
         "error": result.error,
         "served": result.served.label if result.served else None,
         "text": result.text if result.outcome == "ok" else None,
-        # OpenAI's words (SCENARIOS.md), e.g. an Anthropic stop_sequence reads "stop"
+        # OpenAI's words (docs/behaviour.md), e.g. an Anthropic stop_sequence reads "stop"
         "finish": TO_OPENAI[finish_reason(result.finish_reason, len(result.tool_calls))] if result.outcome == "ok" else None,
         "partial_text": result.partial_text,
         "events": [str(e) for e in events],
@@ -140,7 +140,7 @@ async def _run_request(relay: Relay, request: Mapping, origin: float) -> dict:
 
 def run_scenario(scenario: Scenario, *, on_done: Callable[[Relay, float], None] | None = None,
                  http: str | None = None) -> dict:
-    """The scenario's trace (SCENARIOS.md "Trace"), plus `init_error` when the config fails.
+    """The scenario's trace (docs/trace.md), plus `init_error` when the config fails.
     `on_done(relay, now)` sees the relay after the last request (its health, on virtual time).
     With `http="openai"` or `"anthropic"`, sim profiles are served over real loopback HTTP in
     that protocol's shape instead of in process."""
