@@ -38,7 +38,8 @@ def main(out=print, simulated: bool = False) -> int:
         try:
             import openai  # noqa: F401 - the gateway storyline needs the official SDK
         except ImportError:
-            out("the openai SDK is not installed (make install brings it): running the simulated storyline\n")
+            out("the openai SDK is not installed (pip install openai, to drive a real gateway with it): "
+                "running the storyline in process on virtual time\n")
         else:
             return gateway_main(out)
     return simulated_main(out)
