@@ -1,0 +1,73 @@
+"""The manual (docs/, built by MkDocs in strict mode): it builds, a dead link or anchor in it fails
+the build, it embeds the generated diagrams rather than copies of them, and its behaviour
+reference names every scenario file of the repository."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relayline.machines.engine import SPEC_NAMES
+
+ROOT = Path(__file__).resolve().parent.parent
+MKDOCS = Path(sys.executable).parent / "mkdocs"
+
+
+def build(root: Path, site: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([str(MKDOCS), "build", "--strict", "--site-dir", str(site)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def copy_of_the_manual(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "docs", root / "docs")
+    shutil.copytree(ROOT / "specs" / "diagrams", root / "specs" / "diagrams")
+    shutil.copy(ROOT / "mkdocs.yml", root / "mkdocs.yml")
+    return root
+
+
+def test_the_manual_builds_in_strict_mode(tmp_path):
+    done = build(ROOT, tmp_path / "site")
+    assert done.returncode == 0, done.stderr[-3000:]
+    concepts = (tmp_path / "site" / "concepts" / "index.html").read_text()
+    assert concepts.count("stateDiagram-v2") == len(SPEC_NAMES)  # every lifecycle, drawn from specs/diagrams
+
+
+@pytest.mark.parametrize("dead", ["[a page](no-such-page.md)", "[an anchor](concepts.md#no-such-anchor)"])
+def test_a_dead_link_fails_the_build(tmp_path, dead):
+    root = copy_of_the_manual(tmp_path)
+    with (root / "docs" / "trace.md").open("a") as page:
+        page.write(f"\n{dead}\n")
+    done = build(root, tmp_path / "site")
+    assert done.returncode != 0 and dead.split("(")[1].rstrip(")") in done.stderr, done.stderr[-3000:]
+
+
+def test_a_page_left_out_of_the_navigation_fails_the_build(tmp_path):
+    root = copy_of_the_manual(tmp_path)
+    (root / "docs" / "orphan.md").write_text("# An orphan\n")
+    done = build(root, tmp_path / "site")
+    assert done.returncode != 0 and "orphan.md" in done.stderr, done.stderr[-3000:]
+
+
+def test_the_diagrams_are_embedded_not_copied():
+    concepts = (ROOT / "docs" / "concepts.md").read_text()
+    for name in SPEC_NAMES:
+        assert f'--8<-- "{name}.mmd"' in concepts, name
+    assert '--8<-- "walk-decisions.md"' in concepts
+    for page in (ROOT / "docs").glob("*.md"):
+        assert "generated from specs/" not in page.read_text(), f"{page.name} holds a copy of a generated diagram"
+
+
+def test_the_behaviour_reference_names_every_scenario():
+    reference = (ROOT / "docs" / "behaviour.md").read_text()
+    named = set(re.findall(r"`([a-z]\d\d_[a-z0-9_]+\.toml)`", reference))
+    files = {p.name for p in (ROOT / "tests" / "scenarios").glob("*.toml")}
+    assert files - named == set(), "scenarios the behaviour reference does not name"
+    assert named - files == set(), "the behaviour reference names scenarios that do not exist"
