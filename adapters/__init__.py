@@ -1,6 +1,6 @@
 """relayline's I/O edge: the trio driver, protocol adapters, the simulator, the CLI.
 
-This module is the embedder's whole surface (README "Use it from Python"): the same `Relay`
+This module is the embedder's whole surface (docs/library.md): the same `Relay`
 serves trio, asyncio and synchronous code.
 
     from relayline.adapters import Relay

@@ -5,7 +5,7 @@ loop (FastAPI, notebooks, agent frameworks) or a plain thread (scripts, thread-b
 hands its turns to one trio run in a daemon thread that the whole process shares: the runtime.
 One run owning every non-trio turn keeps what turns share in one thread, as the machines expect
 (health stores, pooled connections, a relay's routing state), whatever mix of hosts and threads
-calls in. bench/hosts.py measures this bridge against trio's guest mode; the README says why.
+calls in. bench/hosts.py measures this bridge against trio's guest mode; docs/library.md says why.
 
 A bridged call is a trio task under its own cancel scope. The host waits for it in its own way
 (an asyncio future, a queue); when the host gives up (a cancelled asyncio task, an interrupted

@@ -146,8 +146,8 @@ async def row_client(url: str, concurrency: int) -> AsyncIterator[httpx.AsyncCli
     One client shared by the rows is not the same client for each: httpcore scans every
     connection of its pool on each request, so a row measured after another inherits that row's
     idle connections (at 16 clients through the gateway, measured after the direct row, 1.45 ms
-    of the client's CPU a request where a client of its own spends 1.12: the floor rows in the
-    README)."""
+    of the client's CPU a request where a client of its own spends 1.12: the floor rows in
+    docs/performance.md)."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
         await _throughput(client, url, concurrency, 4 * concurrency)

@@ -2,7 +2,7 @@
 relayline module that spent them: `python bench/stacks.py FILE [FILE.gz]` (never part of
 `make test`).
 
-A flame graph shows where each stack went; the question the README asks of a profile is how the
+A flame graph shows where each stack went; the question docs/performance.md asks of a profile is how the
 gateway's own Python is spread over its modules, and whether any one of them is a large share.
 Each sample goes to the deepest frame in relayline's own code (adapters/, machines/): a trio or
 library frame under it is that module's use of trio or the library. Two leaves are counted

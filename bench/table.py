@@ -1,4 +1,4 @@
-"""The README's performance tables, rendered from a results file (bench/results/<date>.json):
+"""The performance tables of docs/performance.md, rendered from a results file (bench/results/<date>.json):
 `python bench/table.py [path]`. Every figure in the tables comes from one run of bench/run.py."""
 
 from __future__ import annotations
