@@ -33,11 +33,18 @@ def copy_of_the_manual(tmp_path: Path) -> Path:
     return root
 
 
-def test_the_manual_builds_in_strict_mode(tmp_path):
-    done = build(ROOT, tmp_path / "site")
+def test_the_manual_builds_in_strict_mode_and_the_readme_links_into_it(tmp_path):
+    site = tmp_path / "site"
+    done = build(ROOT, site)
     assert done.returncode == 0, done.stderr[-3000:]
-    concepts = (tmp_path / "site" / "concepts" / "index.html").read_text()
+    concepts = (site / "concepts" / "index.html").read_text()
     assert concepts.count("stateDiagram-v2") == len(SPEC_NAMES)  # every lifecycle, drawn from specs/diagrams
+    links = re.findall(r"\]\(docs/([a-z0-9-]+)\.md(?:#([a-z0-9-]+))?\)", (ROOT / "README.md").read_text())
+    assert len(links) >= 10
+    for page, anchor in links:
+        html = site / ("" if page == "index" else page) / "index.html"
+        assert html.is_file(), f"README links to docs/{page}.md, which the manual does not build"
+        assert not anchor or f'id="{anchor}"' in html.read_text(), f"README links to docs/{page}.md#{anchor}"
 
 
 @pytest.mark.parametrize("dead", ["[a page](no-such-page.md)", "[an anchor](concepts.md#no-such-anchor)"])
