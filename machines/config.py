@@ -53,6 +53,9 @@ class Capabilities:
     tools: bool = True
     vision: bool = True
     prefill: bool = False  # accepts a trailing assistant message to continue from
+    # strict tools and answers held to a JSON schema (OpenAI's strict / json_schema, Anthropic's
+    # structured outputs)
+    structured_outputs: bool = True
 
 
 @attrs.frozen

@@ -32,6 +32,10 @@ from .errors import RelaylineError
 SYSTEM, USER, ASSISTANT, TOOL = "system", "user", "assistant", "tool"
 ROLES = (SYSTEM, USER, ASSISTANT, TOOL)
 TEXT, IMAGE, DOCUMENT = "text", "image", "document"
+# reasoning an earlier assistant turn showed, sent back in the history: Anthropic wants a tool
+# turn's thinking back with the signature its provider gave (a redacted block: its opaque data)
+THINKING, REDACTED_THINKING = "thinking", "redacted_thinking"
+REASONING_PARTS = (THINKING, REDACTED_THINKING)
 
 # finish reasons, canonical (OpenAI's words, with stop_sequence kept apart for Anthropic clients,
 # and Anthropic's pause_turn: a server tool turn its client must continue)
@@ -59,14 +63,23 @@ class WireError(RelaylineError):
 
 @attrs.frozen
 class Part:
-    """One content part: text, an image (by URL or base64 with its media type) or a document."""
+    """One content part: text, an image (by URL or base64 with its media type), a document, or
+    reasoning an assistant turn showed (thinking, with its signature; redacted thinking)."""
 
     type: str = TEXT
     text: str = ""
     url: str | None = None
-    data: str | None = None  # base64
+    data: str | None = None  # base64 (a redacted thinking block's: its opaque data)
     media_type: str | None = None
     extra: tuple[str, ...] = ()  # fields of the part relayline does not translate (cache_control...)
+    # a thinking part's signature as its provider gave it; "" when it has none (reasoning from a
+    # provider that signs nothing), and then no Anthropic provider can take it back
+    signature: str = ""
+
+    @property
+    def signed(self) -> bool:
+        """Reasoning Anthropic takes back as it was: signed thinking, or redacted thinking."""
+        return self.type == REDACTED_THINKING or (self.type == THINKING and bool(self.signature))
 
 
 @attrs.frozen
@@ -94,6 +107,7 @@ class Tool:
     name: str
     description: str = ""
     parameters: Mapping[str, Any] = attrs.field(factory=lambda: {"type": "object"})
+    strict: bool = False  # the call's arguments always match `parameters` (structured outputs)
 
 
 @attrs.frozen
@@ -105,7 +119,13 @@ class ToolChoice:
 @attrs.frozen
 class ResponseFormat:
     type: str  # text | json_object | json_schema
-    json_schema: Mapping[str, Any] | None = None
+    json_schema: Mapping[str, Any] | None = None  # OpenAI's json_schema object: name, schema, strict...
+
+    @property
+    def schema(self) -> Mapping[str, Any] | None:
+        """The JSON schema the answer must match (a json_schema format that gives one)."""
+        schema = self.json_schema.get("schema") if self.json_schema is not None and self.type == "json_schema" else None
+        return schema if isinstance(schema, Mapping) else None
 
 
 @attrs.frozen
@@ -208,6 +228,8 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
         names.append("image")
     if request.tools and not capabilities.tools:
         names.append("tools")
+    if not capabilities.structured_outputs:
+        names.extend(structured_outputs(request))
     if family not in ("openai", "anthropic") or family == request.source:
         return tuple(names)  # the sim family takes anything; the same family gets the body as sent
     names.extend(request.extra)
@@ -228,14 +250,32 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
         names.extend(dict.fromkeys(f"tool_result.content.{p.type}" for m in request.messages if m.role == TOOL
                                    for p in m.content if p.type != TEXT))
     else:
-        if request.response_format is not None and request.response_format.type != "text":
-            names.append("response_format")
+        form = request.response_format
+        if form is not None and form.type != "text" and form.schema is None:
+            names.append("response_format")  # JSON mode, or a json_schema without a schema: no equivalent
+        elif form is not None and form.json_schema is not None and form.json_schema.get("description"):
+            names.append("response_format.json_schema.description")  # an output format has no description
         if request.reasoning is not None and (request.reasoning.as_budget() is None or (
                 request.max_tokens is not None and request.max_tokens <= MIN_BUDGET)):
             names.append("reasoning_effort")  # (a limit that leaves no room for the least budget)
         if any(json_object(c.arguments) is None for m in request.messages for c in m.tool_calls):
             names.append("messages.tool_calls.function.arguments")
     return tuple(dict.fromkeys(names))
+
+
+# a strict tool and a JSON schema output format, in each dialect's words
+STRUCTURED_NAMES = {"openai": ("tools.function.strict", "response_format"),
+                    "anthropic": ("tools.strict", "output_config.format")}
+
+
+def structured_outputs(request: Request) -> list[str]:
+    """The names of the structured outputs `request` asks for, in its dialect: strict tools, an
+    answer that must match a JSON schema (what `capabilities.structured_outputs` covers)."""
+    strict, schema = STRUCTURED_NAMES.get(request.source, STRUCTURED_NAMES["openai"])
+    names = [strict] if any(t.strict for t in request.tools) else []
+    if request.response_format is not None and request.response_format.type == "json_schema":
+        names.append(schema)
+    return names
 
 
 # -- responses ------------------------------------------------------------------------------------
@@ -386,13 +426,23 @@ def without(request: Request, names: tuple[str, ...]) -> Request:
                                   is_error=m.is_error and "tool_result.is_error" not in names)
                      for m in request.messages)
     tools = "tools" in names
+    strict, schema = STRUCTURED_NAMES.get(request.source, STRUCTURED_NAMES["openai"])
     return attrs.evolve(
         request, messages=messages, passthrough=None,
-        tools=() if tools else request.tools,
+        tools=() if tools else tuple(attrs.evolve(t, strict=False) for t in request.tools) if strict in names
+        else request.tools,
         tool_choice=None if tools else request.tool_choice,
         parallel_tool_calls=None if tools else request.parallel_tool_calls,
         top_k=None if "top_k" in names else request.top_k,
-        response_format=None if "response_format" in names else request.response_format,
+        response_format=_format_without(request.response_format, names, schema),
         reasoning=None if "reasoning_effort" in names else request.reasoning,
         extra={k: v for k, v in request.extra.items() if k not in names},
     )
+
+
+def _format_without(form: ResponseFormat | None, names: tuple[str, ...], schema: str) -> ResponseFormat | None:
+    if form is None or "response_format" in names or schema in names:
+        return None
+    if "response_format.json_schema.description" in names and form.json_schema is not None:
+        return attrs.evolve(form, json_schema={k: v for k, v in form.json_schema.items() if k != "description"})
+    return form

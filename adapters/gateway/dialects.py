@@ -95,6 +95,21 @@ def _slotted(chunk: bytes) -> tuple[bytes, bytes]:
     return head, tail
 
 
+def signed_reasoning(blocks) -> dict:
+    """What an OpenAI client needs beside `reasoning_content` to send an Anthropic answer's
+    reasoning back as it was (Anthropic wants a tool turn's thinking back signed): the signature
+    of its thinking, when that is one block (several: no one signature covers the words joined),
+    and the data of its redacted thinking blocks."""
+    thinking = [b for b in blocks if b.get("type") == "thinking"]
+    out: dict = {}
+    if len(thinking) == 1 and isinstance(signature := thinking[0].get("signature"), str) and signature:
+        out["reasoning_signature"] = signature
+    redacted = [b["data"] for b in blocks if b.get("type") == "redacted_thinking" and isinstance(b.get("data"), str)]
+    if redacted:
+        out["reasoning_redacted"] = redacted
+    return out
+
+
 def _finish(result: TurnResult, tools: int) -> str:
     return wire.finish_reason(result.finish_reason, tools)
 
@@ -135,6 +150,8 @@ class OpenAIDialect:
         message: dict = {"role": "assistant", "content": result.text or (None if tools else "")}
         if result.reasoning:
             message["reasoning_content"] = result.reasoning
+        if result.blocks:  # an Anthropic provider's: its thinking's signature, its redacted thinking
+            message.update(signed_reasoning(result.blocks))
         if result.annotations:  # a search model's url citations, as the provider sent them
             message["annotations"] = list(result.annotations)
         if tools:
@@ -180,8 +197,8 @@ class OpenAIStream:
         field = self.DELTAS.get(event.kind)
         if field is not None:
             if event.ref:
-                if field != "content":
-                    return b""  # an Anthropic thinking signature: no place for it here
+                if field != "content":  # the signature of the thinking just shown (Anthropic's)
+                    return self._chunk({"reasoning_signature": event.ref})
                 # text with the logprobs the client asked for
                 return _sse({"id": self.turn_id, "object": "chat.completion.chunk", "created": self.created,
                              "model": self.model, "choices": [{"index": 0, "delta": {field: event.value},

@@ -45,7 +45,8 @@ API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
 
 KNOWN = frozenset({"model", "messages", "system", "max_tokens", "stream", "temperature", "top_p", "top_k",
-                   "stop_sequences", "tools", "tool_choice", "metadata", "thinking"})
+                   "stop_sequences", "tools", "tool_choice", "metadata", "thinking", "output_config",
+                   "output_format"})
 
 
 # -- requests: messages body -> canonical ------------------------------------------------------------
@@ -69,9 +70,21 @@ def _source(raw, param: str, block: str, extra: tuple[str, ...]) -> dict:
     raise w.WireError(w.path(param, "source.type"), f"must be one of base64, url, {', '.join(OWN_SOURCES)}")
 
 
+def _reasoning_block(raw: dict, param: str, kind: str) -> w.Part:
+    """A thinking block of the history (with its signature; "" when it has none, as on thinking
+    relayline showed from a provider that signs nothing) or a redacted one (its opaque data)."""
+    extra = tuple(w.extras(raw, ("type", "thinking", "signature", "data")))
+    if kind == w.THINKING:
+        return w.Part(w.THINKING, w.want_str(raw.get("thinking"), w.path(param, "thinking")), extra=extra,
+                      signature=w.optional(raw, "signature", w.want_str, param) or "")
+    return w.Part(w.REDACTED_THINKING, data=w.want_str(raw.get("data"), w.path(param, "data")), extra=extra)
+
+
 def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.Message | None:
     raw = w.want_dict(raw, param)
     kind = w.want_str(raw.get("type"), w.path(param, "type"))
+    if kind in w.REASONING_PARTS:
+        return _reasoning_block(raw, param, kind)
     extra = tuple(w.extras(raw, ("type", "text", "source", "id", "name", "input", "tool_use_id", "content",
                                  "is_error")))
     if kind == "text":
@@ -94,7 +107,7 @@ def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.M
                           if isinstance(p, w.Part))
         return w.Message(w.TOOL, parts, tool_call_id=w.want_str(raw.get("tool_use_id"), w.path(param, "tool_use_id")),
                          is_error=bool(w.optional(raw, "is_error", w.want_bool, param)), )
-    extra_names.append(f"content.{kind}")  # thinking, redacted_thinking, server tools: this family's own
+    extra_names.append(f"content.{kind}")  # server tools and their results: this family's own
     return None
 
 
@@ -111,6 +124,8 @@ def _messages(raw, param: str, extra_names: list[str]) -> list[w.Message]:
     parts = tuple(b for b in blocks if isinstance(b, w.Part))
     if role == "assistant":
         return [w.Message(w.ASSISTANT, parts, tuple(b for b in blocks if isinstance(b, w.ToolCall)))]
+    if any(p.type in w.REASONING_PARTS for p in parts):
+        raise w.WireError(where, "thinking blocks belong to assistant messages")
     # tool results become tool messages, first: they answer the assistant turn just before
     out = [b for b in blocks if isinstance(b, w.Message)]
     if parts or not out:
@@ -138,11 +153,33 @@ def _tool(raw, param: str, extra_names: list[str]) -> w.Tool | None:
     if raw.get("type") not in (None, "custom"):
         extra_names.append(f"tools.{w.want_str(raw['type'], w.path(param, 'type'))}")  # server tools
         return None
-    extra_names.extend(f"tools.{k}" for k in w.extras(raw, ("type", "name", "description", "input_schema")))
+    extra_names.extend(f"tools.{k}" for k in w.extras(raw, ("type", "name", "description", "input_schema", "strict")))
     schema = w.optional(raw, "input_schema", w.want_dict, param)
     return w.Tool(w.want_str(raw.get("name"), w.path(param, "name")),
                   w.optional(raw, "description", w.want_str, param) or "",
-                  schema if schema is not None else {"type": "object"})
+                  schema if schema is not None else {"type": "object"},
+                  bool(w.optional(raw, "strict", w.want_bool, param)))
+
+
+# the name an OpenAI json_schema format must have; Anthropic's output format has none
+OUTPUT_FORMAT_NAME = "response"
+
+
+def _output_format(body: dict, extra_names: list[str]) -> w.ResponseFormat | None:
+    """The JSON schema the answer must match: `output_config.format`, or the same object as the
+    structured outputs beta wrote it (`output_format`)."""
+    config = w.optional(body, "output_config", w.want_dict) or {}
+    extra_names.extend(f"output_config.{k}" for k in w.extras(config, ("format",)))
+    where = "output_config.format" if config.get("format") is not None else "output_format"
+    raw = config.get("format") if config.get("format") is not None else body.get("output_format")
+    if raw is None:
+        return None
+    raw = w.want_dict(raw, where)
+    if w.want_str(raw.get("type"), w.path(where, "type")) != "json_schema":
+        raise w.WireError(w.path(where, "type"), "must be json_schema")
+    extra_names.extend(f"{where}.{k}" for k in w.extras(raw, ("type", "schema")))
+    schema = w.want_dict(raw.get("schema"), w.path(where, "schema"))
+    return w.ResponseFormat("json_schema", {"name": OUTPUT_FORMAT_NAME, "schema": schema, "strict": True})
 
 
 def _tool_choice(raw) -> tuple[w.ToolChoice | None, bool | None]:
@@ -184,6 +221,7 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
     choice, parallel = _tool_choice(body.get("tool_choice"))
     metadata = w.optional(body, "metadata", w.want_dict) or {}
     extra_names.extend(f"metadata.{k}" for k in w.extras(metadata, ("user_id",)))
+    response_format = _output_format(body, extra_names)
     extra = {k: body[k] for k in w.extras(body, KNOWN)}
     extra.update({name: None for name in extra_names})
     return w.Request(
@@ -199,12 +237,36 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
         tools=tuple(t for t in tools if t is not None),
         tool_choice=choice,
         parallel_tool_calls=parallel,
+        response_format=response_format,
         reasoning=_thinking(body.get("thinking")),
         user=w.optional(metadata, "user_id", w.want_str, "metadata"),
         extra=extra,
         source="anthropic",
-        passthrough=w.Passthrough(body, client_headers(headers, "anthropic")) if passthrough else None,
+        passthrough=w.Passthrough(_signed_history(body, parsed), client_headers(headers, "anthropic"))
+        if passthrough else None,
     )
+
+
+def _unsigned(block: object) -> bool:
+    return type(block) is dict and block.get("type") == "thinking" and not block.get("signature")
+
+
+def _signed_history(body: dict, parsed: list[w.Message]) -> dict:
+    """The client's body as an anthropic entry gets it: as sent, less thinking with no signature
+    (relayline showed it from a provider that signs nothing), which Anthropic would refuse; an
+    assistant message left with no content goes too (Anthropic joins the turns around it)."""
+    if not any(p.type == w.THINKING and not p.signature for m in parsed if m.role == w.ASSISTANT for p in m.content):
+        return body
+    messages = []
+    for message in body["messages"]:
+        content = message.get("content")
+        if isinstance(content, list) and any(map(_unsigned, content)):
+            content = [b for b in content if not _unsigned(b)]
+            if not content:
+                continue
+            message = {**message, "content": content}
+        messages.append(message)
+    return {**body, "messages": messages}
 
 
 # -- requests: canonical -> messages body ------------------------------------------------------------
@@ -213,6 +275,10 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
 def _render_part(part: w.Part) -> dict | None:
     if part.type == w.TEXT:
         return {"type": "text", "text": part.text}
+    if part.type == w.THINKING:  # back only with the signature its provider gave
+        return {"type": "thinking", "thinking": part.text, "signature": part.signature} if part.signature else None
+    if part.type == w.REDACTED_THINKING:
+        return {"type": "redacted_thinking", "data": part.data}
     if part.type in (w.IMAGE, w.DOCUMENT):
         source = ({"type": "url", "url": part.url} if part.url is not None
                   else {"type": "base64", "media_type": part.media_type, "data": part.data})
@@ -279,7 +345,10 @@ def render_request(request: w.Request, model: str, stream: bool, max_output_toke
             body["stop_sequences"] = list(request.stop)
         if request.tools:
             body["tools"] = [{"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
-                             for t in request.tools]
+                             | ({"strict": True} if t.strict else {}) for t in request.tools]
+        schema = request.response_format.schema if request.response_format is not None else None
+        if schema is not None:
+            body["output_config"] = {"format": {"type": "json_schema", "schema": dict(schema)}}
         choice = request.tool_choice
         if choice is not None or request.parallel_tool_calls is False:
             mode = choice.mode if choice is not None else "auto"

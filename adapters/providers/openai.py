@@ -109,6 +109,25 @@ def _tool_call(raw, param: str) -> w.ToolCall:
                       w.want_str(function.get("name"), w.path(param, "function.name")), arguments)
 
 
+# what relayline put beside `reasoning_content` on an answer for its client to send back with it
+# (an Anthropic answer's thinking signature and redacted thinking, which Anthropic wants back as
+# they were): read on an assistant message of the history, never sent to an openai entry
+REASONING_FIELDS = ("reasoning_content", "reasoning_signature", "reasoning_redacted")
+_ASSISTANT_FIELDS = ("role", "content", "tool_calls", "tool_call_id", *REASONING_FIELDS)
+
+
+def _reasoning_history(raw: dict, param: str) -> tuple[w.Part, ...]:
+    """The reasoning an assistant message of the history carries back: its thinking (signed
+    when relayline gave the client a signature for it), then its redacted thinking."""
+    text = w.optional(raw, "reasoning_content", w.want_str, param) or ""
+    signature = w.optional(raw, "reasoning_signature", w.want_str, param) or ""
+    redacted = w.optional(raw, "reasoning_redacted", w.want_list, param) or ()
+    where = w.path(param, "reasoning_redacted")
+    thinking = (w.Part(w.THINKING, text, signature=signature),) if text or signature else ()
+    return thinking + tuple(w.Part(w.REDACTED_THINKING, data=w.want_str(data, w.path(where, i)))
+                            for i, data in enumerate(redacted))
+
+
 # the roles whose message is whole as a role and a string (a tool result also needs its call's id)
 _PLAIN_ROLES = {"system": w.SYSTEM, "developer": w.SYSTEM, "user": w.USER, "assistant": w.ASSISTANT}
 
@@ -125,7 +144,8 @@ def _message(raw, index: int, extra_names: list[str]) -> w.Message:
     content = raw.get("content")
     role = w.want_str(raw.get("role"), w.path(param, "role"))
     where = w.path(param, "content")
-    extra_names.extend(f"messages.{k}" for k in w.extras(raw, ("role", "content", "tool_calls", "tool_call_id")))
+    extra_names.extend(f"messages.{k}" for k in w.extras(raw, _ASSISTANT_FIELDS if role == "assistant" else (
+        "role", "content", "tool_calls", "tool_call_id")))
     if role in ("system", "developer"):
         return w.Message(w.SYSTEM, _content(content, where, extra_names, nullable=False))
     if role == "user":
@@ -134,7 +154,8 @@ def _message(raw, index: int, extra_names: list[str]) -> w.Message:
         calls = raw.get("tool_calls")
         calls = () if calls is None else tuple(
             _tool_call(c, w.path(w.path(param, "tool_calls"), i)) for i, c in enumerate(w.want_list(calls, w.path(param, "tool_calls"))))
-        return w.Message(w.ASSISTANT, _content(content, where, extra_names, nullable=True), calls)
+        return w.Message(w.ASSISTANT, _reasoning_history(raw, param) + _content(content, where, extra_names, nullable=True),
+                         calls)
     if role == "tool":
         call_id = w.want_str(raw.get("tool_call_id"), w.path(param, "tool_call_id"))
         return w.Message(w.TOOL, _content(content, where, extra_names, nullable=False), tool_call_id=call_id)
@@ -146,13 +167,12 @@ def _tool(raw, param: str, extra_names: list[str]) -> w.Tool:
     if raw.get("type", "function") != "function":
         raise w.WireError(w.path(param, "type"), "only function tools are supported")
     function = w.want_dict(raw.get("function"), w.path(param, "function"))
-    # `strict: true` (arguments that always match the schema) is a promise no translation keeps
-    extra_names.extend(f"tools.function.{k}" for k in w.extras(function, ("name", "description", "parameters"))
-                       if function[k] is not False)
+    extra_names.extend(f"tools.function.{k}" for k in w.extras(function, ("name", "description", "parameters", "strict")))
     parameters = w.optional(function, "parameters", w.want_dict, w.path(param, "function"))
     return w.Tool(w.want_str(function.get("name"), w.path(param, "function.name")),
                   w.optional(function, "description", w.want_str, w.path(param, "function")) or "",
-                  parameters if parameters is not None else {"type": "object"})
+                  parameters if parameters is not None else {"type": "object"},
+                  bool(w.optional(function, "strict", w.want_bool, w.path(param, "function"))))
 
 
 def _tool_choice(raw) -> w.ToolChoice:
@@ -183,12 +203,22 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
     wrong shape raises WireError naming the field."""
     body = w.want_dict(body, "")
     parsed, extra_names = _messages(body)
-    kept = w.Passthrough(body, client_headers(headers, "openai")) if passthrough else None
+    kept = w.Passthrough(_without_relayline_fields(body), client_headers(headers, "openai")) if passthrough else None
     if not extra_names and body.keys() <= _BARE:
         # what `_with_options` makes of it, without its eleven absent options looked up and
         # checked one by one (a property test holds the two equal)
         return w.Request(messages=parsed, model=w.check_model(body.get("model")), source="openai", passthrough=kept)
     return _with_options(body, parsed, extra_names, kept)
+
+
+def _without_relayline_fields(body: dict) -> dict:
+    """The client's body as an openai entry gets it: as sent, less the signature and redacted
+    thinking relayline gave it for an Anthropic provider, which no chat completions server knows
+    (reasoning_content goes as sent)."""
+    own = REASONING_FIELDS[1:]
+    if not any(type(m) is dict and (own[0] in m or own[1] in m) for m in body["messages"]):
+        return body
+    return {**body, "messages": [{k: v for k, v in m.items() if k not in own} for m in body["messages"]]}
 
 
 def _messages(body: dict) -> tuple[tuple[w.Message, ...], list[str]]:
@@ -258,7 +288,11 @@ def _render_content(parts: tuple[w.Part, ...]):
 def _render_message(message: w.Message) -> dict:
     if message.role == w.TOOL:
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": _render_content(message.content)}
-    out: dict = {"role": message.role, "content": _render_content(message.content)}
+    content = message.content
+    if message.role == w.ASSISTANT:
+        # earlier turns' reasoning is not sent back to a chat completions server
+        content = tuple(p for p in content if p.type not in w.REASONING_PARTS)
+    out: dict = {"role": message.role, "content": _render_content(content)}
     if message.tool_calls:
         out["content"] = out["content"] or None
         out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -282,7 +316,8 @@ def render_request(request: w.Request, model: str, stream: bool) -> dict:
             body["stop"] = list(request.stop)
         if request.tools:
             body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                               "parameters": dict(t.parameters)}}
+                                                               "parameters": dict(t.parameters)}
+                                                               | ({"strict": True} if t.strict else {})}
                              for t in request.tools]
         choice = request.tool_choice
         if choice is not None:

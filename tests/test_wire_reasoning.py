@@ -1,0 +1,242 @@
+"""Reasoning round trips and structured outputs across families: the official SDKs in front of
+the gateway, a loopback upstream that records what it got. Turn 1 answers with reasoning; turn 2
+sends that answer back as the SDK gave it, and the upstream must get the history its family
+takes (signed thinking as it was; reasoning no signature covers left out). Then strict tools
+and JSON schema answers, both ways."""
+
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+
+from relayline.adapters.sim.background import BackgroundGateway
+from relayline.adapters.sim.recorder import Answer, RecordingUpstream
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+           "additionalProperties": False}
+TOOL = ("toolu_UP1", "get_weather", '{"city": "Paris"}')
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+STREAM = pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+
+
+@pytest.fixture(scope="module")
+def gw():
+    with RecordingUpstream() as upstream:
+        def profile(family, model, **extra):
+            base = f"{upstream.url}/v1" if family == "openai" else upstream.url
+            return {"family": family, "base_url": base, "api_key": f"sk-upstream-{family}", "model": model, **extra}
+
+        config = {
+            "active": "openai.up",
+            "reliability": {"provider_retries": 0, "backoff_ms": 50},
+            "providers": {
+                "openai.up": profile("openai", "gpt-up"),
+                "anthropic.up": profile("anthropic", "claude-up"),
+                "anthropic.plain": profile("anthropic", "claude-plain", capabilities={"structured_outputs": False}),
+                "openai.plain": profile("openai", "gpt-plain", capabilities={"structured_outputs": False}),
+            },
+            "routes": [{"hint": "openai", "provider": "openai.up", "model": "gpt-up"},
+                       {"hint": "anthropic", "provider": "anthropic.up", "model": "claude-up"},
+                       {"hint": "anthropic-plain", "provider": "anthropic.plain", "model": "claude-plain"},
+                       {"hint": "openai-plain", "provider": "openai.plain", "model": "gpt-plain"}],
+        }
+        with BackgroundGateway(config, api_keys={"gw-key"}) as gateway:
+            gateway.upstream = upstream
+            yield gateway
+
+
+@pytest.fixture
+def upstream(gw):
+    gw.upstream.answer = Answer()
+    gw.upstream.seen.clear()
+    return gw.upstream
+
+
+def openai_message(gw, stream: bool, **kwargs) -> dict:
+    """The assistant message an OpenAI client keeps for its history, from a whole answer (as
+    the SDK's model_dump gives it) or from the deltas of a stream (each field joined)."""
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="gw-key", max_retries=0, timeout=20)
+    if not stream:
+        return client.chat.completions.create(**kwargs).choices[0].message.model_dump(exclude_none=True)
+    message: dict = {"role": "assistant"}
+    calls: dict[int, dict] = {}
+    with client.chat.completions.create(stream=True, **kwargs) as chunks:
+        for chunk in chunks:
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            fields = {"content": delta.content, **(delta.model_extra or {})}
+            for name, value in fields.items():
+                if value:
+                    message[name] = message.get(name, "") + value
+            for call in delta.tool_calls or ():
+                whole = calls.setdefault(call.index, {"id": call.id, "type": "function",
+                                                      "function": {"name": call.function.name, "arguments": ""}})
+                whole["function"]["arguments"] += call.function.arguments or ""
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
+
+
+def claude(gw) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gw.url, api_key="gw-key", max_retries=0, timeout=20)
+
+
+def anthropic_blocks(gw, stream: bool, **kwargs) -> list[dict]:
+    kwargs.setdefault("max_tokens", 2048)
+    if stream:
+        with claude(gw).messages.stream(**kwargs) as events:
+            message = events.get_final_message()
+    else:
+        message = claude(gw).messages.create(**kwargs)
+    return [b.model_dump(exclude_none=True) for b in message.content]
+
+
+# -- reasoning relayline returned, sent back ---------------------------------------------------------
+
+
+@STREAM
+def test_an_openai_client_sends_back_reasoning_from_an_anthropic_route(gw, upstream, stream):
+    """opencode sends the reasoning_content it got back on the next turn, without the signature
+    (it does not know relayline's field): it was a 400 (messages.reasoning_content). Anthropic
+    cannot verify words with no signature: they are left out of the history it gets."""
+    upstream.answer = Answer(text="Paris.", reasoning="The capital of France.")
+    first = [{"role": "user", "content": "capital of France?"}]
+    message = openai_message(gw, stream, model="anthropic", messages=first, reasoning_effort="low")
+    assert message["reasoning_content"] == "The capital of France." and message["reasoning_signature"] == "sig"
+    del message["reasoning_signature"]
+    upstream.answer = Answer(text="Berlin.")
+    history = [*first, message, {"role": "user", "content": "and Germany?"}]
+    reply = openai_message(gw, False, model="anthropic", messages=history, reasoning_effort="low")
+    assert reply["content"] == "Berlin."
+    assert upstream.seen[-1].body["messages"][1] == {"role": "assistant", "content": [{"type": "text", "text": "Paris."}]}
+    # towards openai, earlier turns' reasoning is the client's own body, as sent (same family)
+    openai_message(gw, False, model="openai", messages=history)
+    assert upstream.seen[-1].body["messages"][1]["reasoning_content"] == "The capital of France."
+
+
+@STREAM
+def test_an_anthropic_client_sends_back_thinking_relayline_made(gw, upstream, stream):
+    """LangChain's ChatAnthropic with thinking, turn 2 on an OpenAI route: the thinking block
+    relayline made (signature "") came back and was a 400 (content.thinking). Towards openai the
+    history's reasoning is left out; towards anthropic thinking no provider signed is left out."""
+    upstream.answer = Answer(text="Paris.", reasoning="The capital of France.")
+    first = [{"role": "user", "content": "capital of France?"}]
+    blocks = anthropic_blocks(gw, stream, model="openai", messages=first,
+                              thinking={"type": "enabled", "budget_tokens": 1024})
+    assert blocks == [{"type": "thinking", "thinking": "The capital of France.", "signature": ""},
+                      {"type": "text", "text": "Paris."}]
+    history = [*first, {"role": "assistant", "content": blocks}, {"role": "user", "content": "and Germany?"}]
+    upstream.answer = Answer(text="Berlin.")
+    assert anthropic_blocks(gw, False, model="openai", messages=history) == [{"type": "text", "text": "Berlin."}]
+    assert upstream.seen[-1].body["messages"][1] == {"role": "assistant", "content": "Paris."}
+    # the same history to an anthropic route (a fallback answered turn 1): as sent, less that block
+    anthropic_blocks(gw, False, model="anthropic", messages=history)
+    assert upstream.seen[-1].body["messages"] == [*first, {"role": "assistant", "content": [blocks[1]]}, history[2]]
+
+
+def test_a_signed_thinking_block_is_left_out_towards_openai(gw, upstream):
+    signed = [{"role": "user", "content": "q"},
+              {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "sig"},
+                                                {"type": "redacted_thinking", "data": "EmwKAhgBEgy"},
+                                                {"type": "text", "text": "a"}]},
+              {"role": "user", "content": "more"}]
+    anthropic_blocks(gw, False, model="openai", messages=signed)
+    assert upstream.seen[-1].body["messages"][1] == {"role": "assistant", "content": "a"}
+    with pytest.raises(anthropic.BadRequestError) as info:  # reasoning is an assistant's
+        anthropic_blocks(gw, False, model="openai", messages=[{"role": "user", "content": [signed[1]["content"][0]]}])
+    assert "messages[0].content" in info.value.message and upstream.seen[-1].body["messages"][1]["content"] == "a"
+
+
+@STREAM
+def test_an_anthropic_tool_loop_with_thinking_works_through_an_openai_client(gw, upstream, stream):
+    """With thinking and tools Anthropic wants the tool turn's thinking back with its signature,
+    before the tool_use: an OpenAI client gets the signature (reasoning_signature) and the
+    redacted thinking (reasoning_redacted) beside reasoning_content and sends them back."""
+    upstream.answer = Answer(text="Let me check.", reasoning="I should look it up.", tool_calls=(TOOL,),
+                             redacted="" if stream else "EmwKAhgBEgy")
+    first = [{"role": "user", "content": "weather in Paris?"}]
+    message = openai_message(gw, stream, model="anthropic", messages=first, tools=TOOLS, reasoning_effort="low")
+    assert message["reasoning_signature"] == "sig" and message["tool_calls"][0]["id"] == "toolu_UP1"
+    assert message.get("reasoning_redacted") == (None if stream else ["EmwKAhgBEgy"])
+    upstream.answer = Answer(text="Sunny.")
+    history = [*first, message, {"role": "tool", "tool_call_id": "toolu_UP1", "content": "sunny"}]
+    assert openai_message(gw, stream, model="anthropic", messages=history, tools=TOOLS,
+                          reasoning_effort="low")["content"] == "Sunny."
+    thinking = [{"type": "thinking", "thinking": "I should look it up.", "signature": "sig"}]
+    if not stream:
+        thinking.append({"type": "redacted_thinking", "data": "EmwKAhgBEgy"})
+    assert upstream.seen[-1].body["messages"][1] == {"role": "assistant", "content": [
+        *thinking, {"type": "text", "text": "Let me check."},
+        {"type": "tool_use", "id": "toolu_UP1", "name": "get_weather", "input": {"city": "Paris"}}]}
+    # an openai entry never gets relayline's own fields (reasoning_content goes as sent)
+    openai_message(gw, False, model="openai", messages=history, tools=TOOLS)
+    sent = upstream.seen[-1].body["messages"][1]
+    assert sent["reasoning_content"] == "I should look it up."
+    assert "reasoning_signature" not in sent and "reasoning_redacted" not in sent
+
+
+# -- structured outputs --------------------------------------------------------------------------------
+
+STRICT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER, "strict": True}}]
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
+
+
+@STREAM
+def test_strict_tools_and_a_json_schema_reach_anthropic_structured_outputs(gw, upstream, stream):
+    """The OpenAI Agents SDK's function tools are strict by default, `llm --schema` asks for a
+    json_schema: both were refused towards anthropic."""
+    upstream.answer = Answer(text='{"city": "Paris"}')
+    message = openai_message(gw, stream, model="anthropic", messages=[{"role": "user", "content": "q"}],
+                             tools=STRICT_TOOLS, response_format=SCHEMA_FORMAT)
+    assert message["content"] == '{"city": "Paris"}'
+    sent = upstream.seen[-1].body
+    assert sent["tools"] == [{"name": "get_weather", "description": "", "input_schema": WEATHER, "strict": True}]
+    assert sent["output_config"] == {"format": {"type": "json_schema", "schema": WEATHER}}
+
+
+@pytest.mark.parametrize("fields,named", [
+    ({"tools": STRICT_TOOLS}, "tools.function.strict"),
+    ({"response_format": SCHEMA_FORMAT}, "response_format"),
+])
+@pytest.mark.parametrize("route", ["anthropic-plain", "openai-plain"])
+def test_structured_outputs_skip_a_profile_without_the_capability(gw, upstream, fields, named, route):
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_message(gw, False, model=route, messages=[{"role": "user", "content": "q"}], **fields)
+    assert named in info.value.message and info.value.code == "unsupported_parameter" and upstream.seen == []
+
+
+def test_a_json_schema_description_has_no_anthropic_place(gw, upstream):
+    described = {"type": "json_schema", "json_schema": {"name": "w", "description": "the weather", "schema": WEATHER}}
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_message(gw, False, model="anthropic", messages=[{"role": "user", "content": "q"}],
+                       response_format=described)
+    assert "response_format.json_schema.description" in info.value.message and upstream.seen == []
+
+
+ANTHROPIC_STRICT = [{"name": "get_weather", "input_schema": WEATHER, "strict": True}]
+OPENAI_SCHEMA = {"type": "json_schema", "json_schema": {"name": "response", "schema": WEATHER, "strict": True}}
+
+
+@STREAM
+@pytest.mark.parametrize("form", ["output_config", "output_format"])
+def test_anthropic_structured_outputs_reach_openai_as_json_schema_and_strict(gw, upstream, stream, form):
+    fields = ({"output_config": {"format": {"type": "json_schema", "schema": WEATHER}}} if form == "output_config"
+              else {"output_format": {"type": "json_schema", "schema": WEATHER}})
+    upstream.answer = Answer(text='{"city": "Paris"}')
+    blocks = anthropic_blocks(gw, stream, model="openai", messages=[{"role": "user", "content": "q"}],
+                              tools=ANTHROPIC_STRICT, extra_body=fields)
+    assert blocks == [{"type": "text", "text": '{"city": "Paris"}'}]
+    sent = upstream.seen[-1].body
+    assert sent["response_format"] == OPENAI_SCHEMA
+    assert sent["tools"] == [{"type": "function", "function": {"name": "get_weather", "description": "",
+                                                               "parameters": WEATHER, "strict": True}}]
+    # the same family gets them as sent
+    anthropic_blocks(gw, stream, model="anthropic", messages=[{"role": "user", "content": "q"}],
+                     tools=ANTHROPIC_STRICT, extra_body=fields)
+    sent = upstream.seen[-1].body
+    assert sent["tools"] == ANTHROPIC_STRICT and {k: sent[k] for k in fields} == fields
+    with pytest.raises(anthropic.BadRequestError) as info:
+        anthropic_blocks(gw, False, model="openai-plain", messages=[{"role": "user", "content": "q"}], extra_body=fields)
+    assert "output_config.format" in info.value.message
