@@ -240,3 +240,18 @@ def test_anthropic_structured_outputs_reach_openai_as_json_schema_and_strict(gw,
     with pytest.raises(anthropic.BadRequestError) as info:
         anthropic_blocks(gw, False, model="openai-plain", messages=[{"role": "user", "content": "q"}], extra_body=fields)
     assert "output_config.format" in info.value.message
+
+
+def test_an_output_config_keeps_its_other_fields_beside_the_format():
+    """output_config holds more than the format (effort): a body rendered from the canonical
+    request (a field dropped for the entry) keeps them beside it; towards openai they are named."""
+    from relayline.adapters.providers import anthropic as family
+    from relayline.machines import wire
+
+    body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "q"}],
+            "output_config": {"effort": "high", "format": {"type": "json_schema", "schema": WEATHER}}}
+    request = family.parse_request(body, passthrough=False)
+    assert family.render_request(request, "claude-up", False)["output_config"] == body["output_config"]
+    assert wire.unsupported(request, "openai", wire.Capabilities()) == ("output_config",)
+    assert wire.unsupported(request, "openai", wire.Capabilities(structured_outputs=False)) == (
+        "output_config.format", "output_config")

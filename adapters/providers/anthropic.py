@@ -45,8 +45,7 @@ API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
 
 KNOWN = frozenset({"model", "messages", "system", "max_tokens", "stream", "temperature", "top_p", "top_k",
-                   "stop_sequences", "tools", "tool_choice", "metadata", "thinking", "output_config",
-                   "output_format"})
+                   "stop_sequences", "tools", "tool_choice", "metadata", "thinking", "output_format"})
 
 
 # -- requests: messages body -> canonical ------------------------------------------------------------
@@ -169,7 +168,6 @@ def _output_format(body: dict, extra_names: list[str]) -> w.ResponseFormat | Non
     """The JSON schema the answer must match: `output_config.format`, or the same object as the
     structured outputs beta wrote it (`output_format`)."""
     config = w.optional(body, "output_config", w.want_dict) or {}
-    extra_names.extend(f"output_config.{k}" for k in w.extras(config, ("format",)))
     where = "output_config.format" if config.get("format") is not None else "output_format"
     raw = config.get("format") if config.get("format") is not None else body.get("output_format")
     if raw is None:
@@ -223,6 +221,10 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
     extra_names.extend(f"metadata.{k}" for k in w.extras(metadata, ("user_id",)))
     response_format = _output_format(body, extra_names)
     extra = {k: body[k] for k in w.extras(body, KNOWN)}
+    if "output_config" in extra:  # its format is the response format; the rest, this family's own
+        rest = {k: v for k, v in extra.pop("output_config").items() if k != "format"}
+        if w.extras(rest, ()):
+            extra["output_config"] = rest
     extra.update({name: None for name in extra_names})
     return w.Request(
         messages=(*_system(body.get("system")), *parsed),
@@ -346,9 +348,6 @@ def render_request(request: w.Request, model: str, stream: bool, max_output_toke
         if request.tools:
             body["tools"] = [{"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
                              | ({"strict": True} if t.strict else {}) for t in request.tools]
-        schema = request.response_format.schema if request.response_format is not None else None
-        if schema is not None:
-            body["output_config"] = {"format": {"type": "json_schema", "schema": dict(schema)}}
         choice = request.tool_choice
         if choice is not None or request.parallel_tool_calls is False:
             mode = choice.mode if choice is not None else "auto"
@@ -364,6 +363,10 @@ def render_request(request: w.Request, model: str, stream: bool, max_output_toke
             body["thinking"] = {"type": "enabled", "budget_tokens": budget}
         if request.source == "anthropic":
             body.update({k: v for k, v in request.extra.items() if "." not in k})
+        schema = request.response_format.schema if request.response_format is not None else None
+        if schema is not None:  # (beside the client's other output_config fields, if it wrote any)
+            body["output_config"] = {**body.get("output_config", {}), "format": {"type": "json_schema",
+                                                                                 "schema": dict(schema)}}
     body["model"] = model
     body["stream"] = stream
     return body
