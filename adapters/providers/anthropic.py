@@ -244,7 +244,7 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
         user=w.optional(metadata, "user_id", w.want_str, "metadata"),
         extra=extra,
         source="anthropic",
-        passthrough=w.Passthrough(_signed_history(body, parsed), client_headers(headers, "anthropic"))
+        passthrough=w.Passthrough(_signed_history(body), client_headers(headers, "anthropic"))
         if passthrough else None,
     )
 
@@ -253,11 +253,15 @@ def _unsigned(block: object) -> bool:
     return type(block) is dict and block.get("type") == "thinking" and not block.get("signature")
 
 
-def _signed_history(body: dict, parsed: list[w.Message]) -> dict:
+def _signed_history(body: dict) -> dict:
     """The client's body as an anthropic entry gets it: as sent, less thinking with no signature
     (relayline showed it from a provider that signs nothing), which Anthropic would refuse; an
     assistant message left with no content goes too (Anthropic joins the turns around it)."""
-    if not any(p.type == w.THINKING and not p.signature for m in parsed if m.role == w.ASSISTANT for p in m.content):
+    for message in body["messages"]:  # (a loop: this runs on every request, and finds nothing)
+        content = message.get("content")
+        if type(content) is list and any(map(_unsigned, content)):
+            break
+    else:
         return body
     messages = []
     for message in body["messages"]:

@@ -215,10 +215,13 @@ def _without_relayline_fields(body: dict) -> dict:
     """The client's body as an openai entry gets it: as sent, less the signature and redacted
     thinking relayline gave it for an Anthropic provider, which no chat completions server knows
     (reasoning_content goes as sent)."""
-    own = REASONING_FIELDS[1:]
-    if not any(type(m) is dict and (own[0] in m or own[1] in m) for m in body["messages"]):
+    for message in body["messages"]:  # (a loop: this runs on every request, and finds nothing)
+        if "reasoning_signature" in message or "reasoning_redacted" in message:
+            break
+    else:
         return body
-    return {**body, "messages": [{k: v for k, v in m.items() if k not in own} for m in body["messages"]]}
+    return {**body, "messages": [{k: v for k, v in m.items() if k not in REASONING_FIELDS[1:]}
+                                 for m in body["messages"]]}
 
 
 def _messages(body: dict) -> tuple[tuple[w.Message, ...], list[str]]:
