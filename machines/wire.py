@@ -76,11 +76,6 @@ class Part:
     # provider that signs nothing), and then no Anthropic provider can take it back
     signature: str = ""
 
-    @property
-    def signed(self) -> bool:
-        """Reasoning Anthropic takes back as it was: signed thinking, or redacted thinking."""
-        return self.type == REDACTED_THINKING or (self.type == THINKING and bool(self.signature))
-
 
 @attrs.frozen
 class ToolCall:

@@ -255,3 +255,23 @@ def test_an_output_config_keeps_its_other_fields_beside_the_format():
     assert wire.unsupported(request, "openai", wire.Capabilities()) == ("output_config",)
     assert wire.unsupported(request, "openai", wire.Capabilities(structured_outputs=False)) == (
         "output_config.format", "output_config")
+
+
+def test_dropping_structured_outputs_removes_exactly_the_named_field():
+    """drop_unsupported_params: a tool's strictness or a format's description goes, never the
+    tool or the schema."""
+    from relayline.adapters.providers import anthropic as anthropic_family
+    from relayline.adapters.providers import openai as openai_family
+    from relayline.machines import wire
+
+    described = {"type": "json_schema", "json_schema": {"name": "w", "description": "d", "schema": WEATHER}}
+    request = openai_family.parse_request({"messages": [{"role": "user", "content": "q"}], "tools": STRICT_TOOLS,
+                                           "response_format": described})
+    names = wire.unsupported(request, "anthropic", wire.Capabilities(structured_outputs=False))
+    assert names == ("tools.function.strict", "response_format", "response_format.json_schema.description")
+    body = anthropic_family.render_request(wire.without(request, ("tools.function.strict",)), "m", False)
+    assert body["tools"] == [{"name": "get_weather", "description": "", "input_schema": WEATHER}]
+    kept = wire.without(request, ("response_format.json_schema.description",))
+    assert kept.response_format.json_schema == {"name": "w", "schema": WEATHER} and kept.tools[0].strict
+    body = anthropic_family.render_request(kept, "m", False)
+    assert body["output_config"] == {"format": {"type": "json_schema", "schema": WEATHER}}
