@@ -160,7 +160,8 @@ def _tool(raw, param: str, extra_names: list[str]) -> w.Tool | None:
                   bool(w.optional(raw, "strict", w.want_bool, param)))
 
 
-# the name an OpenAI json_schema format must have; Anthropic's output format has none
+# an OpenAI json_schema format must be named and Anthropic's output format has no name: this one
+# stands in for it towards an openai entry
 OUTPUT_FORMAT_NAME = "response"
 
 
