@@ -77,3 +77,13 @@ def test_plan_table_shows_effort_and_allowlist(tmp_path):
     out = run("plan", _config_file(tmp_path, "19_effort_allowlist.toml"), "--text", "hi")
     assert out.returncode == 0
     assert "simple -> hint:local" in out.stdout and "no (allowlist)" in out.stdout
+
+
+def test_check_reads_the_structured_outputs_capability(tmp_path):
+    profile = 'active = "a"\n[providers.a]\nfamily = "anthropic"\napi_key = "sk-check-0001"\nprice = {}\n'
+    path = tmp_path / "so.toml"
+    path.write_text(profile + "capabilities = { structured_outputs = false }\n")
+    assert run("check", path).returncode == 0
+    path.write_text(profile + 'capabilities = { structured_outputs = "no" }\n')
+    out = run("check", path)
+    assert out.returncode == 1 and "providers.a.capabilities.structured_outputs: expected a boolean" in out.stderr
