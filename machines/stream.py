@@ -23,6 +23,7 @@ PING = FrameKind.PING
 PREAMBLE = FrameKind.PREAMBLE
 TEXT = FrameKind.TEXT
 REASONING = FrameKind.REASONING
+REDACTED_REASONING = FrameKind.REDACTED_REASONING
 TOOL_CALL = FrameKind.TOOL_CALL
 TOOL_ARGS = FrameKind.TOOL_ARGS
 EXECUTED_TOOL = FrameKind.EXECUTED_TOOL
@@ -119,10 +120,12 @@ class StreamGate:
             self.stop_sequence = frame.ref or None
             return ()
         if not frame.decisive:
-            if frame.ref and frame.kind == REASONING:
-                # the signature of the thinking just shown (Anthropic's signature_delta): the
-                # client sends it back with that thinking, so it goes where the thinking went
-                event = Event(EventKind.REASONING, "", frame.ref)
+            if (frame.ref and frame.kind == REASONING) or frame.kind == REDACTED_REASONING:
+                # the signature of the thinking just shown (Anthropic's signature_delta), or a
+                # redacted thinking block: the client sends them back with the thinking, so they
+                # go where the thinking went (neither commits: they are no words of the answer)
+                event = (Event(EventKind.REASONING, "", frame.ref) if frame.kind == REASONING
+                         else Event(EventKind.REDACTED_REASONING, frame.value))
                 if self.life.state == StreamState.COMMITTED:
                     return (event,)
                 self.held.append(event)

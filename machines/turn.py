@@ -112,6 +112,25 @@ class Completion:
 NO_ANSWER = Completion()  # a result without an answer reads its answer's fields from this one
 
 
+def _reasoning_events(answer: Completion) -> list[Event]:
+    """An answer's reasoning as a stream shows it: each thinking block's words, then its signature
+    (a reasoning event with no words carries the signature of those before it), and each redacted
+    thinking block, in the provider's order; an answer without blocks, its reasoning's words."""
+    events = []
+    for block in answer.blocks:
+        kind = block.get("type")
+        if kind == "thinking":
+            events.append(Event(EventKind.REASONING, block["thinking"]))
+            signature = block.get("signature")
+            if signature and isinstance(signature, str):
+                events.append(Event(EventKind.REASONING, "", signature))
+        elif kind == "redacted_thinking" and isinstance(block.get("data"), str):
+            events.append(Event(EventKind.REDACTED_REASONING, block["data"]))
+    if not events and answer.reasoning:
+        events.append(Event(EventKind.REASONING, answer.reasoning))
+    return events
+
+
 # the records a turn builds (an attempt each, its result once) are frozen but keep their fields
 # in an instance dict, not slots: a frozen slotted class's __init__ sets each field through
 # `object.__setattr__` (a method call a field), a dict-backed one stores into its dict, 2-3x
@@ -687,12 +706,8 @@ class Turn:
 
     def _delivery(self, answer: Completion) -> tuple[Event, ...]:
         events = []
-        if answer.reasoning and not self.shown_reasoning:
-            signed = [(b["thinking"], b.get("signature")) for b in answer.blocks if b.get("type") == "thinking"]
-            for text, signature in signed or [(answer.reasoning, "")]:
-                events.append(Event(EventKind.REASONING, text))
-                if signature and isinstance(signature, str):  # (a reasoning event with no words carries the signature of those before it)
-                    events.append(Event(EventKind.REASONING, "", signature))
+        if not self.shown_reasoning:
+            events.extend(_reasoning_events(answer))
         if answer.text:
             events.append(Event(EventKind.TEXT, answer.text, json.dumps(answer.logprobs) if answer.logprobs else ""))
             self.forwarded.append(answer.text)

@@ -132,6 +132,7 @@ class FrameKind(StrEnum):
     PREAMBLE = "preamble"
     TEXT = "text"
     REASONING = "reasoning"
+    REDACTED_REASONING = "redacted_reasoning"  # an Anthropic redacted_thinking block: its opaque data
     TOOL_CALL = "tool_call"
     TOOL_ARGS = "tool_args"  # a fragment of a tool call's JSON arguments, after its TOOL_CALL
     EXECUTED_TOOL = "executed_tool"
@@ -145,6 +146,7 @@ class EventKind(StrEnum):
 
     TEXT = "text"
     REASONING = "reasoning"
+    REDACTED_REASONING = "redacted_reasoning"  # reasoning shown only as data the provider reads back
     TOOL = "tool"
     TOOL_ARGS = "tool_args"
     EXECUTED_TOOL = "executed_tool"

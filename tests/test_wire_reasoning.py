@@ -35,11 +35,13 @@ def gw():
                 "anthropic.up": profile("anthropic", "claude-up"),
                 "anthropic.plain": profile("anthropic", "claude-plain", capabilities={"structured_outputs": False}),
                 "openai.plain": profile("openai", "gpt-plain", capabilities={"structured_outputs": False}),
+                "anthropic.whole": profile("anthropic", "claude-whole", capabilities={"streaming": False}),
             },
             "routes": [{"hint": "openai", "provider": "openai.up", "model": "gpt-up"},
                        {"hint": "anthropic", "provider": "anthropic.up", "model": "claude-up"},
                        {"hint": "anthropic-plain", "provider": "anthropic.plain", "model": "claude-plain"},
-                       {"hint": "openai-plain", "provider": "openai.plain", "model": "gpt-plain"}],
+                       {"hint": "openai-plain", "provider": "openai.plain", "model": "gpt-plain"},
+                       {"hint": "anthropic-whole", "provider": "anthropic.whole", "model": "claude-whole"}],
         }
         with BackgroundGateway(config, api_keys={"gw-key"}) as gateway:
             gateway.upstream = upstream
@@ -68,8 +70,8 @@ def openai_message(gw, stream: bool, **kwargs) -> dict:
             delta = chunk.choices[0].delta
             fields = {"content": delta.content, **(delta.model_extra or {})}
             for name, value in fields.items():
-                if value:
-                    message[name] = message.get(name, "") + value
+                if value:  # (a list field's items are appended, a string's pieces joined)
+                    message[name] = message.get(name, [] if isinstance(value, list) else "") + value
             for call in delta.tool_calls or ():
                 whole = calls.setdefault(call.index, {"id": call.id, "type": "function",
                                                       "function": {"name": call.function.name, "arguments": ""}})
@@ -155,18 +157,17 @@ def test_an_anthropic_tool_loop_with_thinking_works_through_an_openai_client(gw,
     before the tool_use: an OpenAI client gets the signature (reasoning_signature) and the
     redacted thinking (reasoning_redacted) beside reasoning_content and sends them back."""
     upstream.answer = Answer(text="Let me check.", reasoning="I should look it up.", tool_calls=(TOOL,),
-                             redacted="" if stream else "EmwKAhgBEgy")
+                             redacted="EmwKAhgBEgy")
     first = [{"role": "user", "content": "weather in Paris?"}]
     message = openai_message(gw, stream, model="anthropic", messages=first, tools=TOOLS, reasoning_effort="low")
     assert message["reasoning_signature"] == "sig" and message["tool_calls"][0]["id"] == "toolu_UP1"
-    assert message.get("reasoning_redacted") == (None if stream else ["EmwKAhgBEgy"])
+    assert message["reasoning_redacted"] == ["EmwKAhgBEgy"]
     upstream.answer = Answer(text="Sunny.")
     history = [*first, message, {"role": "tool", "tool_call_id": "toolu_UP1", "content": "sunny"}]
     assert openai_message(gw, stream, model="anthropic", messages=history, tools=TOOLS,
                           reasoning_effort="low")["content"] == "Sunny."
-    thinking = [{"type": "thinking", "thinking": "I should look it up.", "signature": "sig"}]
-    if not stream:
-        thinking.append({"type": "redacted_thinking", "data": "EmwKAhgBEgy"})
+    thinking = [{"type": "thinking", "thinking": "I should look it up.", "signature": "sig"},
+                {"type": "redacted_thinking", "data": "EmwKAhgBEgy"}]
     assert upstream.seen[-1].body["messages"][1] == {"role": "assistant", "content": [
         *thinking, {"type": "text", "text": "Let me check."},
         {"type": "tool_use", "id": "toolu_UP1", "name": "get_weather", "input": {"city": "Paris"}}]}
@@ -175,6 +176,21 @@ def test_an_anthropic_tool_loop_with_thinking_works_through_an_openai_client(gw,
     sent = upstream.seen[-1].body["messages"][1]
     assert sent["reasoning_content"] == "I should look it up."
     assert "reasoning_signature" not in sent and "reasoning_redacted" not in sent
+
+
+@pytest.mark.parametrize("served", ["stream", "whole"])
+def test_redacted_thinking_reaches_a_streaming_anthropic_client(gw, upstream, served):
+    """A stream carried a redacted_thinking block to neither dialect (it was a held preamble
+    frame): an Anthropic client streaming with thinking and tools could not send it back. Also
+    when the stream is served from a whole answer (a profile that does not stream)."""
+    upstream.answer = Answer(text="Checking.", reasoning="hm", redacted="EmwKAhgBEgy", tool_calls=(TOOL,))
+    blocks = anthropic_blocks(gw, True, model="anthropic" if served == "stream" else "anthropic-whole",
+                              messages=[{"role": "user", "content": "weather?"}],
+                              thinking={"type": "enabled", "budget_tokens": 1024})
+    assert upstream.seen[-1].body["stream"] is (served == "stream")
+    assert blocks[:2] == [{"type": "thinking", "thinking": "hm", "signature": "sig"},
+                          {"type": "redacted_thinking", "data": "EmwKAhgBEgy"}]
+    assert [b["type"] for b in blocks[2:]] == ["text", "tool_use"]
 
 
 # -- structured outputs --------------------------------------------------------------------------------

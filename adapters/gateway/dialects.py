@@ -215,6 +215,8 @@ class OpenAIStream:
         if event.kind == "tool_args":
             index = int(event.ref) if event.ref.isdigit() else max(self.tools - 1, 0)  # (ref: an earlier call's)
             return self._chunk({"tool_calls": [{"index": index, "function": {"arguments": event.value}}]})
+        if event.kind == "redacted_reasoning":  # (an Anthropic provider's, to be sent back)
+            return self._chunk({"reasoning_redacted": [event.value]})
         return b""  # provider-executed tool work has no chunk shape here; it shows in the ledger
 
     def ok(self, result: TurnResult, relayline: dict) -> bytes:
@@ -336,6 +338,8 @@ class AnthropicStream:
                                             "delta": {"type": delta_type, field: _SLOT}}, "content_block_delta"))
                 self.slotted = (self.index, delta_type, head, tail)
             return out + head + jsoncodec.dumps(event.value) + tail
+        if event.kind == "redacted_reasoning":  # a block whole in its start, as Anthropic streams it
+            return self._open("redacted", {"type": "redacted_thinking", "data": event.value})
         if event.kind == "tool":
             out = self._open("tool", {"type": "tool_use", "id": self.ids(event.ref), "name": event.value, "input": {}})
             self.tool_blocks.append(self.index)

@@ -25,6 +25,7 @@ from relayline.machines.stream import (
     PING,
     PREAMBLE,
     REASONING,
+    REDACTED_REASONING,
     TEXT,
     TOOL_ARGS,
     TOOL_CALL,
@@ -480,6 +481,8 @@ class AnthropicStreamParser:
                 return [Frame(TEXT, w.want_str(block.get("text", ""), "content_block.text"))]
             if btype == "thinking":
                 return [Frame(REASONING, w.want_str(block.get("thinking", ""), "content_block.thinking"))]
+            if btype == "redacted_thinking":  # whole in its start: no deltas follow
+                return [Frame(REDACTED_REASONING, w.want_str(block.get("data"), "content_block.data"))]
             if btype == "tool_use":
                 return [Frame(TOOL_CALL, w.want_str(block.get("name"), "content_block.name"),
                               ref=w.optional(block, "id", w.want_str, "content_block") or "")]

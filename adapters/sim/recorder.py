@@ -35,7 +35,7 @@ class Answer:
     annotations: tuple[dict, ...] = ()  # OpenAI: the message's url citations (search models; not streamed)
     logprobs: bool = False  # OpenAI: each text piece with its token's logprob, as logprobs: true asks
     citations: tuple[dict, ...] = ()  # Anthropic: the text block's citations (not streamed)
-    redacted: str = ""  # Anthropic: a redacted_thinking block's data, after the thinking (not streamed)
+    redacted: str = ""  # Anthropic: a redacted_thinking block's data, after the thinking
     usage: dict | None = None  # the family's usage object; None: a small default
     status: int = 200
     error: dict | None = None  # the error body for a status >= 400 (or an `error` in a 200)
@@ -99,7 +99,7 @@ def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
     content: list[dict] = []
     if answer.reasoning:
         content.append({"type": "thinking", "thinking": answer.reasoning, "signature": "sig"})
-    if answer.redacted and not stream:
+    if answer.redacted:
         content.append({"type": "redacted_thinking", "data": answer.redacted})
     if answer.text:
         content.append({"type": "text", "text": answer.text} | (
@@ -115,6 +115,11 @@ def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
                                                       "model": model, "content": [], "stop_reason": None,
                                                       "stop_sequence": None, "usage": start_usage}}, "message_start")]
     for index, block in enumerate(content):
+        if block["type"] == "redacted_thinking":  # whole in its start, no deltas
+            out.append(_sse({"type": "content_block_start", "index": index, "content_block": block},
+                            "content_block_start"))
+            out.append(_sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+            continue
         if block["type"] == "tool_use":
             start = {**block, "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
