@@ -282,15 +282,16 @@ class Relay:
         # the turn's text is read only by effort routing (a plan without it is kept: `Router.plans`)
         text = request.turn_text if self.config.effort_routing is not None else ""
         plan = self.plan(model=model, text=text, operator_model=operator_model, gateway=gateway)
-        if not self.config.gateway.drop_unsupported_params:
-            # docs/wire.md: an entry that cannot honour the request is skipped, not sent
-            unfit = {}
-            for entry in plan.entries:
-                fields = wire.unsupported(request, entry.provider.family, entry.provider.capabilities)
-                if fields:
-                    unfit[entry.profile] = fields
-            if unfit:
-                plan = attrs.evolve(plan, unfit=unfit)
+        # an entry that cannot honour the request is skipped, not sent; with drop_unsupported_params
+        # only content it cannot take keeps it from serving (the fields are dropped for it)
+        drop = self.config.gateway.drop_unsupported_params
+        unfit = {}
+        for entry in plan.entries:
+            fields = wire.refused(request, entry.provider.family, entry.provider.capabilities, drop)
+            if fields:
+                unfit[entry.profile] = fields
+        if unfit:
+            plan = attrs.evolve(plan, unfit=unfit)
         turn = self._turn_factory(plan, self.config, self.health, stream=stream, tools=bool(request.tools))
         return TurnRun(turn, self.clients, request, on_draft=on_draft)
 

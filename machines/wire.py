@@ -401,37 +401,68 @@ def optional(obj: dict[str, Any], key: str, check: Callable[..., Any], base: str
     return None if value is None else check(value, path(base, key), *args)
 
 
+# what `unsupported` names that is content, not a field of it: an image, a document by URL, the
+# trailing assistant message (prefill), tool call arguments `tool_use.input` cannot hold
+CONTENT_NAMES = frozenset({"image", "prefill", "document.source.url", "messages.tool_calls.function.arguments"})
+# reasoning from the history: a translation leaves it out towards another family, as Anthropic
+# ignores earlier turns' thinking; it is no content the provider is asked to answer
+_LEFT_OUT_BLOCKS = frozenset({"content.thinking", "content.redacted_thinking"})
+
+
+def is_content(name: str) -> bool:
+    """Whether an unsupported `name` is content rather than a field: a whole part, block or
+    message (`content.input_audio`, an Anthropic server tool's result), a tool result's image or
+    document, a source only its own family has (`document.source.text`). Dropping it would
+    delete what the client said, so `drop_unsupported_params` never does: the entry stays unfit."""
+    if name in CONTENT_NAMES or name.startswith("tool_result.content."):
+        return True
+    head, _, rest = name.partition(".")
+    if head == "content":
+        return "." not in rest and name not in _LEFT_OUT_BLOCKS  # (content.image_url.detail is a field)
+    return head in (IMAGE, DOCUMENT) and rest.startswith("source.")
+
+
+def refused(request: Request, family: str, capabilities: Capabilities, drop: bool) -> tuple[str, ...]:
+    """What keeps an entry of `family` from serving the request: every unsupported field, or
+    with `drop_unsupported_params` only the content among them (the rest is dropped)."""
+    names = unsupported(request, family, capabilities)
+    return tuple(n for n in names if is_content(n)) if drop else names
+
+
+def droppable(request: Request, family: str, capabilities: Capabilities) -> tuple[str, ...]:
+    """The unsupported fields `drop_unsupported_params` drops for an entry (and names in
+    x-relayline-dropped): every one that is not content."""
+    return tuple(n for n in unsupported(request, family, capabilities) if not is_content(n))
+
+
 def without(request: Request, names: tuple[str, ...]) -> Request:
-    """The request with the named unsupported fields dropped (`drop_unsupported_params`). The
-    client's own body no longer goes out as sent: it is rendered from what is left."""
-    if not names:
+    """The request with the named unsupported fields dropped (`drop_unsupported_params`). Exactly
+    the named fields go: a part or message that carried one keeps its text, image, document and
+    tool data, and a name that is content is never dropped (`is_content`). The client's own body
+    no longer goes out as sent: it is rendered from what is left."""
+    dropped = frozenset(n for n in names if not is_content(n))
+    if not dropped:
         return request
 
-    def keep(part: Part) -> bool:
-        if part.data is None and part.url is None and any(x in names for x in part.extra):
-            return False  # a source only its own family has (a file, a text document)
-        if part.type == IMAGE:
-            return "image" not in names
-        return not (part.type == DOCUMENT and part.data is None and "document.source.url" in names)
+    def strip(part: Part) -> Part:
+        kept = tuple(x for x in part.extra if x not in dropped)
+        return part if len(kept) == len(part.extra) else attrs.evolve(part, extra=kept)
 
-    if "prefill" in names:
-        request = attrs.evolve(request, messages=request.messages[:-1])
-    messages = tuple(attrs.evolve(m, content=tuple(p for p in m.content if keep(p) and not (
-                                      m.role == TOOL and f"tool_result.content.{p.type}" in names)),
-                                  is_error=m.is_error and "tool_result.is_error" not in names)
+    messages = tuple(attrs.evolve(m, content=tuple(map(strip, m.content)),
+                                  is_error=m.is_error and "tool_result.is_error" not in dropped)
                      for m in request.messages)
-    tools = "tools" in names
+    tools = "tools" in dropped
     strict, schema = STRUCTURED_NAMES.get(request.source, STRUCTURED_NAMES["openai"])
     return attrs.evolve(
         request, messages=messages, passthrough=None,
-        tools=() if tools else tuple(attrs.evolve(t, strict=False) for t in request.tools) if strict in names
+        tools=() if tools else tuple(attrs.evolve(t, strict=False) for t in request.tools) if strict in dropped
         else request.tools,
         tool_choice=None if tools else request.tool_choice,
         parallel_tool_calls=None if tools else request.parallel_tool_calls,
-        top_k=None if "top_k" in names else request.top_k,
-        response_format=_format_without(request.response_format, names, schema),
-        reasoning=None if "reasoning_effort" in names else request.reasoning,
-        extra={k: v for k, v in request.extra.items() if k not in names},
+        top_k=None if "top_k" in dropped else request.top_k,
+        response_format=_format_without(request.response_format, tuple(dropped), schema),
+        reasoning=None if "reasoning_effort" in dropped else request.reasoning,
+        extra={k: v for k, v in request.extra.items() if k not in dropped},
     )
 
 

@@ -5,6 +5,7 @@ with), directly; the gateway tests show the same through both dialects."""
 
 import email.utils
 
+import attrs
 import pytest
 
 from relayline.machines import classify as fc
@@ -27,9 +28,12 @@ from relayline.machines.wire import (
     WireError,
     check_model,
     describe,
+    droppable,
     finish_reason,
+    is_content,
     optional,
     path,
+    refused,
     want_bool,
     want_dict,
     want_int,
@@ -233,9 +237,9 @@ def test_dropping_each_field_removes_exactly_it():
     assert kept.passthrough is None and kept.extra == {"service_tier": "flex"}  # rendered from what is left
     assert kept.messages == FULL.messages and kept.tools == FULL.tools and kept.top_k == 5
     assert (kept.response_format, kept.reasoning) == (FULL.response_format, FULL.reasoning)
-    assert [p.type for p in without(FULL, ("image",)).messages[0].content] == [TEXT, DOCUMENT, DOCUMENT]
-    documents = without(FULL, ("document.source.url",)).messages[0].content
-    assert [(p.type, p.data) for p in documents] == [(TEXT, None), (IMAGE, None), (DOCUMENT, "ZGF0YQ==")]
+    # content is never dropped: an entry that cannot take it is skipped instead (wire.refused)
+    assert without(FULL, ("image", "document.source.url", "prefill", "tool_result.content.image")) is FULL
+    assert without(FULL, ("image", "seed")).messages == FULL.messages
     assert without(FULL, ("tool_result.is_error",)).messages[1].is_error is False
     assert without(FULL, ("top_k",)).messages[1].is_error is True
     no_tools = without(FULL, ("tools",))
@@ -247,6 +251,26 @@ def test_dropping_each_field_removes_exactly_it():
     everything = without(FULL, ("top_k", "response_format", "reasoning_effort", "seed", "service_tier"))
     assert (everything.top_k, everything.response_format, everything.reasoning, everything.extra) == (None, None, None, {})
     assert everything.tool_choice == ToolChoice("auto") and everything.parallel_tool_calls is False
+
+
+@pytest.mark.parametrize("name, content", [
+    ("image", True), ("prefill", True), ("document.source.url", True), ("document.source.text", True),
+    ("image.source.file", True), ("tool_result.content.image", True), ("content.input_audio", True),
+    ("content.server_tool_use", True), ("messages.tool_calls.function.arguments", True),
+    ("cache_control", False), ("content.image_url.detail", False), ("tool_result.is_error", False),
+    ("seed", False), ("tools", False), ("top_k", False), ("metadata.x", False), ("content.thinking", False),
+])
+def test_a_name_is_content_or_a_field(name, content):
+    assert is_content(name) is content
+
+
+def test_with_drop_only_content_keeps_an_entry_from_serving():
+    from relayline.machines.config import Capabilities
+    caps, request = Capabilities(vision=False), attrs.evolve(FULL, source="anthropic")
+    assert refused(request, "openai", caps, drop=False) == ("image", "seed", "service_tier", "top_k", "document.source.url",
+                                                          "tool_result.is_error")
+    assert refused(request, "openai", caps, drop=True) == ("image", "document.source.url")
+    assert droppable(request, "openai", caps) == ("seed", "service_tier", "top_k", "tool_result.is_error")
 
 
 @pytest.mark.parametrize("value, kind", [

@@ -647,23 +647,116 @@ def test_an_entry_that_cannot_honour_the_request_is_skipped_and_the_walk_goes_on
     assert extra["skipped"] == ["anthropic.a/claude-a unsupported (seed)"]
 
 
-@STREAM
-def test_drop_unsupported_params_strips_images_for_a_profile_without_vision(stream):
+@pytest.fixture(scope="module")
+def dropping():
+    """A gateway that drops what an entry cannot honour (`drop_unsupported_params`), before a
+    recording upstream: routes `openai`, `anthropic` and `plain` (an openai profile without vision)."""
     with RecordingUpstream() as upstream:
-        config = {"active": "openai.plain", "gateway": {"drop_unsupported_params": True},
-                  "providers": {"openai.plain": {"family": "openai", "base_url": f"{upstream.url}/v1",
-                                                 "api_key": "sk-wire-test-0005", "model": "gpt-plain",
-                                                 "capabilities": {"vision": False}}}}
-        messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
-                                                 {"type": "image_url", "image_url": {"url": "https://x/c.png"}}]}]
-        with BackgroundGateway(config) as gw:
-            raw = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0).chat.completions.with_raw_response
-            reply = raw.create(model="gpt-plain", messages=messages, stream=stream, user="u-1")
-            if stream:
-                list(reply.parse())
-        sent = upstream.seen[-1].body
-    assert reply.headers["x-relayline-dropped"] == "image"
-    assert sent["messages"] == [{"role": "user", "content": "what is this?"}] and sent["user"] == "u-1"
+        def profile(family, model, **extra):
+            base = f"{upstream.url}/v1" if family == "openai" else upstream.url
+            return {"family": family, "base_url": base, "api_key": f"sk-drop-{family}", "model": model, **extra}
+
+        config = {
+            "active": "openai.up", "gateway": {"drop_unsupported_params": True},
+            "reliability": {"provider_retries": 0, "backoff_ms": 50},
+            "providers": {"openai.up": profile("openai", "gpt-up"), "anthropic.up": profile("anthropic", "claude-up"),
+                          "openai.plain": profile("openai", "gpt-plain", capabilities={"vision": False})},
+            "routes": [{"hint": "openai", "provider": "openai.up", "model": "gpt-up"},
+                       {"hint": "anthropic", "provider": "anthropic.up", "model": "claude-up"},
+                       {"hint": "plain", "provider": "openai.plain", "model": "gpt-plain"}],
+        }
+        with BackgroundGateway(config, api_keys={"gw-key"}) as gateway:
+            gateway.upstream = upstream
+            yield gateway
+
+
+@pytest.fixture
+def dropped_to(dropping):
+    dropping.upstream.answer = Answer()
+    dropping.upstream.seen.clear()
+    return dropping.upstream
+
+
+CACHED = {"type": "ephemeral"}
+
+
+@STREAM
+def test_a_drop_keeps_the_text_of_anthropic_blocks_that_carried_the_dropped_key(dropping, dropped_to, stream):
+    # Claude Code's system prompt and turns, each block with a cache_control, to an openai route:
+    # the key went and so did the whole block, and the provider was asked an empty conversation
+    system = [{"type": "text", "text": "SYSTEM PROMPT", "cache_control": CACHED}]
+    messages = [{"role": "user", "content": [{"type": "text", "text": "USER TURN", "cache_control": CACHED}]}]
+    raw = claude(dropping).messages.with_raw_response
+    reply = raw.create(model="openai", system=system, messages=messages, max_tokens=64, stream=stream)
+    if stream:
+        list(reply.parse())
+    sent = dropped_to.seen[-1].body
+    assert sent["messages"] == [{"role": "system", "content": "SYSTEM PROMPT"}, {"role": "user", "content": "USER TURN"}]
+    assert reply.headers["x-relayline-dropped"] == "cache_control"
+
+
+@STREAM
+def test_a_drop_keeps_the_text_of_openai_parts_that_carried_the_dropped_key(dropping, dropped_to, stream):
+    messages = [{"role": "system", "content": [{"type": "text", "text": "SYSTEM PROMPT", "cache_control": CACHED}]},
+                {"role": "user", "content": [{"type": "text", "text": "USER TURN", "cache_control": CACHED},
+                                             {"type": "image_url", "image_url": {"url": "https://x/c.png"},
+                                              "cache_control": CACHED}]}]
+    raw = oai(dropping).chat.completions.with_raw_response
+    reply = raw.create(model="anthropic", messages=messages, stream=stream)
+    if stream:
+        list(reply.parse())
+    sent = dropped_to.seen[-1].body
+    assert sent["system"] == "SYSTEM PROMPT"
+    assert sent["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "USER TURN"}, {"type": "image", "source": {"type": "url", "url": "https://x/c.png"}}]}]
+    assert reply.headers["x-relayline-dropped"] == "cache_control"
+
+
+# content an entry cannot take is never dropped, whatever drop_unsupported_params says: the entry
+# stays unfit for the request, and with no other entry the answer is a 400 naming it
+CONTENT_UNSUPPORTED = [
+    ("image-without-vision", "openai", "plain",
+     {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                                {"type": "image_url", "image_url": {"url": "https://x/c.png"}}]}]},
+     "image"),
+    ("prefill", "anthropic", "openai",
+     {"messages": [{"role": "user", "content": "Name a colour"}, {"role": "assistant", "content": "The colour is"}]},
+     "prefill"),
+    ("tool-result-image", "anthropic", "openai",
+     {"messages": [{"role": "user", "content": "q"},
+                   {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                       {"type": "text", "text": "the chart:"},
+                       {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}]}]},
+     "tool_result.content.image"),
+    ("document-url", "anthropic", "openai",
+     {"messages": [{"role": "user", "content": [
+         {"type": "document", "source": {"type": "url", "url": "https://x/report.pdf"}},
+         {"type": "text", "text": "summarise"}]}]},
+     "document.source.url"),
+    ("text-document", "anthropic", "openai",
+     {"messages": [{"role": "user", "content": [
+         {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain words"}}]}]},
+     "document.source.text"),
+    ("cut-arguments", "openai", "anthropic",
+     {"messages": [{"role": "user", "content": "q"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"city": "Par'}}]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "cut"}]},
+     "messages.tool_calls.function.arguments"),
+]
+
+
+@pytest.mark.parametrize("case,dialect,route,fields,named", CONTENT_UNSUPPORTED, ids=[c[0] for c in CONTENT_UNSUPPORTED])
+def test_a_drop_never_deletes_content_the_entry_cannot_take(dropping, dropped_to, case, dialect, route, fields, named):
+    if dialect == "openai":
+        with pytest.raises(openai.BadRequestError) as info:
+            openai_call(dropping, False, model=route, **fields)
+        assert info.value.code == "unsupported_parameter"
+    else:
+        with pytest.raises(anthropic.BadRequestError) as info:
+            anthropic_call(dropping, False, model=route, **fields)
+    assert named in info.value.message and dropped_to.seen == []  # nothing was sent, nothing deleted
 
 
 def _seed_to_claude_dropping(api_key: str, **create):

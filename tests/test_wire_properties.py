@@ -5,7 +5,9 @@ wrong types, nesting, sizes and encodings, on both routes, streamed and not. Eve
 from __future__ import annotations
 
 import json
+from collections import Counter
 
+import attrs
 import pytest
 import trio
 from hypothesis import given
@@ -214,3 +216,162 @@ def test_a_typical_answer_takes_the_plain_read():
     plain = _plain_answer(body)
     assert plain is not None and plain == parse_completion(body)
     assert (plain.text, plain.finish_reason, plain.usage.input_tokens, plain.usage.output_tokens) == ("hi", "length", 12, 3)
+
+
+# -- drop_unsupported_params never deletes content ------------------------------------------------------
+
+# every name `wire.unsupported` can give, fields and content alike, and names no rule knows
+DROP_NAMES = ["cache_control", "content.image_url.detail", "title", "citations", "seed", "metadata.x", "tools",
+              "top_k", "response_format", "reasoning_effort", "tool_result.is_error", "image", "prefill",
+              "document.source.url", "document.source.text", "image.source.file", "tool_result.content.image",
+              "tool_result.content.document", "messages.tool_calls.function.arguments", "content.input_audio",
+              "content.thinking", "x"]
+_words = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
+_base64 = st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=", min_size=1, max_size=16)
+_part_extra = st.lists(st.sampled_from(["cache_control", "content.image_url.detail", "title", "citations"]),
+                       max_size=2, unique=True).map(tuple)
+_text = st.builds(wire.Part, st.just(wire.TEXT), _words, extra=_part_extra)
+_by_url = st.builds(wire.Part, st.sampled_from([wire.IMAGE, wire.DOCUMENT]), url=_words.map("https://x/{}".format),
+                    extra=_part_extra)
+_by_data = st.builds(wire.Part, st.sampled_from([wire.IMAGE, wire.DOCUMENT]), data=_base64,
+                     media_type=st.sampled_from(["image/png", "application/pdf"]), extra=_part_extra)
+_parts = st.lists(st.one_of(_text, _text, _by_url, _by_data), max_size=3).map(tuple)
+_arguments = st.one_of(st.dictionaries(_words, _words | st.integers(), max_size=2).map(json.dumps),
+                       st.sampled_from(['{"city": "Par', "[1, 2]", ""]))
+_calls = st.lists(st.builds(wire.ToolCall, _words, _words, _arguments), max_size=2).map(tuple)
+_message = st.one_of(
+    st.builds(wire.Message, st.just(wire.SYSTEM), st.lists(_text, min_size=1, max_size=2).map(tuple)),
+    st.builds(wire.Message, st.just(wire.USER), _parts),
+    st.builds(wire.Message, st.just(wire.ASSISTANT), st.lists(_text, max_size=2).map(tuple), _calls),
+    st.builds(wire.Message, st.just(wire.TOOL), _parts, tool_call_id=_words, is_error=st.booleans()),
+)
+
+
+@st.composite
+def canonical_requests(draw) -> wire.Request:
+    """A canonical request as either dialect can write it."""
+    request = draw(st.builds(
+        wire.Request, st.lists(_message, min_size=1, max_size=5).map(tuple),
+        top_k=st.none() | st.just(5), source=st.sampled_from(["openai", "anthropic"]),
+        tools=st.lists(st.builds(wire.Tool, _words), max_size=1).map(tuple),
+        response_format=st.none() | st.just(wire.ResponseFormat("json_object")),
+        reasoning=st.none() | st.just(wire.Reasoning(effort="high")),
+        extra=st.dictionaries(st.sampled_from(["seed", "metadata.x", "cache_control", "x"]), st.none() | st.just(1),
+                              max_size=2),
+    ))
+    return attrs.evolve(request, messages=tuple(_expressible(m, request.source) for m in request.messages))
+
+
+def _expressible(message: wire.Message, dialect: str) -> wire.Message:
+    """The message as `dialect` can write it: an OpenAI body has no document by URL (an image
+    stands in), an Anthropic one no tool call arguments but a JSON object."""
+    if dialect == "openai":
+        return attrs.evolve(message, content=tuple(attrs.evolve(p, type=wire.IMAGE) if p.type == wire.DOCUMENT and
+                                                   p.url is not None else p for p in message.content))
+    return attrs.evolve(message, tool_calls=tuple(c if wire.json_object(c.arguments) is not None and c.arguments
+                                                  else attrs.evolve(c, arguments="{}") for c in message.tool_calls))
+
+
+def _content(request: wire.Request) -> list:
+    """Every text, image, document and tool datum of a canonical request, in order."""
+    return [(m.role, m.tool_call_id, [(p.type, p.text, p.url, p.data, p.media_type) for p in m.content],
+             [(c.id, c.name, c.arguments) for c in m.tool_calls]) for m in request.messages]
+
+
+def _openai_data(body: dict) -> tuple[str, str, Counter]:
+    """(system text, other text, images, documents and tool data) of a chat completions body."""
+    system, other, data = [], [], Counter()
+    for message in body["messages"]:
+        texts = system if message["role"] == "system" else other
+        if message["role"] == "tool":
+            data["result", message["tool_call_id"]] += 1
+        content = message["content"] or ""
+        for part in [{"type": "text", "text": content}] if isinstance(content, str) else content:
+            if part["type"] == "text":
+                texts.append(part["text"])
+            elif part["type"] == "image_url":
+                data["image", part["image_url"]["url"]] += 1
+            else:
+                data["document", part["file"]["file_data"]] += 1
+        for call in message.get("tool_calls") or ():
+            data["call", call["id"], call["function"]["name"], call["function"]["arguments"]] += 1
+    return "".join(system), "".join(other), data
+
+
+def _anthropic_data(body: dict) -> tuple[str, str, Counter]:
+    """(system text, other text, images, documents and tool data) of a messages body."""
+    system, other, data = body.get("system", ""), [], Counter()
+    system = system if isinstance(system, str) else "".join(b["text"] for b in system)
+
+    def blocks(content: list) -> None:
+        for block in content:
+            kind = block["type"]
+            if kind == "text":
+                other.append(block["text"])
+            elif kind in ("image", "document"):
+                source = block["source"]
+                url = source["url"] if source["type"] == "url" else f"data:{source['media_type']};base64,{source['data']}"
+                data[kind, url] += 1
+            elif kind == "tool_use":
+                data["call", block["id"], block["name"], json.dumps(block["input"])] += 1
+            else:
+                data["result", block["tool_use_id"]] += 1
+                blocks(block["content"])
+
+    for message in body["messages"]:
+        blocks(message["content"])
+    return system, "".join(other), data
+
+
+def _sent(request: wire.Request, family: str) -> tuple[list[str], list[str], Counter]:
+    """What the canonical request says, in the shape `_openai_data` / `_anthropic_data` read."""
+    system, other, data = [], [], Counter()
+    for message in request.messages:
+        texts = system if message.role == wire.SYSTEM else other
+        if message.role == wire.TOOL:
+            data["result", message.tool_call_id] += 1
+        for part in message.content:
+            if part.type == wire.TEXT:
+                texts.append(part.text)
+            else:
+                url = part.url if part.url is not None else f"data:{part.media_type};base64,{part.data}"
+                data["image" if part.type == wire.IMAGE else "document", url] += 1
+        for call in message.tool_calls:
+            arguments = call.arguments if family == "openai" else json.dumps(wire.json_object(call.arguments))
+            data["call", call.id, call.name, arguments] += 1
+    return system, other, data
+
+
+def _in_order(texts: list[str], rendered: str) -> bool:
+    at = 0
+    for text in texts:
+        found = rendered.find(text, at)
+        if found < 0:
+            return False
+        at = found + len(text)
+    return True
+
+
+@pytest.mark.property
+@given(request=canonical_requests(), names=st.lists(st.sampled_from(DROP_NAMES), unique=True).map(tuple),
+       vision=st.booleans(), prefill=st.booleans())
+def test_dropping_unsupported_fields_never_deletes_content(request, names, vision, prefill):
+    """Any canonical request, any set of names to drop: every text, image, document and tool datum
+    is still in the request, and reaches the body rendered for either family whenever that
+    family's entry may serve the request at all (nothing it cannot take is content)."""
+    from relayline.adapters.providers import anthropic as anthropic_wire
+    from relayline.adapters.providers import openai as openai_wire
+    from relayline.machines.config import Capabilities
+
+    for family, render, read in (("openai", openai_wire.render_request, _openai_data),
+                                 ("anthropic", anthropic_wire.render_request, _anthropic_data)):
+        capabilities = Capabilities(vision=vision, prefill=prefill)
+        dropped = (*names, *wire.droppable(request, family, capabilities))
+        kept = wire.without(request, dropped)
+        assert _content(kept) == _content(request)
+        if wire.refused(request, family, capabilities, drop=True):
+            continue  # the entry is skipped: nothing is sent to it
+        system, other, data = read(render(kept, "m", False))
+        want_system, want_other, want_data = _sent(request, family)
+        assert _in_order(want_system, system) and _in_order(want_other, other), (want_system, want_other, system, other)
+        assert not want_data - data, want_data - data

@@ -841,7 +841,7 @@ def dropped_header(request: wire.Request, entry) -> list[tuple[bytes, bytes]]:
     if entry is None or request is None:
         return []
     provider = entry.provider
-    dropped = wire.unsupported(request, provider.family, provider.capabilities)
+    dropped = wire.droppable(request, provider.family, provider.capabilities)
     if not dropped:
         return []
     names = [name if _PLAIN_FIELD(name) else json.dumps(name).replace("\x7f", "\\u007f") for name in dropped]

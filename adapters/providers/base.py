@@ -66,7 +66,7 @@ class CallRequest:
         if not self.drop_unsupported:
             return ()
         provider = self.entry.provider
-        return wire.unsupported(self.request, provider.family, provider.capabilities)
+        return wire.droppable(self.request, provider.family, provider.capabilities)
 
     def wire_request(self) -> wire.Request:
         """The canonical request as this entry is sent it (unsupported fields dropped if asked)."""
