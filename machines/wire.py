@@ -125,8 +125,9 @@ class ResponseFormat:
 
 @attrs.frozen
 class Reasoning:
-    effort: str | None = None  # OpenAI reasoning_effort
+    effort: str | None = None  # OpenAI reasoning_effort, Anthropic output_config.effort
     budget_tokens: int | None = None  # Anthropic thinking.budget_tokens
+    adaptive: bool = False  # Anthropic thinking.type adaptive: the model decides how much to think
 
     def as_effort(self) -> str | None:
         if self.effort is not None or self.budget_tokens is None:

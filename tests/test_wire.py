@@ -349,6 +349,46 @@ def test_anthropic_passthrough_keeps_cache_control_top_k_and_the_beta_header(gw,
     assert seen.headers["x-api-key"] == "sk-upstream-anthropic" and "authorization" not in seen.headers
 
 
+# what Claude Code sends on its first request (its shapes, shortened): a system prompt and turns
+# with cache_control, a system message mid-conversation, adaptive thinking at an effort, context
+# editing, tools whose schema names its dialect, and a user id that is a JSON document
+CLAUDE_CODE = {
+    "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "fix the failing test",
+                                      "cache_control": {"type": "ephemeral"}}]},
+        {"role": "system", "content": "<system-reminder>The todo list is empty.</system-reminder>"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01", "name": "Bash",
+                                           "input": {"command": "pytest -x"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01",
+                                      "content": [{"type": "text", "text": "1 failed"}],
+                                      "cache_control": {"type": "ephemeral"}}]},
+    ],
+    "tools": [{"name": "Bash", "description": "Run a command",
+               "input_schema": {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+                                "properties": {"command": {"type": "string"}}, "required": ["command"],
+                                "additionalProperties": False},
+               "cache_control": {"type": "ephemeral"}}],
+    "metadata": {"user_id": json.dumps({"device_id": "d" * 64, "account_uuid": "", "session_id": "s-1"})},
+    "thinking": {"type": "adaptive"},
+    "output_config": {"effort": "high"},
+}
+CONTEXT_MANAGEMENT = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+
+
+@STREAM
+def test_claude_codes_first_request_reaches_an_anthropic_profile_as_sent(gw, upstream, stream):
+    # it was a 400 (messages[1].role: must be user or assistant; thinking.type: must be enabled or
+    # disabled): the same family is sent what it does not know, not judged
+    anthropic_call(gw, stream, model="anthropic", max_tokens=32000, **CLAUDE_CODE,
+                   extra_body={"context_management": CONTEXT_MANAGEMENT},
+                   extra_headers={"anthropic-beta": "context-management-2025-06-27"})
+    sent = upstream.seen[-1].body
+    assert {k: v for k, v in sent.items() if k not in ("model", "stream")} == {
+        **CLAUDE_CODE, "max_tokens": 32000, "context_management": CONTEXT_MANAGEMENT}
+    assert upstream.seen[-1].headers["anthropic-beta"] == "context-management-2025-06-27"
+
+
 @pytest.mark.parametrize("fields,named", [
     ({"top_k": 5}, "top_k"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}]},

@@ -46,7 +46,8 @@ API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
 
 KNOWN = frozenset({"model", "messages", "system", "max_tokens", "stream", "temperature", "top_p", "top_k",
-                   "stop_sequences", "tools", "tool_choice", "metadata", "thinking", "output_format"})
+                   "stop_sequences", "tools", "tool_choice", "metadata", "thinking", "output_config",
+                   "output_format"})
 
 
 # -- requests: messages body -> canonical ------------------------------------------------------------
@@ -111,17 +112,25 @@ def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.M
     return None
 
 
+# a system message inside `messages` (Claude Code's mid-conversation instructions) keeps its place
+_ROLES = {"user": w.USER, "assistant": w.ASSISTANT, "system": w.SYSTEM}
+
+
 def _messages(raw, param: str, extra_names: list[str]) -> list[w.Message]:
     raw = w.want_dict(raw, param)
     role = w.want_str(raw.get("role"), w.path(param, "role"))
-    if role not in ("user", "assistant"):
-        raise w.WireError(w.path(param, "role"), "must be user or assistant")
+    if role not in _ROLES:
+        raise w.WireError(w.path(param, "role"), "must be user, assistant or system")
     content = raw.get("content")
     where = w.path(param, "content")
     if isinstance(content, str):
-        return [w.Message(role, (w.Part(w.TEXT, content),) if content else ())]
+        return [w.Message(_ROLES[role], (w.Part(w.TEXT, content),) if content else ())]
     blocks = [_block(b, w.path(where, i), extra_names) for i, b in enumerate(w.want_list(content, where))]
     parts = tuple(b for b in blocks if isinstance(b, w.Part))
+    if role == "system":
+        if len(parts) != sum(b is not None for b in blocks):
+            raise w.WireError(where, "a system message holds no tool_use or tool_result blocks")
+        return [w.Message(w.SYSTEM, parts)]
     if role == "assistant":
         return [w.Message(w.ASSISTANT, parts, tuple(b for b in blocks if isinstance(b, w.ToolCall)))]
     if any(p.type in w.REASONING_PARTS for p in parts):
@@ -195,16 +204,24 @@ def _tool_choice(raw) -> tuple[w.ToolChoice | None, bool | None]:
     return w.ToolChoice(modes[kind], name), (None if disable is None else not disable)
 
 
-def _thinking(raw) -> w.Reasoning | None:
-    if raw is None:
-        return None
-    raw = w.want_dict(raw, "thinking")
-    kind = w.want_str(raw.get("type"), "thinking.type")
-    if kind == "disabled":
-        return None
-    if kind != "enabled":
-        raise w.WireError("thinking.type", "must be enabled or disabled")
-    return w.Reasoning(budget_tokens=w.want_int(raw.get("budget_tokens"), "thinking.budget_tokens", 1))
+def _reasoning(body: dict, extra: dict) -> w.Reasoning | None:
+    """`thinking` and `output_config.effort` as the canonical reasoning. A thinking type this
+    module does not know stays in `extra`: an anthropic profile gets it as sent, another family
+    cannot honour it."""
+    output = w.optional(body, "output_config", w.want_dict) or {}
+    effort = w.optional(output, "effort", w.want_str, "output_config")
+    rest = {k: output[k] for k in w.extras(output, ("effort", "format"))}
+    if rest:
+        extra["output_config"] = rest  # (what relayline does not read: this family's own)
+    raw = body.get("thinking")
+    kind = None if raw is None else w.want_str(w.want_dict(raw, "thinking").get("type"), "thinking.type")
+    if kind == "enabled":
+        return w.Reasoning(effort, w.want_int(raw.get("budget_tokens"), "thinking.budget_tokens", 1))
+    if kind == "adaptive":  # the model decides how much to think, at the effort asked for
+        return w.Reasoning(effort, adaptive=True)
+    if kind not in (None, "disabled"):
+        extra["thinking"] = raw
+    return None if effort is None else w.Reasoning(effort)
 
 
 def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
@@ -223,11 +240,8 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
     extra_names.extend(f"metadata.{k}" for k in w.extras(metadata, ("user_id",)))
     response_format = _output_format(body, extra_names)
     extra = {k: body[k] for k in w.extras(body, KNOWN)}
-    if "output_config" in extra:  # its format is the response format; the rest, this family's own
-        rest = {k: v for k, v in extra.pop("output_config").items() if k != "format"}
-        if w.extras(rest, ()):
-            extra["output_config"] = rest
     extra.update({name: None for name in extra_names})
+    reasoning = _reasoning(body, extra)
     return w.Request(
         messages=(*_system(body.get("system")), *parsed),
         model=w.check_model(body.get("model")),
@@ -242,7 +256,7 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
         tool_choice=choice,
         parallel_tool_calls=parallel,
         response_format=response_format,
-        reasoning=_thinking(body.get("thinking")),
+        reasoning=reasoning,
         user=w.optional(metadata, "user_id", w.want_str, "metadata"),
         extra=extra,
         source="anthropic",
@@ -328,6 +342,28 @@ def render_messages(messages: tuple[w.Message, ...]) -> tuple[list[dict], list[d
     return system, out
 
 
+def _budget(request: w.Request) -> int | None:
+    """The thinking budget to send: the one asked for, or (`reasoning_effort`) the effort's.
+    Adaptive thinking has none, and Anthropic's own effort goes as `output_config.effort`."""
+    reasoning = request.reasoning
+    if reasoning is None or reasoning.adaptive:
+        return None
+    if reasoning.budget_tokens is None and request.source == "anthropic":
+        return None
+    return reasoning.as_budget()
+
+
+def _render_effort(request: w.Request, body: dict) -> None:
+    """Adaptive thinking, and Anthropic's own effort (an OpenAI `reasoning_effort` is a budget)."""
+    reasoning = request.reasoning
+    if reasoning is None:
+        return
+    if reasoning.adaptive:
+        body["thinking"] = {"type": "adaptive"}
+    if reasoning.effort is not None and request.source == "anthropic":
+        body["output_config"] = {**(body.get("output_config") or {}), "effort": reasoning.effort}
+
+
 def render_request(request: w.Request, model: str, stream: bool, max_output_tokens: int = DEFAULT_MAX_TOKENS) -> dict:
     """The body for an anthropic-family entry: the client's own body when it spoke this dialect,
     else the canonical request translated (docs/wire.md)."""
@@ -340,7 +376,7 @@ def render_request(request: w.Request, model: str, stream: bool, max_output_toke
         if system:
             body["system"] = system if any(set(b) != {"type", "text"} for b in system) else "\n\n".join(
                 b["text"] for b in system)
-        budget = request.reasoning.as_budget() if request.reasoning is not None else None
+        budget = _budget(request)
         if budget is not None and request.max_tokens:
             # OpenAI's limit counts the reasoning too; Anthropic's budget must stay below max_tokens
             budget = min(budget, request.max_tokens - 1)
@@ -369,6 +405,7 @@ def render_request(request: w.Request, model: str, stream: bool, max_output_toke
             body["thinking"] = {"type": "enabled", "budget_tokens": budget}
         if request.source == "anthropic":
             body.update({k: v for k, v in request.extra.items() if "." not in k})
+        _render_effort(request, body)
         schema = request.response_format.schema if request.response_format is not None else None
         if schema is not None:  # (beside the client's other output_config fields, if it wrote any)
             body["output_config"] = {**body.get("output_config", {}), "format": {"type": "json_schema",
