@@ -71,10 +71,11 @@ class Part:
     url: str | None = None
     data: str | None = None  # base64 (a redacted thinking block's: its opaque data)
     media_type: str | None = None
-    extra: tuple[str, ...] = ()  # fields of the part relayline does not translate (cache_control...)
+    extra: tuple[str, ...] = ()  # fields of the part relayline does not translate (citations...)
     # a thinking part's signature as its provider gave it; "" when it has none (reasoning from a
     # provider that signs nothing), and then no Anthropic provider can take it back
     signature: str = ""
+    cache_control: Mapping[str, Any] | None = None  # a caching hint, as the client wrote it
 
 
 @attrs.frozen
@@ -82,6 +83,7 @@ class ToolCall:
     id: str
     name: str
     arguments: str = "{}"  # JSON text, as the provider sent it
+    cache_control: Mapping[str, Any] | None = None  # (an Anthropic tool_use block's)
 
 
 @attrs.frozen
@@ -91,6 +93,8 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None  # a tool result answers this call
     is_error: bool = False
+    # a caching hint on the whole message (OpenAI clients') or on an Anthropic tool_result block
+    cache_control: Mapping[str, Any] | None = None
 
     @property
     def text(self) -> str:
@@ -103,6 +107,7 @@ class Tool:
     description: str = ""
     parameters: Mapping[str, Any] = attrs.field(factory=lambda: {"type": "object"})
     strict: bool = False  # the call's arguments always match `parameters` (structured outputs)
+    cache_control: Mapping[str, Any] | None = None
 
 
 @attrs.frozen
@@ -237,6 +242,8 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
             names.append("document.source.url")
         if any(m.is_error for m in request.messages):
             names.append("tool_result.is_error")
+        if request.reasoning is not None and request.reasoning.effort not in (None, *EFFORT_BUDGETS):
+            names.append("output_config.effort")  # (max: no reasoning_effort says as much)
         last = request.messages[-1] if request.messages else None
         if last is not None and last.role == ASSISTANT and not last.tool_calls and not capabilities.prefill:
             # Anthropic continues a trailing assistant message; a chat completions server answers
@@ -462,7 +469,7 @@ def without(request: Request, names: tuple[str, ...]) -> Request:
         parallel_tool_calls=None if tools else request.parallel_tool_calls,
         top_k=None if "top_k" in dropped else request.top_k,
         response_format=_format_without(request.response_format, tuple(dropped), schema),
-        reasoning=None if "reasoning_effort" in dropped else request.reasoning,
+        reasoning=None if "reasoning_effort" in dropped else _without_effort(request.reasoning, dropped),
         extra={k: v for k, v in request.extra.items() if k not in dropped},
     )
 
@@ -473,3 +480,9 @@ def _format_without(form: ResponseFormat | None, names: tuple[str, ...], schema:
     if "response_format.json_schema.description" in names and form.json_schema is not None:
         return attrs.evolve(form, json_schema={k: v for k, v in form.json_schema.items() if k != "description"})
     return form
+
+
+def _without_effort(reasoning: Reasoning | None, dropped: frozenset[str]) -> Reasoning | None:
+    if reasoning is None or "output_config.effort" not in dropped:
+        return reasoning
+    return attrs.evolve(reasoning, effort=None)

@@ -160,6 +160,40 @@ OPENAI_FIELDS = [
          {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_abc",
                                        "content": [{"type": "text", "text": "sunny"}]},
                                       {"type": "text", "text": "thanks"}]}]}),
+    # a system message after the conversation began keeps its place (Anthropic: a system message)
+    ("system_mid_conversation", {"messages": [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"}, {"role": "developer", "content": "now in French"},
+        {"role": "user", "content": "again"}]},
+     {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": "hello"}, {"role": "developer", "content": "now in French"},
+                   {"role": "user", "content": "again"}]},
+     {"system": "be brief", "messages": [
+         {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+         {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
+         {"role": "system", "content": [{"type": "text", "text": "now in French"}]},
+         {"role": "user", "content": [{"type": "text", "text": "again"}]}]}),
+    # opencode's caching hints: on the message (it moves to the message's last block), on a part (it stays)
+    ("cache_control", {"messages": [
+        {"role": "system", "content": "SYSTEM PROMPT", "cache_control": {"type": "ephemeral"}},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+         "cache_control": {"type": "ephemeral"}},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "c", "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+                                     {"type": "text", "text": "d"}]}]},
+     {"messages": [
+         {"role": "system", "content": "SYSTEM PROMPT", "cache_control": {"type": "ephemeral"}},
+         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+          "cache_control": {"type": "ephemeral"}},
+         {"role": "assistant", "content": "ok"},
+         {"role": "user", "content": [{"type": "text", "text": "c", "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+                                      {"type": "text", "text": "d"}]}]},
+     {"system": [{"type": "text", "text": "SYSTEM PROMPT", "cache_control": {"type": "ephemeral"}}], "messages": [
+         {"role": "user", "content": [{"type": "text", "text": "a"},
+                                      {"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]},
+         {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+         {"role": "user", "content": [{"type": "text", "text": "c", "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+                                      {"type": "text", "text": "d"}]}]}),
 ]
 
 
@@ -321,6 +355,37 @@ ANTHROPIC_FIELDS = [
              {"id": "toolu_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
          {"role": "tool", "tool_call_id": "toolu_abc", "content": "sunny"},
          {"role": "user", "content": "thanks"}]}),
+    ("system_mid_conversation", {"system": "be brief", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+        {"role": "system", "content": [{"type": "text", "text": "now in French"}]}, {"role": "user", "content": "again"}]},
+     {"system": "be brief", "messages": [
+         {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+         {"role": "system", "content": [{"type": "text", "text": "now in French"}]}, {"role": "user", "content": "again"}]},
+     {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": "hello"}, {"role": "system", "content": "now in French"},
+                   {"role": "user", "content": "again"}]}),
+    ("adaptive_thinking_effort", {"thinking": {"type": "adaptive"}, "output_config": {"effort": "low"}},
+     {"thinking": {"type": "adaptive"}, "output_config": {"effort": "low"}}, {"reasoning_effort": "low"}),
+    ("effort_alone", {"output_config": {"effort": "medium"}}, {"output_config": {"effort": "medium"}},
+     {"reasoning_effort": "medium"}),
+    # adaptive alone asks for no effort: the openai profile's model thinks at its own default
+    ("adaptive_thinking", {"thinking": {"type": "adaptive"}}, {"thinking": {"type": "adaptive"}},
+     {"reasoning_effort": None}),
+    # caching hints are no content: towards openai they become nothing, and nothing is named dropped
+    ("cache_control", {"system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+                       "tools": [{"name": "f", "input_schema": WEATHER, "cache_control": {"type": "ephemeral"}}],
+                       "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"city": "Oslo"},
+                                           "cache_control": {"type": "ephemeral"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "rain",
+                                      "cache_control": {"type": "ephemeral"}}]}]},
+     {"system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}]},
+     {"tools": [{"type": "function", "function": {"name": "f", "description": "", "parameters": WEATHER}}],
+      "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"city": "Oslo"}'}}]},
+                   {"role": "tool", "tool_call_id": "t1", "content": "rain"}]}),
 ]
 
 
@@ -389,10 +454,54 @@ def test_claude_codes_first_request_reaches_an_anthropic_profile_as_sent(gw, ups
     assert upstream.seen[-1].headers["anthropic-beta"] == "context-management-2025-06-27"
 
 
+@STREAM
+def test_claude_codes_request_crosses_to_an_openai_profile(gw, upstream, stream):
+    # it was refused: "no entry can honour the request as asked" (cache_control, the system
+    # message, adaptive thinking); each crosses now, and nothing is named dropped
+    raw = claude(gw).messages.with_raw_response
+    reply = raw.create(model="openai", max_tokens=32000, stream=stream, **CLAUDE_CODE)
+    if stream:
+        list(reply.parse())
+    sent = upstream.seen[-1].body
+    assert sent["messages"] == [
+        {"role": "system", "content": "You are Claude Code."},
+        {"role": "user", "content": "fix the failing test"},
+        {"role": "system", "content": "<system-reminder>The todo list is empty.</system-reminder>"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "toolu_01", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "pytest -x"}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_01", "content": "1 failed"}]
+    tool = CLAUDE_CODE["tools"][0]
+    assert sent["tools"] == [{"type": "function", "function": {"name": "Bash", "description": tool["description"],
+                                                               "parameters": tool["input_schema"]}}]
+    assert sent["reasoning_effort"] == "high" and sent["user"] == CLAUDE_CODE["metadata"]["user_id"]
+    assert "cache_control" not in json.dumps(sent) and "x-relayline-dropped" not in reply.headers
+
+
+@STREAM
+def test_an_anthropic_body_rendered_again_for_its_own_family_keeps_claude_codes_shapes(dropping, dropped_to, stream):
+    # a dropped field (tools, for a profile without them) means the body is written again from
+    # the canonical request: the system message keeps its place, and the caching hints, adaptive
+    # thinking, its effort and context editing go as Claude Code wrote them
+    raw = claude(dropping).messages.with_raw_response
+    reply = raw.create(model="anthropic-notools", max_tokens=32000, stream=stream, **CLAUDE_CODE,
+                       extra_body={"context_management": CONTEXT_MANAGEMENT})
+    if stream:
+        list(reply.parse())
+    sent = dropped_to.seen[-1].body
+    assert reply.headers["x-relayline-dropped"] == "tools" and "tools" not in sent
+    assert sent["system"] == CLAUDE_CODE["system"]
+    assert sent["messages"] == [{**m, "content": [{"type": "text", "text": m["content"]}]} if m["role"] == "system"
+                                else m for m in CLAUDE_CODE["messages"]]
+    assert (sent["thinking"], sent["output_config"]) == (CLAUDE_CODE["thinking"], CLAUDE_CODE["output_config"])
+    assert sent["metadata"] == CLAUDE_CODE["metadata"] and sent["context_management"] == CONTEXT_MANAGEMENT
+
+
 @pytest.mark.parametrize("fields,named", [
     ({"top_k": 5}, "top_k"),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}]},
-     "cache_control"),
+    # server-side context editing has no chat completions equivalent; nor has an effort above high
+    ({"extra_body": {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}}, "context_management"),
+    ({"thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}}, "output_config.effort"),
+    ({"thinking": {"type": "a-later-kind"}}, "thinking"),
     ({"messages": [{"role": "user", "content": "q"},
                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "boom",
@@ -690,7 +799,8 @@ def test_an_entry_that_cannot_honour_the_request_is_skipped_and_the_walk_goes_on
 @pytest.fixture(scope="module")
 def dropping():
     """A gateway that drops what an entry cannot honour (`drop_unsupported_params`), before a
-    recording upstream: routes `openai`, `anthropic` and `plain` (an openai profile without vision)."""
+    recording upstream: routes `openai`, `anthropic`, `plain` (an openai profile without vision) and
+    `anthropic-notools` (an anthropic profile without tools)."""
     with RecordingUpstream() as upstream:
         def profile(family, model, **extra):
             base = f"{upstream.url}/v1" if family == "openai" else upstream.url
@@ -700,10 +810,12 @@ def dropping():
             "active": "openai.up", "gateway": {"drop_unsupported_params": True},
             "reliability": {"provider_retries": 0, "backoff_ms": 50},
             "providers": {"openai.up": profile("openai", "gpt-up"), "anthropic.up": profile("anthropic", "claude-up"),
-                          "openai.plain": profile("openai", "gpt-plain", capabilities={"vision": False})},
+                          "openai.plain": profile("openai", "gpt-plain", capabilities={"vision": False}),
+                          "anthropic.notools": profile("anthropic", "claude-notools", capabilities={"tools": False})},
             "routes": [{"hint": "openai", "provider": "openai.up", "model": "gpt-up"},
                        {"hint": "anthropic", "provider": "anthropic.up", "model": "claude-up"},
-                       {"hint": "plain", "provider": "openai.plain", "model": "gpt-plain"}],
+                       {"hint": "plain", "provider": "openai.plain", "model": "gpt-plain"},
+                       {"hint": "anthropic-notools", "provider": "anthropic.notools", "model": "claude-notools"}],
         }
         with BackgroundGateway(config, api_keys={"gw-key"}) as gateway:
             gateway.upstream = upstream
@@ -724,15 +836,20 @@ CACHED = {"type": "ephemeral"}
 def test_a_drop_keeps_the_text_of_anthropic_blocks_that_carried_the_dropped_key(dropping, dropped_to, stream):
     # Claude Code's system prompt and turns, each block with a cache_control, to an openai route:
     # the key went and so did the whole block, and the provider was asked an empty conversation
+    # (a caching hint is translated now, to nothing: the text block's citations are what is dropped)
     system = [{"type": "text", "text": "SYSTEM PROMPT", "cache_control": CACHED}]
-    messages = [{"role": "user", "content": [{"type": "text", "text": "USER TURN", "cache_control": CACHED}]}]
+    cited = {"type": "char_location", "cited_text": "x", "document_index": 0, "start_char_index": 0, "end_char_index": 1}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "USER TURN", "cache_control": CACHED}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "CITED ANSWER", "citations": [cited]}]},
+                {"role": "user", "content": "thanks"}]
     raw = claude(dropping).messages.with_raw_response
     reply = raw.create(model="openai", system=system, messages=messages, max_tokens=64, stream=stream)
     if stream:
         list(reply.parse())
     sent = dropped_to.seen[-1].body
-    assert sent["messages"] == [{"role": "system", "content": "SYSTEM PROMPT"}, {"role": "user", "content": "USER TURN"}]
-    assert reply.headers["x-relayline-dropped"] == "cache_control"
+    assert sent["messages"] == [{"role": "system", "content": "SYSTEM PROMPT"}, {"role": "user", "content": "USER TURN"},
+                                {"role": "assistant", "content": "CITED ANSWER"}, {"role": "user", "content": "thanks"}]
+    assert reply.headers["x-relayline-dropped"] == "citations"
 
 
 @STREAM
@@ -746,10 +863,12 @@ def test_a_drop_keeps_the_text_of_openai_parts_that_carried_the_dropped_key(drop
     if stream:
         list(reply.parse())
     sent = dropped_to.seen[-1].body
-    assert sent["system"] == "SYSTEM PROMPT"
+    # (the caching hints are translated now: each stays on its block)
+    assert sent["system"] == [{"type": "text", "text": "SYSTEM PROMPT", "cache_control": CACHED}]
     assert sent["messages"] == [{"role": "user", "content": [
-        {"type": "text", "text": "USER TURN"}, {"type": "image", "source": {"type": "url", "url": "https://x/c.png"}}]}]
-    assert reply.headers["x-relayline-dropped"] == "cache_control"
+        {"type": "text", "text": "USER TURN", "cache_control": CACHED},
+        {"type": "image", "source": {"type": "url", "url": "https://x/c.png"}, "cache_control": CACHED}]}]
+    assert "x-relayline-dropped" not in reply.headers
 
 
 # content an entry cannot take is never dropped, whatever drop_unsupported_params says: the entry

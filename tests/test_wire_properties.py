@@ -301,13 +301,13 @@ def _openai_data(body: dict) -> tuple[str, str, Counter]:
 def _anthropic_data(body: dict) -> tuple[str, str, Counter]:
     """(system text, other text, images, documents and tool data) of a messages body."""
     system, other, data = body.get("system", ""), [], Counter()
-    system = system if isinstance(system, str) else "".join(b["text"] for b in system)
+    system = [system] if isinstance(system, str) else [b["text"] for b in system]
 
-    def blocks(content: list) -> None:
+    def blocks(content: list, texts: list[str]) -> None:
         for block in content:
             kind = block["type"]
             if kind == "text":
-                other.append(block["text"])
+                texts.append(block["text"])
             elif kind in ("image", "document"):
                 source = block["source"]
                 url = source["url"] if source["type"] == "url" else f"data:{source['media_type']};base64,{source['data']}"
@@ -316,11 +316,11 @@ def _anthropic_data(body: dict) -> tuple[str, str, Counter]:
                 data["call", block["id"], block["name"], json.dumps(block["input"])] += 1
             else:
                 data["result", block["tool_use_id"]] += 1
-                blocks(block["content"])
+                blocks(block["content"], texts)
 
-    for message in body["messages"]:
-        blocks(message["content"])
-    return system, "".join(other), data
+    for message in body["messages"]:  # (a system message after the conversation began stays in place)
+        blocks(message["content"], system if message["role"] == "system" else other)
+    return "".join(system), "".join(other), data
 
 
 def _sent(request: wire.Request, family: str) -> tuple[list[str], list[str], Counter]:

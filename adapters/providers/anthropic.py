@@ -87,17 +87,19 @@ def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.M
     if kind in w.REASONING_PARTS:
         return _reasoning_block(raw, param, kind)
     extra = tuple(w.extras(raw, ("type", "text", "source", "id", "name", "input", "tool_use_id", "content",
-                                 "is_error")))
+                                 "is_error", "cache_control")))
+    cache = w.optional(raw, "cache_control", w.want_dict, param)
     if kind == "text":
-        return w.Part(w.TEXT, w.want_str(raw.get("text"), w.path(param, "text")), extra=extra)
+        return w.Part(w.TEXT, w.want_str(raw.get("text"), w.path(param, "text")), extra=extra, cache_control=cache)
     if kind in ("image", "document"):
-        return w.Part(w.IMAGE if kind == "image" else w.DOCUMENT, **_source(raw, param, kind, extra))
+        return w.Part(w.IMAGE if kind == "image" else w.DOCUMENT, **_source(raw, param, kind, extra),
+                      cache_control=cache)
     if kind in ("tool_use", "tool_result"):
-        extra_names.extend(extra)  # cache_control on a tool block: this family's own
+        extra_names.extend(extra)  # (`caller` of a programmatic tool call: this family's own)
     if kind == "tool_use":
         arguments = raw.get("input", {})
         return w.ToolCall(w.want_str(raw.get("id"), w.path(param, "id")), w.want_str(raw.get("name"), w.path(param, "name")),
-                          json.dumps(w.want_dict(arguments, w.path(param, "input"))))
+                          json.dumps(w.want_dict(arguments, w.path(param, "input"))), cache)
     if kind == "tool_result":
         content = raw.get("content", "")
         if isinstance(content, str):
@@ -107,7 +109,7 @@ def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.M
                                       for i, b in enumerate(w.want_list(content, w.path(param, "content"))))
                           if isinstance(p, w.Part))
         return w.Message(w.TOOL, parts, tool_call_id=w.want_str(raw.get("tool_use_id"), w.path(param, "tool_use_id")),
-                         is_error=bool(w.optional(raw, "is_error", w.want_bool, param)), )
+                         is_error=bool(w.optional(raw, "is_error", w.want_bool, param)), cache_control=cache)
     extra_names.append(f"content.{kind}")  # server tools and their results: this family's own
     return None
 
@@ -162,12 +164,14 @@ def _tool(raw, param: str, extra_names: list[str]) -> w.Tool | None:
     if raw.get("type") not in (None, "custom"):
         extra_names.append(f"tools.{w.want_str(raw['type'], w.path(param, 'type'))}")  # server tools
         return None
-    extra_names.extend(f"tools.{k}" for k in w.extras(raw, ("type", "name", "description", "input_schema", "strict")))
+    extra_names.extend(f"tools.{k}" for k in w.extras(raw, ("type", "name", "description", "input_schema", "strict",
+                                                              "cache_control")))
     schema = w.optional(raw, "input_schema", w.want_dict, param)
     return w.Tool(w.want_str(raw.get("name"), w.path(param, "name")),
                   w.optional(raw, "description", w.want_str, param) or "",
                   schema if schema is not None else {"type": "object"},
-                  bool(w.optional(raw, "strict", w.want_bool, param)))
+                  bool(w.optional(raw, "strict", w.want_bool, param)),
+                  w.optional(raw, "cache_control", w.want_dict, param))
 
 
 # an OpenAI json_schema format must be named and Anthropic's output format has no name: this one
@@ -294,9 +298,14 @@ def _signed_history(body: dict) -> dict:
 # -- requests: canonical -> messages body ------------------------------------------------------------
 
 
+def _cached(block: dict, cache_control) -> dict:
+    """The block with a caching hint, when there is one."""
+    return block if cache_control is None else {**block, "cache_control": dict(cache_control)}
+
+
 def _render_part(part: w.Part) -> dict | None:
     if part.type == w.TEXT:
-        return {"type": "text", "text": part.text}
+        return _cached({"type": "text", "text": part.text}, part.cache_control)
     if part.type == w.THINKING:  # back only with the signature its provider gave
         return {"type": "thinking", "thinking": part.text, "signature": part.signature} if part.signature else None
     if part.type == w.REDACTED_THINKING:
@@ -304,7 +313,7 @@ def _render_part(part: w.Part) -> dict | None:
     if part.type in (w.IMAGE, w.DOCUMENT):
         source = ({"type": "url", "url": part.url} if part.url is not None
                   else {"type": "base64", "media_type": part.media_type, "data": part.data})
-        return {"type": part.type, "source": source}
+        return _cached({"type": part.type, "source": source}, part.cache_control)
     return None
 
 
@@ -312,9 +321,22 @@ def _blocks(parts: tuple[w.Part, ...]) -> list[dict]:
     return [b for b in map(_render_part, parts) if b is not None and (b["type"] != "text" or b["text"])]
 
 
+def _message_blocks(message: w.Message) -> list[dict]:
+    """A user, assistant or system message's blocks. A caching hint on the whole message (an
+    OpenAI client's) goes on its last block: Anthropic caches the prefix up to a marked block."""
+    blocks = _blocks(message.content) + [
+        _cached({"type": "tool_use", "id": c.id, "name": c.name, "input": w.json_object(c.arguments) or {}},
+                c.cache_control) for c in message.tool_calls]
+    blocks = blocks or [{"type": "text", "text": ""}]
+    if message.cache_control is not None and "cache_control" not in blocks[-1]:
+        blocks[-1] = _cached(blocks[-1], message.cache_control)
+    return blocks
+
+
 def render_messages(messages: tuple[w.Message, ...]) -> tuple[list[dict], list[dict]]:
     """(system blocks, messages): Anthropic wants the system prompt apart and roles alternating,
-    so consecutive messages of one role (tool results and the user's next words) become one."""
+    so consecutive messages of one role (tool results and the user's next words) become one. A
+    system message after the conversation began stays at its place, as a `system` message."""
     system: list[dict] = []
     out: list[dict] = []
 
@@ -325,20 +347,16 @@ def render_messages(messages: tuple[w.Message, ...]) -> tuple[list[dict], list[d
             out.append({"role": role, "content": blocks})
 
     for message in messages:
-        if message.role == w.SYSTEM:
-            system.extend(_blocks(message.content))
+        if message.role == w.SYSTEM and not out:
+            system.extend(b for b in _message_blocks(message) if b["type"] != "text" or b["text"])
         elif message.role == w.TOOL:
             result: dict = {"type": "tool_result", "tool_use_id": message.tool_call_id,
                             "content": _blocks(message.content)}
             if message.is_error:
                 result["is_error"] = True
-            add("user", [result])
-        elif message.role == w.ASSISTANT:
-            blocks = _blocks(message.content) + [
-                {"type": "tool_use", "id": c.id, "name": c.name, "input": w.json_object(c.arguments) or {}} for c in message.tool_calls]
-            add("assistant", blocks or [{"type": "text", "text": ""}])
+            add("user", [_cached(result, message.cache_control)])
         else:
-            add("user", _blocks(message.content) or [{"type": "text", "text": ""}])
+            add({w.ASSISTANT: "assistant", w.SYSTEM: "system"}.get(message.role, "user"), _message_blocks(message))
     return system, out
 
 
@@ -388,8 +406,8 @@ def render_request(request: w.Request, model: str, stream: bool, max_output_toke
         if request.stop:
             body["stop_sequences"] = list(request.stop)
         if request.tools:
-            body["tools"] = [{"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
-                             | ({"strict": True} if t.strict else {}) for t in request.tools]
+            body["tools"] = [_cached({"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
+                                     | ({"strict": True} if t.strict else {}), t.cache_control) for t in request.tools]
         choice = request.tool_choice
         if choice is not None or request.parallel_tool_calls is False:
             mode = choice.mode if choice is not None else "auto"

@@ -62,9 +62,10 @@ def _part(raw, param: str, extra_names: list[str]) -> w.Part:
         return w.Part(w.TEXT, raw)
     raw = w.want_dict(raw, param)
     kind = w.want_str(raw.get("type"), w.path(param, "type"))
-    extra = tuple(w.extras(raw, ("type", "text", "image_url", "file")))
+    extra = tuple(w.extras(raw, ("type", "text", "image_url", "file", "cache_control")))
+    cache = w.optional(raw, "cache_control", w.want_dict, param)  # a common extension (opencode, OpenRouter)
     if kind in ("text", "input_text"):
-        return w.Part(w.TEXT, w.want_str(raw.get("text"), w.path(param, "text")), extra=extra)
+        return w.Part(w.TEXT, w.want_str(raw.get("text"), w.path(param, "text")), extra=extra, cache_control=cache)
     if kind == "image_url":
         image = raw.get("image_url")
         if isinstance(image, str):
@@ -76,16 +77,16 @@ def _part(raw, param: str, extra_names: list[str]) -> w.Part:
                            if not (k == "detail" and image[k] == "auto"))
         data = _data_url(url)
         if data is not None:
-            return w.Part(w.IMAGE, data=data[1], media_type=data[0], extra=extra)
-        return w.Part(w.IMAGE, url=url, extra=extra)
+            return w.Part(w.IMAGE, data=data[1], media_type=data[0], extra=extra, cache_control=cache)
+        return w.Part(w.IMAGE, url=url, extra=extra, cache_control=cache)
     if kind == "file":
         file = w.want_dict(raw.get("file"), w.path(param, "file"))
         data = _data_url(w.want_str(file.get("file_data"), w.path(param, "file.file_data")))
         if data is None:
             raise w.WireError(w.path(param, "file.file_data"), "expected a base64 data: URL")
-        return w.Part(w.DOCUMENT, data=data[1], media_type=data[0], extra=extra)
+        return w.Part(w.DOCUMENT, data=data[1], media_type=data[0], extra=extra, cache_control=cache)
     extra_names.append(f"content.{kind}")  # audio and other parts: this family's own
-    return w.Part(kind, extra=extra)
+    return w.Part(kind, extra=extra, cache_control=cache)
 
 
 def _content(raw, param: str, extra_names: list[str], *, nullable: bool) -> tuple[w.Part, ...]:
@@ -113,7 +114,7 @@ def _tool_call(raw, param: str) -> w.ToolCall:
 # (an Anthropic answer's thinking signature and redacted thinking, which Anthropic wants back as
 # they were): read on an assistant message of the history, never sent to an openai entry
 REASONING_FIELDS = ("reasoning_content", "reasoning_signature", "reasoning_redacted")
-_ASSISTANT_FIELDS = ("role", "content", "tool_calls", "tool_call_id", *REASONING_FIELDS)
+_ASSISTANT_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "cache_control", *REASONING_FIELDS)
 
 
 def _reasoning_history(raw: dict, param: str) -> tuple[w.Part, ...]:
@@ -145,20 +146,22 @@ def _message(raw, index: int, extra_names: list[str]) -> w.Message:
     role = w.want_str(raw.get("role"), w.path(param, "role"))
     where = w.path(param, "content")
     extra_names.extend(f"messages.{k}" for k in w.extras(raw, _ASSISTANT_FIELDS if role == "assistant" else (
-        "role", "content", "tool_calls", "tool_call_id")))
+        "role", "content", "tool_calls", "tool_call_id", "cache_control")))
+    cache = w.optional(raw, "cache_control", w.want_dict, param)
     if role in ("system", "developer"):
-        return w.Message(w.SYSTEM, _content(content, where, extra_names, nullable=False))
+        return w.Message(w.SYSTEM, _content(content, where, extra_names, nullable=False), cache_control=cache)
     if role == "user":
-        return w.Message(w.USER, _content(content, where, extra_names, nullable=False))
+        return w.Message(w.USER, _content(content, where, extra_names, nullable=False), cache_control=cache)
     if role == "assistant":
         calls = raw.get("tool_calls")
         calls = () if calls is None else tuple(
             _tool_call(c, w.path(w.path(param, "tool_calls"), i)) for i, c in enumerate(w.want_list(calls, w.path(param, "tool_calls"))))
         return w.Message(w.ASSISTANT, _reasoning_history(raw, param) + _content(content, where, extra_names, nullable=True),
-                         calls)
+                         calls, cache_control=cache)
     if role == "tool":
         call_id = w.want_str(raw.get("tool_call_id"), w.path(param, "tool_call_id"))
-        return w.Message(w.TOOL, _content(content, where, extra_names, nullable=False), tool_call_id=call_id)
+        return w.Message(w.TOOL, _content(content, where, extra_names, nullable=False), tool_call_id=call_id,
+                         cache_control=cache)
     raise w.WireError(w.path(param, "role"), "must be one of system, developer, user, assistant, tool")
 
 
@@ -272,34 +275,43 @@ def _with_options(body: dict, parsed: tuple[w.Message, ...], extra_names: list[s
 # -- requests: canonical -> chat completions body ----------------------------------------------------
 
 
-def _render_part(part: w.Part) -> dict:
+def _render_part(part: w.Part, cached: bool) -> dict:
     if part.type == w.IMAGE:
         url = part.url if part.url is not None else f"data:{part.media_type};base64,{part.data}"
-        return {"type": "image_url", "image_url": {"url": url}}
-    if part.type == w.DOCUMENT:
-        return {"type": "file", "file": {"filename": "document.pdf",
-                                         "file_data": f"data:{part.media_type};base64,{part.data}"}}
-    return {"type": "text", "text": part.text}
+        out: dict = {"type": "image_url", "image_url": {"url": url}}
+    elif part.type == w.DOCUMENT:
+        out = {"type": "file", "file": {"filename": "document.pdf",
+                                        "file_data": f"data:{part.media_type};base64,{part.data}"}}
+    else:
+        out = {"type": "text", "text": part.text}
+    if cached and part.cache_control is not None:
+        out["cache_control"] = dict(part.cache_control)
+    return out
 
 
-def _render_content(parts: tuple[w.Part, ...]):
-    if all(p.type == w.TEXT for p in parts):
+def _render_content(parts: tuple[w.Part, ...], cached: bool):
+    if all(p.type == w.TEXT and (not cached or p.cache_control is None) for p in parts):
         return "".join(p.text for p in parts)
-    return [_render_part(p) for p in parts if p.type in (w.TEXT, w.IMAGE, w.DOCUMENT)]
+    return [_render_part(p, cached) for p in parts if p.type in (w.TEXT, w.IMAGE, w.DOCUMENT)]
 
 
-def _render_message(message: w.Message) -> dict:
-    if message.role == w.TOOL:
-        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": _render_content(message.content)}
+def _render_message(message: w.Message, cached: bool) -> dict:
+    """The message as a chat completions message. Caching hints go with it only when an OpenAI
+    client wrote them (`cached`): OpenAI caches prefixes itself, and an Anthropic block's hint
+    has no place here."""
     content = message.content
     if message.role == w.ASSISTANT:
         # earlier turns' reasoning is not sent back to a chat completions server
         content = tuple(p for p in content if p.type not in w.REASONING_PARTS)
-    out: dict = {"role": message.role, "content": _render_content(content)}
+    out: dict = {"role": message.role, "content": _render_content(content, cached)}
+    if message.role == w.TOOL:
+        out["tool_call_id"] = message.tool_call_id
     if message.tool_calls:
         out["content"] = out["content"] or None
         out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                              for c in message.tool_calls]
+    if cached and message.cache_control is not None:
+        out["cache_control"] = dict(message.cache_control)
     return out
 
 
@@ -309,7 +321,8 @@ def render_request(request: w.Request, model: str, stream: bool) -> dict:
     if request.passthrough is not None and request.source == "openai":
         body = dict(request.passthrough.body)
     else:
-        body = {"messages": [_render_message(m) for m in request.messages]}
+        cached = request.source == "openai"
+        body = {"messages": [_render_message(m, cached) for m in request.messages]}
         if request.max_tokens is not None:
             body["max_tokens"] = request.max_tokens
         for name in ("temperature", "top_p", "user", "parallel_tool_calls"):
