@@ -412,8 +412,8 @@ def optional(obj: dict[str, Any], key: str, check: Callable[..., Any], base: str
 # what `unsupported` names that is content, not a field of it: an image, a document by URL, the
 # trailing assistant message (prefill), tool call arguments `tool_use.input` cannot hold
 CONTENT_NAMES = frozenset({"image", "prefill", "document.source.url", "messages.tool_calls.function.arguments"})
-# reasoning from the history: a translation leaves it out towards another family, as Anthropic
-# ignores earlier turns' thinking; it is no content the provider is asked to answer
+# reasoning from earlier turns: no content the provider is asked to answer (Anthropic itself
+# ignores earlier turns' thinking), so leaving it out for another family deletes nothing asked
 _LEFT_OUT_BLOCKS = frozenset({"content.thinking", "content.redacted_thinking"})
 
 
