@@ -4,6 +4,7 @@ prefill, dropping unsupported fields, the checks every dialect body and provider
 with), directly; the gateway tests show the same through both dialects."""
 
 import email.utils
+import json
 
 import attrs
 import pytest
@@ -451,3 +452,30 @@ def test_an_optional_field_is_checked_under_its_own_path():
     with pytest.raises(WireError, match=r"^thinking.budget_tokens: must be between 1024 and 2048$"):
         optional({"budget_tokens": 5}, "budget_tokens", want_int, "thinking", 1024, 2048)
     assert optional({"budget_tokens": 1500}, "budget_tokens", want_int, "thinking", 1024, 2048) == 1500
+
+
+def test_a_message_level_caching_hint_goes_on_the_messages_last_block_towards_anthropic():
+    from relayline.adapters.providers import anthropic as anthropic_wire
+    from relayline.adapters.providers import openai as openai_wire
+    hint = {"type": "ephemeral"}
+    body = {"messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "looking", "cache_control": hint, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "one", "cache_control": hint},
+        {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "two", "cache_control": hint}]}]}
+    request = openai_wire.parse_request(body)
+    _, messages = anthropic_wire.render_messages(request.messages)
+    assert messages[1]["content"] == [
+        {"type": "text", "text": "looking"}, {"type": "tool_use", "id": "c1", "name": "f", "input": {}},
+        {"type": "tool_use", "id": "c2", "name": "g", "input": {}, "cache_control": hint}]
+    assert messages[2]["content"] == [
+        {"type": "tool_result", "tool_use_id": "c1", "content": [{"type": "text", "text": "one"}], "cache_control": hint},
+        {"type": "tool_result", "tool_use_id": "c2", "content": [{"type": "text", "text": "two", "cache_control": hint}]}]
+    # an OpenAI body written again for its own family keeps each hint where its client put it
+    again = openai_wire.render_request(attrs.evolve(request, passthrough=None), "m", False)["messages"]
+    assert [m.get("cache_control") for m in again] == [None, hint, hint, None]
+    assert again[3]["content"] == [{"type": "text", "text": "two", "cache_control": hint}]
+    # and written for the other family from an Anthropic client's, nothing of them is left
+    assert "cache_control" not in json.dumps(openai_wire.render_request(attrs.evolve(request, source="anthropic"), "m", False))
