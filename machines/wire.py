@@ -412,9 +412,6 @@ def optional(obj: dict[str, Any], key: str, check: Callable[..., Any], base: str
 # what `unsupported` names that is content, not a field of it: an image, a document by URL, the
 # trailing assistant message (prefill), tool call arguments `tool_use.input` cannot hold
 CONTENT_NAMES = frozenset({"image", "prefill", "document.source.url", "messages.tool_calls.function.arguments"})
-# reasoning from earlier turns: no content the provider is asked to answer (Anthropic itself
-# ignores earlier turns' thinking), so leaving it out for another family deletes nothing asked
-_LEFT_OUT_BLOCKS = frozenset({"content.thinking", "content.redacted_thinking"})
 
 
 def is_content(name: str) -> bool:
@@ -426,7 +423,7 @@ def is_content(name: str) -> bool:
         return True
     head, _, rest = name.partition(".")
     if head == "content":
-        return "." not in rest and name not in _LEFT_OUT_BLOCKS  # (content.image_url.detail is a field)
+        return "." not in rest  # (content.image_url.detail is a field of an image)
     return head in (IMAGE, DOCUMENT) and rest.startswith("source.")
 
 

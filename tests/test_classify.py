@@ -259,7 +259,7 @@ def test_dropping_each_field_removes_exactly_it():
     ("image.source.file", True), ("tool_result.content.image", True), ("content.input_audio", True),
     ("content.server_tool_use", True), ("messages.tool_calls.function.arguments", True),
     ("cache_control", False), ("content.image_url.detail", False), ("tool_result.is_error", False),
-    ("seed", False), ("tools", False), ("top_k", False), ("metadata.x", False), ("content.thinking", False),
+    ("seed", False), ("tools", False), ("top_k", False), ("metadata.x", False),
 ])
 def test_a_name_is_content_or_a_field(name, content):
     assert is_content(name) is content

@@ -259,15 +259,19 @@ def test_anthropic_structured_outputs_reach_openai_as_json_schema_and_strict(gw,
 
 
 def test_an_output_config_keeps_its_other_fields_beside_the_format():
-    """output_config holds more than the format (effort): a body rendered from the canonical
-    request (a field dropped for the entry) keeps them beside it; towards openai they are named."""
+    """output_config holds more than the format (effort, and fields relayline does not read): a
+    body rendered from the canonical request (a field dropped for the entry) keeps them beside it;
+    towards openai the effort is `reasoning_effort` and the rest is named."""
     from relayline.adapters.providers import anthropic as family
+    from relayline.adapters.providers import openai as other
     from relayline.machines import wire
 
     body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "q"}],
-            "output_config": {"effort": "high", "format": {"type": "json_schema", "schema": WEATHER}}}
+            "output_config": {"effort": "high", "format": {"type": "json_schema", "schema": WEATHER},
+                              "a_later_field": 1}}
     request = family.parse_request(body, passthrough=False)
     assert family.render_request(request, "claude-up", False)["output_config"] == body["output_config"]
+    assert other.render_request(request, "gpt-up", False)["reasoning_effort"] == "high"
     assert wire.unsupported(request, "openai", wire.Capabilities()) == ("output_config",)
     assert wire.unsupported(request, "openai", wire.Capabilities(structured_outputs=False)) == (
         "output_config.format", "output_config")
