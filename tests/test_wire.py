@@ -770,6 +770,17 @@ def test_every_anthropic_route_error_has_the_anthropic_shape(gw, path, headers, 
     assert r.status_code == status and r.json()["type"] == "error" and set(r.json()["error"]) == {"type", "message"}
 
 
+@pytest.mark.parametrize("block,says", [
+    ({"type": "tool_use", "id": "t1", "name": "f", "input": {}}, "a system message holds no tool_use or tool_result blocks"),
+    ({"type": "thinking", "thinking": "hmm", "signature": "sig"}, "thinking blocks belong to assistant messages"),
+])
+def test_a_system_message_inside_messages_holds_what_a_system_prompt_can(gw, upstream, block, says):
+    with pytest.raises(anthropic.BadRequestError) as info:
+        anthropic_call(gw, False, model="anthropic", messages=[
+            {"role": "user", "content": "hi"}, {"role": "system", "content": [block]}])
+    assert f"messages[1].content: {says}" in info.value.message and upstream.seen == []
+
+
 def test_anthropic_body_errors_have_the_anthropic_shape(gw):
     r = httpx.post(f"{gw.url}/v1/messages", content=b"{nope", headers={"x-api-key": "gw-key"})
     assert r.status_code == 400 and r.json()["type"] == "error"

@@ -95,7 +95,7 @@ def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.M
         return w.Part(w.IMAGE if kind == "image" else w.DOCUMENT, **_source(raw, param, kind, extra),
                       cache_control=cache)
     if kind in ("tool_use", "tool_result"):
-        extra_names.extend(extra)  # (`caller` of a programmatic tool call: this family's own)
+        extra_names.extend(extra)  # a tool block's fields relayline does not read: this family's own
     if kind == "tool_use":
         arguments = raw.get("input", {})
         return w.ToolCall(w.want_str(raw.get("id"), w.path(param, "id")), w.want_str(raw.get("name"), w.path(param, "name")),
@@ -129,14 +129,14 @@ def _messages(raw, param: str, extra_names: list[str]) -> list[w.Message]:
         return [w.Message(_ROLES[role], (w.Part(w.TEXT, content),) if content else ())]
     blocks = [_block(b, w.path(where, i), extra_names) for i, b in enumerate(w.want_list(content, where))]
     parts = tuple(b for b in blocks if isinstance(b, w.Part))
-    if role == "system":
-        if len(parts) != sum(b is not None for b in blocks):
-            raise w.WireError(where, "a system message holds no tool_use or tool_result blocks")
-        return [w.Message(w.SYSTEM, parts)]
     if role == "assistant":
         return [w.Message(w.ASSISTANT, parts, tuple(b for b in blocks if isinstance(b, w.ToolCall)))]
     if any(p.type in w.REASONING_PARTS for p in parts):
         raise w.WireError(where, "thinking blocks belong to assistant messages")
+    if role == "system":
+        if len(parts) != sum(b is not None for b in blocks):
+            raise w.WireError(where, "a system message holds no tool_use or tool_result blocks")
+        return [w.Message(w.SYSTEM, parts)]
     # tool results become tool messages, first: they answer the assistant turn just before
     out = [b for b in blocks if isinstance(b, w.Message)]
     if parts or not out:
