@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import sys
-import tomllib
 from functools import partial
 from importlib import metadata
 from pathlib import Path
@@ -22,31 +21,8 @@ from relayline.machines.errors import ConfigError
 from relayline.machines.families import WIRES
 from relayline.machines.plan import build_router, plan_turn
 
+from .configfile import load_config_file, read_config_file
 from .logs import LEVELS, configure
-
-
-def _load_config_file(path: str):
-    return structure_config(_read_config_file(path))
-
-
-def _read_config_file(path: str) -> dict:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError([f"{path}: {exc.strerror}"]) from None
-    try:
-        # utf-8-sig: a byte order mark (Windows editors write one) is read past, not an error
-        raw = tomllib.loads(data.decode("utf-8-sig"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError([f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
-                           "save it as UTF-8"]) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
-    # a scenario file carries its config under [config]: accept it, operators copy them around
-    if "config" in raw and "active" not in raw:
-        raw = raw["config"]
-    return raw
-
 
 # plan.py prunes these with a warning (a library keeps running); an operator's `check` refuses
 # them: a route that names no profile is a typo that silently sends its traffic elsewhere
@@ -54,11 +30,11 @@ CHECK_ERRORS = {"unknown_route_provider"}
 
 
 def cmd_check(args) -> int:
-    from .gateway.auth import load_access
+    from .gateway.auth import KEYLESS_NOTE, keyless, load_access
 
     problems = []
     try:
-        raw = _read_config_file(args.config)
+        raw = read_config_file(args.config)
         config = structure_config(raw)
         router = build_router(config, os.environ)
     except ConfigError as exc:
@@ -80,6 +56,8 @@ def cmd_check(args) -> int:
     warnings += [f"missing_price at {join_path('providers', alias)}.price: no price, so its attempts cost 0 "
                  "in the ledger" for alias, p in config.providers.items()
                  if p.family != "sim" and not {"price", "prices"} & set(raw["providers"][alias])]
+    if keyless(config):
+        warnings.append(f"no_client_keys at gateway.api_keys_env: {KEYLESS_NOTE}")
     for warning in warnings:
         print(f"warning: {warning}")
     print(f"ok: {args.config}: {len(config.providers)} profiles, {len(router.domains)} routes, "
@@ -89,7 +67,7 @@ def cmd_check(args) -> int:
 
 def cmd_plan(args) -> int:
     try:
-        router = build_router(_load_config_file(args.config), os.environ)
+        router = build_router(load_config_file(args.config), os.environ)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
@@ -143,6 +121,8 @@ def cmd_diagram(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    import signal
+
     import trio
 
     from .gateway import Gateway, run_until_signalled
@@ -151,33 +131,38 @@ def cmd_serve(args) -> int:
     from .providers.http import decode_in_worker_processes
     from .relay import Relay
 
+    # a SIGHUP before the gateway listens for it has nothing to reload yet: by default it would end
+    # the process
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if args.workers > 1:
-        from .gateway.workers import supervise
+        from .gateway.workers import LastGood, supervise
 
         if not args.config:
             print("error: --workers needs --config (every worker loads the same file)", file=sys.stderr)
             return 2
         try:
-            config = _load_config_file(args.config)
-            build_router(config, os.environ)  # a config that cannot serve fails here, not in N workers
+            last_good = LastGood(args.config, os.environ)
+            refuse_open_bind(last_good.config, args.host)
         except ConfigError as exc:
             for problem in exc.problems:
                 print(f"error: {problem}", file=sys.stderr)
             return 2
         try:
-            return supervise(args.config, config, host=args.host, port=args.port, workers=args.workers,
+            return supervise(last_good, host=args.host, port=args.port, workers=args.workers,
                              worker_args=("--log-level", args.log_level, "--log-format", args.log_format))
         except OSError as exc:
             print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
             return 1
     try:
         if args.config:
-            relay = Relay(_load_config_file(args.config))
+            relay = Relay(load_config_file(args.start_config or args.config))
         else:
             from .sim.demo import builtin_relay
 
             relay = builtin_relay()
             print("no --config: serving the built-in demo config on in-process sim upstreams", file=sys.stderr)
+        if args.listen_fd is None:  # (a worker's socket: its supervisor checked the address)
+            refuse_open_bind(relay.config, args.host)
         gateway = Gateway.from_relay_config(relay)
     except ConfigError as exc:
         for problem in exc.problems:
@@ -200,6 +185,15 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def refuse_open_bind(config, host: str) -> None:
+    """ConfigError when a gateway without client keys would listen where others can reach it."""
+    from .gateway.auth import bind_refusal
+
+    refusal = bind_refusal(config, host)
+    if refusal is not None:
+        raise ConfigError([refusal])
+
+
 def cmd_ledger(args) -> int:
     from relayline.machines.config import Ledger
 
@@ -207,7 +201,7 @@ def cmd_ledger(args) -> int:
 
     try:
         since = parse_since(args.since)
-        config = _load_config_file(args.config).ledger if args.config else Ledger()
+        config = load_config_file(args.config).ledger if args.config else Ledger()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -333,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive, default=1,
                    help="worker processes on the one port (they share health only with [health] store = redis://)")
     p.add_argument("--listen-fd", dest="listen_fd", type=int, help=argparse.SUPPRESS)  # a worker's inherited socket
+    # a worker's first config: the supervisor's copy of the last good file (its reloads read --config)
+    p.add_argument("--start-config", dest="start_config", help=argparse.SUPPRESS)
     p.add_argument("--log-level", dest="log_level", choices=LEVELS, default="info",
                    help="the least severe records logged (info: one access line per request)")
     p.add_argument("--log-format", dest="log_format", choices=["text", "json"], default="text",

@@ -10,6 +10,7 @@ only for records that are emitted, so this costs nothing at the default log leve
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable
 
 # filters do not inherit: each logger that emits records needs its own
@@ -22,35 +23,42 @@ MASK = "***"
 class SecretFilter(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
-        self.secrets: set[str] = set()
+        self.secrets: frozenset[str] = frozenset()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
+        secrets = self.secrets  # (one read: `protect` replaces the set, never changes it)
+        if secrets:
             message = record.getMessage()
-            if any(secret in message for secret in self.secrets):
-                for secret in self.secrets:
+            if any(secret in message for secret in secrets):
+                for secret in secrets:
                     message = message.replace(secret, MASK)
                 record.msg, record.args = message, ()
             fields = getattr(record, "fields", None)
             if fields:  # structured fields (the access line) are masked the same way
-                record.fields = {k: self._mask(v) for k, v in fields.items()}
+                record.fields = {k: _mask(v, secrets) for k, v in fields.items()}
         return True
 
-    def _mask(self, value):
-        if isinstance(value, str):
-            for secret in self.secrets:
-                value = value.replace(secret, MASK)
-        return value
+
+def _mask(value, secrets: frozenset[str]):
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, MASK)
+    return value
 
 
 _filter = SecretFilter()
+_protecting = threading.Lock()
 _installed = False
 
 
 def protect(secrets: Iterable[str]) -> None:
     """Redact these values from every record of relayline's and its HTTP stack's loggers."""
     global _installed
-    _filter.secrets.update(s for s in secrets if s)
+    # a new set, not the old one changed: a reload builds its Relay (and protects its keys) in a
+    # worker thread while the event loop's records are filtered
+    new = {s for s in secrets if s}
+    with _protecting:
+        _filter.secrets = _filter.secrets | new
     if not _installed:
         for name in LOGGERS:
             logging.getLogger(name).addFilter(_filter)

@@ -135,7 +135,7 @@ def _by_name(stats: pstats.Stats, requests: int) -> tuple[dict, dict]:
 
 def _sim_server(tmp: str):
     """The gateway as bench/gateway_trees.py serves it: the sim family (no upstream call)."""
-    from relayline.adapters.cli import _load_config_file
+    from relayline.adapters.configfile import load_config_file
     from relayline.adapters.gateway import Gateway
     from relayline.adapters.gateway.http11 import Server
     from relayline.adapters.gateway.server import _error_body
@@ -144,7 +144,7 @@ def _sim_server(tmp: str):
     config = Path(tmp) / "sim.toml"
     config.write_text(f'active = "sim"\n[ledger]\npath = "{tmp}/sim.sqlite3"\n'
                       '[providers.sim]\nfamily = "sim"\nmodel = "frames-1"\n')
-    gateway = Gateway.from_relay_config(Relay(_load_config_file(str(config))))
+    gateway = Gateway.from_relay_config(Relay(load_config_file(str(config))))
     settings = gateway.settings
     return Server(gateway, keep_alive_s=settings.keep_alive_s, max_header_bytes=settings.max_header_bytes,
                   graceful_s=1, error_body=_error_body)

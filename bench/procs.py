@@ -99,7 +99,7 @@ def alternate(script: str, args: argparse.Namespace, child_args: list[str], time
 def gateway_server(upstream: str, tmp: str):
     """The gateway's HTTP/1.1 server as `relayline serve` makes it, in this process, in front of
     the upstream at base URL `upstream` (an openai-family profile; the ledger in `tmp`)."""
-    from relayline.adapters.cli import _load_config_file
+    from relayline.adapters.configfile import load_config_file
     from relayline.adapters.gateway import Gateway
     from relayline.adapters.gateway.http11 import Server
     from relayline.adapters.gateway.server import _error_body
@@ -109,7 +109,7 @@ def gateway_server(upstream: str, tmp: str):
     config.write_text(f'active = "bench.upstream"\n[ledger]\npath = "{tmp}/ledger.sqlite3"\n'
                       f'[providers."bench.upstream"]\nfamily = "openai"\nbase_url = "{upstream}/v1"\n'
                       'api_key = "bench-key"\n')
-    gateway = Gateway.from_relay_config(Relay(_load_config_file(str(config))))
+    gateway = Gateway.from_relay_config(Relay(load_config_file(str(config))))
     settings = gateway.settings
     return Server(gateway, keep_alive_s=settings.keep_alive_s, max_header_bytes=settings.max_header_bytes,
                   graceful_s=1, error_body=_error_body)

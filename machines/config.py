@@ -172,6 +172,7 @@ class Notices:
 class Gateway:
     api_keys_env: str | None = None  # names a variable of comma-separated client keys
     admin_keys_env: str | None = None  # names a variable of comma-separated admin keys
+    auth: Literal["keys", "none"] = "keys"  # "none": a gateway open to anyone who can reach it, on purpose
     max_body_bytes: int = 4 * 1024 * 1024
     max_header_bytes: int = 16 * 1024
     max_in_flight: int = 0  # 0 = unbounded
@@ -393,6 +394,9 @@ def _gateway_problems(g: Gateway) -> list[str]:
         value = getattr(g, name)
         if value is not None and not value.strip():
             problems.append(f"gateway.{name}: must name an environment variable (leave it out for none)")
+    if g.auth == "none" and g.api_keys_env is not None:
+        problems.append('gateway.auth: "none" says the gateway takes no client keys, but gateway.api_keys_env '
+                        "names some: remove one of the two")
     return problems
 
 
@@ -539,9 +543,16 @@ def structure_config(raw: dict[str, Any]) -> Config:
     return cfg
 
 
-def parse_config(text: str, source: str = "config") -> Config:
+def parse_toml(text: str, source: str = "config") -> dict[str, Any]:
+    """A TOML document as plain data; ConfigError when it is not TOML or nests deeper than the
+    parser recurses (`a = [[[...]]]` thousands deep), which is no config either."""
     try:
-        raw = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{source}: not valid TOML: {exc}"]) from None
-    return structure_config(raw)
+    except RecursionError:
+        raise ConfigError([f"{source}: not a usable config: its tables or arrays nest too deeply"]) from None
+
+
+def parse_config(text: str, source: str = "config") -> Config:
+    return structure_config(parse_toml(text, source))

@@ -183,6 +183,18 @@ def request_id(headers: dict[bytes, bytes]) -> str:
     return os.urandom(16).hex()
 
 
+def _repeated_credential(headers) -> str | None:
+    """The credential header a request carries more than once, if any: which of two keys
+    authenticates it is no guess to make (proxies in front may each read another one)."""
+    seen = set()
+    for name, _ in headers:
+        if name in (b"authorization", b"x-api-key"):
+            if name in seen:
+                return name.decode()
+            seen.add(name)
+    return None
+
+
 _TRAVELLING = (b"openai-", b"anthropic-")  # the prefixes of the client headers that may travel upstream
 _CHAT_DIALECTS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
 
@@ -235,11 +247,9 @@ class Gateway:
         self._turns_of: dict[Relay, int] = {}  # turns in flight per relay (a reload retires one)
         self.console = Console(self)
 
-    async def swap(self, relay: Relay, env=None) -> None:
-        """A reload: new turns use `relay`; turns in flight finish on the one they started with,
-        which is closed when its last turn ends."""
-        env = os.environ if env is None else env
-        access = load_access(relay.config, env)  # a key variable now unset fails the reload, not the gateway
+    async def swap(self, relay: Relay, access: Access) -> None:
+        """A reload (checked: reload.py): new turns use `relay` and `access`; turns in flight
+        finish on the relay they started with, which is closed when its last turn ends."""
         old, self.relay = self.relay, relay
         self.access = access
         self.settings = relay.config.gateway
@@ -328,6 +338,12 @@ class Gateway:
                 431, f"request headers larger than {self.settings.max_header_bytes} bytes", "headers_too_large"),
                 headers=[(b"connection", b"close")])
             return
+        if len(headers) < len(scope.get("headers") or ()):  # a name came twice (the dict kept one)
+            repeated = _repeated_credential(scope["headers"])
+            if repeated is not None:
+                await self._respond(send, 400, send.dialect.http_error(
+                    400, f"more than one {repeated} header: send one credential", "malformed_request"))
+                return
         if path == "/healthz" and method == "GET":
             await self._json(send, 200, {"status": "ok"})
             return

@@ -14,6 +14,7 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+import socket
 from collections.abc import Mapping
 
 import attrs
@@ -119,3 +120,36 @@ def is_loopback(client) -> bool:
         return ipaddress.ip_address(client[0]).is_loopback
     except ValueError:
         return False
+
+
+def keyless(config: Config) -> bool:
+    """A gateway that requires client keys (`auth = "keys"`, the default) but names none: it
+    serves loopback clients only, so that it is never open by accident."""
+    return config.gateway.auth == "keys" and config.gateway.api_keys_env is None
+
+
+KEYLESS_NOTE = ("no client keys: the gateway answers on loopback addresses only (set [gateway] api_keys_env to a "
+                'variable of comma-separated keys, or auth = "none" for a gateway open on purpose)')
+
+
+def _loopback_host(host: str) -> bool:
+    """Whether every address `host` names (resolved as the bind will) is a loopback one."""
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    try:
+        return bool(found) and all(ipaddress.ip_address(str(info[4][0]).partition("%")[0]).is_loopback
+                                   for info in found)
+    except ValueError:
+        return False
+
+
+def bind_refusal(config: Config, host: str) -> str | None:
+    """Why `serve` must not listen on `host` with this config: a keyless gateway on an address
+    other clients can reach. None when it may."""
+    if not keyless(config) or _loopback_host(host):
+        return None
+    return (f"--host {host}: not a loopback address, and the gateway has no client keys; set [gateway] api_keys_env "
+            'to a variable of comma-separated keys (or auth = "none" for a gateway open on purpose)')
+

@@ -3,11 +3,20 @@ POST /admin/reload with an admin key).
 
 The new file is validated whole first (TOML, every key, credentials and the fallback graph, as
 `relayline check` does); a bad file changes nothing and the answer lists its problems with their
-key paths. A good one becomes a new Relay that new turns use, while turns in flight finish on
-the one they started with (each holds its own). Health is kept: the health store (memory or
-Redis) passes to the new Relay, with the breaker settings of the new file, and forgets only the
+key paths. Whatever is wrong with the file (not UTF-8, nested beyond what the parser recurses,
+too large, a directory, gone, unreadable) is such a problem, never an exception: one raised
+here would end the process, and with SIGHUP passed to every worker of a fleet, all of them at
+once. Reading, parsing and validating the file and building its Relay run in a worker thread:
+a large file took seconds of the event loop, every stream in flight stood still meanwhile and
+the breakers of healthy profiles opened on the silence.
+
+A good file becomes a new Relay that new turns use, while turns in flight finish on the one
+they started with (each holds its own). Health is kept: the health store (memory or Redis)
+passes to the new Relay, with the breaker settings of the new file, and forgets only the
 profiles the new file no longer has. [health] and [ledger] name connections that live as long
-as the process: a reload that changes them is refused (restart to change them).
+as the process: a reload that changes them is refused (restart to change them). A reload never
+turns authentication off: a file without client keys, while the running gateway has them, is
+refused (restart to run without them).
 """
 
 from __future__ import annotations
@@ -15,18 +24,18 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import attrs
 import trio
 
-from relayline.machines.config import Config, structure_config
+from relayline.machines.config import Config
 from relayline.machines.errors import ConfigError
 
+from ..configfile import load_config_file
 from ..relay import Relay
+from .auth import Access, load_access
 
 log = logging.getLogger("relayline.gateway")
-
 
 @attrs.frozen
 class ReloadReport:
@@ -40,16 +49,27 @@ class ReloadReport:
         return {"reloaded": False, "problems": list(self.problems)}
 
 
-def load_file(path: str | os.PathLike) -> Config:
-    import tomllib
+def accept_reload(running: Config, running_access: Access, config: Config, env: Mapping[str, str]) -> Access:
+    """The access `config` gives, when a gateway running `running` may take it; else ConfigError
+    naming why not."""
+    fixed = [name for name in ("health", "ledger") if getattr(config, name) != getattr(running, name)]
+    if fixed:
+        raise ConfigError([f"{name}: changed; it names a connection kept for the process's life "
+                           "(restart to change it)" for name in fixed])
+    access = load_access(config, env)  # a key variable now unset fails the reload, not the gateway
+    if running_access.clients and not access.clients:
+        raise ConfigError(["gateway.api_keys_env: the running gateway requires client keys and this file "
+                           "names none; a reload never turns authentication off (restart to do that)"])
+    return access
 
-    try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError([f"{path}: {exc.strerror}"]) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
-    return structure_config(raw)
+
+class _Pending:
+    """A reload asked for and not begun: the calls that come meanwhile share its report (a burst
+    of SIGHUPs reads the file once, not once each)."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.report = ReloadReport(False, ("the reload was cancelled: the gateway is stopping",))
 
 
 class Reloader:
@@ -60,11 +80,25 @@ class Reloader:
         self.path = str(path)
         self.env = os.environ if env is None else env
         self._lock = trio.Lock()
+        self._pending: _Pending | None = None
         self.reloads = 0
 
     async def reload(self) -> ReloadReport:
-        async with self._lock:
-            report = await self._reload()
+        """The file read again; its report. Never raises (but Cancelled)."""
+        pending = self._pending
+        if pending is not None:
+            await pending.done.wait()
+            return pending.report
+        pending = self._pending = _Pending()
+        try:
+            async with self._lock:
+                self._pending = None  # begun: a later call reads the file again
+                pending.report = await self._reload()
+        finally:
+            if self._pending is pending:
+                self._pending = None
+            pending.done.set()
+        report = pending.report
         if report.ok:
             self.reloads += 1
             log.warning("config_reloaded path=%s profiles=%d", self.path, len(report.profiles))
@@ -72,25 +106,27 @@ class Reloader:
             log.warning("config_reload_rejected path=%s problems=%s", self.path, "; ".join(report.problems))
         return report
 
+    def _prepare(self, old: Relay, running: Access) -> tuple[Relay, Access]:
+        """In a worker thread: the file read, checked against the running gateway, and its Relay."""
+        config = load_config_file(self.path)
+        access = accept_reload(old.config, running, config, self.env)
+        return Relay(config, env=self.env, health=old.health, sim=old.sim), access
+
     async def _reload(self) -> ReloadReport:
         old: Relay = self.gateway.relay
         try:
-            config = load_file(self.path)
-            fixed = [name for name in ("health", "ledger") if getattr(config, name) != getattr(old.config, name)]
-            if fixed:
-                raise ConfigError([f"{name}: changed; it names a connection kept for the process's life "
-                                   "(restart to change it)" for name in fixed])
-            relay = Relay(config, env=self.env, health=old.health, sim=old.sim)
+            relay, access = await trio.to_thread.run_sync(self._prepare, old, self.gateway.access,
+                                                           abandon_on_cancel=True)
         except ConfigError as exc:
             return ReloadReport(False, tuple(exc.problems))
+        except Exception:
+            # relayline's own bug, not the file's: the reload is refused and the gateway serves on
+            log.exception("config_reload_error path=%s", self.path)
+            return ReloadReport(False, ("the file could not be loaded: an internal error (logged)",))
         relay.selection = old.selection
         relay.fallback_record.update(old.fallback_record)
-        try:
-            await self.gateway.swap(relay, self.env)  # checks the gateway's keys first
-        except ConfigError as exc:
-            await relay.aclose()
-            return ReloadReport(False, tuple(exc.problems))
+        await self.gateway.swap(relay, access)
         reconfigure = getattr(relay.health, "reconfigure", None)  # an embedder's own store may not
         if reconfigure is not None:
-            reconfigure(config.breaker, config.providers)
-        return ReloadReport(True, profiles=tuple(sorted(config.providers)))
+            reconfigure(relay.config.breaker, relay.config.providers)
+        return ReloadReport(True, profiles=tuple(sorted(relay.config.providers)))

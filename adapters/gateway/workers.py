@@ -10,6 +10,11 @@ share one socket as before. The supervisor keeps every socket open, so a worker 
 takes over its predecessor's socket and the connections waiting in its backlog (they wait for
 it: at most about a second).
 
+A worker started again starts on the config the fleet last took (`LastGood`), not on whatever
+the file holds by then: a file the workers refused on SIGHUP made every restart exit 2 at once,
+and the fleet served a worker short for good. The supervisor judges the file at each SIGHUP as
+a worker's reload does (reload.py) and keeps a copy of the last good one for its restarts.
+
 A worker is a separate process with its own health unless the config names a shared store
 ([health] store = "redis://..."): the supervisor says which at start. It forwards SIGHUP
 (reload the config) to every worker, and SIGTERM/SIGINT (stop), then waits for them (their drain_s
@@ -25,12 +30,17 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Mapping
 from functools import partial
 
-from relayline.machines.config import Config, ConfigError
+from relayline.machines.config import Config, ConfigError, structure_config
+from relayline.machines.plan import build_router
 
-from .reload import load_file
+from ..configfile import config_document, load_config_file, read_config_bytes
+from .auth import load_access
+from .reload import accept_reload
 
 RESTART_PAUSE_S = 1.0
 # beyond drain_s, what a worker still does before it exits: the cancelled turns' ledger rows (a
@@ -51,10 +61,15 @@ _PRCTL = _libc_prctl()
 _PR_SET_PDEATHSIG = 1
 
 
-def _stop_with_parent(supervisor: int) -> None:
-    """In a worker, before it runs: the supervisor's death (SIGKILL, the OOM killer: nothing
-    forwards a stop then) is a SIGTERM to the worker, its usual drain. Without it the workers
-    served on as orphans holding the port, beside the next supervisor's on the old config."""
+def _before_worker(supervisor: int) -> None:
+    """In a worker, before it runs: SIGHUP is ignored until the worker listens for it (a SIGHUP
+    forwarded to a worker still starting ended it, by the default action: a reload during a
+    restart took the fleet a worker short), and the supervisor's death (SIGKILL, the OOM killer:
+    nothing forwards a stop then) is a SIGTERM to the worker, its usual drain. Without that the
+    workers served on as orphans holding the port, beside the next supervisor's on the old config."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # (an ignored signal stays ignored across exec)
+    if _PRCTL is None:
+        return
     _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != supervisor:  # it died before the prctl: no signal will come
         os.kill(os.getpid(), signal.SIGTERM)
@@ -108,14 +123,54 @@ def stop_wait_s(config_path: str, config: Config) -> float:
     than drain_s killed workers mid-drain, and their turns' ledger rows with them."""
     drain = config.gateway.drain_s
     try:
-        drain = max(drain, load_file(config_path).gateway.drain_s)  # (read as a reload reads it)
-    except (UnicodeDecodeError, ConfigError):
+        drain = max(drain, load_config_file(config_path).gateway.drain_s)  # (read as a reload reads it)
+    except ConfigError:
         pass  # (a file the workers would refuse to reload: they drain as they started)
     return drain + STOP_GRACE_S
 
 
-def supervise(config_path: str, config: Config, *, host: str, port: int, workers: int,
-              worker_args: tuple[str, ...] = ()) -> int:
+class LastGood:
+    """The config file as the fleet last took it, kept in a private copy that workers started
+    again load (the file itself stays the one their reloads read)."""
+
+    def __init__(self, path: str, env: Mapping[str, str]) -> None:
+        """ConfigError when the file is no config the workers could start on."""
+        self.path = path
+        self.env = env
+        data = read_config_bytes(path)
+        self.config = structure_config(config_document(data, path))
+        build_router(self.config, env)  # a config that cannot serve fails here, not in N workers
+        self.access = load_access(self.config, env)
+        self._folder = tempfile.TemporaryDirectory(prefix="relayline-config-")
+        self.copy = os.path.join(self._folder.name, "last-good.toml")
+        self._keep(data)
+
+    def _keep(self, data: bytes) -> None:
+        fresh = self.copy + ".new"
+        with open(fresh, "wb") as out:
+            out.write(data)
+        os.replace(fresh, self.copy)
+
+    def judge(self) -> bool:
+        """The file read again, as a worker's reload reads it: kept when the workers take it."""
+        try:
+            data = read_config_bytes(self.path)
+            config = structure_config(config_document(data, self.path))
+            build_router(config, self.env)
+            access = accept_reload(self.config, self.access, config, self.env)
+        except ConfigError:
+            return False  # the workers refuse it too: the last good one stays
+        self._keep(data)
+        self.config, self.access = config, access
+        return True
+
+    def close(self) -> None:
+        self._folder.cleanup()
+
+
+def supervise(last_good: LastGood, *, host: str, port: int, workers: int, worker_args: tuple[str, ...] = ()) -> int:
+    """Run `workers` workers of the config `last_good` holds until SIGTERM or SIGINT."""
+    config_path, config = last_good.path, last_good.config
     sockets = listening_sockets(host, port, workers)
     bound_host, bound_port = sockets[0].getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
@@ -127,21 +182,23 @@ def supervise(config_path: str, config: Config, *, host: str, port: int, workers
     def start(i: int) -> subprocess.Popen:
         fd = sockets[i % len(sockets)].fileno()
         return subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", config_path,
-                                 "--listen-fd", str(fd), *worker_args], pass_fds=(fd,),
-                                preexec_fn=partial(_stop_with_parent, supervisor) if _PRCTL else None)
+                                 "--start-config", last_good.copy, "--listen-fd", str(fd), *worker_args],
+                                pass_fds=(fd,), preexec_fn=partial(_before_worker, supervisor))
 
     procs: list[subprocess.Popen] = []
     stopping: list[int] = []
     stopped: set[int] = set()  # the workers told to stop (a second SIGTERM would cut their drain)
+    reloads: list[int] = []  # SIGHUPs not yet passed on
 
     def forward(signum, _frame) -> None:
-        if signum != signal.SIGHUP:
-            stopping.append(signum)
+        if signum == signal.SIGHUP:
+            reloads.append(signum)  # passed on once the file is judged (below)
+            return
+        stopping.append(signum)
         for proc in procs:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM if signum != signal.SIGHUP else signal.SIGHUP)
-                if signum != signal.SIGHUP:
-                    stopped.add(proc.pid)
+                proc.send_signal(signal.SIGTERM)
+                stopped.add(proc.pid)
 
     # (before any worker starts: a stop that arrives meanwhile is forwarded, not the
     # supervisor's own death by the default action with its workers left running)
@@ -152,6 +209,15 @@ def supervise(config_path: str, config: Config, *, host: str, port: int, workers
         for i in range(workers):
             procs.append(start(i))
         while not stopping:
+            if reloads:
+                # judged first, then passed on: the workers read the version the supervisor
+                # judged (a file rewritten right after its SIGHUP is not taken by the workers
+                # and missed here), and a burst of SIGHUPs is one reload
+                reloads.clear()
+                last_good.judge()
+                for proc in procs:
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGHUP)
             for i, proc in enumerate(procs):
                 if proc.poll() is not None and not stopping and time.monotonic() - last_restart >= RESTART_PAUSE_S:
                     print(f"relayline worker {proc.pid} exited with {proc.returncode}: starting another",
@@ -172,4 +238,5 @@ def supervise(config_path: str, config: Config, *, host: str, port: int, workers
     finally:
         for sock in sockets:
             sock.close()
+        last_good.close()
     return 0

@@ -1,0 +1,71 @@
+"""Reading a config file: what `check`, `plan`, `serve`, a live reload and the supervisor of a
+fleet all read, read one way.
+
+Every way a file can be unusable is a ConfigError naming the path, never another exception: a
+reload runs this while the gateway serves, and anything else raised there would end the process
+(and, in a fleet, every worker at once). The file is opened without blocking and read only when
+it is a regular file (a FIFO would hold the reader for ever, a device never end) of at most
+MAX_CONFIG_BYTES.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any
+
+from relayline.machines.config import Config, parse_toml, structure_config
+from relayline.machines.errors import ConfigError
+
+# far beyond a config's size (a thousand profiles are well under 1 MiB), well below what would
+# exhaust memory while parsed (a TOML document takes about ten times its size as Python objects)
+MAX_CONFIG_BYTES = 32 * 1024 * 1024
+
+
+def read_config_bytes(path: str | os.PathLike) -> bytes:
+    """The file's bytes, or ConfigError (missing, unreadable, not a regular file, too large)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise ConfigError([f"{os.fspath(path)}: {exc.strerror}"]) from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise ConfigError([f"{os.fspath(path)}: is a directory, not a config file"])
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError([f"{os.fspath(path)}: not a regular file"])
+        with os.fdopen(os.dup(fd), "rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError([f"{os.fspath(path)}: {exc.strerror}"]) from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError([f"{os.fspath(path)}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB, "
+                           "more than any config needs"])
+    return data
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The file as plain TOML data. A scenario file's `[config]` table is read as the config
+    (operators copy them around)."""
+    return config_document(read_config_bytes(path), os.fspath(path))
+
+
+def config_document(data: bytes, path: str) -> dict[str, Any]:
+    """A config file's bytes (read from `path`) as plain TOML data; ConfigError when they are not."""
+    try:
+        # utf-8-sig: a byte order mark (Windows editors write one) is read past, not an error
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                           "save it as UTF-8"]) from None
+    raw = parse_toml(text, path)
+    if "config" in raw and "active" not in raw:
+        raw = raw["config"]
+    return raw
+
+
+def load_config_file(path: str | os.PathLike) -> Config:
+    """The file's Config, or ConfigError listing every problem with its key path."""
+    return structure_config(read_config_file(path))

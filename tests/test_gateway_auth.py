@@ -1,0 +1,99 @@
+"""Gateway authentication at the edges: a gateway without client keys never listens where other
+machines reach it unless its config says it is open on purpose, `check` says so, and a request
+carrying two credentials is refused before either is read. Real `relayline serve` processes and
+raw sockets."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from relayline.adapters.sim.background import BackgroundGateway
+from relayline.machines.config import parse_config
+
+CLI = [sys.executable, "-m", "relayline.adapters.cli"]
+NOT_LOOPBACK = "0.0.0.0"  # every address of the machine: what `serve` must refuse to bind without keys
+KEYLESS = 'active = "s"\n[providers.s]\nfamily = "sim"\nmodel = "m"\n'
+
+
+def _run(*args, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_without_client_keys_refuses_an_address_beyond_loopback(tmp_path, workers):
+    config = tmp_path / "keyless.toml"
+    config.write_text(KEYLESS)
+    out = _run("serve", "--config", config, "--host", NOT_LOOPBACK, "--port", "0", "--workers", workers)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "api_keys_env" in lines[0] and "not a loopback address" in lines[0], out.stderr
+
+
+def test_serve_without_config_refuses_an_address_beyond_loopback():
+    out = _run("serve", "--host", NOT_LOOPBACK, "--port", "0")
+    assert out.returncode == 2 and "api_keys_env" in out.stderr.splitlines()[-1], out.stderr
+
+
+def test_only_a_keyless_gateway_not_open_on_purpose_is_kept_to_loopback():
+    from relayline.adapters.gateway.auth import bind_refusal
+
+    keyless = parse_config(KEYLESS)
+    assert bind_refusal(keyless, "0.0.0.0") is not None and bind_refusal(keyless, "::") is not None
+    assert bind_refusal(keyless, "127.0.0.1") is None and bind_refusal(keyless, "localhost") is None
+    assert bind_refusal(keyless, "::1") is None
+    assert bind_refusal(parse_config(KEYLESS + '[gateway]\nauth = "none"\n'), "0.0.0.0") is None
+    assert bind_refusal(parse_config(KEYLESS + '[gateway]\napi_keys_env = "K"\n'), "0.0.0.0") is None
+
+
+def test_auth_none_beside_client_keys_is_a_config_error(tmp_path):
+    config = tmp_path / "both.toml"
+    config.write_text(KEYLESS + '[gateway]\nauth = "none"\napi_keys_env = "K"\n')
+    out = _run("check", config)
+    assert out.returncode == 1 and 'gateway.auth: "none"' in out.stderr
+
+
+def test_check_warns_of_a_gateway_without_client_keys(tmp_path):
+    config = tmp_path / "keyless.toml"
+    config.write_text(KEYLESS)
+    out = _run("check", config)
+    assert out.returncode == 0 and "warning: no_client_keys at gateway.api_keys_env" in out.stdout, out.stdout
+    config.write_text(KEYLESS + '[gateway]\nauth = "none"\n')
+    out = _run("check", config)
+    assert out.returncode == 0 and "no_client_keys" not in out.stdout and out.stdout.rstrip().endswith("0 warnings")
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    config = {"active": "s", "providers": {"s": {"family": "sim", "model": "m"}}}
+    with BackgroundGateway(config, api_keys={"key-1", "key-2"}) as gw:
+        yield gw
+
+
+def _raw(gw, path: str, headers: list[tuple[str, str]]) -> bytes:
+    host, port = gw.url.removeprefix("http://").rsplit(":", 1)
+    body = b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}'
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers)
+    with socket.create_connection((host, int(port)), timeout=20) as client:
+        client.sendall(f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n{head}"
+                       f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+@pytest.mark.parametrize("name,value", [("authorization", "Bearer key-{}"), ("x-api-key", "key-{}")])
+def test_two_credential_headers_in_one_request_are_a_400(gateway, path, name, value):
+    """Two keys, each valid: which one the request is billed to is no guess to make (a proxy in
+    front may read the other one). Before, the last one won."""
+    answer = _raw(gateway, path, [(name, value.format(1)), (name, value.format(2))])
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
+    assert f"more than one {name} header".encode() in answer
+    assert (b'"type":"error"' in answer.replace(b" ", b"")) == (path == "/v1/messages")  # the route's dialect
+    one = _raw(gateway, path, [(name, value.format(1))])
+    assert one.startswith(b"HTTP/1.1 200"), one[:300]
