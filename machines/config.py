@@ -75,6 +75,9 @@ class Provider:
     fallback_models: tuple[str, ...] = ()
     fallbacks: tuple[str, ...] = ()
     headers: dict[str, str] = attrs.Factory(dict)
+    # client request headers sent on to this profile (beyond its family's own version and beta
+    # headers): a header that picks who is billed or carries a credential travels only if named
+    forward_headers: tuple[str, ...] = ()
     locality: Literal["cloud", "local"] = "cloud"
     capabilities: Capabilities = Capabilities()
     price: Price = Price()
@@ -378,6 +381,23 @@ def _base_url_problems(url: str, where: str) -> list[str]:
     return []
 
 
+_HEADER_NAME = re.compile(r"^[-!#$%&'*+.^_`|~0-9A-Za-z]+$")  # RFC 9110's token
+# what describes the connection or the message's framing, never the client's to pass on
+_HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te",
+                          "trailer", "expect", "proxy-authorization", "proxy-connection", "content-type"})
+
+
+def _forward_header_problems(names: tuple[str, ...], where: str) -> list[str]:
+    problems = []
+    for i, name in enumerate(names):
+        if not _HEADER_NAME.match(name):
+            problems.append(f"{where}[{i}]: not a header name")
+        elif name.lower() in _HOP_HEADERS:
+            problems.append(f"{where}[{i}]: {name} describes the connection or the body, not the request: it is "
+                            "never forwarded")
+    return problems
+
+
 def _gateway_problems(g: Gateway) -> list[str]:
     problems = []
     for name in ("max_body_bytes", "max_header_bytes"):
@@ -445,6 +465,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
                 problems.append(f"{where}.price.{name}: must not be negative")
         if p.max_output_tokens is not None and p.max_output_tokens < 1:
             problems.append(f"{where}.max_output_tokens: must be at least 1")
+        problems.extend(_forward_header_problems(p.forward_headers, f"{where}.forward_headers"))
         if p.model is not None and not p.model.strip():
             problems.append(f"{where}.model: must not be blank (leave it out for an unpinned profile)")
     seen_hints: dict[str, int] = {}

@@ -147,11 +147,14 @@ class Reasoning:
 
 @attrs.frozen
 class Passthrough:
-    """The client's body, unchanged, and the request headers that travel with it to a provider
-    of the same family (anthropic-beta, anthropic-version, openai-*)."""
+    """What the client sent that may reach a provider as it was sent: its body (to a provider of
+    its own family), the request headers that may travel (names lowercase; which of them reach
+    an entry is the entry's: `CallRequest.forwarded_headers`) and the query of its URL (to a
+    provider of its own family)."""
 
     body: Mapping[str, Any]
     headers: tuple[tuple[str, str], ...] = ()
+    query: str = ""  # the URL's query, without its "?" (Claude Code posts /v1/messages?beta=true)
 
 
 @attrs.frozen

@@ -221,7 +221,7 @@ def test_openai_client_fields_reach_both_families(gw, upstream, stream, case, fi
 
 @STREAM
 def test_same_family_passes_unknown_fields_and_client_headers(gw, upstream, stream):
-    client = oai(gw, organization="org-7", project="proj-9")
+    client = oai(gw, organization="org-7", project="proj-9", default_headers={"openai-beta": "assistants=v2"})
     kwargs = dict(model="openai", messages=[{"role": "user", "content": "hi"}], seed=7, logprobs=True,
                   extra_body={"provider": {"order": ["x"]}, "guided_json": {"type": "object"}})
     if stream:
@@ -231,8 +231,9 @@ def test_same_family_passes_unknown_fields_and_client_headers(gw, upstream, stre
     seen = upstream.seen[-1]
     assert seen.body["seed"] == 7 and seen.body["logprobs"] is True
     assert seen.body["provider"] == {"order": ["x"]} and seen.body["guided_json"] == {"type": "object"}
-    assert seen.headers["openai-organization"] == "org-7" and seen.headers["openai-project"] == "proj-9"
-    # the profile's credential and headers, never the client's
+    assert seen.headers["openai-beta"] == "assistants=v2"
+    # the profile's credential and headers, never the client's, nor its choice of who is billed
+    assert "openai-organization" not in seen.headers and "openai-project" not in seen.headers
     assert seen.headers["authorization"] == "Bearer sk-upstream-openai" and seen.headers["x-team"] == "core"
 
 

@@ -162,7 +162,7 @@ def test_a_bare_body_read_at_once_is_what_the_options_path_reads(model, messages
 
     def general():
         parsed, names = _messages(body)
-        return _with_options(body, parsed, names, wire.Passthrough(body, client_headers(headers, "openai")))
+        return _with_options(body, parsed, names, wire.Passthrough(body, client_headers(headers)))
 
     assert read(lambda: parse_request(body, headers)) == read(general)
 

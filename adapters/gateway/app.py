@@ -47,6 +47,7 @@ from relayline.machines.vocab import FailureClass
 from .. import jsoncodec
 from ..driver import TurnRun
 from ..otel import Tracing
+from ..providers.base import TRAVELLING
 from ..providers.http import REQUEST_ID
 from ..relay import Relay
 from ..stores.ledger import DEFAULT_PATH, LedgerStore, LedgerUnavailable, open_ledger
@@ -110,11 +111,12 @@ class Exchange:
 
     __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
                  "drained", "turn", "unread_body", "receive", "sent", "declared_length", "hangup",
-                 "body_here", "relay", "turn_started", "turn_ended")
+                 "body_here", "relay", "turn_started", "turn_ended", "query")
 
     def __init__(self, send, method: str, path: str, request_id: str, headers: dict[bytes, bytes],
-                 receive=None) -> None:
+                 receive=None, query: bytes = b"") -> None:
         self.send = send
+        self.query = query  # the URL's query, shown in the access line
         length = headers.get(b"content-length", b"0").partition(b",")[0].strip()  # the server checked its shape
         self.declared_length = int(length) if length.isdigit() else 0
         self.unread_body = self.declared_length > 0 or b"transfer-encoding" in headers
@@ -195,7 +197,13 @@ def _repeated_credential(headers) -> str | None:
     return None
 
 
-_TRAVELLING = (b"openai-", b"anthropic-")  # the prefixes of the client headers that may travel upstream
+def travelling_headers(config) -> frozenset[bytes]:
+    """The client request header names some entry may be sent (providers/base.py): the families'
+    own and every profile's `forward_headers`. Only these are decoded for a chat request."""
+    named = {name.lower() for p in config.providers.values() for name in p.forward_headers}
+    return frozenset(name.encode("latin-1") for name in TRAVELLING | named)
+
+
 _CHAT_DIALECTS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
 
 # the methods of each route, for a 405's Allow header (a HEAD is answered wherever a GET is)
@@ -218,6 +226,7 @@ class Gateway:
         self.metrics = Metrics(relay.config, self.ROUTES, self._live)
         self.tracing = Tracing()  # OpenTelemetry spans when relayline[otel] is installed
         self._families = {alias: p.family for alias, p in relay.config.providers.items()}
+        self._travelling = travelling_headers(relay.config)
         self.max_body = self.settings.max_body_bytes
         self._outcomes: dict[str, deque[tuple[float, bool]]] = defaultdict(deque)
         self._breakers: dict[str, str] = {}
@@ -254,6 +263,7 @@ class Gateway:
         self.access = access
         self.settings = relay.config.gateway
         self.max_body = self.settings.max_body_bytes
+        self._travelling = travelling_headers(relay.config)
         self.metrics.providers = frozenset(relay.config.providers)
         self.metrics.models = configured_models(relay.config)
         if old is not relay and not self._turns_of.get(old):
@@ -288,7 +298,8 @@ class Gateway:
         if scope["type"] != "http":
             return
         headers = dict(scope.get("headers") or [])
-        exchange = Exchange(send, scope["method"], scope["path"], request_id(headers), headers, receive)
+        exchange = Exchange(send, scope["method"], scope["path"], request_id(headers), headers, receive,
+                            scope.get("query_string") or b"")
         extensions = scope.get("extensions")
         if extensions:
             exchange.hangup = extensions.get("relayline.hangup")
@@ -624,6 +635,8 @@ class Gateway:
             "ttfb_ms": round((exchange.first_byte - exchange.started) * 1000, 2) if exchange.first_byte else None,
             "request_id": exchange.request_id, "client": exchange.client or None, "turn": exchange.turn,
         }
+        if exchange.query:  # (a client's own parameters, such as Claude Code's ?beta=true)
+            fields["query"] = exchange.query[:200].decode("latin-1")
         if result is not None:
             fields.update(
                 requested=result.requested, served=result.served.label if result.served else None,
@@ -686,11 +699,13 @@ class Gateway:
         try:
             if isinstance(body, wire.WireError):
                 raise body
-            # only the headers a dialect may pass on are decoded (providers/base.py `client_headers`:
-            # openai-*, anthropic-beta and anthropic-version; ASGI's names are lowercase)
+            # only the headers some entry may be sent are decoded (`travelling_headers`; ASGI's
+            # names are lowercase)
+            travelling = self._travelling
             headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers") or ()
-                       if k.startswith(_TRAVELLING)]
-            request = dialect.parse(body, headers)
+                       if k in travelling]
+            query = scope.get("query_string")
+            request = dialect.parse(body, headers, query.decode("latin-1") if query else "")
         except wire.WireError as error:
             await self._respond(send, *dialect.bad_request(error))
             return None

@@ -135,8 +135,8 @@ class OpenAIDialect:
     def bad_request(self, error: wire.WireError) -> tuple[int, bytes]:
         return 400, self.error_body(str(error), "invalid_request_error", "invalid_body", error.param or None)
 
-    def parse(self, body, headers=()) -> wire.Request:
-        return openai_family.parse_request(body, headers)
+    def parse(self, body, headers=(), query: str = "") -> wire.Request:
+        return openai_family.parse_request(body, headers, query)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
         if result.rejection is not None:
@@ -257,8 +257,8 @@ class AnthropicDialect:
     def bad_request(self, error: wire.WireError) -> tuple[int, bytes]:
         return 400, self.error_body(str(error), "invalid_request_error")
 
-    def parse(self, body, headers=()) -> wire.Request:
-        return anthropic_family.parse_request(body, headers)
+    def parse(self, body, headers=(), query: str = "") -> wire.Request:
+        return anthropic_family.parse_request(body, headers, query)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
         if result.rejection is not None:

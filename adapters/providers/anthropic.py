@@ -228,7 +228,7 @@ def _reasoning(body: dict, extra: dict) -> w.Reasoning | None:
     return None if effort is None else w.Reasoning(effort)
 
 
-def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
+def parse_request(body, headers=(), query: str = "", *, passthrough: bool = True) -> w.Request:
     """A messages body (and its request headers) as the canonical request; a body of the wrong
     shape raises WireError naming the field."""
     body = w.want_dict(body, "")
@@ -264,7 +264,7 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
         user=w.optional(metadata, "user_id", w.want_str, "metadata"),
         extra=extra,
         source="anthropic",
-        passthrough=w.Passthrough(_signed_history(body), client_headers(headers, "anthropic"))
+        passthrough=w.Passthrough(_signed_history(body), client_headers(headers), query)
         if passthrough else None,
     )
 
@@ -577,15 +577,15 @@ class AnthropicProtocol:
 
     def build(self, request: CallRequest) -> UpstreamRequest:
         provider, key = request.entry.provider, request.key
-        forwarded = request.forwarded_headers("anthropic")
-        fixed = self.heads.get(provider, key, forwarded)
+        forwarded, query = request.forwarded_headers("anthropic"), request.forwarded_query("anthropic")
+        fixed = self.heads.get(provider, key, forwarded, query)
         if fixed is None:
             base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
             headers = {"content-type": "application/json", "anthropic-version": API_VERSION, **dict(forwarded),
                        **provider.headers}
             if key is not None:
                 headers["x-api-key"] = key.reveal()
-            fixed = self.heads.keep(provider, key, forwarded, f"{base}/v1/messages", headers)
+            fixed = self.heads.keep(provider, key, forwarded, query, f"{base}/v1/messages", headers)
         body = render_request(request.wire_request(), request.model, request.stream,
                               provider.max_output_tokens or DEFAULT_MAX_TOKENS)
         return UpstreamRequest(fixed.url, dict(fixed.headers), jsoncodec.dumps_kept(body), fixed)

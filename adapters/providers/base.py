@@ -33,13 +33,17 @@ class ProviderFailure(Exception):
         self.failure = failure
 
 
-def client_headers(headers: Iterable[tuple[str, str]], dialect: str) -> tuple[tuple[str, str], ...]:
-    """The client request headers that travel to a provider of the dialect's own family: the
-    API's version and feature flags, never credentials or hop-by-hop headers. (The gateway
-    decodes for it only the names these start with: app.py's `_TRAVELLING`.)"""
-    if dialect == "anthropic":
-        return tuple([(name, v) for k, v in headers if (name := k.lower()) in ("anthropic-beta", "anthropic-version")])
-    return tuple([(name, v) for k, v in headers if (name := k.lower()).startswith("openai-")])
+# the client request headers each family's own API reads, forwarded to a provider of the family
+# the client spoke: the API's version and feature flags, never a credential or a billing choice
+FAMILY_HEADERS = {"openai": frozenset({"openai-beta"}),
+                  "anthropic": frozenset({"anthropic-beta", "anthropic-version"})}
+TRAVELLING = frozenset().union(*FAMILY_HEADERS.values())
+
+
+def client_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The client request headers that may travel upstream (the gateway decodes only the names
+    some entry may be sent: `TRAVELLING` and the profiles' `forward_headers`), names lowercase."""
+    return tuple([(k.lower(), v) for k, v in headers])
 
 
 @attrs.frozen
@@ -73,11 +77,26 @@ class CallRequest:
         return wire.without(self.request, self.dropped)
 
     def forwarded_headers(self, family: str) -> tuple[tuple[str, str], ...]:
-        """The client's headers that travel to a provider of `family` (its own dialect's)."""
-        request = self.request
-        if request.passthrough is None or request.source != family:
+        """The client's headers this entry is sent: those its profile names in `forward_headers`,
+        and to a provider of `family` when the client spoke it, the family's own version and beta
+        headers."""
+        passthrough = self.request.passthrough
+        if passthrough is None or not passthrough.headers:
             return ()
-        return request.passthrough.headers
+        named = self.entry.provider.forward_headers
+        own = FAMILY_HEADERS[family] if self.request.source == family else frozenset()
+        if not named:
+            return tuple([(k, v) for k, v in passthrough.headers if k in own])
+        wanted = own | {name.lower() for name in named}
+        return tuple([(k, v) for k, v in passthrough.headers if k in wanted])
+
+    def forwarded_query(self, family: str) -> str:
+        """The query of the client's URL, sent on to a provider of the family the client spoke
+        (across families its parameters would mean nothing, or something else)."""
+        passthrough = self.request.passthrough
+        if passthrough is None or self.request.source != family:
+            return ""
+        return passthrough.query
 
 
 class AttemptClockLike(Protocol):

@@ -159,7 +159,7 @@ def _unsupported(exc: UnsupportedEncoding) -> ProviderFailure:
 
 
 class FixedHeads:
-    """A protocol's `FixedHead`s: one per profile, key and forwarded client headers, made by its
+    """A protocol's `FixedHead`s: one per profile, key, forwarded client headers and query, made by its
     first request and used by every request after it. Building each request's headers afresh
     (its dicts merged, its names folded, the key's header written) and checking each of them
     again in `render` was about half of the upstream request's building and rendering
@@ -172,17 +172,20 @@ class FixedHeads:
     def __init__(self) -> None:
         self._heads: dict[tuple, tuple[object, object, FixedHead]] = {}
 
-    def get(self, provider, key, forwarded: tuple[tuple[str, str], ...]) -> FixedHead | None:
-        kept = self._heads.get((id(provider), id(key), forwarded))
+    def get(self, provider, key, forwarded: tuple[tuple[str, str], ...], query: str = "") -> FixedHead | None:
+        kept = self._heads.get((id(provider), id(key), forwarded, query))
         return kept[2] if kept is not None and kept[0] is provider and kept[1] is key else None
 
-    def keep(self, provider, key, forwarded: tuple[tuple[str, str], ...], url: str,
+    def keep(self, provider, key, forwarded: tuple[tuple[str, str], ...], query: str, url: str,
              headers: dict[str, str]) -> FixedHead:
-        """The head of `url` and `headers` (the profile's requests' own), kept."""
+        """The head of `url` (with the client's `query`) and `headers` (the profile's requests'
+        own), kept."""
         if len(self._heads) >= self.MOST:
             self._heads.clear()
+        if query:
+            url = f"{url}{'&' if '?' in url else '?'}{query}"
         head = fixed_head(url, headers)
-        self._heads[(id(provider), id(key), forwarded)] = (provider, key, head)
+        self._heads[(id(provider), id(key), forwarded, query)] = (provider, key, head)
         return head
 
 

@@ -201,12 +201,12 @@ def _response_format(raw) -> w.ResponseFormat:
 _BARE = frozenset({"model", "messages"})
 
 
-def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
+def parse_request(body, headers=(), query: str = "", *, passthrough: bool = True) -> w.Request:
     """A chat completions body (and its request headers) as the canonical request; a body of the
     wrong shape raises WireError naming the field."""
     body = w.want_dict(body, "")
     parsed, extra_names = _messages(body)
-    kept = w.Passthrough(_without_relayline_fields(body), client_headers(headers, "openai")) if passthrough else None
+    kept = w.Passthrough(_without_relayline_fields(body), client_headers(headers), query) if passthrough else None
     if not extra_names and body.keys() <= _BARE:
         # what `_with_options` makes of it, without its eleven absent options looked up and
         # checked one by one (a property test holds the two equal)
@@ -583,14 +583,14 @@ class OpenAIProtocol:
 
     def build(self, request: CallRequest) -> UpstreamRequest:
         provider, key = request.entry.provider, request.key
-        forwarded = request.forwarded_headers("openai")
-        fixed = self.heads.get(provider, key, forwarded)
+        forwarded, query = request.forwarded_headers("openai"), request.forwarded_query("openai")
+        fixed = self.heads.get(provider, key, forwarded, query)
         if fixed is None:
             base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
             headers = {"content-type": "application/json", **dict(forwarded), **provider.headers}
             if key is not None:
                 headers["authorization"] = f"Bearer {key.reveal()}"
-            fixed = self.heads.keep(provider, key, forwarded, f"{base}/chat/completions", headers)
+            fixed = self.heads.keep(provider, key, forwarded, query, f"{base}/chat/completions", headers)
         body = render_request(request.wire_request(), request.model, request.stream)
         return UpstreamRequest(fixed.url, dict(fixed.headers), jsoncodec.dumps_kept(body), fixed)
 

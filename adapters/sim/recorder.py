@@ -148,7 +148,7 @@ class RecordingUpstream(BackgroundLoopback):
     def _answer(self, seen: Seen) -> Reply:
         self.seen.append(seen)
         answer = self.answer
-        family = "anthropic" if seen.path.endswith("/v1/messages") else "openai"
+        family = "anthropic" if seen.path.partition("?")[0].endswith("/v1/messages") else "openai"
         if answer.status >= 400:
             error = answer.error or {"type": "invalid_request_error", "message": "rejected"}
             body = {"type": "error", "error": error} if family == "anthropic" else {"error": error}
