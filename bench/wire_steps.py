@@ -88,15 +88,19 @@ def _steps() -> dict:
     head_headers = reader.take().headers
     while reader.pending():
         reader.take()
-    # the headers the dialect reads, decoded as the app decodes them (a tree before the lever
-    # that decodes only those had no `_TRAVELLING`: it decoded them all)
-    travelling = getattr(app, "_TRAVELLING", None)
+    # the headers the dialect reads, decoded as the app decodes them: the names an entry may be
+    # sent (`travelling_headers`), or those of the prefixes of a tree before it (`_TRAVELLING`);
+    # a tree before either lever decoded them all
+    names = app.travelling_headers(relay.config) if hasattr(app, "travelling_headers") else None
+    prefixes = getattr(app, "_TRAVELLING", None)
 
     def parse():
-        if travelling is None:
-            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in head_headers]
+        if names is not None:
+            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in head_headers if k in names]
+        elif prefixes is not None:
+            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in head_headers if k.startswith(prefixes)]
         else:
-            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in head_headers if k.startswith(travelling)]
+            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in head_headers]
         return dialect.parse(jsoncodec.loads(raw), headers)
 
     request = parse()
