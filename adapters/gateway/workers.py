@@ -210,9 +210,10 @@ def supervise(last_good: LastGood, *, host: str, port: int, workers: int, worker
             procs.append(start(i))
         while not stopping:
             if reloads:
-                # judged first, then passed on: the workers read the version the supervisor
-                # judged (a file rewritten right after its SIGHUP is not taken by the workers
-                # and missed here), and a burst of SIGHUPs is one reload
+                # judged first, then passed on, so that the workers read the version judged
+                # here (passed on at once, the workers read a good file that was rewritten bad
+                # before the supervisor read it: its last good was then older than theirs); a
+                # burst of SIGHUPs is one reload
                 reloads.clear()
                 last_good.judge()
                 for proc in procs:
@@ -228,7 +229,7 @@ def supervise(last_good: LastGood, *, host: str, port: int, workers: int, worker
         for proc in procs:  # one started as the stop arrived
             if proc.pid not in stopped and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + stop_wait_s(config_path, config)
+        deadline = time.monotonic() + stop_wait_s(config_path, last_good.config)
         for proc in procs:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
