@@ -501,7 +501,7 @@ class Gateway:
         # the server may say the whole body is here (a small one comes with its head): then
         # receive() answers all of it without waiting, and no timer is needed
         here = send.body_here is not None and send.body_here()
-        body = b""
+        body = bytearray()  # (appended in place: `bytes +=` copies all that came before, each piece)
         with contextlib.nullcontext() if here else trio.move_on_after(self.settings.body_timeout_s):
             while True:
                 message = await receive()
@@ -515,7 +515,7 @@ class Gateway:
                     return None
                 if not message.get("more_body"):
                     send.unread_body = False
-                    return body
+                    return bytes(body)
         await self._respond(send, 408, dialect.http_error(
             408, f"the request body did not arrive within {self.settings.body_timeout_s:g} s", "request_timeout"),
             headers=[(b"connection", b"close")])

@@ -71,6 +71,12 @@ HEAD_CHECK_LEAST_S = 0.01  # ...but never more often than this (a tiny keep_aliv
 SEND_TIMEOUT_S = 60.0  # nginx's send_timeout: how long a write may make no progress
 SEND_CHECKS = 4  # the watchdog looks this many times per SEND_TIMEOUT_S
 WRITE_PIECE = 64 * 1024  # the unit of progress the watchdog sees: a slow reader of a large body is not cut
+# a body trickled in small pieces: each read costs the same whatever its size, so after a few
+# small ones the next read of the body waits a moment first, and gets what arrived meanwhile in
+# one piece; the reads a body can cost are bounded by its arrival time, not its piece count
+SMALL_BODY_READ = 16 * 1024
+SMALL_BODY_READS_FREE = 16
+BODY_GATHER_S = 0.01
 
 REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 App = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
@@ -620,7 +626,8 @@ def _render_head(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
 class _Connection:
     __slots__ = ("server", "stream", "reader", "waiting_since", "client", "local", "gone", "sent_head", "pending_head",
                  "method", "response_done", "writing", "writes", "writes_seen", "checks_stalled", "hangup_fd",
-                 "extensions", "keep_alive", "request_done", "expect_continue", "framing", "remaining", "read_ahead")
+                 "extensions", "keep_alive", "request_done", "expect_continue", "framing", "remaining", "read_ahead",
+                 "small_body_reads")
 
     def __init__(self, server: Server, stream: trio.SocketStream) -> None:
         self.server = server
@@ -644,6 +651,7 @@ class _Connection:
         self.framing = ""  # the answer's: "length", "chunked", or "close" (an HTTP/1.0 client's stream)
         self.remaining = 0  # bytes of a declared content-length still to write
         self.read_ahead = 0  # bytes read past the request in progress (a pipelining client), bounded
+        self.small_body_reads = 0  # small pieces of the request's body read in a row
         self.writing = False
         self.writes = self.writes_seen = self.checks_stalled = 0
         self.hangup_fd: int | None = None  # the socket's number when its hang-up is watched
@@ -820,6 +828,7 @@ class _Connection:
         self.response_done = False
         self.request_done = False
         self.read_ahead = 0
+        self.small_body_reads = 0
         where = scope["path"]
         app = self.server.app(scope, self._receive, self._send)
         # the request's head is the app's from here on: this frame lives as long as the answer (a
@@ -864,6 +873,8 @@ class _Connection:
                 self.expect_continue = False
                 if not reader.pending():  # (a client that sent its body anyway is not asked for it)
                     await self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if self.small_body_reads > SMALL_BODY_READS_FREE and not reader.pending():
+                await trio.sleep(BODY_GATHER_S)
             if not await self._fill():
                 return {"type": "http.disconnect"}
             # what is here of the body in one message (h11 gave its pieces and its end one by one)
@@ -883,6 +894,7 @@ class _Connection:
                 self.gone = True
                 return {"type": "http.disconnect"}
             body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            self.small_body_reads = self.small_body_reads + 1 if len(body) < SMALL_BODY_READ else 0
             return {"type": "http.request", "body": body, "more_body": not self.request_done}
         # the body was read: wait for the client to leave, keeping what it sends ahead (bounded)
         while not self.gone:
