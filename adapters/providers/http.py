@@ -41,6 +41,10 @@ MAX_ERROR_BODY = 64 * 1024  # enough to classify; a provider's error page is not
 PROCESS_PARSE_BYTES = 1 << 20  # above this a body is decoded off the event loop
 FIRST_PIECE = 4096  # the part of a stream's first read decoded before the rest (see _frames)
 DONE_GRACE_S = 0.01  # after a stream's completion signal: how long its body's end may take
+# after a finish the protocol counts as complete at EOF (an OpenAI-compatible finish_reason): how
+# long its usage chunk and `[DONE]` may take before the stream is taken as complete without them
+# (the text is whole: a server that never ends the body must not turn it into a stall)
+FINISH_GRACE_S = 1.0
 
 
 class _Decoding:
@@ -136,6 +140,12 @@ async def _finish_body(chunks: AsyncIterator[bytes]) -> None:
             seen += len(rest)
             if seen > MAX_ERROR_BODY:
                 return
+
+
+def _after_finish(what: str) -> None:
+    """What a provider sent after its stream's text was complete, unreadable: the stream stands
+    as complete, and what was not read is said here (never its bytes: they may echo a prompt)."""
+    log.warning("stream_unreadable_after_finish error=%s", redact(what)[:200])
 
 
 class StreamParser(Protocol):
@@ -255,7 +265,7 @@ class HttpProvider:
     def stream(self, request: CallRequest) -> _Streamed:
         return _Streamed(self, request)
 
-    async def _frames(self, response, waiting=None) -> AsyncIterator[Frame]:
+    async def _frames(self, response, waiting=None, grace: float = FINISH_GRACE_S) -> AsyncIterator[Frame]:
         decoder = SSEDecoder()
         parser = self.protocol.parser()
         chunks = aiter(response)
@@ -264,10 +274,20 @@ class HttpProvider:
             while True:
                 if waiting is not None:
                     await waiting()  # the last read's frames leave before the next read waits
+                finished = parser.complete_at_eof()
+                chunk = None
                 try:
-                    chunk = await chunks.__anext__()
+                    if finished:
+                        with trio.move_on_after(grace):
+                            chunk = await chunks.__anext__()
+                    else:
+                        chunk = await chunks.__anext__()
                 except StopAsyncIteration:
                     break
+                if finished and chunk is None:
+                    log.info("stream_complete_without_done after=finish waited_s=%g", grace)
+                    yield Frame(DONE)
+                    return
                 if first and len(chunk) > FIRST_PIECE:
                     # a burst's first read is decoded in two steps: its first events (the first
                     # token) do not wait for every line of the rest to be split (the first byte)
@@ -277,16 +297,29 @@ class HttpProvider:
                 first = False
                 for piece in pieces:
                     for event in decoder.feed(piece):
-                        for frame in parser.feed(event):
+                        try:
+                            frames = parser.feed(event)
+                        except ProviderFailure as exc:
+                            # (a finish read before what failed, in this chunk or an earlier one)
+                            if not parser.complete_at_eof():
+                                raise
+                            _after_finish(exc.failure.detail)
+                            yield Frame(DONE)
+                            return
+                        for frame in frames:
                             yield frame
                         if parser.done:
                             await _finish_body(chunks)
                             yield Frame(DONE)
                             return
                 del chunk, pieces, piece  # a read is not kept while the next is awaited (a held stream's life)
-        except SSEProtocolError as exc:
-            raise ProviderFailure(fc.truncated(f"malformed stream: {exc}")) from None
-        except UpstreamError as exc:
+        except (SSEProtocolError, UpstreamError) as exc:
+            if parser.complete_at_eof():  # (the text was whole: what broke came after it)
+                _after_finish(str(exc))
+                yield Frame(DONE)
+                return
+            if type(exc) is SSEProtocolError:
+                raise ProviderFailure(fc.truncated(f"malformed stream: {exc}")) from None
             raise ProviderFailure(fc.truncated(f"{exc} (mid-stream)")) from None
         except UnsupportedEncoding as exc:
             raise _unsupported(exc) from None
@@ -341,15 +374,18 @@ class _Streamed:
     second @asynccontextmanager around `_Exchange`: that one's generator frame and context
     manager were half a KiB of every in-flight stream."""
 
-    __slots__ = ("provider", "exchange", "waiting")
+    __slots__ = ("provider", "exchange", "waiting", "grace")
 
     def __init__(self, provider: HttpProvider, request: CallRequest) -> None:
         self.provider = provider
         self.exchange = _Exchange(provider, request)
         self.waiting = request.waiting
+        idle = getattr(getattr(request.clock, "timeouts", None), "idle_s", 0.0)
+        # (within the stream's own idle deadline, which would otherwise end it as a stall)
+        self.grace = min(FINISH_GRACE_S, idle / 2) if idle > 0 else FINISH_GRACE_S
 
     async def __aenter__(self) -> AsyncIterator[Frame]:
-        return self.provider._frames(await self.exchange.__aenter__(), self.waiting)
+        return self.provider._frames(await self.exchange.__aenter__(), self.waiting, self.grace)
 
     async def __aexit__(self, *exc_info) -> bool | None:
         return await self.exchange.__aexit__(*exc_info)

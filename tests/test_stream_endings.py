@@ -1,0 +1,128 @@
+"""How a stream ended is what the client, the ledger and the profile's health are told: a stream
+whose text was complete is delivered and recorded as complete, whatever the upstream failed to
+send after it. Real loopback upstreams, the real gateway server, the official SDKs."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anthropic
+import httpx
+import openai
+import trio
+
+from relayline.adapters import Relay
+from relayline.adapters.gateway import Gateway, serve
+from relayline.adapters.sim.loopback import BackgroundTrio, LoopbackServer, Reply
+from relayline.adapters.stores.ledger import LedgerStore
+from relayline.machines.config import structure_config
+
+HI = [{"role": "user", "content": "hi"}]
+SSE = (("content-type", "text/event-stream"),)
+
+
+def chunk(obj: dict) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+def delta(content: str | None = None, finish: str | None = None, **extra) -> bytes:
+    body = {} if content is None else {"content": content}
+    return chunk({"choices": [{"index": 0, "delta": body, "finish_reason": finish}], **extra})
+
+
+class GatewayOn(BackgroundTrio):
+    """The gateway, its ledger, and loopback upstreams answering with `handlers` (one profile
+    each, in order: the first is the active one, the others its fallbacks)."""
+
+    def __init__(self, ledger_path, *handlers, **sections) -> None:
+        super().__init__("relayline-gateway")
+        self.ledger_path = str(ledger_path)
+        self.upstreams = [LoopbackServer(handler) for handler in handlers]
+        self.sections = sections
+        self.url = ""
+        self.gateway: Gateway | None = None
+
+    async def _serve(self, nursery: trio.Nursery) -> None:
+        for upstream in self.upstreams:
+            await upstream.start(nursery)
+        names = [f"p{i}" for i in range(len(self.upstreams))]
+        providers = {name: {"family": "openai", "base_url": f"{up.url}/v1", "model": f"m-{name}",
+                            "api_key": f"k-{name}", "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}
+                     for name, up in zip(names, self.upstreams, strict=True)}
+        providers["p0"]["fallbacks"] = names[1:]
+        config = {"active": "p0", "providers": providers, "reliability": {"provider_retries": 0, "backoff_ms": 10},
+                  "timeouts": {"headers_s": 5, "idle_s": 20, "total_s": 60}}
+        for name, values in self.sections.items():
+            config[name] = {**config.get(name, {}), **values}
+        self.relay = Relay(structure_config(config), env={})
+        self.gateway = Gateway(self.relay, ledger=LedgerStore(self.ledger_path))
+        binds = await nursery.start(lambda task_status: serve(self.gateway, port=0, task_status=task_status))
+        self.url = binds[0]
+
+    async def _close(self) -> None:
+        await self.relay.aclose()
+
+    def clients(self) -> tuple[openai.OpenAI, anthropic.Anthropic]:
+        return (openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=30),
+                anthropic.Anthropic(base_url=self.url, api_key="unused", max_retries=0, timeout=30))
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/admin/health", timeout=10).json()["profiles"]
+
+
+def both_dialects(gw: GatewayOn) -> tuple[str, str, float]:
+    """The text each SDK's stream delivered (they must end cleanly), and the slower one's seconds."""
+    oa, an = gw.clients()
+    began = time.monotonic()
+    with oa.chat.completions.with_streaming_response.create(model="p0", messages=HI, stream=True) as streamed:
+        chunks = list(streamed.parse())
+    openai_text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    middle = time.monotonic()
+    with an.messages.stream(model="p0", max_tokens=16, messages=HI) as events:
+        anthropic_text = events.get_final_text()
+        assert events.get_final_message().stop_reason == "end_turn"
+    return openai_text, anthropic_text, max(middle - began, time.monotonic() - middle)
+
+
+# -- a completed stream is complete ---------------------------------------------------------------
+
+FINISHED = (delta("", role="assistant"), delta("the whole answer"), delta(None, "stop"))
+USAGE = chunk({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+
+
+def test_a_finish_reason_with_neither_done_nor_eof_after_it_is_a_complete_stream(tmp_path):
+    # the usage chunk came, then the upstream kept the body open: the clients waited idle_s (20 s
+    # here) and got an interruption, the ledger said interrupted and the breaker counted a failure
+    def upstream(seen) -> Reply:
+        return Reply(headers=SSE, pieces=(*FINISHED, USAGE, 60.0))
+
+    with GatewayOn(tmp_path / "ledger.sqlite3", upstream) as gw:
+        openai_text, anthropic_text, slowest = both_dialects(gw)
+        health = gw.health()["p0"]
+    assert openai_text == anthropic_text == "the whole answer"
+    assert slowest < 10
+    rows = LedgerStore(tmp_path / "ledger.sqlite3").rows()
+    assert [(r["accepted"], r["outcome"], r["input_tokens"], r["output_tokens"]) for r in rows] == [
+        (1, "ok", 7, 3)] * 2
+    assert (health["recent_failures"], health["success_rate"]) == (0, 1.0)
+
+
+def test_a_wrongly_typed_usage_chunk_after_the_finish_leaves_the_stream_complete(tmp_path):
+    # the finish chunk carried the usage; a second usage chunk, malformed, followed it: the whole
+    # text was reported as a malformed, interrupted stream
+    finish_with_usage = delta(None, "stop", usage={"prompt_tokens": 7, "completion_tokens": 3})
+    broken = chunk({"choices": [], "usage": {"prompt_tokens": "seven"}})
+
+    def upstream(seen) -> Reply:
+        return Reply(headers=SSE, pieces=(*FINISHED[:2], finish_with_usage, broken, b"data: [DONE]\n\n"))
+
+    with GatewayOn(tmp_path / "ledger.sqlite3", upstream) as gw:
+        openai_text, anthropic_text, _ = both_dialects(gw)
+        health = gw.health()["p0"]
+    assert openai_text == anthropic_text == "the whole answer"
+    rows = LedgerStore(tmp_path / "ledger.sqlite3").rows()
+    assert [(r["accepted"], r["outcome"], r["input_tokens"], r["output_tokens"]) for r in rows] == [
+        (1, "ok", 7, 3)] * 2
+    assert (health["recent_failures"], health["success_rate"]) == (0, 1.0)
