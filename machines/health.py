@@ -142,6 +142,8 @@ class HealthStore(Protocol):
     def breaker(self, profile: str) -> Breaker: ...
     def key_cursor(self, profile: str) -> int: ...
     def set_key_cursor(self, profile: str, index: int) -> None: ...
+    def key_cooldown_until(self, profile: str, index: int) -> float: ...
+    def set_key_cooldown(self, profile: str, index: int, until: float) -> None: ...
 
 
 class InMemoryHealth:
@@ -151,6 +153,8 @@ class InMemoryHealth:
         self._cooldowns: dict[str, float] = {}
         self._breakers: dict[str, Breaker] = {}
         self._keys: dict[str, int] = {}
+        # a pool key that drew a 401 or 403 sits out until then: profile -> {key index: until}
+        self._key_cooldowns: dict[str, dict[int, float]] = {}
 
     def cooldown_until(self, profile: str) -> float:
         return self._cooldowns.get(profile, _NEVER)
@@ -174,12 +178,20 @@ class InMemoryHealth:
     def set_key_cursor(self, profile: str, index: int) -> None:
         self._keys[profile] = index
 
+    def key_cooldown_until(self, profile: str, index: int) -> float:
+        keys = self._key_cooldowns.get(profile)
+        return _NEVER if keys is None else keys.get(index, _NEVER)
+
+    def set_key_cooldown(self, profile: str, index: int, until: float) -> None:
+        keys = self._key_cooldowns.setdefault(profile, {})
+        keys[index] = max(until, keys.get(index, _NEVER))
+
     def reconfigure(self, config: BreakerConfig, profiles: Iterable[str]) -> None:
         """A configuration reload: the profiles that remain keep their health (breaker state,
         failures, cooldown, key cursor) under the new breaker settings; the others are forgotten."""
         keep = set(profiles)
         self.breaker_config = config
-        for table in (self._breakers, self._cooldowns, self._keys):
+        for table in (self._breakers, self._cooldowns, self._keys, self._key_cooldowns):
             for profile in [p for p in table if p not in keep]:
                 del table[profile]
         for breaker in self._breakers.values():

@@ -68,6 +68,7 @@ class TurnHealth:
     breaker_noted: set[str] = attrs.Factory(set)  # at most one breaker failure per profile per turn
     probes: set[str] = attrs.Factory(set)  # profiles whose half-open probe this turn holds
     keys_429: dict[str, set[int]] = attrs.Factory(dict)  # pool keys that drew a 429 in this turn
+    keys_refused: dict[str, set[int]] = attrs.Factory(dict)  # pool keys that drew a 401 or 403 in this turn
     skips: list[Skip] = attrs.Factory(list)
     # on_refusal = "advance": a profile that refused is not asked again in this turn (its other
     # models sit behind the same policy); not a skip, since nothing about its health is known.
@@ -189,6 +190,19 @@ def key_index(store: HealthStore, entry: PlannedEntry) -> int | None:
     return store.key_cursor(entry.profile) % len(entry.keys)
 
 
+def sitting_out(store: HealthStore, entry: PlannedEntry, now: float) -> set[int]:
+    """The pool keys that drew a 401 or 403 lately and sit out until their cooldown ends."""
+    return {i for i in range(len(entry.keys)) if store.key_cooldown_until(entry.profile, i) > now}
+
+
+def _rotated(store: HealthStore, entry: PlannedEntry, key: int, now: float) -> int:
+    """The key after `key` that is not sitting out (the next one when every other one is)."""
+    count = len(entry.keys)
+    out = sitting_out(store, entry, now)
+    return next(((key + step) % count for step in range(1, count) if (key + step) % count not in out),
+                (key + 1) % count)
+
+
 class Walk:
     """One pass over a plan's entries, as specs/walk.toml declares it. What a failed attempt
     leads to is the spec's decision table: this class only reports the situations the table
@@ -266,7 +280,17 @@ class Walk:
             # where the turn set the budget (the semantic-empty recovery), an attempt it allows
             # is used once, whatever the key
             return False
-        return len(self.health.keys_429.get(entry.profile, ())) < len(entry.keys)
+        spent = self.health.keys_429.get(entry.profile, set()) | sitting_out(self.health.store, entry, self.now)
+        return len(spent) < len(entry.keys)
+
+    @property
+    def bad_key(self) -> bool:
+        failure = self._decided()
+        entry = self.entry
+        if failure.status not in (401, 403) or key_index(self.health.store, entry) is None or self.index in self.budgets:
+            return False
+        spent = self.health.keys_refused.get(entry.profile, set()) | sitting_out(self.health.store, entry, self.now)
+        return len(spent) < len(entry.keys)
 
     @property
     def other_candidate(self) -> bool:
@@ -290,8 +314,15 @@ class Walk:
         entry = self.entry
         key = key_index(self.health.store, entry)
         assert key is not None
-        self.health.store.set_key_cursor(entry.profile, (key + 1) % len(entry.keys))
+        self.health.store.set_key_cursor(entry.profile, _rotated(self.health.store, entry, key, self.now))
         self.tries -= 1  # a rotation is not a retry: the pool size bounds it
+
+    def sit_out_key(self) -> None:
+        entry = self.entry
+        key = key_index(self.health.store, entry)
+        assert key is not None
+        self.health.store.set_key_cooldown(entry.profile, key, self.now + self.rel.rate_limit_cooldown_default_s)
+        self.rotate_key()
 
     def cool_down(self) -> None:
         self._cool_down(self.entry.profile, self._decided(), self.now)
@@ -443,8 +474,11 @@ class Walk:
         self.failure, self.last_failure = failure, failure.kind
         self.health.failure(entry.profile, failure.kind, now)
         key = key_index(self.health.store, entry)
-        if failure.kind == fc.RATE_LIMITED and key is not None and self.index not in self.budgets:
-            self.health.keys_429.setdefault(entry.profile, set()).add(key)
+        if key is not None and self.index not in self.budgets:
+            if failure.kind == fc.RATE_LIMITED:
+                self.health.keys_429.setdefault(entry.profile, set()).add(key)
+            elif failure.status in (401, 403) and failure.kind == fc.REJECTED:
+                self.health.keys_refused.setdefault(entry.profile, set()).add(key)
         decision = self.life.decide(failure.kind, self)
         for action in decision.actions:
             ACTIONS[action](self)
@@ -474,6 +508,7 @@ class Walk:
 # the actions specs/walk.toml may name, checked against its [actions] when this module loads
 ACTIONS: dict[str, Callable[[Walk], None]] = {
     "rotate_key": Walk.rotate_key,
+    "sit_out_key": Walk.sit_out_key,
     "cool_down": Walk.cool_down,
     "skip": Walk.skip,
 }

@@ -182,7 +182,7 @@ BROKEN_TABLES = {
                   r"failure 'timeout' is undecided when blocked=no, budget_left=no, other_candidate=yes"),
     # a row duplicated with another outcome: two rows decide one case
     "decided twice": (lambda t: t + TIMEOUT_ADVANCES.replace('"advance"', '"stop"'),
-                      r"failure 'timeout' is decided twice when .*other_candidate=yes: decisions\[6\] and decisions\[17\]"),
+                      r"failure 'timeout' is decided twice when .*other_candidate=yes: decisions\[6\] and decisions\[19\]"),
     "trigger the state does not accept": (lambda t: t.replace(TIMEOUT_ADVANCES, TIMEOUT_ADVANCES.replace('"advance"', '"exhaust"')),
                                           r"decisions\[6\] fires 'exhaust', which state 'calling' does not accept"),
     "undeclared situation": (lambda t: t.replace("{ other_candidate = true }\nthen", "{ sunny = true }\nthen"),

@@ -207,3 +207,25 @@ async def test_a_store_that_stalls_mid_run_costs_a_turn_at_most_the_sync_timeout
     assert [str(s) for s in result.skipped] == ["sim.a/m1 breaker"]
     warnings = [r.getMessage() for r in caplog.records if "health_store_unreachable" in r.getMessage()]
     assert len(warnings) == 1 and "TooSlowError" in warnings[0]
+
+
+async def test_a_pool_key_that_drew_a_401_sits_out_across_the_fleet(redis_server, prefix):
+    # one worker's key 0 draws a 401 and key 1 answers; the other worker's turn then finds key 1
+    # rate limited: key 0 sits out fleet-wide, so no key is left and the walk advances to sim.b
+    # (before, the second worker knew nothing of key 0 and sent it)
+    def pooled(a_replies):
+        sim = SimUpstream.from_replies([{"provider": "sim.a", "script": a_replies},
+                                        {"provider": "sim.b", "script": [{"text": "from b"}]}])
+        toml = fleet_toml(redis_server.url, prefix).replace('model = "m1"', 'model = "m1"\napi_keys = ["k0", "k1"]')
+        return Relay.from_toml(toml, env={}, sim=sim)
+
+    one = pooled([{"status": 401, "error": "invalid_api_key"}, {"text": "key 1 answers"}])
+    two = pooled([{"status": 429}, {"text": "key 0 would answer"}])
+    async with one, two:
+        first = await one._run_turn(HI)
+        assert first.served.profile == "sim.a" and [a.key for a in first.attempts] == [0, 1]
+        second = await two._run_turn(HI)
+        sitting = two.health.key_cooldown_until("sim.a", 0) - trio.current_time()
+    assert [a.key for a in second.attempts] == [1, None] and second.served.profile == "sim.b"
+    assert sent_to(two, "sim.a") == 1
+    assert 25 < sitting <= 30.1

@@ -814,3 +814,57 @@ def test_after_an_empty_stream_an_entry_the_streaming_walk_tried_keeps_what_is_l
     assert (nxt.entry.profile, nxt.mode, nxt.try_number, nxt.budget) == ("a", "complete", 1, 1)
     last = t.on_completion(Completion(""), 3.0)
     assert (last.entry.profile, last.budget) == ("b", 1)  # then b's one recovery attempt
+
+
+# -- a key pool's 401 and 403 (CONFIG.md "The reliability walk"): the key's fault, not the profile's
+
+
+POOL_CFG = config(active="a", providers={"a": {"model": "m1", "api_keys": ["k0", "k1", "k2"], "fallbacks": ["b"]},
+                                         "b": {"model": "m2"}},
+                  reliability={"rate_limit_cooldown_default_s": 60, "provider_retries": 0})
+
+
+def test_a_401_or_403_on_a_pool_key_tries_the_next_key_at_once_and_the_bad_key_sits_out():
+    health = TurnHealth(InMemoryHealth(POOL_CFG.breaker))
+    walk = Walk(plan(POOL_CFG, model="m1"), POOL_CFG, health)
+    first = walk.start(0.0)
+    assert isinstance(first, Call) and first.key_index == 0
+    second = walk.on_result(fc.Failure(fc.REJECTED, "HTTP 401", 401), 1.0)
+    # the same entry, the next key, no wait, and not a retry (provider_retries = 0 allows one try)
+    assert isinstance(second, Call) and (second.entry.profile, second.key_index, second.try_number) == ("a", 1, 1)
+    assert health.store.key_cooldown_until("a", 0) == 61.0
+    third = walk.on_result(fc.Failure(fc.REJECTED, "HTTP 403", 403), 2.0)
+    assert isinstance(third, Call) and (third.entry.profile, third.key_index) == ("a", 2)
+    # every key drew a 401 or 403: the walk advances as for any non-retryable 4xx, and the profile
+    # is neither cooled down nor charged a breaker failure
+    fourth = walk.on_result(fc.Failure(fc.REJECTED, "HTTP 401", 401), 3.0)
+    assert isinstance(fourth, Call) and fourth.entry.profile == "b"
+    assert health.store.cooldown_until("a") < 3.0 and not health.store.breaker("a").failures
+    assert list(walk.life.history) == ["choosing", "calling", "calling", "calling", "choosing", "calling"]
+
+
+def test_a_pool_key_sitting_out_is_passed_by_a_429_rotation_until_its_time_is_up():
+    store = InMemoryHealth(POOL_CFG.breaker)
+    store.set_key_cooldown("a", 1, 60.0)
+    walk = Walk(plan(POOL_CFG, model="m1"), POOL_CFG, TurnHealth(store))
+    walk.start(0.0)
+    after_429 = walk.on_result(fc.Failure(fc.RATE_LIMITED, "HTTP 429", 429), 10.0)
+    assert isinstance(after_429, Call) and after_429.key_index == 2
+    # keys 0 and 2 drew a 429, key 1 sits out: none is left, the profile cools down, b answers
+    advanced = walk.on_result(fc.Failure(fc.RATE_LIMITED, "HTTP 429", 429), 10.0)
+    assert isinstance(advanced, Call) and advanced.entry.profile == "b"
+    store.clear_cooldown("a")
+    later = Walk(plan(POOL_CFG, model="m1"), POOL_CFG, TurnHealth(store))
+    keys = [later.start(61.0).key_index]  # (the cursor stayed on key 2)
+    for _ in range(2):
+        keys.append(later.on_result(fc.Failure(fc.RATE_LIMITED, "HTTP 429", 429), 61.0).key_index)
+    assert keys == [2, 0, 1]  # key 1's minute is over
+
+
+def test_a_401_on_a_profile_without_a_pool_advances_and_sits_nothing_out():
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}})
+    health = TurnHealth(InMemoryHealth(cfg.breaker))
+    walk = Walk(plan(cfg, model="m1"), cfg, health)
+    walk.start(0.0)
+    after = walk.on_result(fc.Failure(fc.REJECTED, "HTTP 401", 401), 0.0)
+    assert isinstance(after, Call) and after.entry.profile == "b" and not health.keys_refused

@@ -22,7 +22,7 @@ than TIMEOUT_S: a request never fails because the store did.
 
 Every key lives under key_prefix and has an expiry: the breaker state (open_s + window_s past
 its last write), the failure window (window_s), the probe (its lease), the cooldown (its end),
-the key cursor (a day). A standalone Redis (or a single shard) is assumed: the script names
+a pool's keys sitting out after a 401 or 403 (the last one's end), the key cursor (a day). A standalone Redis (or a single shard) is assumed: the script names
 its keys from the prefix.
 """
 
@@ -55,7 +55,8 @@ CURSOR_TTL_S = 86400
 # reserve_ms, cursor_ttl_s, n_ops, then n_ops triples (op, profile, value), then the profiles
 # to read. Returns strings (Lua numbers would be truncated to integers): the server's time,
 # the number of probe claims another worker already held, then per profile read: state,
-# open_until, probe ("" | "mine" | "other"), cooldown_until, cursor, n, n failure times.
+# open_until, probe ("" | "mine" | "other"), cooldown_until, cursor, n, n failure times, m, and
+# m pairs (pool key index, the end of its sit-out after a 401 or 403).
 SCRIPT = """
 local pfx, me = ARGV[1], ARGV[2]
 local threshold, window, open_s = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -115,6 +116,17 @@ for _ = 1, n do
     redis.call('DEL', pfx..'c:'..p)
   elseif op == 'cursor' then
     redis.call('SET', pfx..'k:'..p, v, 'EX', cursor_ttl)
+  elseif op == 'key_cooldown' then
+    -- v = "index:until": a pool key that drew a 401 or 403 sits out until then
+    local sep = string.find(v, ':', 1, true)
+    local key, until_ = string.sub(v, 1, sep - 1), tonumber(string.sub(v, sep + 1))
+    local kc = pfx..'kc:'..p
+    local old = tonumber(redis.call('HGET', kc, key) or '0')
+    if until_ > old and until_ > now then
+      redis.call('HSET', kc, key, tostring(until_))
+      local need = math.ceil(until_ - now) + 1
+      if redis.call('TTL', kc) < need then redis.call('EXPIRE', kc, need) end
+    end
   end
 end
 
@@ -141,6 +153,9 @@ for j = i, #ARGV do
   table.insert(out, redis.call('GET', pfx..'k:'..p) or '')
   table.insert(out, tostring(#fails / 2))
   for k = 2, #fails, 2 do table.insert(out, fails[k]) end
+  local keys = redis.call('HGETALL', pfx..'kc:'..p)
+  table.insert(out, tostring(#keys / 2))
+  for k = 1, #keys do table.insert(out, keys[k]) end
 end
 return out
 """
@@ -239,6 +254,10 @@ class RedisHealth(InMemoryHealth):
     def set_key_cursor(self, profile: str, index: int) -> None:
         super().set_key_cursor(profile, index)
         self.note("cursor", profile, str(index))
+
+    def set_key_cooldown(self, profile: str, index: int, until: float) -> None:
+        super().set_key_cooldown(profile, index, until)
+        self.note("key_cooldown", profile, f"{index}:{until + self._offset!r}")
 
     def note(self, op: str, profile: str, value: str = "") -> None:
         if not self.local:
@@ -369,6 +388,10 @@ class RedisHealth(InMemoryHealth):
             state, open_until, probe, cooldown, cursor, n = fields[at:at + 6]
             failures = [float(t) - offset for t in fields[at + 6:at + 6 + int(n)]]
             at += 6 + int(n)
+            keys = int(fields[at])
+            pairs = fields[at + 1:at + 1 + 2 * keys]
+            at += 1 + 2 * keys
+            self._key_cooldowns[profile] = {int(pairs[k]): float(pairs[k + 1]) - offset for k in range(0, len(pairs), 2)}
             breaker = self.breaker(profile)
             local = breaker.life.state
             if state == "closed":
