@@ -152,6 +152,12 @@ class AttemptRecord:
     def __str__(self) -> str:
         return f"{self.provider}/{self.model} {self.outcome}"
 
+    @property
+    def ended_by_consumer(self) -> bool:
+        """The consumer ended it (a hang-up, a cut slow reader, a drain): it says nothing of the
+        provider's health, so a success rate leaves it out."""
+        return self.outcome == StreamOutcome.CANCELLED
+
     def as_json(self) -> dict[str, object]:
         return {"provider": self.provider, "model": self.model, "mode": self.mode, "outcome": self.outcome,
                 "reason": self.reason, "at": round(self.at, 6), "key": self.key}

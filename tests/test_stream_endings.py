@@ -5,6 +5,7 @@ send after it. Real loopback upstreams, the real gateway server, the official SD
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import anthropic
@@ -126,3 +127,44 @@ def test_a_wrongly_typed_usage_chunk_after_the_finish_leaves_the_stream_complete
     assert [(r["accepted"], r["outcome"], r["input_tokens"], r["output_tokens"]) for r in rows] == [
         (1, "ok", 7, 3)] * 2
     assert (health["recent_failures"], health["success_rate"]) == (0, 1.0)
+
+
+# -- the consumer's end is not the provider's ---------------------------------------------------------
+
+SLOW = (delta("", role="assistant"), *[piece for i in range(40) for piece in (0.05, delta(f"w{i} "))],
+        delta(None, "stop"), USAGE, b"data: [DONE]\n\n")
+
+
+def hang_up_mid_stream(url: str) -> None:
+    """A raw client that reads the stream's first text, then closes the connection."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "p0", "stream": True, "messages": HI}).encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n" % len(body) + body)
+        seen = b""
+        while b"w1 " not in seen:
+            data = sock.recv(65536)
+            assert data, seen
+            seen += data
+
+
+def test_a_client_hanging_up_is_no_failure_of_the_provider_in_its_success_rate(tmp_path):
+    # four hang-ups mid-stream read as four provider failures: success_rate 0.0 before the one
+    # completed stream, 0.2 after it
+    def upstream(seen) -> Reply:
+        return Reply(headers=SSE, pieces=SLOW)
+
+    with GatewayOn(tmp_path / "ledger.sqlite3", upstream) as gw:
+        for _ in range(4):
+            hang_up_mid_stream(gw.url)
+        deadline = time.monotonic() + 10
+        while gw.gateway.in_flight and time.monotonic() < deadline:  # (the cancelled turns settle)
+            time.sleep(0.02)
+        oa, _ = gw.clients()
+        streamed = oa.chat.completions.create(model="p0", messages=HI, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices).startswith("w0 w1 ")
+        health = gw.health()["p0"]
+        console = httpx.get(f"{gw.url}/admin/console/state", timeout=10).json()["health"]["profiles"]
+    assert (health["attempts_in_window"], health["success_rate"]) == (1, 1.0)
+    assert [(p["attempts"], p["success_rate"]) for p in console if p["profile"] == "p0"] == [(1, 1.0)]

@@ -603,6 +603,8 @@ class Gateway:
         tried: dict[str, None] = {}  # the profiles the turn tried, once each
         for attempt in result.attempts:
             tried[attempt.provider] = None
+            if attempt.ended_by_consumer:
+                continue  # (not the provider's success nor its failure)
             seen = self._outcomes[attempt.provider]
             seen.append((now, attempt.outcome == "ok"))
             while seen and (seen[0][0] < horizon or len(seen) > MAX_OUTCOMES):

@@ -207,7 +207,8 @@ class Console:
         self._seq += 1
         self._recent.append(_Ended(self._seq, turn_id, result, latency_s, now, time.time()))
         for a in result.attempts:
-            self._attempts[a.provider].append((now, a.outcome == "ok", _latency_ms(a, now)))
+            if not a.ended_by_consumer:  # (the consumer's end says nothing of the provider)
+                self._attempts[a.provider].append((now, a.outcome == "ok", _latency_ms(a, now)))
         if self._streams:
             # wake every open event stream; each re-reads what it shows and sends what changed
             # (with none open, no one waits on the event: it is not replaced every turn)
