@@ -231,9 +231,9 @@ def cmd_ledger(args) -> int:
         print(json.dumps({"path": where, "since": since, "by": args.by, "rows": report}, indent=2))
         return 0
     if args.by == "client":
-        print(f"{'client':<16} {'accepted':>8} {'rejected':>8} {'accepted $':>12} {'rejected $':>12}")
+        print(f"{'client':<16} {'accepted':>8} {'rejected':>8} {'estimated':>9} {'accepted $':>12} {'rejected $':>12}")
         for row in report:
-            print(f"{row['client'] or '(no key)':<16} {row['accepted']:>8} {row['rejected']:>8} "
+            print(f"{row['client'] or '(no key)':<16} {row['accepted']:>8} {row['rejected']:>8} {row['estimated']:>9} "
                   f"{row['accepted_cost_usd']:>12.6f} {row['rejected_cost_usd']:>12.6f}")
     else:
         _print_model_report(report)
@@ -243,9 +243,10 @@ def cmd_ledger(args) -> int:
 
 
 def _print_model_report(report: list[dict]) -> None:
-    print(f"{'provider':<24} {'model':<28} {'accepted':>8} {'rejected':>8} {'accepted $':>12} {'rejected $':>12}")
+    print(f"{'provider':<24} {'model':<28} {'accepted':>8} {'rejected':>8} {'estimated':>9} {'accepted $':>12} "
+          f"{'rejected $':>12}")
     for row in report:
-        print(f"{row['provider']:<24} {row['model']:<28} {row['accepted']:>8} {row['rejected']:>8} "
+        print(f"{row['provider']:<24} {row['model']:<28} {row['accepted']:>8} {row['rejected']:>8} {row['estimated']:>9} "
               f"{row['accepted_cost_usd']:>12.6f} {row['rejected_cost_usd']:>12.6f}")
 
 

@@ -74,6 +74,8 @@ class Tracing:
         if served is not None:
             attributes |= {"gen_ai.response.model": served.model, "relayline.served": served.label,
                            "gen_ai.provider.name": families.get(served.profile, "unknown")}
+        if result.partial_from is not None:  # nothing accepted: whose output the client saw
+            attributes["relayline.partial_from"] = result.partial_from.label
         if request_id:
             attributes["relayline.request_id"] = request_id
         span = self.tracer.start_span(f"chat {attributes['gen_ai.request.model']}", kind=SpanKind.INTERNAL,

@@ -292,7 +292,8 @@ class Relay:
                 unfit[entry.profile] = fields
         if unfit:
             plan = attrs.evolve(plan, unfit=unfit)
-        turn = self._turn_factory(plan, self.config, self.health, stream=stream, tools=bool(request.tools))
+        turn = self._turn_factory(plan, self.config, self.health, stream=stream, tools=bool(request.tools),
+                                  prompt_chars=request.prompt_chars)
         return TurnRun(turn, self.clients, request, on_draft=on_draft)
 
     def _observe(self, result: TurnResult) -> None:
@@ -303,9 +304,10 @@ class Relay:
             else:
                 self.fallback_record.pop(domain, None)  # a later primary success clears the record
         if log.isEnabledFor(logging.INFO):  # (its arguments are not read at the gateway's usual level)
-            log.info("turn outcome=%s error=%s requested=%s served=%s attempts=%d cost_usd=%.8f",
+            log.info("turn outcome=%s error=%s requested=%s served=%s attempts=%d cost_usd=%.8f%s",
                      result.outcome, result.error, result.requested,
-                     result.served.label if result.served else "none", len(result.attempts), result.cost_usd)
+                     result.served.label if result.served else "none", len(result.attempts), result.cost_usd,
+                     f" partial_from={result.partial_from.label}" if result.partial_from else "")
         for observer in self.observers:
             observer(result)
 

@@ -12,6 +12,9 @@ import attrs
 from .config import Price
 
 MAX_TOKENS = 10**9  # no real reply reports more; the adapters refuse more as malformed
+# an estimate's rule where the provider reported no usage (an attempt cut after it forwarded
+# output): a token for every 4 characters of text, OpenAI's rule of thumb for English
+CHARS_PER_TOKEN = 4
 
 
 def tokens(value: object) -> int:
@@ -24,6 +27,11 @@ def tokens(value: object) -> int:
     except (TypeError, ValueError, OverflowError):
         return 0
     return min(max(count, 0), MAX_TOKENS)
+
+
+def estimated_tokens(chars: int) -> int:
+    """The tokens `chars` characters of text are estimated at (rounded up)."""
+    return -(-max(chars, 0) // CHARS_PER_TOKEN)
 
 
 @attrs.frozen
@@ -54,6 +62,9 @@ class LedgerRow:
     cost_usd: float
     outcome: str = ""
     mode: str = "complete"
+    # the provider reported no usage for output it had already streamed (a hang-up, a drain, a
+    # cut, a stall): the tokens are relayline's estimate of what it bills
+    estimated: bool = False
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -63,10 +74,12 @@ class LedgerRow:
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "cost_usd": self.cost_usd,
+            "estimated": self.estimated,
         }
 
 
-def row(provider: str, model: str, price: Price, usage: Usage, *, accepted: bool, outcome: str, mode: str) -> LedgerRow:
+def row(provider: str, model: str, price: Price, usage: Usage, *, accepted: bool, outcome: str, mode: str,
+        estimated: bool = False) -> LedgerRow:
     return LedgerRow(
         provider=provider,
         model=model,
@@ -76,4 +89,5 @@ def row(provider: str, model: str, price: Price, usage: Usage, *, accepted: bool
         cost_usd=usage.cost(price),
         outcome=outcome,
         mode=mode,
+        estimated=estimated,
     )

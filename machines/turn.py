@@ -24,7 +24,7 @@ from .config import Config
 from .engine import Lifecycle, load_spec
 from .errors import IllegalTransition
 from .health import HealthStore
-from .ledger import LedgerRow, Usage, row
+from .ledger import LedgerRow, Usage, estimated_tokens, row
 from .plan import Plan, PlannedEntry
 from .stream import Event, Frame, StreamGate, strip_think
 from .vocab import (
@@ -210,6 +210,9 @@ class TurnResult:
     blocks: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)  # the answer's (Completion.blocks)
     logprobs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)  # the answer's
     annotations: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)  # the answer's
+    # the entry whose output the consumer saw when nothing was accepted (`partial_text`'s source):
+    # `served` stays None, this names who billed it
+    partial_from: PlannedEntry | None = None
     # the sum of the ledger's rows, once: the answer's header and field, the access line, the
     # console and the log each read it
     cost_usd: float = attrs.field(init=False, eq=False, repr=False)
@@ -233,9 +236,10 @@ class Turn:
     __slots__ = ("plan", "config", "health", "stream_requested", "tools", "life", "cancellation", "attempts",
                  "ledger", "walk", "gate", "walks", "gates", "call", "call_at", "answer", "forwarded",
                  "shown_reasoning", "executed_tools", "failure", "continuation", "walk_result", "spent", "refusal",
-                 "advance_refusals", "rejections")
+                 "advance_refusals", "rejections", "prompt_chars", "shown_by", "call_text_from")
 
-    def __init__(self, plan: Plan, config: Config, store: HealthStore, *, stream: bool, tools: bool = False):
+    def __init__(self, plan: Plan, config: Config, store: HealthStore, *, stream: bool, tools: bool = False,
+                 prompt_chars: int = 0):
         self.plan = plan
         self.config = config
         self.health = TurnHealth(store)
@@ -262,6 +266,9 @@ class Turn:
         self.refusal: Refusal | None = None
         self.advance_refusals = config.reliability.on_refusal == "advance"
         self.rejections: list[Rejection | None] = []  # per failed attempt: its client rejection, if it was one
+        self.prompt_chars = prompt_chars  # the request's text (wire.Request.prompt_chars): an estimate's input
+        self.shown_by: PlannedEntry | None = None  # the entry of the last stream that committed
+        self.call_text_from = 0  # where the pending call's text begins in `forwarded`
 
     @property
     def lifecycles(self) -> list[Lifecycle]:
@@ -337,6 +344,7 @@ class Turn:
 
     def _begin(self, call: Call, now: float) -> Call:
         self.call, self.call_at = call, now
+        self.call_text_from = len(self.forwarded)
         if call.mode == _STREAM:
             self.gate = StreamGate()
             self.gates.append(self.gate)
@@ -365,7 +373,7 @@ class Turn:
     def _record(self, outcome: Outcome | FailureClass | StreamOutcome, now: float, *,
                 reason: FailureClass | StreamOutcome | None = None, detail: str = "",
                 usage: Usage | None = None, accepted: bool = False, bill: bool = True,
-                failure: fc.Failure | None = None) -> None:
+                failure: fc.Failure | None = None, estimated: bool = False) -> None:
         call = self.call
         assert call is not None, "no call is pending"
         if outcome != fc.OK:
@@ -376,7 +384,17 @@ class Turn:
                                            self.call_at, call.key_index, call.try_number, call.budget, detail, now))
         if usage is not None and (bill or usage.billable):
             self.ledger.append(row(entry.profile, entry.model, entry.price, usage,
-                                   accepted=accepted, outcome=outcome, mode=call.mode))
+                                   accepted=accepted, outcome=outcome, mode=call.mode, estimated=estimated))
+
+    def _estimated_usage(self) -> Usage:
+        """What the pending stream is estimated to have cost when it forwarded output and the
+        provider reported no usage: the request's text in, the forwarded text and tool calls out."""
+        call = self.call
+        assert call is not None and self.gate is not None
+        out = sum(map(len, self.forwarded[self.call_text_from:]))
+        out += sum(map(len, self.gate.tools)) + sum(map(len, self.gate.tool_arguments))
+        prompt = self.prompt_chars + (len(call.prefill) if call.prefill else 0)
+        return Usage(estimated_tokens(prompt), estimated_tokens(out))
 
     # -- refusals ------------------------------------------------------------------------------
 
@@ -458,6 +476,8 @@ class Turn:
             self.life.fire(_COMMIT)
             if self.walk is not None and self.walk.life.state == WalkState.CALLING:
                 self.walk.on_committed()
+        if events and not was_committed and self.call is not None:
+            self.shown_by = self.call.entry
         for event in events:
             kind = event.kind
             if kind == _TEXT:
@@ -530,10 +550,12 @@ class Turn:
         if failure.kind == fc.REFUSED and not forwarded:
             self._refused(failure, now, usage=gate.usage)
         else:
+            estimate = shown and not continuing and gate.usage is None
             self._record(StreamOutcome.INTERRUPTED if shown else StreamOutcome.STREAM_FAILED, now,
                          reason=failure.kind, detail=f"continuation: {failure.detail}" if continuing else failure.detail,
-                         usage=gate.usage or Usage() if shown and not continuing else gate.usage,
-                         bill=forwarded and not (continuing and shown), failure=None if forwarded else failure)
+                         usage=self._estimated_usage() if estimate else gate.usage,
+                         bill=forwarded and not (continuing and shown), failure=None if forwarded else failure,
+                         estimated=estimate)
         return self._failed(self._call().entry, failure, now)
 
     def _failed(self, entry: PlannedEntry, failure: fc.Failure, now: float) -> Action:
@@ -621,10 +643,13 @@ class Turn:
         """The consumer cancelled. Never a provider call after this; settles what is persisted."""
         if self.call is not None:
             usage = self.gate.usage if self.gate is not None else None
+            # output already forwarded was billed by the provider, usage or not: a row all the same
+            estimate = (self.call.mode == _STREAM and self.gate is not None and self.gate.committed
+                        and usage is None)
             if self.gate is not None and not self.gate.life.terminal:
                 self.gate.cancel()
             self._record(StreamOutcome.CANCELLED, now, reason=StreamOutcome.CANCELLED, detail="cancelled by the consumer",
-                         usage=usage, bill=False)
+                         usage=self._estimated_usage() if estimate else usage, bill=estimate, estimated=estimate)
             self.call = None
         if self.walk is not None:
             self.walk.cancel()
@@ -652,9 +677,11 @@ class Turn:
                 usage = gate.usage
                 if not gate.life.terminal:
                     gate.fail()
+            estimate = committed and usage is None and self.call.mode == Mode.STREAM
             self._record(StreamOutcome.INTERRUPTED if committed else FailureClass.TIMEOUT, now,
                          reason=FailureClass.TIMEOUT, detail=detail,
-                         usage=usage or (Usage() if committed else None), bill=committed)
+                         usage=self._estimated_usage() if estimate else usage or (Usage() if committed else None),
+                         bill=committed, estimated=estimate)
             self.call = None
         if self.walk is not None and not self.walk.life.terminal:
             self.walk.cancel()  # the walk ends without a verdict: nothing more is attempted
@@ -763,6 +790,7 @@ class Turn:
             answer.blocks,
             answer.logprobs,
             answer.annotations,
+            self.shown_by if partial else None,
         )
 
     def _rejection(self, error: ErrorReason | None) -> Rejection | None:

@@ -185,6 +185,19 @@ class Request:
         return any(p.type == IMAGE for m in self.messages for p in m.content)
 
     @property
+    def prompt_chars(self) -> int:
+        """The characters of text the request sends a model (messages, tool calls and results,
+        tool definitions): what an estimate of its input tokens reads. Images and documents are
+        not counted (their tokens depend on the model)."""
+        chars = 0
+        for message in self.messages:
+            chars += sum(len(p.text) for p in message.content if p.type == TEXT)
+            chars += sum(len(call.name) + len(call.arguments) for call in message.tool_calls)
+        for tool in self.tools:
+            chars += len(tool.name) + len(tool.description) + len(repr(tool.parameters))
+        return chars
+
+    @property
     def turn_text(self) -> str:
         """The user's turn text (effort routing reads it): the last user message's text."""
         for message in reversed(self.messages):

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relayline.machines.config import Price
-from relayline.machines.ledger import MAX_TOKENS, Usage, row, tokens
+from relayline.machines.ledger import MAX_TOKENS, Usage, estimated_tokens, row, tokens
 
 PRICE = Price(input_per_mtok=3.0, output_per_mtok=15.0)
 
@@ -21,7 +21,12 @@ def test_a_row_bills_cache_reads_and_writes_as_input_and_keeps_what_it_records()
     assert (line.input_tokens, line.output_tokens) == (1_034, 200)
     assert line.cost_usd == (1_034 * 3.0 + 200 * 15.0) / 1_000_000
     assert line.as_json() == {"provider": "anthropic.main", "model": "m", "accepted": False,
-                              "input_tokens": 1_034, "output_tokens": 200, "cost_usd": line.cost_usd}
+                              "input_tokens": 1_034, "output_tokens": 200, "cost_usd": line.cost_usd,
+                              "estimated": False}
+
+
+def test_an_estimate_is_a_token_for_every_four_characters_rounded_up():
+    assert [estimated_tokens(n) for n in (0, 1, 4, 5, 400, -3)] == [0, 1, 1, 2, 100, 0]
 
 
 def test_a_usage_is_billable_when_any_billed_count_is_not_zero():

@@ -375,8 +375,10 @@ def test_a_ledger_from_before_client_ids_is_migrated_in_place(tmp_path):
     old.close()
     store = LedgerStore(path)
     assert store.rows()[0]["client"] == "" and store.rows()[0]["cost_usd"] == 0.5
+    assert store.rows()[0]["estimated"] == 0  # (the provider's usage, as every row before the column)
     assert store.report(by="client") == [{"client": "", "accepted": 1, "rejected": 0, "accepted_cost_usd": 0.5,
-                                          "rejected_cost_usd": 0, "input_tokens": 10, "output_tokens": 2}]
+                                          "rejected_cost_usd": 0, "input_tokens": 10, "output_tokens": 2,
+                                          "estimated": 0}]
     store.close()
     LedgerStore(path).close()  # opening a migrated ledger again changes nothing
 

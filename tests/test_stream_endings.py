@@ -5,16 +5,19 @@ send after it. Real loopback upstreams, the real gateway server, the official SD
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import time
 
 import anthropic
 import httpx
 import openai
+import pytest
 import trio
 
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway, serve
+from relayline.adapters.otel import Tracing
 from relayline.adapters.sim.loopback import BackgroundTrio, LoopbackServer, Reply
 from relayline.adapters.stores.ledger import LedgerStore
 from relayline.machines.config import structure_config
@@ -168,3 +171,54 @@ def test_a_client_hanging_up_is_no_failure_of_the_provider_in_its_success_rate(t
         console = httpx.get(f"{gw.url}/admin/console/state", timeout=10).json()["health"]["profiles"]
     assert (health["attempts_in_window"], health["success_rate"]) == (1, 1.0)
     assert [(p["attempts"], p["success_rate"]) for p in console if p["profile"] == "p0"] == [(1, 1.0)]
+
+
+# -- output forwarded, then no usage: still billed ----------------------------------------------------
+
+
+def test_output_forwarded_then_a_hang_up_or_a_stall_is_an_estimated_row_naming_the_profile(tmp_path, caplog):
+    # the provider bills what it streamed; without its usage, the hang-up wrote no row and the
+    # stall a row of zero tokens, and the access line said served=none and nothing else
+    caplog.set_level(logging.INFO, logger="relayline.access")
+
+    def upstream(seen) -> Reply:
+        if seen.body["messages"][0]["content"] == "stall":
+            return Reply(headers=SSE, pieces=(delta("", role="assistant"), delta("w0 w1 w2 "), 30.0))
+        return Reply(headers=SSE, pieces=SLOW)
+
+    sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="the otel extra is not installed")
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = sdk.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with GatewayOn(tmp_path / "ledger.sqlite3", upstream, timeouts={"idle_s": 0.5}) as gw:
+        gw.gateway.tracing = Tracing(provider)
+        hang_up_mid_stream(gw.url)
+        oa, _ = gw.clients()
+        try:
+            for _ in oa.chat.completions.create(model="p0", messages=[{"role": "user", "content": "stall"}],
+                                                stream=True):
+                pass
+        except openai.APIError as exc:
+            assert "not replayed" in str(exc)
+        else:
+            raise AssertionError("the stalled stream ended without its interruption")
+        deadline = time.monotonic() + 10
+        while gw.gateway.in_flight and time.monotonic() < deadline:
+            time.sleep(0.02)
+    rows = LedgerStore(tmp_path / "ledger.sqlite3").rows()
+    assert sorted((r["provider"], r["outcome"], r["accepted"], r["estimated"]) for r in rows) == [
+        ("p0", "cancelled", 0, 1), ("p0", "interrupted", 0, 1)]
+    for r in rows:
+        # "hi" is one token in, "stall" two (4 characters a token); what the client saw ("w0 w1 "
+        # at least) two or more out
+        assert r["input_tokens"] == (1 if r["outcome"] == "cancelled" else 2), r
+        assert r["output_tokens"] >= 2 and r["cost_usd"] > 0, r
+    access = [record.fields for record in caplog.records if record.name == "relayline.access"]
+    assert [(a["served"], a["partial_from"], a["output_tokens"] >= 2) for a in access if a["path"].startswith("/v1/")] == [
+        (None, "p0/m-p0", True)] * 2
+    turns = [span for span in exporter.get_finished_spans() if span.parent is None]
+    assert [(t.attributes.get("relayline.served"), t.attributes["relayline.partial_from"]) for t in turns] == [
+        (None, "p0/m-p0")] * 2

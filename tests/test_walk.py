@@ -91,9 +91,11 @@ def test_expiry_after_commit_ends_interrupted_with_the_forwarded_text_billed():
     assert (result.outcome, result.error) == (Outcome.INTERRUPTED, ErrorReason.INTERRUPTED)
     assert result.partial_text == "partial answer" and result.text is None
     assert [(a.outcome, a.reason) for a in result.attempts] == [("interrupted", "timeout")]
-    assert [(r.as_json(), r.outcome, r.mode) for r in result.ledger] == [(  # billed, even without a usage frame
-        {"provider": "a", "model": "m1", "accepted": False, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0},
-        "interrupted", "stream")]
+    # billed, even without a usage frame: the forwarded text's tokens estimated (14 characters)
+    assert [(r.as_json(), r.outcome, r.mode) for r in result.ledger] == [(
+        {"provider": "a", "model": "m1", "accepted": False, "input_tokens": 0, "output_tokens": 4, "cost_usd": 0.0,
+         "estimated": True}, "interrupted", "stream")]
+    assert result.served is None and result.partial_from.profile == "a"
     assert t.life.state == TurnState.INTERRUPTED
 
 
@@ -388,7 +390,8 @@ def test_a_stream_cut_after_output_is_billed_and_interrupted():
     result = t.stream_failed(fc.Failure(fc.RETRYABLE, "connection reset"), 1.0).result
     assert (result.outcome, result.partial_text) == (Outcome.INTERRUPTED, "Hel")
     assert _records(result) == [("a", "stream", "interrupted", "retryable", "connection reset", 1, 3)]
-    assert _rows(result) == [("a", 0, 0, False, "interrupted", "stream")]  # billed, without a usage frame
+    assert _rows(result) == [("a", 0, 1, False, "interrupted", "stream")]  # billed, without a usage frame
+    assert [r.estimated for r in result.ledger] == [True]
     assert result.rejection is None
 
 

@@ -645,6 +645,8 @@ class Gateway:
                 outcome=result.outcome, attempts=len(result.attempts),
                 input_tokens=sum(r.input_tokens for r in result.ledger),
                 output_tokens=sum(r.output_tokens for r in result.ledger), cost_usd=round(result.cost_usd, 8))
+            if result.partial_from is not None:  # nothing accepted: whose output the client saw
+                fields["partial_from"] = result.partial_from.label
         access_log.info("access", extra={"fields": fields})
 
     def _attribution(self, result: TurnResult) -> list[tuple[bytes, bytes]]:

@@ -10,8 +10,9 @@ database (a checkpoint, with its fsync) by a thread of the store's own, never by
 crossed the threshold: in the event loop that write stalled every client for the fsync (a few
 ms, once every ~250 turns). `report` backs `relayline
 ledger`. Each row names the gateway client by its key id (a short hash, never the key; empty
-for library turns and gateways without keys). A ledger written before that column existed is
-migrated in place when opened. A fleet keeps the same rows in PostgreSQL instead
+for library turns and gateways without keys), and says whether its tokens are relayline's
+estimate (`estimated`: output forwarded, then the attempt ended without the provider's usage).
+A ledger written before those columns existed is migrated in place when opened. A fleet keeps the same rows in PostgreSQL instead
 (stores/postgres.py); `open_ledger` picks the store a config names.
 """
 
@@ -53,7 +54,8 @@ CREATE TABLE IF NOT EXISTS attempts (
     input_tokens INTEGER NOT NULL,
     output_tokens INTEGER NOT NULL,
     cost_usd REAL NOT NULL,
-    client TEXT NOT NULL DEFAULT ''
+    client TEXT NOT NULL DEFAULT '',
+    estimated INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS attempts_ts ON attempts (ts);
 """
@@ -65,12 +67,12 @@ CREATE INDEX IF NOT EXISTS attempts_ts ON attempts (ts);
 PAGE_BYTES = 1024
 
 # columns added after the first release: (name, definition), applied to older files in order
-MIGRATIONS = (("client", "TEXT NOT NULL DEFAULT ''"),)
+MIGRATIONS = (("client", "TEXT NOT NULL DEFAULT ''"), ("estimated", "INTEGER NOT NULL DEFAULT 0"))
 # what `relayline ledger --by` groups on (both stores)
 GROUPS = {"model": ("provider", "model"), "client": ("client",)}
 
 COLUMNS = ("ts", "turn", "requested", "provider", "model", "mode", "outcome", "accepted", "input_tokens",
-           "output_tokens", "cost_usd", "client")
+           "output_tokens", "cost_usd", "client", "estimated")
 INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 BUSY_S = 5.0  # how long a statement waits for another connection's write lock (sqlite3's default)
 MIGRATION_WAIT_S = 600.0  # how long opening waits for another process's migration of the same file
@@ -87,7 +89,7 @@ def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None, *, c
     """A turn's ledger rows as tuples in COLUMNS order (both stores write these)."""
     ts = time.time() if now is None else now
     return [(ts, turn_id, result.requested, r.provider, r.model, r.mode, r.outcome, int(r.accepted),
-             r.input_tokens, r.output_tokens, r.cost_usd, client) for r in result.ledger]
+             r.input_tokens, r.output_tokens, r.cost_usd, client, int(r.estimated)) for r in result.ledger]
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
@@ -398,14 +400,14 @@ class LedgerStore:
                 f"SELECT {columns}, "
                 "SUM(accepted), SUM(1 - accepted), "
                 "SUM(CASE WHEN accepted THEN cost_usd ELSE 0 END), SUM(CASE WHEN accepted THEN 0 ELSE cost_usd END), "
-                "SUM(input_tokens), SUM(output_tokens) "
+                "SUM(input_tokens), SUM(output_tokens), SUM(estimated) "
                 f"FROM attempts WHERE ts >= ? GROUP BY {columns} ORDER BY {columns}", (since,))
             out = []
             for row in cur.fetchall():
-                a, r, ac, rc, ti, to = row[len(group):]
+                a, r, ac, rc, ti, to, est = row[len(group):]
                 out.append({**dict(zip(group, row, strict=False)), "accepted": int(a), "rejected": int(r),
                             "accepted_cost_usd": ac, "rejected_cost_usd": rc, "input_tokens": int(ti),
-                            "output_tokens": int(to)})
+                            "output_tokens": int(to), "estimated": int(est)})
             return out
 
     def close(self) -> None:

@@ -43,6 +43,8 @@ MIGRATIONS = (
     """,
     # 2: the gateway client's key id (a short hash, never the key), as in the SQLite ledger
     "ALTER TABLE relayline_attempts ADD COLUMN IF NOT EXISTS client TEXT NOT NULL DEFAULT ''",
+    # 3: whether the row's tokens are relayline's estimate, as in the SQLite ledger
+    "ALTER TABLE relayline_attempts ADD COLUMN IF NOT EXISTS estimated INTEGER NOT NULL DEFAULT 0",
 )
 MIGRATION_LOCK = 0x72656C61  # any constant shared by every worker: "rela"
 POOL_SIZE = 4
@@ -181,14 +183,14 @@ class PostgresLedger:
             cur.execute(
                 f"SELECT {columns}, SUM(accepted), SUM(1 - accepted), "
                 "SUM(CASE WHEN accepted = 1 THEN cost_usd ELSE 0 END), "
-                "SUM(CASE WHEN accepted = 1 THEN 0 ELSE cost_usd END), SUM(input_tokens), SUM(output_tokens) "
+                "SUM(CASE WHEN accepted = 1 THEN 0 ELSE cost_usd END), SUM(input_tokens), SUM(output_tokens), SUM(estimated) "
                 f"FROM relayline_attempts WHERE ts >= %s GROUP BY {columns} ORDER BY {columns}", (since,))
             out = []
             for row in cur.fetchall():
-                a, r, ac, rc, ti, to = row[len(group):]
+                a, r, ac, rc, ti, to, est = row[len(group):]
                 out.append({**dict(zip(group, row, strict=False)), "accepted": int(a), "rejected": int(r),
                             "accepted_cost_usd": float(ac), "rejected_cost_usd": float(rc), "input_tokens": int(ti),
-                            "output_tokens": int(to)})
+                            "output_tokens": int(to), "estimated": int(est)})
             return out
 
     def close(self) -> None:
