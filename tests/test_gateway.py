@@ -179,7 +179,8 @@ def test_ledger_rows_are_written_before_the_response_completes(tmp_path):
     report = json.loads(out.stdout)["rows"]
     assert report == [{"provider": "anthropic.primary", "model": "claude-sonnet-4", "accepted": 1, "rejected": 1,
                        "accepted_cost_usd": pytest.approx((10 * 3 + 2 * 15) / 1e6),
-                       "rejected_cost_usd": pytest.approx(10 * 3 / 1e6), "input_tokens": 20, "output_tokens": 2}]
+                       "rejected_cost_usd": pytest.approx(10 * 3 / 1e6), "input_tokens": 20, "output_tokens": 2,
+                       "estimated": 0}]
 
 
 def test_the_turns_bookkeeping_waits_for_the_answer_and_never_fails_it(tmp_path, caplog):
