@@ -222,3 +222,45 @@ def test_output_forwarded_then_a_hang_up_or_a_stall_is_an_estimated_row_naming_t
     turns = [span for span in exporter.get_finished_spans() if span.parent is None]
     assert [(t.attributes.get("relayline.served"), t.attributes["relayline.partial_from"]) for t in turns] == [
         (None, "p0/m-p0")] * 2
+
+
+# -- headers sent before anything was served name no one ---------------------------------------------
+
+
+@pytest.mark.parametrize("recovery", ["non_streaming", "streaming"])
+def test_headers_committed_by_the_gate_timer_never_name_a_provider_that_served_nothing(tmp_path, recovery):
+    # p0 sends its role chunk, says nothing decisive past gate_commit_s (the headers and the
+    # opening go out) and then drops the connection; p1 answers the recovery. The header and
+    # the opening chunks named p0, which served nothing
+    def silent_then_gone(seen) -> Reply:
+        return Reply(headers=SSE, pieces=(delta("", role="assistant"), 0.6), end=False)
+
+    def answers(seen) -> Reply:
+        if seen.body.get("stream"):
+            return Reply(headers=SSE, pieces=(delta("", role="assistant"), delta("from "), delta("p1"),
+                                              delta(None, "stop"), b"data: [DONE]\n\n"))
+        return Reply(headers=(("content-type", "application/json"),), pieces=(json.dumps(
+            {"choices": [{"index": 0, "message": {"role": "assistant", "content": "from p1"}, "finish_reason": "stop"}],
+             "usage": {"prompt_tokens": 3, "completion_tokens": 2}}).encode(),))
+
+    with GatewayOn(tmp_path / "ledger.sqlite3", silent_then_gone, answers, timeouts={"gate_commit_s": 0.2},
+                   stream={"recovery": recovery}) as gw:
+        oa, an = gw.clients()
+        with oa.chat.completions.with_streaming_response.create(model="p0", messages=HI, stream=True) as streamed:
+            openai_headers = streamed.headers
+            chunks = list(streamed.parse())
+        with an.messages.with_streaming_response.create(model="p0", max_tokens=16, messages=HI,
+                                                        stream=True) as raw:
+            anthropic_headers = raw.headers
+            events = [json.loads(line[6:]) for line in raw.iter_lines() if line.startswith("data: ")]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "from p1"
+    for headers in (openai_headers, anthropic_headers):
+        assert headers.get("x-relayline-served") in (None, "p1/m-p1"), headers
+    # every chunk names p1's model or none; the last one says who served, for certain
+    assert {c.model for c in chunks} <= {"", "m-p1"} and chunks[-1].model == "m-p1"
+    assert {c.model for c in chunks if c.choices and c.choices[0].delta.content} == {"m-p1"}
+    assert chunks[-1].model_extra["relayline"]["served"] == "p1/m-p1"
+    # (the final event's `relayline` field lists p0's failed attempt: that names no server)
+    assert "m-p0" not in json.dumps([{k: v for k, v in e.items() if k != "relayline"} for e in events])
+    assert [e["message"]["model"] for e in events if e["type"] == "message_start"] == [""]
+    assert [e["relayline"]["served"] for e in events if e["type"] == "message_delta"] == ["p1/m-p1"]

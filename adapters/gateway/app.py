@@ -42,7 +42,7 @@ from relayline.machines import wire
 from relayline.machines.errors import ConfigError
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
-from relayline.machines.vocab import FailureClass
+from relayline.machines.vocab import FailureClass, Mode
 
 from .. import jsoncodec
 from ..driver import TurnRun
@@ -912,7 +912,7 @@ class _StreamWire:
     MAX_PENDING = 256 * 1024
 
     __slots__ = ("send", "run", "request", "render", "started", "_head", "_pending", "_pending_bytes", "_sending",
-                 "_ending", "_committing", "_gate", "_cancel_turn")
+                 "_ending", "_committing", "_gate", "_cancel_turn", "_unnamed")
 
     def __init__(self, turn_id: str, send, dialect, request: wire.Request) -> None:
         self.send = send
@@ -928,6 +928,7 @@ class _StreamWire:
         self._committing: trio.Event | None = None  # while the gate timer writes the held commit
         self._gate: list | None = None  # the gate timer's entry, while the gate holds
         self._cancel_turn: Callable[[], None] | None = None
+        self._unnamed = False  # committed before anything served: the chunks name no model yet
 
     def cancel(self) -> None:
         """A hang-up or a drain: the turn is cancelled, and a write in progress gets SEND_GRACE_S."""
@@ -936,12 +937,20 @@ class _StreamWire:
             self._cancel_turn()
 
     def _served_entry(self):
+        """The entry that serves what this stream shows, once that is certain: the turn's served
+        entry, or the stream in flight once it committed (it said something decisive). Headers
+        the gate timer commits before then name no one: a pre-commit failure may still hand the
+        turn to another entry."""
         run = self.run
         if run is None:
             return None
-        if run.result is not None and run.result.served is not None:
+        if run.result is not None:
             return run.result.served
-        return run.turn.call.entry if run.turn.call is not None else None
+        turn = run.turn
+        call, gate = turn.call, turn.gate
+        if call is not None and call.mode == Mode.STREAM and gate is not None and gate.committed:
+            return call.entry
+        return None
 
     def _paused(self):
         """The turn's upstream idle deadline lifted while it waits for the client."""
@@ -985,8 +994,13 @@ class _StreamWire:
         self._disarm()
         entry = self._served_entry()
         run = self.run
-        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-                   (b"x-relayline-served", (entry.label if entry else "none").encode())]
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        if entry is not None:
+            headers.append((b"x-relayline-served", entry.label.encode()))
+        elif run is None or run.result is not None:
+            headers.append((b"x-relayline-served", b"none"))  # the turn ended with no answer
+        else:
+            self._unnamed = True  # (the final event says who served: `finish`)
         if run is not None:
             headers.append((b"x-relayline-requested", run.turn.plan.requested.encode()))
             # the attempt in flight is not recorded yet; a recovered answer's already is
@@ -1047,6 +1061,11 @@ class _StreamWire:
             # a client slow to take it is not a stalled provider
             await self._flush()
             return
+        if self._unnamed:
+            entry = self._served_entry()
+            if entry is not None:  # the first of it after headers the gate timer sent
+                self._unnamed = False
+                self.render.serving(entry.model)
         # nearly every frame: queued inline (no coroutine of its own for each step)
         data = self.render.event(event)
         if data:

@@ -193,6 +193,12 @@ class OpenAIStream:
         self.slotted = {}
         return self._chunk({"role": "assistant", "content": ""})
 
+    def serving(self, model: str) -> None:
+        """The model that serves, known only after the opening went out (headers the gate timer
+        committed): the chunks from here on name it."""
+        self.model = model
+        self.slotted = {}
+
     def event(self, event: Event) -> bytes:
         field = self.DELTAS.get(event.kind)
         if field is not None:
@@ -300,6 +306,11 @@ class AnthropicStream:
         self.tool_blocks: list[int] = []  # each tool call's block index
         self.ids = ToolIds("toolu_")
         self.slotted: tuple[int, str, bytes, bytes] = (-1, "", b"", b"")  # the open block's delta
+
+    def serving(self, model: str) -> None:
+        """The model that serves, known after message_start went out (with no model: headers the
+        gate timer committed): nothing later names it; message_delta's `relayline` field says
+        who served."""
 
     def opening(self, model: str, usage: Usage | None = None) -> bytes:
         # the input tokens are known here when the upstream said them before its first token
