@@ -450,6 +450,13 @@ class Walk:
         try:
             if failure.kind == fc.RATE_LIMITED and self.other_candidate:
                 self._cool_down(entry.profile, failure, now)
+            elif failure.kind == fc.REJECTED and self.bad_key:
+                # the entry is skipped in this walk, but its pool moves past the key for the next
+                # turns as it would have here
+                key = key_index(self.health.store, entry)
+                assert key is not None  # (bad_key: a pool)
+                self.health.keys_refused.setdefault(entry.profile, set()).add(key)
+                self.sit_out_key()
             stop = stop_error(self.rel, failure)
         finally:
             self.index, self.failure = -1, None
