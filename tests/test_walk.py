@@ -819,7 +819,7 @@ def test_after_an_empty_stream_an_entry_the_streaming_walk_tried_keeps_what_is_l
     assert (last.entry.profile, last.budget) == ("b", 1)  # then b's one recovery attempt
 
 
-# -- a key pool's 401 and 403 (CONFIG.md "The reliability walk"): the key's fault, not the profile's
+# -- a key pool's 401 and 403: the key's fault, not the profile's
 
 
 POOL_CFG = config(active="a", providers={"a": {"model": "m1", "api_keys": ["k0", "k1", "k2"], "fallbacks": ["b"]},
