@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SHARED := $(wildcard ../shared/conformance/*.toml)
 
-.PHONY: install browser demo docs test fuzz mutmut bench diagrams lint typecheck clean
+.PHONY: install browser agents demo docs test fuzz mutmut bench diagrams lint typecheck clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,6 +27,19 @@ browser:
 	    || echo "browser: apt-get failed: the console's browser tests will skip"; \
 	  else echo "browser: no chromium and cannot install it here (not root, or no apt-get): the console's browser tests will skip (install chromium to run them)"; fi; }
 
+# the agent clients tests/test_agents.py runs: the Python ones (the `agents` extra) and the npm ones
+# pinned in tests/agent_clients/package-lock.json (npm ci, again only when the lock changes). Without
+# npm or a registry it says so and goes on: those tests then skip, each naming what is missing.
+AGENT_NPM := tests/agent_clients/node_modules/.installed-stamp
+agents: install $(AGENT_NPM)
+	@$(PY) -m pip install --quiet -e '.[agents]' || echo "agents: pip could not install the agents extra; its tests will skip"
+
+$(AGENT_NPM): tests/agent_clients/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+	  (cd tests/agent_clients && npm ci --no-audit --no-fund --loglevel=error) && touch $@ \
+	  || echo "agents: npm ci failed in tests/agent_clients; the npm clients' tests will skip"; \
+	else echo "agents: npm is not installed; the npm clients' tests will skip"; fi
+
 demo: install
 	$(BIN)/relayline demo
 
@@ -35,7 +48,7 @@ demo: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-test: install browser
+test: install browser agents
 	bash .ci/services
 	$(BIN)/relayline diagram --check
 	$(MAKE) --no-print-directory docs

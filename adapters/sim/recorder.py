@@ -8,11 +8,15 @@ like the gateway (background.py), runs its own trio loop.
         upstream.answer = Answer(text="hi", finish="length")
         ... a gateway profile with base_url = upstream.url ...
         upstream.seen[-1].body
+
+A script (`RecordingUpstream(script)`, a function of the request) answers each request by what
+it carries instead, as a model in a tool loop would: a tool call on one turn, text on the next.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import attrs
 
@@ -36,6 +40,7 @@ class Answer:
     logprobs: bool = False  # OpenAI: each text piece with its token's logprob, as logprobs: true asks
     citations: tuple[dict, ...] = ()  # Anthropic: the text block's citations (not streamed)
     redacted: str = ""  # Anthropic: a redacted_thinking block's data, after the thinking
+    signature: str = "sig"  # Anthropic: the thinking block's signature
     usage: dict | None = None  # the family's usage object; None: a small default
     status: int = 200
     error: dict | None = None  # the error body for a status >= 400 (or an `error` in a 200)
@@ -98,7 +103,7 @@ def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
     usage = answer.usage or {"input_tokens": 12, "output_tokens": 3}
     content: list[dict] = []
     if answer.reasoning:
-        content.append({"type": "thinking", "thinking": answer.reasoning, "signature": "sig"})
+        content.append({"type": "thinking", "thinking": answer.reasoning, "signature": answer.signature})
     if answer.redacted:
         content.append({"type": "redacted_thinking", "data": answer.redacted})
     if answer.text:
@@ -139,16 +144,22 @@ def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
     return tuple(out)
 
 
+def family_of(seen: Seen) -> str:
+    """The family a request speaks, by its path (a query such as ?beta=true aside)."""
+    return "anthropic" if seen.path.partition("?")[0].endswith("/v1/messages") else "openai"
+
+
 class RecordingUpstream(BackgroundLoopback):
-    def __init__(self) -> None:
+    def __init__(self, script: Callable[[Seen], Answer] | None = None) -> None:
         super().__init__(self._answer)
         self.answer = Answer()
+        self.script = script
         self.seen: list[Seen] = []
 
     def _answer(self, seen: Seen) -> Reply:
         self.seen.append(seen)
-        answer = self.answer
-        family = "anthropic" if seen.path.partition("?")[0].endswith("/v1/messages") else "openai"
+        answer = self.script(seen) if self.script is not None else self.answer
+        family = family_of(seen)
         if answer.status >= 400:
             error = answer.error or {"type": "invalid_request_error", "message": "rejected"}
             body = {"type": "error", "error": error} if family == "anthropic" else {"error": error}
