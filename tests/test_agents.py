@@ -165,7 +165,8 @@ def _opencode(stand, tmp_path, work, model: str):
 def test_opencode_completes_its_tool_loop(stand_for, tmp_path, route):
     marker = _marker()
     work = _workdir(tmp_path, marker)
-    stand = stand_for(ToolRoundTrip("read", {"filePath": str(work / "notes.txt")}, marker))
+    stand = stand_for(ToolRoundTrip("read", {"filePath": str(work / "notes.txt")}, marker,
+                                    reasoning="The note will say."))
     run = _opencode(stand, tmp_path, work, route)
     assert run.returncode == 0 and _said(run.stdout, marker), f"{run.stdout}\n{run.stderr}\n{stand.explain()}"
     first, second = stand.loop("read")
@@ -178,18 +179,23 @@ def test_opencode_completes_its_tool_loop(stand_for, tmp_path, route):
         assert first.path == "/v1/chat/completions" and first.body["tool_choice"] == "auto"
         (assistant,) = _assistant_messages(second.body)
         assert assistant["tool_calls"][0]["id"] == "call_rt1"
+        assert assistant["reasoning_content"] == "The note will say."  # its reasoning, sent back
     else:  # translated; opencode marks a "claude" model's messages with cache_control, and a
         # message-level key moves to that message's last block
         assert first.path.startswith("/v1/messages")
         assert "opencode" in json.dumps(first.body["system"]).lower()
-        user = [m for m in first.body["messages"] if m["role"] == "user"][-1]
-        assert isinstance(user["content"], list) and "cache_control" in user["content"][-1], user
         (assistant,) = _assistant_messages(second.body)
+        # opencode sends its reasoning back without the signature: Anthropic gets thinking only
+        # signed by its provider, so this turn's unsigned words are left out
+        thinking = [b for b in assistant["content"] if b["type"] == "thinking"]
+        assert all(b.get("signature") == "sig-turn1" for b in thinking), thinking
         use = [b for b in assistant["content"] if b["type"] == "tool_use"]
         assert use == [{"type": "tool_use", "id": "toolu_rt1", "name": "read",
                         "input": {"filePath": str(work / "notes.txt")}}]
         read = next(t for t in first.body["tools"] if t["name"] == "read")
         assert "filePath" in json.dumps(read["input_schema"])
+        user = [m for m in first.body["messages"] if m["role"] == "user"][-1]
+        assert isinstance(user["content"], list) and "cache_control" in user["content"][-1], user
     _no_client_key(stand)
 
 
