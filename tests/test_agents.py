@@ -9,8 +9,10 @@ provider received: the prompt, the tool definitions, the tool result, thinking s
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 from agent_stand import (
@@ -40,6 +42,8 @@ def _awaits(behaviour: str):
 
 SYSTEM_MESSAGES = _awaits("Claude Code's role: system messages are refused "
                           "(400 messages[1].role: must be user or assistant)")
+BETA_QUERY = _awaits("Claude Code's role: system messages are refused (400 messages[1].role: must be user "
+                     "or assistant), and its ?beta=true query does not reach its own family")
 
 
 @pytest.fixture
@@ -88,7 +92,7 @@ def _claude(stand, tmp_path, work, *args: str):
     return run_client([npm_client("claude"), "-p", PROMPT, *args], env, work)
 
 
-@SYSTEM_MESSAGES
+@BETA_QUERY
 def test_claude_code_on_its_own_family_keeps_what_it_sent(stand_for, tmp_path):
     marker = _marker()
     work = _workdir(tmp_path, marker)
@@ -280,36 +284,64 @@ def test_langchain_chat_anthropic_sends_its_thinking_back(stand_for, route):
     _no_client_key(stand)
 
 
-# ---- llm --schema ------------------------------------------------------------------------------
+# ---- llm ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("route", [OPENAI_ROUTE, pytest.param(ANTHROPIC_ROUTE, marks=_awaits(
-    "response_format json_schema does not reach anthropic as an output format (dropped)"))])
-def test_llm_schema_asks_the_provider_for_json(stand_for, tmp_path, route):
+def _llm(stand, tmp_path, route: str, *args: str):
     python_client("llm", "llm")
-    import shutil
-    import sys
-    from pathlib import Path
-
-    llm_bin = Path(sys.executable).parent / "llm"
-    if not llm_bin.exists() and shutil.which("llm") is None:
-        pytest.skip("llm: its command is not installed (pip install -e '.[agents]')")
-    marker = _marker()
-    answer = json.dumps({"marker": marker, "lines": 1})
-    stand = stand_for(ToolRoundTrip("no-such-tool", {}, marker, plain=answer))
+    command = Path(sys.executable).parent / "llm"
+    if not command.exists():
+        pytest.skip("llm: its command is not installed beside this Python (pip install -e '.[agents]')")
     home = tmp_path / "llm"
     home.mkdir()
     (home / "extra-openai-models.yaml").write_text(
         f"- model_id: {route}\n  model_name: {route}\n  api_base: {stand.url}/v1\n  api_key_name: relay\n"
-        "  supports_schema: true\n")
+        "  supports_schema: true\n  supports_tools: true\n")
     (home / "keys.json").write_text(json.dumps({"relay": CLIENT_KEY}))
     env = loopback_only_env(tmp_path / "home") | {"LLM_USER_PATH": str(home)}
-    run = run_client([llm_bin, "-m", route, "--no-log", "--schema", "marker, lines int", PROMPT], env, tmp_path)
+    return run_client([command, "-m", route, "--no-log", *args, PROMPT], env, tmp_path)
+
+
+@pytest.mark.parametrize("route", [OPENAI_ROUTE, pytest.param(ANTHROPIC_ROUTE, marks=_awaits(
+    "response_format json_schema does not reach anthropic as an output format (dropped)"))])
+def test_llm_schema_asks_the_provider_for_json(stand_for, tmp_path, route):
+    marker = _marker()
+    stand = stand_for(ToolRoundTrip("no-such-tool", {}, marker, plain=json.dumps({"marker": marker, "lines": 1})))
+    run = _llm(stand, tmp_path, route, "--schema", "marker, lines int")
     assert run.returncode == 0 and json.loads(run.stdout) == {"marker": marker, "lines": 1}, (
         f"{run.stdout}\n{run.stderr}\n{stand.explain()}")
     (seen,) = stand.chat()
     assert seen.body["model"] == UPSTREAM_MODELS[route] and PROMPT in json.dumps(seen.body["messages"])
     schema = _json_schema(seen.body)
     assert schema is not None and set(schema["properties"]) == {"marker", "lines"}, seen.body
+    _no_client_key(stand)
+
+
+NOTES_MARKER = '''
+def notes_marker(note: str) -> str:
+    """The marker a note holds."""
+    return open(note).read().strip()
+'''
+
+
+@pytest.mark.parametrize("route", [OPENAI_ROUTE, ANTHROPIC_ROUTE])
+def test_llm_calls_a_python_function_then_answers(stand_for, tmp_path, route):
+    marker = _marker()
+    (tmp_path / "notes.txt").write_text(f"{marker}\n")
+    stand = stand_for(ToolRoundTrip("notes_marker", {"note": "notes.txt"}, marker))
+    run = _llm(stand, tmp_path, route, "--functions", NOTES_MARKER)
+    assert run.returncode == 0 and _said(run.stdout, marker), f"{run.stdout}\n{run.stderr}\n{stand.explain()}"
+    first, second = stand.loop("notes_marker")
+    assert marker in " ".join(tool_results(second.body))
+    for seen in (first, second):
+        assert seen.body["model"] == UPSTREAM_MODELS[route] and PROMPT in json.dumps(seen.body["messages"])
+    if route == OPENAI_ROUTE:
+        (tool,) = first.body["tools"]
+        assert tool["function"]["name"] == "notes_marker" and "note" in tool["function"]["parameters"]["properties"]
+    else:
+        (tool,) = first.body["tools"]
+        assert tool["name"] == "notes_marker" and "note" in tool["input_schema"]["properties"]
+        (assistant,) = _assistant_messages(second.body)
+        assert [b["type"] for b in assistant["content"]] == ["tool_use"]
     _no_client_key(stand)
 
 
