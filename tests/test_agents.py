@@ -212,7 +212,7 @@ def test_openai_agents_sdk_runs_a_strict_function_tool(stand_for, route):
     import openai
 
     marker = _marker()
-    stand = stand_for(ToolRoundTrip("notes_marker", {"note": "notes.txt"}, marker))
+    stand = stand_for(ToolRoundTrip("notes_marker", {"note": "notes.txt"}, marker, reasoning="Ask the tool."))
     calls: list[str] = []
 
     @agents.function_tool
@@ -224,20 +224,25 @@ def test_openai_agents_sdk_runs_a_strict_function_tool(stand_for, route):
     agents.set_tracing_disabled(True)
     client = openai.AsyncOpenAI(base_url=stand.url + "/v1", api_key=CLIENT_KEY, max_retries=0, timeout=30)
     agent = agents.Agent(name="reader", instructions="Answer with the marker.", tools=[notes_marker],
-                         model=agents.OpenAIChatCompletionsModel(model=route, openai_client=client))
+                         model=agents.OpenAIChatCompletionsModel(  # reasoning_content goes back
+                             model=route, openai_client=client, should_replay_reasoning_content=lambda _: True))
     result = agents.Runner.run_sync(agent, PROMPT, max_turns=4)
     assert calls == ["notes.txt"] and _said(result.final_output, marker), stand.explain()
     first, second = stand.loop("notes_marker")
     assert marker in " ".join(tool_results(second.body))
     for seen in (first, second):
         assert seen.body["model"] == UPSTREAM_MODELS[route] and PROMPT in json.dumps(seen.body["messages"])
+    (assistant,) = _assistant_messages(second.body)
     if route == OPENAI_ROUTE:
         (tool,) = first.body["tools"]
         assert tool["function"]["strict"] is True
+        assert assistant["reasoning_content"] == "Ask the tool."
     else:  # strict tools become Anthropic's strict tools (structured outputs)
+        assert "Answer with the marker." in json.dumps(first.body["system"])
+        thinking = [b for b in assistant["content"] if b["type"] == "thinking"]
+        assert all(b.get("signature") == "sig-turn1" for b in thinking), thinking  # unsigned: left out
         (tool,) = first.body["tools"]
         assert tool["name"] == "notes_marker" and tool.get("strict") is True, tool
-        assert "Answer with the marker." in json.dumps(first.body["system"])
     _no_client_key(stand)
 
 
