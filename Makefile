@@ -31,8 +31,12 @@ browser:
 # pinned in tests/agent_clients/package-lock.json (npm ci, again only when the lock changes). Without
 # npm or a registry it says so and goes on: those tests then skip, each naming what is missing.
 AGENT_NPM := tests/agent_clients/node_modules/.installed-stamp
-agents: install $(AGENT_NPM)
-	@$(PY) -m pip install --quiet -e '.[agents]' || echo "agents: pip could not install the agents extra; its tests will skip"
+AGENT_PY  := $(VENV)/.agents-stamp
+agents: install $(AGENT_PY) $(AGENT_NPM)
+
+$(AGENT_PY): pyproject.toml $(STAMP)
+	@$(PY) -m pip install --quiet -e '.[agents]' && touch $@ \
+	  || echo "agents: pip could not install the agents extra; its tests will skip"
 
 $(AGENT_NPM): tests/agent_clients/package-lock.json
 	@if command -v npm >/dev/null 2>&1; then \
@@ -99,4 +103,4 @@ typecheck: install
 	$(BIN)/mypy  # machines/, strict ([tool.mypy] in pyproject.toml)
 
 clean:
-	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .hypothesis .mutmut
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .hypothesis .mutmut tests/agent_clients/node_modules
