@@ -117,9 +117,10 @@ OPENAI_ROUTE = "relay-gpt"  # a route hint whose target is an openai profile
 UPSTREAM_MODELS = {ANTHROPIC_ROUTE: "claude-up-route", OPENAI_ROUTE: "gpt-up-route"}
 
 
-def gateway_toml(upstream_url: str, tmp_path: Path) -> str:
+def gateway_toml(upstream_url: str, tmp_path: Path, drop: bool) -> str:
     """The default domain is an unpinned anthropic profile (an agent's own model names reach the
-    provider as sent); the two routes name one profile of each family, pinned."""
+    provider as sent); the two routes name one profile of each family, pinned. `drop`: the
+    gateway's drop_unsupported_params."""
     return f"""
 active = "anthropic.main"
 
@@ -159,7 +160,7 @@ total_s = 60
 
 [gateway]
 api_keys_env = "RELAYLINE_AGENT_KEYS"
-drop_unsupported_params = true
+drop_unsupported_params = {str(drop).lower()}
 
 [ledger]
 path = "{tmp_path / 'ledger.sqlite3'}"
@@ -206,11 +207,11 @@ def describe(seen: Sequence[Seen]) -> str:
                      for s in seen) or "nothing"
 
 
-def open_stand(script: ToolRoundTrip, tmp_path: Path, stack: ExitStack) -> Stand:
+def open_stand(script: ToolRoundTrip, tmp_path: Path, stack: ExitStack, drop: bool = False) -> Stand:
     """An upstream playing `script` and `relayline serve` in front of it; `stack` stops both."""
     upstream = stack.enter_context(RecordingUpstream(script))
     path = tmp_path / "relayline.toml"
-    path.write_text(gateway_toml(upstream.url, tmp_path))
+    path.write_text(gateway_toml(upstream.url, tmp_path, drop))
     gateway = stack.enter_context(ServeProcess(path, env={"RELAYLINE_AGENT_KEYS": CLIENT_KEY}))
     return Stand(upstream, gateway)
 
