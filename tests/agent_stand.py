@@ -1,7 +1,7 @@
 """The harness tests/test_agents.py runs real agent clients with: `relayline serve` (the real
 process) in front of one recording loopback upstream that speaks both families and plays a model
-in a tool loop, so a test can set what the client did (its exit code, its output) beside what the
-provider received (prompt, tool definitions, tool result, thinking sent back).
+in a tool loop, so a test can check what the client did (its exit code, its output) beside what
+the provider received (prompt, tool definitions, tool result, thinking sent back).
 
 The npm clients are pinned in tests/agent_clients/package.json and installed by `make agents` (npm ci);
 the Python ones come with the `agents` extra. A client that is not installed is a skip naming what
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -243,6 +242,3 @@ def run_client(argv: Sequence[str | Path], env: dict[str, str], cwd: Path,
         pytest.fail(f"{argv[0]} did not finish within {seconds} s; stdout: {out[-3000:]!r}; stderr: {err[-3000:]!r}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
-
-def only_marker_line(output: str, marker: str) -> bool:
-    return re.search(rf"The marker is {re.escape(marker)}\.", output) is not None
