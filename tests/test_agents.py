@@ -34,16 +34,6 @@ from agent_stand import (
 PROMPT = "Read notes.txt and tell me the marker it holds."
 
 
-def _awaits(behaviour: str):
-    """A behaviour the contract asks for that this tree lacks: the test fails, as it should,
-    and is expected to; strict, so the mark must go once the behaviour is there."""
-    return pytest.mark.xfail(strict=True, reason=behaviour)
-
-
-BETA_QUERY = _awaits("Claude Code's ?beta=true query does not reach its own family (the provider sees "
-                     "/v1/messages)")
-
-
 @pytest.fixture
 def stand_for(tmp_path):
     """stand_for(script, drop=False) -> a Stand (agent_stand.py); it stops when the test ends.
@@ -91,7 +81,6 @@ def _claude(stand, tmp_path, work, *args: str):
     return run_client([npm_client("claude"), "-p", PROMPT, *args], env, work)
 
 
-@BETA_QUERY
 def test_claude_code_on_its_own_family_keeps_what_it_sent(stand_for, tmp_path):
     marker = _marker()
     work = _workdir(tmp_path, marker)
