@@ -183,6 +183,8 @@ class Gateway:
     keep_alive_s: float = 75.0
     drain_s: float = 30.0
     drop_unsupported_params: bool = False  # drop (and name) what an entry cannot honour instead of skipping it
+    # a model name nothing offers: a 404 naming it ("reject"), or served by the default domain
+    unknown_models: Literal["reject", "default"] = "reject"
 
 
 @attrs.frozen

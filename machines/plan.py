@@ -77,6 +77,9 @@ class Router:
     catalog: dict[str, Domain]  # by catalog model name
     keys: dict[str, tuple[Secret, ...]]  # each profile's own credentials (a pool or one key)
     warnings: tuple[ConfigWarning, ...]
+    # the model names the default domain sends itself (its pins and their catalog ids), or None
+    # when it starts unpinned: an unpinned first entry forwards any name, so every name is served
+    default_models: frozenset[str] | None = None
     # (chosen model, gateway) -> the plan `plan_turn` made for it without an effort decision: a
     # plan depends on nothing else, and making it again was most of a turn's routing (every
     # entry resolved, priced and made anew); bounded by MAX_CACHED_PLANS
@@ -287,7 +290,34 @@ def build_router(config: Config, env: Mapping[str, str]) -> Router:
     unique: dict[tuple[str, str], ConfigWarning] = {}
     for warning in warnings:
         unique.setdefault((warning.code, warning.path), warning)
-    return Router(config, default, domains, route_models, catalog, keys, tuple(unique.values()))
+    return Router(config, default, domains, route_models, catalog, keys, tuple(unique.values()),
+                  _sent_models(config, default))
+
+
+def _sent_models(config: Config, default: Domain) -> frozenset[str] | None:
+    """What the default domain would send: each pin, and each of its profiles' catalog ids."""
+    if not default.entries or not default.entries[0].pinned:
+        return None
+    names = {e.model for e in default.entries if e.model is not None}
+    for entry in default.entries:
+        names.update(config.providers[entry.profile].models.values())
+    return frozenset(names)
+
+
+def model_offered(router: Router, model: str) -> bool:
+    """Whether a requested model names something this router offers: a route hint (bare or as
+    hint:NAME), a catalog model, "auto" (the router chooses), or a model the default domain
+    would send, also as "profile/model" with the default domain's own profile. Any other name
+    would be answered by the default domain's pins, a model the caller did not ask for."""
+    if model == "auto" or model in router.domains or model in router.catalog:
+        return True
+    if model.startswith(HINT_PREFIX):
+        return model[len(HINT_PREFIX):] in router.domains
+    sent = router.default_models
+    if sent is None:
+        return True
+    root = router.default.root + "/"
+    return model in sent or (model.startswith(root) and model[len(root):] in sent)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ def test_failover_reports_the_served_model_and_a_notice():
 
 def test_streaming_sends_chunks_and_usage_last_when_asked():
     with BackgroundGateway(two_profiles(), [{"provider": "anthropic.primary", "script": [{"text": "one two three"}]}]) as gw:
-        raw = client(gw).chat.completions.with_raw_response.create(model="x", messages=HI, stream=True,
+        raw = client(gw).chat.completions.with_raw_response.create(model="claude-sonnet-4", messages=HI, stream=True,
                                                                    stream_options={"include_usage": True})
         chunks = list(raw.parse())
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -89,7 +89,7 @@ def test_the_sdk_quickstart_loop_works_without_include_usage():
     """Every chunk has a choice unless the client asked for the usage chunk (the OpenAI API's
     own rule), so `chunk.choices[0].delta.content` never raises IndexError."""
     with BackgroundGateway(two_profiles(), [{"provider": "anthropic.primary", "script": [{"text": "one two"}]}]) as gw:
-        stream = client(gw).chat.completions.create(model="x", messages=HI, stream=True)
+        stream = client(gw).chat.completions.create(model="claude-sonnet-4", messages=HI, stream=True)
         text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
     assert text == "one two"
 
@@ -98,7 +98,7 @@ def test_stream_failing_before_output_is_recovered_invisibly():
     replies = [{"provider": "anthropic.primary", "script": [{"frames": [{"role": True}, {"error": "overloaded_error"}]}]},
                {"provider": "openai.backup", "script": [{"text": "recovered answer"}]}]
     with BackgroundGateway(two_profiles(), replies) as gw:
-        chunks = list(client(gw).chat.completions.create(model="x", messages=HI, stream=True))
+        chunks = list(client(gw).chat.completions.create(model="claude-sonnet-4", messages=HI, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "recovered answer"
     assert chunks[-1].model == "gpt-4o-mini"
 
@@ -108,7 +108,7 @@ def test_stream_cut_after_output_surfaces_as_an_error_in_the_sdk():
         {"frames": [{"role": True}, {"text": "Partial"}, {"text": " answer"}, {"error": "overloaded_error"}]}]}]
     received = []
     with BackgroundGateway(two_profiles(), replies) as gw:
-        stream = client(gw).chat.completions.create(model="x", messages=HI, stream=True)
+        stream = client(gw).chat.completions.create(model="claude-sonnet-4", messages=HI, stream=True)
         with pytest.raises(openai.APIError):
             for chunk in stream:
                 if chunk.choices:
@@ -121,7 +121,7 @@ def test_stream_cut_after_output_surfaces_as_an_error_in_the_sdk():
 def test_a_stream_that_fails_before_commit_gets_a_real_status():
     replies = [{"provider": "anthropic.primary", "script": [{"status": 400, "error": "context_length_exceeded"}]}]
     with BackgroundGateway(two_profiles(), replies) as gw, pytest.raises(openai.BadRequestError) as info:
-        client(gw).chat.completions.create(model="x", messages=HI, stream=True)
+        client(gw).chat.completions.create(model="claude-sonnet-4", messages=HI, stream=True)
     assert info.value.status_code == 400 and info.value.code == "context_length_exceeded"
 
 
@@ -129,15 +129,15 @@ def test_exhaustion_is_a_502_with_the_aggregated_error():
     replies = [{"provider": "anthropic.primary", "script": [{"status": 503}]},
                {"provider": "openai.backup", "script": [{"status": 500}]}]
     with BackgroundGateway(two_profiles(), replies) as gw, pytest.raises(openai.APIStatusError) as info:
-        client(gw).chat.completions.create(model="x", messages=HI)
+        client(gw).chat.completions.create(model="claude-sonnet-4", messages=HI)
     assert info.value.status_code == 502 and "#4 openai.backup/gpt-4o-mini" in info.value.message
 
 
 def test_gateway_keys_are_required_when_configured():
     with BackgroundGateway(two_profiles(), api_keys={"gw-secret-1"}) as gw:
         with pytest.raises(openai.AuthenticationError):
-            client(gw, "wrong").chat.completions.create(model="x", messages=HI)
-        assert client(gw, "gw-secret-1").chat.completions.create(model="x", messages=HI).choices[0].message.content == "ok"
+            client(gw, "wrong").chat.completions.create(model="claude-sonnet-4", messages=HI)
+        assert client(gw, "gw-secret-1").chat.completions.create(model="claude-sonnet-4", messages=HI).choices[0].message.content == "ok"
         assert httpx.get(f"{gw.url}/metrics").status_code == 401
         assert httpx.get(f"{gw.url}/metrics", headers={"authorization": "Bearer gw-secret-1"}).status_code == 200
 
@@ -160,7 +160,7 @@ def test_models_plan_metrics_and_a_route_hint_as_model():
 
 def test_oversized_and_malformed_bodies_are_refused():
     with BackgroundGateway(two_profiles(gateway={"max_body_bytes": 1000})) as gw:
-        big = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "x", "messages": [{"role": "user", "content": "x" * 5000}]})
+        big = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "claude-sonnet-4", "messages": [{"role": "user", "content": "x" * 5000}]})
         bad = httpx.post(f"{gw.url}/v1/chat/completions", content=b"{nope")
     assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
     assert bad.status_code == 400
@@ -170,7 +170,7 @@ def test_ledger_rows_are_written_before_the_response_completes(tmp_path):
     path = tmp_path / "ledger.sqlite3"
     replies = [{"provider": "anthropic.primary", "script": [{"empty": True, "usage": [10, 0]}, {"text": "ok now"}]}]
     with BackgroundGateway(two_profiles(), replies, ledger_path=str(path)) as gw:
-        client(gw).chat.completions.create(model="x", messages=HI)
+        client(gw).chat.completions.create(model="claude-sonnet-4", messages=HI)
         rows = LedgerStore(path).rows()
     assert [(r["provider"], r["outcome"], r["accepted"]) for r in rows] == [
         ("anthropic.primary", "empty", 0), ("anthropic.primary", "ok", 1)]
@@ -203,7 +203,7 @@ def test_the_turns_bookkeeping_waits_for_the_answer_and_never_fails_it(tmp_path,
             observed.set()
 
         gw.gateway.console.observe = observed_after_the_answer
-        assert client(gw).chat.completions.create(model="x", messages=HI).choices[0].message.content == "first"
+        assert client(gw).chat.completions.create(model="claude-sonnet-4", messages=HI).choices[0].message.content == "first"
         answered.set()
         assert observed.wait(5)
 
@@ -211,7 +211,7 @@ def test_the_turns_bookkeeping_waits_for_the_answer_and_never_fails_it(tmp_path,
             raise RuntimeError("a metrics bug")
 
         gw.gateway.metrics.turn = failing
-        assert client(gw).chat.completions.create(model="x", messages=HI).choices[0].message.content == "second"
+        assert client(gw).chat.completions.create(model="claude-sonnet-4", messages=HI).choices[0].message.content == "second"
         metrics = samples(httpx.get(f"{gw.url}/metrics").text)
     assert seen == [(True, 1)]  # and the ledger row was there before the answer
     assert any("turn_bookkeeping_error" in r.getMessage() for r in caplog.records)
@@ -225,7 +225,7 @@ def test_a_client_disconnect_cancels_the_turn_without_a_retry():
         {"frames": [{"role": True}, {"text": "first"}, {"wait": 3.0}, {"text": " never"}, {"done": True}]}]}]
     with BackgroundGateway(two_profiles(), replies) as gw:
         with httpx.stream("POST", f"{gw.url}/v1/chat/completions",
-                          json={"model": "x", "messages": HI, "stream": True}, timeout=10) as response:
+                          json={"model": "claude-sonnet-4", "messages": HI, "stream": True}, timeout=10) as response:
             for line in response.iter_lines():
                 if "first" in line:
                     break  # hang up mid-stream
@@ -247,7 +247,7 @@ def test_a_client_that_hangs_up_cancels_a_non_streamed_turn():
     replies = [{"provider": "anthropic.primary", "script": [{"text": "too late", "delay": 5.0}]}]
     with BackgroundGateway(two_profiles(), replies) as gw:
         host, port = gw.url.removeprefix("http://").rsplit(":", 1)
-        body = json.dumps({"model": "x", "messages": HI}).encode()
+        body = json.dumps({"model": "claude-sonnet-4", "messages": HI}).encode()
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                          b"content-length: %d\r\n\r\n%s" % (len(body), body))
@@ -276,7 +276,7 @@ def test_a_drain_cut_short_cancels_a_non_streamed_turn_with_a_503_and_its_ledger
             answer: list[httpx.Response] = []
             asked = time.monotonic()
             with ThreadPoolExecutor(1) as pool:
-                pending = pool.submit(http.post, f"{gw.url}/v1/chat/completions", json={"model": "x", "messages": HI})
+                pending = pool.submit(http.post, f"{gw.url}/v1/chat/completions", json={"model": "claude-sonnet-4", "messages": HI})
                 while gw.sim.calls < 1 and time.monotonic() < asked + 5:
                     time.sleep(0.01)
                 trio.from_thread.run_sync(gw.gateway.cancel_turns, trio_token=gw._token)
@@ -296,7 +296,7 @@ def test_fast_streams_arrive_whole_every_time():
     words = " ".join(f"w{i}" for i in range(300))
     with BackgroundGateway(two_profiles(), [{"provider": "anthropic.primary", "script": [{"text": words}]}]) as gw:
         for _ in range(15):
-            chunks = list(client(gw).chat.completions.create(model="x", messages=HI, stream=True))
+            chunks = list(client(gw).chat.completions.create(model="claude-sonnet-4", messages=HI, stream=True))
             assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == words
 
 
@@ -323,7 +323,7 @@ def test_anthropic_sdk_streaming_and_tools():
         {"frames": [{"role": True}, {"reasoning": "thinking"}, {"text": "Let me"}, {"text": " look."},
                     {"tool_call": "get_weather"}, {"done": True}]}]}]
     with BackgroundGateway(two_profiles(), replies) as gw:
-        with claude(gw).messages.stream(model="x", max_tokens=64, messages=[{"role": "user", "content": "hi"}]) as stream:
+        with claude(gw).messages.stream(model="claude-sonnet-4", max_tokens=64, messages=[{"role": "user", "content": "hi"}]) as stream:
             text = "".join(stream.text_stream)
             final = stream.get_final_message()
     assert text == "Let me look."
@@ -337,7 +337,7 @@ def test_anthropic_sdk_sees_an_interruption_as_an_error():
     received = []
     with BackgroundGateway(two_profiles(), replies) as gw:
         with pytest.raises(anthropic.APIStatusError):
-            with claude(gw).messages.stream(model="x", max_tokens=64, messages=[{"role": "user", "content": "hi"}]) as stream:
+            with claude(gw).messages.stream(model="claude-sonnet-4", max_tokens=64, messages=[{"role": "user", "content": "hi"}]) as stream:
                 for text in stream.text_stream:
                     received.append(text)
     assert "".join(received) == "Partial"
@@ -346,7 +346,7 @@ def test_anthropic_sdk_sees_an_interruption_as_an_error():
 def test_anthropic_sdk_gets_anthropic_errors_before_commit():
     replies = [{"provider": "anthropic.primary", "script": [{"status": 400, "error": "prompt is too long"}]}]
     with BackgroundGateway(two_profiles(), replies) as gw, pytest.raises(anthropic.BadRequestError) as info:
-        claude(gw).messages.create(model="x", max_tokens=64, messages=[{"role": "user", "content": "hi"}], stream=True)
+        claude(gw).messages.create(model="claude-sonnet-4", max_tokens=64, messages=[{"role": "user", "content": "hi"}], stream=True)
     assert info.value.status_code == 400 and info.value.body["error"]["type"] == "invalid_request_error"
 
 

@@ -40,6 +40,7 @@ import trio
 
 from relayline.machines import wire
 from relayline.machines.errors import ConfigError
+from relayline.machines.plan import model_offered
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 from relayline.machines.vocab import FailureClass, Mode
@@ -719,6 +720,15 @@ class Gateway:
         if _unencodable(raw, body):
             await self._respond(send, *dialect.bad_request(wire.WireError(
                 "", "the body contains a lone UTF-16 surrogate escape (such as \\ud800), which cannot be sent as UTF-8")))
+            return None
+        if request.model is None:
+            await self._respond(send, *dialect.bad_request(wire.WireError(
+                "model", "is required: name one of the models GET /v1/models lists")))
+            return None
+        if self.settings.unknown_models == "reject" and not model_offered(self.relay.router, request.model):
+            await self._respond(send, 404, dialect.http_error(
+                404, f"the model {request.model!r} does not exist here: GET /v1/models lists the models on offer",
+                "model_not_found"))
             return None
         return request
 
