@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import functools
 import importlib
 import logging
@@ -38,7 +39,7 @@ from relayline.machines.errors import StreamInterruptedAfterOutput, TurnError
 from relayline.machines.families import FAMILIES
 from relayline.machines.health import HealthStore, InMemoryHealth
 from relayline.machines.ledger import LedgerRow, Usage
-from relayline.machines.plan import Plan, build_router, plan_turn
+from relayline.machines.plan import HINT_PREFIX, Plan, build_router, model_offered, plan_turn
 from relayline.machines.stream import Event
 from relayline.machines.turn import Turn, TurnResult
 
@@ -55,6 +56,7 @@ from .hosts import (
     unwind,
 )
 from .providers.base import ProviderClient
+from .providers.openai import KNOWN
 from .providers.openai import parse_request as parse_openai
 from .providers.pool import Pools
 from .redact import protect
@@ -64,6 +66,9 @@ if TYPE_CHECKING:
     from .sim.provider import SimUpstream
 
 log = logging.getLogger("relayline")
+
+# model names warned about per relay before the record starts over (callers may send any name)
+MAX_NOTED_MODELS = 1024
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -78,14 +83,42 @@ def open_health(config: Config) -> HealthStore:
     return RedisHealth(config.health, config.breaker)
 
 
+# the request parameters `complete` and `stream` take by name: those the canonical request holds,
+# translated for each entry's family; a provider's own fields travel in `extra_body`, by name
+PARAMETERS = frozenset(KNOWN - {"model", "messages", "stream", "stream_options", "n", "tools"})
+# what `extra_body` may not set: each has its own argument
+_ARGUMENTS = frozenset({"model", "messages", "stream", "tools"})
+
+
+def check_parameters(call: str, params: Mapping[str, Any], extra_body: Mapping[str, Any] | None) -> None:
+    """A misspelled keyword is the caller's mistake, not a field for the provider: TypeError
+    naming it (and the parameter it is closest to), as for any Python call."""
+    for name in params:
+        if name not in PARAMETERS:
+            close = difflib.get_close_matches(name, sorted(PARAMETERS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"{call}() got an unexpected keyword argument {name!r}{hint} "
+                            f"(a provider's own fields go in extra_body={{{name!r}: ...}})")
+    if extra_body is None:
+        return
+    if not isinstance(extra_body, Mapping):
+        raise TypeError(f"{call}(): extra_body must be a mapping of field names to values")
+    taken = sorted(_ARGUMENTS & set(extra_body))
+    if taken:
+        raise TypeError(f"{call}(): extra_body may not set {', '.join(taken)}: pass each as its own argument")
+
+
 def wire_request(messages: Sequence[Mapping[str, Any]] | wire.Request, tools: Sequence[Mapping[str, Any]] = (),
-                 params: Mapping[str, Any] | None = None) -> wire.Request:
-    """The canonical request for OpenAI-style chat messages, tools and request parameters
-    (temperature, max_tokens, stop, tool_choice, response_format, reasoning_effort, seed...), or
-    a `wire.Request` as given. A parameter of the wrong shape raises WireError naming it."""
+                 params: Mapping[str, Any] | None = None,
+                 extra_body: Mapping[str, Any] | None = None) -> wire.Request:
+    """The canonical request for OpenAI-style chat messages, tools, request parameters
+    (temperature, max_tokens, stop, tool_choice, response_format, reasoning_effort...) and a
+    provider's own fields (`extra_body`, sent to entries of the openai family; an entry of
+    another family cannot honour them and is skipped), or a `wire.Request` as given. A
+    parameter of the wrong shape raises WireError naming it."""
     if isinstance(messages, wire.Request):
         return messages
-    body = {**(params or {}), "messages": list(messages)}
+    body = {**(extra_body or {}), **(params or {}), "messages": list(messages)}
     if tools:
         body["tools"] = list(tools)
     return parse_openai(body, passthrough=False)
@@ -178,6 +211,7 @@ class Relay:
         self.fallback_record: dict[str, str] = {}  # domain -> served label while a fallback serves
         self.observers: list[Callable[[TurnResult], None]] = []
         self._turn_factory: Callable[..., Turn] = Turn  # tests plug faulty machines in here
+        self._noted_models: set[str] = set()  # the model names warned about (`_note_model`)
 
     async def _close(self) -> None:
         if self._http is not None:
@@ -279,6 +313,8 @@ class Relay:
         """A turn planned and ready to run (`TurnRun.run`); its result goes to `_observe`."""
         request = wire_request(messages, tools, params)
         wire.check_model(model)  # it reaches headers, logs and the ledger: printable and bounded
+        if model is not None and (not gateway or self.config.gateway.unknown_models == "default"):
+            self._note_model(model, gateway)
         # the turn's text is read only by effort routing (a plan without it is kept: `Router.plans`)
         text = request.turn_text if self.config.effort_routing is not None else ""
         plan = self.plan(model=model, text=text, operator_model=operator_model, gateway=gateway)
@@ -295,6 +331,24 @@ class Relay:
         turn = self._turn_factory(plan, self.config, self.health, stream=stream, tools=bool(request.tools),
                                   prompt_chars=request.prompt_chars)
         return TurnRun(turn, self.clients, request, on_draft=on_draft)
+
+    def _note_model(self, model: str, gateway: bool) -> None:
+        """A warning, once per name, for a model the default domain serves though it does not
+        name what it offers (a typo served by another model), and, in the library, for a route
+        hint's bare name, which selects the route in the gateway only."""
+        if model in self._noted_models:
+            return
+        if not gateway and model in self.router.domains:
+            log.warning("model_names_route_hint model=%r: the library serves it from the default domain; "
+                        "model=%r selects the route", model, HINT_PREFIX + model)
+        elif not model_offered(self.router, model):
+            log.warning("unknown_model model=%r: no route hint, catalog model or model of the default domain "
+                        "has this name; the default domain serves it", model)
+        else:
+            return
+        if len(self._noted_models) >= MAX_NOTED_MODELS:
+            self._noted_models.clear()  # memory stays bounded whatever names callers send
+        self._noted_models.add(model)
 
     def _observe(self, result: TurnResult) -> None:
         if result.outcome == "ok" and result.served is not None:
@@ -313,23 +367,27 @@ class Relay:
 
     async def complete(self, /, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
                        tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None,
-                       **params: Any) -> Reply:
+                       extra_body: Mapping[str, Any] | None = None, **params: Any) -> Reply:
         """One non-streaming turn, from trio or asyncio. `params` are chat completions request
         parameters (temperature, max_tokens, stop, tool_choice, response_format, reasoning_effort,
-        user, seed...), translated for each entry's family as the gateway does. Raises TurnError
-        (its `reason` an ErrorReason) when no answer came."""
-        request = wire_request(messages, tools, params)  # a bad parameter raises here, in the caller
+        user...), translated for each entry's family as the gateway does; any other keyword is a
+        TypeError. `extra_body` carries a provider's own fields (seed, logprobs...) as the openai
+        SDK's does. Raises TurnError (its `reason` an ErrorReason) when no answer came."""
+        check_parameters("complete", params, extra_body)
+        request = wire_request(messages, tools, params, extra_body)  # a bad parameter raises here, in the caller
         result = await run_in_host(partial(self._run_turn, request, model=model, operator_model=operator_model))
         raise_for(result)
         return Reply.of(result)
 
     def stream(self, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
                tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None,
-               on_draft: Callable[[str], None] | None = None, **params: Any) -> StreamTurn:
+               on_draft: Callable[[str], None] | None = None, extra_body: Mapping[str, Any] | None = None,
+               **params: Any) -> StreamTurn:
         """One streamed turn: `async with` from trio or asyncio, `with` from synchronous code.
-        `params` as for `complete`. Events carry tool call ids (`event.ref`); after the block,
-        `finish_reason` and `usage` as on a Reply."""
-        request = wire_request(messages, tools, params)
+        `params` and `extra_body` as for `complete`. Events carry tool call ids (`event.ref`);
+        after the block, `finish_reason` and `usage` as on a Reply."""
+        check_parameters("stream", params, extra_body)
+        request = wire_request(messages, tools, params, extra_body)
         return StreamTurn(self, partial(self._run_turn, request, model=model, operator_model=operator_model,
                                         on_draft=on_draft, stream=True))
 
