@@ -315,8 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gateway", action="store_true", help="resolve a bare route hint as the gateway does")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    p = command("simulate", "run scenario files on virtual time; exit 1 if an expectation fails", cmd_simulate)
-    p.add_argument("files", nargs="+", help="scenario TOML files (docs/behaviour.md)")
+    p = command("simulate", "run scenario files on virtual time; exit 1 if an expectation fails (the file format: "
+                "docs/scenarios.md)", cmd_simulate)
+    p.add_argument("files", nargs="+", help="scenario TOML files: a config, scripted replies, requests and their "
+                   "expectations (docs/scenarios.md)")
     p.add_argument("--json", action="store_true", help="print the trace and check nothing")
     p.add_argument("--http", choices=WIRES,
                    help="serve the sim profiles over real loopback HTTP in this protocol's shape")

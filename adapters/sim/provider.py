@@ -1,4 +1,4 @@
-"""The `sim` family: scripted upstreams, in process (docs/behaviour.md).
+"""The `sim` family: scripted upstreams, in process (docs/scenarios.md, "Replies").
 
 One reply answers one provider call; a profile's script is consumed in order and its last reply
 repeats. A profile with no script answers `{ text = "ok" }`. Waits (`delay`, `wait`, `hang`)
@@ -44,6 +44,83 @@ def finish_of(reply: Mapping, frame: Mapping | None = None) -> str | None:
     if finish is not None and finish not in FINISH_REASONS:
         raise ValueError(f"finish = {finish!r}: expected one of {', '.join(FINISH_REASONS)}")
     return finish
+
+
+# what a scripted reply and a stream frame may say (docs/scenarios.md), each key with the kind
+# of value it takes: a typo or a wrong type is an error naming it, never a different fault
+_STRING, _FLAG, _WHOLE, _NUMBER, _USAGE = "a string", "true or false", "a whole number", "a number", "[IN, OUT]"
+REPLY_KEYS = {"text": _STRING, "reasoning": _STRING, "tool_call": _STRING, "empty": _FLAG, "status": _WHOLE,
+              "retry_after": _NUMBER, "error": _STRING, "connect_error": _FLAG, "hang": _FLAG, "frames": "a list",
+              "finish": _STRING, "malformed_body": _FLAG, "usage": _USAGE, "delay": _NUMBER}
+FRAME_KEYS = {"role": _FLAG, "ping": _FLAG, "text": _STRING, "reasoning": _STRING, "tool_call": _STRING,
+              "executed_tool": _STRING, "error": _STRING, "usage": _USAGE, "done": _FLAG, "eof": _FLAG,
+              "wait": _NUMBER, "malformed": _FLAG, "finish": _STRING}
+SCRIPT_KEYS = ("provider", "model", "script")  # one [[replies]] table
+
+
+def _is(kind: str, value: object) -> bool:
+    if kind == _USAGE:
+        return isinstance(value, list) and len(value) == 2 and all(_is(_WHOLE, v) and v >= 0 for v in value)
+    if kind == _NUMBER:
+        return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+    want = {_STRING: str, _FLAG: bool, _WHOLE: int, "a list": list}[kind]
+    return isinstance(value, want) and (want is bool or not isinstance(value, bool))
+
+
+def _keys_problems(item: object, keys: Mapping[str, str], at: str) -> list[str]:
+    if not isinstance(item, Mapping):
+        return [f"{at}: expected a table such as {{ text = \"hi\" }}"]
+    problems = [f"{at}: unknown key {key!r} (known: {', '.join(keys)})" for key in item if key not in keys]
+    problems += [f"{at}.{key}: expected {keys[key]}, got {value!r}" for key, value in item.items()
+                 if key in keys and not _is(keys[key], value)]
+    if not problems and "finish" in item:
+        try:
+            finish_of(item)
+        except ValueError as exc:
+            problems.append(f"{at}.{exc}")
+    return problems
+
+
+def reply_problems(reply: object, at: str) -> list[str]:
+    """What is wrong with one scripted reply, each problem with its path and key."""
+    problems = _keys_problems(reply, REPLY_KEYS, at)
+    if problems:
+        return problems
+    assert isinstance(reply, Mapping)
+    status = reply.get("status")
+    if reply.get("malformed_body") and status != 200:
+        problems.append(f"{at}.malformed_body: goes with status = 200 (a 200 whose body has the wrong types)")
+    elif status is not None and status < 400 and not reply.get("malformed_body"):
+        problems.append(f"{at}.status: {status} is no HTTP error (at least 400; a success is {{ text = \"...\" }}, "
+                        "a broken 200 { status = 200, malformed_body = true })")
+    for k, frame in enumerate(reply.get("frames", ())):
+        where = f"{at}.frames[{k}]"
+        found = _keys_problems(frame, FRAME_KEYS, where)
+        if not found and "finish" in frame and not frame.get("done"):
+            found.append(f"{where}.finish: only a {{ done = true }} frame carries a finish reason")
+        problems += found
+    return problems
+
+
+def scripts_of(replies: Sequence[Mapping]) -> list[Script]:
+    """The scripts of [[replies]] tables; ValueError listing every problem, each with its path."""
+    problems: list[str] = []
+    for i, table in enumerate(replies):
+        at = f"replies[{i}]"
+        if not isinstance(table, Mapping) or not isinstance(table.get("provider"), str):
+            problems.append(f"{at}.provider: required, the profile alias the script answers for")
+            continue
+        problems += [f"{at}: unknown key {key!r} (known: {', '.join(SCRIPT_KEYS)})" for key in table
+                     if key not in SCRIPT_KEYS]
+        script = table.get("script", [])
+        if not isinstance(script, list):
+            problems.append(f"{at}.script: expected a list of replies")
+            continue
+        for j, reply in enumerate(script):
+            problems += reply_problems(reply, f"{at}.script[{j}]")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return [Script(r["provider"], r.get("model"), list(r.get("script") or [DEFAULT_REPLY])) for r in replies]
 
 
 @attrs.define
@@ -111,7 +188,7 @@ def aggregate_frames(frames: Sequence[Mapping]) -> dict:
 
 
 def reply_frames(reply: Mapping) -> list[Mapping]:
-    """A reply as explicit stream frames (docs/behaviour.md): role preamble, reasoning, one text
+    """A reply as explicit stream frames (docs/scenarios.md): role preamble, reasoning, one text
     frame per word (spaces kept), tool call, usage, the completion signal."""
     if "frames" in reply:
         return list(reply["frames"])
@@ -139,7 +216,7 @@ class SimUpstream:
 
     @classmethod
     def from_replies(cls, replies: Sequence[Mapping]) -> SimUpstream:
-        return cls([Script(r["provider"], r.get("model"), list(r.get("script") or [DEFAULT_REPLY])) for r in replies])
+        return cls(scripts_of(replies))
 
     def next_reply(self, request: CallRequest, mode: str) -> Mapping:
         self.calls.append(SimCall(request.entry.profile, request.model, mode, request.key_index))
@@ -162,6 +239,8 @@ class SimClient:
             await trio.sleep_forever()
         if reply.get("connect_error"):
             raise ProviderFailure(fc.connection_error())
+        if reply.get("malformed_body"):
+            raise ProviderFailure(fc.malformed("a 200 whose JSON has the wrong types"))
         if "status" in reply:
             headers = {"retry-after": str(reply["retry_after"])} if "retry_after" in reply else None
             raise ProviderFailure(fc.classify_http(int(reply["status"]), reply.get("error"), headers))

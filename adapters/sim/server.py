@@ -6,7 +6,7 @@ with an ordinary base_url:
     openai shape:     base_url = "http://127.0.0.1:PORT/ALIAS/v1"   -> POST /ALIAS/v1/chat/completions
     anthropic shape:  base_url = "http://127.0.0.1:PORT/ALIAS"      -> POST /ALIAS/v1/messages
 
-Each call takes the profile's next scripted reply (docs/behaviour.md) and renders it as
+Each call takes the profile's next scripted reply (docs/scenarios.md, "Replies") and renders it as
 the real provider would send it: JSON bodies, SSE byte streams, HTTP errors with Retry-After,
 refused connections, hangs, pauses between frames. The demo, the gateway tests and the
 benchmarks use it; nothing here is mocked on the client side.
@@ -23,7 +23,7 @@ import trio
 from relayline.machines.families import FAMILIES, WIRES
 
 from .loopback import LoopbackServer, Reply, Seen
-from .provider import Script, aggregate_frames, default_usage, finish_of, reply_frames
+from .provider import aggregate_frames, default_usage, finish_of, reply_frames, scripts_of
 
 SSE = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
 # a scripted finish reason (OpenAI's words) as Anthropic's stop_reason
@@ -183,8 +183,7 @@ class SimHTTPServer:
 
     def __init__(self, replies: list[Mapping] = ()) -> None:
         # a reply script may name a model (absent: any model on that profile)
-        self.scripts = [Script(r["provider"], r.get("model"), list(r.get("script") or [{"text": "ok"}]))
-                        for r in replies]
+        self.scripts = scripts_of(replies)
         self.server = LoopbackServer(self._answer)
         self.calls = 0
         self.request_ids: list[str | None] = []  # each call's x-request-id (the gateway sends one)
@@ -213,6 +212,12 @@ class SimHTTPServer:
         delay = math.inf if reply.get("hang") else float(reply.get("delay", 0.0))
         if reply.get("connect_error"):
             return Reply(refuse=True)
+        if reply.get("malformed_body"):  # the right status and shape, fields of the wrong types
+            broken = {"choices": "none", "usage": 7} if shape == "openai" else {"content": "none", "usage": 7}
+            if body.get("stream"):  # a stream whose first event has them
+                event = {**broken, "type": "message_start", "message": 7} if shape == "anthropic" else broken
+                return Reply(headers=SSE, pieces=(f"data: {json.dumps(event)}\n\n".encode(),), delay=delay)
+            return Reply(headers=JSON, pieces=(json.dumps(broken).encode(),), delay=delay)
         if "status" in reply:
             headers = JSON + ((("retry-after", str(reply["retry_after"])),) if "retry_after" in reply else ())
             return Reply(status=int(reply["status"]), headers=headers, delay=delay,

@@ -1,6 +1,6 @@
 """`relayline simulate`: scenarios on virtual time through the real core and the real driver.
 
-A scenario (docs/behaviour.md) is a config, scripted sim upstreams and requests with expectations.
+A scenario (docs/scenarios.md) is a config, scripted sim upstreams and requests with expectations.
 Everything runs under trio's MockClock with autojump, so backoffs, Retry-After waits, cooldowns,
 breaker windows and timeouts take no real time, and the same scenario always gives the same trace.
 """
@@ -25,7 +25,7 @@ from relayline.machines.wire import TO_OPENAI, finish_reason
 
 from ..driver import TurnRun
 from ..relay import Relay
-from .provider import SimUpstream, finish_of
+from .provider import SimUpstream, scripts_of
 from .server import SimHTTPServer, wire_to
 
 REQUEST_KEYS = {"at", "model", "stream", "tools", "text", "cancel_after", "cancel_at", "operator_model", "expect"}
@@ -67,15 +67,10 @@ def load_scenario(path: str | os.PathLike) -> Scenario:
         bad = set(request.get("expect", {})) - EXPECT_KEYS
         if bad:
             raise ScenarioError(f"{source}: requests[{i}].expect: unknown keys {sorted(bad)}")
-    for i, reply in enumerate(raw.get("replies", [])):
-        if "provider" not in reply:
-            raise ScenarioError(f"{source}: replies[{i}]: missing 'provider'")
-        for j, item in enumerate(reply.get("script", [])):
-            for frame in [item, *item.get("frames", ())]:
-                try:
-                    finish_of(frame)
-                except ValueError as exc:
-                    raise ScenarioError(f"{source}: replies[{i}].script[{j}]: {exc}") from None
+    try:
+        scripts_of(raw.get("replies", []))
+    except ValueError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
     return Scenario(raw.get("name", Path(path).stem), source, raw.get("config", {}),
                     tuple(raw.get("replies", [])), tuple(raw.get("requests", [])))
 
@@ -93,7 +88,7 @@ def _trace(result: TurnResult, events: list[Event], origin: float) -> dict:
         "error": result.error,
         "served": result.served.label if result.served else None,
         "text": result.text if result.outcome == "ok" else None,
-        # OpenAI's words (docs/behaviour.md), e.g. an Anthropic stop_sequence reads "stop"
+        # OpenAI's words (docs/trace.md), e.g. an Anthropic stop_sequence reads "stop"
         "finish": TO_OPENAI[finish_reason(result.finish_reason, len(result.tool_calls))] if result.outcome == "ok" else None,
         "partial_text": result.partial_text,
         "events": [str(e) for e in events],
