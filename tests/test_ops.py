@@ -317,7 +317,8 @@ def test_breaker_transitions_and_exhausted_turns_are_warnings():
 def test_metrics_parse_and_carry_the_operating_series():
     replies = [{"provider": "openai.main", "script": [{"status": 503}, {"text": "second"}]},
                {"provider": "openai.backup", "script": [{"text": "from the backup"}]}]
-    config = profiles(breaker={"failure_threshold": 1, "open_s": 30})
+    # unknown_models = "default": a name nothing offers is served, and must still not become a label
+    config = profiles(breaker={"failure_threshold": 1, "open_s": 30}, gateway={"unknown_models": "default"})
     with BackgroundGateway(config, replies) as gw:
         assert chat(gw).status_code == 200  # main fails (its breaker opens), the backup answers
         with httpx.stream("POST", f"{gw.url}/v1/chat/completions",
