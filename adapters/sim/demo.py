@@ -61,7 +61,7 @@ def simulated_main(out=print) -> int:
             )
 
     trace = run_scenario(scenario, on_done=capture)
-    out(f"relayline {scenario.name}")
+    out(scenario.name)
     out("(sim upstreams on virtual time: backoffs, cooldowns and breaker windows take no real time)\n")
     failures = 0
     for i, (request, actual) in enumerate(zip(scenario.requests, trace["requests"], strict=True), start=1):
@@ -160,13 +160,13 @@ def gateway_main(out=print) -> int:
                                 text += chunk.choices[0].delta.content or ""
                             extra = (chunk.model_extra or {}).get("relayline") or extra
                     except openai.APIError as exc:
-                        error = f"stream error from the gateway: {exc.message[:90]}"
+                        error = f"stream error from the gateway: {exc.message}"
                 else:
                     completion = raw.parse()
                     text = completion.choices[0].message.content or ""
                     extra = completion.model_extra["relayline"]
             except openai.APIStatusError as exc:
-                headers, error = exc.response.headers, f"HTTP {exc.status_code}: {exc.message[:90]}"
+                headers, error = exc.response.headers, f"HTTP {exc.status_code}: {exc.message}"
             out(f"   requested: {headers.get('x-relayline-requested', '?')}")
             if extra.get("attempts"):
                 out(f"   attempts:  {' -> '.join(extra['attempts'])}")
