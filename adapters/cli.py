@@ -12,13 +12,14 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from functools import partial
 from importlib import metadata
 from pathlib import Path
 
 from relayline.machines.config import join_path, structure_config
 from relayline.machines.errors import ConfigError
-from relayline.machines.families import WIRES
+from relayline.machines.families import FAMILIES, WIRES
 from relayline.machines.plan import build_router, plan_turn
 
 from .configfile import load_config_file, read_config_file
@@ -33,12 +34,16 @@ def cmd_check(args) -> int:
     from .gateway.auth import KEYLESS_NOTE, keyless, load_access
 
     problems = []
+    raw: dict = {}
     try:
         raw = read_config_file(args.config)
         config = structure_config(raw)
         router = build_router(config, os.environ)
     except ConfigError as exc:
         problems = list(exc.problems)
+        # what the router would also refuse, read from the file as written: one pass shows every
+        # problem (a bad base_url must not hide a misspelled family)
+        problems += [p for p in _profile_problems(raw) if p not in problems]
     else:
         problems += [f"{w.path}: {w.message}" for w in router.warnings if w.code in CHECK_ERRORS]
         try:
@@ -65,13 +70,56 @@ def cmd_check(args) -> int:
     return 0
 
 
+def _profile_problems(raw: dict) -> list[str]:
+    """The unknown families and unset key variables of the profiles of a file that did not load,
+    in the router's words."""
+    problems = []
+    providers = raw.get("providers")
+    for alias, profile in (providers if isinstance(providers, dict) else {}).items():
+        if not isinstance(profile, dict):
+            continue
+        where = join_path("providers", alias)
+        family, variable = profile.get("family"), profile.get("api_key_env")
+        if isinstance(family, str) and family not in FAMILIES:
+            problems.append(f"{where}.family: unknown family {family!r} (known: {', '.join(FAMILIES)})")
+        if isinstance(variable, str) and variable and not os.environ.get(variable):
+            problems.append(f"{where}.api_key_env: environment variable {variable} is not set")
+    return problems
+
+
+class _PlanningEnv(Mapping[str, str]):
+    """The environment as `plan` reads it: it sends nothing, so a key variable that is unset is
+    noted (`unset`) and stands in as a placeholder, never an error."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.unset: set[str] = set()
+
+    def __getitem__(self, name: str) -> str:
+        value = self.env.get(name, "")
+        if not value:
+            self.unset.add(name)
+            return "unset"
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.env)
+
+    def __len__(self) -> int:
+        return len(self.env)
+
+
 def cmd_plan(args) -> int:
+    env = _PlanningEnv(os.environ)
     try:
-        router = build_router(load_config_file(args.config), os.environ)
+        router = build_router(load_config_file(args.config), env)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 1
+    if env.unset:
+        print(f"note: unset key variables (plan sends nothing; serve needs them): {', '.join(sorted(env.unset))}",
+              file=sys.stderr)
     plan = plan_turn(router, model=args.model, text=args.text or "", operator_model=args.operator_model,
                      gateway=args.gateway)
     if args.json:

@@ -25,7 +25,6 @@ import os
 import queue
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
-from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
@@ -43,6 +42,7 @@ from relayline.machines.plan import HINT_PREFIX, Plan, build_router, model_offer
 from relayline.machines.stream import Event
 from relayline.machines.turn import Turn, TurnResult
 
+from .configfile import load_config_file
 from .driver import Sink, TurnRun, _discard
 from .hosts import (
     Handoff,
@@ -249,7 +249,8 @@ class Relay:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], **kwargs: Any) -> Relay:
-        return cls.from_toml(Path(path).read_text(encoding="utf-8"), **kwargs)
+        """A relay from a config file; ConfigError naming the file when it cannot be read."""
+        return cls(load_config_file(path), **kwargs)
 
     # -- routing ownership --------------------------------------------------------------------
 
