@@ -63,3 +63,12 @@ def test_the_manual_shows_the_catalog_examples_plan_as_it_is():
     block = readme.split("<!-- catalog-plan:start")[1].split("<!-- catalog-plan:end -->")[0]
     shown = block.split("```\n", 1)[1].rsplit("\n```", 1)[0]
     assert shown == catalog_plan_output()
+
+
+def test_production_bills_each_model_at_its_own_price():
+    router = build_router(parse_config((EXAMPLES / "production.toml").read_text()), ENV)
+    prices = {e.label: (e.price.input_per_mtok, e.price.output_per_mtok) for e in plan_turn(router, model="hint:cloud").entries}
+    assert prices["anthropic.main/claude-sonnet-4-20250514"] == (3.0, 15.0)
+    assert prices["anthropic.main/claude-3-5-haiku-20241022"] == (0.8, 4.0)
+    assert prices["openai.main/gpt-4o"] == (2.5, 10.0)
+    assert prices["openai.main/gpt-4o-mini"] == (0.15, 0.6)
