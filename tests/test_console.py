@@ -262,6 +262,18 @@ def test_the_console_needs_the_admin_key_and_a_browser_can_send_it():
     assert allowed == [200, 200]
 
 
+def test_admin_without_the_slash_leads_a_browser_to_the_login_prompt():
+    with BackgroundGateway(outage_config(), OUTAGE, api_keys={CLIENT_KEY}, admin_keys={ADMIN_KEY},
+                           env={"BACKUP_KEY": BACKUP_KEY}) as gw:
+        moved = httpx.get(f"{gw.url}/admin?tab=health")
+        followed = httpx.get(f"{gw.url}/admin", follow_redirects=True)
+        signed_in = httpx.get(f"{gw.url}/admin", auth=("operator", ADMIN_KEY), follow_redirects=True)
+    assert moved.status_code == 308 and moved.headers["location"] == "/admin/?tab=health"
+    assert followed.status_code == 401 and 'Basic realm="relayline admin", charset="UTF-8"' in \
+        followed.headers.get_list("www-authenticate")
+    assert signed_in.status_code == 200 and "text/html" in signed_in.headers["content-type"]
+
+
 def test_the_event_stream_pushes_a_turn_and_only_what_changed(tmp_path):
     with BackgroundGateway(outage_config(), OUTAGE, env={"BACKUP_KEY": BACKUP_KEY},
                            ledger_path=str(tmp_path / "ledger.sqlite3")) as gw, \

@@ -362,6 +362,13 @@ class Gateway:
         if path == "/readyz" and method == "GET":
             await self._ready(send)
             return
+        if path == "/admin":
+            # the console's address as people type it: its own page is /admin/ (where a browser
+            # without credentials is asked for them)
+            query = scope.get("query_string") or b""
+            await self._respond(send, 308, b"", content_type="text/plain",
+                                headers=[(b"location", b"/admin/" + (b"?" + query if query else b""))])
+            return
         if path == "/metrics" or path.startswith("/admin/"):
             if not await self._admin(scope, headers, send):
                 return
