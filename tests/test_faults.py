@@ -375,7 +375,7 @@ async def test_the_gateway_answers_a_json_500_when_relayline_fails(autojump_cloc
         relay = Relay(structure_config(config(upstream.url)), env={})
         relay.clients["openai"] = CrashingProbe(relay.clients["openai"])
         gateway = Gateway(relay)
-        status, headers, body = await asgi(gateway, "/v1/chat/completions", {"model": "m", "messages": HI})
+        status, headers, body = await asgi(gateway, "/v1/chat/completions", {"model": "m-primary", "messages": HI})
         await relay.aclose()
         nursery.cancel_scope.cancel()
     assert status == 500 and body["error"]["code"] == "internal_error"
@@ -387,7 +387,7 @@ async def test_a_lone_surrogate_from_a_client_is_a_400_naming_it():
     from relayline.adapters.gateway import Gateway
 
     relay = Relay(structure_config(config("http://127.0.0.1:9")), env={})
-    status, _, body = await asgi(Gateway(relay), "/v1/chat/completions", raw=b'{"model": "m", "messages": '
+    status, _, body = await asgi(Gateway(relay), "/v1/chat/completions", raw=b'{"model": "m-primary", "messages": '
                                  b'[{"role": "user", "content": "bad \\ud800 text"}]}')
     assert status == 400 and "surrogate" in body["error"]["message"]
     await relay.aclose()
@@ -452,7 +452,7 @@ async def test_a_ledger_that_cannot_write_loses_no_answer(caplog):
         await upstream.start(nursery)
         relay = Relay(structure_config(config(upstream.url)), env={})
         gateway = Gateway(relay, ledger=FullDisk(":memory:"))
-        status, headers, body = await asgi(gateway, "/v1/chat/completions", {"model": "m", "messages": HI})
+        status, headers, body = await asgi(gateway, "/v1/chat/completions", {"model": "m-primary", "messages": HI})
         await relay.aclose()
         nursery.cancel_scope.cancel()
     assert status == 200 and body["choices"][0]["message"]["content"] == "billed anyway"
@@ -473,9 +473,9 @@ async def test_a_large_answer_hands_the_heap_back(monkeypatch):
         await upstream.start(nursery)
         relay = Relay(structure_config(config(upstream.url, timeouts={"total_s": 60})), env={})
         gateway = Gateway(relay)
-        small = await asgi(gateway, "/v1/chat/completions", {"model": "m", "messages": HI})
+        small = await asgi(gateway, "/v1/chat/completions", {"model": "m-primary", "messages": HI})
         assert small[0] == 200 and trims == []
-        large = await asgi(gateway, "/v1/chat/completions", {"model": "m", "messages": [
+        large = await asgi(gateway, "/v1/chat/completions", {"model": "m-primary", "messages": [
             {"role": "user", "content": "big"}]})
         await relay.aclose()
         nursery.cancel_scope.cancel()
@@ -494,7 +494,7 @@ async def test_a_body_refused_as_too_large_hands_the_heap_back(monkeypatch):
         await upstream.start(nursery)
         relay = Relay(structure_config(config(upstream.url, limits={"max_response_bytes": 65536})), env={})
         gateway = Gateway(relay)
-        refused = await asgi(gateway, "/v1/chat/completions", {"model": "m", "messages": HI})
+        refused = await asgi(gateway, "/v1/chat/completions", {"model": "m-primary", "messages": HI})
         await relay.aclose()
         nursery.cancel_scope.cancel()
     assert refused[0] == 502 and trims == [0]
@@ -544,7 +544,7 @@ async def test_what_the_client_did_never_moves_the_providers_breaker():
         return ok("from the primary")
 
     def request(text: str, stream: bool = False) -> bytes:
-        return json.dumps({"model": "m", "stream": stream, "messages": [{"role": "user", "content": text}]}).encode()
+        return json.dumps({"model": "m-primary", "stream": stream, "messages": [{"role": "user", "content": text}]}).encode()
 
     async with trio.open_nursery() as nursery:
         primary = LoopbackServer(primary_reply)
