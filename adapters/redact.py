@@ -10,40 +10,66 @@ only for records that are emitted, so this costs nothing at the default log leve
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterable
+
+import attrs
 
 # filters do not inherit: each logger that emits records needs its own
 LOGGERS = ("relayline", "httpx", "httpcore", "httpcore.connection", "httpcore.http11", "httpcore.http2",
            "httpcore.proxy", "hpack", "relayline.gateway",
            "relayline.access")
 MASK = "***"
+# a secret at least this long is masked wherever it appears; a shorter one (a test key such as
+# "x", a placeholder) only where it stands as a whole token, since masking it inside every word
+# that contains it would garble every line ("relayline" with a key "e") and tell a reader the key
+SHORT_SECRET_CHARS = 16
+# what a whole token is not next to: the characters keys are made of
+_TOKEN_EDGE = "A-Za-z0-9_\\-"
+
+
+@attrs.frozen
+class Secrets:
+    """The protected values, as one value: `protect` replaces it, never changes it."""
+
+    anywhere: frozenset[str] = frozenset()  # masked wherever they appear
+    words: frozenset[str] = frozenset()  # short ones, masked as whole tokens only
+    pattern: re.Pattern[str] | None = None  # the short ones' whole-token pattern
+
+    def with_(self, secrets: Iterable[str]) -> Secrets:
+        new = {s for s in secrets if s}
+        anywhere = self.anywhere | {s for s in new if len(s) >= SHORT_SECRET_CHARS}
+        words = self.words | {s for s in new if len(s) < SHORT_SECRET_CHARS}
+        pattern = self.pattern
+        if words != self.words:
+            alternatives = "|".join(re.escape(s) for s in sorted(words, key=len, reverse=True))
+            pattern = re.compile(f"(?<![{_TOKEN_EDGE}])(?:{alternatives})(?![{_TOKEN_EDGE}])")
+        return Secrets(frozenset(anywhere), frozenset(words), pattern)
+
+    def mask(self, text: str) -> str:
+        for secret in self.anywhere:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        return self.pattern.sub(MASK, text) if self.pattern is not None else text
 
 
 class SecretFilter(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
-        self.secrets: frozenset[str] = frozenset()
+        self.secrets = Secrets()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        secrets = self.secrets  # (one read: `protect` replaces the set, never changes it)
-        if secrets:
+        secrets = self.secrets  # (one read: `protect` replaces the value, never changes it)
+        if secrets.anywhere or secrets.words:
             message = record.getMessage()
-            if any(secret in message for secret in secrets):
-                for secret in secrets:
-                    message = message.replace(secret, MASK)
-                record.msg, record.args = message, ()
+            masked = secrets.mask(message)
+            if masked != message:
+                record.msg, record.args = masked, ()
             fields = getattr(record, "fields", None)
             if fields:  # structured fields (the access line) are masked the same way
-                record.fields = {k: _mask(v, secrets) for k, v in fields.items()}
+                record.fields = {k: secrets.mask(v) if isinstance(v, str) else v for k, v in fields.items()}
         return True
-
-
-def _mask(value, secrets: frozenset[str]):
-    if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, MASK)
-    return value
 
 
 _filter = SecretFilter()
@@ -54,11 +80,10 @@ _installed = False
 def protect(secrets: Iterable[str]) -> None:
     """Redact these values from every record of relayline's and its HTTP stack's loggers."""
     global _installed
-    # a new set, not the old one changed: a reload builds its Relay (and protects its keys) in a
-    # worker thread while the event loop's records are filtered
-    new = {s for s in secrets if s}
+    # a new value, not the old one changed: a reload builds its Relay (and protects its keys) in
+    # a worker thread while the event loop's records are filtered
     with _protecting:
-        _filter.secrets = _filter.secrets | new
+        _filter.secrets = _filter.secrets.with_(secrets)
     if not _installed:
         for name in LOGGERS:
             logging.getLogger(name).addFilter(_filter)
@@ -67,7 +92,4 @@ def protect(secrets: Iterable[str]) -> None:
 
 def redact(text: str) -> str:
     """`text` with every protected secret masked (for the few provider words a client is shown)."""
-    for secret in _filter.secrets:
-        if secret in text:
-            text = text.replace(secret, MASK)
-    return text
+    return _filter.secrets.mask(text)

@@ -67,3 +67,26 @@ def test_from_file_on_a_missing_file_is_a_config_error_naming_it(tmp_path):
     bad.write_text("active = ")
     with pytest.raises(ConfigError, match="not valid TOML"):
         Relay.from_file(bad)
+
+
+def test_a_short_key_is_masked_as_a_whole_word_and_never_inside_other_words():
+    import io
+    import logging
+
+    from relayline.adapters.logs import configure
+    from relayline.adapters.redact import redact
+    from relayline.machines.config import structure_config
+
+    long_key = "sk-live-0123456789abcdef"
+    Relay(structure_config({"active": "a", "providers": {"a": {"family": "sim", "model": "m", "api_key": "e", "fallbacks": ["b"]},
+                                                         "b": {"family": "sim", "model": "m", "api_key": long_key}}}))
+    out = io.StringIO()
+    configure("info", "text", stream=out)
+    try:
+        logging.getLogger("relayline").warning("turn_failed outcome=error requested=relayline/e key=%s other=%s",
+                                               "e", long_key + "-suffix")
+    finally:
+        configure("warning")
+    line = out.getvalue()
+    assert "turn_failed outcome=error requested=relayline/*** key=*** other=***-suffix" in line
+    assert redact("the key e leaked; keep eels") == "the key *** leaked; keep eels"
