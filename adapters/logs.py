@@ -1,7 +1,8 @@
 """Log records as operators read them: `text` (key=value) or `json` (one object per line).
 
-relayline's own lines are `event key=value ...` messages; the gateway's access line carries
-its fields as a dict (`extra={"fields": ...}`), which both formats render as fields. Neither
+relayline's own lines are events with fields: the access line, turns, fallbacks, breaker
+transitions, reloads and drains carry theirs as a dict (`event`, or `extra={"fields": ...}`),
+which both formats render as fields; a few rarer lines still write `event key=value` text. Neither
 format adds anything a record did not carry: prompt text and keys never reach a record in the
 first place, and redact.py masks configured secrets in every record that is emitted.
 """
@@ -61,6 +62,14 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             obj["exc"] = self.formatException(record.exc_info)
         return json.dumps(obj, default=str)
+
+
+def event(logger: logging.Logger, level: int, name: str, /, **fields: object) -> None:
+    """One event with its fields: `name key=value ...` in text, and in JSON one object whose
+    fields are JSON values (a missing one is null), as the access line is. The record is made
+    only when its level is logged."""
+    if logger.isEnabledFor(level):
+        logger.log(level, name, extra={"fields": fields})
 
 
 def configure(level: str = "warning", fmt: str = "text", stream=None) -> None:

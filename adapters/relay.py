@@ -55,6 +55,7 @@ from .hosts import (
     settler,
     unwind,
 )
+from .logs import event
 from .providers.base import ProviderClient
 from .providers.openai import KNOWN
 from .providers.openai import parse_request as parse_openai
@@ -340,11 +341,11 @@ class Relay:
         if model in self._noted_models:
             return
         if not gateway and model in self.router.domains:
-            log.warning("model_names_route_hint model=%r: the library serves it from the default domain; "
-                        "model=%r selects the route", model, HINT_PREFIX + model)
+            event(log, logging.WARNING, "model_names_route_hint", model=model, served_by="the default domain",
+                  route_with=HINT_PREFIX + model)
         elif not model_offered(self.router, model):
-            log.warning("unknown_model model=%r: no route hint, catalog model or model of the default domain "
-                        "has this name; the default domain serves it", model)
+            event(log, logging.WARNING, "unknown_model", model=model, served_by="the default domain",
+                  why="no route hint, catalog model or model of the default domain has this name")
         else:
             return
         if len(self._noted_models) >= MAX_NOTED_MODELS:
@@ -359,10 +360,11 @@ class Relay:
             else:
                 self.fallback_record.pop(domain, None)  # a later primary success clears the record
         if log.isEnabledFor(logging.INFO):  # (its arguments are not read at the gateway's usual level)
-            log.info("turn outcome=%s error=%s requested=%s served=%s attempts=%d cost_usd=%.8f%s",
-                     result.outcome, result.error, result.requested,
-                     result.served.label if result.served else "none", len(result.attempts), result.cost_usd,
-                     f" partial_from={result.partial_from.label}" if result.partial_from else "")
+            # an answer partly served by another entry names it (absent otherwise)
+            partial = {"partial_from": result.partial_from.label} if result.partial_from else {}
+            event(log, logging.INFO, "turn", outcome=result.outcome, error=result.error, requested=result.requested,
+                  served=result.served.label if result.served else None, attempts=len(result.attempts),
+                  cost_usd=round(result.cost_usd, 8), **partial)
         for observer in self.observers:
             observer(result)
 

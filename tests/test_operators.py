@@ -80,13 +80,15 @@ def test_a_short_key_is_masked_as_a_whole_word_and_never_inside_other_words():
     long_key = "sk-live-0123456789abcdef"
     Relay(structure_config({"active": "a", "providers": {"a": {"family": "sim", "model": "m", "api_key": "e", "fallbacks": ["b"]},
                                                          "b": {"family": "sim", "model": "m", "api_key": long_key}}}))
-    out = io.StringIO()
+    out, root = io.StringIO(), logging.getLogger()
+    saved = root.handlers[:], root.level
     configure("info", "text", stream=out)
     try:
         logging.getLogger("relayline").warning("turn_failed outcome=error requested=relayline/e key=%s other=%s",
                                                "e", long_key + "-suffix")
     finally:
-        configure("warning")
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
     line = out.getvalue()
     assert "turn_failed outcome=error requested=relayline/*** key=*** other=***-suffix" in line
     assert redact("the key e leaked; keep eels") == "the key *** leaked; keep eels"

@@ -299,7 +299,11 @@ def test_access_lines_are_json_with_the_request_id_which_is_echoed_and_sent_upst
     assert first["cost_usd"] == pytest.approx(13 / 1e6) and first["latency_ms"] >= first["ttfb_ms"] > 0
     assert lines[2]["status"] == 404 and lines[2]["path"] == "/nowhere"
     warnings = [json.loads(line) for line in logs.text.splitlines() if '"level": "warning"' in line]
-    assert any(w["msg"].startswith("fallback request_id=req-abc.123") for w in warnings)
+    # an event's fields are JSON fields, as the access line's are (a missing value is null)
+    assert {"msg": "fallback", "request_id": "req-abc.123", "requested": "openai.main/gpt-4o",
+            "served": "openai.backup/gpt-4o-mini", "attempts": 2}.items() <= warnings[0].items()
+    turns = [json.loads(line) for line in logs.text.splitlines() if '"msg": "turn"' in line]
+    assert turns and turns[0]["error"] is None and turns[0]["served"] == "openai.backup/gpt-4o-mini"
 
 
 def test_breaker_transitions_and_exhausted_turns_are_warnings():
@@ -308,10 +312,11 @@ def test_breaker_transitions_and_exhausted_turns_are_warnings():
                {"provider": "openai.backup", "script": [{"status": 500}]}]
     with Captured(logging.WARNING) as logs, BackgroundGateway(config, replies) as gw:
         assert chat(gw).status_code == 502
-    messages = [json.loads(line)["msg"] for line in logs.text.splitlines()]
-    assert any(m.startswith("turn_failed ") and "reason=exhausted" in m for m in messages)
-    assert "breaker_transition profile=openai.main from=closed to=open" in messages
-    assert "breaker_transition profile=openai.backup from=closed to=open" in messages
+    records = [json.loads(line) for line in logs.text.splitlines()]
+    assert any(r["msg"] == "turn_failed" and r["reason"] == "exhausted" and r["attempts"] == 2 for r in records)
+    for profile in ("openai.main", "openai.backup"):
+        assert {"msg": "breaker_transition", "profile": profile, "from": "closed", "to": "open"} in [
+            {k: r.get(k) for k in ("msg", "profile", "from", "to")} for r in records]
 
 
 def test_metrics_parse_and_carry_the_operating_series():
@@ -532,7 +537,8 @@ def test_sigterm_during_50_streams_drains_then_cancels_and_exits_0(tmp_path):
     assert len(rows) == 50 and set(by_turn) == {o["id"] for o in outcomes}
     assert all(by_turn[o["id"]]["outcome"] == "ok" for o in done)
     assert all(by_turn[o["id"]]["outcome"] == "cancelled" for o in cut)
-    assert '"msg": "draining signal=SIGTERM' in stderr
+    drain = next(json.loads(line) for line in stderr.splitlines() if '"msg": "draining"' in line)
+    assert drain["signal"] == "SIGTERM" and drain["drain_s"] == 1.5 and isinstance(drain["in_flight"], int)
 
 
 async def _fifty_streams(url: str, proc: subprocess.Popen) -> list[dict]:

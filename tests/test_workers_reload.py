@@ -376,3 +376,30 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_reload_events_carry_their_fields_in_json_logs(tmp_path):
+    import io
+    import json
+    import logging
+
+    from relayline.adapters.logs import configure
+
+    path = tmp_path / "r.toml"
+    path.write_text(TWO)
+    reloader = Reloader(Gateway(Relay.from_file(path, env={})), path, env={})
+    out, root = io.StringIO(), logging.getLogger()
+    saved = root.handlers[:], root.level
+    configure("info", "json", stream=out)
+    try:
+        assert (await reloader.reload()).ok
+        path.write_text(TWO + "[gateway]\nmax_body_bytes = \"big\"\n")
+        assert not (await reloader.reload()).ok
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    done = next(r for r in records if r["msg"] == "config_reloaded")
+    refused = next(r for r in records if r["msg"] == "config_reload_rejected")
+    assert done["path"] == str(path) and done["profiles"] == 2
+    assert refused["path"] == str(path) and "gateway.max_body_bytes" in refused["problems"]

@@ -47,6 +47,7 @@ from relayline.machines.vocab import FailureClass, Mode
 
 from .. import jsoncodec
 from ..driver import TurnRun
+from ..logs import event
 from ..otel import Tracing
 from ..providers.base import TRAVELLING
 from ..providers.http import REQUEST_ID
@@ -571,7 +572,7 @@ class Gateway:
         for alias, state in states.items():
             before = self._breakers.get(alias, "closed")
             if state != before:
-                log.warning("breaker_transition profile=%s from=%s to=%s", alias, before, state)
+                event(log, logging.WARNING, "breaker_transition", **{"profile": alias, "from": before, "to": state})
             self._breakers[alias] = state
 
     async def _record(self, exchange: Exchange, result: TurnResult) -> None:
@@ -621,11 +622,11 @@ class Gateway:
         self.console.observe(exchange.turn, result, now - started, now)
         self.tracing.turn(result, started=started, ended=now, request_id=exchange.request_id, families=self._families)
         if result.fallback:
-            log.warning("fallback request_id=%s requested=%s served=%s attempts=%d", exchange.request_id,
-                        result.requested, result.served.label if result.served else "none", len(result.attempts))
+            event(log, logging.WARNING, "fallback", request_id=exchange.request_id, requested=result.requested,
+                  served=result.served.label if result.served else None, attempts=len(result.attempts))
         if result.outcome in ("error", "interrupted") and result.error not in QUIET_ERRORS:
-            log.warning("turn_failed request_id=%s outcome=%s reason=%s requested=%s attempts=%d",
-                        exchange.request_id, result.outcome, result.error, result.requested, len(result.attempts))
+            event(log, logging.WARNING, "turn_failed", request_id=exchange.request_id, outcome=result.outcome,
+                  reason=result.error, requested=result.requested, attempts=len(result.attempts))
         health = self.relay.health
         self._note_breakers({alias: health.breaker(alias).refresh(now) for alias in tried})
 

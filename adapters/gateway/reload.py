@@ -32,6 +32,7 @@ from relayline.machines.config import Config
 from relayline.machines.errors import ConfigError
 
 from ..configfile import load_config_file
+from ..logs import event
 from ..relay import Relay
 from .auth import Access, load_access
 
@@ -101,9 +102,9 @@ class Reloader:
         report = pending.report
         if report.ok:
             self.reloads += 1
-            log.warning("config_reloaded path=%s profiles=%d", self.path, len(report.profiles))
+            event(log, logging.WARNING, "config_reloaded", path=self.path, profiles=len(report.profiles))
         else:
-            log.warning("config_reload_rejected path=%s problems=%s", self.path, "; ".join(report.problems))
+            event(log, logging.WARNING, "config_reload_rejected", path=self.path, problems="; ".join(report.problems))
         return report
 
     def _prepare(self, old: Relay, running: Access) -> tuple[Relay, Access]:

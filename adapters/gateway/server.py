@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import trio
 
+from ..logs import event
 from .app import Gateway
 from .dialects import OPENAI
 from .http11 import Server, listening_sockets
@@ -117,14 +118,14 @@ async def run_until_signalled(gateway: Gateway, *, host: str, port: int, fd: int
                         if gateway.reloader is not None:
                             nursery.start_soon(gateway.reloader.reload)
                         else:
-                            log.warning("reload_ignored reason=no_config_file")
+                            event(log, logging.WARNING, "reload_ignored", reason="no_config_file")
                     elif not stop.is_set():
-                        log.warning("draining signal=%s in_flight=%d drain_s=%g", signal.Signals(signum).name,
-                                    gateway.in_flight, gateway.settings.drain_s)
+                        event(log, logging.WARNING, "draining", signal=signal.Signals(signum).name,
+                              in_flight=gateway.in_flight, drain_s=gateway.settings.drain_s)
                         stop.set()
                     else:
-                        log.warning("drain_cut_short signal=%s in_flight=%d", signal.Signals(signum).name,
-                                    gateway.in_flight)
+                        event(log, logging.WARNING, "drain_cut_short", signal=signal.Signals(signum).name,
+                              in_flight=gateway.in_flight)
                         gateway.cancel_turns()
 
             async def server(task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -133,4 +134,4 @@ async def run_until_signalled(gateway: Gateway, *, host: str, port: int, fd: int
 
             nursery.start_soon(watch)
             on_listening(await nursery.start(server))
-    log.info("stopped")
+    event(log, logging.INFO, "stopped")
