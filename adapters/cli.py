@@ -364,9 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     p = command("simulate", "run scenario files on virtual time; exit 1 if an expectation fails (the file format: "
-                "docs/scenarios.md)", cmd_simulate)
+                "docs/scenario-files.md)", cmd_simulate)
     p.add_argument("files", nargs="+", help="scenario TOML files: a config, scripted replies, requests and their "
-                   "expectations (docs/scenarios.md)")
+                   "expectations (docs/scenario-files.md)")
     p.add_argument("--json", action="store_true", help="print the trace and check nothing")
     p.add_argument("--http", choices=WIRES,
                    help="serve the sim profiles over real loopback HTTP in this protocol's shape")

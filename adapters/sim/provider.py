@@ -1,4 +1,4 @@
-"""The `sim` family: scripted upstreams, in process (docs/scenarios.md, "Replies").
+"""The `sim` family: scripted upstreams, in process (docs/scenario-files.md, "Replies").
 
 One reply answers one provider call; a profile's script is consumed in order and its last reply
 repeats. A profile with no script answers `{ text = "ok" }`. Waits (`delay`, `wait`, `hang`)
@@ -46,7 +46,7 @@ def finish_of(reply: Mapping, frame: Mapping | None = None) -> str | None:
     return finish
 
 
-# what a scripted reply and a stream frame may say (docs/scenarios.md), each key with the kind
+# what a scripted reply and a stream frame may say (docs/scenario-files.md), each key with the kind
 # of value it takes: a typo or a wrong type is an error naming it, never a different fault
 _STRING, _FLAG, _WHOLE, _NUMBER, _USAGE = "a string", "true or false", "a whole number", "a number", "[IN, OUT]"
 REPLY_KEYS = {"text": _STRING, "reasoning": _STRING, "tool_call": _STRING, "empty": _FLAG, "status": _WHOLE,
@@ -188,7 +188,7 @@ def aggregate_frames(frames: Sequence[Mapping]) -> dict:
 
 
 def reply_frames(reply: Mapping) -> list[Mapping]:
-    """A reply as explicit stream frames (docs/scenarios.md): role preamble, reasoning, one text
+    """A reply as explicit stream frames (docs/scenario-files.md): role preamble, reasoning, one text
     frame per word (spaces kept), tool call, usage, the completion signal."""
     if "frames" in reply:
         return list(reply["frames"])

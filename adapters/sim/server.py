@@ -6,7 +6,7 @@ with an ordinary base_url:
     openai shape:     base_url = "http://127.0.0.1:PORT/ALIAS/v1"   -> POST /ALIAS/v1/chat/completions
     anthropic shape:  base_url = "http://127.0.0.1:PORT/ALIAS"      -> POST /ALIAS/v1/messages
 
-Each call takes the profile's next scripted reply (docs/scenarios.md, "Replies") and renders it as
+Each call takes the profile's next scripted reply (docs/scenario-files.md, "Replies") and renders it as
 the real provider would send it: JSON bodies, SSE byte streams, HTTP errors with Retry-After,
 refused connections, hangs, pauses between frames. The demo, the gateway tests and the
 benchmarks use it; nothing here is mocked on the client side.

@@ -1,6 +1,6 @@
 """`relayline simulate`: scenarios on virtual time through the real core and the real driver.
 
-A scenario (docs/scenarios.md) is a config, scripted sim upstreams and requests with expectations.
+A scenario (docs/scenario-files.md) is a config, scripted sim upstreams and requests with expectations.
 Everything runs under trio's MockClock with autojump, so backoffs, Retry-After waits, cooldowns,
 breaker windows and timeouts take no real time, and the same scenario always gives the same trace.
 """
