@@ -118,6 +118,9 @@ def wire_request(messages: Sequence[Mapping[str, Any]] | wire.Request, tools: Se
     another family cannot honour them and is skipped), or a `wire.Request` as given. A
     parameter of the wrong shape raises WireError naming it."""
     if isinstance(messages, wire.Request):
+        if params or extra_body:  # a Request carries its own: these would be dropped unread
+            given = ", ".join([*(params or {}), *(["extra_body"] if extra_body else [])])
+            raise TypeError(f"{given}: a wire.Request carries its own parameters; set them on it")
         return messages
     body = {**(extra_body or {}), **(params or {}), "messages": list(messages)}
     if tools:

@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from relayline.adapters.relay import Relay
+from relayline.adapters.relay import Relay, wire_request
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.adapters.sim.recorder import RecordingUpstream
 from relayline.machines.config import structure_config
@@ -128,6 +128,9 @@ def test_a_misspelled_keyword_is_a_type_error_naming_it_and_its_close_match(rela
         relay.stream_sync(HI, model="gpt-4o", max_token=5)
     with pytest.raises(TypeError, match="extra_body may not set model"):
         relay.complete_sync(HI, extra_body={"model": "gpt-4o-mini"})
+    request = wire_request(HI)
+    with pytest.raises(TypeError, match="temperature, extra_body: a wire.Request carries its own"):
+        relay.complete_sync(request, model="gpt-4o", temperature=0.2, extra_body={"seed": 1})
     assert upstream.seen == []
 
 
