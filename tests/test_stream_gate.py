@@ -150,7 +150,7 @@ async def test_a_held_stream_is_its_connections_task_alone():
     async with trio.open_nursery() as nursery:
         await upstream.start(nursery)
         config = {"active": "p", "timeouts": {"gate_commit_s": 30},
-                  "providers": {"p": {"family": "openai", "base_url": f"{upstream.url}/v1", "model": "m",
+                  "providers": {"p": {"family": "openai", "base_url": f"{upstream.url}/v1", "model": "m1",
                                       "api_key": "k-held"}}}
         gateway = Gateway(Relay(structure_config(config), env={}))
         binds = await nursery.start(lambda task_status: serve(gateway, port=0, task_status=task_status))
