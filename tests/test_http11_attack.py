@@ -488,7 +488,7 @@ def test_a_body_trickled_in_small_pieces_costs_the_server_little_more_cpu_than_o
     # a 2 MB body in 150-byte pieces: assembled by `bytes +=`, each piece copied all that came
     # before (about 70 times the CPU of the same body sent at once), and each piece a read and a
     # receive() of its own; now appended in place, and a trickle's reads gathered
-    body = json.dumps({"model": "sim-1", "messages": [{"role": "user", "content": "a" * (2 << 20)}]}).encode()
+    body = json.dumps({"model": "claude-sonnet-4", "messages": [{"role": "user", "content": "a" * (2 << 20)}]}).encode()
     proc, port = _serve_process(tmp_path)
     try:
         at_once = sum(_post_costs(proc.pid, port, body, None) for _ in range(3)) / 3

@@ -79,12 +79,12 @@ def both_dialects(gw: GatewayOn) -> tuple[str, str, float]:
     """The text each SDK's stream delivered (they must end cleanly), and the slower one's seconds."""
     oa, an = gw.clients()
     began = time.monotonic()
-    with oa.chat.completions.with_streaming_response.create(model="p0", messages=HI, stream=True) as streamed:
+    with oa.chat.completions.with_streaming_response.create(model="m-p0", messages=HI, stream=True) as streamed:
         chunks = list(streamed.parse())
     openai_text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
     middle = time.monotonic()
-    with an.messages.stream(model="p0", max_tokens=16, messages=HI) as events:
+    with an.messages.stream(model="m-p0", max_tokens=16, messages=HI) as events:
         anthropic_text = events.get_final_text()
         assert events.get_final_message().stop_reason == "end_turn"
     return openai_text, anthropic_text, max(middle - began, time.monotonic() - middle)
@@ -141,7 +141,7 @@ SLOW = (delta("", role="assistant"), *[piece for i in range(40) for piece in (0.
 def hang_up_mid_stream(url: str) -> None:
     """A raw client that reads the stream's first text, then closes the connection."""
     host, port = url.removeprefix("http://").split(":")
-    body = json.dumps({"model": "p0", "stream": True, "messages": HI}).encode()
+    body = json.dumps({"model": "m-p0", "stream": True, "messages": HI}).encode()
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                      b"content-length: %d\r\n\r\n" % len(body) + body)
@@ -165,7 +165,7 @@ def test_a_client_hanging_up_is_no_failure_of_the_provider_in_its_success_rate(t
         while gw.gateway.in_flight and time.monotonic() < deadline:  # (the cancelled turns settle)
             time.sleep(0.02)
         oa, _ = gw.clients()
-        streamed = oa.chat.completions.create(model="p0", messages=HI, stream=True)
+        streamed = oa.chat.completions.create(model="m-p0", messages=HI, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices).startswith("w0 w1 ")
         health = gw.health()["p0"]
         console = httpx.get(f"{gw.url}/admin/console/state", timeout=10).json()["health"]["profiles"]
@@ -198,7 +198,7 @@ def test_output_forwarded_then_a_hang_up_or_a_stall_is_an_estimated_row_naming_t
         hang_up_mid_stream(gw.url)
         oa, _ = gw.clients()
         try:
-            for _ in oa.chat.completions.create(model="p0", messages=[{"role": "user", "content": "stall"}],
+            for _ in oa.chat.completions.create(model="m-p0", messages=[{"role": "user", "content": "stall"}],
                                                 stream=True):
                 pass
         except openai.APIError as exc:
@@ -246,10 +246,10 @@ def test_headers_committed_by_the_gate_timer_never_name_a_provider_that_served_n
     with GatewayOn(tmp_path / "ledger.sqlite3", silent_then_gone, answers, timeouts={"gate_commit_s": 0.2},
                    stream={"recovery": recovery}) as gw:
         oa, an = gw.clients()
-        with oa.chat.completions.with_streaming_response.create(model="p0", messages=HI, stream=True) as streamed:
+        with oa.chat.completions.with_streaming_response.create(model="m-p0", messages=HI, stream=True) as streamed:
             openai_headers = streamed.headers
             chunks = list(streamed.parse())
-        with an.messages.with_streaming_response.create(model="p0", max_tokens=16, messages=HI,
+        with an.messages.with_streaming_response.create(model="m-p0", max_tokens=16, messages=HI,
                                                         stream=True) as raw:
             anthropic_headers = raw.headers
             events = [json.loads(line[6:]) for line in raw.iter_lines() if line.startswith("data: ")]
