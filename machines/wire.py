@@ -475,7 +475,7 @@ def without(request: Request, names: tuple[str, ...]) -> Request:
     tools = "tools" in dropped
     strict, schema = STRUCTURED_NAMES.get(request.source, STRUCTURED_NAMES["openai"])
     return attrs.evolve(
-        request, messages=messages, passthrough=None,
+        request, messages=messages, passthrough=_own_body_without(request, dropped),
         tools=() if tools else tuple(attrs.evolve(t, strict=False) for t in request.tools) if strict in dropped
         else request.tools,
         tool_choice=None if tools else request.tool_choice,
@@ -485,6 +485,51 @@ def without(request: Request, names: tuple[str, ...]) -> Request:
         reasoning=None if "reasoning_effort" in dropped else _without_effort(request.reasoning, dropped),
         extra={k: v for k, v in request.extra.items() if k not in dropped},
     )
+
+
+# the fields that go with a dropped `tools`, in each dialect's words
+TOOL_FIELDS = {"openai": ("tools", "tool_choice", "parallel_tool_calls"), "anthropic": ("tools", "tool_choice")}
+
+
+def _own_body_without(request: Request, dropped: frozenset[str]) -> Passthrough | None:
+    """The client's own body less the dropped fields, for an entry of the client's own family.
+    Such an entry lacks at most tools or structured outputs (`unsupported`), each a field that
+    can go alone, so what relayline does not read (server tool blocks, citations, a document's
+    text source, audio parts...) still goes as the client sent it. None (the body is rendered
+    from the canonical request) when a dropped name is none of those."""
+    passthrough = request.passthrough
+    if passthrough is None or request.source not in STRUCTURED_NAMES:
+        return None
+    strict, schema = STRUCTURED_NAMES[request.source]
+    if not dropped <= {"tools", strict, schema}:
+        return None
+    body = dict(passthrough.body)
+    if "tools" in dropped:
+        for name in TOOL_FIELDS[request.source]:
+            body.pop(name, None)
+    elif strict in dropped and isinstance(body.get("tools"), list):
+        body["tools"] = [_unstrict(tool, request.source) for tool in body["tools"]]
+    if schema in dropped:
+        body.pop("response_format" if request.source == "openai" else "output_format", None)
+        config = body.get("output_config")
+        if isinstance(config, dict):
+            config = {k: v for k, v in config.items() if k != "format"}
+            body.pop("output_config")
+            if config:
+                body["output_config"] = config
+    return attrs.evolve(passthrough, body=body)
+
+
+def _unstrict(tool: Any, source: str) -> Any:
+    """A tool of the client's body without `strict` (an OpenAI tool's is in its function)."""
+    if not isinstance(tool, dict):
+        return tool
+    if source == "anthropic":
+        return {k: v for k, v in tool.items() if k != "strict"}
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        return tool
+    return {**tool, "function": {k: v for k, v in function.items() if k != "strict"}}
 
 
 def _format_without(form: ResponseFormat | None, names: tuple[str, ...], schema: str) -> ResponseFormat | None:

@@ -479,10 +479,10 @@ def test_claude_codes_request_crosses_to_an_openai_profile(gw, upstream, stream)
 
 
 @STREAM
-def test_an_anthropic_body_rendered_again_for_its_own_family_keeps_claude_codes_shapes(dropping, dropped_to, stream):
-    # a dropped field (tools, for a profile without them) means the body is written again from
-    # the canonical request: the system message keeps its place, and the caching hints, adaptive
-    # thinking, its effort and context editing go as Claude Code wrote them
+def test_an_anthropic_body_less_a_dropped_field_keeps_claude_codes_shapes(dropping, dropped_to, stream):
+    # a dropped field (tools, for a profile without them) goes alone from the client's body: the
+    # system message keeps its place, and the caching hints, adaptive thinking, its effort and
+    # context editing go as Claude Code wrote them
     raw = claude(dropping).messages.with_raw_response
     reply = raw.create(model="anthropic-notools", max_tokens=32000, stream=stream, **CLAUDE_CODE,
                        extra_body={"context_management": CONTEXT_MANAGEMENT})
@@ -491,8 +491,7 @@ def test_an_anthropic_body_rendered_again_for_its_own_family_keeps_claude_codes_
     sent = dropped_to.seen[-1].body
     assert reply.headers["x-relayline-dropped"] == "tools" and "tools" not in sent
     assert sent["system"] == CLAUDE_CODE["system"]
-    assert sent["messages"] == [{**m, "content": [{"type": "text", "text": m["content"]}]} if m["role"] == "system"
-                                else m for m in CLAUDE_CODE["messages"]]
+    assert sent["messages"] == CLAUDE_CODE["messages"]
     assert (sent["thinking"], sent["output_config"]) == (CLAUDE_CODE["thinking"], CLAUDE_CODE["output_config"])
     assert sent["metadata"] == CLAUDE_CODE["metadata"] and sent["context_management"] == CONTEXT_MANAGEMENT
 
@@ -823,11 +822,14 @@ def dropping():
             "reliability": {"provider_retries": 0, "backoff_ms": 50},
             "providers": {"openai.up": profile("openai", "gpt-up"), "anthropic.up": profile("anthropic", "claude-up"),
                           "openai.plain": profile("openai", "gpt-plain", capabilities={"vision": False}),
-                          "anthropic.notools": profile("anthropic", "claude-notools", capabilities={"tools": False})},
+                          "anthropic.notools": profile("anthropic", "claude-notools", capabilities={"tools": False}),
+                          "openai.notools": profile("openai", "gpt-notools", capabilities={"tools": False,
+                                                                                           "structured_outputs": False})},
             "routes": [{"hint": "openai", "provider": "openai.up", "model": "gpt-up"},
                        {"hint": "anthropic", "provider": "anthropic.up", "model": "claude-up"},
                        {"hint": "plain", "provider": "openai.plain", "model": "gpt-plain"},
-                       {"hint": "anthropic-notools", "provider": "anthropic.notools", "model": "claude-notools"}],
+                       {"hint": "anthropic-notools", "provider": "anthropic.notools", "model": "claude-notools"},
+                       {"hint": "openai-notools", "provider": "openai.notools", "model": "gpt-notools"}],
         }
         with BackgroundGateway(config, api_keys={"gw-key"}) as gateway:
             gateway.upstream = upstream
@@ -881,6 +883,40 @@ def test_a_drop_keeps_the_text_of_openai_parts_that_carried_the_dropped_key(drop
         {"type": "text", "text": "USER TURN", "cache_control": CACHED},
         {"type": "image", "source": {"type": "url", "url": "https://x/c.png"}, "cache_control": CACHED}]}]
     assert "x-relayline-dropped" not in reply.headers
+
+
+def test_a_drop_for_the_clients_own_family_keeps_what_relayline_does_not_read(dropping, dropped_to):
+    # an entry of the client's own family that lacks tools got a body rendered anew from what
+    # relayline reads: a server tool's blocks, a text's citations and metadata it does not know
+    # were gone, and a text document went as a base64 source with no data
+    search = [{"type": "server_tool_use", "id": "srv_1", "name": "web_search", "input": {"query": "x"}},
+              {"type": "web_search_tool_result", "tool_use_id": "srv_1", "content": []},
+              {"type": "text", "text": "found", "citations": [{"type": "web_search_result_location", "url": "https://x",
+                                                             "title": "t", "encrypted_index": "e", "cited_text": "c"}]}]
+    messages = [{"role": "user", "content": "look it up"}, {"role": "assistant", "content": search},
+                {"role": "user", "content": [{"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                                                             "data": "plain words"}},
+                                             {"type": "text", "text": "and this?"}]}]
+    tools = [{"name": "f", "input_schema": WEATHER, "input_examples": [{"city": "Paris"}]}]
+    raw = claude(dropping).messages.with_raw_response
+    reply = raw.create(model="anthropic-notools", messages=messages, tools=tools, max_tokens=64,
+                       metadata={"user_id": "u1"}, extra_body={"metadata": {"user_id": "u1", "team": "red"}})
+    sent = dropped_to.seen[-1].body
+    assert reply.headers["x-relayline-dropped"] == "tools" and "tools" not in sent
+    assert sent["messages"] == messages and sent["metadata"] == {"user_id": "u1", "team": "red"}
+
+
+def test_a_drop_for_the_clients_own_family_keeps_its_openai_fields(dropping, dropped_to):
+    content = [{"type": "text", "text": "hear this"}, {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+               {"type": "image_url", "image_url": {"url": "https://x/c.png", "detail": "low"}}]
+    messages = [{"role": "user", "name": "bob", "content": content}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": WEATHER, "strict": True}}]
+    schema = {"type": "json_schema", "json_schema": {"name": "r", "schema": WEATHER}}
+    raw = oai(dropping).chat.completions.with_raw_response
+    reply = raw.create(model="openai-notools", messages=messages, tools=tools, tool_choice="auto", response_format=schema)
+    sent = dropped_to.seen[-1].body
+    assert reply.headers["x-relayline-dropped"] == "tools, tools.function.strict, response_format"
+    assert sent["messages"] == messages and not {"tools", "tool_choice", "response_format"} & set(sent)
 
 
 # content an entry cannot take is never dropped, whatever drop_unsupported_params says: the entry
