@@ -194,6 +194,12 @@ OPENAI_FIELDS = [
          {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
          {"role": "user", "content": [{"type": "text", "text": "c", "cache_control": {"type": "ephemeral", "ttl": "1h"}},
                                       {"type": "text", "text": "d"}]}]}),
+    # and on a tool (it was read past, and Anthropic's cache prefix lost its tools)
+    ("tool_cache_control", {"tools": [{"type": "function", "function": {"name": "f", "parameters": WEATHER},
+                                       "cache_control": {"type": "ephemeral"}}]},
+     {"tools": [{"type": "function", "function": {"name": "f", "parameters": WEATHER},
+                 "cache_control": {"type": "ephemeral"}}]},
+     {"tools": [{"name": "f", "description": "", "input_schema": WEATHER, "cache_control": {"type": "ephemeral"}}]}),
 ]
 
 
@@ -275,6 +281,14 @@ def test_sdk_objects_echoed_into_history_cross_families(gw, upstream):
                        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1, 2]"}}]},
                    {"role": "tool", "tool_call_id": "c1", "content": "a list"}]},
      "tool_calls.function.arguments"),
+    # a tool's or a tool call's keys beside the function were read past, never sent nor named
+    ({"tools": [{"type": "function", "function": {"name": "f"}, "defer_loading": True}]}, "tools.defer_loading"),
+    ({"messages": [{"role": "user", "content": "q"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}", "thought": "x"},
+                        "extra_content": {"google": {"thought_signature": "s"}}}]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "done"}]},
+     "messages.tool_calls.extra_content, messages.tool_calls.function.thought"),
 ])
 def test_openai_fields_anthropic_cannot_honour_are_a_400_naming_them(gw, upstream, fields, named):
     with pytest.raises(openai.BadRequestError) as info:

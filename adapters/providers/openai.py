@@ -101,9 +101,12 @@ def _content(raw, param: str, extra_names: list[str], *, nullable: bool) -> tupl
     return tuple(_part(p, w.path(param, i), extra_names) for i, p in enumerate(raw))
 
 
-def _tool_call(raw, param: str) -> w.ToolCall:
+def _tool_call(raw, param: str, extra_names: list[str]) -> w.ToolCall:
     raw = w.want_dict(raw, param)
     function = w.want_dict(raw.get("function"), w.path(param, "function"))
+    # (`index`, a stream's place of the call, says nothing once the calls are in order)
+    extra_names.extend(f"messages.tool_calls.{k}" for k in w.extras(raw, ("id", "type", "function", "index")))
+    extra_names.extend(f"messages.tool_calls.function.{k}" for k in w.extras(function, ("name", "arguments")))
     arguments = function.get("arguments")
     arguments = "{}" if arguments is None else w.want_str(arguments, w.path(param, "function.arguments"))
     return w.ToolCall(w.want_str(raw.get("id"), w.path(param, "id")),
@@ -155,7 +158,7 @@ def _message(raw, index: int, extra_names: list[str]) -> w.Message:
     if role == "assistant":
         calls = raw.get("tool_calls")
         calls = () if calls is None else tuple(
-            _tool_call(c, w.path(w.path(param, "tool_calls"), i)) for i, c in enumerate(w.want_list(calls, w.path(param, "tool_calls"))))
+            _tool_call(c, w.path(w.path(param, "tool_calls"), i), extra_names) for i, c in enumerate(w.want_list(calls, w.path(param, "tool_calls"))))
         return w.Message(w.ASSISTANT, _reasoning_history(raw, param) + _content(content, where, extra_names, nullable=True),
                          calls, cache_control=cache)
     if role == "tool":
@@ -170,12 +173,14 @@ def _tool(raw, param: str, extra_names: list[str]) -> w.Tool:
     if raw.get("type", "function") != "function":
         raise w.WireError(w.path(param, "type"), "only function tools are supported")
     function = w.want_dict(raw.get("function"), w.path(param, "function"))
+    extra_names.extend(f"tools.{k}" for k in w.extras(raw, ("type", "function", "cache_control")))
     extra_names.extend(f"tools.function.{k}" for k in w.extras(function, ("name", "description", "parameters", "strict")))
     parameters = w.optional(function, "parameters", w.want_dict, w.path(param, "function"))
     return w.Tool(w.want_str(function.get("name"), w.path(param, "function.name")),
                   w.optional(function, "description", w.want_str, w.path(param, "function")) or "",
                   parameters if parameters is not None else {"type": "object"},
-                  bool(w.optional(function, "strict", w.want_bool, w.path(param, "function"))))
+                  bool(w.optional(function, "strict", w.want_bool, w.path(param, "function"))),
+                  w.optional(raw, "cache_control", w.want_dict, param))  # (a caching hint, as on a message)
 
 
 def _tool_choice(raw) -> w.ToolChoice:
@@ -334,6 +339,7 @@ def render_request(request: w.Request, model: str, stream: bool) -> dict:
             body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                                "parameters": dict(t.parameters)}
                                                                | ({"strict": True} if t.strict else {})}
+                             | ({"cache_control": dict(t.cache_control)} if cached and t.cache_control else {})
                              for t in request.tools]
         choice = request.tool_choice
         if choice is not None:
