@@ -785,14 +785,38 @@ def test_every_anthropic_route_error_has_the_anthropic_shape(gw, path, headers, 
 
 
 @pytest.mark.parametrize("block,says", [
-    ({"type": "tool_use", "id": "t1", "name": "f", "input": {}}, "a system message holds no tool_use or tool_result blocks"),
-    ({"type": "thinking", "thinking": "hmm", "signature": "sig"}, "thinking blocks belong to assistant messages"),
+    ({"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+     "messages[1].content[0]: a system message holds no tool_use or tool_result blocks"),
+    ({"type": "thinking", "thinking": "hmm", "signature": "sig"},
+     "messages[1].content: thinking blocks belong to assistant messages"),
 ])
 def test_a_system_message_inside_messages_holds_what_a_system_prompt_can(gw, upstream, block, says):
     with pytest.raises(anthropic.BadRequestError) as info:
         anthropic_call(gw, False, model="anthropic", messages=[
             {"role": "user", "content": "hi"}, {"role": "system", "content": [block]}])
-    assert f"messages[1].content: {says}" in info.value.message and upstream.seen == []
+    assert says in info.value.message and upstream.seen == []
+
+
+CALL = {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "done"}
+
+
+@pytest.mark.parametrize("route", ["openai", "anthropic"])
+@pytest.mark.parametrize("messages,says", [
+    ([{"role": "user", "content": [{"type": "text", "text": "q"}, CALL]}],
+     "messages[0].content[1]: a tool_use block belongs to an assistant message"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": [{"type": "text", "text": "a"}, RESULT]},
+      {"role": "user", "content": "more"}],
+     "messages[1].content[1]: a tool_result block belongs to a user message"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": [CALL]},
+      {"role": "user", "content": [{**RESULT, "content": [{"type": "text", "text": "r"}, {**CALL, "id": "t2"}]}]}],
+     "messages[2].content[0].content[1]: a tool result holds no tool_use or tool_result"),
+], ids=["call-in-user", "result-in-assistant", "call-in-result"])
+def test_a_tool_block_where_its_role_has_no_place_is_a_400_naming_it(gw, upstream, route, messages, says):
+    # towards openai such a block was left out of the request without a word
+    with pytest.raises(anthropic.BadRequestError) as info:
+        anthropic_call(gw, False, model=route, messages=messages)
+    assert says in info.value.message and upstream.seen == []
 
 
 def test_anthropic_body_errors_have_the_anthropic_shape(gw):

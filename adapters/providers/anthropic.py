@@ -105,13 +105,22 @@ def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.M
         if isinstance(content, str):
             parts = (w.Part(w.TEXT, content),) if content else ()
         else:
-            parts = tuple(p for p in (_block(b, w.path(w.path(param, "content"), i), extra_names)
-                                      for i, b in enumerate(w.want_list(content, w.path(param, "content"))))
-                          if isinstance(p, w.Part))
+            where = w.path(param, "content")
+            blocks = [_block(b, w.path(where, i), extra_names) for i, b in enumerate(w.want_list(content, where))]
+            _refuse_misplaced(blocks, (w.ToolCall, w.Message), where, "a tool result holds no tool_use or tool_result")
+            parts = tuple(p for p in blocks if isinstance(p, w.Part))
         return w.Message(w.TOOL, parts, tool_call_id=w.want_str(raw.get("tool_use_id"), w.path(param, "tool_use_id")),
                          is_error=bool(w.optional(raw, "is_error", w.want_bool, param)), cache_control=cache)
     extra_names.append(f"content.{kind}")  # server tools and their results: this family's own
     return None
+
+
+def _refuse_misplaced(blocks: list, kind: type | tuple[type, ...], where: str, message: str) -> None:
+    """A block where its role has no place for it (a tool_use in a user turn...) is a 400 naming
+    it: no family could be sent it, and leaving it out would drop what the client said."""
+    for i, block in enumerate(blocks):
+        if isinstance(block, kind):
+            raise w.WireError(w.path(where, i), message)
 
 
 # a system message inside `messages` (Claude Code's mid-conversation instructions) keeps its place
@@ -130,13 +139,14 @@ def _messages(raw, param: str, extra_names: list[str]) -> list[w.Message]:
     blocks = [_block(b, w.path(where, i), extra_names) for i, b in enumerate(w.want_list(content, where))]
     parts = tuple(b for b in blocks if isinstance(b, w.Part))
     if role == "assistant":
+        _refuse_misplaced(blocks, w.Message, where, "a tool_result block belongs to a user message")
         return [w.Message(w.ASSISTANT, parts, tuple(b for b in blocks if isinstance(b, w.ToolCall)))]
     if any(p.type in w.REASONING_PARTS for p in parts):
         raise w.WireError(where, "thinking blocks belong to assistant messages")
     if role == "system":
-        if len(parts) != sum(b is not None for b in blocks):
-            raise w.WireError(where, "a system message holds no tool_use or tool_result blocks")
+        _refuse_misplaced(blocks, (w.ToolCall, w.Message), where, "a system message holds no tool_use or tool_result blocks")
         return [w.Message(w.SYSTEM, parts)]
+    _refuse_misplaced(blocks, w.ToolCall, where, "a tool_use block belongs to an assistant message")
     # tool results become tool messages, first: they answer the assistant turn just before
     out = [b for b in blocks if isinstance(b, w.Message)]
     if parts or not out:
