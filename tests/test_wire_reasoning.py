@@ -99,6 +99,22 @@ def anthropic_blocks(gw, stream: bool, **kwargs) -> list[dict]:
 
 
 @STREAM
+def test_an_answer_with_several_thinking_blocks_goes_back_without_a_signature(gw, upstream, stream):
+    """No one signature covers several thinking blocks' words joined. A stream carried each
+    block's signature as a delta, which a client joins like every string delta: the next turn
+    sent Anthropic a thinking block under the signatures run together, which it refuses. A
+    stream now says what a whole answer says: no signature."""
+    upstream.answer = Answer(text="Paris.", reasoning="First, ", more_thinking=(("then this.", "sig2"),))
+    first = [{"role": "user", "content": "capital of France?"}]
+    message = openai_message(gw, stream, model="anthropic", messages=first, reasoning_effort="low")
+    assert message["reasoning_content"] == "First, then this." and "reasoning_signature" not in message
+    upstream.answer = Answer(text="Berlin.")
+    history = [*first, message, {"role": "user", "content": "and Germany?"}]
+    openai_message(gw, False, model="anthropic", messages=history, reasoning_effort="low")
+    assert upstream.seen[-1].body["messages"][1] == {"role": "assistant", "content": [{"type": "text", "text": "Paris."}]}
+
+
+@STREAM
 def test_an_openai_client_sends_back_reasoning_from_an_anthropic_route(gw, upstream, stream):
     """opencode sends the reasoning_content it got back on the next turn, without the signature
     (it does not know relayline's field): it was a 400 (messages.reasoning_content). Anthropic

@@ -173,7 +173,7 @@ class OpenAIStream:
     DELTAS = {"text": "content", "reasoning": "reasoning_content"}
 
     # slotted, as every per-stream object: thousands of streams are in flight at once
-    __slots__ = ("turn_id", "include_usage", "created", "model", "tools", "ids", "slotted")
+    __slots__ = ("turn_id", "include_usage", "created", "model", "tools", "ids", "slotted", "signatures")
 
     def __init__(self, turn_id: str, include_usage: bool) -> None:
         self.turn_id = turn_id
@@ -183,6 +183,10 @@ class OpenAIStream:
         self.tools = 0
         self.ids = ToolIds("call_")
         self.slotted: dict[str, tuple[bytes, bytes]] = {}  # delta field -> chunk around it
+        # the thinking blocks' signatures, held to the end: one goes to the client, as on a
+        # whole answer; several (no one covers the words joined, and a client joins string
+        # deltas into one it would send back) go as none
+        self.signatures: list[str] = []
 
     def _chunk(self, delta: dict | None, finish: str | None = None, **extra) -> bytes:
         return _sse({"id": self.turn_id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
@@ -191,6 +195,7 @@ class OpenAIStream:
     def opening(self, model: str, usage: Usage | None = None) -> bytes:
         self.model = model
         self.slotted = {}
+        self.signatures = []
         return self._chunk({"role": "assistant", "content": ""})
 
     def serving(self, model: str) -> None:
@@ -204,7 +209,8 @@ class OpenAIStream:
         if field is not None:
             if event.ref:
                 if field != "content":  # the signature of the thinking just shown (Anthropic's)
-                    return self._chunk({"reasoning_signature": event.ref})
+                    self.signatures.append(event.ref)
+                    return b""
                 # text with the logprobs the client asked for
                 return _sse({"id": self.turn_id, "object": "chat.completion.chunk", "created": self.created,
                              "model": self.model, "choices": [{"index": 0, "delta": {field: event.value},
@@ -229,6 +235,10 @@ class OpenAIStream:
         if result.served is not None:
             self.model = result.served.model
         finish = wire.TO_OPENAI[_finish(result, self.tools)]
+        signed = self._chunk({"reasoning_signature": self.signatures[0]}) if len(self.signatures) == 1 else b""
+        return signed + self._finish(finish, result, relayline)
+
+    def _finish(self, finish: str, result: TurnResult, relayline: dict) -> bytes:
         if not self.include_usage:
             # the relayline field rides on the last chunk: a usage-only chunk (choices: []) goes
             # only to clients that asked for it, as the OpenAI API does

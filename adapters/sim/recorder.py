@@ -41,6 +41,9 @@ class Answer:
     citations: tuple[dict, ...] = ()  # Anthropic: the text block's citations (not streamed)
     redacted: str = ""  # Anthropic: a redacted_thinking block's data, after the thinking
     signature: str = "sig"  # Anthropic: the thinking block's signature
+    # Anthropic: further thinking blocks, (words, signature) each, after the first (server tool
+    # use between them, in a real answer)
+    more_thinking: tuple[tuple[str, str], ...] = ()
     usage: dict | None = None  # the family's usage object; None: a small default
     status: int = 200
     error: dict | None = None  # the error body for a status >= 400 (or an `error` in a 200)
@@ -104,6 +107,7 @@ def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
     content: list[dict] = []
     if answer.reasoning:
         content.append({"type": "thinking", "thinking": answer.reasoning, "signature": answer.signature})
+    content += [{"type": "thinking", "thinking": words, "signature": signature} for words, signature in answer.more_thinking]
     if answer.redacted:
         content.append({"type": "redacted_thinking", "data": answer.redacted})
     if answer.text:
