@@ -114,6 +114,18 @@ def test_an_answer_with_several_thinking_blocks_goes_back_without_a_signature(gw
     assert upstream.seen[-1].body["messages"][1] == {"role": "assistant", "content": [{"type": "text", "text": "Paris."}]}
 
 
+@pytest.mark.parametrize("content", ["", None])
+def test_an_assistant_turn_of_unsigned_reasoning_alone_is_left_out_towards_anthropic(gw, upstream, content):
+    """An answer cut short while reasoning (content empty) sent back without a signature: the
+    turn went as an empty text block, which Anthropic refuses; the same-family path leaves such
+    a turn out, and so does a translated request now."""
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": content, "reasoning_content": "Hmm"},
+               {"role": "user", "content": "go on"}]
+    openai_message(gw, False, model="anthropic", messages=history)
+    assert upstream.seen[-1].body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "go on"}]}]
+
+
 @STREAM
 def test_an_openai_client_sends_back_reasoning_from_an_anthropic_route(gw, upstream, stream):
     """opencode sends the reasoning_content it got back on the next turn, without the signature

@@ -343,6 +343,13 @@ def _message_blocks(message: w.Message) -> list[dict]:
     return blocks
 
 
+def _reasoning_alone(message: w.Message) -> bool:
+    """An assistant turn that showed only reasoning no signature covers: left out, as the
+    same-family path leaves it (an empty text block in its place is one Anthropic refuses)."""
+    return (message.role == w.ASSISTANT and not message.tool_calls
+            and any(p.type in w.REASONING_PARTS for p in message.content) and not _blocks(message.content))
+
+
 def render_messages(messages: tuple[w.Message, ...]) -> tuple[list[dict], list[dict]]:
     """(system blocks, messages): Anthropic wants the system prompt apart and roles alternating,
     so consecutive messages of one role (tool results and the user's next words) become one. A
@@ -357,6 +364,8 @@ def render_messages(messages: tuple[w.Message, ...]) -> tuple[list[dict], list[d
             out.append({"role": role, "content": blocks})
 
     for message in messages:
+        if _reasoning_alone(message):
+            continue
         if message.role == w.SYSTEM and not out:
             system.extend(b for b in _message_blocks(message) if b["type"] != "text" or b["text"])
         elif message.role == w.TOOL:
