@@ -425,9 +425,14 @@ def optional(obj: dict[str, Any], key: str, check: Callable[..., Any], base: str
     return None if value is None else check(value, path(base, key), *args)
 
 
-# what `unsupported` names that is content, not a field of it: an image, a document by URL, the
-# trailing assistant message (prefill), tool call arguments `tool_use.input` cannot hold
-CONTENT_NAMES = frozenset({"image", "prefill", "document.source.url", "messages.tool_calls.function.arguments"})
+# an OpenAI file part that names an uploaded file by its id: only OpenAI holds the file
+OPENAI_FILE_ID = "content.file.file_id"
+
+# what `unsupported` names that is content, not a field of it: an image, a document by URL or by
+# an OpenAI file id, the trailing assistant message (prefill), tool call arguments
+# `tool_use.input` cannot hold
+CONTENT_NAMES = frozenset({"image", "prefill", "document.source.url", OPENAI_FILE_ID,
+                           "messages.tool_calls.function.arguments"})
 
 
 def is_content(name: str) -> bool:

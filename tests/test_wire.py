@@ -923,6 +923,13 @@ def test_a_drop_keeps_the_text_of_openai_parts_that_carried_the_dropped_key(drop
     assert "x-relayline-dropped" not in reply.headers
 
 
+def test_an_openai_file_by_id_goes_to_an_openai_entry_as_sent(gw, upstream):
+    # a valid chat completions part: it was a 400 (file.file_data expected a string)
+    content = [{"type": "text", "text": "summarise"}, {"type": "file", "file": {"file_id": "file-abc123"}}]
+    openai_call(gw, False, model="openai", messages=[{"role": "user", "content": content}])
+    assert upstream.seen[-1].body["messages"] == [{"role": "user", "content": content}]
+
+
 def test_a_drop_for_the_clients_own_family_keeps_what_relayline_does_not_read(dropping, dropped_to):
     # an entry of the client's own family that lacks tools got a body rendered anew from what
     # relayline reads: a server tool's blocks, a text's citations and metadata it does not know
@@ -983,6 +990,10 @@ CONTENT_UNSUPPORTED = [
      {"messages": [{"role": "user", "content": [
          {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain words"}}]}]},
      "document.source.text"),
+    ("openai-file-id", "openai", "anthropic",
+     {"messages": [{"role": "user", "content": [{"type": "text", "text": "summarise"},
+                                                {"type": "file", "file": {"file_id": "file-abc123"}}]}]},
+     "content.file.file_id"),
     ("cut-arguments", "openai", "anthropic",
      {"messages": [{"role": "user", "content": "q"},
                    {"role": "assistant", "content": None, "tool_calls": [

@@ -81,6 +81,10 @@ def _part(raw, param: str, extra_names: list[str]) -> w.Part:
         return w.Part(w.IMAGE, url=url, extra=extra, cache_control=cache)
     if kind == "file":
         file = w.want_dict(raw.get("file"), w.path(param, "file"))
+        if file.get("file_data") is None and file.get("file_id") is not None:
+            # an uploaded file, by its id: an openai entry gets the body as sent, another cannot
+            w.want_str(file["file_id"], w.path(param, "file.file_id"))
+            return w.Part(w.DOCUMENT, extra=(*extra, w.OPENAI_FILE_ID), cache_control=cache)
         data = _data_url(w.want_str(file.get("file_data"), w.path(param, "file.file_data")))
         if data is None:
             raise w.WireError(w.path(param, "file.file_data"), "expected a base64 data: URL")
