@@ -289,6 +289,13 @@ def test_sdk_objects_echoed_into_history_cross_families(gw, upstream):
                         "extra_content": {"google": {"thought_signature": "s"}}}]},
                    {"role": "tool", "tool_call_id": "c1", "content": "done"}]},
      "messages.tool_calls.extra_content, messages.tool_calls.function.thought"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "f", "why": "x"}, "note": 1}},
+     "tool_choice.note, tool_choice.function.why"),
+    ({"response_format": {"type": "json_schema", "note": 1, "json_schema": {"name": "n", "schema": WEATHER, "v": 2}}},
+     "response_format.note, response_format.json_schema.v"),
+    # a custom tool (free-form input) has no Anthropic shape: it was a 400 as if of the wrong shape
+    ({"tools": [{"type": "custom", "custom": {"name": "g"}}]}, "tools.custom"),
 ])
 def test_openai_fields_anthropic_cannot_honour_are_a_400_naming_them(gw, upstream, fields, named):
     with pytest.raises(openai.BadRequestError) as info:
@@ -516,6 +523,9 @@ def test_an_anthropic_body_less_a_dropped_field_keeps_claude_codes_shapes(droppi
     ({"extra_body": {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}}, "context_management"),
     ({"thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}}, "output_config.effort"),
     ({"thinking": {"type": "a-later-kind"}}, "thinking"),
+    # keys beside the ones read were read past, never sent nor named
+    ({"thinking": {"type": "enabled", "budget_tokens": 2048, "display": "omitted"}}, "thinking.display"),
+    ({"tools": [{"name": "f", "input_schema": WEATHER}], "tool_choice": {"type": "auto", "note": 1}}, "tool_choice.note"),
     ({"messages": [{"role": "user", "content": "q"},
                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "boom",
@@ -921,6 +931,17 @@ def test_a_drop_keeps_the_text_of_openai_parts_that_carried_the_dropped_key(drop
         {"type": "text", "text": "USER TURN", "cache_control": CACHED},
         {"type": "image", "source": {"type": "url", "url": "https://x/c.png"}, "cache_control": CACHED}]}]
     assert "x-relayline-dropped" not in reply.headers
+
+
+@pytest.mark.parametrize("fields", [
+    {"tools": [{"type": "custom", "custom": {"name": "g"}}]},
+    {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {
+        "type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{"type": "function", "function": {"name": "f"}}]}}},
+], ids=["custom-tool", "allowed-tools"])
+def test_openai_tool_shapes_relayline_does_not_read_go_to_an_openai_entry_as_sent(gw, upstream, fields):
+    # valid chat completions bodies: they were a 400 before anything was sent
+    openai_call(gw, False, model="openai", **fields)
+    assert {k: upstream.seen[-1].body[k] for k in fields} == fields
 
 
 def test_an_openai_file_by_id_goes_to_an_openai_entry_as_sent(gw, upstream):

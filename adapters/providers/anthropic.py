@@ -205,10 +205,11 @@ def _output_format(body: dict, extra_names: list[str]) -> w.ResponseFormat | Non
     return w.ResponseFormat("json_schema", {"name": OUTPUT_FORMAT_NAME, "schema": schema, "strict": True})
 
 
-def _tool_choice(raw) -> tuple[w.ToolChoice | None, bool | None]:
+def _tool_choice(raw, extra_names: list[str]) -> tuple[w.ToolChoice | None, bool | None]:
     if raw is None:
         return None, None
     raw = w.want_dict(raw, "tool_choice")
+    extra_names.extend(f"tool_choice.{k}" for k in w.extras(raw, ("type", "name", "disable_parallel_tool_use")))
     kind = w.want_str(raw.get("type"), "tool_choice.type")
     modes = {"auto": "auto", "none": "none", "any": "required", "tool": "tool"}
     if kind not in modes:
@@ -229,6 +230,8 @@ def _reasoning(body: dict, extra: dict) -> w.Reasoning | None:
         extra["output_config"] = rest  # (what relayline does not read: this family's own)
     raw = body.get("thinking")
     kind = None if raw is None else w.want_str(w.want_dict(raw, "thinking").get("type"), "thinking.type")
+    if kind in ("enabled", "adaptive"):
+        extra.update({f"thinking.{k}": None for k in w.extras(raw, ("type", "budget_tokens"))})
     if kind == "enabled":
         return w.Reasoning(effort, w.want_int(raw.get("budget_tokens"), "thinking.budget_tokens", 1))
     if kind == "adaptive":  # the model decides how much to think, at the effort asked for
@@ -249,7 +252,7 @@ def parse_request(body, headers=(), query: str = "", *, passthrough: bool = True
     parsed = [m for i, raw in enumerate(messages) for m in _messages(raw, w.path("messages", i), extra_names)]
     stop = w.optional(body, "stop_sequences", w.want_list) or []
     tools = [_tool(t, w.path("tools", i), extra_names) for i, t in enumerate(w.optional(body, "tools", w.want_list) or ())]
-    choice, parallel = _tool_choice(body.get("tool_choice"))
+    choice, parallel = _tool_choice(body.get("tool_choice"), extra_names)
     metadata = w.optional(body, "metadata", w.want_dict) or {}
     extra_names.extend(f"metadata.{k}" for k in w.extras(metadata, ("user_id",)))
     response_format = _output_format(body, extra_names)

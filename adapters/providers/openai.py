@@ -172,10 +172,13 @@ def _message(raw, index: int, extra_names: list[str]) -> w.Message:
     raise w.WireError(w.path(param, "role"), "must be one of system, developer, user, assistant, tool")
 
 
-def _tool(raw, param: str, extra_names: list[str]) -> w.Tool:
+def _tool(raw, param: str, extra_names: list[str]) -> w.Tool | None:
     raw = w.want_dict(raw, param)
-    if raw.get("type", "function") != "function":
-        raise w.WireError(w.path(param, "type"), "only function tools are supported")
+    kind = raw.get("type", "function")
+    if kind != "function":
+        # a custom tool (free-form input): an openai entry gets the body as sent, another cannot
+        extra_names.append(f"tools.{w.want_str(kind, w.path(param, 'type'))}")
+        return None
     function = w.want_dict(raw.get("function"), w.path(param, "function"))
     extra_names.extend(f"tools.{k}" for k in w.extras(raw, ("type", "function", "cache_control")))
     extra_names.extend(f"tools.function.{k}" for k in w.extras(function, ("name", "description", "parameters", "strict")))
@@ -187,22 +190,36 @@ def _tool(raw, param: str, extra_names: list[str]) -> w.Tool:
                   w.optional(raw, "cache_control", w.want_dict, param))  # (a caching hint, as on a message)
 
 
-def _tool_choice(raw) -> w.ToolChoice:
+def _tool_choice(raw, extra_names: list[str]) -> w.ToolChoice | None:
+    if raw is None:
+        return None
     if isinstance(raw, str):
         if raw not in ("auto", "none", "required"):
             raise w.WireError("tool_choice", "must be auto, none, required or a function")
         return w.ToolChoice(raw)
     raw = w.want_dict(raw, "tool_choice")
+    kind = raw.get("type", "function")
+    if kind != "function":  # allowed_tools, a custom tool: an openai entry gets them as sent
+        extra_names.append(f"tool_choice.{w.want_str(kind, 'tool_choice.type')}")
+        return None
     function = w.want_dict(raw.get("function"), "tool_choice.function")
+    extra_names.extend(f"tool_choice.{k}" for k in w.extras(raw, ("type", "function")))
+    extra_names.extend(f"tool_choice.function.{k}" for k in w.extras(function, ("name",)))
     return w.ToolChoice("tool", w.want_str(function.get("name"), "tool_choice.function.name"))
 
 
-def _response_format(raw) -> w.ResponseFormat:
+def _response_format(raw, extra_names: list[str]) -> w.ResponseFormat | None:
+    if raw is None:
+        return None
     raw = w.want_dict(raw, "response_format")
     kind = w.want_str(raw.get("type"), "response_format.type")
     if kind not in ("text", "json_object", "json_schema"):
         raise w.WireError("response_format.type", "must be text, json_object or json_schema")
     schema = w.optional(raw, "json_schema", w.want_dict, "response_format")
+    extra_names.extend(f"response_format.{k}" for k in w.extras(raw, ("type", "json_schema")))
+    if schema is not None:
+        extra_names.extend(f"response_format.json_schema.{k}"
+                           for k in w.extras(schema, ("name", "schema", "strict", "description")))
     return w.ResponseFormat(kind, schema)
 
 
@@ -253,8 +270,10 @@ def _with_options(body: dict, parsed: tuple[w.Message, ...], extra_names: list[s
     if isinstance(stop, str):
         stop = [stop]
     stop = () if stop is None else tuple(w.want_str(s, w.path("stop", i)) for i, s in enumerate(w.want_list(stop, "stop")))
-    tools = tuple(_tool(t, w.path("tools", i), extra_names)
-                  for i, t in enumerate(w.optional(body, "tools", w.want_list) or ()))
+    tools = tuple(t for t in (_tool(t, w.path("tools", i), extra_names)
+                              for i, t in enumerate(w.optional(body, "tools", w.want_list) or ())) if t is not None)
+    tool_choice = _tool_choice(body.get("tool_choice"), extra_names)
+    response_format = _response_format(body.get("response_format"), extra_names)
     options = w.optional(body, "stream_options", w.want_dict) or {}
     effort = w.optional(body, "reasoning_effort", w.want_str)
     max_tokens = w.optional(body, "max_completion_tokens", w.want_int, "", 1)
@@ -270,9 +289,9 @@ def _with_options(body: dict, parsed: tuple[w.Message, ...], extra_names: list[s
         top_p=w.optional(body, "top_p", w.want_number, "", 0, 1),
         stop=stop,
         tools=tools,
-        tool_choice=_tool_choice(body["tool_choice"]) if body.get("tool_choice") is not None else None,
+        tool_choice=tool_choice,
         parallel_tool_calls=w.optional(body, "parallel_tool_calls", w.want_bool),
-        response_format=_response_format(body["response_format"]) if body.get("response_format") is not None else None,
+        response_format=response_format,
         reasoning=w.Reasoning(effort=effort) if effort else None,
         user=w.optional(body, "user", w.want_str),
         extra=extra,
