@@ -76,6 +76,7 @@ class Part:
     # provider that signs nothing), and then no Anthropic provider can take it back
     signature: str = ""
     cache_control: Mapping[str, Any] | None = None  # a caching hint, as the client wrote it
+    title: str | None = None  # a document's name: OpenAI's file.filename, Anthropic's document title
 
 
 @attrs.frozen

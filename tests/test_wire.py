@@ -139,8 +139,9 @@ OPENAI_FIELDS = [
         {"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{PDF}"}}]}]},
      {"messages": [{"role": "user", "content": [
          {"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{PDF}"}}]}]},
-     {"messages": [{"role": "user", "content": [
-         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF}}]}]}),
+     {"messages": [{"role": "user", "content": [  # (the file's name was left behind)
+         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF},
+          "title": "a.pdf"}]}]}),
     ("tool_loop", {"messages": [
         {"role": "user", "content": "weather in Paris?"},
         {"role": "assistant", "content": None, "tool_calls": [
@@ -357,6 +358,15 @@ ANTHROPIC_FIELDS = [
          {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF}}]}]},
      {"messages": [{"role": "user", "content": [
          {"type": "file", "file": {"filename": "document.pdf", "file_data": f"data:application/pdf;base64,{PDF}"}}]}]}),
+    # a document's title was a field openai could not honour: it is the file's name
+    ("titled_pdf", {"messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF},
+         "title": "report.pdf"}]}]},
+     {"messages": [{"role": "user", "content": [
+         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF},
+          "title": "report.pdf"}]}]},
+     {"messages": [{"role": "user", "content": [
+         {"type": "file", "file": {"filename": "report.pdf", "file_data": f"data:application/pdf;base64,{PDF}"}}]}]}),
     ("tool_loop", {"messages": [
         {"role": "user", "content": "weather?"},
         {"role": "assistant", "content": [{"type": "text", "text": "Checking."},

@@ -375,3 +375,82 @@ def test_dropping_unsupported_fields_never_deletes_content(request, names, visio
         want_system, want_other, want_data = _sent(request, family)
         assert _in_order(want_system, system) and _in_order(want_other, other), (want_system, want_other, system, other)
         assert not want_data - data, want_data - data
+
+
+# -- every field a client sent crosses families, or is named ------------------------------------------
+
+# bodies with every shape the codecs read, in each dialect; a key is added to one or more of their
+# objects (never inside a caching hint: a hint towards openai is documented to become nothing)
+_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
+_CACHED = {"type": "ephemeral"}
+FULL_BODIES = {
+    "openai": {
+        "model": "m", "max_tokens": 3000, "reasoning_effort": "low", "stream_options": {"include_usage": True},
+        "messages": [
+            {"role": "system", "content": "be brief", "cache_control": _CACHED},
+            {"role": "user", "content": [{"type": "text", "text": "q", "cache_control": _CACHED},
+                                         {"type": "image_url", "image_url": {"url": "https://x/c.png"}},
+                                         {"type": "file", "file": {"file_data": "data:application/pdf;base64,AA"}}]},
+            {"role": "assistant", "content": "a", "reasoning_content": "r", "reasoning_signature": "sig",
+             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "done"}]}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": _SCHEMA, "strict": True}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}},
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": _SCHEMA}},
+    },
+    "anthropic": {
+        "model": "m", "max_tokens": 3000, "system": [{"type": "text", "text": "be brief", "cache_control": _CACHED}],
+        "thinking": {"type": "enabled", "budget_tokens": 2000}, "metadata": {"user_id": "u"},
+        "output_config": {"effort": "low", "format": {"type": "json_schema", "schema": _SCHEMA}},
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "q"},
+                                         {"type": "image", "source": {"type": "url", "url": "https://x/c.png"}},
+                                         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                                                         "data": "AA"}}]},
+            {"role": "system", "content": "mid"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "r", "signature": "sig"},
+                                              {"type": "text", "text": "a"},
+                                              {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                          "content": [{"type": "text", "text": "done"}]}]}],
+        "tools": [{"name": "f", "input_schema": _SCHEMA, "strict": True}],
+        "tool_choice": {"type": "tool", "name": "f"},
+    },
+}
+
+
+def _objects(value, inside: str = ""):
+    """Every JSON object of a body a client writes its own keys into (not a caching hint), with
+    the key it sits under (a name for the whole object names what the client added to it)."""
+    if isinstance(value, dict):
+        if inside != "cache_control":
+            yield value, inside
+        for key, item in value.items():
+            yield from _objects(item, key)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _objects(item, inside)
+
+
+@pytest.mark.property
+@given(source=st.sampled_from(["openai", "anthropic"]), data=st.data())
+def test_every_field_a_client_sent_crosses_families_or_is_named(source, data):
+    """For a body the parser accepts, a key added anywhere either reaches the other family's
+    request or is named unsupported (the entry is skipped, or with drop_unsupported_params the
+    key is dropped and named): never read past in silence."""
+    from relayline.adapters.providers import anthropic as anthropic_family
+    from relayline.adapters.providers import openai as openai_family
+    from relayline.machines.config import Capabilities
+
+    body = json.loads(json.dumps(FULL_BODIES[source]))
+    objects = list(_objects(body))
+    chosen = data.draw(st.lists(st.integers(0, len(objects) - 1), min_size=1, max_size=3, unique=True))
+    for i in chosen:
+        objects[i][0][f"zq{i}"] = f"MARK{i}"
+    codec, other = (openai_family, anthropic_family) if source == "openai" else (anthropic_family, openai_family)
+    request = codec.parse_request(body)
+    family = "anthropic" if source == "openai" else "openai"
+    names = wire.unsupported(request, family, Capabilities())
+    sent = json.dumps(other.render_request(request, "m", False))
+    for i in chosen:
+        assert f"MARK{i}" in sent or any(n.split(".")[-1] in (f"zq{i}", objects[i][1]) for n in names), (i, objects[i], names)

@@ -60,6 +60,7 @@ OWN_SOURCES = ("text", "content", "file")
 def _source(raw, param: str, block: str, extra: tuple[str, ...]) -> dict:
     source = w.want_dict(raw.get("source"), w.path(param, "source"))
     kind = w.want_str(source.get("type"), w.path(param, "source.type"))
+    extra += tuple(f"{block}.source.{k}" for k in w.extras(source, ("type", "media_type", "data", "url")))
     if kind == "base64":
         return {"media_type": w.want_str(source.get("media_type"), w.path(param, "source.media_type")),
                 "data": w.want_str(source.get("data"), w.path(param, "source.data")), "extra": extra}
@@ -91,9 +92,11 @@ def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.M
     cache = w.optional(raw, "cache_control", w.want_dict, param)
     if kind == "text":
         return w.Part(w.TEXT, w.want_str(raw.get("text"), w.path(param, "text")), extra=extra, cache_control=cache)
-    if kind in ("image", "document"):
-        return w.Part(w.IMAGE if kind == "image" else w.DOCUMENT, **_source(raw, param, kind, extra),
-                      cache_control=cache)
+    if kind == "image":
+        return w.Part(w.IMAGE, **_source(raw, param, kind, extra), cache_control=cache)
+    if kind == "document":  # (its title is an OpenAI file's name)
+        return w.Part(w.DOCUMENT, **_source(raw, param, kind, tuple(k for k in extra if k != "title")),
+                      cache_control=cache, title=w.optional(raw, "title", w.want_str, param))
     if kind in ("tool_use", "tool_result"):
         extra_names.extend(extra)  # a tool block's fields relayline does not read: this family's own
     if kind == "tool_use":
@@ -134,6 +137,7 @@ def _messages(raw, param: str, extra_names: list[str]) -> list[w.Message]:
         raise w.WireError(w.path(param, "role"), "must be user, assistant or system")
     content = raw.get("content")
     where = w.path(param, "content")
+    extra_names.extend(f"messages.{k}" for k in w.extras(raw, ("role", "content")))
     if isinstance(content, str):
         return [w.Message(_ROLES[role], (w.Part(w.TEXT, content),) if content else ())]
     blocks = [_block(b, w.path(where, i), extra_names) for i, b in enumerate(w.want_list(content, where))]
@@ -326,7 +330,8 @@ def _render_part(part: w.Part) -> dict | None:
     if part.type in (w.IMAGE, w.DOCUMENT):
         source = ({"type": "url", "url": part.url} if part.url is not None
                   else {"type": "base64", "media_type": part.media_type, "data": part.data})
-        return _cached({"type": part.type, "source": source}, part.cache_control)
+        block = {"type": part.type, "source": source} | ({"title": part.title} if part.title is not None else {})
+        return _cached(block, part.cache_control)
     return None
 
 

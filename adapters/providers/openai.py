@@ -81,6 +81,8 @@ def _part(raw, param: str, extra_names: list[str]) -> w.Part:
         return w.Part(w.IMAGE, url=url, extra=extra, cache_control=cache)
     if kind == "file":
         file = w.want_dict(raw.get("file"), w.path(param, "file"))
+        extra += tuple(f"content.file.{k}" for k in w.extras(file, ("file_data", "file_id", "filename")))
+        title = w.optional(file, "filename", w.want_str, w.path(param, "file"))
         if file.get("file_data") is None and file.get("file_id") is not None:
             # an uploaded file, by its id: an openai entry gets the body as sent, another cannot
             w.want_str(file["file_id"], w.path(param, "file.file_id"))
@@ -88,7 +90,7 @@ def _part(raw, param: str, extra_names: list[str]) -> w.Part:
         data = _data_url(w.want_str(file.get("file_data"), w.path(param, "file.file_data")))
         if data is None:
             raise w.WireError(w.path(param, "file.file_data"), "expected a base64 data: URL")
-        return w.Part(w.DOCUMENT, data=data[1], media_type=data[0], extra=extra, cache_control=cache)
+        return w.Part(w.DOCUMENT, data=data[1], media_type=data[0], extra=extra, cache_control=cache, title=title)
     extra_names.append(f"content.{kind}")  # audio and other parts: this family's own
     return w.Part(kind, extra=extra, cache_control=cache)
 
@@ -275,6 +277,7 @@ def _with_options(body: dict, parsed: tuple[w.Message, ...], extra_names: list[s
     tool_choice = _tool_choice(body.get("tool_choice"), extra_names)
     response_format = _response_format(body.get("response_format"), extra_names)
     options = w.optional(body, "stream_options", w.want_dict) or {}
+    extra_names.extend(f"stream_options.{k}" for k in w.extras(options, ("include_usage",)))
     effort = w.optional(body, "reasoning_effort", w.want_str)
     max_tokens = w.optional(body, "max_completion_tokens", w.want_int, "", 1)
     extra = {k: body[k] for k in w.extras(body, KNOWN)}
@@ -308,7 +311,7 @@ def _render_part(part: w.Part, cached: bool) -> dict:
         url = part.url if part.url is not None else f"data:{part.media_type};base64,{part.data}"
         out: dict = {"type": "image_url", "image_url": {"url": url}}
     elif part.type == w.DOCUMENT:
-        out = {"type": "file", "file": {"filename": "document.pdf",
+        out = {"type": "file", "file": {"filename": part.title or "document.pdf",
                                         "file_data": f"data:{part.media_type};base64,{part.data}"}}
     else:
         out = {"type": "text", "text": part.text}
