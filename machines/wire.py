@@ -465,8 +465,7 @@ def droppable(request: Request, family: str, capabilities: Capabilities) -> tupl
 def without(request: Request, names: tuple[str, ...]) -> Request:
     """The request with the named unsupported fields dropped (`drop_unsupported_params`). Exactly
     the named fields go: a part or message that carried one keeps its text, image, document and
-    tool data, and a name that is content is never dropped (`is_content`). The client's own body
-    no longer goes out as sent: it is rendered from what is left."""
+    tool data, and a name that is content is never dropped (`is_content`)."""
     dropped = frozenset(n for n in names if not is_content(n))
     if not dropped:
         return request
@@ -498,17 +497,15 @@ TOOL_FIELDS = {"openai": ("tools", "tool_choice", "parallel_tool_calls"), "anthr
 
 
 def _own_body_without(request: Request, dropped: frozenset[str]) -> Passthrough | None:
-    """The client's own body less the dropped fields, for an entry of the client's own family.
-    Such an entry lacks at most tools or structured outputs (`unsupported`), each a field that
-    can go alone, so what relayline does not read (server tool blocks, citations, a document's
-    text source, audio parts...) still goes as the client sent it. None (the body is rendered
-    from the canonical request) when a dropped name is none of those."""
+    """What the client sent, less the dropped fields. Its headers and query go on as before (a
+    profile's `forward_headers` reach any family); its body goes only to an entry of the client's
+    own family, which lacks at most tools or structured outputs (`unsupported`), each a field
+    that can go alone: what relayline does not read (server tool blocks, citations, a document's
+    text source, audio parts...) still goes as the client sent it."""
     passthrough = request.passthrough
     if passthrough is None or request.source not in STRUCTURED_NAMES:
-        return None
+        return passthrough
     strict, schema = STRUCTURED_NAMES[request.source]
-    if not dropped <= {"tools", strict, schema}:
-        return None
     body = dict(passthrough.body)
     if "tools" in dropped:
         for name in TOOL_FIELDS[request.source]:
