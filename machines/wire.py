@@ -244,8 +244,8 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
     names: list[str] = []
     if not capabilities.vision and request.has_images:  # (the capability first: it reads no message)
         names.append("image")
-    if request.tools and not capabilities.tools:
-        names.append("tools")
+    if not capabilities.tools and (request.tools or any(name.startswith("tools.") for name in request.extra)):
+        names.append("tools")  # (also tools relayline does not read: server tools, custom tools)
     if not capabilities.structured_outputs:
         names.extend(structured_outputs(request))
     if family not in ("openai", "anthropic") or family == request.source:

@@ -982,6 +982,14 @@ def test_a_drop_for_the_clients_own_family_keeps_what_relayline_does_not_read(dr
     assert sent["messages"] == messages and sent["metadata"] == {"user_id": "u1", "team": "red"}
 
 
+def test_server_tools_alone_are_tools_a_profile_without_them_cannot_take(dropping, dropped_to):
+    # a request whose only tool is a server tool went to a profile that said it takes no tools
+    raw = claude(dropping).messages.with_raw_response
+    reply = raw.create(model="anthropic-notools", max_tokens=64, messages=[{"role": "user", "content": "news?"}],
+                       tools=[{"type": "web_search_20250305", "name": "web_search"}])
+    assert reply.headers["x-relayline-dropped"] == "tools" and "tools" not in dropped_to.seen[-1].body
+
+
 def test_a_drop_for_the_clients_own_family_keeps_its_openai_fields(dropping, dropped_to):
     content = [{"type": "text", "text": "hear this"}, {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
                {"type": "image_url", "image_url": {"url": "https://x/c.png", "detail": "low"}}]
