@@ -38,6 +38,7 @@ class StateSpec:
     name: str
     tags: frozenset[str]
     doc: str = ""
+    enter: tuple[str, ...] = ()  # the entry actions, by name, in order
 
 
 @attrs.frozen
@@ -113,6 +114,10 @@ class Spec:
     doc: str = ""
     recurrent: bool = False
     decisions: DecisionTable | None = None
+    entry_actions: dict[str, str] = attrs.Factory(dict)  # name -> what it does, for the diagrams
+    # what the code derives from this spec once (its entry actions as functions, a model's
+    # shortcuts), kept with it: a mutated spec installed in a shipped one's place derives its own
+    derived: dict[Any, Any] = attrs.field(factory=dict, eq=False, repr=False)
     # (state, trigger) -> candidate transitions, in declaration order
     table: dict[tuple[str, str], tuple[TransitionSpec, ...]] = attrs.field(factory=dict, eq=False)
     # (state, trigger) -> how often each candidate fired, summed over every Lifecycle of this spec
@@ -176,7 +181,7 @@ def parse_spec(text: str, source: str) -> Spec:
 def build_spec(raw: dict[str, Any], source: str) -> Spec:
     """Validate and compile a spec already read from TOML (tests mutate such documents)."""
     known = {"name", "doc", "initial", "recurrent", "states", "transitions", "guards", "invariants",
-             "decide", "situations", "waits", "actions", "decisions"}
+             "decide", "situations", "waits", "actions", "decisions", "entry_actions"}
     unknown = set(raw) - known
     if unknown:
         raise SpecError(f"{source}: unknown top-level keys {sorted(unknown)}")
@@ -190,6 +195,7 @@ def build_spec(raw: dict[str, Any], source: str) -> Spec:
             name=name,
             tags=frozenset(_as_tuple(body.get("tags"), f"states.{name}.tags", source)),
             doc=str(body.get("doc", "")),
+            enter=_as_tuple(body.get("enter"), f"states.{name}.enter", source),
         )
     guards = {str(k): str(v) for k, v in raw.get("guards", {}).items()}
     transitions = []
@@ -232,8 +238,10 @@ def build_spec(raw: dict[str, Any], source: str) -> Spec:
         doc=str(raw.get("doc", "")),
         recurrent=bool(raw.get("recurrent", False)),
         decisions=_parse_decisions(raw, source) if "decisions" in raw else None,
+        entry_actions={str(k): str(v) for k, v in raw.get("entry_actions", {}).items()},
     )
     validate(spec)
+    _validate_entry_actions(spec)
     _check_vocabulary(spec)
     if spec.decisions is not None:
         _validate_decisions(spec, spec.decisions)
@@ -325,6 +333,42 @@ def _validate_decisions(spec: Spec, table: DecisionTable) -> None:
     unused = sorted(set(range(len(table.rows))) - used)
     if unused:
         raise SpecError(f"{src}: decisions{unused} never decide anything")
+
+
+def _validate_entry_actions(spec: Spec) -> None:
+    """Every entry action a state names is declared in [entry_actions], and every declared one is
+    taken by some state."""
+    used = set()
+    for state in spec.states.values():
+        for action in state.enter:
+            if action not in spec.entry_actions:
+                raise SpecError(f"{spec.source}: state {state.name!r} enters with undeclared action {action!r}")
+            used.add(action)
+    unused = sorted(set(spec.entry_actions) - used)
+    if unused:
+        raise SpecError(f"{spec.source}: entry actions {unused} are declared but no state takes them")
+
+
+def bind_entry_actions(spec: Spec, registry: dict[str, Any], *, required: Iterable[str] = ()) -> dict[str, tuple[Any, ...]]:
+    """Each state's entry actions as the functions of `registry` (action name -> function of the
+    model), checked once per spec: the registry performs exactly the actions the spec declares,
+    and each state in `required` (those whose meaning is an action: a deadline to set, a next
+    step to take) takes at least one. A mutated spec installed in place of a shipped one is
+    checked the first time a model binds it."""
+    try:
+        return spec.derived[("entry", id(registry))]  # type: ignore[no-any-return]
+    except KeyError:
+        pass
+    if set(registry) != set(spec.entry_actions):
+        raise SpecError(f"{spec.source}: its [entry_actions] must be exactly what the code performs: "
+                        f"missing {sorted(set(registry) - set(spec.entry_actions))}, "
+                        f"not performed {sorted(set(spec.entry_actions) - set(registry))}")
+    for name in required:
+        if name in spec.states and not spec.states[name].enter:
+            raise SpecError(f"{spec.source}: state {name!r} needs an entry action and names none")
+    bound = {name: tuple(registry[a] for a in state.enter) for name, state in spec.states.items()}
+    spec.derived[("entry", id(registry))] = bound
+    return bound
 
 
 def _successors(spec: Spec, exclude: Iterable[str] = ()) -> dict[str, set[str]]:
@@ -517,6 +561,16 @@ class Lifecycle:
             f"{self.spec.name}: no transition on {trigger!r} from state {self.state!r} is enabled "
             "(every candidate's guards are blocked)"
         )
+
+    def step(self, trigger: str, model: Any, bound: dict[str, tuple[Any, ...]]) -> None:
+        """Fire `trigger` and, when it changed the state, run the entry actions of the state it
+        entered (`bound`, from `bind_entry_actions`). A self-transition is not an entry: a late
+        result that leaves an open breaker open does not open it again."""
+        before = self.state
+        self.fire(trigger, model)
+        if self.state != before:
+            for action in bound[self.state]:
+                action(model)
 
     def decide(self, failure: str, model: Any) -> Decision:
         """Fire the trigger the spec's decision table gives for `failure` in the situations that

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
+import attrs
+
 from .config import Breaker as BreakerConfig
-from .engine import Lifecycle, load_spec
+from .engine import Lifecycle, Spec, bind_entry_actions, load_spec
 from .vocab import BreakerState, BreakerTrigger
 
 # a turn lives at most timeouts.total_s (its default): no probe outlives its turn by more
@@ -24,29 +26,59 @@ DEFAULT_PROBE_LEASE_S = 600.0
 # a state name as its BreakerState: a lookup, where BreakerState(name) costs a µs (Enum's
 # __call__), and a breaker's state is read several times a turn
 _STATES = {state.value: state for state in BreakerState}
-# the states a breaker's every turn compares with, read once: on 3.11 reading an enum's member
-# costs 77 ns where a module's name costs 12 (EnumType's __getattr__ sends every read of the
-# class's attributes through Python), and a turn reads them a dozen times
-_CLOSED, _OPEN, _HALF_OPEN, _PROBING = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.PROBING
-_SUCCESS = BreakerTrigger.SUCCESS  # (fired by every answered turn)
+_SUCCESS, _FAILURE = BreakerTrigger.SUCCESS, BreakerTrigger.FAILURE  # (fired by every answered turn)
+# the triggers time fires (`refresh`), and those that take a probe (`claim`)
+_TIMED = {BreakerTrigger.COOL_OFF: "open_until", BreakerTrigger.LEASE_EXPIRED: "lease_until"}
+_CLAIMS = (BreakerTrigger.PROBE, BreakerTrigger.FORCE_PROBE)
 _NEVER = -math.inf  # a profile never cooled down
 
 
+@attrs.frozen
+class BreakerShape:
+    """What the breaker's questions read of its spec, derived once per spec: a mutated spec
+    changes them, so no shortcut answers from what the code assumed the spec says."""
+
+    skipping: frozenset[str]  # states tagged skipped: a turn skips the profile
+    # states that neither time nor a claim can leave, and that skip nothing: every healthy
+    # profile's (closed) is answered without `refresh` (in `blocks`, `claim` and `success`)
+    quiet: frozenset[str]
+    timed: dict[str, tuple[tuple[str, str], ...]]  # state -> (timed trigger, the deadline it waits for)
+    entry: dict[str, tuple[Callable[[Breaker], None], ...]]
+
+    @classmethod
+    def of(cls, spec: Spec) -> BreakerShape:
+        try:
+            return spec.derived[cls]  # type: ignore[no-any-return]
+        except KeyError:
+            pass
+        timed = {state: tuple((t, _TIMED[t]) for t in moves if t in _TIMED) for state, moves in spec.moves.items()}
+        skipping = spec.tagged("skipped")
+        quiet = frozenset(state for state, moves in spec.moves.items()
+                          if state not in skipping and not timed[state] and not set(moves) & set(_CLAIMS))
+        # a state that time leaves must set its deadline on entry
+        entry = bind_entry_actions(spec, ENTRY_ACTIONS, required=[s for s, t in timed.items() if t])
+        shape = spec.derived[cls] = cls(skipping, quiet, timed, entry)
+        return shape
+
+
 class Breaker:
-    """One profile's breaker, executing specs/breaker.toml. Failures are timestamps inside
+    """One profile's breaker, executing specs/breaker.toml: its states' entry actions set the
+    deadlines and forget the failures (`ENTRY_ACTIONS`). Failures are timestamps inside
     window_s; `open_until` is when an open breaker turns half-open; `lease_until` is when a
     held probe is taken back from a turn that never gave its verdict (it crashed, or hung)."""
 
-    __slots__ = ("config", "life", "failures", "open_until", "lease_s", "lease_until", "transitions")
+    __slots__ = ("config", "life", "shape", "failures", "open_until", "lease_s", "lease_until", "transitions", "now")
 
     def __init__(self, config: BreakerConfig, probe_lease_s: float = DEFAULT_PROBE_LEASE_S) -> None:
         self.config = config
         self.life: Lifecycle = load_spec("breaker").start(history_limit=16)
+        self.shape = BreakerShape.of(self.life.spec)
         self.failures: deque[float] = deque()
         self.open_until = 0.0
         self.lease_s = probe_lease_s
         self.lease_until = 0.0
         self.transitions = 0  # state changes, for metrics
+        self.now = 0.0  # the time of the event being fired (the entry actions read it)
 
     @property
     def state(self) -> BreakerState:
@@ -57,42 +89,51 @@ class Breaker:
         return len(self.failures) >= self.config.failure_threshold
 
     def refresh(self, now: float) -> BreakerState:
-        state = self.life.state
-        if state == _OPEN and now >= self.open_until:
-            self._fire(BreakerTrigger.COOL_OFF)
-            state = self.life.state
-        elif state == _PROBING and now >= self.lease_until:
-            self._fire(BreakerTrigger.LEASE_EXPIRED)
-            state = self.life.state
-        return _STATES[state]  # (`state`, without its property call: a turn refreshes three times)
+        for trigger, deadline in self.shape.timed[self.life.state]:
+            if now >= getattr(self, deadline):
+                self._fire(trigger, now)
+                break
+        return _STATES[self.life.state]
 
-    def _fire(self, trigger: BreakerTrigger) -> None:
+    def _fire(self, trigger: str, now: float) -> None:
         before = self.life.state
-        self.life.fire(trigger, self)
+        self.now = now
+        self.life.step(trigger, self, self.shape.entry)
         if self.life.state != before:
             self.transitions += 1
 
+    # -- entry actions (specs/breaker.toml [entry_actions]) -----------------------------------
+
+    def forget_failures(self) -> None:
+        self.failures.clear()
+
+    def open_for_open_s(self) -> None:
+        self.open_until = self.now + self.config.open_s
+        self.failures.clear()
+
+    def lease_probe(self) -> None:
+        self.lease_until = self.now + self.lease_s
+
+    # -- the questions and verdicts of a turn -------------------------------------------------
+
     def blocks(self, now: float) -> bool:
         """True when a turn must skip this profile before sending anything."""
-        # `refresh` moves only an open or a probing breaker (their time-outs): a closed one, every
-        # healthy profile's, is answered without it (here, in `claim` and in `success`)
-        if not self.config.enabled or self.life.state == _CLOSED:
+        if not self.config.enabled or self.life.state in self.shape.quiet:
             return False
-        return self.refresh(now) in (_OPEN, _PROBING)
+        return self.refresh(now) in self.shape.skipping
 
     def claim(self, now: float, *, force: bool = False) -> bool:
         """Before an attempt: take the half-open probe (or, forced, probe an open breaker).
         Returns True when this caller now holds the probe."""
-        if not self.config.enabled or self.life.state == _CLOSED:
+        if not self.config.enabled or self.life.state in self.shape.quiet:
             return False
-        state = self.refresh(now)
-        if state == _HALF_OPEN:
-            self._fire(BreakerTrigger.PROBE)
-        elif state == _OPEN and force:
-            self._fire(BreakerTrigger.FORCE_PROBE)
+        moves = self.life.spec.moves[self.refresh(now)]
+        if BreakerTrigger.PROBE in moves:
+            self._fire(BreakerTrigger.PROBE, now)
+        elif force and BreakerTrigger.FORCE_PROBE in moves:
+            self._fire(BreakerTrigger.FORCE_PROBE, now)
         else:
             return False
-        self.lease_until = now + self.lease_s
         return True
 
     def failure(self, now: float) -> None:
@@ -100,24 +141,17 @@ class Breaker:
         while self.failures and self.failures[0] <= window_start:
             self.failures.popleft()
         self.failures.append(now)
-        before = self.refresh(now)
-        self._fire(BreakerTrigger.FAILURE)
-        if self.life.state == _OPEN and before != _OPEN:
-            # tripped, or a probe (half-open or forced) failed: open for open_s from now
-            self.open_until = now + self.config.open_s
-            self.failures.clear()
+        self.refresh(now)
+        self._fire(_FAILURE, now)
 
     def success(self, now: float) -> None:
-        if self.life.state != _CLOSED:
+        if self.life.state not in self.shape.quiet:
             self.refresh(now)
-        probing = self.life.state == _PROBING
-        self._fire(_SUCCESS)
-        if probing:
-            self.failures.clear()
+        self._fire(_SUCCESS, now)
 
     def release(self) -> None:
-        if self.life.state == _PROBING:
-            self._fire(BreakerTrigger.RELEASE)
+        if BreakerTrigger.RELEASE in self.life.spec.moves[self.life.state]:
+            self._fire(BreakerTrigger.RELEASE, self.now)
 
     def adopt(self, state: str, failures: Iterable[float], open_until: float) -> None:
         """Take a shared store's view as this breaker's own. The store decided it atomically
@@ -133,6 +167,14 @@ class Breaker:
                 self.lease_until = math.inf  # another worker's probe: its lease is the store's
         self.failures = deque(failures)
         self.open_until = open_until
+
+
+# the entry actions specs/breaker.toml may name, checked against it when a breaker binds it
+ENTRY_ACTIONS: dict[str, Callable[[Breaker], None]] = {
+    "forget_failures": Breaker.forget_failures,
+    "open_for_open_s": Breaker.open_for_open_s,
+    "lease_probe": Breaker.lease_probe,
+}
 
 
 class HealthStore(Protocol):

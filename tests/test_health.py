@@ -194,7 +194,7 @@ def test_a_probe_success_clears_the_failures_a_shared_store_handed_over():
 
 
 class _AlwaysRefreshed(Breaker):
-    """The breaker as it was before a closed one skipped `refresh`: every question refreshes."""
+    """The breaker without its shortcut for quiet states: every question refreshes."""
 
     __slots__ = ()
 
@@ -208,20 +208,16 @@ class _AlwaysRefreshed(Breaker):
             return False
         state = self.refresh(now)
         if state == "half_open":
-            self._fire("probe")
+            self._fire("probe", now)
         elif state == "open" and force:
-            self._fire("force_probe")
+            self._fire("force_probe", now)
         else:
             return False
-        self.lease_until = now + self.lease_s
         return True
 
     def success(self, now: float) -> None:
         self.refresh(now)
-        probing = self.life.state == "probing"
-        self._fire("success")
-        if probing:
-            self.failures.clear()
+        self._fire("success", now)
 
 
 _OPS = st.sampled_from(("failure", "success", "blocks", "claim", "force", "release", "refresh"))

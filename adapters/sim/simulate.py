@@ -28,7 +28,8 @@ from ..relay import Relay
 from .provider import SimUpstream, scripts_of
 from .server import SimHTTPServer, wire_to
 
-REQUEST_KEYS = {"at", "model", "stream", "tools", "text", "cancel_after", "cancel_at", "operator_model", "expect"}
+REQUEST_KEYS = {"at", "model", "stream", "tools", "text", "cancel_after", "cancel_at", "operator_model",
+                "concurrent", "expect"}
 EXPECT_KEYS = {
     "attempts", "skipped", "outcome", "error", "served", "text", "partial_text", "events_text",
     "notice_contains", "no_notice", "ledger", "cost_usd", "warnings_contain", "init_error_contains",
@@ -157,10 +158,22 @@ def run_scenario(scenario: Scenario, *, on_done: Callable[[Relay, float], None] 
                 return
             async with relay:
                 trace["warnings"] = [str(w) for w in relay.router.warnings]
-                for request in scenario.requests:
-                    if "at" in request:
-                        await trio.sleep_until(origin + float(request["at"]))
-                    trace["requests"].append(await _run_request(relay, request, origin))
+                done: list[dict | None] = [None] * len(scenario.requests)
+
+                async def run(i: int, request: Mapping) -> None:
+                    done[i] = await _run_request(relay, request, origin)
+
+                # a concurrent request runs on while the next ones start: its result can arrive
+                # late, after another turn changed the profile's health
+                async with trio.open_nursery() as requests:
+                    for i, request in enumerate(scenario.requests):
+                        if "at" in request:
+                            await trio.sleep_until(origin + float(request["at"]))
+                        if request.get("concurrent"):
+                            requests.start_soon(run, i, request)
+                        else:
+                            await run(i, request)
+                trace["requests"] = done
                 if on_done is not None:
                     on_done(relay, trio.current_time())
             nursery.cancel_scope.cancel()
