@@ -1,11 +1,14 @@
 """The specs are load-bearing: every single-transition mutation of every spec (delete it,
 redirect its destination, swap its guards), installed in place of the real spec, is caught by
-the spec validator, a scenario (shared and own, in process on virtual time), a scenario that
-never ends, or the direct tests of the breaker and the walk (test_health.py, test_walk.py). tests/spec_mutations.py generates and applies them.
+the spec validator, a scenario (shared and own, in process on virtual time) or a scenario that
+never ends: the scenarios alone, as an auditor runs them, except the kinds of mutation named in
+SCENARIOS_CANNOT_SEE, which the direct tests of the breaker and the walk (test_health.py,
+test_walk.py) catch. tests/spec_mutations.py generates and applies them.
 
-`make test` runs all of them (about 420, a few seconds: whatever caught the last mutation is
-asked first, so a sweep runs about one scenario per mutation). None may survive: a survivor is a transition whose change nothing observes,
-so the diagram would not be what runs; the answer is a scenario or a test that observes it.
+`make test` runs all of them (about 420, half a minute: whatever caught the last mutation is
+asked first, so a sweep runs about one scenario per mutation). None may survive: a survivor is a
+transition whose change nothing observes, so the diagram would not be what runs; the answer is a
+scenario (with concurrent requests, where a late result needs one) that observes it.
 """
 
 from __future__ import annotations
@@ -13,24 +16,51 @@ from __future__ import annotations
 import gc
 import inspect
 import time
+from pathlib import Path
 
 import pytest
 import test_health
 import test_walk
-from spec_mutations import all_mutations, caught_by, close_aborted_runs, observers
+from spec_mutations import (
+    Mutation,
+    all_mutations,
+    caught_by,
+    close_aborted_runs,
+    observers,
+    raw_spec,
+)
 
+from relayline.adapters.sim.simulate import load_scenario, run_scenario
+from relayline.machines import engine
+
+SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 # direct tests of the machines, run against each mutant too (plain functions: they fail by raising)
 CHECKS = tuple(getattr(module, name) for module in (test_health, test_walk)
                for name in sorted(dir(module)) if name.startswith("test_"))
 
 
+def _lease_expiry(m: Mutation) -> bool:
+    return m.spec == "breaker" and raw_spec("breaker")["transitions"][m.index]["trigger"] == "lease_expired"
+
+
+# the mutations only the direct tests can observe, each kind with its reason
+SCENARIOS_CANNOT_SEE = {
+    # a probe's lease frees it from a turn that died without its verdict; a scenario's turn always
+    # gives it (the lease is timeouts.total_s from the claim, and total_s ends the turn first)
+    "the lease of a probe whose turn died": _lease_expiry,
+}
+
+
 # a hung mutant is stopped by an alarm in whatever coroutine it was: trio reports those as unraisable
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_every_spec_mutation_is_caught():
+    """Every mutation is caught, by the scenarios alone except the kinds they cannot see."""
     mutations = all_mutations()
-    watch = observers(CHECKS)
+    scenarios = observers()
+    named = {name for name, _ in scenarios}
+    checks = [o for o in observers(CHECKS) if o[0] not in named]
     # an observer that fails on the real specs would "catch" every mutation
-    assert not [name for name, observe in watch if observe()]
+    assert not [name for name, observe in scenarios + checks if observe()]
     # a hung mutant's aborted run must be finalized where it hung: left to the collector, a
     # scenario coroutine was once finalized inside a later test's trio run and corrupted it. The
     # collector is off during the sweep, so that what the sweep leaves is seen
@@ -42,12 +72,33 @@ def test_every_spec_mutation_is_caught():
     before = {id(c) for c in suspended()}
     gc.disable()
     try:
-        survivors = [str(m) for m in mutations if caught_by(m, watch) is None]
+        unseen = [m for m in mutations if caught_by(m, scenarios) is None]
+        survivors = [str(m) for m in unseen if caught_by(m, checks) is None]
         close_aborted_runs()  # (a run that raised, not only one that hung, may leave one)
         assert not [c for c in suspended() if id(c) not in before]
     finally:
         gc.enable()
     assert not survivors, f"{len(survivors)} of {len(mutations)} mutations survive: {survivors}"
+    unexplained = [str(m) for m in unseen if not any(kind(m) for kind in SCENARIOS_CANNOT_SEE.values())]
+    assert not unexplained, f"{len(unexplained)} mutations only the direct tests catch: {unexplained}"
+
+
+def test_a_mutated_breaker_is_not_bypassed_by_its_shortcuts():
+    """success on a closed breaker sent to open: the spec's entry action opens it for open_s, so
+    the very next turn skips the profile (the code's own idea of where a breaker opens, and its
+    shortcut for a closed one, once let that turn through as a probe)."""
+    assert raw_spec("breaker")["transitions"][2] == {"trigger": "success", "source": "closed", "dest": "closed"}
+    mutant = engine.build_spec(Mutation("breaker", 2, "redirect", "open").apply(raw_spec("breaker")), "mutant")
+    scenario = load_scenario(SCENARIO_DIR / "b07_success_keeps_breaker_closed.toml")
+    real = engine.load_spec("breaker")
+    engine._CACHE["breaker"] = mutant
+    try:
+        trace = run_scenario(scenario)
+    finally:
+        engine._CACHE["breaker"] = real
+    second = trace["requests"][1]
+    assert [(s["provider"], s["reason"]) for s in second["skipped"]] == [("sim.a", "breaker")]
+    assert [a["provider"] for a in second["attempts"]] == ["sim.b"]
 
 
 def _valid_mutation():
