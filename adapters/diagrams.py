@@ -28,7 +28,8 @@ def mermaid(spec: Spec) -> str:
     body = [line for line in body if line.strip() and not line.strip().startswith(("classDef", "Class "))]
     notes = [f"  %% {HEADER.format(name=spec.name)}"]
     notes += [f"  %% {s.name}: {', '.join(sorted(s.tags))}" for s in spec.states.values() if s.tags]
-    return "\n".join(["stateDiagram-v2", *notes, *body]) + "\n"
+    entries = [f"  {s.name} : entry / {', '.join(s.enter)}" for s in spec.states.values() if s.enter]
+    return "\n".join(["stateDiagram-v2", *notes, *body, *entries]) + "\n"
 
 
 def dot(spec: Spec) -> str:
@@ -44,6 +45,7 @@ def dot(spec: Spec) -> str:
         elif "provider_call" in state.tags:
             attrs.append('style="rounded,filled", fillcolor="#d8e8fb"')
         label = state.name + (f"\\n[{', '.join(sorted(state.tags))}]" if state.tags else "")
+        label += f"\\nentry / {', '.join(state.enter)}" if state.enter else ""
         attrs.append(f'label="{label}"')
         lines.append(f'  "{state.name}" [{", ".join(attrs)}];')
     for t in spec.transitions:

@@ -28,7 +28,7 @@ DEFAULT_PROBE_LEASE_S = 600.0
 _STATES = {state.value: state for state in BreakerState}
 _SUCCESS, _FAILURE = BreakerTrigger.SUCCESS, BreakerTrigger.FAILURE  # (fired by every answered turn)
 # the triggers time fires (`refresh`), and those that take a probe (`claim`)
-_TIMED = {BreakerTrigger.COOL_OFF: "open_until", BreakerTrigger.LEASE_EXPIRED: "lease_until"}
+_TIMED: dict[str, str] = {BreakerTrigger.COOL_OFF: "open_until", BreakerTrigger.LEASE_EXPIRED: "lease_until"}
 _CLAIMS = (BreakerTrigger.PROBE, BreakerTrigger.FORCE_PROBE)
 _NEVER = -math.inf  # a profile never cooled down
 

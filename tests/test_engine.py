@@ -12,7 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transitions import MachineError
 
-from relayline.machines.engine import SPEC_NAMES, build_machine, load_spec, parse_spec
+from relayline.machines.engine import (
+    SPEC_NAMES,
+    bind_entry_actions,
+    build_machine,
+    load_spec,
+    parse_spec,
+)
 from relayline.machines.errors import IllegalTransition, SpecError
 from relayline.machines.vocab import FailureClass
 
@@ -425,3 +431,53 @@ def test_a_lifecycle_keeps_the_last_states_within_its_bound():
     for state in ("open", "half_open", "probing", "closed"):
         life.record(state)
     assert life.history == ["half_open", "probing", "closed"]
+
+
+# ---------------------------------------------------------------------------------------------
+# entry actions: named in the spec, performed by a registry, both checked
+
+
+def _breaker_text(old: str = "", new: str = "") -> str:
+    text = _text("breaker")
+    assert old in text
+    return text.replace(old, new, 1)
+
+
+ENTRY_REFUSED = {
+    "undeclared action": (_breaker_text('enter = ["lease_probe"]', 'enter = ["lease_probe", "ring_a_bell"]'),
+                          "toy.toml: state 'probing' enters with undeclared action 'ring_a_bell'"),
+    "declared, never taken": (_breaker_text('enter = ["forget_failures"]\n'),
+                              "toy.toml: entry actions ['forget_failures'] are declared but no state takes them"),
+    "not a list of names": (_breaker_text('enter = ["lease_probe"]', "enter = 3"),
+                            "toy.toml: states.probing.enter must be a string or a list of strings"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENTRY_REFUSED))
+def test_a_broken_entry_action_is_refused_at_load(case):
+    text, message = ENTRY_REFUSED[case]
+    with pytest.raises(SpecError) as caught:
+        parse_spec(text, "toy.toml")
+    assert str(caught.value) == message
+
+
+def test_a_registry_must_perform_exactly_the_spec_entry_actions_and_each_needed_state_has_one():
+    from relayline.machines.config import Breaker as BreakerConfig
+    from relayline.machines.health import ENTRY_ACTIONS, Breaker, BreakerShape
+
+    spec = parse_spec(_text("breaker"), "toy.toml")
+    short = {k: v for k, v in ENTRY_ACTIONS.items() if k != "lease_probe"}
+    with pytest.raises(SpecError, match=r"toy.toml: its \[entry_actions\] must be exactly what the code performs: "
+                                        r"missing \[\], not performed \['lease_probe'\]"):
+        bind_entry_actions(spec, short)
+    # open is left by time (cool_off): without an action setting open_until it would never end
+    moved = _breaker_text('enter = ["open_for_open_s"]\n').replace(
+        'doc = "open_s passed:', 'enter = ["open_for_open_s"]\ndoc = "open_s passed:')
+    no_deadline = parse_spec(moved, "toy.toml")  # a valid spec: only the model needs the action there
+    with pytest.raises(SpecError, match="toy.toml: state 'open' needs an entry action and names none"):
+        BreakerShape.of(no_deadline)
+    # the shipped spec binds, and a breaker runs its actions on entering a state
+    assert bind_entry_actions(spec, ENTRY_ACTIONS)["open"] == (ENTRY_ACTIONS["open_for_open_s"],)
+    b = Breaker(BreakerConfig(failure_threshold=1, open_s=5))
+    b.failure(2.0)
+    assert b.state == "open" and b.open_until == 7.0
