@@ -49,6 +49,7 @@ class TransitionSpec:
     guards: tuple[str, ...] = ()
     unless: tuple[str, ...] = ()
     doc: str = ""
+    reenter: bool = False  # a self-transition that enters its state again: its entry actions run
 
 
 @attrs.frozen
@@ -131,9 +132,13 @@ class Spec:
         attrs.field(factory=dict, eq=False, repr=False)
     # the states tagged terminal, once: every turn's end asks whether its machines reached one
     terminal: frozenset[str] = attrs.field(init=False, eq=False, repr=False)
+    # (state, trigger) of the self-transitions marked reenter: `Lifecycle.step` runs their entry actions
+    reentering: frozenset[tuple[str, str]] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "terminal", self.tagged("terminal"))
+        object.__setattr__(self, "reentering", frozenset(
+            (t.dest, t.trigger) for t in self.transitions if t.reenter and t.dest in t.sources))
 
     @property
     def triggers(self) -> tuple[str, ...]:
@@ -215,6 +220,7 @@ def build_spec(raw: dict[str, Any], source: str) -> Spec:
                 guards=_as_tuple(body.get("guards"), f"{where}.guards", source),
                 unless=_as_tuple(body.get("unless"), f"{where}.unless", source),
                 doc=str(body.get("doc", "")),
+                reenter=bool(body.get("reenter", False)),
             )
         )
     invariants = tuple(
@@ -562,25 +568,26 @@ class Lifecycle:
             "(every candidate's guards are blocked)"
         )
 
-    def step(self, trigger: str, model: Any, bound: dict[str, tuple[Any, ...]]) -> None:
+    def step(self, trigger: str, model: Any, bound: dict[str, tuple[Any, ...]]) -> Any:
         """Fire `trigger` and, when it changed the state, run the entry actions of the state it
-        entered (`bound`, from `bind_entry_actions`). A self-transition is not an entry: a late
-        result that leaves an open breaker open does not open it again."""
+        entered (`bound`, from `bind_entry_actions`), returning what the last one returned. A
+        self-transition is an entry only when the spec marks it `reenter` (a key pool's next key
+        is a new call): a late result that leaves an open breaker open does not open it again."""
         before = self.state
         self.fire(trigger, model)
-        if self.state != before:
+        result = None
+        if self.state != before or (before, trigger) in self.spec.reentering:
             for action in bound[self.state]:
-                action(model)
+                result = action(model)
+        return result
 
-    def decide(self, failure: str, model: Any) -> Decision:
-        """Fire the trigger the spec's decision table gives for `failure` in the situations that
-        `model` reports (guards by name), and return the deciding row for its wait and actions."""
+    def decision(self, failure: str, model: Any) -> Decision:
+        """The row of the spec's decision table for `failure` in the situations that `model`
+        reports (guards by name): the trigger to fire, and the wait and actions it names."""
         table = self.spec.decisions
         if table is None or self.state != table.state:
             raise IllegalTransition(f"{self.spec.name}: no decision is taken in state {self.state!r}")
-        decision = table.decide(failure, model)
-        self.fire(decision.then, model)
-        return decision
+        return table.decide(failure, model)
 
     @property
     def terminal(self) -> bool:

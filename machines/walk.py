@@ -18,7 +18,7 @@ import attrs
 
 from . import classify as fc
 from .config import Capabilities, Config, Reliability
-from .engine import Lifecycle, load_spec
+from .engine import Lifecycle, bind_entry_actions, load_spec
 from .errors import IllegalTransition, SpecError
 from .health import HealthStore
 from .plan import Plan, PlannedEntry
@@ -137,10 +137,9 @@ class Need:
 
 
 HEALTH_SKIPS = frozenset({SkipReason.COOLDOWN, SkipReason.BREAKER})
-# the states `Walk._enter` tells apart, read once (as health.py's breaker states: an enum member
-# read costs 77 ns on 3.11, a module name 12, and a walk enters a state twice a turn)
-_CALLING, _BACKING_OFF, _CHOOSING = WalkState.CALLING, WalkState.BACKING_OFF, WalkState.CHOOSING
-_SUCCEEDED, _CANCELLED = WalkState.SUCCEEDED, WalkState.CANCELLED
+# read once (as health.py's breaker states: an enum member read costs 77 ns on 3.11, a module
+# name 12, and a walk fires twice a turn)
+_CALLING = WalkState.CALLING
 _CALL, _SUCCEED = WalkTrigger.CALL, WalkTrigger.SUCCEED  # (fired by every answered turn)
 _COMPLETE = Mode.COMPLETE
 ANY_NEED = Need()  # a call that asks nothing beyond being allowed, fit and healthy: met by every entry
@@ -207,10 +206,11 @@ class Walk:
     """One pass over a plan's entries, as specs/walk.toml declares it. What a failed attempt
     leads to is the spec's decision table: this class only reports the situations the table
     reads (properties named as in the spec), performs the actions and waits a row names, and
-    acts on the state the engine reached (`_enter`), never on a flag of its own."""
+    what entering a state means is that state's entry actions in the spec (`ENTRY_ACTIONS`),
+    whose last one gives the driver its next instruction."""
 
-    __slots__ = ("plan", "rel", "health", "mode_for", "budgets", "exclude", "life", "index", "tries", "backoff",
-                 "attempted", "forced", "last_failure", "failure", "now")
+    __slots__ = ("plan", "rel", "health", "mode_for", "budgets", "exclude", "life", "entry_actions", "index",
+                 "tries", "backoff", "attempted", "forced", "last_failure", "failure", "now", "wait")
 
     def __init__(
         self,
@@ -229,6 +229,8 @@ class Walk:
         self.budgets = budgets or {}
         self.exclude = exclude
         self.life = Lifecycle(load_spec("walk"))
+        # every state needs one: entering it is what the walk does next
+        self.entry_actions = bind_entry_actions(self.life.spec, ENTRY_ACTIONS, required=self.life.spec.states)
         self.index = -1
         self.tries = 0
         self.backoff = self.rel.first_backoff_s
@@ -237,6 +239,7 @@ class Walk:
         self.last_failure: FailureClass | None = None
         self.failure: fc.Failure | None = None  # the failure being decided
         self.now = 0.0  # the time of the result being decided (the situations read it)
+        self.wait: float | None = None  # what a decision named to wait, for backing_off's entry
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -355,29 +358,36 @@ class Walk:
         self.now = now
         return self._choose()
 
-    def _enter(self, wait: float | None = None) -> Call | Sleep | WalkDone:
-        """Act on the state the lifecycle reached."""
-        state = self.life.state
-        if state == _CALLING:
-            return self._call()
-        if state == _BACKING_OFF:
-            return Sleep(self.backoff if wait is None else wait)
-        if state == _CHOOSING:
-            return self._choose()
+    def _step(self, trigger: str, wait: float | None = None) -> Call | Sleep | WalkDone:
+        """Fire `trigger`; the entry actions of the state reached say what happens next."""
+        self.wait = wait
+        result: Call | Sleep | WalkDone = self.life.step(trigger, self, self.entry_actions)
+        return result
+
+    # -- entry actions (specs/walk.toml [entry_actions]) --------------------------------------
+
+    def sleep(self) -> Sleep:
+        return Sleep(self.backoff if self.wait is None else self.wait)
+
+    def answered(self) -> WalkDone:
+        return WalkDone(ok=True, entry=self.entry if 0 <= self.index < len(self.plan.entries) else None)
+
+    def release_probes(self) -> None:
         self.health.release_all()
-        if state == _SUCCEEDED:
-            return WalkDone(ok=True, entry=self.entry if 0 <= self.index < len(self.plan.entries) else None)
-        if state == _CANCELLED:
-            return WalkDone(ok=False, error=ErrorReason.CANCELLED)
+
+    def ended_without_answer(self) -> WalkDone:
         came_from = self.life.history[-2] if len(self.life.history) > 1 else None
         if came_from == _CALLING and self.failure is not None:  # stopped by a decision
             stop = stop_error(self.rel, self.failure)
             if stop is None:
                 raise IllegalTransition(f"walk: a {self.failure.kind} failure cannot stop the walk")
             return WalkDone(ok=False, entry=self.entry, error=stop)
-        if came_from == _CHOOSING:
+        if came_from == WalkState.CHOOSING:
             return WalkDone(ok=False, error=self._exhausted_reason())
-        raise IllegalTransition(f"walk: cannot end in {state!r} coming from {came_from!r}")
+        raise IllegalTransition(f"walk: cannot end in {self.life.state!r} coming from {came_from!r}")
+
+    def cancelled(self) -> WalkDone:
+        return WalkDone(ok=False, error=ErrorReason.CANCELLED)
 
     def _call(self) -> Call:
         entry = self.plan.entries[self.index]
@@ -411,8 +421,7 @@ class Walk:
                 reason = unavailable(plan, self.health, entry, self.now)
                 if reason is None:
                     self.index, self.tries, self.backoff = j, 0, self.rel.first_backoff_s
-                    self.life.fire(_CALL)
-                    return self._enter()
+                    return self._step(_CALL)
                 self.health.skip(entry, reason, plan.unfit.get(entry.profile, ()))
         if not self.attempted and not self.forced:
             # every entry was skipped for health before any attempt: probe the one
@@ -428,16 +437,15 @@ class Walk:
                 j = min(skipped, key=lambda k: (self.health.window_end(self.plan.entries[k].profile), k))
                 self.forced = True
                 self.index, self.tries = j, 0
-                self.life.fire(WalkTrigger.CALL)
-                return self._enter()
+                return self._step(WalkTrigger.CALL)
         self.index = len(self.plan.entries)
-        self.life.fire(WalkTrigger.EXHAUST)
-        return self._enter()
+        return self._step(WalkTrigger.EXHAUST)
 
     def adopt(self, index: int, failure: fc.Failure, now: float) -> Call | Sleep | WalkDone:
         """Take a failed attempt made outside this walk (a stream) as this walk's own first
         attempt on `index`, and go on from there (retry it, or advance)."""
         self.index, self.tries, self.attempted = index, 1, True
+        # the attempt was made (the stream's): `calling` is taken over, not entered, so no call
         self.life.fire(WalkTrigger.CALL)
         return self.on_result(failure, now)
 
@@ -462,9 +470,8 @@ class Walk:
             self.index, self.failure = -1, None
         if stop:
             self.index, self.failure = index, failure
-            self.life.fire(WalkTrigger.CALL)
-            self.life.fire(WalkTrigger.STOP)
-            done = self._enter()
+            self.life.fire(WalkTrigger.CALL)  # taken over, as in `adopt`: the stream made the attempt
+            done = self._step(WalkTrigger.STOP)
             assert isinstance(done, WalkDone)
             return done
         return None
@@ -476,8 +483,7 @@ class Walk:
         entry = self.plan.entries[self.index]
         if failure is None:
             self.health.success(entry.profile, now)
-            self.life.fire(_SUCCEED)
-            return self._enter()
+            return self._step(_SUCCEED)
         self.failure, self.last_failure = failure, failure.kind
         self.health.failure(entry.profile, failure.kind, now)
         key = key_index(self.health.store, entry)
@@ -486,30 +492,29 @@ class Walk:
                 self.health.keys_429.setdefault(entry.profile, set()).add(key)
             elif failure.status in (401, 403) and failure.kind == fc.REJECTED:
                 self.health.keys_refused.setdefault(entry.profile, set()).add(key)
-        decision = self.life.decide(failure.kind, self)
-        for action in decision.actions:
+        decision = self.life.decision(failure.kind, self)
+        for action in decision.actions:  # before the entry: a rotated key is the one the next call uses
             ACTIONS[action](self)
-        return self._enter(None if decision.wait is None else self._wait(decision.wait))
+        return self._step(decision.then, None if decision.wait is None else self._wait(decision.wait))
 
     def on_timer(self, now: float) -> Call | Sleep | WalkDone:
         """The wait ended: retry, unless the profile is skipped now (the breaker opened, this
         turn's failure perhaps the last straw, or another turn put it on cooldown)."""
         self.now = now
         reason = self._blocked_reason()
-        self.life.fire(WalkTrigger.TIMER, self)
-        if self.life.state == WalkState.CHOOSING and reason is not None:
+        if reason is not None:  # (the timer's guard `blocked`) recorded before choosing's entry scans on
             self.health.skip(self.entry, reason)
-        return self._enter()
+        return self._step(WalkTrigger.TIMER)
 
     def on_committed(self) -> None:
         """A streamed attempt committed: the turn leaves the walk for good. The stream's own end
         (completed, interrupted) is what reaches the profile's health, and any probe stays held."""
-        self.life.fire(WalkTrigger.SUCCEED)
+        self._step(WalkTrigger.SUCCEED)
 
     def cancel(self) -> None:
         if not self.life.terminal:
-            self.life.fire(WalkTrigger.CANCEL)
-        self.health.release_all()
+            self._step(WalkTrigger.CANCEL)
+        self.health.release_all()  # (a walk that had ended may hold a committed stream's probe)
 
 
 # the actions specs/walk.toml may name, checked against its [actions] when this module loads
@@ -520,6 +525,16 @@ ACTIONS: dict[str, Callable[[Walk], None]] = {
     "skip": Walk.skip,
 }
 WAITS = ("backoff", "retry_after", "retry_after_capped")
+# the entry actions specs/walk.toml names, checked against it when a walk binds it
+ENTRY_ACTIONS: dict[str, Callable[[Walk], object]] = {
+    "choose": Walk._choose,
+    "call": Walk._call,
+    "sleep": Walk.sleep,
+    "answered": Walk.answered,
+    "release_probes": Walk.release_probes,
+    "ended_without_answer": Walk.ended_without_answer,
+    "cancelled": Walk.cancelled,
+}
 
 
 def _check_policy() -> None:

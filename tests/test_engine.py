@@ -481,3 +481,17 @@ def test_a_registry_must_perform_exactly_the_spec_entry_actions_and_each_needed_
     b = Breaker(BreakerConfig(failure_threshold=1, open_s=5))
     b.failure(2.0)
     assert b.state == "open" and b.open_until == 7.0
+
+
+def test_every_walk_state_needs_an_entry_action():
+    """Entering a walk state is what the walk does next: a state without an action is refused
+    when a walk binds the spec, naming the state."""
+    from relayline.machines.walk import ENTRY_ACTIONS
+
+    text = _text("walk")
+    moved = text.replace('enter = ["sleep"]\n', "", 1).replace(
+        'enter = ["release_probes", "cancelled"]', 'enter = ["release_probes", "sleep", "cancelled"]', 1)
+    assert moved.count('"sleep"') == text.count('"sleep"')
+    spec = parse_spec(moved, "toy.toml")
+    with pytest.raises(SpecError, match="toy.toml: state 'backing_off' needs an entry action and names none"):
+        bind_entry_actions(spec, ENTRY_ACTIONS, required=spec.states)
