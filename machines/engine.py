@@ -362,7 +362,7 @@ def bind_entry_actions(spec: Spec, registry: dict[str, Any], *, required: Iterab
     step to take) takes at least one. A mutated spec installed in place of a shipped one is
     checked the first time a model binds it."""
     try:
-        return spec.derived[("entry", id(registry))]  # type: ignore[no-any-return]
+        return spec.derived[id(registry)]  # type: ignore[no-any-return]
     except KeyError:
         pass
     if set(registry) != set(spec.entry_actions):
@@ -373,7 +373,7 @@ def bind_entry_actions(spec: Spec, registry: dict[str, Any], *, required: Iterab
         if name in spec.states and not spec.states[name].enter:
             raise SpecError(f"{spec.source}: state {name!r} needs an entry action and names none")
     bound = {name: tuple(registry[a] for a in state.enter) for name, state in spec.states.items()}
-    spec.derived[("entry", id(registry))] = bound
+    spec.derived[id(registry)] = bound
     return bound
 
 
@@ -574,12 +574,24 @@ class Lifecycle:
         self-transition is an entry only when the spec marks it `reenter` (a key pool's next key
         is a new call): a late result that leaves an open breaker open does not open it again."""
         before = self.state
-        self.fire(trigger, model)
-        result = None
-        if self.state != before or (before, trigger) in self.spec.reentering:
-            for action in bound[self.state]:
-                result = action(model)
-        return result
+        candidates = self.spec.moves[before].get(trigger)
+        if candidates is None:
+            return self.fire(trigger, model)  # (raises, saying so)
+        for dest, guards, unless, fired, i in candidates:  # `fire`, inline: a walk steps twice a turn
+            if (guards or unless) and not _passes(guards, unless, model):
+                continue
+            self.state = dest
+            history = self.history
+            history.append(dest)
+            if len(history) > self.history_limit:
+                del history[0]
+            fired[i] += 1
+            result = None
+            if dest != before or (before, trigger) in self.spec.reentering:
+                for action in bound[dest]:
+                    result = action(model)
+            return result
+        return self.fire(trigger, model)  # (every candidate blocked: raises, saying so)
 
     def decision(self, failure: str, model: Any) -> Decision:
         """The row of the spec's decision table for `failure` in the situations that `model`

@@ -18,7 +18,7 @@ import attrs
 
 from . import classify as fc
 from .config import Capabilities, Config, Reliability
-from .engine import Lifecycle, bind_entry_actions, load_spec
+from .engine import Lifecycle, Spec, bind_entry_actions, load_spec
 from .errors import IllegalTransition, SpecError
 from .health import HealthStore
 from .plan import Plan, PlannedEntry
@@ -228,9 +228,8 @@ class Walk:
         self.mode_for = mode_for  # None: every call in complete mode
         self.budgets = budgets or {}
         self.exclude = exclude
-        self.life = Lifecycle(load_spec("walk"))
-        # every state needs one: entering it is what the walk does next
-        self.entry_actions = bind_entry_actions(self.life.spec, ENTRY_ACTIONS, required=self.life.spec.states)
+        self.life = Lifecycle(spec := load_spec("walk"))
+        self.entry_actions = spec.derived.get(id(ENTRY_ACTIONS)) or _bind(spec)
         self.index = -1
         self.tries = 0
         self.backoff = self.rel.first_backoff_s
@@ -535,6 +534,11 @@ ENTRY_ACTIONS: dict[str, Callable[[Walk], object]] = {
     "ended_without_answer": Walk.ended_without_answer,
     "cancelled": Walk.cancelled,
 }
+
+
+def _bind(spec: Spec) -> dict[str, tuple[Callable[[Walk], object], ...]]:
+    # every state needs an action: entering it is what the walk does next
+    return bind_entry_actions(spec, ENTRY_ACTIONS, required=spec.states)
 
 
 def _check_policy() -> None:
