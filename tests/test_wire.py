@@ -195,6 +195,26 @@ OPENAI_FIELDS = [
          {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
          {"role": "user", "content": [{"type": "text", "text": "c", "cache_control": {"type": "ephemeral", "ttl": "1h"}},
                                       {"type": "text", "text": "d"}]}]}),
+    # on an assistant's tool call (opencode marks the last message of the history, a tool call
+    # included): the hint lands on the tool_use block
+    ("tool_call_cache_control", {"messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"},
+             "cache_control": {"type": "ephemeral"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]},
+     {"messages": [
+         {"role": "user", "content": "weather?"},
+         {"role": "assistant", "content": None, "tool_calls": [
+             {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"},
+              "cache_control": {"type": "ephemeral"}}]},
+         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]},
+     {"messages": [
+         {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
+         {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "f", "input": {},
+                                            "cache_control": {"type": "ephemeral"}}]},
+         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                       "content": [{"type": "text", "text": "sunny"}]}]}]}),
     # and on a tool (it was read past, and Anthropic's cache prefix lost its tools)
     ("tool_cache_control", {"tools": [{"type": "function", "function": {"name": "f", "parameters": WEATHER},
                                        "cache_control": {"type": "ephemeral"}}]},

@@ -111,12 +111,14 @@ def _tool_call(raw, param: str, extra_names: list[str]) -> w.ToolCall:
     raw = w.want_dict(raw, param)
     function = w.want_dict(raw.get("function"), w.path(param, "function"))
     # (`index`, a stream's place of the call, says nothing once the calls are in order)
-    extra_names.extend(f"messages.tool_calls.{k}" for k in w.extras(raw, ("id", "type", "function", "index")))
+    extra_names.extend(f"messages.tool_calls.{k}" for k in w.extras(raw, ("id", "type", "function", "index",
+                                                                          "cache_control")))
     extra_names.extend(f"messages.tool_calls.function.{k}" for k in w.extras(function, ("name", "arguments")))
     arguments = function.get("arguments")
     arguments = "{}" if arguments is None else w.want_str(arguments, w.path(param, "function.arguments"))
     return w.ToolCall(w.want_str(raw.get("id"), w.path(param, "id")),
-                      w.want_str(function.get("name"), w.path(param, "function.name")), arguments)
+                      w.want_str(function.get("name"), w.path(param, "function.name")), arguments,
+                      w.optional(raw, "cache_control", w.want_dict, param))  # (a caching hint, as on a message)
 
 
 # what relayline put beside `reasoning_content` on an answer for its client to send back with it
@@ -340,6 +342,7 @@ def _render_message(message: w.Message, cached: bool) -> dict:
     if message.tool_calls:
         out["content"] = out["content"] or None
         out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                             | ({"cache_control": dict(c.cache_control)} if cached and c.cache_control else {})
                              for c in message.tool_calls]
     if cached and message.cache_control is not None:
         out["cache_control"] = dict(message.cache_control)
