@@ -169,19 +169,17 @@ def cmd_diagram(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    import signal
-
     import trio
 
     from .gateway import Gateway, run_until_signalled
-    from .gateway.reload import Reloader
+    from .gateway.reload import EarlyReloads, Reloader, ask_supervisor_to_reload
     from .gateway.server import tune_collector
     from .providers.http import decode_in_worker_processes
     from .relay import Relay
 
-    # a SIGHUP before the gateway listens for it has nothing to reload yet: by default it would end
-    # the process
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # a SIGHUP before the gateway listens for it is kept for then (by default it would end the
+    # process; ignored, a worker starting while its fleet reloaded would miss the reload)
+    early = EarlyReloads().hold()
     if args.workers > 1:
         from .gateway.workers import LastGood, supervise
 
@@ -196,7 +194,7 @@ def cmd_serve(args) -> int:
                 print(f"error: {problem}", file=sys.stderr)
             return 2
         try:
-            return supervise(last_good, host=args.host, port=args.port, workers=args.workers,
+            return supervise(last_good, host=args.host, port=args.port, workers=args.workers, early=early,
                              worker_args=("--log-level", args.log_level, "--log-format", args.log_format))
         except OSError as exc:
             print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
@@ -218,6 +216,8 @@ def cmd_serve(args) -> int:
         return 2
     if args.config:
         gateway.reloader = Reloader(gateway, args.config)  # SIGHUP and POST /admin/reload
+        if args.supervisor is not None:
+            gateway.reloader.fleet = partial(ask_supervisor_to_reload, args.supervisor)
 
     def listening(binds: list[str]) -> None:
         print(f"relayline gateway listening on {', '.join(binds)}", file=sys.stderr, flush=True)
@@ -226,7 +226,7 @@ def cmd_serve(args) -> int:
     tune_collector()
     try:
         trio.run(partial(run_until_signalled, gateway, host=args.host, port=args.port, fd=args.listen_fd,
-                         on_listening=listening))
+                         on_listening=listening, early=early))
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
@@ -380,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen-fd", dest="listen_fd", type=int, help=argparse.SUPPRESS)  # a worker's inherited socket
     # a worker's first config: the supervisor's copy of the last good file (its reloads read --config)
     p.add_argument("--start-config", dest="start_config", help=argparse.SUPPRESS)
+    # a worker's supervisor: the process an admin reload asks to reload the whole fleet
+    p.add_argument("--supervisor", dest="supervisor", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level", dest="log_level", choices=LEVELS, default="info",
                    help="the least severe records logged (info: one access line per request)")
     p.add_argument("--log-format", dest="log_format", choices=["text", "json"], default="text",

@@ -406,13 +406,15 @@ class Gateway:
 
     async def _reload(self, send) -> None:
         """POST /admin/reload: 200 with the profiles now served, or 422 listing the problems of a
-        file that was refused (nothing changed)."""
+        file that was refused (nothing changed). In a fleet, a 200 then reloads every worker."""
         if self.reloader is None:
             await self._respond(send, 409, OPENAI.http_error(409, "this gateway serves no config file to reload",
                                                             "no_config_file"))
             return
         report = await self.reloader.reload()
         await self._json(send, 200 if report.ok else 422, report.as_json())
+        if report.ok and self.reloader.fleet is not None:
+            self.reloader.fleet()  # the other workers take the file as on a SIGHUP to the supervisor
 
     # -- plumbing -------------------------------------------------------------------------------
 

@@ -17,13 +17,21 @@ profiles the new file no longer has. [health] and [ledger] name connections that
 as the process: a reload that changes them is refused (restart to change them). A reload never
 turns authentication off: a file without client keys, while the running gateway has them, is
 refused (restart to run without them).
+
+In a fleet (`--workers N`) each worker has its own Reloader, and a POST /admin/reload reaches
+the one worker its connection landed on: that worker reloads, answers, and then asks its
+supervisor to reload the fleet as a SIGHUP to the supervisor does (`fleet`), so that no worker
+serves on the old file. A SIGHUP that comes while a process is still starting is kept
+(`EarlyReloads`) and reloaded once the gateway listens for SIGHUP: ignored, a worker started
+again as the fleet reloaded would have served the file's previous version.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+import signal
+from collections.abc import Callable, Mapping
 
 import attrs
 import trio
@@ -64,6 +72,35 @@ def accept_reload(running: Config, running_access: Access, config: Config, env: 
     return access
 
 
+class EarlyReloads:
+    """SIGHUPs that come before the gateway listens for them: noted, not lost. A worker inherits
+    SIGHUP blocked from its supervisor (workers.py), so one sent between its start and `hold`
+    waits in the kernel and is noted here once unblocked."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def hold(self) -> EarlyReloads:
+        signal.signal(signal.SIGHUP, self._note)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+        return self
+
+    def _note(self, _signum, _frame) -> None:
+        self.asked = True
+
+    def take(self) -> bool:
+        """Whether a SIGHUP came since the last take."""
+        asked, self.asked = self.asked, False
+        return asked
+
+
+def ask_supervisor_to_reload(supervisor: int) -> None:
+    """A SIGHUP to the fleet's supervisor, unless this worker outlived it (the pid may be
+    another process's by now)."""
+    if os.getppid() == supervisor:
+        os.kill(supervisor, signal.SIGHUP)
+
+
 class _Pending:
     """A reload asked for and not begun: the calls that come meanwhile share its report (a burst
     of SIGHUPs reads the file once, not once each)."""
@@ -83,6 +120,8 @@ class Reloader:
         self._lock = trio.Lock()
         self._pending: _Pending | None = None
         self.reloads = 0
+        # in a worker of a fleet: asks the supervisor to reload every worker (an admin reload)
+        self.fleet: Callable[[], None] | None = None
 
     async def reload(self) -> ReloadReport:
         """The file read again; its report. Never raises (but Cancelled)."""

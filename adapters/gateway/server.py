@@ -24,6 +24,7 @@ from ..logs import event
 from .app import Gateway
 from .dialects import OPENAI
 from .http11 import Server, listening_sockets
+from .reload import EarlyReloads
 
 log = logging.getLogger("relayline.gateway")
 
@@ -103,22 +104,29 @@ async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080, 
 
 
 async def run_until_signalled(gateway: Gateway, *, host: str, port: int, fd: int | None = None,
-                              on_listening: Callable[[list[str]], None] = lambda binds: None) -> None:
+                              on_listening: Callable[[list[str]], None] = lambda binds: None,
+                              early: EarlyReloads | None = None) -> None:
     """The `relayline serve` process: serve, drain on SIGTERM/SIGINT, cut the drain short on a
     second signal, return when every connection is done. SIGHUP reloads the config file
-    (gateway/reload.py)."""
+    (gateway/reload.py), and so does one that came while the process started (`early`)."""
     bound = bind(gateway, host, port, fd)
     stop = trio.Event()
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
 
+            def reload() -> None:
+                if gateway.reloader is not None:
+                    nursery.start_soon(gateway.reloader.reload)
+                else:
+                    event(log, logging.WARNING, "reload_ignored", reason="no_config_file")
+
+            if early is not None and early.take():  # (from here on SIGHUP comes to `signals`)
+                reload()
+
             async def watch() -> None:
                 async for signum in signals:
                     if signum == signal.SIGHUP:
-                        if gateway.reloader is not None:
-                            nursery.start_soon(gateway.reloader.reload)
-                        else:
-                            event(log, logging.WARNING, "reload_ignored", reason="no_config_file")
+                        reload()
                     elif not stop.is_set():
                         event(log, logging.WARNING, "draining", signal=signal.Signals(signum).name,
                               in_flight=gateway.in_flight, drain_s=gateway.settings.drain_s)

@@ -17,9 +17,10 @@ a worker's reload does (reload.py) and keeps a copy of the last good one for its
 
 A worker is a separate process with its own health unless the config names a shared store
 ([health] store = "redis://..."): the supervisor says which at start. It forwards SIGHUP
-(reload the config) to every worker, and SIGTERM/SIGINT (stop), then waits for them (their drain_s
-and a grace); a worker that dies is started again (at most once a second), and on Linux a
-supervisor that dies (SIGKILL) stops its workers the usual way (a parent-death SIGTERM).
+(reload the config; a worker's POST /admin/reload asks for one too) to every worker, and
+SIGTERM/SIGINT (stop), then waits for them (their drain_s and a grace); a worker that dies is
+started again (at most once a second), and on Linux a supervisor that dies (SIGKILL) stops its
+workers the usual way (a parent-death SIGTERM).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from relayline.machines.plan import build_router
 
 from ..configfile import config_document, load_config_file, read_config_bytes
 from .auth import load_access
-from .reload import accept_reload
+from .reload import EarlyReloads, accept_reload
 
 RESTART_PAUSE_S = 1.0
 # beyond drain_s, what a worker still does before it exits: the cancelled turns' ledger rows (a
@@ -62,12 +63,14 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _before_worker(supervisor: int) -> None:
-    """In a worker, before it runs: SIGHUP is ignored until the worker listens for it (a SIGHUP
+    """In a worker, before it runs: SIGHUP is blocked until the worker can note it (a SIGHUP
     forwarded to a worker still starting ended it, by the default action: a reload during a
-    restart took the fleet a worker short), and the supervisor's death (SIGKILL, the OOM killer:
-    nothing forwards a stop then) is a SIGTERM to the worker, its usual drain. Without that the
-    workers served on as orphans holding the port, beside the next supervisor's on the old config."""
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # (an ignored signal stays ignored across exec)
+    restart took the fleet a worker short; ignored, the worker missed the reload and served the
+    file's previous version), and the supervisor's death (SIGKILL, the OOM killer: nothing
+    forwards a stop then) is a SIGTERM to the worker, its usual drain. Without that the workers
+    served on as orphans holding the port, beside the next supervisor's on the old config."""
+    # (the mask is kept across exec, and a blocked SIGHUP waits there: reload.EarlyReloads)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     if _PRCTL is None:
         return
     _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -168,8 +171,11 @@ class LastGood:
         self._folder.cleanup()
 
 
-def supervise(last_good: LastGood, *, host: str, port: int, workers: int, worker_args: tuple[str, ...] = ()) -> int:
-    """Run `workers` workers of the config `last_good` holds until SIGTERM or SIGINT."""
+def supervise(last_good: LastGood, *, host: str, port: int, workers: int, worker_args: tuple[str, ...] = (),
+              early: EarlyReloads | None = None) -> int:
+    """Run `workers` workers of the config `last_good` holds until SIGTERM or SIGINT. A worker
+    asks for a reload of the fleet (its admin reload) as a SIGHUP to the supervisor; one that
+    came before this runs (`early`) is done once the workers started."""
     config_path, config = last_good.path, last_good.config
     sockets = listening_sockets(host, port, workers)
     bound_host, bound_port = sockets[0].getsockname()[:2]
@@ -182,7 +188,8 @@ def supervise(last_good: LastGood, *, host: str, port: int, workers: int, worker
     def start(i: int) -> subprocess.Popen:
         fd = sockets[i % len(sockets)].fileno()
         return subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", config_path,
-                                 "--start-config", last_good.copy, "--listen-fd", str(fd), *worker_args],
+                                 "--start-config", last_good.copy, "--listen-fd", str(fd),
+                                 "--supervisor", str(supervisor), *worker_args],
                                 pass_fds=(fd,), preexec_fn=partial(_before_worker, supervisor))
 
     procs: list[subprocess.Popen] = []
@@ -204,6 +211,8 @@ def supervise(last_good: LastGood, *, host: str, port: int, workers: int, worker
     # supervisor's own death by the default action with its workers left running)
     for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
+    if early is not None and early.take():
+        reloads.append(signal.SIGHUP)
     last_restart = 0.0
     try:
         for i in range(workers):
