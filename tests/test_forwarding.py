@@ -147,3 +147,33 @@ def test_forward_headers_names_only_headers_a_request_may_pass_on():
         "providers.p.forward_headers[1]: not a header name",
         "providers.p.forward_headers[2]: host describes the connection or the body, not the request: it is never "
         "forwarded"]
+
+
+def test_the_header_that_carried_the_gateway_key_never_travels_even_when_a_profile_names_it():
+    """A profile naming `authorization` or `x-api-key` in forward_headers passes on a key the
+    client holds for the provider. The header that carried the client's key to this gateway is
+    the gateway's own credential: it was sent upstream as written (Bearer gw-key to a profile
+    without a key of its own, or beside the x-api-key of an anthropic one)."""
+    with RecordingUpstream() as upstream:
+        credentials = ["authorization", "x-api-key"]
+        providers = {"an.byok": {"family": "anthropic", "base_url": upstream.url, "api_key": "sk-up-claude",
+                                 "model": "claude-byok", "forward_headers": credentials},
+                     "oa.byok": {"family": "openai", "base_url": f"{upstream.url}/v1", "model": "gpt-byok",
+                                 "forward_headers": credentials}}
+        config = {"active": "oa.byok", "reliability": {"provider_retries": 0}, "providers": providers,
+                  "routes": [{"hint": alias.replace(".", "-"), "provider": alias, "model": p["model"]}
+                             for alias, p in providers.items()]}
+        with BackgroundGateway(config, api_keys={"gw-key"}) as gw:
+            for model in ("an-byok", "oa-byok"):
+                openai.OpenAI(base_url=f"{gw.url}/v1", api_key="gw-key", max_retries=0, timeout=20).chat \
+                    .completions.create(model=model, messages=HI)
+                anthropic.Anthropic(base_url=gw.url, api_key="gw-key", max_retries=0, timeout=20).messages.create(
+                    model=model, max_tokens=16, messages=HI)
+            # a client's own provider key in the other credential header still travels, as named
+            anthropic.Anthropic(base_url=gw.url, auth_token="gw-key", max_retries=0, timeout=20,
+                                default_headers={"x-api-key": "sk-client-own"}).messages.create(
+                model="oa-byok", max_tokens=16, messages=HI)
+    sent = [_client_sent(seen) for seen in upstream.seen]
+    assert sent[:4] == [{"x-api-key": "sk-up-claude"}] * 2 + [{}] * 2, sent
+    assert sent[4] == {"x-api-key": "sk-client-own"}, sent
+    assert not any("gw-key" in value for seen in upstream.seen for value in seen.headers.values())

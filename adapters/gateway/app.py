@@ -53,7 +53,15 @@ from ..providers.base import TRAVELLING
 from ..providers.http import REQUEST_ID
 from ..relay import Relay
 from ..stores.ledger import DEFAULT_PATH, LedgerStore, LedgerUnavailable, open_ledger
-from .auth import Access, KeyRing, bearer, is_loopback, load_access
+from .auth import (
+    CREDENTIAL_HEADERS,
+    Access,
+    KeyRing,
+    bearer,
+    credential_header,
+    is_loopback,
+    load_access,
+)
 from .console import Console
 from .dialects import ANTHROPIC, OPENAI
 from .metrics import CONTENT_TYPE, Metrics, configured_models
@@ -715,8 +723,12 @@ class Gateway:
             if isinstance(body, wire.WireError):
                 raise body
             # only the headers some entry may be sent are decoded (`travelling_headers`; ASGI's
-            # names are lowercase)
+            # names are lowercase), never the one that carried the client's gateway key: a profile
+            # naming `authorization` in forward_headers passes on a client's own provider key, not
+            # the gateway's
             travelling = self._travelling
+            if self.access.clients and not travelling.isdisjoint(CREDENTIAL_HEADERS):
+                travelling = travelling - {credential_header(dict(scope.get("headers") or ()))}
             headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers") or ()
                        if k in travelling]
             query = scope.get("query_string")

@@ -97,20 +97,35 @@ def load_access(config: Config, env: Mapping[str, str]) -> Access:
     return Access(*rings)
 
 
+# the request headers a client may present a key in
+CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key"})
+
+
+def credential_header(headers: Mapping[bytes, bytes]) -> bytes | None:
+    """The header `bearer` reads the client's key from: `authorization` when it is a Bearer or
+    Basic one, else `x-api-key` when there is one."""
+    scheme = headers.get(b"authorization", b"")[:7].lower()
+    if scheme == b"bearer " or scheme[:6] == b"basic ":
+        return b"authorization"
+    return b"x-api-key" if b"x-api-key" in headers else None
+
+
 def bearer(headers: Mapping[bytes, bytes]) -> str | None:
     """The key a client presented: `Authorization: Bearer K` (OpenAI) or `x-api-key: K`
     (Anthropic), or the password of `Authorization: Basic` (a browser opening the console can
     send nothing else; the user name is ignored)."""
-    given = headers.get(b"authorization", b"").decode("latin-1")
+    name = credential_header(headers)
+    if name is None:
+        return None
+    given = headers[name].decode("latin-1")
+    if name == b"x-api-key":
+        return given.strip() or None
     if given[:7].lower() == "bearer ":
         return given[7:].strip()
-    if given[:6].lower() == "basic ":
-        try:
-            return base64.b64decode(given[6:].strip(), validate=True).decode("utf-8").partition(":")[2] or None
-        except (ValueError, UnicodeDecodeError):
-            return None
-    token = headers.get(b"x-api-key")
-    return token.decode("latin-1").strip() if token else None
+    try:
+        return base64.b64decode(given[6:].strip(), validate=True).decode("utf-8").partition(":")[2] or None
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def is_loopback(client) -> bool:
