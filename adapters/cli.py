@@ -199,6 +199,8 @@ def cmd_serve(args) -> int:
         except OSError as exc:
             print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
             return 1
+        finally:
+            early.close()
     try:
         if args.config:
             relay = Relay(load_config_file(args.start_config or args.config))
@@ -230,6 +232,8 @@ def cmd_serve(args) -> int:
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    finally:
+        early.close()
     return 0
 
 

@@ -151,3 +151,29 @@ def _wait_for(gateway: ServeProcess, text: str, seconds: float) -> str:
     while text not in gateway.stderr and time.monotonic() < deadline:
         time.sleep(0.05)
     return gateway.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sighups_beside_a_stop_leave_the_exit_status_zero(tmp_path, workers):
+    """A reload sent beside a stop (a config manager's SIGHUP as the service stops): Python gives
+    every signal it handled its default action back as it exits, and a SIGHUP then ended the
+    gateway, or the fleet's supervisor, as hung up (-1), not with its status 0."""
+    config = tmp_path / "stop.toml"
+    config.write_text(f'active = "s"\n[providers.s]\nfamily = "sim"\nmodel = "m"\n'
+                      f'[ledger]\npath = "{tmp_path / "l.sqlite3"}"\n')
+    for _ in range(2):
+        gateway = ServeProcess(config, "--workers", workers)
+        try:
+            if workers == "2":
+                _workers(gateway, 2)
+            gateway.signal(signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while gateway.proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    gateway.signal(signal.SIGHUP)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.002)
+            assert gateway.proc.wait(30) == 0, gateway.stderr
+        finally:
+            gateway.stop()

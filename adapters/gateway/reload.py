@@ -88,6 +88,13 @@ class EarlyReloads:
     def _note(self, _signum, _frame) -> None:
         self.asked = True
 
+    def close(self) -> None:
+        """Once the gateway stopped: a SIGHUP reloads nothing now. Ignored, not noted, because
+        Python gives every signal it handled its default action back as it exits, and a SIGHUP
+        then (a reload sent beside a stop) ended the process as hung up, not with its exit
+        status."""
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
     def take(self) -> bool:
         """Whether a SIGHUP came since the last take."""
         asked, self.asked = self.asked, False
