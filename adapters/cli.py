@@ -187,7 +187,7 @@ def cmd_serve(args) -> int:
             print("error: --workers needs --config (every worker loads the same file)", file=sys.stderr)
             return 2
         try:
-            last_good = LastGood(args.config, os.environ)
+            last_good = LastGood(args.config, os.environ, args.host)
             refuse_open_bind(last_good.config, args.host)
         except ConfigError as exc:
             for problem in exc.problems:
@@ -218,6 +218,7 @@ def cmd_serve(args) -> int:
         return 2
     if args.config:
         gateway.reloader = Reloader(gateway, args.config)  # SIGHUP and POST /admin/reload
+        gateway.reloader.host = args.host
         if args.supervisor is not None:
             gateway.reloader.fleet = partial(ask_supervisor_to_reload, args.supervisor)
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 
+import httpx
 import pytest
+from fleet import ServeProcess
 
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.machines.config import parse_config
@@ -97,3 +100,24 @@ def test_two_credential_headers_in_one_request_are_a_400(gateway, path, name, va
     assert (b'"type":"error"' in answer.replace(b" ", b"")) == (path == "/v1/messages")  # the route's dialect
     one = _raw(gateway, path, [(name, value.format(1))])
     assert one.startswith(b"HTTP/1.1 200"), one[:300]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_reload_never_makes_a_gateway_keyless_where_it_listens_beyond_loopback(tmp_path, workers):
+    """An open gateway (auth = "none") on every address, reloaded to a file that leaves auth at
+    "keys" and names no keys: such a file means loopback only, which serve enforces only where it
+    binds. The reload was taken and the gateway served on, keyless, on every address."""
+    config = tmp_path / "open.toml"
+    config.write_text(KEYLESS + '[gateway]\nauth = "none"\n')
+    with ServeProcess(config, "--host", NOT_LOOPBACK, "--workers", workers) as gateway:
+        url = "http://127.0.0.1:" + gateway.url.rsplit(":", 1)[1]  # (our own traffic stays on loopback)
+        if workers == "2":
+            deadline = time.monotonic() + 20
+            while gateway.stderr.count("listening on") < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        config.write_text(KEYLESS)
+        refused = httpx.post(f"{url}/admin/reload", timeout=30)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["problems"][0].startswith("gateway.api_keys_env: this file names no client keys")
+        config.write_text(KEYLESS.replace('model = "m"', 'model = "m2"') + '[gateway]\nauth = "none"\n')
+        assert httpx.post(f"{url}/admin/reload", timeout=30).status_code == 200  # (open on purpose: taken)

@@ -42,7 +42,7 @@ from relayline.machines.errors import ConfigError
 from ..configfile import load_config_file
 from ..logs import event
 from ..relay import Relay
-from .auth import Access, load_access
+from .auth import Access, bind_refusal, load_access
 
 log = logging.getLogger("relayline.gateway")
 
@@ -58,9 +58,10 @@ class ReloadReport:
         return {"reloaded": False, "problems": list(self.problems)}
 
 
-def accept_reload(running: Config, running_access: Access, config: Config, env: Mapping[str, str]) -> Access:
-    """The access `config` gives, when a gateway running `running` may take it; else ConfigError
-    naming why not."""
+def accept_reload(running: Config, running_access: Access, config: Config, env: Mapping[str, str],
+                  host: str | None = None) -> Access:
+    """The access `config` gives, when a gateway running `running` (listening on `host`, when
+    known) may take it; else ConfigError naming why not."""
     fixed = [name for name in ("health", "ledger") if getattr(config, name) != getattr(running, name)]
     if fixed:
         raise ConfigError([f"{name}: changed; it names a connection kept for the process's life "
@@ -69,6 +70,11 @@ def accept_reload(running: Config, running_access: Access, config: Config, env: 
     if running_access.clients and not access.clients:
         raise ConfigError(["gateway.api_keys_env: the running gateway requires client keys and this file "
                            "names none; a reload never turns authentication off (restart to do that)"])
+    if host is not None and bind_refusal(config, host) is not None:
+        # (an open gateway, auth = "none", reloaded to the default "keys" without naming any: the
+        # file means loopback only, which serve enforces where it binds; a reload cannot rebind)
+        raise ConfigError([f"gateway.api_keys_env: this file names no client keys, so the gateway would answer on "
+                           f"loopback only, and it listens on {host}; name client keys (or keep auth = \"none\")"])
     return access
 
 
@@ -127,6 +133,7 @@ class Reloader:
         self._lock = trio.Lock()
         self._pending: _Pending | None = None
         self.reloads = 0
+        self.host: str | None = None  # the address the gateway listens on, when known
         # in a worker of a fleet: asks the supervisor to reload every worker (an admin reload)
         self.fleet: Callable[[], None] | None = None
 
@@ -156,7 +163,7 @@ class Reloader:
     def _prepare(self, old: Relay, running: Access) -> tuple[Relay, Access]:
         """In a worker thread: the file read, checked against the running gateway, and its Relay."""
         config = load_config_file(self.path)
-        access = accept_reload(old.config, running, config, self.env)
+        access = accept_reload(old.config, running, config, self.env, self.host)
         return Relay(config, env=self.env, health=old.health, sim=old.sim), access
 
     async def _reload(self) -> ReloadReport:

@@ -136,10 +136,11 @@ class LastGood:
     """The config file as the fleet last took it, kept in a private copy that workers started
     again load (the file itself stays the one their reloads read)."""
 
-    def __init__(self, path: str, env: Mapping[str, str]) -> None:
+    def __init__(self, path: str, env: Mapping[str, str], host: str | None = None) -> None:
         """ConfigError when the file is no config the workers could start on."""
         self.path = path
         self.env = env
+        self.host = host  # where the fleet listens (a reload never makes it keyless there)
         data = read_config_bytes(path)
         self.config = structure_config(config_document(data, path))
         build_router(self.config, env)  # a config that cannot serve fails here, not in N workers
@@ -160,7 +161,7 @@ class LastGood:
             data = read_config_bytes(self.path)
             config = structure_config(config_document(data, self.path))
             build_router(config, self.env)
-            access = accept_reload(self.config, self.access, config, self.env)
+            access = accept_reload(self.config, self.access, config, self.env, self.host)
         except ConfigError:
             return False  # the workers refuse it too: the last good one stays
         self._keep(data)
@@ -188,7 +189,7 @@ def supervise(last_good: LastGood, *, host: str, port: int, workers: int, worker
     def start(i: int) -> subprocess.Popen:
         fd = sockets[i % len(sockets)].fileno()
         return subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", config_path,
-                                 "--start-config", last_good.copy, "--listen-fd", str(fd),
+                                 "--start-config", last_good.copy, "--listen-fd", str(fd), "--host", host,
                                  "--supervisor", str(supervisor), *worker_args],
                                 pass_fds=(fd,), preexec_fn=partial(_before_worker, supervisor))
 
