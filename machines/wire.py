@@ -180,6 +180,9 @@ class Request:
     extra: Mapping[str, Any] = attrs.field(factory=dict)
     source: str = "openai"  # the dialect the request was written in
     passthrough: Passthrough | None = None
+    # optional capabilities the client offered that a translating entry does not offer the model
+    # (a Responses client's built-in tools): named to the client, never an unsupported skip
+    withdrawn: tuple[str, ...] = ()
 
     @property
     def has_images(self) -> bool:

@@ -8,7 +8,8 @@ anyway (a slow model is not an error). After commit, a failure ends the stream w
 error event and no `[DONE]`, never a clean-looking truncated success. A client that goes away
 cancels the turn: never a provider retry, and the partial-text rules apply.
 
-Endpoints: POST /v1/chat/completions, POST /v1/messages, GET /v1/models (client keys);
+Endpoints: POST /v1/chat/completions, POST /v1/messages, POST /v1/responses, GET /v1/models
+(client keys);
 GET /admin/plan, GET /admin/health, GET /metrics (admin keys, auth.py); GET /healthz, GET /readyz
 (no key: probes). Attribution rides on x-relayline-* headers and a `relayline` field in bodies.
 
@@ -46,6 +47,7 @@ from relayline.machines.turn import TurnResult
 from relayline.machines.vocab import FailureClass, Mode
 
 from .. import jsoncodec
+from ..codecs.responses import RESPONSES
 from ..driver import TurnRun
 from ..logs import event
 from ..otel import Tracing
@@ -214,10 +216,10 @@ def travelling_headers(config) -> frozenset[bytes]:
     return frozenset(name.encode("latin-1") for name in TRAVELLING | named)
 
 
-_CHAT_DIALECTS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
+_CHAT_DIALECTS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC, "/v1/responses": RESPONSES}
 
 # the methods of each route, for a 405's Allow header (a HEAD is answered wherever a GET is)
-ALLOWED = {path: b"POST" for path in ("/v1/chat/completions", "/v1/messages", "/admin/reload")} | \
+ALLOWED = {path: b"POST" for path in (*_CHAT_DIALECTS, "/admin/reload")} | \
     {path: b"GET, HEAD" for path in ("/v1/models", "/admin/plan", "/admin/health", "/metrics", "/healthz", "/readyz")}
 
 
@@ -788,7 +790,7 @@ class Gateway:
                 # a stream that sent nothing: a failure before commit still gets a real status and body
                 await self._error_response(exchange, dialect, result)
             else:
-                await self._json(exchange, 200, dialect.completion(turn_id, result, self._relayline_field(result)),
+                await self._json(exchange, 200, dialect.completion(turn_id, result, self._relayline_field(result), request),
                                  headers=self._attribution(result) + dropped_header(request, result.served))
         finally:
             self.in_flight -= 1
@@ -908,7 +910,7 @@ def dropped_header(request: wire.Request, entry) -> list[tuple[bytes, bytes]]:
     if entry is None or request is None:
         return []
     provider = entry.provider
-    dropped = wire.droppable(request, provider.family, provider.capabilities)
+    dropped = (*wire.droppable(request, provider.family, provider.capabilities), *request.withdrawn)
     if not dropped:
         return []
     names = [name if _PLAIN_FIELD(name) else json.dumps(name).replace("\x7f", "\\u007f") for name in dropped]

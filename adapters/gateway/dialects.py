@@ -145,7 +145,7 @@ class OpenAIDialect:
         status, type_, code, _ = ERRORS.get(result.error or "", UNKNOWN_ERROR)
         return status, self.error_body(result.message or "failed", type_, code)
 
-    def completion(self, turn_id: str, result: TurnResult, relayline: dict) -> dict:
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
         tools = _tools(result, ToolIds("call_")) if result.tool_calls else []
         message: dict = {"role": "assistant", "content": result.text or (None if tools else "")}
         if result.reasoning:
@@ -284,7 +284,7 @@ class AnthropicDialect:
         status, _, _, type_ = ERRORS.get(result.error or "", UNKNOWN_ERROR)
         return status, self.error_body(result.message or "failed", type_)
 
-    def completion(self, turn_id: str, result: TurnResult, relayline: dict) -> dict:
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
         tools = _tools(result, ToolIds("toolu_"))
         if result.blocks:  # an Anthropic provider's content as it sent it
             content = [dict(block) for block in result.blocks]
