@@ -377,14 +377,15 @@ class ResponsesDialect(OpenAIDialect):
         return parse_request(body, headers)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: w.Request | None = None) -> dict:
+        tools = _tools_of(result)
+        status = "incomplete" if INCOMPLETE.get(w.finish_reason(result.finish_reason, len(tools))) else "completed"
         output: list[dict] = []
         if result.reasoning:
             output.append(_reasoning_out(_new_id("rs"), result.reasoning))
         if result.text or not result.tool_calls:
-            output.append(_message_out(_new_id("msg"), result.text or "", "completed"))
+            output.append(_message_out(_new_id("msg"), result.text or "", status))
         spaces = namespaces(request)
-        tools = _tools_of(result)
-        output += [_call_item_out(_new_id("fc"), i, n, a, spaces.get(n), "completed") for i, n, a in tools]
+        output += [_call_item_out(_new_id("fc"), i, n, a, spaces.get(n), status) for i, n, a in tools]
         envelope = _envelope(turn_id, int(time.time()), result.served.model if result.served else "", request,
                              "completed")
         envelope["output"] = output
