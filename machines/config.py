@@ -56,6 +56,8 @@ class Capabilities:
     # strict tools and answers held to a JSON schema (OpenAI's strict / json_schema, Anthropic's
     # structured outputs)
     structured_outputs: bool = True
+    # serves OpenAI's Responses API at {base_url}/responses: a Responses client's body goes as sent
+    responses: bool = False
 
 
 @attrs.frozen

@@ -281,6 +281,9 @@ def build_router(config: Config, env: Mapping[str, str]) -> Router:
             if profile.family not in FAMILIES:
                 problems.append(f"{join_path('providers', alias)}.family: unknown family {profile.family!r} "
                                 f"(known: {', '.join(FAMILIES)})")
+            if profile.capabilities.responses and profile.family != "openai":
+                problems.append(f"{join_path('providers', alias)}.capabilities.responses: only an openai "
+                                f"profile serves the Responses API, not {profile.family!r}")
             found, problem = profile_keys(alias, profile, env)
             if problem and alias not in route_keyed:
                 problems.append(problem)

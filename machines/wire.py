@@ -241,6 +241,16 @@ def json_object(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+RESPONSES = "responses"  # the Responses API's dialect: no family of its own, an openai profile may serve it
+
+
+def passes_through(request: Request, family: str, capabilities: Capabilities) -> bool:
+    """Whether an entry of `family` is sent the client's own body: it speaks the request's
+    dialect (a Responses client and an openai profile that serves the Responses API)."""
+    return family == request.source or (request.source == RESPONSES and family == "openai"
+                                        and capabilities.responses)
+
+
 def unsupported(request: Request, family: str, capabilities: Capabilities) -> tuple[str, ...]:
     """The request fields an entry of `family` with `capabilities` cannot honour (docs/wire.md),
     by name. Empty: the entry can serve the request as asked."""
@@ -251,8 +261,8 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
         names.append("tools")  # (also tools relayline does not read: server tools, custom tools)
     if not capabilities.structured_outputs:
         names.extend(structured_outputs(request))
-    if family not in ("openai", "anthropic") or family == request.source:
-        return tuple(names)  # the sim family takes anything; the same family gets the body as sent
+    if family not in ("openai", "anthropic") or passes_through(request, family, capabilities):
+        return tuple(names)  # the sim family takes anything; the same dialect gets the body as sent
     names.extend(request.extra)
     names.extend(x for m in request.messages for p in m.content for x in p.extra)
     if family == "openai":

@@ -22,6 +22,9 @@ from relayline.adapters.sim.recorder import (
     openai_reply,
 )
 from relayline.adapters.stores.ledger import LedgerStore
+from relayline.machines.config import structure_config
+from relayline.machines.errors import ConfigError
+from relayline.machines.plan import build_router
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "the weather in a city",
@@ -39,10 +42,13 @@ def gw():
             "providers": {
                 "openai.up": {"family": "openai", "base_url": f"{upstream.url}/v1", "api_key": "sk-up-openai",
                               "model": "gpt-up"},
+                "openai.native": {"family": "openai", "base_url": f"{upstream.url}/v1", "api_key": "sk-up-native",
+                                  "model": "gpt-native", "capabilities": {"responses": True}},
                 "anthropic.up": {"family": "anthropic", "base_url": upstream.url, "api_key": "sk-up-anthropic",
                                  "model": "claude-up", "max_output_tokens": 2048},
             },
             "routes": [{"hint": "openai", "provider": "openai.up", "model": "gpt-up"},
+                       {"hint": "native", "provider": "openai.native", "model": "gpt-native"},
                        {"hint": "anthropic", "provider": "anthropic.up", "model": "claude-up"}],
         }
         with BackgroundGateway(config, api_keys={"gw-key"}) as gateway:
@@ -57,15 +63,15 @@ def upstream(gw):
     return gw.upstream
 
 
-def oai(gw) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key="gw-key", max_retries=0, timeout=20)
+def oai(gw, **kwargs) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key="gw-key", max_retries=0, timeout=20, **kwargs)
 
 
-def respond(gw, stream: bool, **kwargs):
+def respond(gw, stream: bool, client: dict | None = None, **kwargs):
     """The final response object, and the stream's events when streamed."""
     if not stream:
-        return oai(gw).responses.create(**kwargs), []
-    with oai(gw).responses.stream(**kwargs) as events:
+        return oai(gw, **(client or {})).responses.create(**kwargs), []
+    with oai(gw, **(client or {})).responses.stream(**kwargs) as events:
         seen = list(events)
         return events.get_final_response(), seen
 
@@ -205,6 +211,43 @@ def test_hints_are_left_out_and_a_wrong_shape_is_a_400_naming_the_field(gw, upst
     reply = httpx.post(f"{gw.url}/v1/responses", headers={"authorization": "Bearer gw-key"},
                        json={"model": "openai", "input": [{"role": "user", "content": 7}]}, timeout=20)
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "input[0].content"
+
+
+# -- passthrough to a profile that serves the Responses API ----------------------------------------
+
+
+@STREAM
+def test_a_profile_serving_the_responses_api_gets_the_body_as_sent(gw, upstream, stream):
+    upstream.answer = Answer(text="", reasoning="plan", tool_calls=(("call_n1", "get_weather", '{"city": "Oslo"}'),))
+    tools = [WEATHER_TOOL, {"type": "web_search"}]
+    raw = oai(gw, default_headers={"openai-beta": "responses=v1", "originator": "codex_exec"}).responses
+    fields = dict(model="native", input="weather in Oslo?", tools=tools, store=True, prompt_cache_key="k1",
+                  include=["reasoning.encrypted_content"], extra_body={"client_metadata": {"a": "b"}})
+    if stream:
+        with raw.stream(**fields) as events:
+            response = events.get_final_response()
+    else:
+        reply = raw.with_raw_response.create(**fields)
+        assert "x-relayline-dropped" not in reply.headers  # the built-in tool was offered as sent
+        response = reply.parse()
+    seen = upstream.seen[-1]
+    assert seen.path == "/v1/responses" and seen.headers["openai-beta"] == "responses=v1"
+    assert "originator" not in seen.headers and seen.headers["authorization"] == "Bearer sk-up-native"
+    assert seen.body == {"model": "gpt-native", "input": "weather in Oslo?", "tools": tools, "store": True,
+                         "prompt_cache_key": "k1", "include": ["reasoning.encrypted_content"],
+                         "client_metadata": {"a": "b"}, "stream": stream}
+    reasoning, call = response.output
+    assert reasoning.encrypted_content == "enc-up" and reasoning.summary[0].text == "plan"
+    assert (call.call_id, call.name, json.loads(call.arguments)) == ("call_n1", "get_weather", {"city": "Oslo"})
+    assert response.usage.input_tokens == 12
+
+
+def test_a_responses_capability_outside_the_openai_family_is_a_config_error():
+    config = {"active": "anthropic.a", "providers": {"anthropic.a": {
+        "family": "anthropic", "base_url": "http://127.0.0.1:9", "api_key": "sk-x", "model": "c",
+        "capabilities": {"responses": True}}}}
+    with pytest.raises(ConfigError, match=r"providers.\"anthropic.a\".capabilities.responses: only an openai profile"):
+        build_router(structure_config(config), {})
 
 
 # -- failover before commit, a cut after commit -----------------------------------------------------

@@ -28,8 +28,6 @@ from ..gateway.dialects import _tools as answer_tools
 from ..providers.base import client_headers
 from ..providers.openai import _data_url
 
-SOURCE = "responses"
-
 # top-level fields only a provider that stores responses, or runs them in the background, can serve
 STORED = ("store", "previous_response_id", "conversation", "background")
 # top-level fields with a meaning no family translation keeps: named, so the entry is skipped
@@ -287,7 +285,7 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
         user=user,
         extra=reader.extra,
         withdrawn=tuple(dict.fromkeys(reader.withdrawn)),
-        source=SOURCE,
+        source=w.RESPONSES,
         passthrough=w.Passthrough(body, client_headers(headers, "openai")) if passthrough else None,
     )
 
@@ -367,7 +365,7 @@ def _finished(envelope: dict, result: TurnResult, tools: int) -> dict:
 class ResponsesDialect(OpenAIDialect):
     """Errors in OpenAI's shape (the Responses API's own); answers as a `response` object."""
 
-    name = SOURCE
+    name = w.RESPONSES
 
     @staticmethod
     def new_id() -> str:
@@ -386,6 +384,8 @@ class ResponsesDialect(OpenAIDialect):
             output.append(_message_out(_new_id("msg"), result.text or "", status))
         spaces = namespaces(request)
         output += [_call_item_out(_new_id("fc"), i, n, a, spaces.get(n), status) for i, n, a in tools]
+        if _passed_through(request, result):
+            output = [dict(item) for item in result.blocks]  # the provider's own items, as it sent them
         envelope = _envelope(turn_id, int(time.time()), result.served.model if result.served else "", request,
                              "completed")
         envelope["output"] = output
@@ -393,6 +393,13 @@ class ResponsesDialect(OpenAIDialect):
 
     def stream_renderer(self, turn_id: str, request: w.Request) -> ResponsesStream:
         return ResponsesStream(turn_id, request)
+
+
+def _passed_through(request: w.Request | None, result: TurnResult) -> bool:
+    """Whether the answer came from a provider that speaks the Responses API itself."""
+    served = result.served
+    return bool(result.blocks) and request is not None and served is not None and w.passes_through(
+        request, served.provider.family, served.provider.capabilities)
 
 
 def _tools_of(result: TurnResult) -> list[tuple[str, str, str]]:
@@ -472,7 +479,7 @@ class ResponsesStream:
             out += self._event("response.content_part.done", item_id=item["id"], output_index=index,
                                content_index=0, part=part)
         elif item["type"] == "reasoning":
-            done = _reasoning_out(item["id"], text, self.signature)
+            done, self.signature = _reasoning_out(item["id"], text, self.signature), ""
             out += self._event("response.reasoning_summary_text.done", item_id=item["id"], output_index=index,
                                summary_index=0, text=text)
             out += self._event("response.reasoning_summary_part.done", item_id=item["id"], output_index=index,
@@ -503,7 +510,6 @@ class ResponsesStream:
                                      output_index=self._index(), summary_index=0, delta=event.value)
         if kind == "tool":
             self.calls += 1
-            self.signature = ""
             return self._open(_call_item_out(_new_id("fc"), self.ids(event.ref), event.value, "",
                                              self.spaces.get(event.value), "in_progress"))
         if kind == "tool_args" and self.item is not None and self.item["type"] == "function_call":

@@ -910,7 +910,9 @@ def dropped_header(request: wire.Request, entry) -> list[tuple[bytes, bytes]]:
     if entry is None or request is None:
         return []
     provider = entry.provider
-    dropped = (*wire.droppable(request, provider.family, provider.capabilities), *request.withdrawn)
+    dropped = wire.droppable(request, provider.family, provider.capabilities)
+    if not wire.passes_through(request, provider.family, provider.capabilities):
+        dropped += request.withdrawn  # built-in tools a translating entry did not offer the model
     if not dropped:
         return []
     names = [name if _PLAIN_FIELD(name) else json.dumps(name).replace("\x7f", "\\u007f") for name in dropped]

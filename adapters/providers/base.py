@@ -84,7 +84,9 @@ class CallRequest:
         if passthrough is None or not passthrough.headers:
             return ()
         named = self.entry.provider.forward_headers
-        own = FAMILY_HEADERS[family] if self.request.source == family else frozenset()
+        # the family's own headers go where the client's body goes as sent (its own dialect)
+        own = FAMILY_HEADERS[family] if wire.passes_through(self.request, family, self.entry.provider.capabilities) \
+            else frozenset()
         if not named:
             return tuple([(k, v) for k, v in passthrough.headers if k in own])
         wanted = own | {name.lower() for name in named}

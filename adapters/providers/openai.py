@@ -32,6 +32,7 @@ from relayline.machines.stream import (
 from relayline.machines.turn import Completion
 
 from .. import jsoncodec
+from ..codecs import responses_replies
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure, client_headers
 from .http import FixedHeads, HttpProvider, json_frame
@@ -540,11 +541,14 @@ class OpenAIStreamParser:
         self.finished = False
         self.refused = False  # refusal deltas came: the finish is a refusal, whatever it says
         self.calls: dict[object, int] = {}  # a tool call's `index` -> its place among the calls opened
+        self.responses: responses_replies.ResponsesStreamParser | None = None  # a Responses stream's reader
 
     def complete_at_eof(self) -> bool:
         return self.finished
 
     def feed(self, event: SSEEvent) -> list[Frame]:
+        if event.event != "message":  # named events: a Responses API stream (chat chunks have none)
+            return self._responses_frames(event)
         if event.data[:1] != "{" and event.data.strip() == "[DONE]":
             self.done = True
             return []
@@ -559,6 +563,13 @@ class OpenAIStreamParser:
             return self._frames(obj)
         except w.WireError as exc:
             raise ProviderFailure(fc.malformed(f"stream chunk {exc}")) from None
+
+    def _responses_frames(self, event: SSEEvent) -> list[Frame]:
+        if self.responses is None:
+            self.responses = responses_replies.ResponsesStreamParser()
+        frames = self.responses.feed(event)
+        self.done, self.finished = self.responses.done, self.responses.finished
+        return frames
 
     def _frames(self, obj: dict) -> list[Frame]:
         if obj.get("error"):
@@ -615,21 +626,31 @@ class OpenAIProtocol:
 
     def __init__(self) -> None:
         self.heads = FixedHeads()
+        self.responses_heads = FixedHeads()  # the same profiles' heads for {base_url}/responses
 
     def build(self, request: CallRequest) -> UpstreamRequest:
         provider, key = request.entry.provider, request.key
+        wire_request = request.wire_request()
+        responses = wire_request.passthrough is not None and wire_request.source == w.RESPONSES and \
+            provider.capabilities.responses
+        heads, path = (self.responses_heads, "/responses") if responses else (self.heads, "/chat/completions")
         forwarded, query = request.forwarded_headers("openai"), request.forwarded_query("openai")
-        fixed = self.heads.get(provider, key, forwarded, query)
+        fixed = heads.get(provider, key, forwarded, query)
         if fixed is None:
             base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
             headers = {"content-type": "application/json", **dict(forwarded), **provider.headers}
             if key is not None:
                 headers["authorization"] = f"Bearer {key.reveal()}"
-            fixed = self.heads.keep(provider, key, forwarded, query, f"{base}/chat/completions", headers)
-        body = render_request(request.wire_request(), request.model, request.stream)
+            fixed = heads.keep(provider, key, forwarded, query, f"{base}{path}", headers)
+        if responses and wire_request.passthrough is not None:
+            body = {**wire_request.passthrough.body, "model": request.model, "stream": request.stream}
+        else:
+            body = render_request(wire_request, request.model, request.stream)
         return UpstreamRequest(fixed.url, dict(fixed.headers), jsoncodec.dumps_kept(body), fixed)
 
     def completion(self, body: dict) -> Completion:
+        if responses_replies.is_response(body):
+            return responses_replies.parse_response(body)
         return parse_completion(body)
 
     def parser(self) -> OpenAIStreamParser:

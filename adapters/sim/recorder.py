@@ -1,6 +1,6 @@
 """A recording loopback upstream on a thread of its own: it answers as an OpenAI-compatible or
-Anthropic provider would (by the request path: /v1/chat/completions or /v1/messages; JSON or SSE
-by the request's `stream`) and keeps every request it got, bodies and headers, so a test can
+Anthropic provider would (by the request path: /v1/chat/completions, /v1/responses or
+/v1/messages; JSON or SSE by the request's `stream`) and keeps every request it got, bodies and headers, so a test can
 say exactly what reached the provider. The official SDKs are blocking clients: this upstream,
 like the gateway (background.py), runs its own trio loop.
 
@@ -153,6 +153,44 @@ def family_of(seen: Seen) -> str:
     return "anthropic" if seen.path.partition("?")[0].endswith("/v1/messages") else "openai"
 
 
+def responses_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ...]:
+    """OpenAI's Responses API: the `response` object, or its event stream (text, reasoning with
+    its encrypted content, function calls; incomplete for finish "max_output_tokens")."""
+    usage = answer.usage or {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 3,
+                             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15}
+    items: list[dict] = []
+    if answer.reasoning:
+        items.append({"id": "rs_up", "type": "reasoning", "summary": [{"type": "summary_text", "text": answer.reasoning}],
+                      "encrypted_content": "enc-up"})
+    if answer.text:
+        items.append({"id": "msg_up", "type": "message", "role": "assistant", "status": "completed",
+                      "content": [{"type": "output_text", "text": answer.text, "annotations": []}]})
+    items += [{"id": f"fc_up{n}", "type": "function_call", "status": "completed", "call_id": i, "name": name,
+               "arguments": a} for n, (i, name, a) in enumerate(answer.tool_calls)]
+    incomplete = answer.finish == "max_output_tokens"
+    response = {"id": "resp_up", "object": "response", "created_at": 1, "model": model, "output": items,
+                "status": "incomplete" if incomplete else "completed",
+                "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None, "usage": usage}
+    if not stream:
+        return (json.dumps(response).encode(),)
+    events: list[dict] = [{"type": "response.created", "response": {**response, "status": "in_progress", "output": []}}]
+    for index, item in enumerate(items):
+        events.append({"type": "response.output_item.added", "output_index": index, "item": item | (
+            {"arguments": ""} if item["type"] == "function_call" else {})})
+        if item["type"] == "message":
+            events.append({"type": "response.output_text.delta", "item_id": item["id"], "output_index": index,
+                           "content_index": 0, "delta": answer.text})
+        elif item["type"] == "reasoning":
+            events.append({"type": "response.reasoning_summary_text.delta", "item_id": item["id"],
+                           "output_index": index, "summary_index": 0, "delta": answer.reasoning})
+        else:
+            events.append({"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                           "output_index": index, "delta": item["arguments"]})
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    events.append({"type": "response.incomplete" if incomplete else "response.completed", "response": response})
+    return tuple(_sse(dict(e, sequence_number=n), e["type"]) for n, e in enumerate(events))
+
+
 class RecordingUpstream(BackgroundLoopback):
     def __init__(self, script: Callable[[Seen], Answer] | None = None) -> None:
         super().__init__(self._answer)
@@ -164,11 +202,12 @@ class RecordingUpstream(BackgroundLoopback):
         self.seen.append(seen)
         answer = self.script(seen) if self.script is not None else self.answer
         family = family_of(seen)
+        responses = seen.path.partition("?")[0].endswith("/responses")
         if answer.status >= 400:
             error = answer.error or {"type": "invalid_request_error", "message": "rejected"}
             body = {"type": "error", "error": error} if family == "anthropic" else {"error": error}
             return Reply(status=answer.status, headers=JSON, pieces=(json.dumps(body).encode(),))
         body = seen.body or {}
         stream = bool(body.get("stream"))
-        render = anthropic_reply if family == "anthropic" else openai_reply
+        render = anthropic_reply if family == "anthropic" else responses_reply if responses else openai_reply
         return Reply(headers=SSE if stream else JSON, pieces=render(answer, body.get("model", ""), stream))

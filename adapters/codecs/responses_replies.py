@@ -1,0 +1,142 @@
+"""What an openai profile that serves the Responses API answers (`capabilities.responses`), read
+into the canonical answer: the `response` object, and the Responses event stream as frames.
+
+The client's own items come back as the provider sent them (`Completion.blocks`), so what the
+canonical answer has no field for (a reasoning item's encrypted content, a built-in tool's call)
+reaches a Responses client unchanged; the frames carry what the gate and the ledger read. A
+stream is complete at `response.completed` or `response.incomplete`; EOF before either is
+truncation, and `response.failed` or an `error` event is the provider's failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relayline.machines import classify as fc
+from relayline.machines import wire as w
+from relayline.machines.ledger import Usage
+from relayline.machines.stream import FINISH, REASONING, TEXT, TOOL_ARGS, TOOL_CALL, USAGE, Frame
+from relayline.machines.turn import Completion
+
+from .. import jsoncodec
+from ..providers.base import ProviderFailure
+from ..sse import SSEEvent
+
+# incomplete_details.reason -> the canonical finish reason
+INCOMPLETE = {"max_output_tokens": w.LENGTH, "content_filter": w.CONTENT_FILTER}
+
+
+def usage(raw: Any, param: str = "usage") -> Usage | None:
+    if raw is None:
+        return None
+    raw = w.want_dict(raw, param)
+    details = w.optional(raw, "input_tokens_details", w.want_dict, param) or {}
+    cached = w.optional(details, "cached_tokens", w.want_int, w.path(param, "input_tokens_details")) or 0
+    out_details = w.optional(raw, "output_tokens_details", w.want_dict, param) or {}
+    reasoning = w.optional(out_details, "reasoning_tokens", w.want_int, w.path(param, "output_tokens_details")) or 0
+    prompt = w.optional(raw, "input_tokens", w.want_int, param) or 0
+    # input_tokens already counts cached tokens: kept apart so they are not billed twice
+    return Usage(max(prompt - cached, 0), w.optional(raw, "output_tokens", w.want_int, param) or 0, cached,
+                 0, reasoning)
+
+
+def _failure(error: Any) -> ProviderFailure:
+    text = " ".join(str(error.get(k, "")) for k in ("code", "type", "message")) if isinstance(error, dict) else "error"
+    return ProviderFailure(fc.classify_stream_error(text))
+
+
+def _finish(response: dict, calls: int) -> str:
+    details = response.get("incomplete_details")
+    if response.get("status") == "incomplete" and isinstance(details, dict):
+        return INCOMPLETE.get(str(details.get("reason")), w.LENGTH)
+    return w.TOOL_CALLS if calls else w.STOP
+
+
+def parse_response(body: dict) -> Completion:
+    """A `response` object as the canonical answer, its output items kept as sent."""
+    if body.get("error") or body.get("status") == "failed":
+        raise _failure(body.get("error"))
+    output = w.want_list(body.get("output"), "output")
+    text, reasoning, names, arguments, ids = [], [], [], [], []
+    refused = False
+    for i, item in enumerate(output):
+        where = w.path("output", i)
+        item = w.want_dict(item, where)
+        kind = item.get("type")
+        if kind == "message":
+            for j, part in enumerate(w.want_list(item.get("content"), w.path(where, "content"))):
+                part = w.want_dict(part, w.path(w.path(where, "content"), j))
+                refused = refused or part.get("type") == "refusal"
+                text.append(w.want_str(part.get("text", part.get("refusal", "")), w.path(where, "content")))
+        elif kind == "reasoning":
+            reasoning += [w.want_str(s.get("text", ""), w.path(where, "summary")) for s in item.get("summary") or ()
+                          if isinstance(s, dict)]
+        elif kind == "function_call":
+            names.append(w.want_str(item.get("name"), w.path(where, "name")))
+            arguments.append(w.want_str(item.get("arguments", ""), w.path(where, "arguments")))
+            ids.append(w.want_str(item.get("call_id"), w.path(where, "call_id")))
+    finish = w.CONTENT_FILTER if refused else _finish(body, len(names))
+    return Completion("".join(text), "\n".join(reasoning), tuple(names), usage(body.get("usage")) or Usage(),
+                      tuple(arguments), tuple(ids), finish, blocks=tuple(output))
+
+
+def is_response(body: dict) -> bool:
+    return body.get("object") == "response"
+
+
+class ResponsesStreamParser:
+    """The Responses event stream as frames: text, reasoning summaries, function calls and their
+    arguments, and at the end the usage and the finish."""
+
+    __slots__ = ("done", "finished", "calls", "refused")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.finished = False
+        self.calls: dict[str, int] = {}  # a function call item's id -> its place among the calls
+        self.refused = False
+
+    def complete_at_eof(self) -> bool:
+        return self.finished
+
+    def feed(self, event: SSEEvent) -> list[Frame]:
+        try:
+            obj = w.want_dict(jsoncodec.loads(event.data), "event")
+            return self._frames(obj, str(obj.get("type") or event.event))
+        except ValueError:
+            raise ProviderFailure(fc.malformed("stream event: not JSON")) from None
+        except w.WireError as exc:
+            raise ProviderFailure(fc.malformed(f"stream event {exc}")) from None
+
+    def _frames(self, obj: dict, kind: str) -> list[Frame]:
+        if kind in ("response.output_text.delta", "response.refusal.delta"):
+            self.refused = self.refused or kind == "response.refusal.delta"
+            return [Frame(TEXT, w.want_str(obj.get("delta"), "delta"))]
+        if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
+            return [Frame(REASONING, w.want_str(obj.get("delta"), "delta"))]
+        if kind == "response.function_call_arguments.delta":
+            place = self.calls.get(str(obj.get("item_id")), len(self.calls) - 1)
+            return [Frame(TOOL_ARGS, w.want_str(obj.get("delta"), "delta"),
+                          ref=str(place) if place != len(self.calls) - 1 else "")]
+        if kind in ("response.output_item.added", "response.output_item.done"):
+            return self._item(w.want_dict(obj.get("item"), "item"), added=kind.endswith("added"))
+        if kind in ("response.completed", "response.incomplete"):
+            response = w.want_dict(obj.get("response"), "response")
+            self.finished = self.done = True
+            finish = w.CONTENT_FILTER if self.refused else _finish(response, len(self.calls))
+            return [Frame(USAGE, usage=usage(response.get("usage"), "response.usage") or Usage()),
+                    Frame(FINISH, finish)]
+        if kind in ("response.failed", "error"):
+            response = obj.get("response")
+            raise _failure(response.get("error") if isinstance(response, dict) else obj)
+        return []
+
+    def _item(self, item: dict, added: bool) -> list[Frame]:
+        if added and item.get("type") == "function_call":
+            self.calls[str(item.get("id"))] = len(self.calls)
+            return [Frame(TOOL_CALL, w.want_str(item.get("name"), "item.name"),
+                          ref=w.optional(item, "call_id", w.want_str, "item") or "")]
+        if not added and item.get("type") == "reasoning" and item.get("encrypted_content"):
+            # the provider's opaque reasoning: the client sends it back on its next turn
+            return [Frame(REASONING, "", ref=w.want_str(item["encrypted_content"], "item.encrypted_content"))]
+        return []
