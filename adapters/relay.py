@@ -42,6 +42,7 @@ from relayline.machines.plan import HINT_PREFIX, Plan, build_router, model_offer
 from relayline.machines.stream import Event
 from relayline.machines.turn import Turn, TurnResult
 
+from .codecs.embeddings import parse_request as parse_embeddings
 from .configfile import load_config_file
 from .driver import Sink, TurnRun, _discard
 from .hosts import (
@@ -126,6 +127,38 @@ def wire_request(messages: Sequence[Mapping[str, Any]] | wire.Request, tools: Se
     if tools:
         body["tools"] = list(tools)
     return parse_openai(body, passthrough=False)
+
+
+def same_model(plan: Plan) -> Plan:
+    """The plan's entries that serve its first entry's model: vectors from two models are not
+    interchangeable, so an embeddings turn falls back only to another profile, key or region of
+    the same model (a catalog model's channels all serve it)."""
+    if plan.catalog is not None or not plan.entries:
+        return plan
+    model = plan.entries[0].model
+    return attrs.evolve(plan, entries=tuple(e for e in plan.entries if e.model == model))
+
+
+@attrs.frozen
+class Embeddings:
+    """An embeddings answer: one vector per input, in order (a list of floats, or base64 text
+    when asked), and who served it."""
+
+    vectors: tuple[list[float] | str, ...]
+    served: str
+    requested: str
+    fallback: bool
+    input_tokens: int
+    cost_usd: float
+    ledger: tuple[LedgerRow, ...] = ()
+
+    @classmethod
+    def of(cls, result: TurnResult) -> Embeddings:
+        assert result.served is not None  # an accepted answer always has a server
+        items = sorted(result.vectors, key=lambda v: v.get("index", 0))
+        return cls(vectors=tuple(v["embedding"] for v in items), served=result.served.label,
+                   requested=result.requested, fallback=result.fallback,
+                   input_tokens=(result.usage or Usage()).input_tokens, cost_usd=result.cost_usd, ledger=result.ledger)
 
 
 @attrs.frozen
@@ -333,6 +366,8 @@ class Relay:
                 unfit[entry.profile] = fields
         if unfit:
             plan = attrs.evolve(plan, unfit=unfit)
+        if request.embedding is not None:
+            plan = same_model(plan)
         turn = self._turn_factory(plan, self.config, self.health, stream=stream, tools=bool(request.tools),
                                   prompt_chars=request.prompt_chars)
         return TurnRun(turn, self.clients, request, on_draft=on_draft)
@@ -384,6 +419,21 @@ class Relay:
         result = await run_in_host(partial(self._run_turn, request, model=model, operator_model=operator_model))
         raise_for(result)
         return Reply.of(result)
+
+    async def embed(self, /, input: str | Sequence[str] | Sequence[Sequence[int]], *, model: str | None = None,  # noqa: A002
+                    dimensions: int | None = None, encoding_format: str | None = None,
+                    user: str | None = None) -> Embeddings:
+        """Embeddings for `input` (a string, strings, or token arrays), from trio or asyncio:
+        routed as a turn is (retries, cooldowns, breakers, key pools, the ledger), falling back
+        only to entries that serve the same model. Raises TurnError when no vectors came."""
+        body = {"input": input if isinstance(input, str) else [i if isinstance(i, str | int) else list(i) for i in input],
+                "dimensions": dimensions, "encoding_format": encoding_format, "user": user}
+        request = parse_embeddings(body)  # a bad parameter raises here, in the caller
+        result = await run_in_host(partial(self._run_turn, request, model=model))
+        raise_for(result)
+        return Embeddings.of(result)
+
+    embed_sync = _blocking(embed, "embed_sync")
 
     def stream(self, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
                tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None,

@@ -58,6 +58,8 @@ class Capabilities:
     structured_outputs: bool = True
     # serves OpenAI's Responses API at {base_url}/responses: a Responses client's body goes as sent
     responses: bool = False
+    # serves embeddings at {base_url}/embeddings (an openai profile; no other family has the API)
+    embeddings: bool = True
 
 
 @attrs.frozen

@@ -98,6 +98,8 @@ class Completion:
     logprobs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)
     # an OpenAI answer's message.annotations (a search model's url citations), as sent
     annotations: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)
+    # an embeddings answer's items ({index, embedding}), as sent: the answer of an embeddings turn
+    vectors: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)
 
     @property
     def refusal(self) -> bool:
@@ -106,7 +108,7 @@ class Completion:
     @property
     def has_answer(self) -> bool:
         # a refusal is what the provider answered, text or not: retrying it as empty asks the same policy again
-        return bool(self.tool_calls) or bool(strip_think(self.text).strip()) or self.refusal
+        return bool(self.tool_calls) or bool(strip_think(self.text).strip()) or self.refusal or bool(self.vectors)
 
 
 NO_ANSWER = Completion()  # a result without an answer reads its answer's fields from this one
@@ -213,6 +215,7 @@ class TurnResult:
     # the entry whose output the consumer saw when nothing was accepted (`partial_text`'s source):
     # `served` stays None, this names who billed it
     partial_from: PlannedEntry | None = None
+    vectors: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)  # an embeddings answer's
     # the sum of the ledger's rows, once: the answer's header and field, the access line, the
     # console and the log each read it
     cost_usd: float = attrs.field(init=False, eq=False, repr=False)
@@ -791,6 +794,7 @@ class Turn:
             answer.logprobs,
             answer.annotations,
             self.shown_by if partial else None,
+            answer.vectors,
         )
 
     def _rejection(self, error: ErrorReason | None) -> Rejection | None:

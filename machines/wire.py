@@ -147,6 +147,16 @@ class Reasoning:
 
 
 @attrs.frozen
+class Embedding:
+    """What an embeddings request asks for: its input (a string, strings, or token arrays, as
+    the client wrote it) and the vectors' shape."""
+
+    input: str | tuple[str, ...] | tuple[tuple[int, ...], ...]
+    dimensions: int | None = None
+    encoding_format: str | None = None  # float | base64
+
+
+@attrs.frozen
 class Passthrough:
     """What the client sent that may reach a provider as it was sent: its body (to a provider of
     its own family), the request headers that may travel (names lowercase; which of them reach
@@ -183,6 +193,7 @@ class Request:
     # optional capabilities the client offered that a translating entry does not offer the model
     # (a Responses client's built-in tools): named to the client, never an unsupported skip
     withdrawn: tuple[str, ...] = ()
+    embedding: Embedding | None = None  # an embeddings turn: vectors for this input, no messages
 
     @property
     def has_images(self) -> bool:
@@ -254,6 +265,9 @@ def passes_through(request: Request, family: str, capabilities: Capabilities) ->
 def unsupported(request: Request, family: str, capabilities: Capabilities) -> tuple[str, ...]:
     """The request fields an entry of `family` with `capabilities` cannot honour (docs/wire.md),
     by name. Empty: the entry can serve the request as asked."""
+    if request.embedding is not None:
+        # vectors come from an openai profile's embeddings API; no other family has one
+        return () if family == "openai" and capabilities.embeddings else ("embeddings",)
     names: list[str] = []
     if not capabilities.vision and request.has_images:  # (the capability first: it reads no message)
         names.append("image")

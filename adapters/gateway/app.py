@@ -8,8 +8,8 @@ anyway (a slow model is not an error). After commit, a failure ends the stream w
 error event and no `[DONE]`, never a clean-looking truncated success. A client that goes away
 cancels the turn: never a provider retry, and the partial-text rules apply.
 
-Endpoints: POST /v1/chat/completions, POST /v1/messages, POST /v1/responses, GET /v1/models
-(client keys);
+Endpoints: POST /v1/chat/completions, POST /v1/messages, POST /v1/responses, POST /v1/embeddings,
+GET /v1/models (client keys);
 GET /admin/plan, GET /admin/health, GET /metrics (admin keys, auth.py); GET /healthz, GET /readyz
 (no key: probes). Attribution rides on x-relayline-* headers and a `relayline` field in bodies.
 
@@ -65,7 +65,7 @@ from .auth import (
     load_access,
 )
 from .console import Console
-from .dialects import ANTHROPIC, OPENAI
+from .dialects import ANTHROPIC, EMBEDDINGS, OPENAI
 from .metrics import CONTENT_TYPE, Metrics, configured_models
 
 log = logging.getLogger("relayline.gateway")
@@ -216,7 +216,8 @@ def travelling_headers(config) -> frozenset[bytes]:
     return frozenset(name.encode("latin-1") for name in TRAVELLING | named)
 
 
-_CHAT_DIALECTS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC, "/v1/responses": RESPONSES}
+_CHAT_DIALECTS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC, "/v1/responses": RESPONSES,
+                  "/v1/embeddings": EMBEDDINGS}
 
 # the methods of each route, for a 405's Allow header (a HEAD is answered wherever a GET is)
 ALLOWED = {path: b"POST" for path in (*_CHAT_DIALECTS, "/admin/reload")} | \

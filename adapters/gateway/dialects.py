@@ -16,6 +16,7 @@ from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
 from .. import jsoncodec
+from ..codecs import embeddings
 from ..providers import anthropic as anthropic_family
 from ..providers import openai as openai_family
 
@@ -388,5 +389,18 @@ class AnthropicStream:
         return _sse({"type": "error", "error": {"type": type_, "message": result.message or "failed"}}, "error")
 
 
+class EmbeddingsDialect(OpenAIDialect):
+    """OpenAI's embeddings API: errors in OpenAI's shape, the answer a list of vectors."""
+
+    name = "embeddings"
+
+    def parse(self, body, headers=()) -> wire.Request:
+        return embeddings.parse_request(body, headers)
+
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
+        return embeddings.answer(result, relayline)
+
+
 OPENAI = OpenAIDialect()
+EMBEDDINGS = EmbeddingsDialect()
 ANTHROPIC = AnthropicDialect()

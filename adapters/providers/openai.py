@@ -32,7 +32,7 @@ from relayline.machines.stream import (
 from relayline.machines.turn import Completion
 
 from .. import jsoncodec
-from ..codecs import responses_replies
+from ..codecs import embeddings, responses_replies
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure, client_headers
 from .http import FixedHeads, HttpProvider, json_frame
@@ -627,6 +627,7 @@ class OpenAIProtocol:
     def __init__(self) -> None:
         self.heads = FixedHeads()
         self.responses_heads = FixedHeads()  # the same profiles' heads for {base_url}/responses
+        self.embeddings_heads = FixedHeads()  # and for {base_url}/embeddings
 
     def build(self, request: CallRequest) -> UpstreamRequest:
         provider, key = request.entry.provider, request.key
@@ -634,6 +635,8 @@ class OpenAIProtocol:
         responses = wire_request.passthrough is not None and wire_request.source == w.RESPONSES and \
             provider.capabilities.responses
         heads, path = (self.responses_heads, "/responses") if responses else (self.heads, "/chat/completions")
+        if wire_request.embedding is not None:
+            heads, path = self.embeddings_heads, "/embeddings"
         forwarded, query = request.forwarded_headers("openai"), request.forwarded_query("openai")
         fixed = heads.get(provider, key, forwarded, query)
         if fixed is None:
@@ -642,7 +645,9 @@ class OpenAIProtocol:
             if key is not None:
                 headers["authorization"] = f"Bearer {key.reveal()}"
             fixed = heads.keep(provider, key, forwarded, query, f"{base}{path}", headers)
-        if responses and wire_request.passthrough is not None:
+        if wire_request.embedding is not None:
+            body = embeddings.render_request(wire_request, request.model)
+        elif responses and wire_request.passthrough is not None:
             body = {**wire_request.passthrough.body, "model": request.model, "stream": request.stream}
         else:
             body = render_request(wire_request, request.model, request.stream)
@@ -651,6 +656,8 @@ class OpenAIProtocol:
     def completion(self, body: dict) -> Completion:
         if responses_replies.is_response(body):
             return responses_replies.parse_response(body)
+        if embeddings.is_embeddings(body):
+            return embeddings.parse_reply(body)
         return parse_completion(body)
 
     def parser(self) -> OpenAIStreamParser:

@@ -1,0 +1,91 @@
+"""OpenAI's embeddings API (`POST /v1/embeddings`): a client's body read into the canonical
+request, the request written for an `openai` profile's `{base_url}/embeddings`, its answer read
+back, and the answer given to the client in the same shape.
+
+Vectors from two models are not interchangeable, so an embeddings turn falls back only to
+entries that serve the same model name (the library and the gateway plan it so); the vectors
+themselves are passed through as the provider sent them (floats, or base64 when asked).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relayline.machines import wire as w
+from relayline.machines.ledger import Usage
+from relayline.machines.turn import Completion, TurnResult
+
+SOURCE = "embeddings"
+MAX_INPUTS = 2048  # OpenAI's own bound on one request's inputs
+ENCODINGS = ("float", "base64")
+
+
+def _input(raw: Any) -> str | tuple[str, ...] | tuple[tuple[int, ...], ...]:
+    if isinstance(raw, str):
+        return raw
+    items = w.want_list(raw, "input")
+    if not items:
+        raise w.WireError("input", "must not be empty")
+    if len(items) > MAX_INPUTS:
+        raise w.WireError("input", f"at most {MAX_INPUTS} inputs")
+    if all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+        return (tuple(items),)  # one token array
+    if all(isinstance(i, str) for i in items):
+        return tuple(items)
+    return tuple(tuple(w.want_int(t, w.path(w.path("input", n), k), 0, 2**31)
+                       for k, t in enumerate(w.want_list(i, w.path("input", n)))) for n, i in enumerate(items))
+
+
+def parse_request(body: Any, headers: Any = ()) -> w.Request:
+    """An embeddings body as the canonical request; a body of the wrong shape raises WireError
+    naming the field."""
+    body = w.want_dict(body, "")
+    encoding = w.optional(body, "encoding_format", w.want_str)
+    if encoding is not None and encoding not in ENCODINGS:
+        raise w.WireError("encoding_format", "must be float or base64")
+    embedding = w.Embedding(_input(body.get("input")), w.optional(body, "dimensions", w.want_int, "", 1, 65536),
+                            encoding)
+    return w.Request(messages=(), model=w.check_model(body.get("model")), user=w.optional(body, "user", w.want_str),
+                     embedding=embedding, source=SOURCE)
+
+
+def render_request(request: w.Request, model: str) -> dict:
+    """The body for an openai profile's /embeddings."""
+    embedding = request.embedding
+    assert embedding is not None  # (only an embeddings turn is rendered here)
+    raw = embedding.input
+    body: dict[str, Any] = {"input": raw if isinstance(raw, str) else [list(i) if isinstance(i, tuple) else i
+                                                                         for i in raw], "model": model}
+    if isinstance(raw, tuple) and len(raw) == 1 and isinstance(raw[0], tuple):
+        body["input"] = list(raw[0])  # one token array, as the client sent it
+    if embedding.dimensions is not None:
+        body["dimensions"] = embedding.dimensions
+    if embedding.encoding_format is not None:
+        body["encoding_format"] = embedding.encoding_format
+    if request.user is not None:
+        body["user"] = request.user
+    return body
+
+
+def is_embeddings(body: dict) -> bool:
+    return body.get("object") == "list" and isinstance(body.get("data"), list)
+
+
+def parse_reply(body: dict) -> Completion:
+    """A provider's embeddings answer: its items as sent, and the input tokens it billed."""
+    data = w.want_list(body.get("data"), "data")
+    for i, item in enumerate(data):
+        item = w.want_dict(item, w.path("data", i))
+        if not isinstance(item.get("embedding"), list | str):
+            raise w.WireError(w.path(w.path("data", i), "embedding"), "expected a list of numbers or base64 text")
+    usage = w.optional(body, "usage", w.want_dict) or {}
+    tokens = w.optional(usage, "prompt_tokens", w.want_int, "usage") or 0
+    return Completion(usage=Usage(tokens, 0), vectors=tuple(data))
+
+
+def answer(result: TurnResult, relayline: dict) -> dict:
+    usage = result.usage or Usage()
+    return {"object": "list", "data": [dict(v) for v in result.vectors],
+            "model": result.served.model if result.served else "",
+            "usage": {"prompt_tokens": usage.input_tokens, "total_tokens": usage.input_tokens},
+            "relayline": relayline}
