@@ -100,6 +100,7 @@ class Completion:
     annotations: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)
     # an embeddings answer's items ({index, embedding}), as sent: the answer of an embeddings turn
     vectors: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)
+    input_count: int | None = None  # a token counting answer's count (it bills nothing: no usage)
 
     @property
     def refusal(self) -> bool:
@@ -108,7 +109,8 @@ class Completion:
     @property
     def has_answer(self) -> bool:
         # a refusal is what the provider answered, text or not: retrying it as empty asks the same policy again
-        return bool(self.tool_calls) or bool(strip_think(self.text).strip()) or self.refusal or bool(self.vectors)
+        return bool(self.tool_calls) or bool(strip_think(self.text).strip()) or self.refusal or bool(self.vectors) or \
+            self.input_count is not None
 
 
 NO_ANSWER = Completion()  # a result without an answer reads its answer's fields from this one
@@ -216,6 +218,7 @@ class TurnResult:
     # `served` stays None, this names who billed it
     partial_from: PlannedEntry | None = None
     vectors: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)  # an embeddings answer's
+    input_count: int | None = None  # a token counting answer's
     # the sum of the ledger's rows, once: the answer's header and field, the access line, the
     # console and the log each read it
     cost_usd: float = attrs.field(init=False, eq=False, repr=False)
@@ -457,7 +460,8 @@ class Turn:
         if not result.has_answer:
             self._record(fc.EMPTY, now, reason=fc.EMPTY, detail="empty completion", usage=usage)
             return self._follow(self._walk().on_result(fc.Failure(fc.EMPTY, "empty completion"), now), now)
-        self._record(fc.OK, now, usage=usage, accepted=True)
+        # a token count is no completion: the provider bills nothing for it, nor does the ledger
+        self._record(fc.OK, now, usage=usage, accepted=True, bill=result.input_count is None)
         self.answer = result
         walk = self.walk
         assert walk is not None, "no walk is running"
@@ -795,6 +799,7 @@ class Turn:
             answer.annotations,
             self.shown_by if partial else None,
             answer.vectors,
+            answer.input_count,
         )
 
     def _rejection(self, error: ErrorReason | None) -> Rejection | None:

@@ -194,6 +194,7 @@ class Request:
     # (a Responses client's built-in tools): named to the client, never an unsupported skip
     withdrawn: tuple[str, ...] = ()
     embedding: Embedding | None = None  # an embeddings turn: vectors for this input, no messages
+    counting: bool = False  # a token counting turn: the client's body counted, nothing answered
 
     @property
     def has_images(self) -> bool:
@@ -265,6 +266,8 @@ def passes_through(request: Request, family: str, capabilities: Capabilities) ->
 def unsupported(request: Request, family: str, capabilities: Capabilities) -> tuple[str, ...]:
     """The request fields an entry of `family` with `capabilities` cannot honour (docs/wire.md),
     by name. Empty: the entry can serve the request as asked."""
+    if request.counting:
+        return () if family == "anthropic" else ("count_tokens",)  # only Anthropic's API counts
     if request.embedding is not None:
         # vectors come from an openai profile's embeddings API; no other family has one
         return () if family == "openai" and capabilities.embeddings else ("embeddings",)

@@ -9,7 +9,7 @@ error event and no `[DONE]`, never a clean-looking truncated success. A client t
 cancels the turn: never a provider retry, and the partial-text rules apply.
 
 Endpoints: POST /v1/chat/completions, POST /v1/messages, POST /v1/responses, POST /v1/embeddings,
-GET /v1/models (client keys);
+POST /v1/messages/count_tokens, GET /v1/models (client keys);
 GET /admin/plan, GET /admin/health, GET /metrics (admin keys, auth.py); GET /healthz, GET /readyz
 (no key: probes). Attribution rides on x-relayline-* headers and a `relayline` field in bodies.
 
@@ -65,7 +65,7 @@ from .auth import (
     load_access,
 )
 from .console import Console
-from .dialects import ANTHROPIC, EMBEDDINGS, OPENAI
+from .dialects import ANTHROPIC, COUNT_TOKENS, EMBEDDINGS, OPENAI
 from .metrics import CONTENT_TYPE, Metrics, configured_models
 
 log = logging.getLogger("relayline.gateway")
@@ -217,7 +217,7 @@ def travelling_headers(config) -> frozenset[bytes]:
 
 
 _CHAT_DIALECTS = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC, "/v1/responses": RESPONSES,
-                  "/v1/embeddings": EMBEDDINGS}
+                  "/v1/embeddings": EMBEDDINGS, "/v1/messages/count_tokens": COUNT_TOKENS}
 
 # the methods of each route, for a 405's Allow header (a HEAD is answered wherever a GET is)
 ALLOWED = {path: b"POST" for path in (*_CHAT_DIALECTS, "/admin/reload")} | \

@@ -16,7 +16,7 @@ from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
 from .. import jsoncodec
-from ..codecs import embeddings
+from ..codecs import count_tokens, embeddings
 from ..providers import anthropic as anthropic_family
 from ..providers import openai as openai_family
 
@@ -401,6 +401,26 @@ class EmbeddingsDialect(OpenAIDialect):
         return embeddings.answer(result, relayline)
 
 
+class CountTokensDialect(AnthropicDialect):
+    """Anthropic's token counting: errors in Anthropic's shape; with no anthropic entry to ask, a
+    404 that says so (the count is that API's alone)."""
+
+    name = "count_tokens"
+
+    def parse(self, body, headers=()) -> wire.Request:
+        return count_tokens.parse_request(body, headers)
+
+    def error(self, result: TurnResult) -> tuple[int, bytes]:
+        if result.error == "unsupported":
+            return 404, self.error_body("token counting is served by anthropic profiles, and the requested model's "
+                                        "chain has none", "not_found_error")
+        return super().error(result)
+
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
+        return count_tokens.answer(result, relayline)
+
+
 OPENAI = OpenAIDialect()
 EMBEDDINGS = EmbeddingsDialect()
+COUNT_TOKENS = CountTokensDialect()
 ANTHROPIC = AnthropicDialect()

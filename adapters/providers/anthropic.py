@@ -35,6 +35,7 @@ from relayline.machines.stream import (
 from relayline.machines.turn import Completion
 
 from .. import jsoncodec
+from ..codecs import count_tokens
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure, client_headers
 from .http import FixedHeads, HttpProvider, json_frame
@@ -601,23 +602,31 @@ class AnthropicProtocol:
 
     def __init__(self) -> None:
         self.heads = FixedHeads()
+        self.counting_heads = FixedHeads()  # the same profiles' heads for /v1/messages/count_tokens
 
     def build(self, request: CallRequest) -> UpstreamRequest:
         provider, key = request.entry.provider, request.key
+        counting = request.request.counting
+        heads, path = (self.counting_heads, "/v1/messages/count_tokens") if counting else (self.heads, "/v1/messages")
         forwarded, query = request.forwarded_headers("anthropic"), request.forwarded_query("anthropic")
-        fixed = self.heads.get(provider, key, forwarded, query)
+        fixed = heads.get(provider, key, forwarded, query)
         if fixed is None:
             base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
             headers = {"content-type": "application/json", "anthropic-version": API_VERSION, **dict(forwarded),
                        **provider.headers}
             if key is not None:
                 headers["x-api-key"] = key.reveal()
-            fixed = self.heads.keep(provider, key, forwarded, query, f"{base}/v1/messages", headers)
-        body = render_request(request.wire_request(), request.model, request.stream,
-                              provider.max_output_tokens or DEFAULT_MAX_TOKENS)
+            fixed = heads.keep(provider, key, forwarded, query, f"{base}{path}", headers)
+        if counting:
+            body = count_tokens.render_request(request.request, request.model)
+        else:
+            body = render_request(request.wire_request(), request.model, request.stream,
+                                  provider.max_output_tokens or DEFAULT_MAX_TOKENS)
         return UpstreamRequest(fixed.url, dict(fixed.headers), jsoncodec.dumps_kept(body), fixed)
 
     def completion(self, body: dict) -> Completion:
+        if count_tokens.is_count(body):
+            return count_tokens.parse_reply(body)
         return parse_completion(body)
 
     def parser(self) -> AnthropicStreamParser:
