@@ -27,7 +27,7 @@ from relayline.adapters.sim.loopback import Seen
 from relayline.adapters.sim.recorder import Answer, RecordingUpstream, family_of
 
 NODE_MODULES = Path(__file__).parent / "agent_clients" / "node_modules"
-NPM_CLIENTS = {"claude": NODE_MODULES / ".bin" / "claude",
+NPM_CLIENTS = {"claude": NODE_MODULES / ".bin" / "claude", "codex": NODE_MODULES / ".bin" / "codex",
                "opencode": NODE_MODULES / "opencode-linux-x64" / "bin" / "opencode"}
 CLIENT_KEY = "rl-client-key-agents"  # the key a client presents to the gateway: never upstream
 UPSTREAM_KEY = "up-key-agents"  # the key the gateway presents to the upstream
