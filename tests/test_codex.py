@@ -20,7 +20,14 @@ import pytest
 from agent_stand import npm_client
 
 from relayline.adapters.sim.loopback import BackgroundLoopback, Reply, Seen
-from relayline.adapters.sim.recorder import JSON, SSE, Answer, anthropic_reply, openai_reply
+from relayline.adapters.sim.recorder import (
+    JSON,
+    SSE,
+    Answer,
+    anthropic_reply,
+    openai_reply,
+    responses_reply,
+)
 
 CLI = [sys.executable, "-m", "relayline.adapters.cli"]
 NOTE = "relayline-carried-this"
@@ -29,6 +36,8 @@ NOTE = "relayline-carried-this"
 
 def _answered(body: dict, anthropic: bool) -> bool:
     """Whether the conversation ends with a tool's output (the second turn)."""
+    if "input" in body:  # the Responses API's own body, passed through
+        return body["input"][-1].get("type") == "function_call_output"
     messages = body.get("messages") or [{}]
     last = messages[-1]
     if anthropic:
@@ -49,12 +58,12 @@ class ScriptedUpstream(BackgroundLoopback):
         body = seen.body or {}
         anthropic = seen.path.endswith("/v1/messages")
         if _answered(body, anthropic):
-            output = json.dumps(body["messages"][-1])
+            output = json.dumps((body.get("messages") or body.get("input"))[-1])
             answer = Answer(text=f"The note says: {NOTE}" if NOTE in output else "I could not read the note")
         else:
             answer = Answer(text="", tool_calls=(("call_codex_1", "exec_command", json.dumps({"cmd": "cat note.txt"})),))
         stream = bool(body.get("stream"))
-        render = anthropic_reply if anthropic else openai_reply
+        render = anthropic_reply if anthropic else responses_reply if "input" in body else openai_reply
         return Reply(headers=SSE if stream else JSON, pieces=render(answer, body.get("model", ""), stream))
 
 
@@ -81,9 +90,11 @@ def _access(proc: subprocess.Popen) -> list[dict]:
     return [line for line in lines if line.get("msg") == "access"]
 
 
-@pytest.mark.parametrize("family", ["openai", "anthropic"])
+@pytest.mark.parametrize("family", ["openai", "anthropic", "openai-responses"])
 def test_codex_exec_runs_a_tool_loop_through_relayline(tmp_path, family):
     codex = npm_client("codex")  # (a skip naming what is missing, before anything starts)
+    native = family == "openai-responses"  # an openai profile that serves the Responses API itself
+    family = "openai" if native else family
     work, home = tmp_path / "work", tmp_path / "codex-home"
     work.mkdir()
     home.mkdir()
@@ -93,7 +104,7 @@ def test_codex_exec_runs_a_tool_loop_through_relayline(tmp_path, family):
         (tmp_path / "relayline.toml").write_text(
             f'active = "{family}.up"\n[gateway]\napi_keys_env = "RELAYLINE_CODEX_KEYS"\n'
             f'[providers."{family}.up"]\nfamily = "{family}"\nbase_url = "{base}"\napi_key = "sk-upstream"\n'
-            f'model = "model-up"\n')
+            f'model = "model-up"\n' + ("capabilities = {responses = true}\n" if native else ""))
         env = {**os.environ, "RELAYLINE_CODEX_KEYS": "gw-codex-key"}
         proc, url = _serve(tmp_path / "relayline.toml", env)
         try:
@@ -112,6 +123,14 @@ def test_codex_exec_runs_a_tool_loop_through_relayline(tmp_path, family):
     # every endpoint Codex called, each answered
     assert [(a["method"], a["path"], a["status"]) for a in access] == [("POST", "/v1/responses", 200)] * 2
     paths = [s.path for s in upstream.seen]
+    if native:  # Codex's own body as it sent it: its hints and every tool kind reach the provider
+        assert paths == ["/v1/responses"] * 2
+        first, second = (s.body for s in upstream.seen)
+        assert (first["model"], first["stream"], first["store"]) == ("model-up", True, False)
+        assert {"prompt_cache_key", "client_metadata", "include", "reasoning"} <= first.keys()
+        assert {"function", "namespace", "web_search"} <= {t["type"] for t in first["tools"]}
+        assert second["input"][-1]["call_id"] == "call_codex_1" and NOTE in json.dumps(second["input"][-1])
+        return
     assert paths == (["/v1/chat/completions"] * 2 if family == "openai" else ["/v1/messages"] * 2)
     first, second = (s.body for s in upstream.seen)
     names = [t["function"]["name"] if family == "openai" else t["name"] for t in first["tools"]]
