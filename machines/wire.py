@@ -30,6 +30,7 @@ from .config import _describe as config_describe
 from .errors import RelaylineError
 
 SYSTEM, USER, ASSISTANT, TOOL = "system", "user", "assistant", "tool"
+RESPONSES = "responses"  # the Responses API's dialect: no family of its own, an openai profile may serve it
 ROLES = (SYSTEM, USER, ASSISTANT, TOOL)
 TEXT, IMAGE, DOCUMENT = "text", "image", "document"
 # reasoning an earlier assistant turn showed, sent back in the history: Anthropic wants a tool
@@ -253,9 +254,6 @@ def json_object(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-RESPONSES = "responses"  # the Responses API's dialect: no family of its own, an openai profile may serve it
-
-
 def passes_through(request: Request, family: str, capabilities: Capabilities) -> bool:
     """Whether an entry of `family` is sent the client's own body: it speaks the request's
     dialect (a Responses client and an openai profile that serves the Responses API)."""
@@ -315,7 +313,8 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
 
 # a strict tool and a JSON schema output format, in each dialect's words
 STRUCTURED_NAMES = {"openai": ("tools.function.strict", "response_format"),
-                    "anthropic": ("tools.strict", "output_config.format")}
+                    "anthropic": ("tools.strict", "output_config.format"),
+                    RESPONSES: ("tools.strict", "text.format")}
 
 
 def structured_outputs(request: Request) -> list[str]:

@@ -167,6 +167,30 @@ def test_reasoning_effort_is_a_thinking_budget_for_an_anthropic_profile(gw, upst
 
 
 @STREAM
+def test_anthropic_thinking_goes_back_signed_in_relaylines_reasoning_token(gw, upstream, stream):
+    upstream.answer = Answer(text="", reasoning="check the weather",
+                             tool_calls=(("toolu_1", "get_weather", '{"city": "Oslo"}'),))
+    response, _ = respond(gw, stream, model="anthropic", input="weather in Oslo?", tools=[WEATHER_TOOL],
+                          reasoning={"effort": "low"}, max_output_tokens=4000)
+    reasoning, call = response.output
+    assert reasoning.summary[0].text == "check the weather"
+    assert reasoning.encrypted_content == "relayline-signature.sig"  # the upstream's signature, in relayline's token
+    history = [{"role": "user", "content": "weather in Oslo?"},
+               reasoning.model_dump(exclude_none=True), call.model_dump(exclude_none=True),
+               {"type": "function_call_output", "call_id": "toolu_1", "output": "cold"}]
+    upstream.answer = Answer(text="It is cold")
+    for model in ("anthropic", "openai"):
+        respond(gw, stream, model=model, input=history, tools=[WEATHER_TOOL], reasoning={"effort": "low"},
+                max_output_tokens=4000)
+        assistant = _sent(upstream)["messages"][1]
+        if model == "anthropic":
+            assert assistant["content"][0] == {"type": "thinking", "thinking": "check the weather", "signature": "sig"}
+            assert assistant["content"][1]["type"] == "tool_use"
+        else:  # reasoning from history is left out towards openai
+            assert "reasoning_content" not in assistant and assistant["tool_calls"][0]["id"] == "toolu_1"
+
+
+@STREAM
 def test_max_tokens_is_an_incomplete_response_with_its_reason(gw, upstream, stream):
     upstream.answer = Answer(text="cut sho", finish="length")
     if stream:  # (the SDK's final response is only a completed one: the last event carries this one)

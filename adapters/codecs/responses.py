@@ -27,6 +27,7 @@ from ..gateway.dialects import ERRORS, UNKNOWN_ERROR, OpenAIDialect, ToolIds
 from ..gateway.dialects import _tools as answer_tools
 from ..providers.base import client_headers
 from ..providers.openai import _data_url
+from .responses_replies import ENCRYPTED
 
 # top-level fields only a provider that stores responses, or runs them in the background, can serve
 STORED = ("store", "previous_response_id", "conversation", "background")
@@ -35,6 +36,10 @@ UNTRANSLATED = ("top_logprobs", "max_tool_calls", "prompt")
 # the tool kinds that are functions the client runs; any other kind runs on the provider's side
 FUNCTION = "function"
 NAMESPACE = "namespace"
+
+# a reasoning item's encrypted_content when relayline made it: the signature an Anthropic provider
+# gave its thinking, so the thinking can go back to it on the next turn
+TOKEN = "relayline-signature."
 
 # Responses status for a canonical finish reason that cuts an answer short
 INCOMPLETE = {w.LENGTH: "max_output_tokens", w.CONTENT_FILTER: "content_filter"}
@@ -51,21 +56,34 @@ class _Reader:
         self.messages: list[w.Message] = []
         self.extra: dict[str, Any] = {}
         self.withdrawn: list[str] = []
+        self.thinking: list[w.Part] = []  # reasoning items sent back, for the assistant turn they open
 
     def own(self, name: str, value: Any = None) -> None:
         self.extra.setdefault(name, value)
 
     def add(self, message: w.Message) -> None:
+        if message.role == w.ASSISTANT and self.thinking:
+            message = w.Message(w.ASSISTANT, (*self.thinking, *message.content), message.tool_calls)
+        self.thinking = []
         self.messages.append(message)
 
     def add_call(self, call: w.ToolCall) -> None:
         """A function_call item: joined to the assistant message it follows (the model said
         some text and then called), as a chat completions assistant message holds both."""
         last = self.messages[-1] if self.messages else None
-        if last is not None and last.role == w.ASSISTANT:
+        if last is not None and last.role == w.ASSISTANT and not self.thinking:
             self.messages[-1] = w.Message(w.ASSISTANT, last.content, (*last.tool_calls, call))
         else:
-            self.messages.append(w.Message(w.ASSISTANT, (), (call,)))
+            self.add(w.Message(w.ASSISTANT, (), (call,)))
+
+    def add_reasoning(self, raw: dict, param: str) -> None:
+        """A reasoning item sent back: its summary, signed, when relayline's token carries the
+        signature its provider gave; anything else is left out, as reasoning from history is."""
+        token = raw.get("encrypted_content")
+        if isinstance(token, str) and token.startswith(TOKEN):
+            summary = w.optional(raw, "summary", w.want_list, param) or []
+            text = "".join(s.get("text", "") for s in summary if isinstance(s, dict))
+            self.thinking.append(w.Part(w.THINKING, text, signature=token[len(TOKEN):]))
 
 
 def _text_part(raw: dict, param: str, field: str = "text") -> w.Part:
@@ -129,7 +147,7 @@ def _message_item(raw: dict, param: str, reader: _Reader) -> None:
         raise w.WireError(w.path(param, "role"), "must be one of system, developer, user, assistant")
     content = _content(raw.get("content"), w.path(param, "content"), reader)
     if _ROLES[role] == w.ASSISTANT and reader.messages and reader.messages[-1].role == w.ASSISTANT \
-            and not reader.messages[-1].tool_calls:
+            and not reader.messages[-1].tool_calls and not reader.thinking:
         last = reader.messages[-1]  # an answer in several message items: one assistant turn
         reader.messages[-1] = w.Message(w.ASSISTANT, (*last.content, *content))
         return
@@ -165,22 +183,22 @@ def _input(body: dict, reader: _Reader) -> None:
             _call_item(item, param, reader)
         elif kind == "function_call_output":
             _output_item(item, param, reader)
-        elif kind != "reasoning":
-            # reasoning items are accepted back and left out, as reasoning from history is
-            # (docs/wire.md); any other item (a built-in tool's call, an item_reference) is
-            # something only the API that made it can read
+        elif kind == "reasoning":
+            reader.add_reasoning(item, param)
+        else:
+            # any other item (a built-in tool's call, an item_reference) is something only the
+            # API that made it can read
             reader.own(f"input.{w.want_str(kind, w.path(param, 'type'))}")
     if not reader.messages:
         raise w.WireError("input", "must not be empty")
 
 
-def _function(raw: dict, param: str, reader: _Reader) -> w.Tool:
-    if raw.get("strict") is True:
-        reader.own("tools.strict")  # a promise (arguments always match the schema) no translation keeps
+def _function(raw: dict, param: str) -> w.Tool:
     parameters = w.optional(raw, "parameters", w.want_dict, param)
     return w.Tool(w.want_str(raw.get("name"), w.path(param, "name")),
                   w.optional(raw, "description", w.want_str, param) or "",
-                  parameters if parameters is not None else {"type": "object"})
+                  parameters if parameters is not None else {"type": "object"},
+                  strict=bool(w.optional(raw, "strict", w.want_bool, param)))
 
 
 def _tools(body: dict, reader: _Reader) -> tuple[w.Tool, ...]:
@@ -190,14 +208,14 @@ def _tools(body: dict, reader: _Reader) -> tuple[w.Tool, ...]:
         raw = w.want_dict(raw, param)
         kind = w.want_str(raw.get("type"), w.path(param, "type"))
         if kind == FUNCTION:
-            tools.append(_function(raw, param, reader))
+            tools.append(_function(raw, param))
         elif kind == NAMESPACE:
             inner = w.want_list(raw.get("tools"), w.path(param, "tools"))
             for i, tool in enumerate(inner):
                 where = w.path(w.path(param, "tools"), i)
                 tool = w.want_dict(tool, where)
                 if tool.get("type") == FUNCTION:
-                    tools.append(_function(tool, where, reader))
+                    tools.append(_function(tool, where))
                 else:
                     reader.withdrawn.append(f"tools.{NAMESPACE}.{w.want_str(tool.get('type'), w.path(where, 'type'))}")
         else:
@@ -334,9 +352,11 @@ def _message_out(item_id: str, text: str, status: str) -> dict:
 
 
 def _reasoning_out(item_id: str, text: str, signature: str = "") -> dict:
-    # the signature an Anthropic provider gave its thinking travels as the opaque token
+    # the signature an Anthropic provider gave its thinking travels as relayline's opaque token;
+    # a Responses provider's own encrypted content, as it sent it
+    token = signature[len(ENCRYPTED):] if signature.startswith(ENCRYPTED) else TOKEN + signature if signature else None
     return {"id": item_id, "type": "reasoning", "summary": [{"type": "summary_text", "text": text}] if text else [],
-            "encrypted_content": signature or None}
+            "encrypted_content": token}
 
 
 def _envelope(response_id: str, created: int, model: str, request: w.Request | None, status: str) -> dict:
@@ -379,7 +399,8 @@ class ResponsesDialect(OpenAIDialect):
         status = "incomplete" if INCOMPLETE.get(w.finish_reason(result.finish_reason, len(tools))) else "completed"
         output: list[dict] = []
         if result.reasoning:
-            output.append(_reasoning_out(_new_id("rs"), result.reasoning))
+            signed = [b.get("signature") for b in result.blocks if b.get("type") == w.THINKING]
+            output.append(_reasoning_out(_new_id("rs"), result.reasoning, signed[0] if len(signed) == 1 else ""))
         if result.text or not result.tool_calls:
             output.append(_message_out(_new_id("msg"), result.text or "", status))
         spaces = namespaces(request)

@@ -22,6 +22,10 @@ from .. import jsoncodec
 from ..providers.base import ProviderFailure
 from ..sse import SSEEvent
 
+# a reasoning frame's ref that is a Responses provider's encrypted content (an Anthropic thinking
+# block's signature rides the same ref bare)
+ENCRYPTED = "encrypted:"
+
 # incomplete_details.reason -> the canonical finish reason
 INCOMPLETE = {"max_output_tokens": w.LENGTH, "content_filter": w.CONTENT_FILTER}
 
@@ -138,5 +142,5 @@ class ResponsesStreamParser:
                           ref=w.optional(item, "call_id", w.want_str, "item") or "")]
         if not added and item.get("type") == "reasoning" and item.get("encrypted_content"):
             # the provider's opaque reasoning: the client sends it back on its next turn
-            return [Frame(REASONING, "", ref=w.want_str(item["encrypted_content"], "item.encrypted_content"))]
+            return [Frame(REASONING, "", ref=ENCRYPTED + w.want_str(item["encrypted_content"], "item.encrypted_content"))]
         return []
