@@ -23,10 +23,9 @@ from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
 from .. import jsoncodec
-from ..gateway.dialects import ERRORS, UNKNOWN_ERROR, OpenAIDialect, ToolIds
-from ..gateway.dialects import _tools as answer_tools
 from ..providers.base import client_headers
 from ..providers.openai import _data_url
+from .common import ERRORS, UNKNOWN_ERROR, ToolIds, answer_tools
 from .responses_replies import ENCRYPTED
 
 # top-level fields only a provider that stores responses, or runs them in the background, can serve
@@ -322,7 +321,7 @@ def usage(usage: Usage | None) -> dict:
             "total_tokens": prompt + usage.output_tokens}
 
 
-def _new_id(prefix: str) -> str:
+def new_id(prefix: str) -> str:
     return f"{prefix}_{os.urandom(12).hex()}"
 
 
@@ -382,38 +381,24 @@ def _finished(envelope: dict, result: TurnResult, tools: int) -> dict:
     return envelope
 
 
-class ResponsesDialect(OpenAIDialect):
-    """Errors in OpenAI's shape (the Responses API's own); answers as a `response` object."""
-
-    name = w.RESPONSES
-
-    @staticmethod
-    def new_id() -> str:
-        return _new_id("resp")
-
-    def parse(self, body, headers=()) -> w.Request:
-        return parse_request(body, headers)
-
-    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: w.Request | None = None) -> dict:
-        tools = _tools_of(result)
-        status = "incomplete" if INCOMPLETE.get(w.finish_reason(result.finish_reason, len(tools))) else "completed"
-        output: list[dict] = []
-        if result.reasoning:
-            signed = [b.get("signature") for b in result.blocks if b.get("type") == w.THINKING]
-            output.append(_reasoning_out(_new_id("rs"), result.reasoning, signed[0] if len(signed) == 1 else ""))
-        if result.text or not result.tool_calls:
-            output.append(_message_out(_new_id("msg"), result.text or "", status))
-        spaces = namespaces(request)
-        output += [_call_item_out(_new_id("fc"), i, n, a, spaces.get(n), status) for i, n, a in tools]
-        if _passed_through(request, result):
-            output = [dict(item) for item in result.blocks]  # the provider's own items, as it sent them
-        envelope = _envelope(turn_id, int(time.time()), result.served.model if result.served else "", request,
-                             "completed")
-        envelope["output"] = output
-        return _finished(envelope, result, len(tools)) | {"relayline": relayline}
-
-    def stream_renderer(self, turn_id: str, request: w.Request) -> ResponsesStream:
-        return ResponsesStream(turn_id, request)
+def response_object(turn_id: str, result: TurnResult, relayline: dict, request: w.Request | None = None) -> dict:
+    """A whole answer as the Responses API's `response` object."""
+    tools = _tools_of(result)
+    status = "incomplete" if INCOMPLETE.get(w.finish_reason(result.finish_reason, len(tools))) else "completed"
+    output: list[dict] = []
+    if result.reasoning:
+        signed = [b.get("signature") for b in result.blocks if b.get("type") == w.THINKING]
+        output.append(_reasoning_out(new_id("rs"), result.reasoning, signed[0] if len(signed) == 1 else ""))
+    if result.text or not result.tool_calls:
+        output.append(_message_out(new_id("msg"), result.text or "", status))
+    spaces = namespaces(request)
+    output += [_call_item_out(new_id("fc"), i, n, a, spaces.get(n), status) for i, n, a in tools]
+    if _passed_through(request, result):
+        output = [dict(item) for item in result.blocks]  # the provider's own items, as it sent them
+    envelope = _envelope(turn_id, int(time.time()), result.served.model if result.served else "", request,
+                         "completed")
+    envelope["output"] = output
+    return _finished(envelope, result, len(tools)) | {"relayline": relayline}
 
 
 def _passed_through(request: w.Request | None, result: TurnResult) -> bool:
@@ -516,7 +501,7 @@ class ResponsesStream:
         kind = event.kind
         if kind == "text":
             out = b"" if self.item is not None and self.item["type"] == "message" else self._open(
-                _message_out(_new_id("msg"), "", "in_progress"))
+                _message_out(new_id("msg"), "", "in_progress"))
             self.text.append(event.value)
             return out + self._event("response.output_text.delta", item_id=self.item["id"],
                                      output_index=self._index(), content_index=0, delta=event.value, logprobs=[])
@@ -525,13 +510,13 @@ class ResponsesStream:
                 self.signature = event.ref
                 return b""
             out = b"" if self.item is not None and self.item["type"] == "reasoning" else self._open(
-                {"id": _new_id("rs"), "type": "reasoning", "summary": []})
+                {"id": new_id("rs"), "type": "reasoning", "summary": []})
             self.text.append(event.value)
             return out + self._event("response.reasoning_summary_text.delta", item_id=self.item["id"],
                                      output_index=self._index(), summary_index=0, delta=event.value)
         if kind == "tool":
             self.calls += 1
-            return self._open(_call_item_out(_new_id("fc"), self.ids(event.ref), event.value, "",
+            return self._open(_call_item_out(new_id("fc"), self.ids(event.ref), event.value, "",
                                              self.spaces.get(event.value), "in_progress"))
         if kind == "tool_args" and self.item is not None and self.item["type"] == "function_call":
             self.text.append(event.value)
@@ -557,5 +542,3 @@ class ResponsesStream:
         envelope["usage"] = usage(result.usage)
         return out + self._event("response.failed", response=envelope | {"relayline": relayline})
 
-
-RESPONSES = ResponsesDialect()

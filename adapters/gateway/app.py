@@ -47,7 +47,6 @@ from relayline.machines.turn import TurnResult
 from relayline.machines.vocab import FailureClass, Mode
 
 from .. import jsoncodec
-from ..codecs.responses import RESPONSES
 from ..driver import TurnRun
 from ..logs import event
 from ..otel import Tracing
@@ -65,7 +64,7 @@ from .auth import (
     load_access,
 )
 from .console import Console
-from .dialects import ANTHROPIC, COUNT_TOKENS, EMBEDDINGS, OPENAI
+from .dialects import ANTHROPIC, COUNT_TOKENS, EMBEDDINGS, OPENAI, RESPONSES
 from .metrics import CONTENT_TYPE, Metrics, configured_models
 
 log = logging.getLogger("relayline.gateway")

@@ -1,7 +1,8 @@
 """The wire dialects the gateway speaks to its clients: OpenAI chat completions and Anthropic
-messages. A dialect reads a request into the canonical model (machines/wire.py, through the
-family codecs in providers/) and renders results, stream events and errors back in its own
-shape; the gateway (what to hold, when to commit, when to flush) is the same for both.
+messages, OpenAI's Responses API, embeddings and Anthropic's token counting. A dialect reads a
+request into the canonical model (machines/wire.py, through the family codecs in providers/ and
+the client codecs in codecs/) and renders results, stream events and errors back in its own
+shape; the gateway (what to hold, when to commit, when to flush) is the same for all of them.
 """
 
 from __future__ import annotations
@@ -17,28 +18,10 @@ from relayline.machines.turn import TurnResult
 
 from .. import jsoncodec
 from ..codecs import count_tokens, embeddings
+from ..codecs import responses as responses_codec
+from ..codecs.common import ANTHROPIC_TYPES, ERRORS, UNKNOWN_ERROR, ToolIds, answer_tools
 from ..providers import anthropic as anthropic_family
 from ..providers import openai as openai_family
-
-# turn error reason -> (HTTP status, OpenAI error type, code, Anthropic error type)
-ERRORS = {
-    "context_window": (400, "invalid_request_error", "context_length_exceeded", "invalid_request_error"),
-    "client_error": (400, "invalid_request_error", "upstream_rejected", "invalid_request_error"),
-    "unsupported": (400, "invalid_request_error", "unsupported_parameter", "invalid_request_error"),
-    "no_candidate": (503, "service_unavailable", "no_candidate", "overloaded_error"),
-    "exhausted": (502, "upstream_error", "all_candidates_failed", "api_error"),
-    "semantic_empty": (502, "upstream_error", "empty_completion", "api_error"),
-    "interrupted": (502, "upstream_error", "stream_interrupted", "api_error"),
-    "deadline": (504, "upstream_error", "turn_deadline", "api_error"),
-    "internal": (500, "server_error", "internal_error", "api_error"),
-    "shutdown": (503, "service_unavailable", "shutting_down", "overloaded_error"),
-}
-UNKNOWN_ERROR = (502, "upstream_error", None, "api_error")
-# HTTP status -> Anthropic error type (https://docs.anthropic.com/en/api/errors)
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "not_found_error", 408: "invalid_request_error", 413: "request_too_large",
-                   431: "invalid_request_error", 422: "invalid_request_error",
-                   429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 
 
 def _usage(result: TurnResult) -> Usage:
@@ -57,26 +40,6 @@ def anthropic_usage(usage: Usage) -> dict:
     return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
             "cache_read_input_tokens": usage.cache_read_tokens,
             "cache_creation_input_tokens": usage.cache_write_tokens}
-
-
-class ToolIds:
-    """Tool call ids as the upstream sent them; one generated (unique) only where it sent none."""
-
-    __slots__ = ("prefix",)
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-
-    def __call__(self, given: str) -> str:
-        return given or f"{self.prefix}{os.urandom(12).hex()}"
-
-
-def _tools(result: TurnResult, ids: ToolIds) -> list[tuple[str, str, str]]:
-    """Each tool call's id, name and JSON arguments ("{}" when the provider sent none)."""
-    n = len(result.tool_calls)
-    arguments = list(result.tool_arguments) + [""] * (n - len(result.tool_arguments))
-    given = list(result.tool_ids) + [""] * (n - len(result.tool_ids))
-    return [(ids(i), name, args or "{}") for i, name, args in zip(given, result.tool_calls, arguments, strict=False)]
 
 
 def _sse(obj: dict, event: str | None = None) -> bytes:
@@ -147,7 +110,7 @@ class OpenAIDialect:
         return status, self.error_body(result.message or "failed", type_, code)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
-        tools = _tools(result, ToolIds("call_")) if result.tool_calls else []
+        tools = answer_tools(result, ToolIds("call_")) if result.tool_calls else []
         message: dict = {"role": "assistant", "content": result.text or (None if tools else "")}
         if result.reasoning:
             message["reasoning_content"] = result.reasoning
@@ -286,7 +249,7 @@ class AnthropicDialect:
         return status, self.error_body(result.message or "failed", type_)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
-        tools = _tools(result, ToolIds("toolu_"))
+        tools = answer_tools(result, ToolIds("toolu_"))
         if result.blocks:  # an Anthropic provider's content as it sent it
             content = [dict(block) for block in result.blocks]
         else:
@@ -420,7 +383,28 @@ class CountTokensDialect(AnthropicDialect):
         return count_tokens.answer(result, relayline)
 
 
+class ResponsesDialect(OpenAIDialect):
+    """OpenAI's Responses API: errors in OpenAI's shape (the API's own); answers as a `response`
+    object, streams as its event sequence (adapters/codecs/responses.py)."""
+
+    name = wire.RESPONSES
+
+    @staticmethod
+    def new_id() -> str:
+        return responses_codec.new_id("resp")
+
+    def parse(self, body, headers=()) -> wire.Request:
+        return responses_codec.parse_request(body, headers)
+
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
+        return responses_codec.response_object(turn_id, result, relayline, request)
+
+    def stream_renderer(self, turn_id: str, request: wire.Request) -> responses_codec.ResponsesStream:
+        return responses_codec.ResponsesStream(turn_id, request)
+
+
 OPENAI = OpenAIDialect()
 EMBEDDINGS = EmbeddingsDialect()
 COUNT_TOKENS = CountTokensDialect()
+RESPONSES = ResponsesDialect()
 ANTHROPIC = AnthropicDialect()
