@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from relayline.adapters.codecs import responses as responses_codec
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.adapters.sim.loopback import BackgroundLoopback, Reply, Seen
 from relayline.adapters.sim.recorder import (
@@ -25,6 +26,7 @@ from relayline.adapters.stores.ledger import LedgerStore
 from relayline.machines.config import structure_config
 from relayline.machines.errors import ConfigError
 from relayline.machines.plan import build_router
+from relayline.machines.stream import Event, EventKind
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "the weather in a city",
@@ -343,3 +345,16 @@ def test_a_cut_after_commit_is_response_failed_and_replays_nothing(tmp_path):
     assert failed["status"] == "failed" and failed["error"]["code"] == "stream_interrupted"
     assert [s.path for s in up.seen] == ["/cut/v1/chat/completions"]  # the fallback was never asked
     assert [(r["provider"], r["accepted"]) for r in LedgerStore(path).rows()] == [("openai.first", 0)]
+
+
+def test_a_text_delta_written_from_its_cut_bytes_is_the_whole_event_rendered():
+    request = responses_codec.parse_request({"model": "m", "input": "hi"})
+    stream = responses_codec.ResponsesStream("resp_1", request)
+    stream.opening("m")
+    texts = ["he", 'llo "q" \u00e9 \U0001f600 \\ </script>', "\x00\n", ""]
+    written = [stream.event(Event(EventKind.TEXT, t)) for t in texts]
+    item = stream.item["id"]
+    whole = [responses_codec.ResponsesStream._event_bytes(
+        "response.output_text.delta", n, item_id=item, output_index=0, content_index=0, delta=t, logprobs=[])
+        for n, t in zip(range(4, 8), texts, strict=True)]
+    assert written[0].endswith(whole[0]) and written[1:] == whole[1:]

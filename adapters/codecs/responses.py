@@ -412,6 +412,11 @@ def _tools_of(result: TurnResult) -> list[tuple[str, str, str]]:
     return answer_tools(result, ToolIds("call_")) if result.tool_calls else []
 
 
+# stand-ins for a text delta event's two varying values, cut out of its rendered bytes
+_SEQ, _SLOT = "\x00relayline-sequence\x00", "\x00relayline-slot\x00"
+_SEQ_JSON, _SLOT_JSON = jsoncodec.dumps(_SEQ), jsoncodec.dumps(_SLOT)
+
+
 def _sse(obj: dict) -> bytes:
     return b"event: " + obj["type"].encode() + b"\ndata: " + jsoncodec.dumps(obj) + b"\n\n"
 
@@ -422,7 +427,7 @@ class ResponsesStream:
     events, before the next opens; every event carries the stream's next sequence number."""
 
     __slots__ = ("response_id", "request", "created", "model", "sequence", "output", "item", "text", "ids",
-                 "spaces", "calls", "signature")
+                 "spaces", "calls", "signature", "slotted")
 
     def __init__(self, response_id: str, request: w.Request) -> None:
         self.response_id = response_id
@@ -437,11 +442,31 @@ class ResponsesStream:
         self.spaces = namespaces(request)
         self.calls = 0
         self.signature = ""
+        self.slotted: tuple[str, bytes, bytes, bytes] = ("", b"", b"", b"")  # the open message's delta, cut
+
+    def _text_delta(self, delta: str) -> bytes:
+        """A text delta event: nearly every frame of a stream. Its bytes are cut once per item
+        around its two varying values, the sequence number and the delta, and the frame writes
+        those alone; the bytes are those of `_event` rendering the whole event."""
+        assert self.item is not None  # (a text delta is written into the open message)
+        if self.slotted[0] != self.item["id"]:
+            head, _, rest = self._event_bytes("response.output_text.delta", _SEQ, item_id=self.item["id"],
+                                              output_index=self._index(), content_index=0, delta=_SLOT,
+                                              logprobs=[]).partition(_SEQ_JSON)
+            middle, _, tail = rest.partition(_SLOT_JSON)
+            self.slotted = (self.item["id"], head, middle, tail)
+        _, head, middle, tail = self.slotted
+        sequence, self.sequence = self.sequence, self.sequence + 1
+        return head + str(sequence).encode() + middle + jsoncodec.dumps(delta) + tail
+
+    @staticmethod
+    def _event_bytes(kind: str, sequence: object, **fields: Any) -> bytes:
+        return _sse({"type": kind, "sequence_number": sequence, **fields})
 
     def _event(self, kind: str, **fields: Any) -> bytes:
-        event = {"type": kind, "sequence_number": self.sequence, **fields}
+        out = self._event_bytes(kind, self.sequence, **fields)
         self.sequence += 1
-        return _sse(event)
+        return out
 
     def _envelope(self, status: str) -> dict:
         envelope = _envelope(self.response_id, self.created, self.model, self.request, status)
@@ -503,8 +528,7 @@ class ResponsesStream:
             out = b"" if self.item is not None and self.item["type"] == "message" else self._open(
                 _message_out(new_id("msg"), "", "in_progress"))
             self.text.append(event.value)
-            return out + self._event("response.output_text.delta", item_id=self.item["id"],
-                                     output_index=self._index(), content_index=0, delta=event.value, logprobs=[])
+            return out + self._text_delta(event.value)
         if kind == "reasoning":
             if event.ref:  # the signature of the thinking just shown
                 self.signature = event.ref
