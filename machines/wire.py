@@ -460,9 +460,10 @@ OPENAI_FILE_ID = "content.file.file_id"
 
 # what `unsupported` names that is content, not a field of it: an image, a document by URL or by
 # an OpenAI file id, the trailing assistant message (prefill), tool call arguments
-# `tool_use.input` cannot hold
+# `tool_use.input` cannot hold; and the request itself, an embeddings or token counting request
+# to a family without that API
 CONTENT_NAMES = frozenset({"image", "prefill", "document.source.url", OPENAI_FILE_ID,
-                           "messages.tool_calls.function.arguments"})
+                           "messages.tool_calls.function.arguments", "embeddings", "count_tokens"})
 
 
 def is_content(name: str) -> bool:

@@ -71,9 +71,10 @@ def test_the_count_comes_from_the_next_anthropic_entry_and_is_never_billed(tmp_p
     assert LedgerStore(path).rows() == []
 
 
-def test_with_no_anthropic_entry_it_is_a_404_in_anthropics_shape():
+@pytest.mark.parametrize("drop", [False, True], ids=["skip", "drop_unsupported_params"])
+def test_with_no_anthropic_entry_it_is_a_404_in_anthropics_shape(drop):
     with CountingUpstream() as up:
-        config = {"active": "openai.chat", "providers": {"openai.chat": {
+        config = {"active": "openai.chat", "gateway": {"drop_unsupported_params": drop}, "providers": {"openai.chat": {
             "family": "openai", "base_url": f"{up.url}/chat/v1", "api_key": "sk-chat", "model": "gpt-chat"}}}
         with BackgroundGateway(config) as gw, pytest.raises(anthropic.NotFoundError) as info:
             client(gw).messages.count_tokens(model="gpt-chat", messages=MESSAGES)

@@ -110,9 +110,11 @@ def test_a_failover_goes_to_the_same_model_only_and_bills_the_input_tokens(tmp_p
     assert rows[0]["cost_usd"] == pytest.approx(5 * 0.02 / 1e6)
 
 
-def test_an_entry_that_cannot_embed_is_skipped_and_none_left_is_a_400_naming_it():
+@pytest.mark.parametrize("drop", [False, True], ids=["skip", "drop_unsupported_params"])
+def test_an_entry_that_cannot_embed_is_skipped_and_none_left_is_a_400_naming_it(drop):
+    # (dropping unsupported fields never sends an embeddings request to a family without the API)
     with EmbeddingsUpstream() as up:
-        config = {"active": "anthropic.a",
+        config = {"active": "anthropic.a", "gateway": {"drop_unsupported_params": drop},
                   "providers": {"anthropic.a": {"family": "anthropic", "base_url": up.url, "api_key": "sk-a",
                                                 "model": MODEL},
                                 "openai.off": profile(up, "off", capabilities={"embeddings": False})},

@@ -230,6 +230,19 @@ def test_what_only_a_storing_provider_serves_is_a_400_naming_it(gw, upstream, fi
     assert name in reply.json()["error"]["message"]
 
 
+def test_content_only_the_responses_api_holds_is_never_dropped():
+    with RecordingUpstream() as upstream:
+        config = {"active": "openai.up", "gateway": {"drop_unsupported_params": True},
+                  "providers": {"openai.up": {"family": "openai", "base_url": f"{upstream.url}/v1",
+                                              "api_key": "sk-up", "model": "gpt-up"}}}
+        with BackgroundGateway(config) as gw:
+            reply = httpx.post(f"{gw.url}/v1/responses", json={"model": "gpt-up", "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "what is in it?"},
+                                             {"type": "input_image", "file_id": "file-1"}]}]}, timeout=20)
+    assert reply.status_code == 400 and "image.source.file_id" in reply.json()["error"]["message"]
+    assert upstream.seen == []
+
+
 def test_hints_are_left_out_and_a_wrong_shape_is_a_400_naming_the_field(gw, upstream):
     oai(gw).responses.create(model="openai", input="hi", prompt_cache_key="k1", store=False,
                              include=["reasoning.encrypted_content"], extra_body={"client_metadata": {"a": "b"}})

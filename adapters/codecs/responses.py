@@ -91,7 +91,7 @@ def _text_part(raw: dict, param: str, field: str = "text") -> w.Part:
 
 def _image_part(raw: dict, param: str, reader: _Reader) -> w.Part:
     if raw.get("file_id") is not None:
-        reader.own("input_image.file_id")
+        reader.own("image.source.file_id")  # (content: an image only OpenAI's file store holds)
         return w.Part(w.IMAGE)
     url = w.want_str(raw.get("image_url"), w.path(param, "image_url"))
     detail = raw.get("detail")
@@ -111,7 +111,7 @@ def _file_part(raw: dict, param: str, reader: _Reader) -> w.Part:
         return w.Part(w.DOCUMENT, data=data[1], media_type=data[0])
     if raw.get("file_url") is not None:
         return w.Part(w.DOCUMENT, url=w.want_str(raw["file_url"], w.path(param, "file_url")))
-    reader.own("input_file.file_id")
+    reader.own("document.source.file_id")
     return w.Part(w.DOCUMENT)
 
 
@@ -126,7 +126,7 @@ def _part(raw, param: str, reader: _Reader) -> w.Part | None:
         return _image_part(raw, param, reader)
     if kind == "input_file":
         return _file_part(raw, param, reader)
-    reader.own(f"input.content.{kind}")
+    reader.own(f"content.{kind}")  # (content: a part this dialect alone has)
     return None
 
 
@@ -187,7 +187,7 @@ def _input(body: dict, reader: _Reader) -> None:
         else:
             # any other item (a built-in tool's call, an item_reference) is something only the
             # API that made it can read
-            reader.own(f"input.{w.want_str(kind, w.path(param, 'type'))}")
+            reader.own(f"content.{w.want_str(kind, w.path(param, 'type'))}")
     if not reader.messages:
         raise w.WireError("input", "must not be empty")
 
