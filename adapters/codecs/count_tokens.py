@@ -14,14 +14,14 @@ from relayline.machines.turn import Completion, TurnResult
 from ..providers.base import client_headers
 
 
-def parse_request(body: Any, headers: Any = ()) -> w.Request:
+def parse_request(body: Any, headers: Any = (), query: str = "") -> w.Request:
     """A count_tokens body (a messages body without max_tokens) as a counting request; the
     shape is checked as far as routing needs it, the rest is the provider's to judge."""
     body = w.want_dict(body, "")
     if not w.want_list(body.get("messages"), "messages"):
         raise w.WireError("messages", "must not be empty")
     return w.Request(messages=(), model=w.check_model(body.get("model")), counting=True, source="anthropic",
-                     passthrough=w.Passthrough(body, client_headers(headers, "anthropic")))
+                     passthrough=w.Passthrough(body, client_headers(headers), query))
 
 
 def render_request(request: w.Request, model: str) -> dict:

@@ -36,7 +36,7 @@ def _input(raw: Any) -> str | tuple[str, ...] | tuple[tuple[int, ...], ...]:
                        for k, t in enumerate(w.want_list(i, w.path("input", n)))) for n, i in enumerate(items))
 
 
-def parse_request(body: Any, headers: Any = ()) -> w.Request:
+def parse_request(body: Any, headers: Any = (), query: str = "") -> w.Request:
     """An embeddings body as the canonical request; a body of the wrong shape raises WireError
     naming the field."""
     body = w.want_dict(body, "")

@@ -273,7 +273,7 @@ def _own_fields(body: dict, reader: _Reader) -> None:
         reader.own("truncation", body["truncation"])
 
 
-def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
+def parse_request(body, headers=(), query: str = "", *, passthrough: bool = True) -> w.Request:
     """A Responses body (and its request headers) as the canonical request; a body of the wrong
     shape raises WireError naming the field."""
     body = w.want_dict(body, "")
@@ -303,7 +303,7 @@ def parse_request(body, headers=(), *, passthrough: bool = True) -> w.Request:
         extra=reader.extra,
         withdrawn=tuple(dict.fromkeys(reader.withdrawn)),
         source=w.RESPONSES,
-        passthrough=w.Passthrough(body, client_headers(headers, "openai")) if passthrough else None,
+        passthrough=w.Passthrough(body, client_headers(headers), query) if passthrough else None,
     )
 
 

@@ -357,8 +357,8 @@ class EmbeddingsDialect(OpenAIDialect):
 
     name = "embeddings"
 
-    def parse(self, body, headers=()) -> wire.Request:
-        return embeddings.parse_request(body, headers)
+    def parse(self, body, headers=(), query: str = "") -> wire.Request:
+        return embeddings.parse_request(body, headers, query)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
         return embeddings.answer(result, relayline)
@@ -370,8 +370,8 @@ class CountTokensDialect(AnthropicDialect):
 
     name = "count_tokens"
 
-    def parse(self, body, headers=()) -> wire.Request:
-        return count_tokens.parse_request(body, headers)
+    def parse(self, body, headers=(), query: str = "") -> wire.Request:
+        return count_tokens.parse_request(body, headers, query)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
         if result.error == "unsupported":
@@ -393,8 +393,8 @@ class ResponsesDialect(OpenAIDialect):
     def new_id() -> str:
         return responses_codec.new_id("resp")
 
-    def parse(self, body, headers=()) -> wire.Request:
-        return responses_codec.parse_request(body, headers)
+    def parse(self, body, headers=(), query: str = "") -> wire.Request:
+        return responses_codec.parse_request(body, headers, query)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
         return responses_codec.response_object(turn_id, result, relayline, request)

@@ -96,7 +96,7 @@ class CallRequest:
         """The query of the client's URL, sent on to a provider of the family the client spoke
         (across families its parameters would mean nothing, or something else)."""
         passthrough = self.request.passthrough
-        if passthrough is None or self.request.source != family:
+        if passthrough is None or not wire.passes_through(self.request, family, self.entry.provider.capabilities):
             return ""
         return passthrough.query
 
