@@ -371,3 +371,16 @@ def test_a_text_delta_written_from_its_cut_bytes_is_the_whole_event_rendered():
         "response.output_text.delta", n, item_id=item, output_index=0, content_index=0, delta=t, logprobs=[])
         for n, t in zip(range(4, 8), texts, strict=True)]
     assert written[0].endswith(whole[0]) and written[1:] == whole[1:]
+
+
+@pytest.mark.parametrize("path, body, anthropic_shape", [
+    ("/v1/responses", {"input": "hi"}, False),
+    ("/v1/embeddings", {"input": "hi"}, False),
+    ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi"}]}, True)])
+def test_a_model_nothing_offers_is_a_404_on_every_new_surface(gw, upstream, path, body, anthropic_shape):
+    reply = httpx.post(f"{gw.url}{path}", headers={"authorization": "Bearer gw-key"},
+                       json={"model": "no-such-model", **body}, timeout=20)
+    assert reply.status_code == 404 and upstream.seen == []
+    error = reply.json()["error"]
+    assert "no-such-model" in error["message"]
+    assert error["type"] == ("not_found_error" if anthropic_shape else "invalid_request_error")
