@@ -283,16 +283,22 @@ def cmd_ledger(args) -> int:
     if args.json:
         print(json.dumps({"path": where, "since": since, "by": args.by, "rows": report}, indent=2))
         return 0
-    if args.by == "client":
-        print(f"{'client':<16} {'accepted':>8} {'rejected':>8} {'estimated':>9} {'accepted $':>12} {'rejected $':>12}")
+    if args.by in _CALLER_COLUMNS:
+        column, heading, blank = _CALLER_COLUMNS[args.by]
+        print(f"{heading:<24} {'accepted':>8} {'rejected':>8} {'estimated':>9} {'accepted $':>12} {'rejected $':>12}")
         for row in report:
-            print(f"{row['client'] or '(no key)':<16} {row['accepted']:>8} {row['rejected']:>8} {row['estimated']:>9} "
+            print(f"{row[column] or blank:<24} {row['accepted']:>8} {row['rejected']:>8} {row['estimated']:>9} "
                   f"{row['accepted_cost_usd']:>12.6f} {row['rejected_cost_usd']:>12.6f}")
     else:
         _print_model_report(report)
     total = sum(r["accepted_cost_usd"] + r["rejected_cost_usd"] for r in report)
     print(f"total ${total:.6f}")
     return 0
+
+
+# `ledger --by` a caller: the report's column, its heading, and what a row without one says
+_CALLER_COLUMNS = {"client": ("client", "client", "(no key)"), "key": ("key_name", "key", "(no named key)"),
+                   "team": ("team", "team", "(no team)")}
 
 
 def _print_model_report(report: list[dict]) -> None:
@@ -392,14 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-format", dest="log_format", choices=["text", "json"], default="text",
                    help="key=value lines or one JSON object per line, on stderr")
 
-    p = command("ledger", "report cost per profile and model (or per client key) from the ledger (SQLite or "
+    p = command("ledger", "report cost per profile and model (or per client key, named key or team) from the ledger (SQLite or "
                 "PostgreSQL)", cmd_ledger)
     p.add_argument("--config", help="read [ledger] url or path from this config")
     p.add_argument("--path", help="the SQLite ledger file (default: [ledger] path, else relayline-ledger.sqlite3)")
     p.add_argument("--url", help="a PostgreSQL ledger: postgresql://user@host/db")
     p.add_argument("--since", help="only rows newer than this: 90s, 15m, 1h, 2d (default: every row)")
-    p.add_argument("--by", choices=["model", "client"], default="model",
-                   help="group by profile and model, or by the gateway client's key id")
+    p.add_argument("--by", choices=["model", "client", "key", "team"], default="model",
+                   help="group by profile and model, by the gateway client's key id, or by a named key or its team")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = command("diagram", "write Mermaid and DOT diagrams of every lifecycle spec", cmd_diagram)

@@ -175,6 +175,36 @@ class Notices:
     model_fallback_notice: Literal["off", "redacted", "detailed"] = "off"
 
 
+BudgetPeriod = Literal["day", "week", "month"]
+
+
+@attrs.frozen
+class GatewayKey:
+    """A named client key: who calls, with what limits. The key itself is in the environment
+    (`key_env`) or given as its SHA-256 (`key_sha256`), never in the file in clear."""
+
+    name: str
+    key_env: str | None = None
+    key_sha256: str | None = None
+    team: str | None = None
+    models: tuple[str, ...] | None = None  # the hints and catalog models it may name (None: all)
+    rpm: int | None = None
+    tpm: int | None = None
+    budget_usd: float | None = None
+    budget_period: BudgetPeriod = "month"
+
+
+@attrs.frozen
+class GatewayTeam:
+    """Limits shared by every key that names the team."""
+
+    name: str
+    rpm: int | None = None
+    tpm: int | None = None
+    budget_usd: float | None = None
+    budget_period: BudgetPeriod = "month"
+
+
 @attrs.frozen
 class Gateway:
     api_keys_env: str | None = None  # names a variable of comma-separated client keys
@@ -189,6 +219,9 @@ class Gateway:
     drop_unsupported_params: bool = False  # drop (and name) what an entry cannot honour instead of skipping it
     # a model name nothing offers: a 404 naming it ("reject"), or served by the default domain
     unknown_models: Literal["reject", "default"] = "reject"
+    keys: tuple[GatewayKey, ...] = ()
+    teams: tuple[GatewayTeam, ...] = ()
+    limits_on_store_error: Literal["local", "closed", "open"] = "local"
 
 
 @attrs.frozen
@@ -325,7 +358,7 @@ _converter.register_structure_hook_factory(
 def _require_tables(converter: cattrs.Converter) -> None:
     # leaves first: a class's generated hook captures the hooks of its fields when it is made
     for cls in (Capabilities, Price, Provider, Reliability, Breaker, Timeouts, Limits, Stream, Route,
-                CatalogModel, EffortRouting, Notices, Gateway, Ledger, Health, Config):
+                CatalogModel, EffortRouting, Notices, GatewayKey, GatewayTeam, Gateway, Ledger, Health, Config):
         base = converter.get_structure_hook(cls)
 
         def structure(value: Any, type_: Any, _base: Any = base) -> Any:
@@ -420,9 +453,57 @@ def _gateway_problems(g: Gateway) -> list[str]:
         value = getattr(g, name)
         if value is not None and not value.strip():
             problems.append(f"gateway.{name}: must name an environment variable (leave it out for none)")
-    if g.auth == "none" and g.api_keys_env is not None:
+    if g.auth == "none" and (g.api_keys_env is not None or g.keys):
         problems.append('gateway.auth: "none" says the gateway takes no client keys, but gateway.api_keys_env '
-                        "names some: remove one of the two")
+                        "or [[gateway.keys]] names some: remove one of the two")
+    return problems + _named_key_problems(g)
+
+
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _limit_problems(limits: GatewayKey | GatewayTeam, where: str) -> list[str]:
+    problems = [f"{where}.{name}: must be at least 1" for name in ("rpm", "tpm")
+                if getattr(limits, name) is not None and getattr(limits, name) < 1]
+    if limits.budget_usd is not None and limits.budget_usd < 0:
+        problems.append(f"{where}.budget_usd: must not be negative")
+    return problems
+
+
+def _named(items, where: str) -> tuple[dict[str, int], list[str]]:
+    """The names of `items` (index by name), and the problems of blank or repeated ones."""
+    names: dict[str, int] = {}
+    problems = []
+    for i, item in enumerate(items):
+        if not item.name or item.name != item.name.strip() or any(c.isspace() or not c.isprintable() for c in item.name):
+            problems.append(f"{where}[{i}].name: must be a non-blank name without spaces")
+        elif item.name in names:
+            problems.append(f"{where}[{i}].name: {item.name!r} is already {where}[{names[item.name]}].name")
+        else:
+            names[item.name] = i
+    return names, problems
+
+
+def _named_key_problems(g: Gateway) -> list[str]:
+    teams, problems = _named(g.teams, "gateway.teams")
+    problems += [p for i, team in enumerate(g.teams) for p in _limit_problems(team, f"gateway.teams[{i}]")]
+    _, key_problems = _named(g.keys, "gateway.keys")
+    problems += key_problems
+    for i, key in enumerate(g.keys):
+        where = f"gateway.keys[{i}]"
+        given = [k for k in ("key_env", "key_sha256") if getattr(key, k) is not None]
+        if len(given) != 1:
+            problems.append(f"{where}: set exactly one of key_env, key_sha256")
+        if key.key_env is not None and not _ENV_NAME.match(key.key_env):
+            problems.append(f"{where}.key_env: must name an environment variable (letters, digits and "
+                            "underscores, not starting with a digit); to give the key itself use key_sha256")
+        if key.key_sha256 is not None and not _SHA256_HEX.match(key.key_sha256):
+            problems.append(f"{where}.key_sha256: must be 64 lowercase hex digits (the key's SHA-256)")
+        if key.team is not None and key.team not in teams:
+            problems.append(f"{where}.team: names no [[gateway.teams]] entry ({key.team!r})")
+        if key.models is not None and not key.models:
+            problems.append(f"{where}.models: must list at least one model (leave it out for all)")
+        problems += _limit_problems(key, where)
     return problems
 
 
@@ -496,7 +577,16 @@ def _semantic_problems(cfg: Config) -> list[str]:
             hint = getattr(cfg.effort_routing, name)
             if hint not in seen_hints:
                 problems.append(f"effort_routing.{name}: no route has hint {hint!r}")
-    return problems + _catalog_problems(cfg, seen_hints)
+    return problems + _catalog_problems(cfg, seen_hints) + _allowlist_problems(cfg, seen_hints)
+
+
+def _allowlist_problems(cfg: Config, hints: dict[str, int]) -> list[str]:
+    """A key's allowlist names what clients may ask for: a name that is neither a route hint
+    nor a catalog model would refuse every request for it, so it is a typo, said at load."""
+    known = set(hints) | {item.model for item in cfg.catalog}
+    return [f"gateway.keys[{i}].models[{j}]: {name!r} is neither a route hint nor a catalog model"
+            for i, key in enumerate(cfg.gateway.keys) for j, name in enumerate(key.models or ())
+            if name not in known]
 
 
 def _catalog_problems(cfg: Config, hints: dict[str, int]) -> list[str]:

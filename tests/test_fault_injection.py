@@ -373,7 +373,7 @@ def test_an_exception_at_any_await_point_of_a_turn_never_wedges_it(shape, error,
 class FaultyLedger(LedgerStore):
     """The gateway's SQLite ledger, whose write is one more await point."""
 
-    async def record(self, turn_id, result, *, client: str = "") -> int:
+    async def record(self, turn_id, result, *, client: str = "", key: str = "", team: str = "") -> int:
         _at("ledger")
         return await super().record(turn_id, result, client=client)
 

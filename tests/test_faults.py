@@ -444,7 +444,7 @@ async def test_a_ledger_that_cannot_write_loses_no_answer(caplog):
     from relayline.adapters.stores.ledger import LedgerStore
 
     class FullDisk(LedgerStore):
-        async def record(self, turn_id, result, *, client=""):
+        async def record(self, turn_id, result, *, client="", key="", team=""):
             raise sqlite3.OperationalError("database or disk is full")
 
     async with trio.open_nursery() as nursery:

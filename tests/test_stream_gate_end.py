@@ -38,7 +38,7 @@ class SlowLedger:
     def __init__(self) -> None:
         self.rows = 0
 
-    async def record(self, turn_id: str, result, *, client: str = "") -> int:
+    async def record(self, turn_id: str, result, *, client: str = "", key: str = "", team: str = "") -> int:
         await trio.sleep(0.5)
         self.rows += len(result.ledger)
         return len(result.ledger)

@@ -57,6 +57,7 @@ from ..stores.ledger import DEFAULT_PATH, LedgerStore, LedgerUnavailable, open_l
 from .auth import (
     CREDENTIAL_HEADERS,
     Access,
+    Caller,
     KeyRing,
     bearer,
     credential_header,
@@ -65,7 +66,7 @@ from .auth import (
 )
 from .console import Console
 from .dialects import ANTHROPIC, COUNT_TOKENS, EMBEDDINGS, OPENAI, RESPONSES
-from .metrics import CONTENT_TYPE, Metrics, configured_models
+from .metrics import CONTENT_TYPE, Metrics, configured_models, named_keys
 
 log = logging.getLogger("relayline.gateway")
 access_log = logging.getLogger("relayline.access")
@@ -122,7 +123,7 @@ class Exchange:
 
     __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
                  "drained", "turn", "unread_body", "receive", "sent", "declared_length", "hangup",
-                 "body_here", "relay", "turn_started", "turn_ended", "query")
+                 "body_here", "relay", "turn_started", "turn_ended", "query", "caller", "admission")
 
     def __init__(self, send, method: str, path: str, request_id: str, headers: dict[bytes, bytes],
                  receive=None, query: bytes = b"") -> None:
@@ -148,6 +149,8 @@ class Exchange:
         self.relay: Relay | None = None
         self.turn_started = self.turn_ended = 0.0
         self.client = ""
+        self.caller: Caller | None = None  # who the client key says the caller is
+        self.admission = None  # the turn's admission against its key's and team's limits (limits.py)
         self.drained = False
         self.turn: str | None = None
         # the server's call-back when the client hangs up (http11.py), where it offers one
@@ -278,6 +281,7 @@ class Gateway:
         self._travelling = travelling_headers(relay.config)
         self.metrics.providers = frozenset(relay.config.providers)
         self.metrics.models = configured_models(relay.config)
+        self.metrics.keys = named_keys(relay.config)
         if old is not relay and not self._turns_of.get(old):
             await old.aclose()
 
@@ -456,9 +460,9 @@ class Gateway:
     async def _authorised(self, exchange: Exchange, headers) -> bool:
         if not self.access.clients:
             return True
-        kid = self.access.clients.match(bearer(headers))
-        if kid is not None:
-            exchange.client = kid
+        who = self.access.clients.caller(bearer(headers))
+        if who is not None:
+            exchange.client, exchange.caller = who.id, who
             return True
         await self._unauthorised(exchange, "missing or invalid gateway API key")
         return False
@@ -595,7 +599,9 @@ class Gateway:
             # operator gets the lost rows in the log (and /readyz reports the ledger)
             lost = "ledger_write_error request_id=%s turn=%s rows=%d cost_usd=%.8f"
             try:
-                await self.ledger.record(exchange.turn, result, client=exchange.client)
+                who = exchange.caller
+                await self.ledger.record(exchange.turn, result, client=exchange.client, key=who.name if who else "",
+                                         team=who.team if who else "")
             except LedgerUnavailable as exc:  # an outage: its reason, not a trace per answer
                 log.error(lost + " error=ledger_timeout waited_s=%g", exchange.request_id, exchange.turn,
                           len(result.ledger), result.cost_usd, exc.waited_s)
@@ -631,6 +637,8 @@ class Gateway:
             while seen and (seen[0][0] < horizon or len(seen) > MAX_OUTCOMES):
                 seen.popleft()
         self.metrics.turn(result, now - started)
+        if exchange.caller is not None and exchange.caller.name:
+            self.metrics.key_turn(exchange.caller.name, result)
         self.console.observe(exchange.turn, result, now - started, now)
         self.tracing.turn(result, started=started, ended=now, request_id=exchange.request_id, families=self._families)
         if result.fallback:
@@ -660,6 +668,8 @@ class Gateway:
         }
         if exchange.query:  # (a client's own parameters, such as Claude Code's ?beta=true)
             fields["query"] = exchange.query[:200].decode("latin-1")
+        if exchange.caller is not None and exchange.caller.name:
+            fields.update(key=exchange.caller.name, team=exchange.caller.team or None)
         if result is not None:
             fields.update(
                 requested=result.requested, served=result.served.label if result.served else None,
@@ -771,7 +781,7 @@ class Gateway:
         try:
             request = await self._request(dialect, scope, receive, exchange)
             del scope  # (read: a stream's frames need not keep it)
-            if request is None:
+            if request is None or not await self._allowed(exchange, dialect, request):
                 return
             turn_id = dialect.new_id()
             if request.stream:
@@ -796,6 +806,21 @@ class Gateway:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._idle.set()
+
+    async def _allowed(self, exchange: Exchange, dialect, request: wire.Request) -> bool:
+        """A named key with a model allowlist may name only those models (a route hint given as
+        `hint:NAME` is its NAME): anything else is a 403 that names the model, before any work."""
+        who = exchange.caller
+        if who is None or who.models is None:
+            return True
+        model = request.model or ""
+        if who.may_use(model.removeprefix("hint:")):
+            return True
+        allowed = ", ".join(sorted(who.models))
+        self.metrics.key_decision(who.name, "forbidden")
+        await self._respond(exchange, 403, dialect.http_error(
+            403, f"the key {who.name!r} may not use model {model[:200]!r} (it may use: {allowed})", "model_not_allowed"))
+        return False
 
     async def _run_turn(self, exchange: Exchange, turn_id: str, receive, request: wire.Request,
                         stream: _StreamWire | None = None) -> TurnResult | None:

@@ -4,8 +4,9 @@ Fail closed: a config that names a key variable which is unset or empty refuses 
 `relayline check` says so), because an operator who wrote `api_keys_env` meant to require keys.
 Keys are compared as SHA-256 digests with `hmac.compare_digest`, against every configured key
 without stopping early, so neither a key's length nor its position leaks through timing. A
-client is known afterwards only by its key id, a short hash: that is what the ledger, the logs
-and the metrics may carry, never the key.
+client is known afterwards only by its key id, a short hash, and, for a named key
+(`[[gateway.keys]]`), by the key's name and team: that is what the ledger, the logs and the
+metrics may carry, never the key.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from relayline.machines.config import Config
+from relayline.machines.config import Config, GatewayKey
 from relayline.machines.errors import ConfigError
 
 from ..redact import protect
@@ -35,28 +36,53 @@ def _digest(token: str) -> bytes:
 
 
 @attrs.frozen
+class Caller:
+    """Who a client key says the caller is: its key id, and for a named key its name and team
+    (empty for a key of the flat `api_keys_env` list)."""
+
+    id: str
+    name: str = ""
+    team: str = ""
+    models: frozenset[str] | None = None  # the allowlist (None: every model)
+
+    def may_use(self, model: str | None) -> bool:
+        return self.models is None or model in self.models
+
+
+def _caller(digest: bytes, key: GatewayKey) -> Caller:
+    return Caller("k-" + digest.hex()[:12], key.name, key.team or "",
+                  frozenset(key.models) if key.models is not None else None)
+
+
+@attrs.frozen
 class KeyRing:
     """A set of keys, held as digests: the ring itself never holds a key in clear."""
 
-    digests: tuple[tuple[bytes, str], ...] = ()  # (sha256, key id)
+    digests: tuple[tuple[bytes, Caller], ...] = ()  # (sha256, who it is)
 
     @classmethod
-    def of(cls, keys) -> KeyRing:
-        return cls(tuple((_digest(k), key_id(k)) for k in sorted(set(keys)) if k))
+    def of(cls, keys, named: tuple[tuple[bytes, Caller], ...] = ()) -> KeyRing:
+        flat = tuple((_digest(k), Caller(key_id(k))) for k in sorted(set(keys)) if k)
+        return cls(flat + named)
 
     def __bool__(self) -> bool:
         return bool(self.digests)
 
-    def match(self, token: str | None) -> str | None:
-        """The key id of `token` when it is one of the ring's keys, else None."""
+    def caller(self, token: str | None) -> Caller | None:
+        """Who `token` is when it is one of the ring's keys, else None."""
         if not token or not self.digests:
             return None
         given = _digest(token)
         found = None
-        for digest, kid in self.digests:  # no early exit: every key costs the same
+        for digest, who in self.digests:  # no early exit: every key costs the same
             if hmac.compare_digest(given, digest) and found is None:
-                found = kid
+                found = who
         return found
+
+    def match(self, token: str | None) -> str | None:
+        """The key id of `token` when it is one of the ring's keys, else None."""
+        who = self.caller(token)
+        return who.id if who is not None else None
 
 
 @attrs.frozen
@@ -81,6 +107,30 @@ def _read_keys(env: Mapping[str, str], name: str | None, path: str) -> KeyRing:
     return KeyRing.of(keys)
 
 
+def _named_keys(config: Config, env: Mapping[str, str]) -> tuple[tuple[tuple[bytes, Caller], ...], list[str]]:
+    """The `[[gateway.keys]]` as (digest, caller), and the problems: an unset variable fails
+    closed like `api_keys_env`; one key given twice would make its caller ambiguous."""
+    named, problems = [], []
+    for i, key in enumerate(config.gateway.keys):
+        if key.key_sha256 is not None:
+            digest = bytes.fromhex(key.key_sha256)
+        else:
+            value = env.get(key.key_env or "", "").strip()
+            if not value:
+                problems.append(f"gateway.keys[{i}].key_env: names {key.key_env}, which is unset or empty "
+                                f"(set it to the key named {key.name!r}, or remove that key)")
+                continue
+            protect([value])
+            digest = _digest(value)
+        named.append((digest, _caller(digest, key)))
+    seen: dict[bytes, str] = {}
+    for digest, who in named:
+        if digest in seen:
+            problems.append(f"gateway.keys: {who.name!r} and {seen[digest]!r} are the same key")
+        seen[digest] = who.name
+    return tuple(named), problems
+
+
 def load_access(config: Config, env: Mapping[str, str]) -> Access:
     """The gateway's keys from the environment; ConfigError (with the key path) when a named
     variable holds no key."""
@@ -92,9 +142,14 @@ def load_access(config: Config, env: Mapping[str, str]) -> Access:
         except ConfigError as exc:
             problems += exc.problems
             rings.append(KeyRing())
+    named, named_problems = _named_keys(config, env)
+    problems += named_problems
+    flat = {digest for digest, _ in rings[0].digests}
+    problems += [f"gateway.keys: {who.name!r} is also a key of gateway.api_keys_env" for digest, who in named
+                 if digest in flat]
     if problems:
         raise ConfigError(problems)
-    return Access(*rings)
+    return Access(KeyRing(rings[0].digests + named), rings[1])
 
 
 # the request headers a client may present a key in

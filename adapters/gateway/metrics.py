@@ -7,7 +7,8 @@ scrape is rare. The live state (breaker state, cooldown left, turns in flight) i
 time too, so a gauge is never stale. Label sets are bounded: `provider` is a configured profile
 alias, `model` a model the config names (anything else, an unpinned entry forwarding whatever a
 client asked for, is "other"), `route` one of the gateway's routes, `outcome` the turn machine's
-vocabulary.
+vocabulary, `key` and `team` a configured `[[gateway.keys]]` name and its team (a request by a key
+of the flat `api_keys_env` list carries none).
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def configured_models(config: Config) -> frozenset[str]:
     for p in config.providers.values():
         models.update(m for m in (p.model, *p.fallback_models, *p.models.values()) if m)
     return frozenset(models)
+
+
+def named_keys(config: Config) -> dict[str, str]:
+    """The configured key names and their teams: the only values the key labels take."""
+    return {key.name: key.team or "" for key in config.gateway.keys}
 
 
 class _Counter:
@@ -109,6 +115,14 @@ class Metrics:
         self.ttft = _Histogram("relayline_time_to_first_token_seconds",
                                "From the request to the first byte of the answer, by the serving profile and model.",
                                ("provider", "model"), TTFT_BUCKETS)
+        self.keys = named_keys(config)
+        self.key_requests = _Counter("relayline_key_requests", "Chat requests of a named key by the admission's "
+                                     "decision (admitted, rate_limited, budget_exceeded, forbidden).",
+                                     ("key", "team", "decision"))
+        self.key_tokens = _Counter("relayline_key_tokens", "Billed tokens (input and output) of a named key.",
+                                   ("key", "team"))
+        self.key_cost = _Counter("relayline_key_cost_usd", "Billed cost in USD of a named key (the ledger's rows).",
+                                 ("key", "team"))
         self.registry.register(_Families(self))
         self.registry.register(_LiveCollector(self))
 
@@ -118,6 +132,22 @@ class Metrics:
     def _labels(self, provider: str | None, model: str | None) -> tuple[str, str]:
         return (provider if provider in self.providers else "none" if provider is None else OTHER,
                 model if model in self.models else "none" if model is None else OTHER)
+
+    def _caller(self, name: str) -> tuple[str, str] | None:
+        """A configured key's labels (its team as configured now); None for any other name."""
+        team = self.keys.get(name)
+        return None if team is None else (name, team)
+
+    def key_decision(self, name: str, decision: str) -> None:
+        labels = self._caller(name)
+        if labels is not None:
+            self.key_requests.inc((*labels, decision))
+
+    def key_turn(self, name: str, result: TurnResult) -> None:
+        labels = self._caller(name)
+        if labels is not None:
+            self.key_tokens.inc(labels, sum(r.input_tokens + r.output_tokens for r in result.ledger))
+            self.key_cost.inc(labels, result.cost_usd)
 
     def request(self, path: str, status: int) -> None:
         self.requests.inc((self.route(path), str(status)))
@@ -155,7 +185,8 @@ class _Families:
 
     def collect(self):
         m = self.metrics
-        for kept in (m.requests, m.turns, m.attempts, m.fallbacks, m.tokens, m.cost, m.turn_seconds, m.ttft):
+        for kept in (m.requests, m.turns, m.attempts, m.fallbacks, m.tokens, m.cost, m.turn_seconds, m.ttft,
+                     m.key_requests, m.key_tokens, m.key_cost):
             yield kept.family()
 
 

@@ -17,7 +17,7 @@ import trio
 from relayline.machines.config import structure_config
 
 from ..gateway import Gateway, serve
-from ..gateway.auth import Access, KeyRing
+from ..gateway.auth import Access, KeyRing, load_access
 from ..relay import Relay
 from ..stores.ledger import LedgerStore
 from .loopback import BackgroundTrio
@@ -59,7 +59,9 @@ class BackgroundGateway(BackgroundTrio):
         self.sim = await SimHTTPServer(self.replies).start(nursery)
         self._relay = Relay(structure_config(wire_to(self.config, self.sim, shape_by_alias)), env=self.env)
         ledger = LedgerStore(self.ledger_path) if self.ledger_path else None
-        self.gateway = Gateway(self._relay, access=self.access, ledger=ledger)
+        named = load_access(self._relay.config, self.env).clients  # the config's [[gateway.keys]]
+        access = Access(KeyRing(self.access.clients.digests + named.digests), self.access.admins)
+        self.gateway = Gateway(self._relay, access=access, ledger=ledger)
         binds = await nursery.start(lambda task_status: serve(self.gateway, port=0, task_status=task_status))
         self.url = binds[0]
 

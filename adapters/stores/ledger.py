@@ -10,9 +10,10 @@ database (a checkpoint, with its fsync) by a thread of the store's own, never by
 crossed the threshold: in the event loop that write stalled every client for the fsync (a few
 ms, once every ~250 turns). `report` backs `relayline
 ledger`. Each row names the gateway client by its key id (a short hash, never the key; empty
-for library turns and gateways without keys), and says whether its tokens are relayline's
-estimate (`estimated`: output forwarded, then the attempt ended without the provider's usage).
-A ledger written before those columns existed is migrated in place when opened. A fleet keeps the same rows in PostgreSQL instead
+for library turns and gateways without keys), says whether its tokens are relayline's
+estimate (`estimated`: output forwarded, then the attempt ended without the provider's usage),
+and names a named key and its team; `spend` is what a key's or team's budget reads. A ledger
+written before those columns existed is migrated in place when opened. A fleet keeps the same rows in PostgreSQL instead
 (stores/postgres.py); `open_ledger` picks the store a config names.
 """
 
@@ -55,7 +56,9 @@ CREATE TABLE IF NOT EXISTS attempts (
     output_tokens INTEGER NOT NULL,
     cost_usd REAL NOT NULL,
     client TEXT NOT NULL DEFAULT '',
-    estimated INTEGER NOT NULL DEFAULT 0
+    estimated INTEGER NOT NULL DEFAULT 0,
+    key_name TEXT NOT NULL DEFAULT '',
+    team TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS attempts_ts ON attempts (ts);
 """
@@ -67,12 +70,15 @@ CREATE INDEX IF NOT EXISTS attempts_ts ON attempts (ts);
 PAGE_BYTES = 1024
 
 # columns added after the first release: (name, definition), applied to older files in order
-MIGRATIONS = (("client", "TEXT NOT NULL DEFAULT ''"), ("estimated", "INTEGER NOT NULL DEFAULT 0"))
+MIGRATIONS = (("client", "TEXT NOT NULL DEFAULT ''"), ("estimated", "INTEGER NOT NULL DEFAULT 0"),
+              ("key_name", "TEXT NOT NULL DEFAULT ''"), ("team", "TEXT NOT NULL DEFAULT ''"))
 # what `relayline ledger --by` groups on (both stores)
-GROUPS = {"model": ("provider", "model"), "client": ("client",)}
+GROUPS = {"model": ("provider", "model"), "client": ("client",), "key": ("key_name",), "team": ("team",)}
+# what a budget's spend is read from (`spend`): the column a scope's name is in
+SPEND_COLUMNS = {"key": "key_name", "team": "team"}
 
 COLUMNS = ("ts", "turn", "requested", "provider", "model", "mode", "outcome", "accepted", "input_tokens",
-           "output_tokens", "cost_usd", "client", "estimated")
+           "output_tokens", "cost_usd", "client", "estimated", "key_name", "team")
 INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 BUSY_S = 5.0  # how long a statement waits for another connection's write lock (sqlite3's default)
 MIGRATION_WAIT_S = 600.0  # how long opening waits for another process's migration of the same file
@@ -85,11 +91,13 @@ LOCKED_WAIT_S = (0.0002, 0.005)
 SYNC_WAIT_S = (0.001, 0.05)
 
 
-def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "") -> list[tuple]:
-    """A turn's ledger rows as tuples in COLUMNS order (both stores write these)."""
+def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "", key: str = "",
+                team: str = "") -> list[tuple]:
+    """A turn's ledger rows as tuples in COLUMNS order (both stores write these). `client` is
+    the gateway client's key id; `key` and `team` a named key's name and team."""
     ts = time.time() if now is None else now
     return [(ts, turn_id, result.requested, r.provider, r.model, r.mode, r.outcome, int(r.accepted),
-             r.input_tokens, r.output_tokens, r.cost_usd, client, int(r.estimated)) for r in result.ledger]
+             r.input_tokens, r.output_tokens, r.cost_usd, client, int(r.estimated), key, team) for r in result.ledger]
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
@@ -236,10 +244,11 @@ class LedgerStore:
         self._conn.execute("DROP TABLE attempts_before")
         log.info("ledger_migrated path=%s change=no_autoincrement", self.path)
 
-    def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "") -> int:
+    def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "", key: str = "",
+              team: str = "") -> int:
         """A turn's rows, from synchronous code: another process's write lock is waited for in
         this thread (`record` is the event loop's)."""
-        rows = ledger_rows(turn_id, result, now, client=client)
+        rows = ledger_rows(turn_id, result, now, client=client, key=key, team=team)
         if rows:
             _waited(lambda: self._insert(rows))
         return len(rows)
@@ -334,7 +343,8 @@ class LedgerStore:
             return False
         return True
 
-    async def record(self, turn_id: str, result: TurnResult, *, client: str = "") -> int:
+    async def record(self, turn_id: str, result: TurnResult, *, client: str = "", key: str = "",
+                     team: str = "") -> int:
         """A turn's rows, written before this returns. In the loop's thread: a WAL insert takes
         ~30-150 µs, a hop to a worker thread ~250 µs. When other turns are in flight
         (`together`, set by the gateway), the turns that finish in the same pass of the scheduler
@@ -342,7 +352,7 @@ class LedgerStore:
         meanwhile, and each returns once its rows are committed (or raises what the commit did).
         A turn alone that finds another process's write lock waits for it as a shared commit does,
         and the turns that finish meanwhile join it."""
-        rows = ledger_rows(turn_id, result, client=client)
+        rows = ledger_rows(turn_id, result, client=client, key=key, team=team)
         if not rows:
             return 0
         batch = self._batch
@@ -409,6 +419,16 @@ class LedgerStore:
                             "accepted_cost_usd": ac, "rejected_cost_usd": rc, "input_tokens": int(ti),
                             "output_tokens": int(to), "estimated": int(est)})
             return out
+
+    def spend(self, scope: str, name: str, since: float) -> float:
+        """The cost of every billed attempt of a key or team (scope "key" | "team") since `since`
+        (the start of its budget period): what its budget has spent."""
+        column = SPEND_COLUMNS[scope]
+        with self._read_lock:
+            (total,) = self._reading().execute(
+                f"SELECT COALESCE(SUM(cost_usd), 0) FROM attempts WHERE {column} = ? AND ts >= ?", (name, since)
+            ).fetchone()
+        return float(total)
 
     def close(self) -> None:
         self._closed = True

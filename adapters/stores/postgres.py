@@ -20,7 +20,7 @@ import trio
 
 from relayline.machines.turn import TurnResult
 
-from .ledger import COLUMNS, GROUPS, LedgerUnavailable, ledger_rows
+from .ledger import COLUMNS, GROUPS, SPEND_COLUMNS, LedgerUnavailable, ledger_rows
 
 MIGRATIONS = (
     # 1: the attempts table (the SQLite ledger's columns)
@@ -45,6 +45,9 @@ MIGRATIONS = (
     "ALTER TABLE relayline_attempts ADD COLUMN IF NOT EXISTS client TEXT NOT NULL DEFAULT ''",
     # 3: whether the row's tokens are relayline's estimate, as in the SQLite ledger
     "ALTER TABLE relayline_attempts ADD COLUMN IF NOT EXISTS estimated INTEGER NOT NULL DEFAULT 0",
+    # 4: a named key's name and team, and what a budget's spend reads
+    "ALTER TABLE relayline_attempts ADD COLUMN IF NOT EXISTS key_name TEXT NOT NULL DEFAULT '';"
+    "ALTER TABLE relayline_attempts ADD COLUMN IF NOT EXISTS team TEXT NOT NULL DEFAULT ''",
 )
 MIGRATION_LOCK = 0x72656C61  # any constant shared by every worker: "rela"
 POOL_SIZE = 4
@@ -64,9 +67,9 @@ class _Write:
         self.gave_up = False
         self.ended = False
 
-    def run(self, turn_id: str, result: TurnResult, client: str) -> int:
+    def run(self, turn_id: str, result: TurnResult, who: dict[str, str]) -> int:
         try:
-            return self.ledger.write(turn_id, result, client=client, wanted=lambda: not self.gave_up)
+            return self.ledger.write(turn_id, result, **who, wanted=lambda: not self.gave_up)
         finally:
             with self.ledger._abandon_lock:
                 self.ended = True
@@ -131,11 +134,11 @@ class PostgresLedger:
         with self._pool.connection() as conn:
             return conn.execute("SELECT COALESCE(MAX(version), 0) FROM relayline_schema").fetchone()[0]
 
-    def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "",
-              wanted: Callable[[], bool] | None = None) -> int:
+    def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "", key: str = "",
+              team: str = "", wanted: Callable[[], bool] | None = None) -> int:
         """Insert a turn's rows in one transaction; `wanted()` false after the insert (the caller
         gave up waiting) rolls it back instead of committing."""
-        rows = ledger_rows(turn_id, result, now, client=client)
+        rows = ledger_rows(turn_id, result, now, client=client, key=key, team=team)
         if not rows:
             return 0
         placeholders = ", ".join(["%s"] * len(COLUMNS))
@@ -145,7 +148,8 @@ class PostgresLedger:
                 raise _GaveUp  # (the transaction rolls back)
         return len(rows)
 
-    async def record(self, turn_id: str, result: TurnResult, *, client: str = "") -> int:
+    async def record(self, turn_id: str, result: TurnResult, *, client: str = "", key: str = "",
+                     team: str = "") -> int:
         """Write a turn's rows from the event loop: a blocking insert in a bounded worker thread,
         waited for at most timeout_s (LedgerUnavailable). A server that hangs with its connections
         open (stopped, swapping, a stalled disk) would hold the thread, and the answer behind it,
@@ -157,7 +161,8 @@ class PostgresLedger:
         write = _Write(self)
         # shielded: a client that went away after its turn ended still leaves the turn's rows
         with trio.CancelScope(shield=True), trio.move_on_after(self.timeout_s):
-            return await trio.to_thread.run_sync(partial(write.run, turn_id, result, client), limiter=self._limiter,
+            who = {"client": client, "key": key, "team": team}
+            return await trio.to_thread.run_sync(partial(write.run, turn_id, result, who), limiter=self._limiter,
                                                  abandon_on_cancel=True)
         write.give_up()
         raise LedgerUnavailable(self.timeout_s)
@@ -192,6 +197,14 @@ class PostgresLedger:
                             "accepted_cost_usd": float(ac), "rejected_cost_usd": float(rc), "input_tokens": int(ti),
                             "output_tokens": int(to), "estimated": int(est)})
             return out
+
+    def spend(self, scope: str, name: str, since: float) -> float:
+        """As the SQLite ledger's: a key's or team's cost since `since`."""
+        column = SPEND_COLUMNS[scope]
+        with self._pool.connection() as conn:
+            (total,) = conn.execute(f"SELECT COALESCE(SUM(cost_usd), 0) FROM relayline_attempts "
+                                    f"WHERE {column} = %s AND ts >= %s", (name, since)).fetchone()
+        return float(total)
 
     def close(self) -> None:
         self._pool.close()
