@@ -195,7 +195,8 @@ def cmd_serve(args) -> int:
             return 2
         try:
             return supervise(last_good, host=args.host, port=args.port, workers=args.workers, early=early,
-                             worker_args=("--log-level", args.log_level, "--log-format", args.log_format))
+                             worker_args=("--log-level", args.log_level, "--log-format", args.log_format,
+                                          "--fleet-size", str(args.workers)))
         except OSError as exc:
             print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
             return 1
@@ -221,6 +222,7 @@ def cmd_serve(args) -> int:
         gateway.reloader.host = args.host
         if args.supervisor is not None:
             gateway.reloader.fleet = partial(ask_supervisor_to_reload, args.supervisor)
+    gateway.limiter.workers = args.fleet_size  # a worker's share of a limit when the fleet shares no store
 
     def listening(binds: list[str]) -> None:
         print(f"relayline gateway listening on {', '.join(binds)}", file=sys.stderr, flush=True)
@@ -393,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-config", dest="start_config", help=argparse.SUPPRESS)
     # a worker's supervisor: the process an admin reload asks to reload the whole fleet
     p.add_argument("--supervisor", dest="supervisor", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--fleet-size", dest="fleet_size", type=_positive, default=1,
+                   help=argparse.SUPPRESS)  # how many workers the supervisor started
     p.add_argument("--log-level", dest="log_level", choices=LEVELS, default="info",
                    help="the least severe records logged (info: one access line per request)")
     p.add_argument("--log-format", dest="log_format", choices=["text", "json"], default="text",

@@ -470,7 +470,7 @@ def _limit_problems(limits: GatewayKey | GatewayTeam, where: str) -> list[str]:
     return problems
 
 
-def _named(items, where: str) -> tuple[dict[str, int], list[str]]:
+def _named(items: typing.Sequence[GatewayKey | GatewayTeam], where: str) -> tuple[dict[str, int], list[str]]:
     """The names of `items` (index by name), and the problems of blank or repeated ones."""
     names: dict[str, int] = {}
     problems = []

@@ -11,17 +11,17 @@ import json
 import logging
 import sqlite3
 import subprocess
+import time
 
 import httpx
 import pytest
+from test_ops import CLI, HI, Captured, profiles, samples
 
 from relayline.adapters.gateway.auth import key_id, load_access
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.adapters.stores.ledger import LedgerStore
 from relayline.machines.config import structure_config
 from relayline.machines.errors import ConfigError
-
-from test_ops import CLI, HI, Captured, profiles, samples
 
 SEARCH_KEY = "sk-search-0123456789"
 ADS_KEY = "sk-ads-9876543210"
@@ -166,3 +166,123 @@ def test_a_ledger_from_before_named_keys_is_migrated_in_place(tmp_path):
     assert store.rows()[0] | {"key_name": "", "team": ""} == store.rows()[0]
     assert store.report(by="key")[0]["key_name"] == "" and store.spend("key", "", 0.0) == 0.5
     store.close()
+
+
+# -- admission: rpm, tpm and budgets, before anything is sent -----------------------------------
+
+
+def limited(key: dict | None = None, team: dict | None = None, **gateway) -> dict:
+    config = governed(**gateway)
+    config["gateway"]["keys"][0].update(key or {})
+    config["gateway"]["teams"][0].update(team or {})
+    return config
+
+
+def calls_and_rows(gw, ledger) -> tuple[int, int]:
+    return gw.sim.calls, len(LedgerStore(ledger).rows())
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_requests_past_rpm_are_429s_with_retry_after_and_openai_headers_and_are_never_sent(tmp_path, path):
+    ledger = tmp_path / "ledger.sqlite3"
+    with BackgroundGateway(limited({"rpm": 2}), env=ENV, ledger_path=str(ledger)) as gw:
+        answers = [chat(gw, SEARCH_KEY, path=path) for _ in range(3)]
+        sent = calls_and_rows(gw, ledger)
+    first, second, refused = answers
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert (first.headers["x-ratelimit-limit-requests"], first.headers["x-ratelimit-remaining-requests"],
+            second.headers["x-ratelimit-remaining-requests"]) == ("2", "1", "0")
+    assert first.headers["x-ratelimit-reset-requests"] in ("59s", "1m0s")
+    assert 55 <= int(refused.headers["retry-after"]) <= 60
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0" and "x-should-retry" not in refused.headers
+    error = refused.json()["error"]
+    assert "'search-bot' is over its limit of 2 requests per minute" in error["message"]
+    assert (error.get("code") or error["type"]) == ("rate_limit_exceeded" if "chat" in path else "rate_limit_error")
+    assert sent == (2, 2)  # the refused request reached no upstream and left no ledger row
+
+
+def test_tokens_are_estimated_at_admission_and_settled_with_the_billed_usage(tmp_path):
+    # each request: "hi" (1 token) + 1 message + max_tokens 16 = 18 estimated; the upstream bills
+    # 11 (10 in, 1 out). Settled: 0+18, 11+18, 22+18 = 40 fit in tpm 40, 33+18 does not; counted
+    # at the estimate only, the third would already be over (36+18)
+    with BackgroundGateway(limited({"tpm": 40}), env=ENV) as gw:
+        answers = [httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "fast", "messages": HI,
+                                                                     "max_tokens": 16},
+                              headers={"authorization": f"Bearer {SEARCH_KEY}"}, timeout=20) for _ in range(4)]
+        too_large = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "fast", "messages": HI,
+                                                                      "max_tokens": 100},
+                               headers={"authorization": f"Bearer {SEARCH_KEY}"}, timeout=20)
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert answers[0].headers["x-ratelimit-remaining-tokens"] == "22"  # 40 - 18, before its settlement
+    assert answers[2].headers["x-ratelimit-remaining-tokens"] == "0"  # 40 - (11 + 11 + 18)
+    assert "tokens per minute" in answers[3].json()["error"]["message"]
+    assert too_large.status_code == 429 and too_large.headers["x-should-retry"] == "false"
+    assert "larger than the key 'search-bot''s limit of 40 tokens per minute" in too_large.json()["error"]["message"]
+
+
+def test_a_spent_budget_is_a_429_not_to_be_retried_and_the_ledger_remembers_it(tmp_path):
+    # a request costs 30e-6 (10 in at $2, 1 out at $10 per Mtok); spend is below 50e-6 twice
+    ledger = tmp_path / "ledger.sqlite3"
+    config = limited({"budget_usd": 0.00005, "budget_period": "day"})
+    with BackgroundGateway(config, env=ENV, ledger_path=str(ledger)) as gw:
+        answers = [chat(gw, SEARCH_KEY) for _ in range(3)]
+        sent = calls_and_rows(gw, ledger)
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert float(answers[0].headers["x-relayline-budget-remaining-usd"]) == pytest.approx(0.00005)
+    refused = answers[2]
+    assert refused.json()["error"]["code"] == "budget_exceeded" and refused.headers["x-should-retry"] == "false"
+    assert "spent its budget of $5e-05 for this day (UTC)" in refused.json()["error"]["message"]
+    assert 0 < int(refused.headers["retry-after"]) <= 86400 and sent == (2, 2)
+    with BackgroundGateway(config, env=ENV, ledger_path=str(ledger)) as again:  # a restart: spend is the ledger's
+        assert chat(again, SEARCH_KEY).status_code == 429 and again.sim.calls == 0
+
+
+def test_a_teams_limit_counts_every_key_of_the_team(tmp_path):
+    config = limited(team={"rpm": 3})
+    config["gateway"]["keys"][1]["team"] = "search"
+    with BackgroundGateway(config, env=ENV) as gw:
+        statuses = [chat(gw, key).status_code for key in (SEARCH_KEY, ADS_KEY, SEARCH_KEY, ADS_KEY)]
+    assert statuses == [200, 200, 200, 429]
+
+
+def test_the_openai_sdk_waits_out_retry_after_and_does_not_retry_a_spent_budget():
+    import openai
+
+    config = limited({"rpm": 1}, team={"budget_usd": 0.00005})  # two requests spend 60e-6
+    config["gateway"]["keys"][1]["team"] = "search"
+    with BackgroundGateway(config, env=ENV) as gw:
+        store = gw.gateway.limiter.local
+        real = store.clock
+        store.clock = lambda: real() - 58  # the key's first request was 58 s ago: a slot frees in 2 s
+        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=SEARCH_KEY, max_retries=2)
+        assert client.chat.completions.create(model="fast", messages=HI).choices[0].message.content
+        store.clock = real
+        started = time.monotonic()
+        waited = client.chat.completions.with_raw_response.create(model="fast", messages=HI)
+        assert waited.status_code == 200 and 1.5 < time.monotonic() - started < 15  # one 429, then Retry-After
+        assert waited.retries_taken == 1
+        spender = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=ADS_KEY, max_retries=2)
+        with pytest.raises(openai.RateLimitError) as spent:
+            spender.chat.completions.create(model="fast", messages=HI)
+        metrics = samples(httpx.get(f"{gw.url}/metrics", headers={"authorization": f"Bearer {SEARCH_KEY}"}).text)
+    assert spent.value.code == "budget_exceeded"
+    decisions = {labels: value for (name, labels), value in metrics.items() if name == "relayline_key_requests_total"}
+    assert decisions[(("decision", "budget_exceeded"), ("key", "ads-bot"), ("team", "search"))] == 1  # not retried
+    assert decisions[(("decision", "rate_limited"), ("key", "search-bot"), ("team", "search"))] == 1
+
+
+def test_the_console_the_health_view_and_the_metrics_show_spend_and_what_is_left():
+    config = limited({"rpm": 5, "tpm": 10000, "budget_usd": 1.0}, team={"budget_usd": 2.0, "budget_period": "week"})
+    with BackgroundGateway(config, env=ENV) as gw:
+        assert chat(gw, SEARCH_KEY).status_code == 200
+        auth = {"authorization": f"Bearer {SEARCH_KEY}"}
+        console = httpx.get(f"{gw.url}/admin/console/state", headers=auth).json()["limits"]
+        health = httpx.get(f"{gw.url}/admin/health", headers=auth).json()["limits"]
+        metrics = samples(httpx.get(f"{gw.url}/metrics", headers=auth).text)
+    key = next(row for row in console if row["scope"] == "key")
+    assert (key["name"], key["requests_left"], key["rpm"], key["budget_state"]) == ("search-bot", 4, 5, "open")
+    assert key["spend_usd"] == pytest.approx(30e-6) and console == health
+    team = next(row for row in console if row["scope"] == "team")
+    assert team["budget_period"] == "week" and team["requests_left"] is None
+    assert metrics[("relayline_limit_remaining", (("limit", "requests"), ("name", "search-bot"), ("scope", "key")))] == 4
+    assert metrics[("relayline_budget_spend_usd", (("name", "search"), ("scope", "team")))] == pytest.approx(30e-6)

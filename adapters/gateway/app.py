@@ -41,6 +41,7 @@ import trio
 
 from relayline.machines import wire
 from relayline.machines.errors import ConfigError
+from relayline.machines.limits import Refusal
 from relayline.machines.plan import model_offered
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
@@ -66,6 +67,7 @@ from .auth import (
 )
 from .console import Console
 from .dialects import ANTHROPIC, COUNT_TOKENS, EMBEDDINGS, OPENAI, RESPONSES
+from .limits import Admitted, Limiter, refusal_headers
 from .metrics import CONTENT_TYPE, Metrics, configured_models, named_keys
 
 log = logging.getLogger("relayline.gateway")
@@ -162,6 +164,8 @@ class Exchange:
         if message["type"] == "http.response.start":
             self.status = message["status"]
             headers = [*message.get("headers", ()), (b"x-request-id", self.request_id.encode())]
+            if self.admission is not None:  # the key's remaining limits, on every admitted answer
+                headers += self.admission.headers()
             if self.unread_body and self.status != 408:
                 await self._drain()
             if self.unread_body and not any(k == b"connection" for k, _ in headers):
@@ -270,6 +274,9 @@ class Gateway:
         self.reloader = None  # a Reloader (gateway/reload.py) when serving from a config file
         self._turns_of: dict[Relay, int] = {}  # turns in flight per relay (a reload retires one)
         self.console = Console(self)
+        # named keys' limits, counted in the shared store when there is one; `workers` is the
+        # fleet's size when `serve --workers N` started this process (a worker's share of a limit)
+        self.limiter = Limiter(relay.health, ledger)
 
     async def swap(self, relay: Relay, access: Access) -> None:
         """A reload (checked: reload.py): new turns use `relay` and `access`; turns in flight
@@ -578,7 +585,7 @@ class Gateway:
             }
         self._note_breakers({alias: profile["breaker"] for alias, profile in profiles.items()})
         return {"window_s": window, "profiles": profiles, "fallback_record": dict(self.relay.fallback_record),
-                "in_flight": self.in_flight, "draining": self.draining}
+                "in_flight": self.in_flight, "draining": self.draining, "limits": self.limiter.view(self.relay.config)}
 
     def _live(self) -> dict:
         return self.health()
@@ -783,6 +790,8 @@ class Gateway:
             del scope  # (read: a stream's frames need not keep it)
             if request is None or not await self._allowed(exchange, dialect, request):
                 return
+            if not await self._admitted(exchange, dialect, request):
+                return
             turn_id = dialect.new_id()
             if request.stream:
                 stream = _StreamWire(turn_id, exchange, dialect, request)
@@ -803,9 +812,34 @@ class Gateway:
                 await self._json(exchange, 200, dialect.completion(turn_id, result, self._relayline_field(result), request),
                                  headers=self._attribution(result) + dropped_header(request, result.served))
         finally:
+            if exchange.admission is not None:
+                with trio.CancelScope(shield=True):  # what the turn billed counts, whoever went away
+                    await self.limiter.settle(exchange.admission, exchange.result)
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._idle.set()
+
+    async def _admitted(self, exchange: Exchange, dialect, request: wire.Request) -> bool:
+        """The one admission point of every chat-like request: a named key's request within its
+        key's and team's limits goes on (counted); one over them is a 429 in the dialect's shape,
+        and nothing is sent upstream or billed."""
+        who = exchange.caller
+        if who is None or not who.name:
+            return True
+        decision = await self.limiter.admit(self.relay.config, who.name, request)
+        if decision is None or isinstance(decision, Admitted):
+            exchange.admission = decision
+            if decision is not None:
+                self.metrics.key_decision(who.name, "admitted")
+            return True
+        self.metrics.key_decision(who.name, "budget_exceeded" if decision.limit == "budget" else "rate_limited")
+        await self._refuse(exchange, dialect, decision)
+        return False
+
+    async def _refuse(self, exchange: Exchange, dialect, refusal: Refusal) -> None:
+        status = 429
+        await self._respond(exchange, status, dialect.http_error(status, refusal.message, refusal.code),
+                            headers=refusal_headers(refusal))
 
     async def _allowed(self, exchange: Exchange, dialect, request: wire.Request) -> bool:
         """A named key with a model allowlist may name only those models (a route hint given as

@@ -302,6 +302,10 @@ class Console:
                 "state": "unreachable: serving on local state" if local else "connected",
                 "rounds": getattr(health, "rounds", None)}
 
+    def limits(self) -> list[dict]:
+        """Named keys' and teams' limits, spend and what is left (gateway/limits.py)."""
+        return self.gateway.limiter.view(self.relay.config)
+
     def lifecycles(self) -> list[dict]:
         out = []
         for name in SPEC_NAMES:
@@ -331,6 +335,7 @@ class Console:
         cost = await self.cost()
         now = trio.current_time()
         return {"routes": self.routes(now), "health": self.health(now), "lifecycles": self.lifecycles(),
+                "limits": self.limits(),
                 "turns": [t.as_json() for t in self.turns], "cost": cost, "recent_limit": RECENT_TURNS}
 
     # -- HTTP -------------------------------------------------------------------------------
@@ -406,7 +411,7 @@ class Console:
             now = trio.current_time()
             frames = []
             for event, part in (("health", self.health(now)), ("routes", self.routes(now)),
-                                ("counts", self.counts())):
+                                ("counts", self.counts()), ("limits", self.limits())):
                 data = json.dumps(part, separators=(",", ":"))
                 if sent.get(event) != data:
                     sent[event] = data

@@ -213,4 +213,16 @@ class _LiveCollector:
             transitions.add_metric([alias], profile["transitions"])
         in_flight = GaugeMetricFamily("relayline_in_flight", "Turns in flight (admitted, not yet answered).",
                                       value=live["in_flight"])
-        yield from (state, cooldown, transitions, in_flight)
+        remaining = GaugeMetricFamily("relayline_limit_remaining", "What the latest admission left of a named key's "
+                                      "or team's limit (requests, tokens, budget_usd), by scope (key, team) and name.",
+                                      labels=["scope", "name", "limit"])
+        spend = GaugeMetricFamily("relayline_budget_spend_usd", "A named key's or team's spend in its budget period, "
+                                  "as the latest admission or settlement found it.", labels=["scope", "name"])
+        for item in live.get("limits", ()):
+            for limit, field in (("requests", "requests_left"), ("tokens", "tokens_left"),
+                                 ("budget_usd", "budget_left_usd")):
+                if item[field] is not None:
+                    remaining.add_metric([item["scope"], item["name"], limit], item[field])
+            if item["spend_usd"] is not None and item["budget_usd"] is not None:
+                spend.add_metric([item["scope"], item["name"]], item["spend_usd"])
+        yield from (state, cooldown, transitions, in_flight, remaining, spend)

@@ -224,6 +224,7 @@ class RedisHealth(InMemoryHealth):
         self._rounds_done = 0
         self._client = None  # a connected coredis client while `connected()` runs
         self._script = None
+        self._scripts: dict[str, object] = {}  # other stores' scripts on this connection (`run_script`)
         self.local = True  # serving on local state (not connected, or the store is down)
         self._down_since: float | None = None
         self._retry_at = -math.inf
@@ -307,6 +308,7 @@ class RedisHealth(InMemoryHealth):
                         await client.ping()  # a pooled connection, made before the first round's deadline
                     self._client = client
                     self._script = client.register_script(SCRIPT)
+                    self._scripts = {}
                     await self.sync(())  # connected: take the fleet's view, say so if it was down
                     task_status.started()
                     task_status = trio.TASK_STATUS_IGNORED
@@ -331,6 +333,19 @@ class RedisHealth(InMemoryHealth):
         self.local = True
         for breaker in self._breakers.values():
             breaker.reserved = False
+
+    async def run_script(self, source: str, args: list[str]) -> list:
+        """Another store's Lua script (stores/limits.py) on this store's connection, with no keys
+        and string arguments. Raises while the store is not connected or does not answer within
+        TIMEOUT_S: the caller decides what that means for it."""
+        client = self._client
+        if client is None:
+            raise ConnectionError(f"the shared store at {self.where} is not connected")
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = client.register_script(source)
+        with trio.fail_after(TIMEOUT_S):
+            return await script(keys=[], args=args)
 
     # -- the sync --------------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 // gateway's own data with DOM calls (textContent, never HTML from data).
 "use strict";
 
-const state = { routes: [], health: null, lifecycles: [], turns: [], cost: null, filter: "all", window: "1h",
+const state = { routes: [], health: null, lifecycles: [], turns: [], cost: null, limits: [], filter: "all", window: "1h",
                 limit: 200, drawn: {} };
 
 function el(tag, attrs, ...children) {
@@ -166,6 +166,24 @@ function drawCost() {
         el("th", {}, usd(sum("accepted_cost_usd"))), el("th", {}, usd(sum("rejected_cost_usd"))), el("th", {}, sum("input_tokens")), el("th", {}, sum("output_tokens"))))));
 }
 
+// -- keys and limits ----------------------------------------------------------------------------
+
+function drawLimits() {
+  const root = document.getElementById("limits");
+  const rows = state.limits || [];
+  if (!rows.length) {
+    root.replaceChildren(el("p", { class: "empty", "data-limits": "none" }, "No named key or team has a limit."));
+    return;
+  }
+  const left = (v, of) => (of === null ? "–" : v === null ? `${of} (not used yet)` : `${v} of ${of}`);
+  root.replaceChildren(el("table", { id: "limits-table" },
+    el("thead", {}, el("tr", {}, ["scope", "name", "requests left / min", "tokens left / min", "spent", "budget", "state"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows.map((r) => el("tr", { "data-scope": `${r.scope}:${r.name}`, "data-budget": r.budget_state },
+      el("td", {}, r.scope), el("td", {}, el("code", {}, r.name)), el("td", {}, left(r.requests_left, r.rpm)),
+      el("td", {}, left(r.tokens_left, r.tpm)), el("td", {}, r.spend_usd === null ? "–" : usd(r.spend_usd)),
+      el("td", {}, r.budget_usd === null ? "–" : `${usd(r.budget_usd)} / ${r.budget_period}`), el("td", {}, r.budget_usd === null ? "–" : r.budget_state))))));
+}
+
 // -- lifecycles ---------------------------------------------------------------------------------
 
 function drawLifecycleShells() {
@@ -269,6 +287,7 @@ function connect() {
   on("routes", (r) => { state.routes = r; drawRoutes(); });
   on("counts", onCounts);
   on("cost", (c) => { state.cost = c; drawCost(); });
+  on("limits", (l) => { state.limits = l; drawLimits(); });
   on("turn", (t) => {
     if (state.turns.some((x) => x.seq === t.seq)) return;
     state.turns.push(t);
@@ -289,8 +308,8 @@ async function start() {
   }
   const snap = await response.json();
   Object.assign(state, { routes: snap.routes, health: snap.health, lifecycles: snap.lifecycles, turns: snap.turns,
-                         cost: snap.cost, limit: snap.recent_limit });
-  drawHealth(); drawRoutes(); drawFilter(); drawTurns(); drawCost(); drawLifecycleShells();
+                         cost: snap.cost, limits: snap.limits, limit: snap.recent_limit });
+  drawHealth(); drawRoutes(); drawFilter(); drawTurns(); drawLimits(); drawCost(); drawLifecycleShells();
   document.body.dataset.ready = "yes";
   document.body.dataset.readyMs = Math.round(performance.now());
   connect();

@@ -1,0 +1,223 @@
+"""Admission: a named key's request against its key's and its team's limits, before anything is
+sent upstream, and its settlement when the turn ends.
+
+Every chat-like request of a named key passes `Limiter.admit` once (gateway/app.py `_chat`). The
+counting is a store's (stores/limits.py): the fleet's Redis when `[health] store` names one,
+else this process's memory. A budget's spend is seeded once per period from the ledger (the
+turns before this process started, or billed by other workers before the store knew the key).
+When the shared store does not answer, `[gateway] limits_on_store_error` decides: "local" counts
+in this process against its share of each limit (limit / workers), "closed" refuses, "open"
+admits; the outage and its end are logged once each.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import attrs
+import trio
+
+from relayline.machines.config import Config
+from relayline.machines.limits import (
+    Refusal,
+    ScopeLimits,
+    Standing,
+    budget_state,
+    estimate_tokens,
+    period_start,
+    scopes_of,
+)
+from relayline.machines.turn import TurnResult
+from relayline.machines.wire import Request
+
+from ..stores.limits import MemoryLimits, RedisLimits, Ticket
+
+log = logging.getLogger("relayline.limits")
+
+LEDGER_WAIT_S = 5.0  # a budget's first read of the ledger waits this long, then counts from 0
+
+
+@attrs.frozen
+class Admitted:
+    """A request admitted: its ticket in the store that counted it (None: counted nowhere, the
+    store being down with limits_on_store_error = "open") and the scopes' standing."""
+
+    ticket: Ticket | None
+    store: object | None
+    standings: tuple[Standing, ...]
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """OpenAI's remaining headers for the tighter scope of each limit, and the budget left."""
+        out: list[tuple[bytes, bytes]] = []
+        for kind, left, reset, limit in (("requests", "requests_left", "reset_requests_s", "rpm"),
+                                         ("tokens", "tokens_left", "reset_tokens_s", "tpm")):
+            bound = [s for s in self.standings if getattr(s, left) is not None]
+            if bound:
+                tight = min(bound, key=lambda s, left=left: getattr(s, left))
+                out += [(f"x-ratelimit-limit-{kind}".encode(), str(getattr(tight.limits, limit)).encode()),
+                        (f"x-ratelimit-remaining-{kind}".encode(), str(getattr(tight, left)).encode()),
+                        (f"x-ratelimit-reset-{kind}".encode(), reset_text(getattr(tight, reset)).encode())]
+        budgets = [s.budget_left for s in self.standings if s.budget_left is not None]
+        if budgets:
+            out.append((b"x-relayline-budget-remaining-usd", f"{min(budgets):.6f}".encode()))
+        return out
+
+
+def reset_text(seconds: float) -> str:
+    """A reset time the way OpenAI writes it: 20ms, 6s, 1m0s."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    whole = math.ceil(seconds)
+    return f"{whole}s" if whole < 60 else f"{whole // 60}m{whole % 60}s"
+
+
+def refusal_headers(refusal: Refusal) -> list[tuple[bytes, bytes]]:
+    """Retry-After and OpenAI's headers for the limit that refused; a spent budget, or a request
+    too large for any window, is not to be retried as it is."""
+    out: list[tuple[bytes, bytes]] = []
+    if refusal.retry_after_s is not None:
+        out.append((b"retry-after", str(max(1, math.ceil(refusal.retry_after_s))).encode()))
+    if refusal.limit == "budget" or refusal.retry_after_s is None:
+        out.append((b"x-should-retry", b"false"))
+    kind = {"rpm": "requests", "tpm": "tokens"}.get(refusal.limit)
+    scope = refusal.scope
+    if kind is not None and scope is not None:
+        reset = reset_text(refusal.retry_after_s) if refusal.retry_after_s is not None else "0s"
+        out += [(f"x-ratelimit-limit-{kind}".encode(), str(getattr(scope, refusal.limit)).encode()),
+                (f"x-ratelimit-remaining-{kind}".encode(), b"0"),
+                (f"x-ratelimit-reset-{kind}".encode(), reset.encode())]
+    return out
+
+
+def output_default(config: Config) -> int | None:
+    """The most output tokens a profile sets (`max_output_tokens`): a request without max_tokens
+    is estimated at that, since admission comes before the turn picks its profile."""
+    values = [p.max_output_tokens for p in config.providers.values() if p.max_output_tokens]
+    return max(values) if values else None
+
+
+class Limiter:
+    """The gateway's one admission point for named keys' limits."""
+
+    def __init__(self, health, ledger, workers: int = 1) -> None:
+        self.shared = RedisLimits(health) if hasattr(health, "run_script") else None
+        self.local = MemoryLimits()
+        self.ledger = ledger
+        self.workers = max(1, workers)
+        self.down_since: float | None = None
+        self.standings: dict[str, Standing] = {}  # each scope's latest, for the console and metrics
+        self._budget_states: dict[str, str] = {}
+
+    @property
+    def where(self) -> str:
+        return self.shared.where if self.shared is not None else "memory"
+
+    async def admit(self, config: Config, key_name: str, request: Request) -> Admitted | Refusal | None:
+        """None: the key has no limits. Else the request is admitted (and counted) or refused."""
+        scopes = scopes_of(config.gateway, key_name)
+        if not scopes:
+            return None
+        estimate = estimate_tokens(request, output_default(config))
+        if self.shared is not None:
+            try:
+                return self._noted(await self._admit_in(self.shared, scopes, estimate, 1.0), self.shared)
+            except Exception as exc:  # the store's loss, whatever its client raised
+                mode = config.gateway.limits_on_store_error
+                self._store_lost(exc, f"admitting (limits_on_store_error = {mode})")
+                if mode == "open":
+                    return Admitted(None, None, ())
+                if mode == "closed":
+                    return Refusal("store", None, 1.0, f"the limits store at {self.where} does not answer and "
+                                   "this gateway refuses limited keys meanwhile (limits_on_store_error = closed)")
+        share = self.workers if self.workers > 1 else 1
+        local = tuple(scope.share(share) for scope in scopes)
+        return self._noted(await self._admit_in(self.local, local, estimate, 1.0 / share), self.local)
+
+    async def _admit_in(self, store, scopes: tuple[ScopeLimits, ...], estimate: int, part: float):
+        wall = time.time()
+        for scope in scopes:
+            if not store.seeded(scope, wall):
+                await store.seed(scope, wall, part * await self._ledger_spend(scope, wall))
+        result = await store.admit(scopes, estimate)
+        if store is self.shared and self.down_since is not None:
+            log.warning("limits_store_reachable store=%s after_s=%.1f", self.where,
+                        trio.current_time() - self.down_since)
+            self.down_since = None
+        return result
+
+    def _noted(self, outcome, store) -> Admitted | Refusal:
+        refusal, ticket, standings = outcome
+        if refusal is not None:
+            return refusal
+        for standing in standings:
+            self.standings[standing.limits.id] = standing
+            self._note_budget(standing.limits, standing.spend_usd)
+        return Admitted(ticket, store, tuple(standings))
+
+    async def _ledger_spend(self, scope: ScopeLimits, wall: float) -> float:
+        """What the ledger says the scope spent in its current period (0 without a ledger)."""
+        if self.ledger is None or not hasattr(self.ledger, "spend"):
+            return 0.0
+        since = period_start(wall, scope.budget_period)
+        with trio.move_on_after(LEDGER_WAIT_S):
+            return await trio.to_thread.run_sync(self.ledger.spend, scope.scope, scope.name, since,
+                                                 abandon_on_cancel=True)
+        log.warning("budget_seed_unavailable scope=%s waited_s=%g counting_from=0", scope.id, LEDGER_WAIT_S)
+        return 0.0
+
+    def _store_lost(self, exc: BaseException, doing: str) -> None:
+        """The shared store did not answer: said once per outage (its end is said in `_admit_in`)."""
+        if self.down_since is None:
+            self.down_since = trio.current_time()
+            log.warning("limits_store_unreachable store=%s error=%s while=%r", self.where, type(exc).__name__, doing)
+
+    async def settle(self, admitted: Admitted, result: TurnResult | None) -> None:
+        """The turn's billed tokens and cost replace its estimate (nothing billed: 0)."""
+        if admitted.ticket is None:
+            return
+        tokens = sum(r.input_tokens + r.output_tokens for r in result.ledger) if result is not None else 0
+        cost = result.cost_usd if result is not None else 0.0
+        try:
+            await admitted.store.settle(admitted.ticket, tokens, cost)
+        except Exception as exc:
+            self._store_lost(exc, "settling (the turn's tokens stay at its estimate)")
+            return
+        for scope in admitted.ticket.scopes:
+            known = self.standings.get(scope.id)
+            if known is not None and known.limits.budget_usd is not None:
+                known = self.standings[scope.id] = attrs.evolve(known, spend_usd=known.spend_usd + cost)
+                self._note_budget(scope, known.spend_usd)
+
+    def view(self, config: Config) -> list[dict]:
+        """Each configured key's and team's limits and what the latest admission found left of
+        them (None: not seen since this process started), for the console and the metrics."""
+        out = []
+        for scope, item in [*(("key", k) for k in config.gateway.keys), *(("team", t) for t in config.gateway.teams)]:
+            limits = ScopeLimits(scope, item.name, item.rpm, item.tpm, item.budget_usd, item.budget_period)
+            if not limits.limited:
+                continue
+            seen = self.standings.get(limits.id)
+            out.append({"scope": scope, "name": item.name, "team": getattr(item, "team", None),
+                        "rpm": limits.rpm, "tpm": limits.tpm, "budget_usd": limits.budget_usd,
+                        "budget_period": limits.budget_period,
+                        "requests_left": seen.requests_left if seen else None,
+                        "tokens_left": seen.tokens_left if seen else None,
+                        "spend_usd": seen.spend_usd if seen else None,
+                        "budget_left_usd": seen.budget_left if seen else None,
+                        "budget_state": self._budget_states.get(limits.id, "open")})
+        return out
+
+    def _note_budget(self, scope: ScopeLimits, spend: float) -> None:
+        """A budget's state change (specs/budget.toml) is logged once, when this worker sees it."""
+        if scope.budget_usd is None:
+            return
+        state = budget_state(scope, spend)
+        before = self._budget_states.get(scope.id, "open")
+        if state != before:
+            log.warning("budget_state scope=%s from=%s to=%s spend_usd=%.6f budget_usd=%g", scope.id, before, state,
+                        spend, scope.budget_usd)
+        self._budget_states[scope.id] = state
