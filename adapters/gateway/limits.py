@@ -37,6 +37,7 @@ from ..stores.limits import MemoryLimits, RedisLimits, Ticket
 log = logging.getLogger("relayline.limits")
 
 LEDGER_WAIT_S = 5.0  # a budget's first read of the ledger waits this long, then counts from 0
+RETRY_S = 1.0  # while the shared store is down, how often admission tries it again
 
 
 @attrs.frozen
@@ -109,6 +110,7 @@ class Limiter:
         self.ledger = ledger
         self.workers = max(1, workers)
         self.down_since: float | None = None
+        self._retry_at = 0.0
         self.standings: dict[str, Standing] = {}  # each scope's latest, for the console and metrics
         self._budget_states: dict[str, str] = {}
 
@@ -122,20 +124,33 @@ class Limiter:
         if not scopes:
             return None
         estimate = estimate_tokens(request, output_default(config))
-        if self.shared is not None:
+        if self.shared is None:
+            return await self._admit_locally(scopes, estimate)
+        if not self._resting():
             try:
                 return self._noted(await self._admit_in(self.shared, scopes, estimate, 1.0), self.shared)
             except Exception as exc:  # the store's loss, whatever its client raised
-                mode = config.gateway.limits_on_store_error
-                self._store_lost(exc, f"admitting (limits_on_store_error = {mode})")
-                if mode == "open":
-                    return Admitted(None, None, ())
-                if mode == "closed":
-                    return Refusal("store", None, 1.0, f"the limits store at {self.where} does not answer and "
-                                   "this gateway refuses limited keys meanwhile (limits_on_store_error = closed)")
-        share = self.workers if self.workers > 1 else 1
-        local = tuple(scope.share(share) for scope in scopes)
-        return self._noted(await self._admit_in(self.local, local, estimate, 1.0 / share), self.local)
+                self._store_lost(exc, f"admitting (limits_on_store_error = {config.gateway.limits_on_store_error})")
+        mode = config.gateway.limits_on_store_error
+        if mode == "open":
+            return Admitted(None, None, ())
+        if mode == "closed":
+            return self._closed()
+        return await self._admit_locally(scopes, estimate)
+
+    async def _admit_locally(self, scopes: tuple[ScopeLimits, ...], estimate: int) -> Admitted | Refusal:
+        """This process alone, against its share of each limit (a fleet of `workers`)."""
+        local = tuple(scope.share(self.workers) for scope in scopes)
+        return self._noted(await self._admit_in(self.local, local, estimate, 1.0 / self.workers), self.local)
+
+    def _resting(self) -> bool:
+        """The shared store failed less than RETRY_S ago: not tried again yet (a store that hangs
+        would cost every request its timeout)."""
+        return self.down_since is not None and trio.current_time() < self._retry_at
+
+    def _closed(self) -> Refusal:
+        return Refusal("store", None, 1.0, f"the limits store at {self.where} does not answer and this gateway "
+                       "refuses limited keys meanwhile (limits_on_store_error = closed)")
 
     async def _admit_in(self, store, scopes: tuple[ScopeLimits, ...], estimate: int, part: float):
         wall = time.time()
@@ -171,6 +186,7 @@ class Limiter:
 
     def _store_lost(self, exc: BaseException, doing: str) -> None:
         """The shared store did not answer: said once per outage (its end is said in `_admit_in`)."""
+        self._retry_at = trio.current_time() + RETRY_S
         if self.down_since is None:
             self.down_since = trio.current_time()
             log.warning("limits_store_unreachable store=%s error=%s while=%r", self.where, type(exc).__name__, doing)

@@ -334,17 +334,17 @@ class RedisHealth(InMemoryHealth):
         for breaker in self._breakers.values():
             breaker.reserved = False
 
-    async def run_script(self, source: str, args: list[str]) -> list:
+    async def run_script(self, source: str, args: list[str], timeout_s: float = TIMEOUT_S) -> list:
         """Another store's Lua script (stores/limits.py) on this store's connection, with no keys
         and string arguments. Raises while the store is not connected or does not answer within
-        TIMEOUT_S: the caller decides what that means for it."""
+        `timeout_s`: the caller decides what that means for it."""
         client = self._client
         if client is None:
             raise ConnectionError(f"the shared store at {self.where} is not connected")
         script = self._scripts.get(source)
         if script is None:
             script = self._scripts[source] = client.register_script(source)
-        with trio.fail_after(TIMEOUT_S):
+        with trio.fail_after(timeout_s):
             return await script(keys=[], args=args)
 
     # -- the sync --------------------------------------------------------------------------------

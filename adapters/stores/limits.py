@@ -234,6 +234,10 @@ return 1
 """
 
 SPEND_KEPT_S = 86400  # a period's spend is kept this long past the period's end
+# how long a script may take before the store counts as lost. Longer than the health store's
+# sync: a script that ran but answered late has counted its request, and the fallback then
+# counts it a second time (limits_on_store_error), so a slow store is waited for a little more
+SCRIPT_TIMEOUT_S = 2.0
 
 
 class RedisLimits:
@@ -257,7 +261,7 @@ class RedisLimits:
         key = spend_key(scope, wall)
         if key:
             keep = int(period_end(wall, scope.budget_period) - wall) + SPEND_KEPT_S
-            await self.health.run_script(SEED, [self.prefix, key, repr(amount), str(keep)])
+            await self.health.run_script(SEED, [self.prefix, key, repr(amount), str(keep)], SCRIPT_TIMEOUT_S)
             self._seeded.add(key)
 
     async def admit(self, scopes: Sequence[ScopeLimits], estimate: int) -> tuple[Refusal | None, Ticket | None,
@@ -268,7 +272,7 @@ class RedisLimits:
         for scope in scopes:
             spend = spend_key(scope, wall)
             args += [scope.id, _number(scope.rpm), _number(scope.tpm), _number(scope.budget_usd), spend]
-        reply = await self.health.run_script(ADMIT, args)
+        reply = await self.health.run_script(ADMIT, args, SCRIPT_TIMEOUT_S)
         now = float(reply[0])
         if reply[1] == "refused":
             scope = scopes[int(reply[2]) - 1]
@@ -288,7 +292,7 @@ class RedisLimits:
         args = [self.prefix, ticket.id, str(tokens), repr(cost_usd), str(len(ticket.scopes))]
         for scope in ticket.scopes:
             args += [scope.id, spend_key(scope, wall)]
-        await self.health.run_script(SETTLE, args)
+        await self.health.run_script(SETTLE, args, SCRIPT_TIMEOUT_S)
 
 
 def _number(value: float | None) -> str:
