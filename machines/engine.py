@@ -30,7 +30,7 @@ from .vocab import SPEC_VOCABULARY, FailureClass
 
 FAILURE_CLASSES = tuple(FailureClass)
 
-SPEC_NAMES = ("turn", "stream", "cancellation", "breaker", "walk")
+SPEC_NAMES = ("turn", "stream", "cancellation", "breaker", "walk", "budget", "admission")
 
 
 @attrs.frozen

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 import attrs
 
 from .config import Gateway, GatewayKey, GatewayTeam
+from .engine import load_spec
 from .wire import Request
 
 WINDOW_S = 60.0
@@ -192,8 +193,59 @@ def judge(limits: ScopeLimits, requests: Sequence[float], tokens: Sequence[tuple
     return None
 
 
-def budget_state(limits: ScopeLimits, spend: float) -> str:
-    """The budget's state in specs/budget.toml's words: open, warned or spent."""
-    if limits.budget_usd is None or spend < WARN_AT * limits.budget_usd:
-        return "open"
-    return "warned" if spend < limits.budget_usd else "spent"
+class Budget:
+    """One scope's budget through its periods, executing specs/budget.toml: each spend it is
+    told of moves it (open, warned, spent), and a new period opens it again."""
+
+    __slots__ = ("limits", "spend_usd", "period", "life")
+
+    def __init__(self, limits: ScopeLimits, wall: float) -> None:
+        self.limits = limits
+        self.spend_usd = 0.0
+        self.period = period_start(wall, limits.budget_period)
+        self.life = load_spec("budget").start(history_limit=16)
+
+    @property
+    def state(self) -> str:
+        return self.life.state
+
+    @property
+    def warning_reached(self) -> bool:
+        return self.limits.budget_usd is not None and self.spend_usd >= WARN_AT * self.limits.budget_usd
+
+    @property
+    def budget_reached(self) -> bool:
+        return self.limits.budget_usd is not None and self.spend_usd >= self.limits.budget_usd
+
+    def observe(self, spend_usd: float, wall: float) -> str:
+        """The period's spend as of `wall`; the state it leaves the budget in."""
+        start = period_start(wall, self.limits.budget_period)
+        if start != self.period:
+            self.period = start
+            self.life.fire("period_end")
+        self.spend_usd = spend_usd
+        self.life.fire("spend", self)
+        return self.life.state
+
+
+class Admission:
+    """One request's admission, executing specs/admission.toml: judged once (counted or
+    refused), then settled when its turn ends."""
+
+    __slots__ = ("life", "fits")
+
+    def __init__(self) -> None:
+        self.life = load_spec("admission").start(history_limit=4)
+        self.fits = False
+
+    @property
+    def state(self) -> str:
+        return self.life.state
+
+    def judge(self, refusal: Refusal | None) -> str:
+        self.fits = refusal is None
+        self.life.fire("judge", self)
+        return self.life.state
+
+    def settle(self) -> None:
+        self.life.fire("settle")

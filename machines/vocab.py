@@ -111,6 +111,29 @@ class CancellationTrigger(StrEnum):
     FINISH = "finish"
 
 
+class BudgetState(StrEnum):
+    OPEN = "open"
+    WARNED = "warned"
+    SPENT = "spent"
+
+
+class BudgetTrigger(StrEnum):
+    SPEND = "spend"
+    PERIOD_END = "period_end"
+
+
+class AdmissionState(StrEnum):
+    ASKED = "asked"
+    COUNTED = "counted"
+    SETTLED = "settled"
+    REFUSED = "refused"
+
+
+class AdmissionTrigger(StrEnum):
+    JUDGE = "judge"
+    SETTLE = "settle"
+
+
 # spec name -> (its states, its triggers); engine.load_spec checks both against the spec
 SPEC_VOCABULARY: dict[str, tuple[type[StrEnum], type[StrEnum]]] = {
     "turn": (TurnState, TurnTrigger),
@@ -118,6 +141,8 @@ SPEC_VOCABULARY: dict[str, tuple[type[StrEnum], type[StrEnum]]] = {
     "walk": (WalkState, WalkTrigger),
     "breaker": (BreakerState, BreakerTrigger),
     "cancellation": (CancellationState, CancellationTrigger),
+    "budget": (BudgetState, BudgetTrigger),
+    "admission": (AdmissionState, AdmissionTrigger),
 }
 
 

@@ -2,8 +2,9 @@
 redirect its destination, swap its guards), installed in place of the real spec, is caught by
 the spec validator, a scenario (shared and own, in process on virtual time) or a scenario that
 never ends: the scenarios alone, as an auditor runs them, except the kinds of mutation named in
-SCENARIOS_CANNOT_SEE, which the direct tests of the breaker and the walk (test_health.py,
-test_walk.py) catch. tests/spec_mutations.py generates and applies them.
+SCENARIOS_CANNOT_SEE, which the direct tests of the breaker, the walk, the budget and the
+admission (test_health.py, test_walk.py, test_budget_lifecycle.py) catch. tests/spec_mutations.py
+generates and applies them.
 
 `make test` runs all of them (about 420, half a minute: whatever caught the last mutation is
 asked first, so a sweep runs about one scenario per mutation). None may survive: a survivor is a
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import test_budget_lifecycle
 import test_health
 import test_walk
 from spec_mutations import (
@@ -35,7 +37,7 @@ from relayline.machines import engine
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 # direct tests of the machines, run against each mutant too (plain functions: they fail by raising)
-CHECKS = tuple(getattr(module, name) for module in (test_health, test_walk)
+CHECKS = tuple(getattr(module, name) for module in (test_health, test_walk, test_budget_lifecycle)
                for name in sorted(dir(module)) if name.startswith("test_"))
 
 
@@ -43,11 +45,18 @@ def _lease_expiry(m: Mutation) -> bool:
     return m.spec == "breaker" and raw_spec("breaker")["transitions"][m.index]["trigger"] == "lease_expired"
 
 
+def _named_keys_limits(m: Mutation) -> bool:
+    return m.spec in ("budget", "admission")
+
+
 # the mutations only the direct tests can observe, each kind with its reason
 SCENARIOS_CANNOT_SEE = {
     # a probe's lease frees it from a turn that died without its verdict; a scenario's turn always
     # gives it (the lease is timeouts.total_s from the claim, and total_s ends the turn first)
     "the lease of a probe whose turn died": _lease_expiry,
+    # a named key's admission and its budget run in the gateway, before and after a turn: a
+    # scenario drives turns through the core, where no key and no limit exists
+    "a named key's admission and budget": _named_keys_limits,
 }
 
 

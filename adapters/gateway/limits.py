@@ -21,10 +21,11 @@ import trio
 
 from relayline.machines.config import Config
 from relayline.machines.limits import (
+    Admission,
+    Budget,
     Refusal,
     ScopeLimits,
     Standing,
-    budget_state,
     estimate_tokens,
     period_start,
     scopes_of,
@@ -43,11 +44,13 @@ RETRY_S = 1.0  # while the shared store is down, how often admission tries it ag
 @attrs.frozen
 class Admitted:
     """A request admitted: its ticket in the store that counted it (None: counted nowhere, the
-    store being down with limits_on_store_error = "open") and the scopes' standing."""
+    store being down with limits_on_store_error = "open"), the scopes' standing, and its
+    admission's lifecycle (specs/admission.toml), settled when its turn ends."""
 
     ticket: Ticket | None
     store: object | None
     standings: tuple[Standing, ...]
+    admission: Admission = attrs.field(factory=Admission, eq=False)
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         """OpenAI's remaining headers for the tighter scope of each limit, and the budget left."""
@@ -112,7 +115,7 @@ class Limiter:
         self.down_since: float | None = None
         self._retry_at = 0.0
         self.standings: dict[str, Standing] = {}  # each scope's latest, for the console and metrics
-        self._budget_states: dict[str, str] = {}
+        self._budgets: dict[str, Budget] = {}  # each budget's lifecycle as this worker sees it
 
     @property
     def where(self) -> str:
@@ -133,15 +136,19 @@ class Limiter:
                 self._store_lost(exc, f"admitting (limits_on_store_error = {config.gateway.limits_on_store_error})")
         mode = config.gateway.limits_on_store_error
         if mode == "open":
-            return Admitted(None, None, ())
+            return self._open()
         if mode == "closed":
-            return self._closed()
+            return self._noted((self._closed(), None, []), None)
         return await self._admit_locally(scopes, estimate)
 
     async def _admit_locally(self, scopes: tuple[ScopeLimits, ...], estimate: int) -> Admitted | Refusal:
         """This process alone, against its share of each limit (a fleet of `workers`)."""
         local = tuple(scope.share(self.workers) for scope in scopes)
         return self._noted(await self._admit_in(self.local, local, estimate, 1.0 / self.workers), self.local)
+
+    def _open(self) -> Admitted:
+        """Admitted without counting: the shared store is down and limits_on_store_error = open."""
+        return self._noted((None, None, []), None)
 
     def _resting(self) -> bool:
         """The shared store failed less than RETRY_S ago: not tried again yet (a store that hangs
@@ -166,12 +173,13 @@ class Limiter:
 
     def _noted(self, outcome, store) -> Admitted | Refusal:
         refusal, ticket, standings = outcome
-        if refusal is not None:
+        admission = Admission()
+        if admission.judge(refusal) == "refused":
             return refusal
         for standing in standings:
             self.standings[standing.limits.id] = standing
             self._note_budget(standing.limits, standing.spend_usd)
-        return Admitted(ticket, store, tuple(standings))
+        return Admitted(ticket, store, tuple(standings), admission)
 
     async def _ledger_spend(self, scope: ScopeLimits, wall: float) -> float:
         """What the ledger says the scope spent in its current period (0 without a ledger)."""
@@ -193,6 +201,7 @@ class Limiter:
 
     async def settle(self, admitted: Admitted, result: TurnResult | None) -> None:
         """The turn's billed tokens and cost replace its estimate (nothing billed: 0)."""
+        admitted.admission.settle()
         if admitted.ticket is None:
             return
         tokens = sum(r.input_tokens + r.output_tokens for r in result.ledger) if result is not None else 0
@@ -224,16 +233,19 @@ class Limiter:
                         "tokens_left": seen.tokens_left if seen else None,
                         "spend_usd": seen.spend_usd if seen else None,
                         "budget_left_usd": seen.budget_left if seen else None,
-                        "budget_state": self._budget_states.get(limits.id, "open")})
+                        "budget_state": budget.state if (budget := self._budgets.get(limits.id)) else "open"})
         return out
 
     def _note_budget(self, scope: ScopeLimits, spend: float) -> None:
         """A budget's state change (specs/budget.toml) is logged once, when this worker sees it."""
         if scope.budget_usd is None:
             return
-        state = budget_state(scope, spend)
-        before = self._budget_states.get(scope.id, "open")
+        budget = self._budgets.get(scope.id)
+        wall = time.time()
+        if budget is None or budget.limits != scope:  # (a reload changed the budget: it starts afresh)
+            budget = self._budgets[scope.id] = Budget(scope, wall)
+        before = budget.state
+        state = budget.observe(spend, wall)
         if state != before:
             log.warning("budget_state scope=%s from=%s to=%s spend_usd=%.6f budget_usd=%g", scope.id, before, state,
                         spend, scope.budget_usd)
-        self._budget_states[scope.id] = state
