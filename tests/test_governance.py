@@ -286,3 +286,19 @@ def test_the_console_the_health_view_and_the_metrics_show_spend_and_what_is_left
     assert team["budget_period"] == "week" and team["requests_left"] is None
     assert metrics[("relayline_limit_remaining", (("limit", "requests"), ("name", "search-bot"), ("scope", "key")))] == 4
     assert metrics[("relayline_budget_spend_usd", (("name", "search"), ("scope", "team")))] == pytest.approx(30e-6)
+
+
+def test_named_keys_are_client_keys_for_the_bind_the_reload_and_auth_none():
+    from relayline.adapters.gateway.auth import bind_refusal, keyless
+    from relayline.adapters.gateway.reload import accept_reload
+
+    named = structure_config(governed())
+    assert not keyless(named) and bind_refusal(named, "0.0.0.0") is None
+    bare = structure_config(profiles())
+    assert keyless(bare) and "[[gateway.keys]]" in bind_refusal(bare, "0.0.0.0")
+    with pytest.raises(ConfigError) as off:  # a reload never turns authentication off
+        accept_reload(named, load_access(named, ENV), bare, ENV)
+    assert "a reload never turns authentication off" in off.value.problems[0]
+    with pytest.raises(ConfigError) as both:
+        structure_config(governed(auth="none"))
+    assert any(p.startswith('gateway.auth: "none" says the gateway takes no client keys') for p in both.value.problems)

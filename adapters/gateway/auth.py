@@ -195,11 +195,12 @@ def is_loopback(client) -> bool:
 def keyless(config: Config) -> bool:
     """A gateway that requires client keys (`auth = "keys"`, the default) but names none: it
     serves loopback clients only, so that it is never open by accident."""
-    return config.gateway.auth == "keys" and config.gateway.api_keys_env is None
+    return config.gateway.auth == "keys" and config.gateway.api_keys_env is None and not config.gateway.keys
 
 
 KEYLESS_NOTE = ("no client keys: the gateway answers on loopback addresses only (set [gateway] api_keys_env to a "
-                'variable of comma-separated keys, or auth = "none" for a gateway open on purpose)')
+                'variable of comma-separated keys, or name keys with [[gateway.keys]], or auth = "none" for a '
+                "gateway open on purpose)")
 
 
 def _loopback_host(host: str) -> bool:
@@ -221,5 +222,6 @@ def bind_refusal(config: Config, host: str) -> str | None:
     if not keyless(config) or _loopback_host(host):
         return None
     return (f"--host {host}: not a loopback address, and the gateway has no client keys; set [gateway] api_keys_env "
-            'to a variable of comma-separated keys (or auth = "none" for a gateway open on purpose)')
+            'to a variable of comma-separated keys or name keys with [[gateway.keys]] (or auth = "none" for a '
+            "gateway open on purpose)")
 
