@@ -12,6 +12,7 @@ on the real clock, in a shared store's script (which does the same sums) and und
 from __future__ import annotations
 
 import calendar
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -63,9 +64,10 @@ def _of(scope: str, item: GatewayKey | GatewayTeam) -> ScopeLimits:
     return ScopeLimits(scope, item.name, item.rpm, item.tpm, item.budget_usd, item.budget_period)
 
 
+@functools.lru_cache(maxsize=1024)
 def scopes_of(gateway: Gateway, key_name: str) -> tuple[ScopeLimits, ...]:
     """The limits a named key's request is admitted against: the key's, then its team's (only
-    those that set a limit)."""
+    those that set a limit). Cached: every request of a key asks, and a config is a value."""
     key = next((k for k in gateway.keys if k.name == key_name), None)
     if key is None:
         return ()
@@ -88,8 +90,14 @@ def estimate_tokens(request: Request, output_default: int | None) -> int:
 
 def period_start(wall: float, period: str) -> float:
     """The start, in epoch seconds, of the calendar period (UTC) that holds `wall`."""
-    now = datetime.fromtimestamp(wall, UTC)
-    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    return _period_start_of_day(int(wall // 86400), period)
+
+
+@functools.lru_cache(maxsize=64)
+def _period_start_of_day(day_number: int, period: str) -> float:
+    """The period's start for a UTC day (days since the epoch): each request of a budgeted key
+    asks, and the answer changes once a day."""
+    day = datetime.fromtimestamp(day_number * 86400, UTC)
     if period == "day":
         start = day
     elif period == "week":

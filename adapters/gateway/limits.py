@@ -114,6 +114,7 @@ class Limiter:
         self.workers = max(1, workers)
         self.down_since: float | None = None
         self._retry_at = 0.0
+        self._output: tuple[Config | None, int | None] = (None, None)  # a config's `output_default`
         self.standings: dict[str, Standing] = {}  # each scope's latest, for the console and metrics
         self._budgets: dict[str, Budget] = {}  # each budget's lifecycle as this worker sees it
 
@@ -126,7 +127,9 @@ class Limiter:
         scopes = scopes_of(config.gateway, key_name)
         if not scopes:
             return None
-        estimate = estimate_tokens(request, output_default(config))
+        if self._output[0] is not config:  # (once per config: a reload makes a new one)
+            self._output = (config, output_default(config))
+        estimate = estimate_tokens(request, self._output[1])
         if self.shared is None:
             return await self._admit_locally(scopes, estimate)
         if not self._resting():
@@ -178,7 +181,9 @@ class Limiter:
             return refusal
         for standing in standings:
             self.standings[standing.limits.id] = standing
-            self._note_budget(standing.limits, standing.spend_usd)
+            budget = self._budgets.get(standing.limits.id)
+            if budget is None or budget.spend_usd != standing.spend_usd:  # (moved by another worker, or new)
+                self._note_budget(standing.limits, standing.spend_usd)
         return Admitted(ticket, store, tuple(standings), admission)
 
     async def _ledger_spend(self, scope: ScopeLimits, wall: float) -> float:
