@@ -9,6 +9,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -182,3 +183,17 @@ async def test_a_gateway_over_a_frozen_postgres_answers_within_the_ledger_timeou
     assert status == 200 and len(gateway.ledger.rows()) == 1
     await relay.aclose()
     gateway.ledger.close()
+
+
+async def test_a_named_keys_rows_carry_its_name_and_team_and_its_spend_is_read_back(pg_url):
+    ledger = PostgresLedger(pg_url)
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "ok", "usage": [100, 50]}] * 2}])
+    relay = Relay.from_toml(TWO, env={}, sim=sim)
+    await ledger.record("t1", await relay._run_turn(HI), client="k-1", key="search-bot", team="search")
+    await ledger.record("t2", await relay._run_turn(HI), client="k-2", key="ads-bot", team="search")
+    assert [(r["key_name"], r["team"]) for r in ledger.rows()] == [("search-bot", "search"), ("ads-bot", "search")]
+    assert {r["key_name"]: r["accepted"] for r in ledger.report(by="key")} == {"search-bot": 1, "ads-bot": 1}
+    one = ledger.spend("key", "ads-bot", 0.0)
+    assert one > 0 and ledger.spend("team", "search", 0.0) == pytest.approx(2 * one)
+    assert ledger.spend("key", "search-bot", time.time() + 60) == 0.0  # nothing in a later period
+    ledger.close()
