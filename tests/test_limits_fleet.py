@@ -93,3 +93,38 @@ def test_with_redis_gone_each_mode_does_what_it_says_and_says_so_once(tmp_path, 
     assert upstream.count("a") == 2 + statuses.count(200)
     outages = log.count("limits_store_unreachable")
     assert 1 <= outages <= 2, log  # once per worker that noticed it
+
+
+def test_a_reload_changes_keys_and_limits_and_keeps_what_the_window_counted(tmp_path, upstream):
+    import signal
+
+    def write(rpm: int, second_key: bool) -> None:
+        extra = f"""
+[[gateway.keys]]
+name = "search-bot"
+key_env = "FLEET_SEARCH_KEY"
+rpm = {rpm}
+""" + ("""
+[[gateway.keys]]
+name = "ads-bot"
+key_env = "FLEET_ADS_KEY"
+""" if second_key else "")
+        path.write_text(fleet_config(upstream, chain=("a",), extra=extra))
+
+    def ask(url, key):
+        return httpx.post(f"{url}/v1/chat/completions", json=BODY, headers={"authorization": f"Bearer {key}"},
+                          timeout=30).status_code
+
+    path = tmp_path / "reloaded.toml"
+    write(rpm=2, second_key=False)
+    env = {"FLEET_SEARCH_KEY": KEY, "FLEET_ADS_KEY": "sk-fleet-ads-key"}
+    with ServeProcess(path, env=env) as gw:
+        assert [ask(gw.url, KEY) for _ in range(3)] == [200, 200, 429]
+        assert ask(gw.url, "sk-fleet-ads-key") == 401
+        write(rpm=3, second_key=True)
+        gw.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while "config_reloaded" not in gw.stderr and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ask(gw.url, "sk-fleet-ads-key") == 200
+        assert [ask(gw.url, KEY) for _ in range(2)] == [200, 429]  # 2 counted before the reload, 3 now allowed
