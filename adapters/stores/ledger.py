@@ -33,6 +33,9 @@ import trio
 from relayline.machines.config import Ledger
 from relayline.machines.turn import TurnResult
 
+# LedgerUnavailable: what open_ledger's stores raise, importable beside it
+from .schema import COLUMNS, GROUPS, SPEND_COLUMNS, LedgerUnavailable, ledger_rows  # noqa: F401
+
 log = logging.getLogger("relayline.ledger")
 T = TypeVar("T")
 
@@ -72,13 +75,6 @@ PAGE_BYTES = 1024
 # columns added after the first release: (name, definition), applied to older files in order
 MIGRATIONS = (("client", "TEXT NOT NULL DEFAULT ''"), ("estimated", "INTEGER NOT NULL DEFAULT 0"),
               ("key_name", "TEXT NOT NULL DEFAULT ''"), ("team", "TEXT NOT NULL DEFAULT ''"))
-# what `relayline ledger --by` groups on (both stores)
-GROUPS = {"model": ("provider", "model"), "client": ("client",), "key": ("key_name",), "team": ("team",)}
-# what a budget's spend is read from (`spend`): the column a scope's name is in
-SPEND_COLUMNS = {"key": "key_name", "team": "team"}
-
-COLUMNS = ("ts", "turn", "requested", "provider", "model", "mode", "outcome", "accepted", "input_tokens",
-           "output_tokens", "cost_usd", "client", "estimated", "key_name", "team")
 INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 BUSY_S = 5.0  # how long a statement waits for another connection's write lock (sqlite3's default)
 MIGRATION_WAIT_S = 600.0  # how long opening waits for another process's migration of the same file
@@ -89,15 +85,6 @@ CHECKPOINT_EVERY = 250  # writes (about 1,000 WAL pages: SQLite's own autocheckp
 LOCKED_WAIT_S = (0.0002, 0.005)
 # the same in the caller's thread (`write`, opening): SQLite's busy handler's own pace
 SYNC_WAIT_S = (0.001, 0.05)
-
-
-def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "", key: str = "",
-                team: str = "") -> list[tuple]:
-    """A turn's ledger rows as tuples in COLUMNS order (both stores write these). `client` is
-    the gateway client's key id; `key` and `team` a named key's name and team."""
-    ts = time.time() if now is None else now
-    return [(ts, turn_id, result.requested, r.provider, r.model, r.mode, r.outcome, int(r.accepted),
-             r.input_tokens, r.output_tokens, r.cost_usd, client, int(r.estimated), key, team) for r in result.ledger]
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
@@ -131,15 +118,6 @@ def _own(error: Exception) -> Exception:
         own = RuntimeError(f"the shared ledger commit failed: {error!r}")
     own.__cause__ = error
     return own
-
-
-class LedgerUnavailable(Exception):
-    """The ledger did not take a turn's rows within `waited_s` (its server is down or hangs);
-    never says where (a URL may hold a password)."""
-
-    def __init__(self, waited_s: float) -> None:
-        super().__init__(f"the ledger did not commit within {waited_s:g} s")
-        self.waited_s = waited_s
 
 
 class _Batch:

@@ -20,7 +20,7 @@ import trio
 
 from relayline.machines.turn import TurnResult
 
-from .ledger import COLUMNS, GROUPS, SPEND_COLUMNS, LedgerUnavailable, ledger_rows
+from .schema import COLUMNS, GROUPS, SPEND_COLUMNS, LedgerUnavailable, ledger_rows
 
 MIGRATIONS = (
     # 1: the attempts table (the SQLite ledger's columns)
