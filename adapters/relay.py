@@ -26,7 +26,7 @@ import queue
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 import trio
@@ -62,10 +62,6 @@ from .providers.openai import KNOWN
 from .providers.openai import parse_request as parse_openai
 from .providers.pool import Pools
 from .redact import protect
-
-if TYPE_CHECKING:
-
-    from .sim.provider import SimUpstream
 
 log = logging.getLogger("relayline")
 
@@ -229,7 +225,6 @@ class Relay:
         env: Mapping[str, str] | None = None,
         health: HealthStore | None = None,
         clients: Mapping[str, ProviderClient] | None = None,
-        sim: SimUpstream | None = None,
     ) -> None:
         self.config = config
         self.router = build_router(config, os.environ if env is None else env)
@@ -238,12 +233,12 @@ class Relay:
         for warning in self.router.warnings:
             log.warning("config_warning code=%s path=%s", warning.code, warning.path)
         self.health: HealthStore = health if health is not None else open_health(config)
-        self.sim = sim  # the scripted upstreams of the sim family (scenarios, tests)
         self._http: Pools | None = None
+        # a family's client as given (a scenario's scripted upstreams), else from its factory
         self.clients: dict[str, ProviderClient] = dict(clients or {})
         for name in sorted({p.family for p in config.providers.values()} & set(FAMILIES) - set(self.clients)):
             module, _, factory = FAMILIES[name].adapter.partition(":")
-            self.clients[name] = getattr(importlib.import_module(module), factory)(self)
+            self.clients[name] = getattr(importlib.import_module(module), factory)(self.http_pools())
         self.selection = RouteSelection()
         self.fallback_record: dict[str, str] = {}  # domain -> served label while a fallback serves
         self.observers: list[Callable[[TurnResult], None]] = []
@@ -260,6 +255,13 @@ class Relay:
         if self._http is None:
             self._http = Pools(self.config.gateway.max_in_flight)
         return self._http
+
+    def kept_clients(self) -> dict[str, ProviderClient]:
+        """The clients the relay that replaces this one on a reload keeps: those of the families
+        served in process, whose state (a scenario's scripts and the calls they saw) outlives the
+        file. An HTTP family's client is built again, on the new relay's pools."""
+        return {name: client for name, client in self.clients.items()
+                if name in FAMILIES and FAMILIES[name].wire is None}
 
     async def aclose(self) -> None:
         """Close pooled connections. `async with Relay(...) as relay:` does it for you."""

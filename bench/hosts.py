@@ -57,7 +57,7 @@ class GuestRuntime(Runtime):
 
 def relay(frames: int = 1) -> Relay:
     script = [{"frames": [{"role": True}, *({"text": f" w{i}"} for i in range(frames)), {"done": True}]}]
-    return Relay(CONFIG, env={}, sim=SimUpstream.from_replies([{"provider": "a", "script": script}]))
+    return Relay(CONFIG, env={}, clients=SimUpstream.from_replies([{"provider": "a", "script": script}]).clients())
 
 
 async def one_stream(r: Relay) -> int:

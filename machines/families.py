@@ -2,8 +2,9 @@
 the library (which adapter serves a profile) and the sim servers (which wire shapes exist).
 
 A family is data here and code in adapters/: `adapter` names the factory (`module:function`,
-called with the Relay) that builds its protocol client, so neither the library nor the gateway
-imports a family's module by name, the scripted `sim` family included.
+called with the relay's upstream connection pools) that builds its protocol client, so neither
+the library nor the gateway imports a family's module by name, the scripted `sim` family
+included.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import attrs
 @attrs.frozen
 class Family:
     name: str
-    adapter: str  # "module:function": function(relay) -> ProviderClient
+    adapter: str  # "module:function": function(pools) -> ProviderClient
     wire: str | None = None  # the HTTP protocol shape it speaks; None: served in process
     public_api: bool = False  # without a base_url it calls the vendor's API, which needs a credential
 

@@ -49,11 +49,11 @@ def worker(url, prefix, a_replies, **breaker):
     """One gateway worker: its own Relay, its own mirror, its own sim upstream (calls logged)."""
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": a_replies},
                                     {"provider": "sim.b", "script": [{"text": "from b"}]}])
-    return Relay.from_toml(fleet_toml(url, prefix, **breaker), env={}, sim=sim)
+    return Relay.from_toml(fleet_toml(url, prefix, **breaker), env={}, clients=sim.clients())
 
 
 def sent_to(relay, profile):
-    return sum(1 for c in relay.sim.calls if c.provider == profile)
+    return sum(1 for c in relay.clients["sim"].upstream.calls if c.provider == profile)
 
 
 async def test_a_breaker_opened_through_one_worker_is_honoured_by_the_other(redis_server, prefix):
@@ -164,15 +164,15 @@ async def test_a_key_pool_cursor_moved_by_one_worker_is_where_the_other_starts(r
 
     def pool_worker(replies):
         sim = SimUpstream.from_replies([{"provider": "sim.a", "script": replies}])
-        return Relay.from_toml(pooled, env={}, sim=sim)
+        return Relay.from_toml(pooled, env={}, clients=sim.clients())
 
     one = pool_worker([{"status": 429}, {"text": "the second key works"}])
     two = pool_worker([{"text": "ok"}])
     async with one, two:
         assert (await one._run_turn(HI)).served.profile == "sim.a"
         await two._run_turn(HI)
-    assert [c.key_index for c in one.sim.calls] == [0, 1]
-    assert [c.key_index for c in two.sim.calls] == [1], "the fleet's cursor: the key that last worked"
+    assert [c.key_index for c in one.clients["sim"].upstream.calls] == [0, 1]
+    assert [c.key_index for c in two.clients["sim"].upstream.calls] == [1], "the fleet's cursor: the key that last worked"
 
 
 async def test_a_store_that_stalls_mid_run_costs_a_turn_at_most_the_sync_timeout_and_the_fleet_resumes(
@@ -217,7 +217,7 @@ async def test_a_pool_key_that_drew_a_401_sits_out_across_the_fleet(redis_server
         sim = SimUpstream.from_replies([{"provider": "sim.a", "script": a_replies},
                                         {"provider": "sim.b", "script": [{"text": "from b"}]}])
         toml = fleet_toml(redis_server.url, prefix).replace('model = "m1"', 'model = "m1"\napi_keys = ["k0", "k1"]')
-        return Relay.from_toml(toml, env={}, sim=sim)
+        return Relay.from_toml(toml, env={}, clients=sim.clients())
 
     one = pooled([{"status": 401, "error": "invalid_api_key"}, {"text": "key 1 answers"}])
     two = pooled([{"status": 429}, {"text": "key 0 would answer"}])

@@ -62,7 +62,7 @@ SCENARIOS = {
 
 def new_relay(scripts):
     sim = SimUpstream.from_replies([{"provider": p, "script": s} for p, s in scripts.items()])
-    relay = Relay.from_toml(TWO, env={}, sim=sim)
+    relay = Relay.from_toml(TWO, env={}, clients=sim.clients())
     results = []
     relay.observers.append(results.append)
     return relay, results
@@ -79,7 +79,7 @@ def trace(relay, results, received, raised):
         "partial_text": result.partial_text,
         "served": result.served.label if result.served else None,
         "attempts": [(a.provider, a.mode, a.outcome) for a in result.attempts],
-        "calls": [(c.provider, c.mode) for c in relay.sim.calls],
+        "calls": [(c.provider, c.mode) for c in relay.clients["sim"].upstream.calls],
     }
 
 
@@ -235,7 +235,7 @@ def test_complete_sync_from_many_threads_at_once_shares_one_relay():
     for t in threads:
         t.join(30)
     assert replies == ["hi"] * 40 and [r.outcome for r in results] == ["ok"] * 40
-    assert len(relay.sim.calls) == 40
+    assert len(relay.clients["sim"].upstream.calls) == 40
 
 
 def test_blocking_calls_refuse_to_stall_an_event_loop():
@@ -260,7 +260,7 @@ def test_an_exception_in_the_block_propagates_as_it_was_under_asyncio():
             async with relay.stream(HI) as turn:
                 async for _ in turn:
                     raise KeyError("the consumer's own")
-        return turn.outcome, [r.outcome for r in results], len(relay.sim.calls)
+        return turn.outcome, [r.outcome for r in results], len(relay.clients["sim"].upstream.calls)
 
     assert asyncio.run(scenario()) == ("cancelled", ["cancelled"], 1)
 
@@ -274,7 +274,7 @@ def test_relays_built_per_request_keep_breakers_only_through_a_shared_health_sto
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"status": 503}]}])
 
     async def request():
-        async with Relay(config, env={}, sim=sim, health=health if shared else None) as relay:
+        async with Relay(config, env={}, clients=sim.clients(), health=health if shared else None) as relay:
             return (await relay.complete(HI)).served
 
     async def service():

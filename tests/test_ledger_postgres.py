@@ -64,7 +64,7 @@ async def test_the_schema_is_migrated_once_and_a_turn_writes_one_row_per_billabl
     sim = SimUpstream.from_replies([
         {"provider": "sim.a", "script": [{"text": "", "usage": [5, 0]}, {"text": "", "usage": [5, 0]}]},
         {"provider": "sim.b", "script": [{"text": "from b", "usage": [100, 50]}]}])
-    relay = Relay.from_toml(TWO, env={}, sim=sim)
+    relay = Relay.from_toml(TWO, env={}, clients=sim.clients())
     result = await relay._run_turn(HI)
     # two empty completions (billable, rejected) then the fallback's answer (accepted)
     assert await first.record("turn-1", result) == 3
@@ -81,7 +81,7 @@ async def test_the_schema_is_migrated_once_and_a_turn_writes_one_row_per_billabl
 
 async def test_relayline_ledger_reads_postgres_and_sqlite_with_equal_totals(pg_url, tmp_path):
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "ok", "usage": [1000, 500]}] * 7}])
-    relay = Relay.from_toml(TWO, env={}, sim=sim)
+    relay = Relay.from_toml(TWO, env={}, clients=sim.clients())
     pg = open_ledger(Ledger(url=pg_url))
     sqlite = open_ledger(Ledger(path=str(tmp_path / "l.sqlite3")))
     assert isinstance(pg, PostgresLedger) and isinstance(sqlite, LedgerStore)
@@ -129,7 +129,7 @@ async def test_a_frozen_postgres_holds_a_write_at_most_timeout_s_and_the_abandon
     connection, or a new connection), and what it gave up on is rolled back, never committed
     when the server comes back (the operator was told those rows are lost)."""
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "ok", "usage": [10, 5]}] * 8}])
-    relay = Relay.from_toml(TWO, env={}, sim=sim)
+    relay = Relay.from_toml(TWO, env={}, clients=sim.clients())
     ledger = PostgresLedger(pg_url, timeout_s=1.0)
     result = await relay._run_turn(HI)
     assert await ledger.record("before", result) == 1
@@ -150,7 +150,7 @@ async def test_after_a_postgres_restart_the_next_write_lands(pg_url, postgres_se
     """The pool's connections died with the server: the first write after it came back takes a
     live one, it is not lost on a dead one."""
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "ok", "usage": [10, 5]}] * 4}])
-    relay = Relay.from_toml(TWO, env={}, sim=sim)
+    relay = Relay.from_toml(TWO, env={}, clients=sim.clients())
     ledger = PostgresLedger(pg_url, timeout_s=5.0)
     result = await relay._run_turn(HI)
     assert await ledger.record("before", result) == 1
@@ -167,7 +167,7 @@ async def test_a_gateway_over_a_frozen_postgres_answers_within_the_ledger_timeou
 
     caplog.set_level(logging.ERROR, logger="relayline.gateway")
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "billed anyway", "usage": [10, 5]}] * 3}])
-    relay = Relay.from_toml(TWO, env={}, sim=sim)
+    relay = Relay.from_toml(TWO, env={}, clients=sim.clients())
     gateway = Gateway(relay, ledger=PostgresLedger(pg_url, timeout_s=1.0))
     body = json.dumps({"model": "m1", "messages": HI}).encode()
     with postgres_server.frozen():

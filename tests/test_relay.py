@@ -30,7 +30,7 @@ HI = [{"role": "user", "content": "hi"}]
 
 def relay_with(scripts, text=TWO, **kwargs):
     sim = SimUpstream.from_replies([{"provider": p, "script": s} for p, s in scripts.items()])
-    return Relay.from_toml(text, env={}, sim=sim, **kwargs)
+    return Relay.from_toml(text, env={}, clients=sim.clients(), **kwargs)
 
 
 async def test_complete_returns_attribution_notice_and_ledger(autojump_clock):
@@ -91,7 +91,7 @@ async def test_leaving_the_block_early_cancels_and_keeps_exactly_what_was_receiv
                 break
     assert turn.outcome == "cancelled" and turn.partial_text == "one two"
     assert [a.outcome for a in turn.result.attempts] == ["cancelled"]
-    assert len(relay.sim.calls) == 1  # cancellation never causes a provider call
+    assert len(relay.clients["sim"].upstream.calls) == 1  # cancellation never causes a provider call
 
 
 async def test_outer_cancellation_of_complete_is_recorded_and_never_retried(autojump_clock):
@@ -100,7 +100,7 @@ async def test_outer_cancellation_of_complete_is_recorded_and_never_retried(auto
     relay.observers.append(seen.append)
     with trio.move_on_after(1):
         await relay.complete(HI)
-    assert [r.outcome for r in seen] == ["cancelled"] and len(relay.sim.calls) == 1
+    assert [r.outcome for r in seen] == ["cancelled"] and len(relay.clients["sim"].upstream.calls) == 1
 
 
 async def test_interruption_after_output_raises_at_the_end_of_the_stream_and_is_not_replayed(autojump_clock):
@@ -112,7 +112,7 @@ async def test_interruption_after_output_raises_at_the_end_of_the_stream_and_is_
                 received.append(event.value)
     assert (turn.outcome, turn.partial_text, received) == ("interrupted", "partial", ["partial"])
     assert info.value.partial_text == "partial" and info.value.reason == "interrupted"
-    assert len(relay.sim.calls) == 1
+    assert len(relay.clients["sim"].upstream.calls) == 1
 
 
 async def test_a_stream_that_never_answered_raises_turn_error(autojump_clock):
@@ -130,7 +130,7 @@ async def test_an_exception_in_the_block_propagates_as_it_was_and_cancels_the_tu
         async with relay.stream(HI) as turn:
             async for _ in turn:
                 raise KeyError("the consumer's own")
-    assert turn.outcome == "cancelled" and len(relay.sim.calls) == 1
+    assert turn.outcome == "cancelled" and len(relay.clients["sim"].upstream.calls) == 1
 
 
 async def test_secrets_never_reach_logs_errors_or_results(autojump_clock, caplog):
@@ -138,7 +138,7 @@ async def test_secrets_never_reach_logs_errors_or_results(autojump_clock, caplog
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"status": 401, "error": "bad key sk-live-xyz"}]},
                                     {"provider": "sim.b", "script": [{"status": 503}]}])
     caplog.set_level(logging.DEBUG)
-    relay = Relay.from_toml(text, env={"RELAYLINE_TEST_KEY": "sk-live-xyz"}, sim=sim)
+    relay = Relay.from_toml(text, env={"RELAYLINE_TEST_KEY": "sk-live-xyz"}, clients=sim.clients())
     with pytest.raises(TurnError) as info:
         await relay.complete(HI)
     exposed = caplog.text + str(info.value) + repr(info.value.attempts) + repr(relay.router) + repr(relay.plan())
@@ -201,5 +201,5 @@ def test_clients_come_from_the_family_registry():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     relay = Relay.from_toml('active = "a"\n[providers.a]\nfamily = "sim"\nmodel = "m"\n', env={})
-    assert set(relay.clients) == {"sim"} and relay.sim is not None
+    assert set(relay.clients) == {"sim"} and relay.clients["sim"].upstream.calls == []
     assert {f.wire for f in FAMILIES.values()} == {"openai", "anthropic", None}

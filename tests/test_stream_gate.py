@@ -43,7 +43,7 @@ async def streamed(gateway: Gateway) -> list[tuple[float, dict]]:
 
 def gateway_for(script: list, gate: float, times: int = 1) -> Gateway:
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": script}] * times)
-    return Gateway(Relay.from_toml(CONFIG.format(gate=gate), env={}, sim=sim))
+    return Gateway(Relay.from_toml(CONFIG.format(gate=gate), env={}, clients=sim.clients()))
 
 
 def bodies(sent) -> list[tuple[float, bytes]]:

@@ -52,7 +52,7 @@ async def test_a_stream_that_failed_before_gate_commit_s_keeps_its_error_status_
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [
         {"frames": [{"role": True}, {"wait": 0.4}, {"done": True}]}]}])
     ledger = SlowLedger()
-    gateway = Gateway(Relay.from_toml(CONFIG, env={}, sim=sim), ledger=ledger)
+    gateway = Gateway(Relay.from_toml(CONFIG, env={}, clients=sim.clients()), ledger=ledger)
     status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY)
     assert ledger.rows >= 1
     assert status != 200 and json.loads(body)["error"], (status, body[:300])
@@ -70,7 +70,7 @@ async def test_a_streams_ledger_rows_are_committed_before_its_last_bytes_are_sen
         if message["type"] == "http.response.body" and not message.get("more_body"):
             rows_at_end.append(ledger.rows)
 
-    gateway = Gateway(Relay.from_toml(CONFIG, env={}, sim=sim), ledger=ledger)
+    gateway = Gateway(Relay.from_toml(CONFIG, env={}, clients=sim.clients()), ledger=ledger)
     status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY, on_send=on_send)
     assert status == 200 and b'"late"' in body and body.endswith(b"data: [DONE]\n\n")
     assert rows_at_end == [1]
@@ -84,7 +84,7 @@ async def test_a_drain_answers_a_held_stream_503_and_one_the_gate_committed_with
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [
         {"frames": [{"role": True}, {"wait": 60}, {"text": "never"}, {"done": True}]}]}])
     gateway = Gateway(Relay.from_toml(CONFIG.replace("gate_commit_s = 1", f"gate_commit_s = {gate_s}"), env={},
-                                      sim=sim))
+                                      clients=sim.clients()))
     answers = []
 
     async def post() -> None:
@@ -109,7 +109,7 @@ async def test_a_stream_whose_run_could_not_be_made_or_started_leaves_no_gate_he
     # client gets a 500 and nothing after it; the gate timer holds no stream and never writes
     # a commit of its own (a held gate would write a 200 head after the 500, at gate_commit_s)
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"frames": [{"text": "x"}, {"done": True}]}]}])
-    relay = Relay.from_toml(CONFIG, env={}, sim=sim)
+    relay = Relay.from_toml(CONFIG, env={}, clients=sim.clients())
     gateway = Gateway(relay)
 
     def broken(*args, **kwargs):

@@ -28,7 +28,7 @@ BODY = json.dumps({"model": "m1", "stream": True, "messages": [{"role": "user", 
 
 async def streamed(frames, gate: float) -> list[tuple[float, dict]]:
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"frames": frames}]}])
-    relay = Relay.from_toml(CONFIG.format(gate=gate), env={}, sim=sim)
+    relay = Relay.from_toml(CONFIG.format(gate=gate), env={}, clients=sim.clients())
     started = trio.current_time()
     sent: list[tuple[float, dict]] = []
     await asgi_post(Gateway(relay), "/v1/chat/completions", BODY,

@@ -192,7 +192,7 @@ def run(config: dict, replies: list, requests: list, turn_factory=Turn) -> list[
     async def main():
         log: list = []
         sim = LoggedUpstream(SimUpstream.from_replies(replies).scripts, log)
-        relay = Relay(structure_config(config), env={}, sim=sim)
+        relay = Relay(structure_config(config), env={}, clients=sim.clients())
         sim.health = relay.health
         relay._turn_factory = turn_factory
         for request in requests:

@@ -164,7 +164,7 @@ class Reloader:
         """In a worker thread: the file read, checked against the running gateway, and its Relay."""
         config = load_config_file(self.path)
         access = accept_reload(old.config, running, config, self.env, self.host)
-        return Relay(config, env=self.env, health=old.health, sim=old.sim), access
+        return Relay(config, env=self.env, health=old.health, clients=old.kept_clients()), access
 
     async def _reload(self) -> ReloadReport:
         old: Relay = self.gateway.relay

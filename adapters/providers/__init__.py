@@ -1,5 +1,5 @@
 """The HTTP provider families. Each factory is named by machines/families.py and called with the
-Relay, whose per-profile connection pools (providers/pool.py) every adapter shares."""
+relay's per-profile connection pools (providers/pool.py), which every adapter shares."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING
 from .base import ProviderClient
 
 if TYPE_CHECKING:
-    from ..relay import Relay
+    from .pool import Pools
 
 
-def openai_client(relay: Relay) -> ProviderClient:
+def openai_client(pools: Pools) -> ProviderClient:
     from .openai import OpenAIClient
 
-    return OpenAIClient(relay.http_pools())
+    return OpenAIClient(pools)
 
 
-def anthropic_client(relay: Relay) -> ProviderClient:
+def anthropic_client(pools: Pools) -> ProviderClient:
     from .anthropic import AnthropicClient
 
-    return AnthropicClient(relay.http_pools())
+    return AnthropicClient(pools)

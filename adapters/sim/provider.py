@@ -29,10 +29,10 @@ from relayline.machines.stream import (
 )
 from relayline.machines.turn import Completion
 
-from ..providers.base import DONE, CallRequest, ProviderFailure
+from ..providers.base import DONE, CallRequest, ProviderClient, ProviderFailure
 
 if TYPE_CHECKING:
-    from ..relay import Relay
+    from ..providers.pool import Pools
 
 DEFAULT_REPLY: Mapping = {"text": "ok"}
 FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")  # a reply's `finish`, OpenAI's words
@@ -218,6 +218,11 @@ class SimUpstream:
     def from_replies(cls, replies: Sequence[Mapping]) -> SimUpstream:
         return cls(scripts_of(replies))
 
+    def clients(self) -> dict[str, ProviderClient]:
+        """The family clients a Relay is given (`Relay(config, clients=...)`) to serve its sim
+        profiles from these scripts; `calls` then records what each profile was asked."""
+        return {"sim": SimClient(self)}
+
     def next_reply(self, request: CallRequest, mode: str) -> Mapping:
         self.calls.append(SimCall(request.entry.profile, request.model, mode, request.key_index))
         for script in self.scripts:
@@ -310,9 +315,8 @@ class SimClient:
                 return
 
 
-def family_client(relay: Relay) -> SimClient:
-    """The sim family's factory (machines/families.py): the relay's scripted upstreams, or a
-    fresh set answering `{ text = "ok" }`."""
-    if relay.sim is None:
-        relay.sim = SimUpstream()
-    return SimClient(relay.sim)
+def family_client(pools: Pools) -> SimClient:
+    """The sim family's factory (machines/families.py), for a relay given no sim client
+    (`SimUpstream.clients`): fresh scripted upstreams answering `{ text = "ok" }`. The pools go
+    unused: the sim answers in process."""
+    return SimClient(SimUpstream())

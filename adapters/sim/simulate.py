@@ -151,7 +151,7 @@ def run_scenario(scenario: Scenario, *, on_done: Callable[[Relay, float], None] 
                 config = wire_to(config, server, lambda alias: http)
             try:
                 relay = Relay(structure_config(config), env=os.environ,
-                              sim=SimUpstream.from_replies(scenario.replies))
+                              clients=SimUpstream.from_replies(scenario.replies).clients())
             except ConfigError as exc:
                 trace["init_error"] = str(exc)
                 nursery.cancel_scope.cancel()
