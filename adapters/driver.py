@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
 
 import trio
 
@@ -33,9 +34,37 @@ from .providers.base import DONE, CallRequest, ProviderClient, ProviderFailure
 
 log = logging.getLogger("relayline.driver")
 
-# may carry `may_block = False` (see TurnRun._frames), `drained()` (see TurnRun._streamed) and
-# `waiting()` (see TurnRun._pump)
-Sink = Callable[[Event], Awaitable[None]]
+
+class Sink(Protocol):
+    """Where a turn's events go: awaited with each one, in order. A plain async function is a
+    sink; a sink may also have any of the parts PacedSink, DrainingSink and GatheringSink name,
+    which the driver looks up by name."""
+
+    async def __call__(self, event: Event, /) -> None: ...
+
+
+class PacedSink(Sink, Protocol):
+    """A sink that says whether awaiting it may wait on a consumer reading at its own pace. True
+    (also a sink that says nothing): the stream's idle deadline is lifted while it runs, a slow
+    consumer is not a stalled provider. False: it waits only within a bound of its own, and says
+    so with `TurnRun.consumer_paused` (TurnRun._frames)."""
+
+    may_block: bool
+
+
+class DrainingSink(Sink, Protocol):
+    """A sink that hands events on in batches (TurnRun._streamed)."""
+
+    async def drained(self) -> None:
+        """Return once every event put so far was taken by the consumer."""
+
+
+class GatheringSink(Sink, Protocol):
+    """A sink that gathers what it writes (TurnRun._pump)."""
+
+    async def waiting(self) -> None:
+        """Send what was gathered: the driver is about to wait on the upstream."""
+
 SETTLE_SYNC_S = 5.0
 _SIZED = frozenset({TEXT, REASONING, TOOL_ARGS})  # frames whose text a stream accumulates
 
@@ -45,11 +74,16 @@ def _whole(completion: Completion | fc.Failure) -> bool:
     return isinstance(completion, Completion) and completion.has_answer
 
 
-async def _discard(event: Event) -> None:
-    return None
+class Discard:
+    """The sink of a turn nobody streams to: each event dropped, never a wait."""
+
+    may_block = False
+
+    async def __call__(self, event: Event, /) -> None:
+        return None
 
 
-_discard.may_block = False
+DISCARD = Discard()
 
 
 def _cancellation(exc: BaseException) -> bool:
@@ -179,7 +213,7 @@ class TurnRun:
                 scope.shield = True
                 await self._sync_health(read=False)
 
-    async def run(self, sink: Sink = _discard) -> TurnResult:
+    async def run(self, sink: Sink = DISCARD) -> TurnResult:
         turn = self.turn
         try:
             # one cancel scope carries the turn's budget (timeouts.total_s) and, moved by each

@@ -44,7 +44,7 @@ from relayline.machines.turn import Turn, TurnResult
 
 from .codecs.embeddings import parse_request as parse_embeddings
 from .configfile import load_config_file
-from .driver import Sink, TurnRun, _discard
+from .driver import DISCARD, Sink, TurnRun
 from .hosts import (
     Handoff,
     Outcome,
@@ -321,7 +321,7 @@ class Relay:
         operator_model: str | None = None,
         stream: bool = False,
         on_draft: Callable[[str], None] | None = None,
-        sink: Sink = _discard,
+        sink: Sink = DISCARD,
         run_hook: Callable[[TurnRun], None] | None = None,
     ) -> TurnResult:
         """Run one turn to its result, in the current trio run: the one entry point for the

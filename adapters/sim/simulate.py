@@ -99,6 +99,23 @@ def _trace(result: TurnResult, events: list[Event], origin: float) -> dict:
     }
 
 
+@attrs.frozen
+class _Collector:
+    """A scenario request's consumer: keeps the visible events, and cancels the turn after
+    `cancel_after` of them. It never waits (`may_block`: the turn's idle deadline holds)."""
+
+    events: list[Event]
+    cancel_after: int | None
+    consumer: trio.CancelScope
+    may_block = False
+
+    async def __call__(self, event: Event, /) -> None:
+        if event.visible:
+            self.events.append(event)
+            if self.cancel_after is not None and len(self.events) >= self.cancel_after:
+                self.consumer.cancel()
+
+
 async def _run_request(relay: Relay, request: Mapping, origin: float) -> dict:
     events: list[Event] = []
     runs: list[TurnRun] = []
@@ -106,13 +123,7 @@ async def _run_request(relay: Relay, request: Mapping, origin: float) -> dict:
     cancel_at = request.get("cancel_at")
     with trio.CancelScope() as consumer:
 
-        async def sink(event: Event) -> None:
-            if event.visible:
-                events.append(event)
-                if cancel_after is not None and len(events) >= cancel_after:
-                    consumer.cancel()
-
-        sink.may_block = False
+        sink = _Collector(events, cancel_after, consumer)
 
         async def cancel_later() -> None:
             await trio.sleep(float(cancel_at))
