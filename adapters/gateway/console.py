@@ -22,7 +22,7 @@ import json
 import time
 from collections import defaultdict, deque
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import parse_qs
 
 import attrs
@@ -33,7 +33,21 @@ from relayline.machines.plan import HINT_PREFIX, Plan
 from relayline.machines.turn import TurnResult
 
 if TYPE_CHECKING:
-    from .app import Gateway
+    from ..relay import Relay
+
+
+class LedgerReport(Protocol):
+    def report(self, since: float = 0.0, by: str = "model") -> list[dict]: ...
+
+
+class ConsoleHost(Protocol):
+    """What the console reads of the gateway it is attached to, and nothing more: the relay
+    serving now (a reload swaps it), the ledger (None: the gateway keeps none), and whether
+    the gateway is shutting down."""
+
+    relay: Relay
+    ledger: LedgerReport | None
+    draining: bool
 
 RECENT_TURNS = 200  # kept in memory, newest last; the page shows them all, filtered by outcome
 ATTEMPTS_KEPT = 2048  # per profile, for success rate and latency: the window's most recent ones
@@ -177,9 +191,9 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 class Console:
-    """The console's state and its HTTP endpoints, attached to one Gateway."""
+    """The console's state and its HTTP endpoints, attached to one gateway."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: ConsoleHost) -> None:
         self.gateway = gateway
         # the recent turns: each as observed (_Ended) until it is first read, then as its view
         self._recent: deque[TurnView | _Ended] = deque(maxlen=RECENT_TURNS)
