@@ -32,7 +32,8 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from peers import MESSAGES, Processes, _row_throughput  # noqa: E402
+from common import MESSAGES, row_throughput  # noqa: E402
+from peers import Processes  # noqa: E402
 
 
 def _replay(port: multiprocessing.Queue, answer: bytes) -> None:
@@ -96,7 +97,7 @@ def run(rounds: int, requests: int) -> dict:
                 for _ in range(rounds):
                     for name, url in urls.items():
                         for concurrency in (1, 16):
-                            rows[name][concurrency].append(await _row_throughput(
+                            rows[name][concurrency].append(await row_throughput(
                                 f"{url}/v1/chat/completions", concurrency, requests, cpu[name][concurrency]))
 
             trio.run(main)

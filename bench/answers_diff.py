@@ -31,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from procs import child_in_tree  # noqa: E402
+from common import child_in_tree  # noqa: E402
 
 REPLIES = [{"text": "hello world"}, {"text": "héllo ✓ 世界 \u2028 \"q\" \\ end"}, {"text": "r", "reasoning": "think hard"},
            {"tool_call": "lookup"}, {"empty": True}, {"status": 503}, {"status": 429, "retry_after": 1},

@@ -22,8 +22,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from load import _cpu_s  # noqa: E402
-from procs import listening, stop  # noqa: E402
+from common import (  # noqa: E402
+    cpu_s,  # noqa: E402
+    listening,
+    stop,
+)
 
 
 def post(pid: int, port: int, body: bytes, piece: int | None) -> tuple[float, float]:
@@ -32,7 +35,7 @@ def post(pid: int, port: int, body: bytes, piece: int | None) -> tuple[float, fl
             b"content-length: %d\r\n\r\n" % len(body))
     with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        before, began = _cpu_s(pid), time.monotonic()
+        before, began = cpu_s(pid), time.monotonic()
         sock.sendall(head)
         if piece is None:
             sock.sendall(body)
@@ -44,7 +47,7 @@ def post(pid: int, port: int, body: bytes, piece: int | None) -> tuple[float, fl
         wall = time.monotonic() - began
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     time.sleep(0.2)
-    return _cpu_s(pid) - before, wall
+    return cpu_s(pid) - before, wall
 
 
 def main() -> None:

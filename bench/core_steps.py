@@ -9,7 +9,7 @@ request's JSON and its parse, the turn made (plan, turn machine, run), the turn 
 upstream request built and rendered, the upstream answer decoded, the turn's on_completion, and
 the answer (its relayline field, attribution and dropped-parameters headers, body and JSON). A
 row is the least of ROUNDS rounds (machine noise only adds), then the median over the pairs.
-`--base DIR` names a checkout of the code before a lever (bench/procs.py's `tree_env`).
+`--base DIR` names a checkout of the code before a lever (bench/common.py's `tree_env`).
 
     python bench/core_steps.py [--base DIR [--after DIR]] [--pairs 5] [--n 5000]
     python bench/core_steps.py --instructions [--base DIR [--after DIR]]
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from procs import alternate, per_run_instructions, tree_arguments, tree_env
+from common import alternate, per_run_instructions, tree_arguments, tree_env
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = 3
@@ -47,7 +47,7 @@ TURN_STEPS = ("turn made (plan, machine, run)", "turn started", "turn: on_comple
 
 def _relay_and_bodies():
     """The bench's relay (an openai-family profile), request body and upstream answer."""
-    from load import MESSAGES
+    from common import MESSAGES
     from upstream import body_for
 
     from relayline.adapters.relay import Relay

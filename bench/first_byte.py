@@ -33,10 +33,10 @@ from relayline.machines.config import structure_config
 HERE = Path(__file__).resolve().parent
 BODY = json.dumps({"model": "frames-200", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
 SEAMS = [  # (class, method, label, stamped after the call returns)
-    (http11._Connection, "_request", "request head parsed", False),
+    (http11._Connection, "raw_post", "request head parsed", False),
     (app.Gateway, "_chat", "routed, authorised, admitted", False),
     (relay_module.Relay, "_run_turn", "body read and parsed", False),
-    (driver.TurnRun, "_request", "planned, turn started, call built", False),
+    (driver.TurnRun, "raw_post", "planned, turn started, call built", False),
     (pool.ProfilePool, "_take", "upstream connection taken from the pool", True),
     (upstream.Connection, "write", "request rendered", False),
     (driver.AttemptClock, "sent", "request written upstream", False),

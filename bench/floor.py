@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import trio
-from procs import stop
+from common import stop
 
 HERE = Path(__file__).resolve().parent
 
@@ -59,7 +59,7 @@ trio.run(main, sys.argv[1])
 """
 
 
-def _cpu_s(pid: int) -> float:
+def cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -89,13 +89,13 @@ def run(rounds: int = 3, n: int = 300) -> dict:
                         (await client.post(urls[kind], json=body)).read()
                 for _ in range(rounds):
                     for kind in kinds:
-                        before = _cpu_s(procs[kind].pid)
+                        before = cpu_s(procs[kind].pid)
                         for _ in range(n):
                             start = time.perf_counter()
                             response = await client.post(urls[kind], json=body)
                             response.read()
                             samples[kind].append(time.perf_counter() - start)
-                        cpu[kind] += _cpu_s(procs[kind].pid) - before
+                        cpu[kind] += cpu_s(procs[kind].pid) - before
 
         trio.run(main)
     finally:

@@ -28,14 +28,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from procs import alternate, tree_arguments  # noqa: E402
+from common import alternate, tree_arguments  # noqa: E402
 
 
 def child(rounds: int, held: int) -> dict:
     import httpx
     import load
     import trio
-    from peers import Processes, _library_stream_timing, _stream_row, _stream_timing
+    from common import library_stream_timing, stream_timing
+    from peers import Processes, stream_row
 
     from relayline.adapters import Relay
 
@@ -47,15 +48,15 @@ def child(rounds: int, held: int) -> dict:
                 direct = f"{procs.upstream}/v1/chat/completions"
                 gateway = f"{procs.gateway}/v1/chat/completions"
                 for _ in range(5):  # warm: connections, caches
-                    await _stream_timing(client, direct, 200)
-                    await _stream_timing(client, gateway, 200)
-                    await _library_stream_timing(relay, 200)
+                    await stream_timing(client, direct, 200)
+                    await stream_timing(client, gateway, 200)
+                    await library_stream_timing(relay, 200)
                 for _ in range(rounds):
                     for frames in (1, 200):
-                        runs[f"direct_{frames}"].append(await _stream_timing(client, direct, frames))
-                        runs[f"gateway_{frames}"].append(await _stream_timing(client, gateway, frames))
-                        runs[f"library_{frames}"].append(await _library_stream_timing(relay, frames))
-            return {name: _stream_row(runs, name, "direct") for name in ("gateway", "library")}
+                        runs[f"direct_{frames}"].append(await stream_timing(client, direct, frames))
+                        runs[f"gateway_{frames}"].append(await stream_timing(client, gateway, frames))
+                        runs[f"library_{frames}"].append(await library_stream_timing(relay, frames))
+            return {name: stream_row(runs, name, "direct") for name in ("gateway", "library")}
 
         out["stream"] = trio.run(streams)
     if held:

@@ -28,8 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from load import _connect, _cpu_s, _percentile, _request, _response, closed_loop  # noqa: E402
-from procs import listening, stop  # noqa: E402
+from common import closed_loop, cpu_s, listening, percentile, sequential, stop  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -150,27 +149,10 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
-def _start(lever: str, config: Path) -> tuple[subprocess.Popen, str]:
+def start_with_lever(lever: str, config: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-c", LAUNCH, str(HERE), lever, "serve", "--config", str(config),
                              "--port", "0", "--log-level", "warning"], stderr=subprocess.PIPE, text=True)
     return proc, listening(proc, f"the gateway ({lever})") + "/v1/chat/completions"
-
-
-async def _sequential(url: str, n: int) -> list[float]:
-    """n requests one after another on one keep-alive connection: each one's latency."""
-    request = _request(url, {"model": "frames-1", "messages": MESSAGES})
-    reader, writer = await _connect(url)
-    out = []
-    try:
-        for _ in range(n):
-            start = time.perf_counter()
-            writer.write(request)
-            status, _body, _keep = await _response(reader)
-            out.append(time.perf_counter() - start)
-            assert status == 200, status
-    finally:
-        writer.close()
-    return out
 
 
 def run(rounds: int = 20, n: int = 250, c16_rounds: int = 3, seconds: float = 1.5) -> dict:
@@ -188,22 +170,22 @@ def run(rounds: int = 20, n: int = 250, c16_rounds: int = 3, seconds: float = 1.
             config = Path(tmp.name) / f"g{i}.toml"
             config.write_text(f'active = "sim"\n[ledger]\npath = "{tmp.name}/g{i}.sqlite3"\n'
                               '[providers.sim]\nfamily = "sim"\nmodel = "frames-1"\n')
-            procs[variant], urls[variant] = _start(variant, config)
+            procs[variant], urls[variant] = start_with_lever(variant, config)
 
         async def main() -> None:
             for variant in variants:
-                await _sequential(urls[variant], 300)  # warm: imports, caches, the ledger's pages
+                await sequential(urls[variant], 300)  # warm: imports, caches, the ledger's pages
             for round_ in range(rounds):
                 # each round in another order: no variant always follows the same one
                 for variant in variants[round_ % len(variants):] + variants[:round_ % len(variants)]:
-                    before = _cpu_s(procs[variant].pid)
-                    latency[variant] += await _sequential(urls[variant], n)
-                    cpu1[variant].append((_cpu_s(procs[variant].pid) - before) / n * 1e3)
+                    before = cpu_s(procs[variant].pid)
+                    latency[variant] += await sequential(urls[variant], n)
+                    cpu1[variant].append((cpu_s(procs[variant].pid) - before) / n * 1e3)
             for _ in range(c16_rounds):
                 for variant in variants:
-                    before = _cpu_s(procs[variant].pid)
+                    before = cpu_s(procs[variant].pid)
                     row = await closed_loop(urls[variant], 16, seconds)
-                    row["gateway_cpu_ms_per_request"] = (_cpu_s(procs[variant].pid) - before) / row["requests"] * 1e3
+                    row["gateway_cpu_ms_per_request"] = (cpu_s(procs[variant].pid) - before) / row["requests"] * 1e3
                     c16[variant].append(row)
 
         asyncio.run(main())
@@ -214,7 +196,7 @@ def run(rounds: int = 20, n: int = 250, c16_rounds: int = 3, seconds: float = 1.
     for variant in variants:
         values = latency[variant]
         out["variants"]["as is" if variant == "-" else f"without {variant}"] = {
-            "p50_ms": statistics.median(values) * 1e3, "p99_ms": _percentile(values, 0.99) * 1e3,
+            "p50_ms": statistics.median(values) * 1e3, "p99_ms": percentile(values, 0.99) * 1e3,
             "max_ms": max(values) * 1e3,
             "cpu_ms_per_request_c1": statistics.median(cpu1[variant]),
             "cpu_over_as_is_c1": statistics.median(a / b for a, b in zip(cpu1[variant], cpu1["-"], strict=True)),
@@ -268,8 +250,8 @@ def micro(rounds: int = 6, n: int = 2000) -> dict:
         for kind, store in stores.items():
             store.close()
             out[f"ledger write, checkpoint in {kind}"] = {
-                "cpu_us": statistics.median(cpus[kind]), "wall_p50_us": _percentile(walls[kind], 0.5) * 1e6,
-                "wall_p999_us": _percentile(walls[kind], 0.999) * 1e6, "wall_max_us": max(walls[kind]) * 1e6}
+                "cpu_us": statistics.median(cpus[kind]), "wall_p50_us": percentile(walls[kind], 0.5) * 1e6,
+                "wall_p999_us": percentile(walls[kind], 0.999) * 1e6, "wall_max_us": max(walls[kind]) * 1e6}
 
     headers = [(b"content-type", b"application/json"), (b"x-relayline-requested", b"sim"),
                (b"x-relayline-served", b"sim/frames-1"), (b"x-relayline-attempts", b"1"),

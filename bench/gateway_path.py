@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from procs import alternate, tree_arguments
+from common import alternate, tree_arguments
 
 BODY = json.dumps({"model": "frames-1", "messages": [{"role": "user", "content": "hi"}]}).encode()
 ROUNDS = 3  # per child: the least CPU of these (machine noise only adds)
@@ -52,7 +52,7 @@ def _here() -> bool:
     return True
 
 
-async def _request(app, hangups: list) -> int:
+async def raw_post(app, hangups: list) -> int:
     """One chat request through the ASGI app, as the server makes it: the body already here
     (one message), the hang-up and body extensions offered (http11.py's)."""
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
@@ -92,11 +92,11 @@ def child(n: int, ledger: bool) -> dict:
         async def main() -> None:
             hangups: list = []
             for _ in range(300):  # warm: caches, the ledger's pages
-                assert await _request(gateway, hangups) == 200
+                assert await raw_post(gateway, hangups) == 200
             for _ in range(ROUNDS):
                 start = time.process_time()
                 for _ in range(n):
-                    assert await _request(gateway, hangups) == 200
+                    assert await raw_post(gateway, hangups) == 200
                 used = (time.process_time() - start) / n * 1e6
                 out["us"] = min(out.get("us", math.inf), used)
 
@@ -119,10 +119,10 @@ def profile(n: int, ledger: bool) -> None:
 
         async def main() -> None:
             for _ in range(300):
-                await _request(gateway, [])
+                await raw_post(gateway, [])
             profiler.enable()
             for _ in range(n):
-                await _request(gateway, [])
+                await raw_post(gateway, [])
             profiler.disable()
 
         trio.run(main)

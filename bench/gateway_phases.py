@@ -14,7 +14,7 @@ them (the trio floor's part: proxy_floor.py measures that apart).
 
 Run: python bench/gateway_phases.py [--seconds 5] [--out FILE] [--base DIR [--after DIR] [--pairs 3]]
 
-With `--base` (a checkout of the code before a lever, as bench/procs.py's `tree_env` takes it)
+With `--base` (a checkout of the code before a lever, as bench/common.py's `tree_env` takes it)
 the two trees are measured alternately in one run, the order turned each pair, and each row is
 the median of its pairs: a lever's before and after per step, under the same machine load.
 """
@@ -38,7 +38,7 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from procs import child_in_tree, gateway_server, stop, tree_arguments  # noqa: E402
+from common import child_in_tree, gateway_server, stop, tree_arguments  # noqa: E402
 
 spent: collections.Counter = collections.Counter()
 calls: collections.Counter = collections.Counter()
@@ -121,7 +121,7 @@ def serve_and_measure(seconds: float, wrapped: bool) -> dict:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(server.run, sockets, trio.Event())
                     # warm for a second, then the measured window (bench/load.py's closed loop)
-                    client = (f"import asyncio, json, sys; sys.path.insert(0, {str(HERE)!r}); from load import closed_loop; "
+                    client = (f"import asyncio, json, sys; sys.path.insert(0, {str(HERE)!r}); from common import closed_loop; "
                               f"asyncio.run(closed_loop({url!r}, 1, 1.0)); "
                               f"print(json.dumps(asyncio.run(closed_loop({url!r}, 1, {seconds + 1.0}))))")
                     proc = await trio.lowlevel.open_process([sys.executable, "-c", client], stdout=subprocess.PIPE)

@@ -27,9 +27,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gateway_cpu import _sequential  # noqa: E402
-from load import _cpu_s, _percentile, closed_loop  # noqa: E402
-from procs import listening, stop  # noqa: E402
+from common import (  # noqa: E402
+    closed_loop,
+    cpu_s,
+    listening,
+    percentile,
+    sequential,  # noqa: E402
+    stop,
+)
 
 SERVE = "import sys; from relayline.adapters.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -62,18 +67,18 @@ def run(base: str, after: str | None, rounds: int, n: int, levels: tuple[int, ..
 
             async def main() -> None:
                 for side in trees:
-                    await _sequential(urls[side], 300)  # warm: imports, caches, the ledger's pages
+                    await sequential(urls[side], 300)  # warm: imports, caches, the ledger's pages
                 for round_ in range(rounds):
                     loads.append(os.getloadavg()[0])
                     for side in (list(trees) if round_ % 2 == 0 else list(trees)[::-1]):
                         pid = procs[side].pid
-                        before = _cpu_s(pid)
-                        latencies[side] += await _sequential(urls[side], n)
-                        figures[side].setdefault("cpu_ms_c1", []).append((_cpu_s(pid) - before) / n * 1e3)
+                        before = cpu_s(pid)
+                        latencies[side] += await sequential(urls[side], n)
+                        figures[side].setdefault("cpu_ms_c1", []).append((cpu_s(pid) - before) / n * 1e3)
                         for level in levels:
-                            before = _cpu_s(pid)
+                            before = cpu_s(pid)
                             row = await closed_loop(urls[side], level, seconds)
-                            used = (_cpu_s(pid) - before) / max(1, row["requests"]) * 1e3
+                            used = (cpu_s(pid) - before) / max(1, row["requests"]) * 1e3
                             figures[side].setdefault(f"cpu_ms_c{level}", []).append(used)
                             figures[side].setdefault(f"errors_c{level}", []).append(row["errors"])
 
@@ -90,7 +95,7 @@ def run(base: str, after: str | None, rounds: int, n: int, levels: tuple[int, ..
             a / b for a, b in zip(figures["after"][key], figures["before"][key], strict=True))
     for side in trees:
         out["figures"].setdefault("p50_ms_c1", {})[side] = statistics.median(latencies[side]) * 1e3
-        out["figures"].setdefault("p99_ms_c1", {})[side] = _percentile(latencies[side], 0.99) * 1e3
+        out["figures"].setdefault("p99_ms_c1", {})[side] = percentile(latencies[side], 0.99) * 1e3
     return out
 
 

@@ -43,23 +43,23 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from procs import stop, tree_env  # noqa: E402
-from proxy_floor import CLIENT, _trio_server, _tune_collector  # noqa: E402
+from common import stop, tree_env  # noqa: E402
+from proxy_floor import CLIENT, trio_server, tune_floor_collector  # noqa: E402
 
 # `clients` connections at once, each sending its share of the requests back to back (load.py's
 # raw asyncio client)
 CLIENTS = f"""
 import asyncio, sys
 sys.path.insert(0, {str(HERE)!r})
-from load import MESSAGES, _connect, _request, _response
+from common import MESSAGES, raw_connect, raw_post, raw_response
 port, n, c = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 url = f"http://127.0.0.1:{{port}}/v1/chat/completions"
-request = _request(url, {{"model": "frames-1", "messages": MESSAGES}})
+request = raw_post(url, {{"model": "frames-1", "messages": MESSAGES}})
 async def client():
-    reader, writer = await _connect(url)
+    reader, writer = await raw_connect(url)
     for _ in range(n // c):
         writer.write(request)
-        status, _, _ = await _response(reader)
+        status, _, _ = await raw_response(reader)
         assert status == 200, status
     writer.close()
 async def main():
@@ -177,8 +177,8 @@ def serve_counted(kind: str, upstream: str, requests: int, mode: str, clients: i
     out: dict = {}
 
     async def main(tmp: str) -> None:
-        server = _sim_server(tmp) if kind == "sim" else _trio_server(kind, upstream, tmp)
-        _tune_collector()
+        server = _sim_server(tmp) if kind == "sim" else trio_server(kind, upstream, tmp)
+        tune_floor_collector()
         sockets = listening_sockets("127.0.0.1", 0)
         port = str(sockets[0].getsockname()[1])
         client = [sys.executable, "-c", CLIENT, port] if clients == 1 else [sys.executable, "-c", CLIENTS, port]

@@ -31,9 +31,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gateway_cpu import _sequential  # noqa: E402
-from load import _cpu_s, _percentile, closed_loop  # noqa: E402
-from procs import listening, stop, tree_env  # noqa: E402
+from common import (  # noqa: E402
+    closed_loop,
+    cpu_s,
+    listening,
+    percentile,
+    sequential,  # noqa: E402
+    stop,
+    tree_env,
+)
 
 SIDES = ("before", "after")
 
@@ -106,22 +112,22 @@ def run(trees: dict[str, str | None], rounds: int, n: int, seconds: float) -> di
 
         async def main() -> None:
             for _, url in gateways.values():
-                await _sequential(url, 300)  # warm: imports, caches, the ledger's pages
-            await _sequential(f"{upstream}/v1/chat/completions", 300)
+                await sequential(url, 300)  # warm: imports, caches, the ledger's pages
+            await sequential(f"{upstream}/v1/chat/completions", 300)
             for round_ in range(rounds):
                 order = variants[round_ % len(variants):] + variants[:round_ % len(variants)]
-                direct.extend(await _sequential(f"{upstream}/v1/chat/completions", n))
+                direct.extend(await sequential(f"{upstream}/v1/chat/completions", n))
                 for variant in order:
                     proc, url = gateways[variant]
-                    before = _cpu_s(proc.pid)
-                    samples[variant]["latency"] += await _sequential(url, n)
-                    samples[variant]["cpu1"].append((_cpu_s(proc.pid) - before) / n * 1e3)
+                    before = cpu_s(proc.pid)
+                    samples[variant]["latency"] += await sequential(url, n)
+                    samples[variant]["cpu1"].append((cpu_s(proc.pid) - before) / n * 1e3)
             for _ in range(3):
                 for variant in variants:
                     proc, url = gateways[variant]
-                    before = _cpu_s(proc.pid)
+                    before = cpu_s(proc.pid)
                     row = await closed_loop(url, 16, seconds)
-                    row["cpu_ms"] = (_cpu_s(proc.pid) - before) / max(row["requests"], 1) * 1e3
+                    row["cpu_ms"] = (cpu_s(proc.pid) - before) / max(row["requests"], 1) * 1e3
                     samples[variant]["c16"].append(row)
 
         asyncio.run(main())
@@ -131,14 +137,14 @@ def run(trees: dict[str, str | None], rounds: int, n: int, seconds: float) -> di
     finally:
         stop(procs)
         tmp.cleanup()
-    direct_p50, direct_p99 = statistics.median(direct), _percentile(direct, 0.99)
+    direct_p50, direct_p99 = statistics.median(direct), percentile(direct, 0.99)
     out: dict = {"load_average": os.getloadavg(), "rounds": rounds, "n": n, "direct_p50_ms": direct_p50 * 1e3,
                  "variants": {}, "client": {}}
     for (side, kind), got in samples.items():
         out["variants"][f"{side} {kind}"] = {
             "cpu_ms_c1": statistics.median(got["cpu1"]),
             "added_p50_ms": (statistics.median(got["latency"]) - direct_p50) * 1e3,
-            "added_p99_ms": (_percentile(got["latency"], 0.99) - direct_p99) * 1e3,
+            "added_p99_ms": (percentile(got["latency"], 0.99) - direct_p99) * 1e3,
             "rps_c16": statistics.median(r["rps"] for r in got["c16"]),
             "cpu_ms_c16": statistics.median(r["cpu_ms"] for r in got["c16"]),
             "errors_c16": sum(r["errors"] for r in got["c16"]),

@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from procs import alternate, tree_arguments  # noqa: E402
+from common import alternate, tree_arguments  # noqa: E402
 
 # the writing thread's CPU alone: the store's checkpointer thread copies the WAL meanwhile
 THREAD = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)

@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import math
 import os
 import platform
 import resource
@@ -41,159 +40,23 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import Processes, rss_kib  # noqa: E402  (bench/peers.py: the upstream and gateway processes)
-
-MESSAGES = [{"role": "user", "content": "hi"}]
-REQUEST_TIMEOUT_S = 60.0
-
-
-def _percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
-
-
-def _request(url: str, body: dict) -> bytes:
-    parts = urlsplit(url)
-    payload = json.dumps(body).encode()
-    return (f"POST {parts.path} HTTP/1.1\r\nhost: {parts.netloc}\r\ncontent-type: application/json\r\n"
-            f"authorization: Bearer bench-key\r\ncontent-length: {len(payload)}\r\n\r\n").encode() + payload
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-async def _connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    parts = urlsplit(url)
-    for attempt in range(20):  # a burst of connects may overflow the backlog: retry, bounded
-        try:
-            return await asyncio.open_connection(parts.hostname, parts.port, limit=1 << 20)
-        except OSError:
-            if attempt == 19:
-                raise
-            await asyncio.sleep(0.05 * (attempt + 1))
-    raise AssertionError("unreachable")
-
-
-async def _response(reader: asyncio.StreamReader, watch: bytes = b"", seen=None) -> tuple[int, bytes, bool]:
-    """(status, body, connection kept alive) of one HTTP/1.1 response; `seen` is called once
-    when `watch` first appears in a chunked body (a stream's first content frame)."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
-    lower = head.lower()
-    keep = b"connection: close" not in lower
-    if b"transfer-encoding: chunked" in lower:
-        body = bytearray()
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            chunk = await reader.readexactly(size + 2)
-            if size == 0:
-                return status, bytes(body), keep
-            body += chunk[:-2]
-            if seen is not None and watch in chunk:
-                seen()
-                seen = None
-    start = lower.find(b"content-length:")
-    length = int(lower[start + 15: lower.find(b"\r\n", start)]) if start >= 0 else 0
-    return status, await reader.readexactly(length), keep
-
-
-async def closed_loop(url: str, concurrency: int, seconds: float, model: str = "frames-1",
-                      pids: dict[str, int] | None = None) -> dict:
-    """`concurrency` clients, each on its own connection, sending requests back to back.
-
-    The first wave arrives as one burst: at c clients and r req/s its latencies spread from 0 to
-    c/r however fair the server is. So the steady state is measured apart: once every client has
-    had an answer, a window of `seconds` starts; throughput counts the answers inside it and the
-    latencies are those of the requests sent inside it. Errors count over the whole run, burst
-    included, and the burst's own latencies are reported beside. For each of `pids` (name: pid),
-    its CPU per answer inside the window (`window_cpu_ms_per_request`) and its CPU from the first
-    connect to the window's start (`burst_cpu_s`: the accepts, a burst's upstream connects)."""
-    request = _request(url, {"model": model, "messages": MESSAGES})
-    pids = pids or {}
-    at_first = {name: _cpu_s(pid) for name, pid in pids.items()}
-    sent: list[tuple[float, float]] = []  # (sent, answered) of every 200
-    errors: dict[str, int] = {}
-    connections = await asyncio.gather(*(_connect(url) for _ in range(concurrency)))
-    answered_once = 0
-    steady = asyncio.Event()
-    window = [math.inf, math.inf]  # the measured window: [start, end)
-
-    async def client(index: int) -> None:
-        nonlocal answered_once
-        reader, writer = connections[index]
-        first = True
-        while (now := time.perf_counter()) < window[1]:
-            try:
-                async with asyncio.timeout(REQUEST_TIMEOUT_S):
-                    writer.write(request)
-                    status, body, keep = await _response(reader)
-                if status != 200:
-                    errors[f"http {status}"] = errors.get(f"http {status}", 0) + 1
-                else:
-                    sent.append((now, time.perf_counter()))
-                if not keep:
-                    writer.close()
-                    reader, writer = await _connect(url)
-            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
-                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
-                writer.close()
-                reader, writer = await _connect(url)
-            if first:
-                first = False
-                answered_once += 1
-                if answered_once == concurrency:
-                    steady.set()
-        writer.close()
-
-    cpu = _own_cpu_s()
-    start = time.perf_counter()
-    clients = asyncio.gather(*(client(i) for i in range(concurrency)))
-    try:
-        async with asyncio.timeout(REQUEST_TIMEOUT_S):
-            await steady.wait()
-    except TimeoutError:
-        pass  # no steady state within the bound: the window starts now, the burst's stragglers in it
-    window[:] = [time.perf_counter(), time.perf_counter() + seconds]
-    at_start = {name: _cpu_s(pid) for name, pid in pids.items()}
-    await asyncio.sleep(max(0.0, window[1] - time.perf_counter()))
-    at_end = {name: _cpu_s(pid) for name, pid in pids.items()}
-    await clients
-    elapsed = time.perf_counter() - start
-    burst = [done - at for at, done in sent if at < start + 0.05]
-    latencies = [done - at for at, done in sent if at >= window[0]]
-    answers = sum(1 for _, done in sent if window[0] <= done < window[1])
-
-    def ms(values: list[float], q: float) -> float | None:
-        return round(_percentile(values, q) * 1e3, 2) if values else None
-
-    return {
-        "concurrency": concurrency, "requests": len(sent), "seconds": round(elapsed, 2),
-        "warmup_s": round(window[0] - start, 2), "rps": round(answers / seconds, 1),
-        "p50_ms": ms(latencies, 0.5), "p99_ms": ms(latencies, 0.99), "max_ms": ms(latencies, 1.0),
-        "burst_p50_ms": ms(burst, 0.5), "burst_p99_ms": ms(burst, 0.99),
-        "errors": sum(errors.values()), "error_kinds": errors,
-        "client_cpu_ms_per_request": round((_own_cpu_s() - cpu) / max(len(sent), 1) * 1e3, 3),
-        "window_cpu_ms_per_request": {name: round((at_end[name] - at_start[name]) / max(answers, 1) * 1e3, 3)
-                                      for name in pids},
-        "burst_cpu_s": {name: round(at_start[name] - at_first[name], 2) for name in pids},
-        # the share of one core each process had inside the window: a gateway below 1.0 with no
-        # idle wait was held off its core by the machine's other processes
-        "window_busy_share": {name: round((at_end[name] - at_start[name]) / seconds, 2) for name in pids},
-    }
+from common import (  # noqa: E402
+    MESSAGES,
+    REQUEST_TIMEOUT_S,
+    closed_loop,
+    raw_connect,
+    raw_post,
+    raw_response,
+    rss_kib,
+)
+from peers import Processes  # noqa: E402  (bench/peers.py: the upstream and gateway processes)
 
 
 async def _upstream_connections(upstream: str) -> int:
-    reader, writer = await _connect(upstream)
+    reader, writer = await raw_connect(upstream)
     parts = urlsplit(upstream)
     writer.write(f"GET /stats HTTP/1.1\r\nhost: {parts.netloc}\r\ncontent-length: 0\r\n\r\n".encode())
-    _status, body, _keep = await _response(reader)
+    _status, body, _keep = await raw_response(reader)
     writer.close()
     return json.loads(body)["connections"]
 
@@ -201,7 +64,7 @@ async def _upstream_connections(upstream: str) -> int:
 async def held_streams(url: str, count: int, gateway_pid: int) -> dict:
     """`count` streams held open at once through the gateway (the upstream sends two frames, then
     holds): how many were in flight together, errors, and the gateway's RSS per stream."""
-    request = _request(url, {"model": "hold-2", "messages": MESSAGES, "stream": True})
+    request = raw_post(url, {"model": "hold-2", "messages": MESSAGES, "stream": True})
     baseline = rss_kib(gateway_pid)
     flowing = 0
     peak = {"streams": 0, "rss_kib": baseline}
@@ -226,9 +89,9 @@ async def held_streams(url: str, count: int, gateway_pid: int) -> dict:
 
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT_S * 2):
-                reader, writer = await _connect(url)
+                reader, writer = await raw_connect(url)
                 writer.write(request)
-                status, body, _keep = await _response(reader, b'"content":" w0"', seen)
+                status, body, _keep = await raw_response(reader, b'"content":" w0"', seen)
                 writer.close()
             if status == 200 and b"[DONE]" in body and b'"error"' not in body:
                 ok += 1
@@ -285,7 +148,7 @@ def _start_without(procs: Processes, lever: str) -> tuple[str, int]:
 
     config = Path(procs.tmp.name) / "without.toml"
     config.write_text(procs.config_text.replace("ledger.sqlite3", "ledger-without.sqlite3"))
-    proc, url = gateway_cpu._start(lever, config)
+    proc, url = gateway_cpu.start_with_lever(lever, config)
     procs.procs.append(proc)
     return url, proc.pid
 

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import httpx
-from procs import listening, stop
+from common import listening, stop
 
 MIB = 1024 * 1024
 LIMIT = 32 * MIB  # [limits] max_response_bytes, the default

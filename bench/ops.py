@@ -24,8 +24,7 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from peers import _timed_posts  # noqa: E402
-from procs import stop  # noqa: E402
+from common import stop, timed_posts  # noqa: E402
 
 
 def _gateway(config: Path, log: Path, *args: str) -> tuple[subprocess.Popen, str]:
@@ -67,10 +66,10 @@ def run(rounds: int = 5, n: int = 200) -> dict:
                     targets = {"direct": f"{upstream}/v1/chat/completions",
                                **{k: f"{v}/v1/chat/completions" for k, v in urls.items()}}
                     for url in targets.values():
-                        await _timed_posts(client, url, 50)  # warm up
+                        await timed_posts(client, url, 50)  # warm up
                     for _ in range(rounds):
                         for name, url in targets.items():
-                            latency[name] += await _timed_posts(client, url, n)
+                            latency[name] += await timed_posts(client, url, n)
                         assert (await client.get(f"{urls['logged']}/metrics")).status_code == 200
 
             trio.run(main)

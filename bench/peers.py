@@ -19,21 +19,24 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
 import trio
-from procs import listening, stop
+from common import (
+    MESSAGES,
+    cpu_s,
+    library_stream_timing,
+    listening,
+    percentile,
+    row_throughput,
+    rss_kib,
+    stop,
+    stream_timing,
+    timed_posts,
+)
 
 HERE = Path(__file__).resolve().parent
-MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 class Processes:
@@ -80,32 +83,7 @@ class Processes:
         self.tmp.cleanup()
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used (10 ms ticks: sum many requests)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 # -- trio-side measurements ----------------------------------------------------------------------
-
-
-async def _timed_posts(client: httpx.AsyncClient, url: str, n: int, model: str = "frames-1") -> list[float]:
-    out = []
-    body = {"model": model, "messages": MESSAGES}
-    for _ in range(n):
-        start = time.perf_counter()
-        response = await client.post(url, json=body)
-        response.read()
-        assert response.status_code == 200, response.text
-        out.append(time.perf_counter() - start)
-    return out
 
 
 async def _library_calls(relay, n: int) -> list[float]:
@@ -115,79 +93,6 @@ async def _library_calls(relay, n: int) -> list[float]:
         await relay.complete(MESSAGES, model="frames-1")
         out.append(time.perf_counter() - start)
     return out
-
-
-async def _throughput(client: httpx.AsyncClient, url: str, concurrency: int, total: int,
-                      client_cpu: list[float] | None = None) -> float:
-    """Requests/s of `concurrency` closed-loop httpx clients; this process's CPU per request (ms)
-    is appended to `client_cpu`: the httpx client's own share of the two cores."""
-    body = {"model": "frames-1", "messages": MESSAGES}
-    per_worker = total // concurrency
-    cpu = time.process_time()
-
-    async def worker():
-        for _ in range(per_worker):
-            response = await client.post(url, json=body)
-            assert response.status_code == 200
-
-    start = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for _ in range(concurrency):
-            nursery.start_soon(worker)
-    elapsed = time.perf_counter() - start
-    if client_cpu is not None:
-        client_cpu.append((time.process_time() - cpu) / (per_worker * concurrency) * 1e3)
-    return per_worker * concurrency / elapsed
-
-
-@asynccontextmanager
-async def row_client(url: str, concurrency: int) -> AsyncIterator[httpx.AsyncClient]:
-    """An httpx client of a throughput row's own, its `concurrency` connections to `url` open.
-    One client shared by the rows is not the same client for each: httpcore scans every
-    connection of its pool on each request, so a row measured after another inherits that row's
-    idle connections (at 16 clients through the gateway, measured after the direct row, 1.45 ms
-    of the client's CPU a request where a client of its own spends 1.12: the floor rows in
-    docs/performance.md)."""
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
-        await _throughput(client, url, concurrency, 4 * concurrency)
-        yield client
-
-
-async def _row_throughput(url: str, concurrency: int, total: int, client_cpu: list[float] | None = None) -> float:
-    async with row_client(url, concurrency) as client:
-        return await _throughput(client, url, concurrency, total, client_cpu)
-
-
-async def _stream_timing(client: httpx.AsyncClient, url: str, frames: int) -> tuple[float, float]:
-    """(time to first content byte, total time) for one streamed request."""
-    start = time.perf_counter()
-    first = None
-    seen = 0
-    async with client.stream("POST", url, json={"model": f"frames-{frames}", "messages": MESSAGES, "stream": True}) as r:
-        if r.status_code != 200:
-            raise AssertionError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
-        async for line in r.aiter_lines():
-            if '"content":" w' in line:
-                seen += 1
-                if first is None:
-                    first = time.perf_counter() - start
-        if seen != frames:
-            raise AssertionError(f"{seen} of {frames} frames; last line {line[:300]!r}")
-    return first, time.perf_counter() - start
-
-
-async def _library_stream_timing(relay, frames: int) -> tuple[float, float]:
-    start = time.perf_counter()
-    first = None
-    seen = 0
-    async with relay.stream(MESSAGES, model=f"frames-{frames}") as turn:
-        async for _event in turn:
-            seen += 1
-            if first is None:
-                first = time.perf_counter() - start
-    assert seen == frames and turn.outcome == "ok", (seen, turn.outcome)
-    return first, time.perf_counter() - start
 
 
 async def _held_streams(client: httpx.AsyncClient, url: str, count: int) -> tuple[int, int]:
@@ -232,23 +137,23 @@ def run_trio_side(procs: Processes, *, rounds: int, n: int, throughput_rounds: i
                                   '[providers.sim]\nfamily = "sim"\nmodel = "frames-1"\n')
             sim_url, sim_pid = procs.start_gateway(config=sim_config)
             sim_url += "/v1/chat/completions"
-            await _timed_posts(client, direct_url, 50)  # warm up connections and caches
-            await _timed_posts(client, gateway_url, 50)
+            await timed_posts(client, direct_url, 50)  # warm up connections and caches
+            await timed_posts(client, gateway_url, 50)
             await _library_calls(relay, 50)
-            await _timed_posts(client, sim_url, 50)
+            await timed_posts(client, sim_url, 50)
             for _ in range(rounds):
                 before = cpu_s(sim_pid)
-                await _timed_posts(client, sim_url, n)
+                await timed_posts(client, sim_url, n)
                 results["gateway_cpu_s"]["in_process_upstream"] += cpu_s(sim_pid) - before
-                results["latency"]["direct"] += await _timed_posts(client, direct_url, n)
+                results["latency"]["direct"] += await timed_posts(client, direct_url, n)
                 before = cpu_s(procs.gateway_pid)
-                results["latency"]["gateway"] += await _timed_posts(client, gateway_url, n)
+                results["latency"]["gateway"] += await timed_posts(client, gateway_url, n)
                 results["gateway_cpu_s"]["latency"] += cpu_s(procs.gateway_pid) - before
                 results["latency"]["library"] += await _library_calls(relay, n)
             results["throughput"] = {}
             results["throughput_rounds"] = {}
             results["throughput_client_cpu_ms"] = {}
-            await _timed_posts(client, workers_url, 50)
+            await timed_posts(client, workers_url, 50)
             urls = {"direct": direct_url, "gateway": gateway_url, "gateway_2_workers": workers_url}
             for concurrency in (1, 16, 64):
                 total = 64 * 8 if concurrency > 1 else 300
@@ -258,7 +163,7 @@ def run_trio_side(procs: Processes, *, rounds: int, n: int, throughput_rounds: i
                 cpu: dict[str, list[float]] = {"direct": [], "gateway": []}
                 for turn in range(throughput_rounds if concurrency < 64 else min(3, throughput_rounds)):
                     for name in (list(urls) if turn % 2 == 0 else list(urls)[::-1]):
-                        rps[name].append(await _row_throughput(urls[name], concurrency, total, cpu.get(name)))
+                        rps[name].append(await row_throughput(urls[name], concurrency, total, cpu.get(name)))
                 results["throughput"][concurrency] = {k: statistics.median(v) for k, v in rps.items()}
                 results["throughput_rounds"][concurrency] = rps
                 results["throughput_client_cpu_ms"][concurrency] = {k: statistics.median(v) for k, v in cpu.items()}
@@ -266,11 +171,11 @@ def run_trio_side(procs: Processes, *, rounds: int, n: int, throughput_rounds: i
             stream: dict = {f"{name}_{frames}": [] for name in ("direct", "gateway", "library") for frames in (1, 200)}
             for _ in range(rounds * 10):
                 for frames in (1, 200):
-                    stream[f"direct_{frames}"].append(await _stream_timing(client, direct_url, frames))
+                    stream[f"direct_{frames}"].append(await stream_timing(client, direct_url, frames))
                     before = cpu_s(procs.gateway_pid)
-                    stream[f"gateway_{frames}"].append(await _stream_timing(client, gateway_url, frames))
+                    stream[f"gateway_{frames}"].append(await stream_timing(client, gateway_url, frames))
                     results["gateway_cpu_s"][f"stream_{frames}"] += cpu_s(procs.gateway_pid) - before
-                    stream[f"library_{frames}"].append(await _library_stream_timing(relay, frames))
+                    stream[f"library_{frames}"].append(await library_stream_timing(relay, frames))
             results["stream"] = stream
             before = rss_kib(procs.gateway_pid)
             async with trio.open_nursery() as nursery:
@@ -377,7 +282,7 @@ def raw_throughput(procs: Processes, rounds: int = 3, seconds: float = 2.0) -> d
     and direct at 16 clients is bound by its own client."""
     import asyncio
 
-    from load import closed_loop  # bench/load.py (it imports this module: imported here)
+    from common import closed_loop
 
     urls = {"direct": f"{procs.upstream}/v1/chat/completions", "gateway": f"{procs.gateway}/v1/chat/completions"}
 
@@ -411,7 +316,7 @@ def run_litellm(upstream: str, *, rounds: int, n: int) -> dict | None:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _stream_row(runs: dict, name: str, base: str) -> dict:
+def stream_row(runs: dict, name: str, base: str) -> dict:
     """First byte and per frame for `name`, beside `base` of the same run. Per frame is the slope
     between the 1-frame and the 200-frame stream, so no fixed per-request cost hides in it."""
     def med(key: str, i: int) -> float:
@@ -426,10 +331,10 @@ def _stream_row(runs: dict, name: str, base: str) -> dict:
 
 def summarise(trio_side: dict, lite: dict | None) -> dict:
     lat = trio_side["latency"]
-    direct_p50, direct_p99 = statistics.median(lat["direct"]), _percentile(lat["direct"], 0.99)
+    direct_p50, direct_p99 = statistics.median(lat["direct"]), percentile(lat["direct"], 0.99)
     summary = {"latency_ms": {}, "throughput_rps": {}, "stream": {}, "held": trio_side["held"]}
     for name in ("direct", "gateway", "library"):
-        p50, p99 = statistics.median(lat[name]), _percentile(lat[name], 0.99)
+        p50, p99 = statistics.median(lat[name]), percentile(lat[name], 0.99)
         summary["latency_ms"][name] = {"p50": p50 * 1e3, "p99": p99 * 1e3,
                                        "added_p50": (p50 - direct_p50) * 1e3, "added_p99": (p99 - direct_p99) * 1e3,
                                        "ratio_p50": p50 / direct_p50}
@@ -440,7 +345,7 @@ def summarise(trio_side: dict, lite: dict | None) -> dict:
     if "throughput_raw" in trio_side:
         summary["throughput_raw"] = trio_side["throughput_raw"]
     for name in ("direct", "gateway", "library"):
-        summary["stream"][name] = _stream_row(trio_side["stream"], name, "direct")
+        summary["stream"][name] = stream_row(trio_side["stream"], name, "direct")
     cpu, runs = trio_side["gateway_cpu_s"], len(trio_side["stream"]["gateway_200"])
     summary["gateway_cpu"] = {"ms_per_request": cpu["latency"] / len(lat["gateway"]) * 1e3,
                               "ms_per_request_in_process_upstream": cpu["in_process_upstream"] / len(lat["gateway"]) * 1e3,
@@ -450,15 +355,15 @@ def summarise(trio_side: dict, lite: dict | None) -> dict:
     if lite is not None:
         lp50 = statistics.median(lite["litellm"])
         dp50 = statistics.median(lite["direct"])
-        summary["latency_ms"]["litellm"] = {"p50": lp50 * 1e3, "p99": _percentile(lite["litellm"], 0.99) * 1e3,
+        summary["latency_ms"]["litellm"] = {"p50": lp50 * 1e3, "p99": percentile(lite["litellm"], 0.99) * 1e3,
                                             "added_p50": (lp50 - dp50) * 1e3,
-                                            "added_p99": (_percentile(lite["litellm"], 0.99) - _percentile(lite["direct"], 0.99)) * 1e3,
+                                            "added_p99": (percentile(lite["litellm"], 0.99) - percentile(lite["direct"], 0.99)) * 1e3,
                                             "ratio_p50": lp50 / dp50, "direct_p50_same_loop": dp50 * 1e3}
         for c, row in lite["throughput"].items():
             summary["throughput_rps"].setdefault(c, {})["litellm"] = row["litellm"]
             summary["throughput_rps"][c]["direct_asyncio"] = row["direct"]
         if "stream" in lite:
-            summary["stream"]["litellm"] = _stream_row(lite["stream"], "litellm", "direct")
+            summary["stream"]["litellm"] = stream_row(lite["stream"], "litellm", "direct")
     summary["targets"] = targets(summary)
     return summary
 

@@ -3,7 +3,7 @@
 The throughput target (the gateway at >= 60% of the direct call's requests/s, closed-loop
 httpx clients at concurrency 1 and 16, bench/run.py's rows) says nothing about how close a proxy
 written in Python can come. This bench measures it: the same httpx clients (peers.py's
-`_throughput`), the same upstream process (bench/upstream.py), the targets alternated in each
+`httpx_throughput`), the same upstream process (bench/upstream.py), the targets alternated in each
 round:
 
     direct         the clients straight to the upstream
@@ -46,14 +46,14 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from peers import Processes, _row_throughput, _throughput, cpu_s, row_client  # noqa: E402
-from procs import gateway_server, stop  # noqa: E402
+from common import cpu_s, gateway_server, httpx_throughput, row_client, row_throughput, stop  # noqa: E402
+from peers import Processes  # noqa: E402
 
 TARGETS = ("direct", "trio floor", "asyncio floor", "gateway")
 JSON = b"application/json"
 
 
-def _tune_collector() -> None:
+def tune_floor_collector() -> None:
     from relayline.adapters.gateway.server import tune_collector
 
     tune_collector()
@@ -86,7 +86,7 @@ def _trio_floor_app(upstream: str):
     return app
 
 
-def _trio_server(kind: str, upstream: str, tmp: str):
+def trio_server(kind: str, upstream: str, tmp: str):
     """The server of the trio floor, or of the gateway as `relayline serve` makes it (its ledger in `tmp`)."""
     from relayline.adapters.gateway.http11 import Server
 
@@ -100,8 +100,8 @@ def serve_trio(upstream: str) -> None:
 
     async def main() -> None:
         sockets = listening_sockets("127.0.0.1", 0)
-        server = _trio_server("trio", upstream, "")
-        _tune_collector()
+        server = trio_server("trio", upstream, "")
+        tune_floor_collector()
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run, sockets, trio.Event())
             print("ready", sockets[0].getsockname()[1], flush=True)
@@ -199,7 +199,7 @@ def serve_asyncio(upstream: str) -> None:
 
     async def main() -> None:
         server = await asyncio.get_running_loop().create_server(Client, "127.0.0.1", 0, backlog=2048)
-        _tune_collector()
+        tune_floor_collector()
         print("ready", server.sockets[0].getsockname()[1], flush=True)
         await server.serve_forever()
 
@@ -240,7 +240,7 @@ def run(rounds: int, requests: int, levels: tuple[int, ...] = (1, 16)) -> dict:
                 upstream_before = cpu_s(upstream_pid)
                 client_cpu: list[float] = []
                 total = requests if c > 1 else requests // 4
-                rps[target][c].append(await _throughput(client, url, c, total, client_cpu))
+                rps[target][c].append(await httpx_throughput(client, url, c, total, client_cpu))
                 done = total // c * c
                 row = cpu[target][c]
                 row["client"].append(client_cpu[0])
@@ -296,11 +296,11 @@ def shared_client(rounds: int) -> dict:
                         for name, url in urls.items():
                             cpu: list[float] = []
                             note("one client for all rows", c, name,
-                                 await _throughput(client, url, c, 300 if c == 1 else 512, cpu), cpu)
+                                 await httpx_throughput(client, url, c, 300 if c == 1 else 512, cpu), cpu)
                 for c in (1, 16):
                     for name, url in urls.items():
                         cpu = []
-                        note("a client per row", c, name, await _row_throughput(url, c, 300 if c == 1 else 512, cpu), cpu)
+                        note("a client per row", c, name, await row_throughput(url, c, 300 if c == 1 else 512, cpu), cpu)
 
         trio.run(main)
     for rows in out.values():
@@ -345,8 +345,8 @@ def serve_counted(kind: str, upstream: str, model: str, history: int, n: int) ->
     from relayline.adapters.gateway.http11 import listening_sockets
 
     async def main(tmp: str) -> None:
-        server = _trio_server(kind, upstream, tmp)
-        _tune_collector()
+        server = trio_server(kind, upstream, tmp)
+        tune_floor_collector()
         sockets = listening_sockets("127.0.0.1", 0)
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run, sockets, trio.Event())
@@ -364,7 +364,7 @@ def instructions(trees: dict[str, str | None], counts: tuple[int, int] = (20, 22
     from cachegrind's count of two runs `counts` requests apart (their start-up cancels out).
     `model` "headed-1": the upstream answers under a real provider's head (bench/upstream.py);
     `history`: the request carries that many earlier turns (about 160 bytes each) before its own."""
-    from procs import per_run_instructions, tree_env
+    from common import per_run_instructions, tree_env
 
     out: dict = {}
     with Processes() as procs:

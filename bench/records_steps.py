@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from procs import per_run_instructions, tree_env  # noqa: E402
+from common import per_run_instructions, tree_env  # noqa: E402
 
 COUNTS = (2000, 6000)
 WORKLOADS = ("commit", "after")

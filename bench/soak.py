@@ -38,7 +38,7 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from procs import listening, stop  # noqa: E402
+from common import listening, stop  # noqa: E402
 
 from relayline.adapters.sim.loopback import BackgroundLoopback, Reply, Seen  # noqa: E402
 

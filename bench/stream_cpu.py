@@ -25,24 +25,24 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from procs import alternate, tree_arguments  # noqa: E402
+from common import alternate, tree_arguments  # noqa: E402
 
 
 def child(frames: int, streams: int) -> dict:
-    from load import _connect, _cpu_s, _request, _response
+    from common import cpu_s, raw_connect, raw_post, raw_response
     from peers import Processes
 
     with Processes(hold_s=3.0) as procs:
         url = f"{procs.gateway}/v1/chat/completions"
-        requests = {n: _request(url, {"model": f"frames-{n}", "messages": [{"role": "user", "content": "hi"}],
+        requests = {n: raw_post(url, {"model": f"frames-{n}", "messages": [{"role": "user", "content": "hi"}],
                                       "stream": True}) for n in (1, frames)}
 
         async def main() -> dict[int, list[float]]:
-            reader, writer = await _connect(url)
+            reader, writer = await raw_connect(url)
 
             async def one(n: int) -> None:
                 writer.write(requests[n])
-                status, body, _ = await _response(reader)
+                status, body, _ = await raw_response(reader)
                 if status != 200 or b"[DONE]" not in body:
                     raise SystemExit(f"stream failed: {status} {body[-300:]!r}")
 
@@ -52,10 +52,10 @@ def child(frames: int, streams: int) -> dict:
             cpu: dict[int, list[float]] = {1: [], frames: []}
             for _ in range(3):
                 for n, count in ((1, streams), (frames, max(streams // 10, 5))):
-                    start = _cpu_s(procs.gateway_pid)
+                    start = cpu_s(procs.gateway_pid)
                     for _ in range(count):
                         await one(n)
-                    cpu[n].append((_cpu_s(procs.gateway_pid) - start) / count * 1e6)
+                    cpu[n].append((cpu_s(procs.gateway_pid) - start) / count * 1e6)
             writer.close()
             return cpu
 

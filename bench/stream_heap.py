@@ -28,7 +28,7 @@ import textwrap
 import tracemalloc
 from pathlib import Path
 
-from procs import alternate, tree_arguments
+from common import alternate, tree_arguments
 
 HERE = Path(__file__).resolve().parent
 

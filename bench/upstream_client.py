@@ -25,7 +25,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import Processes, _stream_timing, _throughput, _timed_posts, cpu_s  # noqa: E402
+from common import cpu_s, httpx_throughput, stream_timing, timed_posts  # noqa: E402
+from peers import Processes  # noqa: E402
 
 CLIENTS = ("lean", "httpx")
 
@@ -55,25 +56,25 @@ def measure(rounds: int, n: int) -> dict:
             limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
             async with httpx.AsyncClient(limits=limits, timeout=60) as http:
                 for url in (direct, *(url for url, _ in gateways.values())):
-                    await _timed_posts(http, url, 50)
+                    await timed_posts(http, url, 50)
                 for _ in range(rounds):
-                    raw["latency"]["direct"] += await _timed_posts(http, direct, n)
+                    raw["latency"]["direct"] += await timed_posts(http, direct, n)
                     for client, (url, pid) in gateways.items():
                         before = cpu_s(pid)
-                        raw["latency"][client] += await _timed_posts(http, url, n)
+                        raw["latency"][client] += await timed_posts(http, url, n)
                         raw["cpu_s"][client] += cpu_s(pid) - before
                     for _ in range(5):
                         for frames in (1, 200):
-                            raw["stream"][f"direct_{frames}"].append(await _stream_timing(http, direct, frames))
+                            raw["stream"][f"direct_{frames}"].append(await stream_timing(http, direct, frames))
                             for client, (url, _) in gateways.items():
-                                raw["stream"][f"{client}_{frames}"].append(await _stream_timing(http, url, frames))
+                                raw["stream"][f"{client}_{frames}"].append(await stream_timing(http, url, frames))
                     for concurrency in (1, 16):
                         total = 300 if concurrency == 1 else 512
                         raw["throughput"][concurrency]["direct"].append(
-                            await _throughput(http, direct, concurrency, total))
+                            await httpx_throughput(http, direct, concurrency, total))
                         for client, (url, _) in gateways.items():
                             raw["throughput"][concurrency][client].append(
-                                await _throughput(http, url, concurrency, total))
+                                await httpx_throughput(http, url, concurrency, total))
 
         trio.run(main)
     return summarise(raw, rounds * n)

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from procs import tree_env
+from common import tree_env
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = 5
@@ -41,7 +41,7 @@ STEPS = ("server: request read by llhttp", "request body: JSON read", "request b
 
 def _steps() -> dict:
     """Each step as a call, on one request's inputs, made once here."""
-    from load import MESSAGES, _request
+    from common import MESSAGES, raw_post
     from upstream import body_for
 
     from relayline.adapters import jsoncodec
@@ -50,7 +50,7 @@ def _steps() -> dict:
     from relayline.adapters.relay import Relay
     from relayline.machines.config import parse_config
 
-    wire = _request("http://127.0.0.1:8080/v1/chat/completions", {"model": "frames-1", "messages": MESSAGES})
+    wire = raw_post("http://127.0.0.1:8080/v1/chat/completions", {"model": "frames-1", "messages": MESSAGES})
     raw = wire.partition(b"\r\n\r\n")[2]
     # a conversation's body (6.6 KB): what a chat client sends once it has some history
     turns = [{"role": ("user", "assistant")[i % 2], "content": f"a turn of the conversation so far, number {i}, "

@@ -43,7 +43,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from load import _cpu_s, _own_cpu_s, closed_loop  # noqa: E402
+from common import closed_loop, cpu_s, own_cpu_s  # noqa: E402
 
 
 def _children(pid: int) -> list[int]:
@@ -195,20 +195,20 @@ async def _measure(targets: list[tuple[str, int]], pids: list[int], upstream_pid
     context switches of `pids` (the workers, or separate gateways), the upstream and the client."""
     for url, clients in targets:
         await closed_loop(url, clients, 1.0)  # warm: connections to the upstream, caches
-    before = {pid: _cpu_s(pid) for pid in pids}
+    before = {pid: cpu_s(pid) for pid in pids}
     switches = {pid: _switches(pid) for pid in pids}
-    upstream_before, client_before = _cpu_s(upstream_pid), _own_cpu_s()
+    upstream_before, client_before = cpu_s(upstream_pid), own_cpu_s()
     counting = _count_syscalls(pids) if shutil.which("perf") else None
     start = time.perf_counter()
     rows = await asyncio.gather(*(closed_loop(url, clients, seconds) for url, clients in targets))
     elapsed = time.perf_counter() - start
     n = max(sum(row["requests"] for row in rows), 1)
     syscalls = _syscalls_counted(counting, n) if counting is not None else {}
-    workers = [(_cpu_s(pid) - before[pid]) / n * 1e3 for pid in pids]
+    workers = [(cpu_s(pid) - before[pid]) / n * 1e3 for pid in pids]
     woken = [(_switches(pid)[0] - switches[pid][0]) / n for pid in pids]
     preempted = [(_switches(pid)[1] - switches[pid][1]) / n for pid in pids]
-    upstream = (_cpu_s(upstream_pid) - upstream_before) / n * 1e3
-    client = (_own_cpu_s() - client_before) / n * 1e3
+    upstream = (cpu_s(upstream_pid) - upstream_before) / n * 1e3
+    client = (own_cpu_s() - client_before) / n * 1e3
     return {"rps": sum(row["rps"] for row in rows), "p50_ms": max(row["p50_ms"] for row in rows),
             "p99_ms": max(row["p99_ms"] for row in rows), "errors": sum(row["errors"] for row in rows),
             "worker_cpu_ms_per_request": workers, "worker_busy_share": [w * n / 1e3 / elapsed for w in workers],
@@ -312,7 +312,7 @@ def report(result: dict) -> None:
 def compare_trees(base: str, pairs: int = 4, seconds: float = 5.0) -> dict:
     """`--workers 2` at 16 clients on `base`'s package and on this tree's, alternated (a lever's
     before and after: the figures above per side, each run its own ledger file)."""
-    from procs import tree_env
+    from common import tree_env
 
     tmp = tempfile.TemporaryDirectory()
     upstream = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), "0"], stdout=subprocess.PIPE, text=True)
