@@ -56,7 +56,7 @@ test: install browser agents
 	bash .ci/services
 	$(BIN)/relayline diagram --check
 	$(MAKE) --no-print-directory docs
-	$(BIN)/ruff check machines adapters tests bench examples
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory typecheck
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest
 
@@ -89,8 +89,10 @@ bench: install browser
 diagrams: install
 	$(BIN)/relayline diagram
 
+# ruff, then the layers ([tool.importlinter] in pyproject.toml, docs/architecture.md)
 lint: install
 	$(BIN)/ruff check machines adapters tests bench examples
+	$(BIN)/lint-imports --no-logo --cache-dir $(VENV)/.import_linter_cache
 
 # mypy resolves `relayline.*` through a symlinked view of the source folders (the editable
 # install's import hook is invisible to it)
