@@ -37,6 +37,7 @@ an operator's way back, and the benchmark's baseline in the same run).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import ssl
@@ -247,8 +248,12 @@ class Pools:
     def __init__(self, max_connections: int | None = None) -> None:
         self.max_connections = max_connections or None
         self.through_httpx = upstream_client() == "httpx"
-        self.ssl_context = default_ssl_context()
         self.profiles: dict[str, ProfilePool] = {}
+
+    @functools.cached_property
+    def ssl_context(self) -> ssl.SSLContext:
+        # on first use: a relay whose families all answer in process never reads the CA bundle
+        return default_ssl_context()
 
     def profile(self, name: str) -> ProfilePool:
         pool = self.profiles.get(name)
