@@ -188,7 +188,7 @@ async def test_a_gateway_over_a_frozen_postgres_answers_within_the_ledger_timeou
 async def test_a_named_keys_rows_carry_its_name_and_team_and_its_spend_is_read_back(pg_url):
     ledger = PostgresLedger(pg_url)
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "ok", "usage": [100, 50]}] * 2}])
-    relay = Relay.from_toml(TWO, env={}, sim=sim)
+    relay = Relay.from_toml(TWO, env={}, clients=sim.clients())
     await ledger.record("t1", await relay._run_turn(HI), client="k-1", key="search-bot", team="search")
     await ledger.record("t2", await relay._run_turn(HI), client="k-2", key="ads-bot", team="search")
     assert [(r["key_name"], r["team"]) for r in ledger.rows()] == [("search-bot", "search"), ("ads-bot", "search")]
