@@ -1,11 +1,36 @@
-"""What every client dialect's codec shares: the error each turn failure is, in each dialect's
-words, and the tool call ids an answer gives its client."""
+"""What every codec shares: the error each turn failure is, in each dialect's words, the tool
+call ids an answer gives its client, a provider's classified failure, the client headers that
+may travel upstream, and `data:` URLs."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
+from relayline.machines.classify import Failure
 from relayline.machines.turn import TurnResult
+
+
+class ProviderFailure(Exception):
+    """A provider call failed; `failure` is already classified. The message is relayline's own."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.detail)
+        self.failure = failure
+
+
+def client_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The client request headers that may travel upstream (the gateway decodes only the names
+    some entry may be sent: `TRAVELLING` and the profiles' `forward_headers`), names lowercase."""
+    return tuple([(k.lower(), v) for k, v in headers])
+
+
+def data_url(url: str) -> tuple[str, str] | None:
+    """(media type, base64) of a `data:` URL."""
+    if not url.startswith("data:") or ";base64," not in url:
+        return None
+    head, data = url[5:].split(";base64,", 1)
+    return head or "application/octet-stream", data
 
 # turn error reason -> (HTTP status, OpenAI error type, code, Anthropic error type)
 ERRORS = {

@@ -11,7 +11,7 @@ from typing import Any
 from relayline.machines import wire as w
 from relayline.machines.turn import Completion, TurnResult
 
-from ..providers.base import client_headers
+from .common import client_headers
 
 
 def parse_request(body: Any, headers: Any = (), query: str = "") -> w.Request:

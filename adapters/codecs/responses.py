@@ -23,9 +23,7 @@ from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
 from .. import jsoncodec
-from ..providers.base import client_headers
-from ..providers.openai import _data_url
-from .common import ERRORS, UNKNOWN_ERROR, ToolIds, answer_tools
+from .common import ERRORS, UNKNOWN_ERROR, ToolIds, answer_tools, client_headers, data_url
 from .responses_replies import ENCRYPTED
 
 # top-level fields only a provider that stores responses, or runs them in the background, can serve
@@ -97,7 +95,7 @@ def _image_part(raw: dict, param: str, reader: _Reader) -> w.Part:
     detail = raw.get("detail")
     extra = ("input_image.detail",) if detail not in (None, "auto") else ()
     reader.extra.update(dict.fromkeys(extra))
-    data = _data_url(url)
+    data = data_url(url)
     if data is not None:
         return w.Part(w.IMAGE, data=data[1], media_type=data[0], extra=extra)
     return w.Part(w.IMAGE, url=url, extra=extra)
@@ -105,7 +103,7 @@ def _image_part(raw: dict, param: str, reader: _Reader) -> w.Part:
 
 def _file_part(raw: dict, param: str, reader: _Reader) -> w.Part:
     if raw.get("file_data") is not None:
-        data = _data_url(w.want_str(raw["file_data"], w.path(param, "file_data")))
+        data = data_url(w.want_str(raw["file_data"], w.path(param, "file_data")))
         if data is None:
             raise w.WireError(w.path(param, "file_data"), "expected a base64 data: URL")
         return w.Part(w.DOCUMENT, data=data[1], media_type=data[0])

@@ -19,8 +19,8 @@ from relayline.machines.stream import FINISH, REASONING, TEXT, TOOL_ARGS, TOOL_C
 from relayline.machines.turn import Completion
 
 from .. import jsoncodec
-from ..providers.base import ProviderFailure
 from ..sse import SSEEvent
+from .common import ProviderFailure
 
 # a reasoning frame's ref that is a Responses provider's encrypted content (an Anthropic thinking
 # block's signature rides the same ref bare)

@@ -9,28 +9,23 @@ which the driver reports; adapters never decide retries.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 import attrs
 
 from relayline.machines import wire
-from relayline.machines.classify import Failure
 from relayline.machines.config import Secret
 from relayline.machines.plan import PlannedEntry
 from relayline.machines.stream import Frame
 from relayline.machines.turn import Completion
 
+from ..codecs.common import ProviderFailure, client_headers  # noqa: F401 (the families' names for them)
+
 DONE = "done"  # the frame kind of a protocol's completion signal
 
 
-class ProviderFailure(Exception):
-    """A provider call failed; `failure` is already classified. The message is relayline's own."""
-
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(failure.detail)
-        self.failure = failure
 
 
 # the client request headers each family's own API reads, forwarded to a provider of the family
@@ -40,10 +35,6 @@ FAMILY_HEADERS = {"openai": frozenset({"openai-beta"}),
 TRAVELLING = frozenset().union(*FAMILY_HEADERS.values())
 
 
-def client_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    """The client request headers that may travel upstream (the gateway decodes only the names
-    some entry may be sent: `TRAVELLING` and the profiles' `forward_headers`), names lowercase."""
-    return tuple([(k.lower(), v) for k, v in headers])
 
 
 @attrs.frozen

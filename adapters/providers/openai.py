@@ -33,6 +33,7 @@ from relayline.machines.turn import Completion
 
 from .. import jsoncodec
 from ..codecs import embeddings, responses_replies
+from ..codecs.common import data_url
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure, client_headers
 from .http import FixedHeads, HttpProvider, json_frame
@@ -48,14 +49,6 @@ KNOWN = frozenset({"model", "messages", "stream", "stream_options", "n", "max_to
 
 
 # -- requests: chat completions body -> canonical ----------------------------------------------------
-
-
-def _data_url(url: str) -> tuple[str, str] | None:
-    """(media type, base64) of a `data:` URL."""
-    if not url.startswith("data:") or ";base64," not in url:
-        return None
-    head, data = url[5:].split(";base64,", 1)
-    return head or "application/octet-stream", data
 
 
 def _part(raw, param: str, extra_names: list[str]) -> w.Part:
@@ -76,7 +69,7 @@ def _part(raw, param: str, extra_names: list[str]) -> w.Part:
             # `detail` (low: fewer tokens; high: more) has no Anthropic equivalent; auto asks nothing
             extra += tuple(f"content.image_url.{k}" for k in w.extras(image, ("url",))
                            if not (k == "detail" and image[k] == "auto"))
-        data = _data_url(url)
+        data = data_url(url)
         if data is not None:
             return w.Part(w.IMAGE, data=data[1], media_type=data[0], extra=extra, cache_control=cache)
         return w.Part(w.IMAGE, url=url, extra=extra, cache_control=cache)
@@ -88,7 +81,7 @@ def _part(raw, param: str, extra_names: list[str]) -> w.Part:
             # an uploaded file, by its id: an openai entry gets the body as sent, another cannot
             w.want_str(file["file_id"], w.path(param, "file.file_id"))
             return w.Part(w.DOCUMENT, extra=(*extra, w.OPENAI_FILE_ID), cache_control=cache)
-        data = _data_url(w.want_str(file.get("file_data"), w.path(param, "file.file_data")))
+        data = data_url(w.want_str(file.get("file_data"), w.path(param, "file.file_data")))
         if data is None:
             raise w.WireError(w.path(param, "file.file_data"), "expected a base64 data: URL")
         return w.Part(w.DOCUMENT, data=data[1], media_type=data[0], extra=extra, cache_control=cache, title=title)
