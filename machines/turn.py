@@ -826,7 +826,8 @@ class Turn:
             ErrorReason.INTERNAL: "relayline failed to make or read the call (an internal error, logged)",
             ErrorReason.INTERRUPTED: "the stream failed after output was forwarded; it is not replayed",
         }[error]
-        parts = [f"{head} ({len(self.attempts)} attempts"
+        count = len(self.attempts)
+        parts = [f"{head} ({count} attempt{'' if count == 1 else 's'}"
                  + (f", {len(self.health.skips)} skipped" if self.health.skips else "") + ")"]
         for n, a in enumerate(self.attempts[:MAX_ERROR_ATTEMPTS], start=1):
             parts.append(f"#{n} {a.provider}/{a.model} try {a.try_number}/{a.budget} {a.reason or a.outcome}"

@@ -73,7 +73,7 @@ def test_expiry_before_commit_is_a_deadline_error_and_no_breaker_failure():
     done = t.expire(30.0)
     result = done.result
     assert (result.outcome, result.error) == (Outcome.ERROR, ErrorReason.DEADLINE)
-    assert result.message.startswith("the turn did not end within timeouts.total_s (30s) (1 attempts)")
+    assert result.message.startswith("the turn did not end within timeouts.total_s (30s) (1 attempt)")
     assert [(a.outcome, a.reason, a.detail) for a in result.attempts] == [
         ("timeout", "timeout", "turn deadline: timeouts.total_s (30s) passed")]
     assert result.attempts[0].ended == 30.0 and not result.ledger and result.partial_text is None
@@ -246,7 +246,7 @@ def test_the_error_names_skips_and_stays_bounded():
 def test_each_error_reason_is_named_in_the_message(answers, setup, error, head):
     cfg = config(active="a", providers={"a": {"model": "m1"}}, reliability={"provider_retries": 0, **setup})
     result = _complete(cfg, *answers, model="m1")
-    assert result.error == error and result.message.startswith(head + " (1 attempts); #1 a/m1 try 1/1 ")
+    assert result.error == error and result.message.startswith(head + " (1 attempt); #1 a/m1 try 1/1 ")
 
 
 def test_no_candidate_and_cancellation_are_named_in_the_message():
@@ -257,7 +257,7 @@ def test_no_candidate_and_cancellation_are_named_in_the_message():
     t = turn(stream=False)
     t.start(0.0)
     result = t.cancel(1.0).result
-    assert result.message == ("cancelled by the consumer (1 attempts); "
+    assert result.message == ("cancelled by the consumer (1 attempt); "
                               "#1 a/m1 try 1/3 cancelled (cancelled by the consumer)")
 
 
@@ -632,14 +632,14 @@ def test_a_stream_rejected_before_output_gives_back_the_upstreams_words_and_bill
     assert result.error == ErrorReason.CLIENT_ERROR
     assert _rows(result) == [("a", 9, 0, False, "stream_failed", "stream")]  # usage reported is usage billed
     assert result.rejection == Rejection(400, "invalid_request_error", "bad tool")
-    assert result.message.startswith("the provider rejected the request (1 attempts); #1 a/m1 try 1/3 rejected")
+    assert result.message.startswith("the provider rejected the request (1 attempt); #1 a/m1 try 1/3 rejected")
 
 
 def test_a_cut_stream_says_it_is_not_replayed():
     t = opened(turn(stream=True))
     t.stream_frame(Frame("text", "Hel"))
     result = t.stream_failed(fc.Failure(fc.RETRYABLE, "connection reset"), 1.0).result
-    assert result.message == ("the stream failed after output was forwarded; it is not replayed (1 attempts); "
+    assert result.message == ("the stream failed after output was forwarded; it is not replayed (1 attempt); "
                               "#1 a/m1 try 1/3 retryable (connection reset)")
 
 
@@ -675,7 +675,7 @@ def test_an_error_after_an_accepted_attempt_names_its_outcome():
     t = turn(stream=False)
     t.start(0.0)
     t.on_completion(Completion("done"), 1.0)
-    assert t.abort(2.0).result.message.endswith("(1 attempts); #1 a/m1 try 1/3 ok")
+    assert t.abort(2.0).result.message.endswith("(1 attempt); #1 a/m1 try 1/3 ok")
 
 
 def test_sixteen_attempts_are_listed_without_a_remainder():
