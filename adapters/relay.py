@@ -20,6 +20,7 @@ import contextlib
 import difflib
 import functools
 import importlib
+import inspect
 import logging
 import os
 import queue
@@ -104,6 +105,13 @@ def check_parameters(call: str, params: Mapping[str, Any], extra_body: Mapping[s
     taken = sorted(_ARGUMENTS & set(extra_body))
     if taken:
         raise TypeError(f"{call}(): extra_body may not set {', '.join(taken)}: pass each as its own argument")
+
+
+def check_parameters_as(call: str, method: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+    """`method`'s keyword check under the name the caller used (`complete_sync` runs `complete`):
+    the TypeError names the method called, as Python's own would."""
+    named = {name for name, p in inspect.signature(method).parameters.items() if p.kind is not p.VAR_KEYWORD}
+    check_parameters(call, {k: v for k, v in kwargs.items() if k not in named}, kwargs.get("extra_body"))
 
 
 def wire_request(messages: Sequence[Mapping[str, Any]] | wire.Request, tools: Sequence[Mapping[str, Any]] = (),
@@ -210,11 +218,24 @@ def _blocking(method: Callable[Concatenate[Relay, P], Awaitable[T]],
     @functools.wraps(method)
     def blocking(self: Relay, /, *args: P.args, **kwargs: P.kwargs) -> T:
         require_sync_host(f"Relay.{name}")
+        check_parameters_as(name, method, kwargs)
         return run_from_thread(partial(method, self, *args, **kwargs))
 
     blocking.__name__ = blocking.__qualname__ = name
     blocking.__doc__ = f"`{method.__name__}` for synchronous code: blocks this thread until it returns."
     return blocking
+
+
+def _renamed(method: Callable[Concatenate[Relay, P], T], name: str) -> Callable[Concatenate[Relay, P], T]:
+    """`method` under another name, its keyword mistakes named as the caller wrote the call."""
+
+    @functools.wraps(method)
+    def renamed(self: Relay, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        check_parameters_as(name, method, kwargs)
+        return method(self, *args, **kwargs)
+
+    renamed.__name__ = renamed.__qualname__ = name
+    return renamed
 
 
 class Relay:
@@ -437,7 +458,7 @@ class Relay:
 
     embed_sync = _blocking(embed, "embed_sync")
 
-    def stream(self, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
+    def stream(self, /, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
                tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None,
                on_draft: Callable[[str], None] | None = None, extra_body: Mapping[str, Any] | None = None,
                **params: Any) -> StreamTurn:
@@ -453,7 +474,8 @@ class Relay:
 
     complete_sync = _blocking(complete, "complete_sync")
 
-    stream_sync = stream  # `with relay.stream_sync(...) as turn: for event in turn:` reads as what it is
+    # `with relay.stream_sync(...) as turn: for event in turn:` reads as what it is
+    stream_sync = _renamed(stream, "stream_sync")
 
     def close(self) -> None:
         """`aclose` for synchronous code; `with Relay(...) as relay:` does it for you."""

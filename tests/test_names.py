@@ -122,11 +122,13 @@ def relay(upstream):
 
 
 def test_a_misspelled_keyword_is_a_type_error_naming_it_and_its_close_match(relay, upstream):
-    with pytest.raises(TypeError, match=r"'temprature'.*did you mean 'temperature'"):
+    with pytest.raises(TypeError, match=r"^complete_sync\(\) got .*'temprature'.*did you mean 'temperature'"):
         relay.complete_sync(HI, model="gpt-4o", temprature=0.2)
-    with pytest.raises(TypeError, match="'max_token'"):
+    with pytest.raises(TypeError, match=r"^stream_sync\(\) got .*'max_token'"):
         relay.stream_sync(HI, model="gpt-4o", max_token=5)
-    with pytest.raises(TypeError, match="extra_body may not set model"):
+    with pytest.raises(TypeError, match=r"^stream\(\) got .*'max_token'"):
+        relay.stream(HI, model="gpt-4o", max_token=5)
+    with pytest.raises(TypeError, match=r"^complete_sync\(\): extra_body may not set model"):
         relay.complete_sync(HI, extra_body={"model": "gpt-4o-mini"})
     request = wire_request(HI)
     with pytest.raises(TypeError, match="temperature, extra_body: a wire.Request carries its own"):
