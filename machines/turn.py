@@ -392,13 +392,18 @@ class Turn:
             self.ledger.append(row(entry.profile, entry.model, entry.price, usage,
                                    accepted=accepted, outcome=outcome, mode=call.mode, estimated=estimated))
 
-    def _estimated_usage(self) -> Usage:
-        """What the pending stream is estimated to have cost when it forwarded output and the
-        provider reported no usage: the request's text in, the forwarded text and tool calls out."""
+    def _estimated_usage(self, answer: Completion | None = None) -> Usage:
+        """What the pending call is estimated to have cost when the provider reported no usage:
+        the request's text in; out, the text and tool calls it answered (`answer`, a complete-mode
+        reply) or, for a stream, forwarded."""
         call = self.call
-        assert call is not None and self.gate is not None
-        out = sum(map(len, self.forwarded[self.call_text_from:]))
-        out += sum(map(len, self.gate.tools)) + sum(map(len, self.gate.tool_arguments))
+        assert call is not None
+        if answer is not None:
+            out = len(answer.text) + sum(map(len, answer.tool_calls)) + sum(map(len, answer.tool_arguments))
+        else:
+            assert self.gate is not None
+            out = sum(map(len, self.forwarded[self.call_text_from:]))
+            out += sum(map(len, self.gate.tools)) + sum(map(len, self.gate.tool_arguments))
         prompt = self.prompt_chars + (len(call.prefill) if call.prefill else 0)
         return Usage(estimated_tokens(prompt), estimated_tokens(out))
 
@@ -460,8 +465,12 @@ class Turn:
         if not result.has_answer:
             self._record(fc.EMPTY, now, reason=fc.EMPTY, detail="empty completion", usage=usage)
             return self._follow(self._walk().on_result(fc.Failure(fc.EMPTY, "empty completion"), now), now)
-        # a token count is no completion: the provider bills nothing for it, nor does the ledger
-        self._record(fc.OK, now, usage=usage, accepted=True, bill=result.input_count is None)
+        # a token count is no completion: the provider bills nothing for it, nor does the ledger;
+        # an answer the provider billed but did not count is billed at relayline's estimate
+        counted = result.input_count is not None
+        estimate = result.usage is None and not counted
+        self._record(fc.OK, now, usage=self._estimated_usage(result) if estimate else usage, accepted=True,
+                     bill=not counted, estimated=estimate)
         self.answer = result
         walk = self.walk
         assert walk is not None, "no walk is running"
@@ -528,7 +537,10 @@ class Turn:
         # the gate's verdict, or for a continuation the verdict on both streams' text together
         answered = answer.has_answer if self.life.state == _CONTINUING else ended == StreamState.COMPLETED
         if answered or refused_early:
-            self._record(fc.OK, now, usage=usage, accepted=True)
+            # output shown, no usage counted: billed at relayline's estimate, as a cut stream is
+            estimate = answered and gate.usage is None
+            self._record(fc.OK, now, usage=self._estimated_usage() if estimate else usage, accepted=True,
+                         estimated=estimate)
             self.answer = answer
             if self.life.state == _STREAMING:
                 self.life.fire(_COMMIT)  # a refusal with nothing to show is still the answer

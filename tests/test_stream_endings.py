@@ -264,3 +264,26 @@ def test_headers_committed_by_the_gate_timer_never_name_a_provider_that_served_n
     assert "m-p0" not in json.dumps([{k: v for k, v in e.items() if k != "relayline"} for e in events])
     assert [e["message"]["model"] for e in events if e["type"] == "message_start"] == [""]
     assert [e["relayline"]["served"] for e in events if e["type"] == "message_delta"] == ["p1/m-p1"]
+
+
+def test_a_completed_answer_without_provider_usage_is_an_estimated_row(tmp_path):
+    # the provider billed the answer but reported no usage: the row said 0 tokens and $0
+    answer = {"id": "c1", "object": "chat.completion", "created": 1, "model": "m-p0",
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "the whole answer"},
+                           "finish_reason": "stop"}]}
+
+    def upstream(seen) -> Reply:
+        if seen.body.get("stream"):
+            return Reply(headers=SSE, pieces=(*FINISHED, b"data: [DONE]\n\n"))
+        return Reply(headers=(("content-type", "application/json"),), pieces=(json.dumps(answer).encode(),))
+
+    with GatewayOn(tmp_path / "ledger.sqlite3", upstream) as gw:
+        oa, _ = gw.clients()
+        assert oa.chat.completions.create(model="m-p0", messages=HI).choices[0].message.content == "the whole answer"
+        streamed = oa.chat.completions.create(model="m-p0", messages=HI, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "the whole answer"
+    rows = LedgerStore(tmp_path / "ledger.sqlite3").rows()
+    # "hi" is one token in, "the whole answer" (16 characters) four out, at 4 characters a token
+    assert sorted((r["mode"], r["outcome"], r["accepted"], r["estimated"], r["input_tokens"], r["output_tokens"])
+                  for r in rows) == [("complete", "ok", 1, 1, 1, 4), ("stream", "ok", 1, 1, 1, 4)]
+    assert all(r["cost_usd"] > 0 for r in rows)

@@ -741,9 +741,20 @@ def test_a_continuation_needs_text_shown_tools_honoured_and_an_entry_after_the_f
     assert later.stream_failed(fc.Failure(fc.RETRYABLE, "reset"), 1.0).entry.profile == "c"  # never b again
 
 
-def test_an_accepted_answer_is_a_row_even_when_it_reports_no_usage():
+def test_an_accepted_answer_without_usage_is_a_row_billed_at_the_estimate():
     cfg = config(active="a", providers={"a": {"model": "m1"}})
-    assert _rows(_complete(cfg, Completion("ok"), model="m1")) == [("a", 0, 0, True, "ok", "complete")]
+    result = _complete(cfg, Completion("nine char", tool_calls=("get",), tool_arguments=("{}",)), model="m1")
+    assert _rows(result) == [("a", 0, 4, True, "ok", "complete")]  # 9 + 3 + 2 characters out, 4 a token
+    assert result.ledger[0].estimated
+    counted = _complete(cfg, Completion("nine char", usage=Usage(0, 0)), model="m1")
+    assert _rows(counted) == [("a", 0, 0, True, "ok", "complete")] and not counted.ledger[0].estimated
+
+
+def test_a_completed_stream_without_usage_is_billed_at_the_estimate():
+    t = opened(turn(stream=True))
+    t.stream_frame(Frame("text", "twelve chars"))
+    result = t.stream_done(1.0).result
+    assert _rows(result) == [("a", 0, 3, True, "ok", "stream")] and result.ledger[0].estimated
 
 
 def test_a_stream_failure_before_output_bills_a_row_only_for_usage_it_reported():

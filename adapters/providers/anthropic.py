@@ -513,7 +513,8 @@ def parse_completion(body: dict) -> Completion:
             if btype == "thinking":
                 reasoning.append(w.want_str(block.get("thinking"), f"{where}.thinking"))
             kept = True
-    usage = _usage(body["usage"]) if body.get("usage") is not None else Usage()
+    # none reported: the ledger bills the answer at an estimate
+    usage = _usage(body["usage"]) if body.get("usage") is not None else None
     return Completion("".join(text), "".join(reasoning), tuple(tools), usage, tuple(arguments), tuple(ids),
                       _stop(body.get("stop_reason"), "stop_reason"), w.optional(body, "stop_sequence", w.want_str),
                       tuple(content) if kept else ())

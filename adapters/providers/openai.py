@@ -462,9 +462,8 @@ def _plain_answer(body: dict) -> Completion | None:
             choice.get("logprobs") is not None or message.get("annotations"):
         return None
     raw = body.get("usage")
-    if raw is None:
-        usage = Usage()
-    else:
+    usage: Usage | None = None  # none reported: the ledger bills the answer at an estimate
+    if raw is not None:
         if type(raw) is not dict or raw.get("prompt_tokens_details") is not None or \
                 raw.get("completion_tokens_details") is not None:
             return None
@@ -506,7 +505,7 @@ def _walk_completion(body: dict) -> Completion:
         # on_refusal and both dialects know one (finish_reason stop said nothing of it)
         text, finish = text + refusal, w.CONTENT_FILTER
     return Completion(text, _reasoning(message, "choices[0].message"), tuple(names),
-                      _usage(body.get("usage")) or Usage(), tuple(arguments), tuple(ids), finish,
+                      _usage(body.get("usage")), tuple(arguments), tuple(ids), finish,
                       logprobs=w.optional(choice, "logprobs", w.want_dict, "choices[0]"),
                       annotations=tuple(w.optional(message, "annotations", w.want_list, "choices[0].message") or ()))
 
