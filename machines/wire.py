@@ -261,6 +261,10 @@ def passes_through(request: Request, family: str, capabilities: Capabilities) ->
                                         and capabilities.responses)
 
 
+# the highest temperature Anthropic takes (OpenAI's range is 0..2)
+ANTHROPIC_MAX_TEMPERATURE = 1
+
+
 def unsupported(request: Request, family: str, capabilities: Capabilities) -> tuple[str, ...]:
     """The request fields an entry of `family` with `capabilities` cannot honour (docs/wire.md),
     by name. Empty: the entry can serve the request as asked."""
@@ -308,6 +312,8 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
             names.append("reasoning_effort")  # (a limit that leaves no room for the least budget)
         if any(json_object(c.arguments) is None for m in request.messages for c in m.tool_calls):
             names.append("messages.tool_calls.function.arguments")
+        if request.temperature is not None and request.temperature > ANTHROPIC_MAX_TEMPERATURE:
+            names.append("temperature")  # OpenAI's reaches 2; Anthropic refuses one above 1
     return tuple(dict.fromkeys(names))
 
 
@@ -516,6 +522,7 @@ def without(request: Request, names: tuple[str, ...]) -> Request:
         tool_choice=None if tools else request.tool_choice,
         parallel_tool_calls=None if tools else request.parallel_tool_calls,
         top_k=None if "top_k" in dropped else request.top_k,
+        temperature=None if "temperature" in dropped else request.temperature,
         response_format=_format_without(request.response_format, tuple(dropped), schema),
         reasoning=None if "reasoning_effort" in dropped else _without_effort(request.reasoning, dropped),
         extra={k: v for k, v in request.extra.items() if k not in dropped},

@@ -317,6 +317,8 @@ def test_sdk_objects_echoed_into_history_cross_families(gw, upstream):
      "response_format.note, response_format.json_schema.v"),
     # a custom tool (free-form input) has no Anthropic shape: it was a 400 as if of the wrong shape
     ({"tools": [{"type": "custom", "custom": {"name": "g"}}]}, "tools.custom"),
+    # OpenAI's temperature reaches 2, Anthropic's 1: it went on and the provider refused it
+    ({"temperature": 1.5}, "temperature"),
 ])
 def test_openai_fields_anthropic_cannot_honour_are_a_400_naming_them(gw, upstream, fields, named):
     with pytest.raises(openai.BadRequestError) as info:
@@ -794,6 +796,11 @@ def test_a_200_carrying_an_error_is_a_failure_not_an_empty_answer(gw, upstream):
     ({"model": "x\nforged log line", "messages": [{"role": "user", "content": "hi"}]}, "model"),
     ({"model": "m" * 300, "messages": [{"role": "user", "content": "hi"}]}, "model"),
     ({"model": "x", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+    # two limits that disagree: max_tokens was read past in silence
+    ({"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "max_completion_tokens": 9},
+     "max_tokens"),
+    # an empty effort was read as none
+    ({"model": "x", "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": ""}, "reasoning_effort"),
 ])
 def test_wrong_shapes_are_a_400_naming_the_field(gw, upstream, body, param):
     r = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers={"authorization": "Bearer gw-key"})
@@ -857,6 +864,20 @@ def test_a_tool_block_where_its_role_has_no_place_is_a_400_naming_it(gw, upstrea
     with pytest.raises(anthropic.BadRequestError) as info:
         anthropic_call(gw, False, model=route, messages=messages)
     assert says in info.value.message and upstream.seen == []
+
+
+def test_both_forms_of_the_output_format_are_a_400_naming_output_format(gw, upstream):
+    # output_format was read past in silence when output_config.format was also sent
+    schema = {"type": "json_schema", "schema": WEATHER}
+    for route in ("anthropic", "openai"):
+        with pytest.raises(anthropic.BadRequestError) as info:
+            anthropic_call(gw, False, model=route, max_tokens=64, messages=[{"role": "user", "content": "hi"}],
+                           extra_body={"output_config": {"format": schema}, "output_format": schema})
+        assert "output_format" in info.value.message
+    assert upstream.seen == []
+    anthropic_call(gw, False, model="openai", max_tokens=64, messages=[{"role": "user", "content": "hi"}],
+                   extra_body={"output_config": {"format": schema}})
+    assert upstream.seen[-1].body["response_format"]["json_schema"]["schema"] == WEATHER
 
 
 def test_anthropic_body_errors_have_the_anthropic_shape(gw):
@@ -1093,6 +1114,9 @@ def test_drop_unsupported_params_drops_and_names_them():
     reply, sent = _seed_to_claude_dropping("sk-wire-test-0002", temperature=0.5)
     assert reply.headers["x-relayline-dropped"] == "seed"
     assert "seed" not in sent and sent["temperature"] == 0.5
+    reply, sent = _seed_to_claude_dropping("sk-wire-test-0007", temperature=1.5)
+    assert reply.headers["x-relayline-dropped"] == "seed, temperature"
+    assert "seed" not in sent and "temperature" not in sent
 
 
 @STREAM

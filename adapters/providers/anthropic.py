@@ -198,6 +198,8 @@ def _output_format(body: dict, extra_names: list[str]) -> w.ResponseFormat | Non
     """The JSON schema the answer must match: `output_config.format`, or the same object as the
     structured outputs beta wrote it (`output_format`)."""
     config = w.optional(body, "output_config", w.want_dict) or {}
+    if config.get("format") is not None and body.get("output_format") is not None:
+        raise w.WireError("output_format", "and output_config.format are the same setting: send one of them")
     where = "output_config.format" if config.get("format") is not None else "output_format"
     raw = config.get("format") if config.get("format") is not None else body.get("output_format")
     if raw is None:

@@ -188,6 +188,16 @@ def _tool(raw, param: str, extra_names: list[str]) -> w.Tool | None:
                   w.optional(raw, "cache_control", w.want_dict, param))  # (a caching hint, as on a message)
 
 
+def _max_tokens(body: dict) -> int | None:
+    """The output limit: `max_completion_tokens`, or the older `max_tokens`. Both, with different
+    values, is two limits: which one the client meant is theirs to say."""
+    limit = w.optional(body, "max_completion_tokens", w.want_int, "", 1)
+    legacy = w.optional(body, "max_tokens", w.want_int, "", 1)
+    if limit is not None and legacy is not None and limit != legacy:
+        raise w.WireError("max_tokens", f"is {legacy} but max_completion_tokens is {limit}: send one of them")
+    return limit if limit is not None else legacy
+
+
 def _tool_choice(raw, extra_names: list[str]) -> w.ToolChoice | None:
     if raw is None:
         return None
@@ -275,7 +285,9 @@ def _with_options(body: dict, parsed: tuple[w.Message, ...], extra_names: list[s
     options = w.optional(body, "stream_options", w.want_dict) or {}
     extra_names.extend(f"stream_options.{k}" for k in w.extras(options, ("include_usage",)))
     effort = w.optional(body, "reasoning_effort", w.want_str)
-    max_tokens = w.optional(body, "max_completion_tokens", w.want_int, "", 1)
+    if effort == "":
+        raise w.WireError("reasoning_effort", "is empty: name an effort (low, medium, high...) or leave it out")
+    max_tokens = _max_tokens(body)
     extra = {k: body[k] for k in w.extras(body, KNOWN)}
     extra.update({name: None for name in extra_names})
     return w.Request(
@@ -283,7 +295,7 @@ def _with_options(body: dict, parsed: tuple[w.Message, ...], extra_names: list[s
         model=w.check_model(body.get("model")),
         stream=bool(w.optional(body, "stream", w.want_bool)),
         include_usage=bool(w.optional(options, "include_usage", w.want_bool, "stream_options")),
-        max_tokens=max_tokens if max_tokens is not None else w.optional(body, "max_tokens", w.want_int, "", 1),
+        max_tokens=max_tokens,
         temperature=w.optional(body, "temperature", w.want_number, "", 0, 2),
         top_p=w.optional(body, "top_p", w.want_number, "", 0, 1),
         stop=stop,
