@@ -1,7 +1,11 @@
 """Small builders shared by tests."""
 
+from contextlib import contextmanager
+
 import trio
 
+from relayline.adapters.sim.background import BackgroundGateway
+from relayline.adapters.sim.recorder import Answer, RecordingUpstream
 from relayline.machines.config import structure_config
 from relayline.machines.plan import build_router, plan_turn
 
@@ -63,3 +67,38 @@ async def asgi_post(app, path: str, body: bytes, headers=(), on_send=None, bound
     start = next((m for m in sent if m["type"] == "http.response.start"), {})
     return start.get("status"), start.get("headers", []), b"".join(m.get("body", b"") for m in sent
                                                                  if m["type"] == "http.response.body")
+
+
+@contextmanager
+def recording_gateway(providers: dict[str, dict], hints: dict[str, str], key: str = "sk-upstream",
+                      shared: dict | None = None, **top):
+    """A gateway (client key `gw-key`, no provider retries) before one recording upstream,
+    reachable as `gateway.upstream`. Each provider is named `family.label` and given as its model
+    and any other profile keys; its base URL points at the upstream, its api_key is
+    `{key}-{family}` unless given, and `shared` keys go into every profile. `hints` routes each
+    hint to a provider's own model; the first provider is the active one."""
+    with RecordingUpstream() as upstream:
+        def profile(name: str, keys: dict) -> dict:
+            family = name.split(".")[0]
+            base = f"{upstream.url}/v1" if family == "openai" else upstream.url
+            return {"family": family, "base_url": base, "api_key": f"{key}-{family}", **(shared or {}), **keys}
+
+        config = {
+            "active": next(iter(providers)),
+            "reliability": {"provider_retries": 0, "backoff_ms": 50},
+            "providers": {name: profile(name, keys) for name, keys in providers.items()},
+            "routes": [{"hint": hint, "provider": name, "model": providers[name]["model"]}
+                       for hint, name in hints.items()],
+            **top,
+        }
+        with BackgroundGateway(config, api_keys={"gw-key"}) as gateway:
+            gateway.upstream = upstream
+            yield gateway
+
+
+def fresh_upstream(gateway):
+    """The recording upstream behind a `recording_gateway`, back to the default Answer and with
+    nothing recorded: each test starts from there."""
+    gateway.upstream.answer = Answer()
+    gateway.upstream.seen.clear()
+    return gateway.upstream

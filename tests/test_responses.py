@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from helpers import recording_gateway
 from relayline.adapters.codecs import responses as responses_codec
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.adapters.sim.loopback import BackgroundLoopback, Reply, Seen
@@ -37,32 +38,14 @@ STREAM = pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"
 
 @pytest.fixture(scope="module")
 def gw():
-    with RecordingUpstream() as upstream:
-        config = {
-            "active": "openai.up",
-            "reliability": {"provider_retries": 0},
-            "providers": {
-                "openai.up": {"family": "openai", "base_url": f"{upstream.url}/v1", "api_key": "sk-up-openai",
-                              "model": "gpt-up"},
-                "openai.native": {"family": "openai", "base_url": f"{upstream.url}/v1", "api_key": "sk-up-native",
-                                  "model": "gpt-native", "capabilities": {"responses": True}},
-                "anthropic.up": {"family": "anthropic", "base_url": upstream.url, "api_key": "sk-up-anthropic",
-                                 "model": "claude-up", "max_output_tokens": 2048},
-            },
-            "routes": [{"hint": "openai", "provider": "openai.up", "model": "gpt-up"},
-                       {"hint": "native", "provider": "openai.native", "model": "gpt-native"},
-                       {"hint": "anthropic", "provider": "anthropic.up", "model": "claude-up"}],
-        }
-        with BackgroundGateway(config, api_keys={"gw-key"}) as gateway:
-            gateway.upstream = upstream
-            yield gateway
-
-
-@pytest.fixture
-def upstream(gw):
-    gw.upstream.answer = Answer()
-    gw.upstream.seen.clear()
-    return gw.upstream
+    with recording_gateway(
+        {"openai.up": {"model": "gpt-up"},
+         "openai.native": {"model": "gpt-native", "api_key": "sk-up-native", "capabilities": {"responses": True}},
+         "anthropic.up": {"model": "claude-up", "max_output_tokens": 2048}},
+        {"openai": "openai.up", "native": "openai.native", "anthropic": "anthropic.up"},
+        key="sk-up",
+    ) as gateway:
+        yield gateway
 
 
 def oai(gw, **kwargs) -> openai.OpenAI:

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_wire_properties import bodies
 
+from helpers import fresh_upstream, recording_gateway
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.adapters.sim.recorder import Answer, RecordingUpstream
 
@@ -25,35 +26,14 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "requir
 
 @pytest.fixture(scope="module")
 def gw():
-    with RecordingUpstream() as upstream:
-        def profile(family, model, **extra):
-            base = f"{upstream.url}/v1" if family == "openai" else upstream.url
-            return {"family": family, "base_url": base, "api_key": f"sk-upstream-{family}", "model": model,
-                    "headers": {"x-team": "core"}, **extra}
-
-        config = {
-            "active": "openai.up",
-            "reliability": {"provider_retries": 0, "backoff_ms": 50},
-            "providers": {
-                "openai.up": profile("openai", "gpt-up"),
-                "anthropic.up": profile("anthropic", "claude-up", max_output_tokens=2048),
-                "openai.plain": profile("openai", "gpt-plain", capabilities={"vision": False, "tools": False}),
-                "anthropic.lenient": profile("anthropic", "claude-lenient"),
-            },
-            "routes": [{"hint": "openai", "provider": "openai.up", "model": "gpt-up"},
-                       {"hint": "anthropic", "provider": "anthropic.up", "model": "claude-up"},
-                       {"hint": "plain", "provider": "openai.plain", "model": "gpt-plain"}],
-        }
-        with BackgroundGateway(config, api_keys={"gw-key"}) as gateway:
-            gateway.upstream = upstream
-            yield gateway
-
-
-@pytest.fixture
-def upstream(gw):
-    gw.upstream.answer = Answer()
-    gw.upstream.seen.clear()
-    return gw.upstream
+    with recording_gateway(
+        {"openai.up": {"model": "gpt-up"}, "anthropic.up": {"model": "claude-up", "max_output_tokens": 2048},
+         "openai.plain": {"model": "gpt-plain", "capabilities": {"vision": False, "tools": False}},
+         "anthropic.lenient": {"model": "claude-lenient"}},
+        {"openai": "openai.up", "anthropic": "anthropic.up", "plain": "openai.plain"},
+        shared={"headers": {"x-team": "core"}},
+    ) as gateway:
+        yield gateway
 
 
 def oai(gw, **kwargs) -> openai.OpenAI:
@@ -911,35 +891,21 @@ def dropping():
     """A gateway that drops what an entry cannot honour (`drop_unsupported_params`), before a
     recording upstream: routes `openai`, `anthropic`, `plain` (an openai profile without vision) and
     `anthropic-notools` (an anthropic profile without tools)."""
-    with RecordingUpstream() as upstream:
-        def profile(family, model, **extra):
-            base = f"{upstream.url}/v1" if family == "openai" else upstream.url
-            return {"family": family, "base_url": base, "api_key": f"sk-drop-{family}", "model": model, **extra}
-
-        config = {
-            "active": "openai.up", "gateway": {"drop_unsupported_params": True},
-            "reliability": {"provider_retries": 0, "backoff_ms": 50},
-            "providers": {"openai.up": profile("openai", "gpt-up"), "anthropic.up": profile("anthropic", "claude-up"),
-                          "openai.plain": profile("openai", "gpt-plain", capabilities={"vision": False}),
-                          "anthropic.notools": profile("anthropic", "claude-notools", capabilities={"tools": False}),
-                          "openai.notools": profile("openai", "gpt-notools", capabilities={"tools": False,
-                                                                                           "structured_outputs": False})},
-            "routes": [{"hint": "openai", "provider": "openai.up", "model": "gpt-up"},
-                       {"hint": "anthropic", "provider": "anthropic.up", "model": "claude-up"},
-                       {"hint": "plain", "provider": "openai.plain", "model": "gpt-plain"},
-                       {"hint": "anthropic-notools", "provider": "anthropic.notools", "model": "claude-notools"},
-                       {"hint": "openai-notools", "provider": "openai.notools", "model": "gpt-notools"}],
-        }
-        with BackgroundGateway(config, api_keys={"gw-key"}) as gateway:
-            gateway.upstream = upstream
-            yield gateway
+    with recording_gateway(
+        {"openai.up": {"model": "gpt-up"}, "anthropic.up": {"model": "claude-up"},
+         "openai.plain": {"model": "gpt-plain", "capabilities": {"vision": False}},
+         "anthropic.notools": {"model": "claude-notools", "capabilities": {"tools": False}},
+         "openai.notools": {"model": "gpt-notools", "capabilities": {"tools": False, "structured_outputs": False}}},
+        {"openai": "openai.up", "anthropic": "anthropic.up", "plain": "openai.plain",
+         "anthropic-notools": "anthropic.notools", "openai-notools": "openai.notools"},
+        key="sk-drop", gateway={"drop_unsupported_params": True},
+    ) as gateway:
+        yield gateway
 
 
 @pytest.fixture
 def dropped_to(dropping):
-    dropping.upstream.answer = Answer()
-    dropping.upstream.seen.clear()
-    return dropping.upstream
+    return fresh_upstream(dropping)
 
 
 CACHED = {"type": "ephemeral"}

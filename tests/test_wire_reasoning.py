@@ -10,8 +10,8 @@ import anthropic
 import openai
 import pytest
 
-from relayline.adapters.sim.background import BackgroundGateway
-from relayline.adapters.sim.recorder import Answer, RecordingUpstream
+from helpers import recording_gateway
+from relayline.adapters.sim.recorder import Answer
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
            "additionalProperties": False}
@@ -22,37 +22,15 @@ STREAM = pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 
 @pytest.fixture(scope="module")
 def gw():
-    with RecordingUpstream() as upstream:
-        def profile(family, model, **extra):
-            base = f"{upstream.url}/v1" if family == "openai" else upstream.url
-            return {"family": family, "base_url": base, "api_key": f"sk-upstream-{family}", "model": model, **extra}
-
-        config = {
-            "active": "openai.up",
-            "reliability": {"provider_retries": 0, "backoff_ms": 50},
-            "providers": {
-                "openai.up": profile("openai", "gpt-up"),
-                "anthropic.up": profile("anthropic", "claude-up"),
-                "anthropic.plain": profile("anthropic", "claude-plain", capabilities={"structured_outputs": False}),
-                "openai.plain": profile("openai", "gpt-plain", capabilities={"structured_outputs": False}),
-                "anthropic.whole": profile("anthropic", "claude-whole", capabilities={"streaming": False}),
-            },
-            "routes": [{"hint": "openai", "provider": "openai.up", "model": "gpt-up"},
-                       {"hint": "anthropic", "provider": "anthropic.up", "model": "claude-up"},
-                       {"hint": "anthropic-plain", "provider": "anthropic.plain", "model": "claude-plain"},
-                       {"hint": "openai-plain", "provider": "openai.plain", "model": "gpt-plain"},
-                       {"hint": "anthropic-whole", "provider": "anthropic.whole", "model": "claude-whole"}],
-        }
-        with BackgroundGateway(config, api_keys={"gw-key"}) as gateway:
-            gateway.upstream = upstream
-            yield gateway
-
-
-@pytest.fixture
-def upstream(gw):
-    gw.upstream.answer = Answer()
-    gw.upstream.seen.clear()
-    return gw.upstream
+    with recording_gateway(
+        {"openai.up": {"model": "gpt-up"}, "anthropic.up": {"model": "claude-up"},
+         "anthropic.plain": {"model": "claude-plain", "capabilities": {"structured_outputs": False}},
+         "openai.plain": {"model": "gpt-plain", "capabilities": {"structured_outputs": False}},
+         "anthropic.whole": {"model": "claude-whole", "capabilities": {"streaming": False}}},
+        {"openai": "openai.up", "anthropic": "anthropic.up", "anthropic-plain": "anthropic.plain",
+         "openai-plain": "openai.plain", "anthropic-whole": "anthropic.whole"},
+    ) as gateway:
+        yield gateway
 
 
 def openai_message(gw, stream: bool, **kwargs) -> dict:
