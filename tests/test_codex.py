@@ -51,10 +51,8 @@ class ScriptedUpstream(BackgroundLoopback):
 
     def __init__(self) -> None:
         super().__init__(self._answer)
-        self.seen: list[Seen] = []
 
     def _answer(self, seen: Seen) -> Reply:
-        self.seen.append(seen)
         body = seen.body or {}
         anthropic = seen.path.endswith("/v1/messages")
         if _answered(body, anthropic):

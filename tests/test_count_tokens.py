@@ -24,10 +24,8 @@ class CountingUpstream(BackgroundLoopback):
 
     def __init__(self) -> None:
         super().__init__(self._answer)
-        self.seen: list[Seen] = []
 
     def _answer(self, seen: Seen) -> Reply:
-        self.seen.append(seen)
         if seen.path.startswith("/down/"):
             return Reply(status=529, headers=JSON, pieces=(
                 b'{"type": "error", "error": {"type": "overloaded_error", "message": "overloaded"}}',))

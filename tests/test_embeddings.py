@@ -35,10 +35,8 @@ class EmbeddingsUpstream(BackgroundLoopback):
 
     def __init__(self) -> None:
         super().__init__(self._answer)
-        self.seen: list[Seen] = []
 
     def _answer(self, seen: Seen) -> Reply:
-        self.seen.append(seen)
         if seen.path.startswith("/down/"):
             return Reply(status=503, headers=JSON, pieces=(b'{"error": {"message": "overloaded"}}',))
         body = seen.body or {}

@@ -281,10 +281,8 @@ class Scripted(BackgroundLoopback):
 
     def __init__(self) -> None:
         super().__init__(self._answer)
-        self.seen: list[Seen] = []
 
     def _answer(self, seen: Seen) -> Reply:
-        self.seen.append(seen)
         body = seen.body or {}
         stream, model = bool(body.get("stream")), body.get("model", "")
         if seen.path.startswith("/down/"):

@@ -182,5 +182,10 @@ class BackgroundLoopback(BackgroundTrio):
     def url(self) -> str:
         return self.server.url
 
+    @property
+    def seen(self) -> list[Seen]:
+        """Every request the server has read, in order; a caller may clear it between checks."""
+        return self.server.seen
+
     async def _serve(self, nursery: trio.Nursery) -> None:
         await self.server.start(nursery)

@@ -196,10 +196,8 @@ class RecordingUpstream(BackgroundLoopback):
         super().__init__(self._answer)
         self.answer = Answer()
         self.script = script
-        self.seen: list[Seen] = []
 
     def _answer(self, seen: Seen) -> Reply:
-        self.seen.append(seen)
         answer = self.script(seen) if self.script is not None else self.answer
         family = family_of(seen)
         responses = seen.path.partition("?")[0].endswith("/responses")
