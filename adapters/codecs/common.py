@@ -1,13 +1,16 @@
 """What every codec shares: the error each turn failure is, in each dialect's words, the tool
 call ids an answer gives its client, a provider's classified failure, the client headers that
-may travel upstream, and `data:` URLs."""
+may travel upstream, `data:` URLs, and the usage an OpenAI-family reply reports."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
+from relayline.machines import wire as w
 from relayline.machines.classify import Failure
+from relayline.machines.ledger import Usage
 from relayline.machines.turn import TurnResult
 
 
@@ -23,6 +26,25 @@ def client_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str],
     """The client request headers that may travel upstream (the gateway decodes only the names
     some entry may be sent: `TRAVELLING` and the profiles' `forward_headers`), names lowercase."""
     return tuple([(k.lower(), v) for k, v in headers])
+
+
+def openai_reply_usage(raw: Any, param: str = "usage", counts: tuple[str, str] = ("prompt", "completion")
+                       ) -> Usage | None:
+    """The canonical usage of an OpenAI-family usage object, or None when the reply had none.
+    `counts` names its two counts, `{input}_tokens` and `{output}_tokens`, each with its
+    `_details`: prompt/completion in Chat Completions, input/output in the Responses API."""
+    if raw is None:
+        return None
+    into, out = counts
+    raw = w.want_dict(raw, param)
+    details = w.optional(raw, f"{into}_tokens_details", w.want_dict, param) or {}
+    cached = w.optional(details, "cached_tokens", w.want_int, w.path(param, f"{into}_tokens_details")) or 0
+    out_details = w.optional(raw, f"{out}_tokens_details", w.want_dict, param) or {}
+    reasoning = w.optional(out_details, "reasoning_tokens", w.want_int, w.path(param, f"{out}_tokens_details")) or 0
+    prompt = w.optional(raw, f"{into}_tokens", w.want_int, param) or 0
+    # the input count already includes the cached tokens: kept apart so they are not billed twice
+    return Usage(max(prompt - cached, 0), w.optional(raw, f"{out}_tokens", w.want_int, param) or 0, cached,
+                 0, reasoning)
 
 
 def data_url(url: str) -> tuple[str, str] | None:

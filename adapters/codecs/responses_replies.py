@@ -20,7 +20,7 @@ from relayline.machines.turn import Completion
 
 from .. import jsoncodec
 from ..sse import SSEEvent
-from .common import ProviderFailure
+from .common import ProviderFailure, openai_reply_usage
 
 # a reasoning frame's ref that is a Responses provider's encrypted content (an Anthropic thinking
 # block's signature rides the same ref bare)
@@ -30,18 +30,8 @@ ENCRYPTED = "encrypted:"
 INCOMPLETE = {"max_output_tokens": w.LENGTH, "content_filter": w.CONTENT_FILTER}
 
 
-def usage(raw: Any, param: str = "usage") -> Usage | None:
-    if raw is None:
-        return None
-    raw = w.want_dict(raw, param)
-    details = w.optional(raw, "input_tokens_details", w.want_dict, param) or {}
-    cached = w.optional(details, "cached_tokens", w.want_int, w.path(param, "input_tokens_details")) or 0
-    out_details = w.optional(raw, "output_tokens_details", w.want_dict, param) or {}
-    reasoning = w.optional(out_details, "reasoning_tokens", w.want_int, w.path(param, "output_tokens_details")) or 0
-    prompt = w.optional(raw, "input_tokens", w.want_int, param) or 0
-    # input_tokens already counts cached tokens: kept apart so they are not billed twice
-    return Usage(max(prompt - cached, 0), w.optional(raw, "output_tokens", w.want_int, param) or 0, cached,
-                 0, reasoning)
+def _usage(raw: Any, param: str = "usage") -> Usage | None:
+    return openai_reply_usage(raw, param, ("input", "output"))
 
 
 def _failure(error: Any) -> ProviderFailure:
@@ -80,7 +70,7 @@ def parse_response(body: dict) -> Completion:
             arguments.append(w.want_str(item.get("arguments", ""), w.path(where, "arguments")))
             ids.append(w.want_str(item.get("call_id"), w.path(where, "call_id")))
     finish = w.CONTENT_FILTER if refused else _finish(body, len(names))
-    return Completion("".join(text), "\n".join(reasoning), tuple(names), usage(body.get("usage")) or Usage(),
+    return Completion("".join(text), "\n".join(reasoning), tuple(names), _usage(body.get("usage")) or Usage(),
                       tuple(arguments), tuple(ids), finish, blocks=tuple(output))
 
 
@@ -128,7 +118,7 @@ class ResponsesStreamParser:
             response = w.want_dict(obj.get("response"), "response")
             self.finished = self.done = True
             finish = w.CONTENT_FILTER if self.refused else _finish(response, len(self.calls))
-            return [Frame(USAGE, usage=usage(response.get("usage"), "response.usage") or Usage()),
+            return [Frame(USAGE, usage=_usage(response.get("usage"), "response.usage") or Usage()),
                     Frame(FINISH, finish)]
         if kind in ("response.failed", "error"):
             response = obj.get("response")

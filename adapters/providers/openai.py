@@ -33,7 +33,7 @@ from relayline.machines.turn import Completion
 
 from .. import jsoncodec
 from ..codecs import embeddings, responses_replies
-from ..codecs.common import data_url
+from ..codecs.common import data_url, openai_reply_usage
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure, client_headers
 from .http import FixedHeads, HttpProvider, json_frame
@@ -400,20 +400,6 @@ def render_request(request: w.Request, model: str, stream: bool) -> dict:
 # -- replies --------------------------------------------------------------------------------------
 
 
-def _usage(raw, param: str = "usage") -> Usage | None:
-    if raw is None:
-        return None
-    raw = w.want_dict(raw, param)
-    details = w.optional(raw, "prompt_tokens_details", w.want_dict, param) or {}
-    cached = w.optional(details, "cached_tokens", w.want_int, w.path(param, "prompt_tokens_details")) or 0
-    out_details = w.optional(raw, "completion_tokens_details", w.want_dict, param) or {}
-    reasoning = w.optional(out_details, "reasoning_tokens", w.want_int, w.path(param, "completion_tokens_details")) or 0
-    prompt = w.optional(raw, "prompt_tokens", w.want_int, param) or 0
-    # prompt_tokens already counts cached tokens: keep them apart so they are not billed twice
-    return Usage(max(prompt - cached, 0), w.optional(raw, "completion_tokens", w.want_int, param) or 0, cached,
-                 0, reasoning)
-
-
 def _reasoning(message: dict, param: str) -> str:
     value = message.get("reasoning_content")
     if value is None:
@@ -497,7 +483,7 @@ def _walk_completion(body: dict) -> Completion:
         _raise_error(body["error"])
     choices = w.want_list(body.get("choices"), "choices")
     if not choices:
-        return Completion(usage=_usage(body.get("usage")) or Usage())
+        return Completion(usage=openai_reply_usage(body.get("usage")) or Usage())
     choice = w.want_dict(choices[0], "choices[0]")
     message = w.want_dict(choice.get("message"), "choices[0].message")
     calls = w.optional(message, "tool_calls", w.want_list, "choices[0].message") or []
@@ -517,7 +503,7 @@ def _walk_completion(body: dict) -> Completion:
         # on_refusal and both dialects know one (finish_reason stop said nothing of it)
         text, finish = text + refusal, w.CONTENT_FILTER
     return Completion(text, _reasoning(message, "choices[0].message"), tuple(names),
-                      _usage(body.get("usage")), tuple(arguments), tuple(ids), finish,
+                      openai_reply_usage(body.get("usage")), tuple(arguments), tuple(ids), finish,
                       logprobs=w.optional(choice, "logprobs", w.want_dict, "choices[0]"),
                       annotations=tuple(w.optional(message, "annotations", w.want_list, "choices[0].message") or ()))
 
@@ -619,7 +605,7 @@ class OpenAIStreamParser:
             if finish:
                 self.finished = True
                 frames.append(Frame(FINISH, w.CONTENT_FILTER if self.refused else finish))
-        usage = _usage(obj.get("usage"))
+        usage = openai_reply_usage(obj.get("usage"))
         if usage is not None:
             frames.append(Frame(USAGE, usage=usage))
         return frames
