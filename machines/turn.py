@@ -379,7 +379,10 @@ class Turn:
     def _record(self, outcome: Outcome | FailureClass | StreamOutcome, now: float, *,
                 reason: FailureClass | StreamOutcome | None = None, detail: str = "",
                 usage: Usage | None = None, accepted: bool = False, bill: bool = True,
-                failure: fc.Failure | None = None, estimated: bool = False) -> None:
+                failure: fc.Failure | None = None, shown: bool = False, answer: Completion | None = None) -> None:
+        """One attempt, and its ledger row when it was billed. `shown`: the provider billed what
+        the consumer saw (or the answer it gave): when it reported no usage, the row is billed at
+        relayline's estimate (`_estimated_usage`) and marked so."""
         call = self.call
         assert call is not None, "no call is pending"
         if outcome != fc.OK:
@@ -388,6 +391,9 @@ class Turn:
         self.spent[entry.index] = self.spent.get(entry.index, 0) + 1
         self.attempts.append(AttemptRecord(entry.profile, entry.model, call.mode, outcome, reason,
                                            self.call_at, call.key_index, call.try_number, call.budget, detail, now))
+        estimated = shown and usage is None
+        if estimated:
+            usage, bill = self._estimated_usage(answer), True
         if usage is not None and (bill or usage.billable):
             self.ledger.append(row(entry.profile, entry.model, entry.price, usage,
                                    accepted=accepted, outcome=outcome, mode=call.mode, estimated=estimated))
@@ -468,9 +474,8 @@ class Turn:
         # a token count is no completion: the provider bills nothing for it, nor does the ledger;
         # an answer the provider billed but did not count is billed at relayline's estimate
         counted = result.input_count is not None
-        estimate = result.usage is None and not counted
-        self._record(fc.OK, now, usage=self._estimated_usage(result) if estimate else usage, accepted=True,
-                     bill=not counted, estimated=estimate)
+        self._record(fc.OK, now, usage=usage if counted else result.usage, accepted=True, bill=not counted,
+                     shown=not counted, answer=result)
         self.answer = result
         walk = self.walk
         assert walk is not None, "no walk is running"
@@ -538,9 +543,7 @@ class Turn:
         answered = answer.has_answer if self.life.state == _CONTINUING else ended == StreamState.COMPLETED
         if answered or refused_early:
             # output shown, no usage counted: billed at relayline's estimate, as a cut stream is
-            estimate = answered and gate.usage is None
-            self._record(fc.OK, now, usage=self._estimated_usage() if estimate else usage, accepted=True,
-                         estimated=estimate)
+            self._record(fc.OK, now, usage=gate.usage if answered else usage, accepted=True, shown=answered)
             self.answer = answer
             if self.life.state == _STREAMING:
                 self.life.fire(_COMMIT)  # a refusal with nothing to show is still the answer
@@ -569,12 +572,10 @@ class Turn:
         if failure.kind == fc.REFUSED and not forwarded:
             self._refused(failure, now, usage=gate.usage)
         else:
-            estimate = shown and not continuing and gate.usage is None
             self._record(StreamOutcome.INTERRUPTED if shown else StreamOutcome.STREAM_FAILED, now,
                          reason=failure.kind, detail=f"continuation: {failure.detail}" if continuing else failure.detail,
-                         usage=self._estimated_usage() if estimate else gate.usage,
-                         bill=forwarded and not (continuing and shown), failure=None if forwarded else failure,
-                         estimated=estimate)
+                         usage=gate.usage, bill=forwarded and not (continuing and shown),
+                         failure=None if forwarded else failure, shown=shown and not continuing)
         return self._failed(self._call().entry, failure, now)
 
     def _failed(self, entry: PlannedEntry, failure: fc.Failure, now: float) -> Action:
@@ -663,12 +664,11 @@ class Turn:
         if self.call is not None:
             usage = self.gate.usage if self.gate is not None else None
             # output already forwarded was billed by the provider, usage or not: a row all the same
-            estimate = (self.call.mode == _STREAM and self.gate is not None and self.gate.committed
-                        and usage is None)
+            shown = self.call.mode == _STREAM and self.gate is not None and self.gate.committed
             if self.gate is not None and not self.gate.life.terminal:
                 self.gate.cancel()
             self._record(StreamOutcome.CANCELLED, now, reason=StreamOutcome.CANCELLED, detail="cancelled by the consumer",
-                         usage=self._estimated_usage() if estimate else usage, bill=estimate, estimated=estimate)
+                         usage=usage, bill=False, shown=shown)
             self.call = None
         if self.walk is not None:
             self.walk.cancel()
@@ -696,11 +696,10 @@ class Turn:
                 usage = gate.usage
                 if not gate.life.terminal:
                     gate.fail()
-            estimate = committed and usage is None and self.call.mode == Mode.STREAM
+            shown = committed and self.call.mode == Mode.STREAM
             self._record(StreamOutcome.INTERRUPTED if committed else FailureClass.TIMEOUT, now,
                          reason=FailureClass.TIMEOUT, detail=detail,
-                         usage=self._estimated_usage() if estimate else usage or (Usage() if committed else None),
-                         bill=committed, estimated=estimate)
+                         usage=usage if shown else usage or (Usage() if committed else None), bill=committed, shown=shown)
             self.call = None
         if self.walk is not None and not self.walk.life.terminal:
             self.walk.cancel()  # the walk ends without a verdict: nothing more is attempted
