@@ -176,21 +176,21 @@ class Refusal:
         return "budget_exceeded" if self.limit == "budget" else "rate_limit_exceeded"
 
 
-def judge(limits: ScopeLimits, requests: Sequence[float], tokens: Sequence[tuple[float, int]], spend: float,
-          estimate: int, now: float) -> Refusal | None:
+def judge(limits: ScopeLimits, entries: Sequence[tuple[float, int]], spend: float, estimate: int,
+          now: float) -> Refusal | None:
     """Whether one scope admits a request estimated at `estimate` tokens at `now`: its window's
-    request times and (time, tokens), oldest first, and its spend in the current period."""
+    (time, tokens) per request, oldest first, and its spend in the current period."""
     if limits.budget_usd is not None and spend >= limits.budget_usd:
         return Refusal("budget", limits, period_end(now, limits.budget_period) - now,
                        f"the {limits.scope} {limits.name!r} has spent its budget of ${limits.budget_usd:g} "
                        f"for this {limits.budget_period} (UTC)")
     if limits.rpm is not None:
-        wait = window_wait(((at, 1) for at in requests), now, limits.rpm, 1)
+        wait = window_wait(((at, 1) for at, _ in entries), now, limits.rpm, 1)
         if wait:
             return Refusal("rpm", limits, wait, f"the {limits.scope} {limits.name!r} is over its limit of "
                                                 f"{limits.rpm} requests per minute")
     if limits.tpm is not None:
-        wait = window_wait(tokens, now, limits.tpm, estimate)
+        wait = window_wait(entries, now, limits.tpm, estimate)
         if wait is None:
             return Refusal("tpm", limits, None, f"the request (about {estimate} tokens with its max output) "
                                                 f"is larger than the {limits.scope} {limits.name!r}'s limit of "

@@ -120,5 +120,5 @@ def test_a_period_holds_its_instant_and_the_next_starts_where_it_ends(wall, peri
 
 def test_a_spent_budget_waits_for_the_period_and_outranks_the_windows():
     scope = ScopeLimits("key", "k", rpm=1, budget_usd=1.0, budget_period="month")
-    refusal = judge(scope, [NOON - 1], [], 1.0, 5, NOON)
+    refusal = judge(scope, [(NOON - 1, 0)], 1.0, 5, NOON)
     assert refusal.code == "budget_exceeded" and refusal.retry_after_s == period_end(NOON, "month") - NOON

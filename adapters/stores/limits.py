@@ -107,8 +107,8 @@ class MemoryLimits:
         for scope, window in zip(scopes, windows, strict=True):
             window.prune(now)
             spend = self._spend.get(spend_key(scope, now), 0.0)
-            refusal = judge(scope, [e[0] for e in window.entries], [(e[0], e[2]) for e in window.entries], spend,
-                            estimate, now) if _over(scope, window, spend, estimate) else None
+            refusal = judge(scope, [(e[0], e[2]) for e in window.entries], spend, estimate,
+                            now) if _over(scope, window, spend, estimate) else None
             if refusal is not None:
                 return refusal, None, []
         ticket = Ticket(f"m{next(self._ids)}", tuple(scopes), estimate)
@@ -278,7 +278,7 @@ class RedisLimits:
             scope = scopes[int(reply[2]) - 1]
             values = reply[4:]
             entries = [(float(values[j]), int(float(values[j + 1]))) for j in range(0, len(values), 2)]
-            refusal = judge(scope, [at for at, _ in entries], entries, float(reply[3]), estimate, now)
+            refusal = judge(scope, entries, float(reply[3]), estimate, now)
             return refusal or _store_race(scope), None, []
         standings = []
         for j, scope in enumerate(scopes):
