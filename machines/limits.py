@@ -60,7 +60,8 @@ def _part(limit: int | None, workers: int) -> int | None:
     return None if limit is None else max(1, limit // workers)
 
 
-def _of(scope: str, item: GatewayKey | GatewayTeam) -> ScopeLimits:
+def limits_of(scope: str, item: GatewayKey | GatewayTeam) -> ScopeLimits:
+    """A configured key's or team's limits as admission counts them."""
     return ScopeLimits(scope, item.name, item.rpm, item.tpm, item.budget_usd, item.budget_period)
 
 
@@ -71,10 +72,10 @@ def scopes_of(gateway: Gateway, key_name: str) -> tuple[ScopeLimits, ...]:
     key = next((k for k in gateway.keys if k.name == key_name), None)
     if key is None:
         return ()
-    found = [_of("key", key)]
+    found = [limits_of("key", key)]
     team = next((t for t in gateway.teams if t.name == key.team), None)
     if team is not None:
-        found.append(_of("team", team))
+        found.append(limits_of("team", team))
     return tuple(s for s in found if s.limited)
 
 

@@ -27,6 +27,7 @@ from relayline.machines.limits import (
     ScopeLimits,
     Standing,
     estimate_tokens,
+    limits_of,
     period_start,
     scopes_of,
 )
@@ -227,7 +228,7 @@ class Limiter:
         them (None: not seen since this process started), for the console and the metrics."""
         out = []
         for scope, item in [*(("key", k) for k in config.gateway.keys), *(("team", t) for t in config.gateway.teams)]:
-            limits = ScopeLimits(scope, item.name, item.rpm, item.tpm, item.budget_usd, item.budget_period)
+            limits = limits_of(scope, item)
             if not limits.limited:
                 continue
             seen = self.standings.get(limits.id)
