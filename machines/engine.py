@@ -574,24 +574,13 @@ class Lifecycle:
         self-transition is an entry only when the spec marks it `reenter` (a key pool's next key
         is a new call): a late result that leaves an open breaker open does not open it again."""
         before = self.state
-        candidates = self.spec.moves[before].get(trigger)
-        if candidates is None:
-            return self.fire(trigger, model)  # (raises, saying so)
-        for dest, guards, unless, fired, i in candidates:  # `fire`, inline: a walk steps twice a turn
-            if (guards or unless) and not _passes(guards, unless, model):
-                continue
-            self.state = dest
-            history = self.history
-            history.append(dest)
-            if len(history) > self.history_limit:
-                del history[0]
-            fired[i] += 1
-            result = None
-            if dest != before or (before, trigger) in self.spec.reentering:
-                for action in bound[dest]:
-                    result = action(model)
-            return result
-        return self.fire(trigger, model)  # (every candidate blocked: raises, saying so)
+        self.fire(trigger, model)
+        dest = self.state
+        result = None
+        if dest != before or (before, trigger) in self.spec.reentering:
+            for action in bound[dest]:
+                result = action(model)
+        return result
 
     def decision(self, failure: str, model: Any) -> Decision:
         """The row of the spec's decision table for `failure` in the situations that `model`
