@@ -17,6 +17,7 @@ import math
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -136,6 +137,17 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 REQUEST_TIMEOUT_S = 60.0
+
+
+def per_call_us(fn, n: int, repeats: int = 5) -> float:
+    """Median over `repeats` runs of the mean time per call, in microseconds."""
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - start) / n * 1e6)
+    return statistics.median(samples)
 
 
 def percentile(values: list[float], q: float) -> float:

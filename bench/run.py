@@ -42,6 +42,7 @@ import floor  # noqa: E402  (bench/floor.py: the HTTP server floor, hypercorn be
 import gateway_cpu  # noqa: E402  (bench/gateway_cpu.py: the gateway's own path, each lever off in turn)
 import ops  # noqa: E402  (bench/ops.py: what the access line and metrics cost per request)
 import workers  # noqa: E402  (bench/workers.py: --workers 2 against one worker, and the ceiling)
+from common import per_call_us  # noqa: E402
 from hosts import bench_hosts, print_hosts  # noqa: E402  (bench/hosts.py: the library from each host)
 
 from relayline.adapters import Relay
@@ -59,17 +60,6 @@ CONFIG = structure_config({
         "b": {"family": "sim", "model": "n1"},
     },
 })
-
-
-def per_call_us(fn, n: int, repeats: int = 5) -> float:
-    """Median over `repeats` runs of the mean time per call, in microseconds."""
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        samples.append((time.perf_counter() - start) / n * 1e6)
-    return statistics.median(samples)
 
 
 def bench_engine() -> dict:

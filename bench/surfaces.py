@@ -35,19 +35,13 @@ from relayline.adapters.sim.recorder import JSON, SSE, Answer, openai_reply
 from relayline.machines.stream import Event, EventKind
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import per_call_us  # noqa: E402
+
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}}
 HISTORY = [{"role": "user", "content": f"question {i}"} if i % 2 == 0 else {"role": "assistant", "content": f"answer {i}"}
            for i in range(9)]
-
-
-def per_call_us(fn, n: int, repeats: int = 5) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        samples.append((time.perf_counter() - start) / n * 1e6)
-    return statistics.median(samples)
 
 
 def bench_codecs(n: int) -> dict:
