@@ -1,5 +1,7 @@
 """Small builders shared by tests."""
 
+import socket
+from collections.abc import Iterable
 from contextlib import contextmanager
 
 import trio
@@ -40,6 +42,21 @@ def loopback_config(primary: str, backup: str | None = None, **sections) -> dict
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}
     return base
+
+
+def raw_post(url: str, path: str, body: bytes, headers: Iterable[tuple[str, str]] = ()) -> bytes:
+    """One JSON POST to a gateway at `url` over its own socket, `connection: close`: every byte
+    of the answer, head included, as the server wrote them (headers an HTTP client would refuse
+    or merge are sent as given)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers)
+    with socket.create_connection((host, int(port)), timeout=20) as client:
+        client.sendall(f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n{head}"
+                       f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    return answer
 
 
 async def asgi_post(app, path: str, body: bytes, headers=(), on_send=None, bound: float = 10

@@ -5,7 +5,6 @@ raw sockets."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import httpx
 import pytest
 from fleet import ServeProcess
 
+from helpers import raw_post
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.machines.config import parse_config
 
@@ -76,17 +76,11 @@ def gateway():
         yield gw
 
 
+BODY = b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}'
+
+
 def _raw(gw, path: str, headers: list[tuple[str, str]]) -> bytes:
-    host, port = gw.url.removeprefix("http://").rsplit(":", 1)
-    body = b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}'
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers)
-    with socket.create_connection((host, int(port)), timeout=20) as client:
-        client.sendall(f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n{head}"
-                       f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
-        answer = b""
-        while chunk := client.recv(65536):
-            answer += chunk
-    return answer
+    return raw_post(gw.url, path, BODY, headers)
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])

@@ -16,6 +16,7 @@ import pytest
 import trio
 from fleet import ServeProcess, Upstream, fleet_config
 
+from helpers import raw_post
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway
 from relayline.adapters.gateway.reload import Reloader
@@ -270,17 +271,10 @@ def test_workers_on_one_sqlite_ledger_commit_each_turns_row_before_its_answer_en
     config = tmp_path / "locked.toml"
     config.write_text(fleet_config(upstream, extra=f'[ledger]\npath = "{path}"'))
     with ServeProcess(config, "--workers", "3") as gateway:
-        host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
 
         def turn(stream: bool, dialect: str) -> bytes:
             body = json.dumps({"model": "model-a", "stream": stream, "max_tokens": 16, "messages": HI}).encode()
-            with socket.create_connection((host, int(port)), timeout=20) as client:
-                client.sendall(f"POST {dialect} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\ncontent-type: "
-                               f"application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
-                answer = b""
-                while chunk := client.recv(65536):
-                    answer += chunk
-            return answer
+            return raw_post(gateway.url, dialect, body)
 
         assert turn(False, "/v1/chat/completions").startswith(b"HTTP/1.1 200")  # (the file is made)
         stop, held = threading.Event(), []
