@@ -15,6 +15,7 @@ rules as the config (a string is not a number) for embedders who build requests 
 
 from __future__ import annotations
 
+import functools
 import json
 import typing
 from collections.abc import Callable, Collection, Mapping
@@ -86,6 +87,12 @@ class ToolCall:
     name: str
     arguments: str = "{}"  # JSON text, as the provider sent it
     cache_control: Mapping[str, Any] | None = None  # (an Anthropic tool_use block's)
+
+    @functools.cached_property
+    def as_object(self) -> dict[str, Any] | None:
+        """The arguments as the JSON object they must be (`json_object`), parsed once: each
+        entry's fit check and the Anthropic render read them for every attempt."""
+        return json_object(self.arguments)
 
 
 @attrs.frozen
@@ -310,7 +317,7 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
         if request.reasoning is not None and (request.reasoning.as_budget() is None or (
                 request.max_tokens is not None and request.max_tokens <= MIN_BUDGET)):
             names.append("reasoning_effort")  # (a limit that leaves no room for the least budget)
-        if any(json_object(c.arguments) is None for m in request.messages for c in m.tool_calls):
+        if any(c.as_object is None for m in request.messages for c in m.tool_calls):
             names.append("messages.tool_calls.function.arguments")
         if request.temperature is not None and request.temperature > ANTHROPIC_MAX_TEMPERATURE:
             names.append("temperature")  # OpenAI's reaches 2; Anthropic refuses one above 1

@@ -346,7 +346,7 @@ def _message_blocks(message: w.Message) -> list[dict]:
     """A user, assistant or system message's blocks. A caching hint on the whole message (an
     OpenAI client's) goes on its last block: Anthropic caches the prefix up to a marked block."""
     blocks = _blocks(message.content) + [
-        _cached({"type": "tool_use", "id": c.id, "name": c.name, "input": w.json_object(c.arguments) or {}},
+        _cached({"type": "tool_use", "id": c.id, "name": c.name, "input": c.as_object or {}},
                 c.cache_control) for c in message.tool_calls]
     blocks = blocks or [{"type": "text", "text": ""}]
     if message.cache_control is not None and "cache_control" not in blocks[-1]:
