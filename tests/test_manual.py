@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from browser import Chromium, find_chromium
 
 from relayline.machines.engine import SPEC_NAMES
 
@@ -78,3 +79,24 @@ def test_the_behaviour_reference_names_every_scenario():
     files = {p.name for p in (ROOT / "tests" / "scenarios").glob("*.toml")}
     assert files - named == set(), "scenarios the behaviour reference does not name"
     assert named - files == set(), "the behaviour reference names scenarios that do not exist"
+
+
+def test_the_diagrams_render_offline_in_a_real_browser(tmp_path):
+    """The manual's diagrams are drawn by the Mermaid it ships, not one fetched from a CDN: a
+    reader without network (or behind a strict proxy) sees every lifecycle drawn, and opening a
+    page asks nothing of any host (no fonts either)."""
+    if find_chromium() is None:
+        pytest.skip("no chromium on PATH: install chromium (`make test` does, as root with apt-get)")
+    site = tmp_path / "site"
+    done = build(ROOT, site)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # Material draws each diagram in a closed shadow root: a drawn one has a height
+    drawn = ("[...document.querySelectorAll('div.mermaid')]"
+             ".filter(d => d.getBoundingClientRect().height > 40).length")
+    with Chromium(tmp_path) as browser:
+        page = browser.page()
+        page.navigate((site / "concepts" / "index.html").as_uri())
+        page.wait_for(f"{drawn} === {len(SPEC_NAMES)}", timeout=30)
+        fetched = [event["params"]["request"]["url"] for event in page.events
+                   if event.get("method") == "Network.requestWillBeSent"]
+    assert fetched and all(url.startswith(("file://", "data:")) for url in fetched), fetched
