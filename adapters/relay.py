@@ -43,6 +43,7 @@ from relayline.machines.plan import HINT_PREFIX, Plan, build_router, model_offer
 from relayline.machines.stream import Event
 from relayline.machines.turn import Turn, TurnResult
 
+from .codecs import shape
 from .codecs.embeddings import parse_request as parse_embeddings
 from .configfile import load_config_file
 from .driver import DISCARD, Sink, TurnRun
@@ -373,7 +374,7 @@ class Relay:
     ) -> TurnRun:
         """A turn planned and ready to run (`TurnRun.run`); its result goes to `_observe`."""
         request = wire_request(messages, tools, params)
-        wire.check_model(model)  # it reaches headers, logs and the ledger: printable and bounded
+        shape.check_model(model)  # it reaches headers, logs and the ledger: printable and bounded
         if model is not None and (not gateway or self.config.gateway.unknown_models == "default"):
             self._note_model(model, gateway)
         # the turn's text is read only by effort routing (a plan without it is kept: `Router.plans`)

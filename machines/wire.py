@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import typing
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import attrs
@@ -48,8 +48,6 @@ FINISH_REASONS = (STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER, PAUSE
 # reasoning_effort <-> thinking.budget_tokens (docs/wire.md)
 EFFORT_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384}
 MIN_BUDGET = EFFORT_BUDGETS["low"]  # Anthropic's least thinking budget
-
-MAX_MODEL_CHARS = 256  # a model name reaches headers, logs and the ledger: bounded and printable
 
 
 class WireError(RelaylineError):
@@ -240,17 +238,6 @@ class Request:
         return attrs.evolve(self, messages=messages, passthrough=passthrough)
 
 
-# values that say nothing: a client that sends them asked for nothing another family must honour
-# (the official SDKs echo `refusal: null`, `annotations: []`, `citations: null` back in history)
-NEUTRAL: dict[str, object] = {"presence_penalty": 0, "frequency_penalty": 0, "logprobs": False, "store": False}
-
-
-def extras(fields: Mapping[str, Any], known: Collection[str]) -> list[str]:
-    """The names of `fields` outside `known` that carry something (not null, empty or neutral)."""
-    return [k for k, v in fields.items()
-            if k not in known and v is not None and v != [] and v != {} and not (k in NEUTRAL and v == NEUTRAL[k])]
-
-
 def json_object(text: str) -> dict[str, Any] | None:
     """A tool call's JSON arguments as the object they must be ("" is no arguments); None when
     they are not one (cut short, a list...): an Anthropic `tool_use.input` has no place for them."""
@@ -359,17 +346,6 @@ def finish_reason(reason: str | None, tool_calls: int) -> str:
     return TOOL_CALLS if tool_calls else STOP
 
 
-def check_model(model: object, param: str = "model") -> str | None:
-    """A model name a client may send: a printable string of bounded length (or absent)."""
-    if model is None:
-        return None
-    if not isinstance(model, str):
-        raise WireError(param, f"expected a string, got {describe(model)}")
-    if not model or len(model) > MAX_MODEL_CHARS or not model.isprintable():
-        raise WireError(param, f"must be 1 to {MAX_MODEL_CHARS} printable characters")
-    return model
-
-
 def describe(value: object) -> str:
     """A JSON value's kind in a client's words: null, a string, an object..."""
     return "null" if value is None else "an object" if isinstance(value, dict) else config_describe(value)
@@ -403,69 +379,6 @@ def _as_list(value: object) -> list[Any]:
     if not isinstance(value, list | tuple):
         raise ValueError(f"expected a list, got {describe(value)}")
     return list(value)
-
-
-# -- reading JSON of a known shape ------------------------------------------------------------------
-# Dialect bodies (a client's mistake: a 400 naming `param`) and provider replies (a provider's
-# mistake: a `malformed` failure) are read with the same checks.
-
-MAX_TOKENS = 10**9  # a usage count or a token limit beyond this is not a real number of tokens
-
-
-def path(base: str, key: object) -> str:
-    if isinstance(key, int):
-        return f"{base}[{key}]"
-    return f"{base}.{key}" if base else str(key)
-
-
-def want(value: Any, kind: Any, param: str, label: str) -> Any:
-    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
-        raise WireError(param, f"expected {label}, got {describe(value)}")
-    return value
-
-
-def _kinds(kind: Any) -> tuple[Any, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
-
-
-def want_str(value: object, param: str) -> str:
-    checked: str = want(value, str, param, "a string")
-    return checked
-
-
-def want_list(value: object, param: str) -> list[Any]:
-    checked: list[Any] = want(value, list, param, "a list")
-    return checked
-
-
-def want_dict(value: object, param: str) -> dict[str, Any]:
-    checked: dict[str, Any] = want(value, dict, param, "an object")
-    return checked
-
-
-def want_bool(value: object, param: str) -> bool:
-    checked: bool = want(value, bool, param, "a boolean")
-    return checked
-
-
-def want_int(value: object, param: str, low: int = 0, high: int = MAX_TOKENS) -> int:
-    number: int = want(value, int, param, "an integer")
-    if not low <= number <= high:
-        raise WireError(param, f"must be between {low} and {high}")
-    return number
-
-
-def want_number(value: object, param: str, low: float, high: float) -> float:
-    number: float = want(value, int | float, param, "a number")
-    if not low <= number <= high:
-        raise WireError(param, f"must be between {low:g} and {high:g}")
-    return float(number)
-
-
-def optional(obj: dict[str, Any], key: str, check: Callable[..., Any], base: str = "", *args: Any) -> Any:
-    """obj[key] checked by `check`, or None when absent or null."""
-    value = obj.get(key)
-    return None if value is None else check(value, path(base, key), *args)
 
 
 # an OpenAI file part that names an uploaded file by its id: only OpenAI holds the file

@@ -9,13 +9,26 @@ import json
 import attrs
 import pytest
 
+from relayline.adapters.codecs.shape import (
+    MAX_MODEL_CHARS,
+    check_model,
+    extras,
+    optional,
+    path,
+    want,
+    want_bool,
+    want_dict,
+    want_int,
+    want_list,
+    want_number,
+    want_str,
+)
 from relayline.machines import classify as fc
+from relayline.machines.ledger import MAX_TOKENS
 from relayline.machines.wire import (
     ASSISTANT,
     DOCUMENT,
     IMAGE,
-    MAX_MODEL_CHARS,
-    MAX_TOKENS,
     TEXT,
     USER,
     Message,
@@ -27,20 +40,11 @@ from relayline.machines.wire import (
     Tool,
     ToolChoice,
     WireError,
-    check_model,
     describe,
     droppable,
     finish_reason,
     is_content,
-    optional,
-    path,
     refused,
-    want_bool,
-    want_dict,
-    want_int,
-    want_list,
-    want_number,
-    want_str,
     without,
 )
 
@@ -396,8 +400,6 @@ def test_a_field_named_twice_is_named_once():
 
 
 def test_extras_are_the_unknown_fields_that_carry_something():
-    from relayline.machines.wire import extras
-
     fields = {"model": "m", "seed": 7, "user": None, "tags": [], "meta": {}, "presence_penalty": 0,
               "frequency_penalty": 0.5, "logprobs": False, "store": True, "top_logprobs": 0}
     assert extras(fields, {"model"}) == ["seed", "frequency_penalty", "store", "top_logprobs"]
@@ -429,8 +431,6 @@ def test_an_embedders_request_of_the_wrong_shape_names_the_kind(raw, problem):
 
 
 def test_a_bool_is_a_number_only_where_a_bool_is_also_asked_for():
-    from relayline.machines.wire import want
-
     with pytest.raises(WireError, match="p: expected a number, got a boolean"):
         want(True, (int, float), "p", "a number")
     assert want(True, (bool, int), "p", "a flag or count") is True

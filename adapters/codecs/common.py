@@ -8,10 +8,11 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from relayline.machines import wire as w
 from relayline.machines.classify import Failure
 from relayline.machines.ledger import Usage
 from relayline.machines.turn import TurnResult
+
+from . import shape
 
 
 class ProviderFailure(Exception):
@@ -36,14 +37,14 @@ def openai_reply_usage(raw: Any, param: str = "usage", counts: tuple[str, str] =
     if raw is None:
         return None
     into, out = counts
-    raw = w.want_dict(raw, param)
-    details = w.optional(raw, f"{into}_tokens_details", w.want_dict, param) or {}
-    cached = w.optional(details, "cached_tokens", w.want_int, w.path(param, f"{into}_tokens_details")) or 0
-    out_details = w.optional(raw, f"{out}_tokens_details", w.want_dict, param) or {}
-    reasoning = w.optional(out_details, "reasoning_tokens", w.want_int, w.path(param, f"{out}_tokens_details")) or 0
-    prompt = w.optional(raw, f"{into}_tokens", w.want_int, param) or 0
+    raw = shape.want_dict(raw, param)
+    details = shape.optional(raw, f"{into}_tokens_details", shape.want_dict, param) or {}
+    cached = shape.optional(details, "cached_tokens", shape.want_int, shape.path(param, f"{into}_tokens_details")) or 0
+    out_details = shape.optional(raw, f"{out}_tokens_details", shape.want_dict, param) or {}
+    reasoning = shape.optional(out_details, "reasoning_tokens", shape.want_int, shape.path(param, f"{out}_tokens_details")) or 0
+    prompt = shape.optional(raw, f"{into}_tokens", shape.want_int, param) or 0
     # the input count already includes the cached tokens: kept apart so they are not billed twice
-    return Usage(max(prompt - cached, 0), w.optional(raw, f"{out}_tokens", w.want_int, param) or 0, cached,
+    return Usage(max(prompt - cached, 0), shape.optional(raw, f"{out}_tokens", shape.want_int, param) or 0, cached,
                  0, reasoning)
 
 

@@ -11,16 +11,17 @@ from typing import Any
 from relayline.machines import wire as w
 from relayline.machines.turn import Completion, TurnResult
 
+from . import shape
 from .common import client_headers
 
 
 def parse_request(body: Any, headers: Any = (), query: str = "") -> w.Request:
     """A count_tokens body (a messages body without max_tokens) as a counting request; the
     shape is checked as far as routing needs it, the rest is the provider's to judge."""
-    body = w.want_dict(body, "")
-    if not w.want_list(body.get("messages"), "messages"):
+    body = shape.want_dict(body, "")
+    if not shape.want_list(body.get("messages"), "messages"):
         raise w.WireError("messages", "must not be empty")
-    return w.Request(messages=(), model=w.check_model(body.get("model")), counting=True, source="anthropic",
+    return w.Request(messages=(), model=shape.check_model(body.get("model")), counting=True, source="anthropic",
                      passthrough=w.Passthrough(body, client_headers(headers), query))
 
 
@@ -34,7 +35,7 @@ def is_count(body: dict) -> bool:
 
 
 def parse_reply(body: dict) -> Completion:
-    return Completion(input_count=w.want_int(body.get("input_tokens"), "input_tokens"))
+    return Completion(input_count=shape.want_int(body.get("input_tokens"), "input_tokens"))
 
 
 def answer(result: TurnResult, relayline: dict) -> dict:

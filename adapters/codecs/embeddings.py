@@ -15,6 +15,8 @@ from relayline.machines import wire as w
 from relayline.machines.ledger import Usage
 from relayline.machines.turn import Completion, TurnResult
 
+from . import shape
+
 SOURCE = "embeddings"
 MAX_INPUTS = 2048  # OpenAI's own bound on one request's inputs
 ENCODINGS = ("float", "base64")
@@ -23,7 +25,7 @@ ENCODINGS = ("float", "base64")
 def _input(raw: Any) -> str | tuple[str, ...] | tuple[tuple[int, ...], ...]:
     if isinstance(raw, str):
         return raw
-    items = w.want_list(raw, "input")
+    items = shape.want_list(raw, "input")
     if not items:
         raise w.WireError("input", "must not be empty")
     if len(items) > MAX_INPUTS:
@@ -32,20 +34,20 @@ def _input(raw: Any) -> str | tuple[str, ...] | tuple[tuple[int, ...], ...]:
         return (tuple(items),)  # one token array
     if all(isinstance(i, str) for i in items):
         return tuple(items)
-    return tuple(tuple(w.want_int(t, w.path(w.path("input", n), k), 0, 2**31)
-                       for k, t in enumerate(w.want_list(i, w.path("input", n)))) for n, i in enumerate(items))
+    return tuple(tuple(shape.want_int(t, shape.path(shape.path("input", n), k), 0, 2**31)
+                       for k, t in enumerate(shape.want_list(i, shape.path("input", n)))) for n, i in enumerate(items))
 
 
 def parse_request(body: Any, headers: Any = (), query: str = "") -> w.Request:
     """An embeddings body as the canonical request; a body of the wrong shape raises WireError
     naming the field."""
-    body = w.want_dict(body, "")
-    encoding = w.optional(body, "encoding_format", w.want_str)
+    body = shape.want_dict(body, "")
+    encoding = shape.optional(body, "encoding_format", shape.want_str)
     if encoding is not None and encoding not in ENCODINGS:
         raise w.WireError("encoding_format", "must be float or base64")
-    embedding = w.Embedding(_input(body.get("input")), w.optional(body, "dimensions", w.want_int, "", 1, 65536),
+    embedding = w.Embedding(_input(body.get("input")), shape.optional(body, "dimensions", shape.want_int, "", 1, 65536),
                             encoding)
-    return w.Request(messages=(), model=w.check_model(body.get("model")), user=w.optional(body, "user", w.want_str),
+    return w.Request(messages=(), model=shape.check_model(body.get("model")), user=shape.optional(body, "user", shape.want_str),
                      embedding=embedding, source=SOURCE)
 
 
@@ -73,13 +75,13 @@ def is_embeddings(body: dict) -> bool:
 
 def parse_reply(body: dict) -> Completion:
     """A provider's embeddings answer: its items as sent, and the input tokens it billed."""
-    data = w.want_list(body.get("data"), "data")
+    data = shape.want_list(body.get("data"), "data")
     for i, item in enumerate(data):
-        item = w.want_dict(item, w.path("data", i))
+        item = shape.want_dict(item, shape.path("data", i))
         if not isinstance(item.get("embedding"), list | str):
-            raise w.WireError(w.path(w.path("data", i), "embedding"), "expected a list of numbers or base64 text")
-    usage = w.optional(body, "usage", w.want_dict) or {}
-    tokens = w.optional(usage, "prompt_tokens", w.want_int, "usage") or 0
+            raise w.WireError(shape.path(shape.path("data", i), "embedding"), "expected a list of numbers or base64 text")
+    usage = shape.optional(body, "usage", shape.want_dict) or {}
+    tokens = shape.optional(usage, "prompt_tokens", shape.want_int, "usage") or 0
     return Completion(usage=Usage(tokens, 0), vectors=tuple(data))
 
 

@@ -23,6 +23,7 @@ from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
 from .. import jsoncodec
+from . import shape
 from .common import ERRORS, UNKNOWN_ERROR, ToolIds, answer_tools, client_headers, data_url
 from .responses_replies import ENCRYPTED
 
@@ -78,20 +79,20 @@ class _Reader:
         signature its provider gave; anything else is left out, as reasoning from history is."""
         token = raw.get("encrypted_content")
         if isinstance(token, str) and token.startswith(TOKEN):
-            summary = w.optional(raw, "summary", w.want_list, param) or []
+            summary = shape.optional(raw, "summary", shape.want_list, param) or []
             text = "".join(s.get("text", "") for s in summary if isinstance(s, dict))
             self.thinking.append(w.Part(w.THINKING, text, signature=token[len(TOKEN):]))
 
 
 def _text_part(raw: dict, param: str, field: str = "text") -> w.Part:
-    return w.Part(w.TEXT, w.want_str(raw.get(field), w.path(param, field)))
+    return w.Part(w.TEXT, shape.want_str(raw.get(field), shape.path(param, field)))
 
 
 def _image_part(raw: dict, param: str, reader: _Reader) -> w.Part:
     if raw.get("file_id") is not None:
         reader.own("image.source.file_id")  # (content: an image only OpenAI's file store holds)
         return w.Part(w.IMAGE)
-    url = w.want_str(raw.get("image_url"), w.path(param, "image_url"))
+    url = shape.want_str(raw.get("image_url"), shape.path(param, "image_url"))
     detail = raw.get("detail")
     extra = ("input_image.detail",) if detail not in (None, "auto") else ()
     reader.extra.update(dict.fromkeys(extra))
@@ -103,19 +104,19 @@ def _image_part(raw: dict, param: str, reader: _Reader) -> w.Part:
 
 def _file_part(raw: dict, param: str, reader: _Reader) -> w.Part:
     if raw.get("file_data") is not None:
-        data = data_url(w.want_str(raw["file_data"], w.path(param, "file_data")))
+        data = data_url(shape.want_str(raw["file_data"], shape.path(param, "file_data")))
         if data is None:
-            raise w.WireError(w.path(param, "file_data"), "expected a base64 data: URL")
+            raise w.WireError(shape.path(param, "file_data"), "expected a base64 data: URL")
         return w.Part(w.DOCUMENT, data=data[1], media_type=data[0])
     if raw.get("file_url") is not None:
-        return w.Part(w.DOCUMENT, url=w.want_str(raw["file_url"], w.path(param, "file_url")))
+        return w.Part(w.DOCUMENT, url=shape.want_str(raw["file_url"], shape.path(param, "file_url")))
     reader.own("document.source.file_id")
     return w.Part(w.DOCUMENT)
 
 
 def _part(raw, param: str, reader: _Reader) -> w.Part | None:
-    raw = w.want_dict(raw, param)
-    kind = w.want_str(raw.get("type"), w.path(param, "type"))
+    raw = shape.want_dict(raw, param)
+    kind = shape.want_str(raw.get("type"), shape.path(param, "type"))
     if kind in ("input_text", "output_text", "text"):
         return _text_part(raw, param)
     if kind == "refusal":  # an earlier answer's refusal, echoed back in history: its words
@@ -131,7 +132,7 @@ def _part(raw, param: str, reader: _Reader) -> w.Part | None:
 def _content(raw, param: str, reader: _Reader) -> tuple[w.Part, ...]:
     if isinstance(raw, str):
         return (w.Part(w.TEXT, raw),) if raw else ()
-    parts = (_part(p, w.path(param, i), reader) for i, p in enumerate(w.want_list(raw, param)))
+    parts = (_part(p, shape.path(param, i), reader) for i, p in enumerate(shape.want_list(raw, param)))
     return tuple(p for p in parts if p is not None)
 
 
@@ -139,10 +140,10 @@ _ROLES = {"system": w.SYSTEM, "developer": w.SYSTEM, "user": w.USER, "assistant"
 
 
 def _message_item(raw: dict, param: str, reader: _Reader) -> None:
-    role = w.want_str(raw.get("role"), w.path(param, "role"))
+    role = shape.want_str(raw.get("role"), shape.path(param, "role"))
     if role not in _ROLES:
-        raise w.WireError(w.path(param, "role"), "must be one of system, developer, user, assistant")
-    content = _content(raw.get("content"), w.path(param, "content"), reader)
+        raise w.WireError(shape.path(param, "role"), "must be one of system, developer, user, assistant")
+    content = _content(raw.get("content"), shape.path(param, "content"), reader)
     if _ROLES[role] == w.ASSISTANT and reader.messages and reader.messages[-1].role == w.ASSISTANT \
             and not reader.messages[-1].tool_calls and not reader.thinking:
         last = reader.messages[-1]  # an answer in several message items: one assistant turn
@@ -153,15 +154,15 @@ def _message_item(raw: dict, param: str, reader: _Reader) -> None:
 
 def _call_item(raw: dict, param: str, reader: _Reader) -> None:
     arguments = raw.get("arguments")
-    reader.add_call(w.ToolCall(w.want_str(raw.get("call_id"), w.path(param, "call_id")),
-                               w.want_str(raw.get("name"), w.path(param, "name")),
-                               "{}" if arguments is None else w.want_str(arguments, w.path(param, "arguments"))))
+    reader.add_call(w.ToolCall(shape.want_str(raw.get("call_id"), shape.path(param, "call_id")),
+                               shape.want_str(raw.get("name"), shape.path(param, "name")),
+                               "{}" if arguments is None else shape.want_str(arguments, shape.path(param, "arguments"))))
 
 
 def _output_item(raw: dict, param: str, reader: _Reader) -> None:
-    call_id = w.want_str(raw.get("call_id"), w.path(param, "call_id"))
+    call_id = shape.want_str(raw.get("call_id"), shape.path(param, "call_id"))
     output = raw.get("output")
-    content = _content("" if output is None else output, w.path(param, "output"), reader)
+    content = _content("" if output is None else output, shape.path(param, "output"), reader)
     reader.add(w.Message(w.TOOL, content, tool_call_id=call_id))
 
 
@@ -170,9 +171,9 @@ def _input(body: dict, reader: _Reader) -> None:
     if isinstance(raw, str):
         reader.add(w.Message(w.USER, (w.Part(w.TEXT, raw),)))
         return
-    for index, item in enumerate(w.want_list(raw, "input")):
-        param = w.path("input", index)
-        item = w.want_dict(item, param)
+    for index, item in enumerate(shape.want_list(raw, "input")):
+        param = shape.path("input", index)
+        item = shape.want_dict(item, param)
         kind = item.get("type", "message")
         if kind == "message":
             _message_item(item, param, reader)
@@ -185,36 +186,36 @@ def _input(body: dict, reader: _Reader) -> None:
         else:
             # any other item (a built-in tool's call, an item_reference) is something only the
             # API that made it can read
-            reader.own(f"content.{w.want_str(kind, w.path(param, 'type'))}")
+            reader.own(f"content.{shape.want_str(kind, shape.path(param, 'type'))}")
     if not reader.messages:
         raise w.WireError("input", "must not be empty")
 
 
 def _function(raw: dict, param: str) -> w.Tool:
-    parameters = w.optional(raw, "parameters", w.want_dict, param)
-    return w.Tool(w.want_str(raw.get("name"), w.path(param, "name")),
-                  w.optional(raw, "description", w.want_str, param) or "",
+    parameters = shape.optional(raw, "parameters", shape.want_dict, param)
+    return w.Tool(shape.want_str(raw.get("name"), shape.path(param, "name")),
+                  shape.optional(raw, "description", shape.want_str, param) or "",
                   parameters if parameters is not None else {"type": "object"},
-                  strict=bool(w.optional(raw, "strict", w.want_bool, param)))
+                  strict=bool(shape.optional(raw, "strict", shape.want_bool, param)))
 
 
 def _tools(body: dict, reader: _Reader) -> tuple[w.Tool, ...]:
     tools: list[w.Tool] = []
-    for index, raw in enumerate(w.optional(body, "tools", w.want_list) or ()):
-        param = w.path("tools", index)
-        raw = w.want_dict(raw, param)
-        kind = w.want_str(raw.get("type"), w.path(param, "type"))
+    for index, raw in enumerate(shape.optional(body, "tools", shape.want_list) or ()):
+        param = shape.path("tools", index)
+        raw = shape.want_dict(raw, param)
+        kind = shape.want_str(raw.get("type"), shape.path(param, "type"))
         if kind == FUNCTION:
             tools.append(_function(raw, param))
         elif kind == NAMESPACE:
-            inner = w.want_list(raw.get("tools"), w.path(param, "tools"))
+            inner = shape.want_list(raw.get("tools"), shape.path(param, "tools"))
             for i, tool in enumerate(inner):
-                where = w.path(w.path(param, "tools"), i)
-                tool = w.want_dict(tool, where)
+                where = shape.path(shape.path(param, "tools"), i)
+                tool = shape.want_dict(tool, where)
                 if tool.get("type") == FUNCTION:
                     tools.append(_function(tool, where))
                 else:
-                    reader.withdrawn.append(f"tools.{NAMESPACE}.{w.want_str(tool.get('type'), w.path(where, 'type'))}")
+                    reader.withdrawn.append(f"tools.{NAMESPACE}.{shape.want_str(tool.get('type'), shape.path(where, 'type'))}")
         else:
             reader.withdrawn.append(f"tools.{kind}")
     names = [t.name for t in tools]
@@ -230,42 +231,42 @@ def _tool_choice(raw, reader: _Reader) -> w.ToolChoice | None:
         if raw not in ("auto", "none", "required"):
             raise w.WireError("tool_choice", "must be auto, none, required or an object")
         return w.ToolChoice(raw)
-    raw = w.want_dict(raw, "tool_choice")
-    kind = w.want_str(raw.get("type"), "tool_choice.type")
+    raw = shape.want_dict(raw, "tool_choice")
+    kind = shape.want_str(raw.get("type"), "tool_choice.type")
     if kind == FUNCTION:
-        return w.ToolChoice("tool", w.want_str(raw.get("name"), "tool_choice.name"))
+        return w.ToolChoice("tool", shape.want_str(raw.get("name"), "tool_choice.name"))
     reader.own("tool_choice", kind)  # a built-in tool, custom tool or allowed list, forced
     return None
 
 
 def _text_format(body: dict) -> w.ResponseFormat | None:
-    text = w.optional(body, "text", w.want_dict) or {}
-    raw = w.optional(text, "format", w.want_dict, "text")
+    text = shape.optional(body, "text", shape.want_dict) or {}
+    raw = shape.optional(text, "format", shape.want_dict, "text")
     if raw is None:
         return None
-    kind = w.want_str(raw.get("type"), "text.format.type")
+    kind = shape.want_str(raw.get("type"), "text.format.type")
     if kind == "text":
         return None
     if kind == "json_object":
         return w.ResponseFormat("json_object")
     if kind != "json_schema":
         raise w.WireError("text.format.type", "must be text, json_object or json_schema")
-    schema = w.want_dict(raw.get("schema"), "text.format.schema")
+    schema = shape.want_dict(raw.get("schema"), "text.format.schema")
     # chat completions' json_schema object: the same fields, one level down
-    spec = {"name": w.want_str(raw.get("name"), "text.format.name"), "schema": schema}
+    spec = {"name": shape.want_str(raw.get("name"), "text.format.name"), "schema": schema}
     spec.update({k: raw[k] for k in ("description", "strict") if raw.get(k) is not None})
     return w.ResponseFormat("json_schema", spec)
 
 
 def _reasoning(body: dict) -> w.Reasoning | None:
-    raw = w.optional(body, "reasoning", w.want_dict) or {}
-    effort = w.optional(raw, "effort", w.want_str, "reasoning")
+    raw = shape.optional(body, "reasoning", shape.want_dict) or {}
+    effort = shape.optional(raw, "effort", shape.want_str, "reasoning")
     return None if effort in (None, "none") else w.Reasoning(effort=effort)
 
 
 def _own_fields(body: dict, reader: _Reader) -> None:
     for name in (*STORED, *UNTRANSLATED):
-        if name in w.extras({name: body.get(name)}, ()):
+        if name in shape.extras({name: body.get(name)}, ()):
             reader.own(name, body[name])
     if body.get("truncation") not in (None, "disabled"):
         reader.own("truncation", body["truncation"])
@@ -274,27 +275,27 @@ def _own_fields(body: dict, reader: _Reader) -> None:
 def parse_request(body, headers=(), query: str = "", *, passthrough: bool = True) -> w.Request:
     """A Responses body (and its request headers) as the canonical request; a body of the wrong
     shape raises WireError naming the field."""
-    body = w.want_dict(body, "")
+    body = shape.want_dict(body, "")
     reader = _Reader()
-    instructions = w.optional(body, "instructions", w.want_str)
+    instructions = shape.optional(body, "instructions", shape.want_str)
     if instructions:
         reader.add(w.Message(w.SYSTEM, (w.Part(w.TEXT, instructions),)))
     _input(body, reader)
     tools = _tools(body, reader)
     tool_choice = _tool_choice(body.get("tool_choice"), reader)
     _own_fields(body, reader)
-    w.optional(body, "metadata", w.want_dict)  # echoed in the response object; never sent upstream
-    user = w.optional(body, "user", w.want_str) or w.optional(body, "safety_identifier", w.want_str)
+    shape.optional(body, "metadata", shape.want_dict)  # echoed in the response object; never sent upstream
+    user = shape.optional(body, "user", shape.want_str) or shape.optional(body, "safety_identifier", shape.want_str)
     return w.Request(
         messages=tuple(reader.messages),
-        model=w.check_model(body.get("model")),
-        stream=bool(w.optional(body, "stream", w.want_bool)),
-        max_tokens=w.optional(body, "max_output_tokens", w.want_int, "", 1),
-        temperature=w.optional(body, "temperature", w.want_number, "", 0, 2),
-        top_p=w.optional(body, "top_p", w.want_number, "", 0, 1),
+        model=shape.check_model(body.get("model")),
+        stream=bool(shape.optional(body, "stream", shape.want_bool)),
+        max_tokens=shape.optional(body, "max_output_tokens", shape.want_int, "", 1),
+        temperature=shape.optional(body, "temperature", shape.want_number, "", 0, 2),
+        top_p=shape.optional(body, "top_p", shape.want_number, "", 0, 1),
         tools=tools,
         tool_choice=tool_choice,
-        parallel_tool_calls=w.optional(body, "parallel_tool_calls", w.want_bool),
+        parallel_tool_calls=shape.optional(body, "parallel_tool_calls", shape.want_bool),
         response_format=_text_format(body),
         reasoning=_reasoning(body),
         user=user,

@@ -20,6 +20,7 @@ from relayline.machines.turn import Completion
 
 from .. import jsoncodec
 from ..sse import SSEEvent
+from . import shape
 from .common import ProviderFailure, openai_reply_usage
 
 # a reasoning frame's ref that is a Responses provider's encrypted content (an Anthropic thinking
@@ -50,25 +51,25 @@ def parse_response(body: dict) -> Completion:
     """A `response` object as the canonical answer, its output items kept as sent."""
     if body.get("error") or body.get("status") == "failed":
         raise _failure(body.get("error"))
-    output = w.want_list(body.get("output"), "output")
+    output = shape.want_list(body.get("output"), "output")
     text, reasoning, names, arguments, ids = [], [], [], [], []
     refused = False
     for i, item in enumerate(output):
-        where = w.path("output", i)
-        item = w.want_dict(item, where)
+        where = shape.path("output", i)
+        item = shape.want_dict(item, where)
         kind = item.get("type")
         if kind == "message":
-            for j, part in enumerate(w.want_list(item.get("content"), w.path(where, "content"))):
-                part = w.want_dict(part, w.path(w.path(where, "content"), j))
+            for j, part in enumerate(shape.want_list(item.get("content"), shape.path(where, "content"))):
+                part = shape.want_dict(part, shape.path(shape.path(where, "content"), j))
                 refused = refused or part.get("type") == "refusal"
-                text.append(w.want_str(part.get("text", part.get("refusal", "")), w.path(where, "content")))
+                text.append(shape.want_str(part.get("text", part.get("refusal", "")), shape.path(where, "content")))
         elif kind == "reasoning":
-            reasoning += [w.want_str(s.get("text", ""), w.path(where, "summary")) for s in item.get("summary") or ()
+            reasoning += [shape.want_str(s.get("text", ""), shape.path(where, "summary")) for s in item.get("summary") or ()
                           if isinstance(s, dict)]
         elif kind == "function_call":
-            names.append(w.want_str(item.get("name"), w.path(where, "name")))
-            arguments.append(w.want_str(item.get("arguments", ""), w.path(where, "arguments")))
-            ids.append(w.want_str(item.get("call_id"), w.path(where, "call_id")))
+            names.append(shape.want_str(item.get("name"), shape.path(where, "name")))
+            arguments.append(shape.want_str(item.get("arguments", ""), shape.path(where, "arguments")))
+            ids.append(shape.want_str(item.get("call_id"), shape.path(where, "call_id")))
     finish = w.CONTENT_FILTER if refused else _finish(body, len(names))
     return Completion("".join(text), "\n".join(reasoning), tuple(names), _usage(body.get("usage")) or Usage(),
                       tuple(arguments), tuple(ids), finish, blocks=tuple(output))
@@ -95,7 +96,7 @@ class ResponsesStreamParser:
 
     def feed(self, event: SSEEvent) -> list[Frame]:
         try:
-            obj = w.want_dict(jsoncodec.loads(event.data), "event")
+            obj = shape.want_dict(jsoncodec.loads(event.data), "event")
             return self._frames(obj, str(obj.get("type") or event.event))
         except ValueError:
             raise ProviderFailure(fc.malformed("stream event: not JSON")) from None
@@ -105,17 +106,17 @@ class ResponsesStreamParser:
     def _frames(self, obj: dict, kind: str) -> list[Frame]:
         if kind in ("response.output_text.delta", "response.refusal.delta"):
             self.refused = self.refused or kind == "response.refusal.delta"
-            return [Frame(TEXT, w.want_str(obj.get("delta"), "delta"))]
+            return [Frame(TEXT, shape.want_str(obj.get("delta"), "delta"))]
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
-            return [Frame(REASONING, w.want_str(obj.get("delta"), "delta"))]
+            return [Frame(REASONING, shape.want_str(obj.get("delta"), "delta"))]
         if kind == "response.function_call_arguments.delta":
             place = self.calls.get(str(obj.get("item_id")), len(self.calls) - 1)
-            return [Frame(TOOL_ARGS, w.want_str(obj.get("delta"), "delta"),
+            return [Frame(TOOL_ARGS, shape.want_str(obj.get("delta"), "delta"),
                           ref=str(place) if place != len(self.calls) - 1 else "")]
         if kind in ("response.output_item.added", "response.output_item.done"):
-            return self._item(w.want_dict(obj.get("item"), "item"), added=kind.endswith("added"))
+            return self._item(shape.want_dict(obj.get("item"), "item"), added=kind.endswith("added"))
         if kind in ("response.completed", "response.incomplete"):
-            response = w.want_dict(obj.get("response"), "response")
+            response = shape.want_dict(obj.get("response"), "response")
             self.finished = self.done = True
             finish = w.CONTENT_FILTER if self.refused else _finish(response, len(self.calls))
             return [Frame(USAGE, usage=_usage(response.get("usage"), "response.usage") or Usage()),
@@ -128,9 +129,9 @@ class ResponsesStreamParser:
     def _item(self, item: dict, added: bool) -> list[Frame]:
         if added and item.get("type") == "function_call":
             self.calls[str(item.get("id"))] = len(self.calls)
-            return [Frame(TOOL_CALL, w.want_str(item.get("name"), "item.name"),
-                          ref=w.optional(item, "call_id", w.want_str, "item") or "")]
+            return [Frame(TOOL_CALL, shape.want_str(item.get("name"), "item.name"),
+                          ref=shape.optional(item, "call_id", shape.want_str, "item") or "")]
         if not added and item.get("type") == "reasoning" and item.get("encrypted_content"):
             # the provider's opaque reasoning: the client sends it back on its next turn
-            return [Frame(REASONING, "", ref=ENCRYPTED + w.want_str(item["encrypted_content"], "item.encrypted_content"))]
+            return [Frame(REASONING, "", ref=ENCRYPTED + shape.want_str(item["encrypted_content"], "item.encrypted_content"))]
         return []

@@ -35,7 +35,7 @@ from relayline.machines.stream import (
 from relayline.machines.turn import Completion
 
 from .. import jsoncodec
-from ..codecs import count_tokens
+from ..codecs import count_tokens, shape
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure, client_headers
 from .http import FixedHeads, HttpProvider, json_frame
@@ -59,62 +59,62 @@ OWN_SOURCES = ("text", "content", "file")
 
 
 def _source(raw, param: str, block: str, extra: tuple[str, ...]) -> dict:
-    source = w.want_dict(raw.get("source"), w.path(param, "source"))
-    kind = w.want_str(source.get("type"), w.path(param, "source.type"))
-    extra += tuple(f"{block}.source.{k}" for k in w.extras(source, ("type", "media_type", "data", "url")))
+    source = shape.want_dict(raw.get("source"), shape.path(param, "source"))
+    kind = shape.want_str(source.get("type"), shape.path(param, "source.type"))
+    extra += tuple(f"{block}.source.{k}" for k in shape.extras(source, ("type", "media_type", "data", "url")))
     if kind == "base64":
-        return {"media_type": w.want_str(source.get("media_type"), w.path(param, "source.media_type")),
-                "data": w.want_str(source.get("data"), w.path(param, "source.data")), "extra": extra}
+        return {"media_type": shape.want_str(source.get("media_type"), shape.path(param, "source.media_type")),
+                "data": shape.want_str(source.get("data"), shape.path(param, "source.data")), "extra": extra}
     if kind == "url":
-        return {"url": w.want_str(source.get("url"), w.path(param, "source.url")), "extra": extra}
+        return {"url": shape.want_str(source.get("url"), shape.path(param, "source.url")), "extra": extra}
     if kind in OWN_SOURCES:
         # an anthropic profile gets the client's body as sent; another family cannot take it
         return {"extra": (*extra, f"{block}.source.{kind}")}
-    raise w.WireError(w.path(param, "source.type"), f"must be one of base64, url, {', '.join(OWN_SOURCES)}")
+    raise w.WireError(shape.path(param, "source.type"), f"must be one of base64, url, {', '.join(OWN_SOURCES)}")
 
 
 def _reasoning_block(raw: dict, param: str, kind: str) -> w.Part:
     """A thinking block of the history (with its signature; "" when it has none, as on thinking
     relayline showed from a provider that signs nothing) or a redacted one (its opaque data)."""
-    extra = tuple(w.extras(raw, ("type", "thinking", "signature", "data")))
+    extra = tuple(shape.extras(raw, ("type", "thinking", "signature", "data")))
     if kind == w.THINKING:
-        return w.Part(w.THINKING, w.want_str(raw.get("thinking"), w.path(param, "thinking")), extra=extra,
-                      signature=w.optional(raw, "signature", w.want_str, param) or "")
-    return w.Part(w.REDACTED_THINKING, data=w.want_str(raw.get("data"), w.path(param, "data")), extra=extra)
+        return w.Part(w.THINKING, shape.want_str(raw.get("thinking"), shape.path(param, "thinking")), extra=extra,
+                      signature=shape.optional(raw, "signature", shape.want_str, param) or "")
+    return w.Part(w.REDACTED_THINKING, data=shape.want_str(raw.get("data"), shape.path(param, "data")), extra=extra)
 
 
 def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.Message | None:
-    raw = w.want_dict(raw, param)
-    kind = w.want_str(raw.get("type"), w.path(param, "type"))
+    raw = shape.want_dict(raw, param)
+    kind = shape.want_str(raw.get("type"), shape.path(param, "type"))
     if kind in w.REASONING_PARTS:
         return _reasoning_block(raw, param, kind)
-    extra = tuple(w.extras(raw, ("type", "text", "source", "id", "name", "input", "tool_use_id", "content",
+    extra = tuple(shape.extras(raw, ("type", "text", "source", "id", "name", "input", "tool_use_id", "content",
                                  "is_error", "cache_control")))
-    cache = w.optional(raw, "cache_control", w.want_dict, param)
+    cache = shape.optional(raw, "cache_control", shape.want_dict, param)
     if kind == "text":
-        return w.Part(w.TEXT, w.want_str(raw.get("text"), w.path(param, "text")), extra=extra, cache_control=cache)
+        return w.Part(w.TEXT, shape.want_str(raw.get("text"), shape.path(param, "text")), extra=extra, cache_control=cache)
     if kind == "image":
         return w.Part(w.IMAGE, **_source(raw, param, kind, extra), cache_control=cache)
     if kind == "document":  # (its title is an OpenAI file's name)
         return w.Part(w.DOCUMENT, **_source(raw, param, kind, tuple(k for k in extra if k != "title")),
-                      cache_control=cache, title=w.optional(raw, "title", w.want_str, param))
+                      cache_control=cache, title=shape.optional(raw, "title", shape.want_str, param))
     if kind in ("tool_use", "tool_result"):
         extra_names.extend(extra)  # a tool block's fields relayline does not read: this family's own
     if kind == "tool_use":
         arguments = raw.get("input", {})
-        return w.ToolCall(w.want_str(raw.get("id"), w.path(param, "id")), w.want_str(raw.get("name"), w.path(param, "name")),
-                          json.dumps(w.want_dict(arguments, w.path(param, "input"))), cache)
+        return w.ToolCall(shape.want_str(raw.get("id"), shape.path(param, "id")), shape.want_str(raw.get("name"), shape.path(param, "name")),
+                          json.dumps(shape.want_dict(arguments, shape.path(param, "input"))), cache)
     if kind == "tool_result":
         content = raw.get("content", "")
         if isinstance(content, str):
             parts = (w.Part(w.TEXT, content),) if content else ()
         else:
-            where = w.path(param, "content")
-            blocks = [_block(b, w.path(where, i), extra_names) for i, b in enumerate(w.want_list(content, where))]
+            where = shape.path(param, "content")
+            blocks = [_block(b, shape.path(where, i), extra_names) for i, b in enumerate(shape.want_list(content, where))]
             _refuse_misplaced(blocks, (w.ToolCall, w.Message), where, "a tool result holds no tool_use or tool_result")
             parts = tuple(p for p in blocks if isinstance(p, w.Part))
-        return w.Message(w.TOOL, parts, tool_call_id=w.want_str(raw.get("tool_use_id"), w.path(param, "tool_use_id")),
-                         is_error=bool(w.optional(raw, "is_error", w.want_bool, param)), cache_control=cache)
+        return w.Message(w.TOOL, parts, tool_call_id=shape.want_str(raw.get("tool_use_id"), shape.path(param, "tool_use_id")),
+                         is_error=bool(shape.optional(raw, "is_error", shape.want_bool, param)), cache_control=cache)
     extra_names.append(f"content.{kind}")  # server tools and their results: this family's own
     return None
 
@@ -124,7 +124,7 @@ def _refuse_misplaced(blocks: list, kind: type | tuple[type, ...], where: str, m
     it: no family could be sent it, and leaving it out would drop what the client said."""
     for i, block in enumerate(blocks):
         if isinstance(block, kind):
-            raise w.WireError(w.path(where, i), message)
+            raise w.WireError(shape.path(where, i), message)
 
 
 # a system message inside `messages` (Claude Code's mid-conversation instructions) keeps its place
@@ -132,16 +132,16 @@ _ROLES = {"user": w.USER, "assistant": w.ASSISTANT, "system": w.SYSTEM}
 
 
 def _messages(raw, param: str, extra_names: list[str]) -> list[w.Message]:
-    raw = w.want_dict(raw, param)
-    role = w.want_str(raw.get("role"), w.path(param, "role"))
+    raw = shape.want_dict(raw, param)
+    role = shape.want_str(raw.get("role"), shape.path(param, "role"))
     if role not in _ROLES:
-        raise w.WireError(w.path(param, "role"), "must be user, assistant or system")
+        raise w.WireError(shape.path(param, "role"), "must be user, assistant or system")
     content = raw.get("content")
-    where = w.path(param, "content")
-    extra_names.extend(f"messages.{k}" for k in w.extras(raw, ("role", "content")))
+    where = shape.path(param, "content")
+    extra_names.extend(f"messages.{k}" for k in shape.extras(raw, ("role", "content")))
     if isinstance(content, str):
         return [w.Message(_ROLES[role], (w.Part(w.TEXT, content),) if content else ())]
-    blocks = [_block(b, w.path(where, i), extra_names) for i, b in enumerate(w.want_list(content, where))]
+    blocks = [_block(b, shape.path(where, i), extra_names) for i, b in enumerate(shape.want_list(content, where))]
     parts = tuple(b for b in blocks if isinstance(b, w.Part))
     if role == "assistant":
         _refuse_misplaced(blocks, w.Message, where, "a tool_result block belongs to a user message")
@@ -164,29 +164,29 @@ def _system(raw) -> tuple[w.Message, ...]:
         return ()
     if isinstance(raw, str):
         return (w.Message(w.SYSTEM, (w.Part(w.TEXT, raw),)),) if raw else ()
-    blocks = w.want_list(raw, "system")
+    blocks = shape.want_list(raw, "system")
     parts = []
     for i, block in enumerate(blocks):
-        part = _block(block, w.path("system", i), [])
+        part = _block(block, shape.path("system", i), [])
         if not isinstance(part, w.Part) or part.type != w.TEXT:
-            raise w.WireError(w.path("system", i), "expected a text block")
+            raise w.WireError(shape.path("system", i), "expected a text block")
         parts.append(part)
     return (w.Message(w.SYSTEM, tuple(parts)),)
 
 
 def _tool(raw, param: str, extra_names: list[str]) -> w.Tool | None:
-    raw = w.want_dict(raw, param)
+    raw = shape.want_dict(raw, param)
     if raw.get("type") not in (None, "custom"):
-        extra_names.append(f"tools.{w.want_str(raw['type'], w.path(param, 'type'))}")  # server tools
+        extra_names.append(f"tools.{shape.want_str(raw['type'], shape.path(param, 'type'))}")  # server tools
         return None
-    extra_names.extend(f"tools.{k}" for k in w.extras(raw, ("type", "name", "description", "input_schema", "strict",
+    extra_names.extend(f"tools.{k}" for k in shape.extras(raw, ("type", "name", "description", "input_schema", "strict",
                                                               "cache_control")))
-    schema = w.optional(raw, "input_schema", w.want_dict, param)
-    return w.Tool(w.want_str(raw.get("name"), w.path(param, "name")),
-                  w.optional(raw, "description", w.want_str, param) or "",
+    schema = shape.optional(raw, "input_schema", shape.want_dict, param)
+    return w.Tool(shape.want_str(raw.get("name"), shape.path(param, "name")),
+                  shape.optional(raw, "description", shape.want_str, param) or "",
                   schema if schema is not None else {"type": "object"},
-                  bool(w.optional(raw, "strict", w.want_bool, param)),
-                  w.optional(raw, "cache_control", w.want_dict, param))
+                  bool(shape.optional(raw, "strict", shape.want_bool, param)),
+                  shape.optional(raw, "cache_control", shape.want_dict, param))
 
 
 # an OpenAI json_schema format must be named and Anthropic's output format has no name: this one
@@ -197,32 +197,32 @@ OUTPUT_FORMAT_NAME = "response"
 def _output_format(body: dict, extra_names: list[str]) -> w.ResponseFormat | None:
     """The JSON schema the answer must match: `output_config.format`, or the same object as the
     structured outputs beta wrote it (`output_format`)."""
-    config = w.optional(body, "output_config", w.want_dict) or {}
+    config = shape.optional(body, "output_config", shape.want_dict) or {}
     if config.get("format") is not None and body.get("output_format") is not None:
         raise w.WireError("output_format", "and output_config.format are the same setting: send one of them")
     where = "output_config.format" if config.get("format") is not None else "output_format"
     raw = config.get("format") if config.get("format") is not None else body.get("output_format")
     if raw is None:
         return None
-    raw = w.want_dict(raw, where)
-    if w.want_str(raw.get("type"), w.path(where, "type")) != "json_schema":
-        raise w.WireError(w.path(where, "type"), "must be json_schema")
-    extra_names.extend(f"{where}.{k}" for k in w.extras(raw, ("type", "schema")))
-    schema = w.want_dict(raw.get("schema"), w.path(where, "schema"))
+    raw = shape.want_dict(raw, where)
+    if shape.want_str(raw.get("type"), shape.path(where, "type")) != "json_schema":
+        raise w.WireError(shape.path(where, "type"), "must be json_schema")
+    extra_names.extend(f"{where}.{k}" for k in shape.extras(raw, ("type", "schema")))
+    schema = shape.want_dict(raw.get("schema"), shape.path(where, "schema"))
     return w.ResponseFormat("json_schema", {"name": OUTPUT_FORMAT_NAME, "schema": schema, "strict": True})
 
 
 def _tool_choice(raw, extra_names: list[str]) -> tuple[w.ToolChoice | None, bool | None]:
     if raw is None:
         return None, None
-    raw = w.want_dict(raw, "tool_choice")
-    extra_names.extend(f"tool_choice.{k}" for k in w.extras(raw, ("type", "name", "disable_parallel_tool_use")))
-    kind = w.want_str(raw.get("type"), "tool_choice.type")
+    raw = shape.want_dict(raw, "tool_choice")
+    extra_names.extend(f"tool_choice.{k}" for k in shape.extras(raw, ("type", "name", "disable_parallel_tool_use")))
+    kind = shape.want_str(raw.get("type"), "tool_choice.type")
     modes = {"auto": "auto", "none": "none", "any": "required", "tool": "tool"}
     if kind not in modes:
         raise w.WireError("tool_choice.type", "must be auto, any, tool or none")
-    name = w.want_str(raw.get("name"), "tool_choice.name") if kind == "tool" else None
-    disable = w.optional(raw, "disable_parallel_tool_use", w.want_bool, "tool_choice")
+    name = shape.want_str(raw.get("name"), "tool_choice.name") if kind == "tool" else None
+    disable = shape.optional(raw, "disable_parallel_tool_use", shape.want_bool, "tool_choice")
     return w.ToolChoice(modes[kind], name), (None if disable is None else not disable)
 
 
@@ -230,17 +230,17 @@ def _reasoning(body: dict, extra: dict) -> w.Reasoning | None:
     """`thinking` and `output_config.effort` as the canonical reasoning. A thinking type this
     module does not know stays in `extra`: an anthropic profile gets it as sent, another family
     cannot honour it."""
-    output = w.optional(body, "output_config", w.want_dict) or {}
-    effort = w.optional(output, "effort", w.want_str, "output_config")
-    rest = {k: output[k] for k in w.extras(output, ("effort", "format"))}
+    output = shape.optional(body, "output_config", shape.want_dict) or {}
+    effort = shape.optional(output, "effort", shape.want_str, "output_config")
+    rest = {k: output[k] for k in shape.extras(output, ("effort", "format"))}
     if rest:
         extra["output_config"] = rest  # (what relayline does not read: this family's own)
     raw = body.get("thinking")
-    kind = None if raw is None else w.want_str(w.want_dict(raw, "thinking").get("type"), "thinking.type")
+    kind = None if raw is None else shape.want_str(shape.want_dict(raw, "thinking").get("type"), "thinking.type")
     if kind in ("enabled", "adaptive"):
-        extra.update({f"thinking.{k}": None for k in w.extras(raw, ("type", "budget_tokens"))})
+        extra.update({f"thinking.{k}": None for k in shape.extras(raw, ("type", "budget_tokens"))})
     if kind == "enabled":
-        return w.Reasoning(effort, w.want_int(raw.get("budget_tokens"), "thinking.budget_tokens", 1))
+        return w.Reasoning(effort, shape.want_int(raw.get("budget_tokens"), "thinking.budget_tokens", 1))
     if kind == "adaptive":  # the model decides how much to think, at the effort asked for
         return w.Reasoning(effort, adaptive=True)
     if kind not in (None, "disabled"):
@@ -251,37 +251,37 @@ def _reasoning(body: dict, extra: dict) -> w.Reasoning | None:
 def parse_request(body, headers=(), query: str = "", *, passthrough: bool = True) -> w.Request:
     """A messages body (and its request headers) as the canonical request; a body of the wrong
     shape raises WireError naming the field."""
-    body = w.want_dict(body, "")
-    messages = w.want_list(body.get("messages"), "messages")
+    body = shape.want_dict(body, "")
+    messages = shape.want_list(body.get("messages"), "messages")
     if not messages:
         raise w.WireError("messages", "must not be empty")
     extra_names: list[str] = []
-    parsed = [m for i, raw in enumerate(messages) for m in _messages(raw, w.path("messages", i), extra_names)]
-    stop = w.optional(body, "stop_sequences", w.want_list) or []
-    tools = [_tool(t, w.path("tools", i), extra_names) for i, t in enumerate(w.optional(body, "tools", w.want_list) or ())]
+    parsed = [m for i, raw in enumerate(messages) for m in _messages(raw, shape.path("messages", i), extra_names)]
+    stop = shape.optional(body, "stop_sequences", shape.want_list) or []
+    tools = [_tool(t, shape.path("tools", i), extra_names) for i, t in enumerate(shape.optional(body, "tools", shape.want_list) or ())]
     choice, parallel = _tool_choice(body.get("tool_choice"), extra_names)
-    metadata = w.optional(body, "metadata", w.want_dict) or {}
-    extra_names.extend(f"metadata.{k}" for k in w.extras(metadata, ("user_id",)))
+    metadata = shape.optional(body, "metadata", shape.want_dict) or {}
+    extra_names.extend(f"metadata.{k}" for k in shape.extras(metadata, ("user_id",)))
     response_format = _output_format(body, extra_names)
-    extra = {k: body[k] for k in w.extras(body, KNOWN)}
+    extra = {k: body[k] for k in shape.extras(body, KNOWN)}
     extra.update({name: None for name in extra_names})
     reasoning = _reasoning(body, extra)
     return w.Request(
         messages=(*_system(body.get("system")), *parsed),
-        model=w.check_model(body.get("model")),
-        stream=bool(w.optional(body, "stream", w.want_bool)),
+        model=shape.check_model(body.get("model")),
+        stream=bool(shape.optional(body, "stream", shape.want_bool)),
         include_usage=True,  # Anthropic streams always carry usage
-        max_tokens=w.optional(body, "max_tokens", w.want_int, "", 1),
-        temperature=w.optional(body, "temperature", w.want_number, "", 0, 1),
-        top_p=w.optional(body, "top_p", w.want_number, "", 0, 1),
-        top_k=w.optional(body, "top_k", w.want_int, "", 1),
-        stop=tuple(w.want_str(s, w.path("stop_sequences", i)) for i, s in enumerate(stop)),
+        max_tokens=shape.optional(body, "max_tokens", shape.want_int, "", 1),
+        temperature=shape.optional(body, "temperature", shape.want_number, "", 0, 1),
+        top_p=shape.optional(body, "top_p", shape.want_number, "", 0, 1),
+        top_k=shape.optional(body, "top_k", shape.want_int, "", 1),
+        stop=tuple(shape.want_str(s, shape.path("stop_sequences", i)) for i, s in enumerate(stop)),
         tools=tuple(t for t in tools if t is not None),
         tool_choice=choice,
         parallel_tool_calls=parallel,
         response_format=response_format,
         reasoning=reasoning,
-        user=w.optional(metadata, "user_id", w.want_str, "metadata"),
+        user=shape.optional(metadata, "user_id", shape.want_str, "metadata"),
         extra=extra,
         source="anthropic",
         passthrough=w.Passthrough(_signed_history(body), client_headers(headers), query)
@@ -467,11 +467,11 @@ def render_request(request: w.Request, model: str, stream: bool, max_output_toke
 
 
 def _usage(raw, param: str = "usage", base: Usage | None = None) -> Usage:
-    raw = w.want_dict(raw, param)
+    raw = shape.want_dict(raw, param)
     base = base or Usage()
 
     def count(name: str, default: int) -> int:
-        value = w.optional(raw, name, w.want_int, param)
+        value = shape.optional(raw, name, shape.want_int, param)
         return default if value is None else value
 
     return Usage(count("input_tokens", base.input_tokens), count("output_tokens", base.output_tokens),
@@ -487,7 +487,7 @@ def _raise_error(error) -> None:
 def _stop(raw, param: str) -> str | None:
     if raw is None:
         return None
-    return w.ANTHROPIC_STOP.get(w.want_str(raw, param), w.STOP)
+    return w.ANTHROPIC_STOP.get(shape.want_str(raw, param), w.STOP)
 
 
 def _executed(block_type: str) -> bool:
@@ -498,27 +498,27 @@ def parse_completion(body: dict) -> Completion:
     if body.get("type") == "error" or body.get("error"):
         _raise_error(body.get("error"))
     text, reasoning, tools, arguments, ids = [], [], [], [], []
-    content = w.want_list(body.get("content"), "content")
+    content = shape.want_list(body.get("content"), "content")
     kept = False  # a block the canonical fields do not hold: the content goes to Anthropic clients as sent
     for i, block in enumerate(content):
         where = f"content[{i}]"
-        block = w.want_dict(block, where)
+        block = shape.want_dict(block, where)
         btype = block.get("type")
         if btype == "text":
-            text.append(w.want_str(block.get("text"), f"{where}.text"))
+            text.append(shape.want_str(block.get("text"), f"{where}.text"))
             kept = kept or bool(block.get("citations"))
         elif btype == "tool_use":
-            tools.append(w.want_str(block.get("name"), f"{where}.name"))
-            arguments.append(json.dumps(w.want_dict(block.get("input", {}), f"{where}.input")))
-            ids.append(w.optional(block, "id", w.want_str, where) or "")
+            tools.append(shape.want_str(block.get("name"), f"{where}.name"))
+            arguments.append(json.dumps(shape.want_dict(block.get("input", {}), f"{where}.input")))
+            ids.append(shape.optional(block, "id", shape.want_str, where) or "")
         else:  # thinking (signed), redacted_thinking, server tools and their results
             if btype == "thinking":
-                reasoning.append(w.want_str(block.get("thinking"), f"{where}.thinking"))
+                reasoning.append(shape.want_str(block.get("thinking"), f"{where}.thinking"))
             kept = True
     # none reported: the ledger bills the answer at an estimate
     usage = _usage(body["usage"]) if body.get("usage") is not None else None
     return Completion("".join(text), "".join(reasoning), tuple(tools), usage, tuple(arguments), tuple(ids),
-                      _stop(body.get("stop_reason"), "stop_reason"), w.optional(body, "stop_sequence", w.want_str),
+                      _stop(body.get("stop_reason"), "stop_reason"), shape.optional(body, "stop_sequence", shape.want_str),
                       tuple(content) if kept else ())
 
 
@@ -548,47 +548,47 @@ class AnthropicStreamParser:
 
     def _frames(self, obj: dict, kind) -> list[Frame]:
         if kind == "content_block_delta":
-            delta = w.want_dict(obj.get("delta"), "delta")
+            delta = shape.want_dict(obj.get("delta"), "delta")
             dtype = delta.get("type")
             if dtype == "text_delta":
-                return [Frame(TEXT, w.want_str(delta.get("text", ""), "delta.text"))]
+                return [Frame(TEXT, shape.want_str(delta.get("text", ""), "delta.text"))]
             if dtype == "thinking_delta":
-                return [Frame(REASONING, w.want_str(delta.get("thinking", ""), "delta.thinking"))]
+                return [Frame(REASONING, shape.want_str(delta.get("thinking", ""), "delta.thinking"))]
             if dtype == "input_json_delta" and not _executed(self.blocks.get(obj.get("index"), "")):
-                return [Frame(TOOL_ARGS, w.want_str(delta.get("partial_json", ""), "delta.partial_json"))]
+                return [Frame(TOOL_ARGS, shape.want_str(delta.get("partial_json", ""), "delta.partial_json"))]
             if dtype == "signature_delta":
-                return [Frame(REASONING, "", ref=w.want_str(delta.get("signature"), "delta.signature"))]
+                return [Frame(REASONING, "", ref=shape.want_str(delta.get("signature"), "delta.signature"))]
             return []  # citations_delta: nothing to show
         if kind == "content_block_start":
-            block = w.want_dict(obj.get("content_block"), "content_block")
-            btype = w.want_str(block.get("type", ""), "content_block.type")
+            block = shape.want_dict(obj.get("content_block"), "content_block")
+            btype = shape.want_str(block.get("type", ""), "content_block.type")
             self.blocks[obj.get("index")] = btype
             if btype == "text":
-                return [Frame(TEXT, w.want_str(block.get("text", ""), "content_block.text"))]
+                return [Frame(TEXT, shape.want_str(block.get("text", ""), "content_block.text"))]
             if btype == "thinking":
-                return [Frame(REASONING, w.want_str(block.get("thinking", ""), "content_block.thinking"))]
+                return [Frame(REASONING, shape.want_str(block.get("thinking", ""), "content_block.thinking"))]
             if btype == "redacted_thinking":  # whole in its start: no deltas follow
-                return [Frame(REDACTED_REASONING, w.want_str(block.get("data"), "content_block.data"))]
+                return [Frame(REDACTED_REASONING, shape.want_str(block.get("data"), "content_block.data"))]
             if btype == "tool_use":
-                return [Frame(TOOL_CALL, w.want_str(block.get("name"), "content_block.name"),
-                              ref=w.optional(block, "id", w.want_str, "content_block") or "")]
+                return [Frame(TOOL_CALL, shape.want_str(block.get("name"), "content_block.name"),
+                              ref=shape.optional(block, "id", shape.want_str, "content_block") or "")]
             if _executed(btype):
                 return [Frame(EXECUTED_TOOL, block.get("name") or btype)]
             return [Frame(PREAMBLE, btype)]
         if kind == "ping":
             return [Frame(PING)]
         if kind == "message_start":
-            message = w.want_dict(obj.get("message"), "message")
+            message = shape.want_dict(obj.get("message"), "message")
             if message.get("usage") is not None:
                 self.usage = _usage(message["usage"], "message.usage")
             return [Frame(PREAMBLE, "message_start"), Frame(USAGE, usage=self.usage)]
         if kind == "message_delta":
             frames = []
-            delta = w.optional(obj, "delta", w.want_dict) or {}
+            delta = shape.optional(obj, "delta", shape.want_dict) or {}
             stop = _stop(delta.get("stop_reason"), "delta.stop_reason")
             if stop:
                 self.stopped = True
-                frames.append(Frame(FINISH, stop, ref=w.optional(delta, "stop_sequence", w.want_str, "delta") or ""))
+                frames.append(Frame(FINISH, stop, ref=shape.optional(delta, "stop_sequence", shape.want_str, "delta") or ""))
             if obj.get("usage") is not None:
                 self.usage = _usage(obj["usage"], "usage", self.usage)
             return [*frames, Frame(USAGE, usage=self.usage)]

@@ -32,7 +32,7 @@ from relayline.machines.stream import (
 from relayline.machines.turn import Completion
 
 from .. import jsoncodec
-from ..codecs import embeddings, responses_replies
+from ..codecs import embeddings, responses_replies, shape
 from ..codecs.common import data_url, openai_reply_usage
 from ..sse import SSEEvent
 from .base import CallRequest, ProviderFailure, client_headers
@@ -54,36 +54,36 @@ KNOWN = frozenset({"model", "messages", "stream", "stream_options", "n", "max_to
 def _part(raw, param: str, extra_names: list[str]) -> w.Part:
     if isinstance(raw, str):
         return w.Part(w.TEXT, raw)
-    raw = w.want_dict(raw, param)
-    kind = w.want_str(raw.get("type"), w.path(param, "type"))
-    extra = tuple(w.extras(raw, ("type", "text", "image_url", "file", "cache_control")))
-    cache = w.optional(raw, "cache_control", w.want_dict, param)  # a common extension (opencode, OpenRouter)
+    raw = shape.want_dict(raw, param)
+    kind = shape.want_str(raw.get("type"), shape.path(param, "type"))
+    extra = tuple(shape.extras(raw, ("type", "text", "image_url", "file", "cache_control")))
+    cache = shape.optional(raw, "cache_control", shape.want_dict, param)  # a common extension (opencode, OpenRouter)
     if kind in ("text", "input_text"):
-        return w.Part(w.TEXT, w.want_str(raw.get("text"), w.path(param, "text")), extra=extra, cache_control=cache)
+        return w.Part(w.TEXT, shape.want_str(raw.get("text"), shape.path(param, "text")), extra=extra, cache_control=cache)
     if kind == "image_url":
         image = raw.get("image_url")
         if isinstance(image, str):
             url = image
         else:
-            url = w.want_str(w.want_dict(image, w.path(param, "image_url")).get("url"), w.path(param, "image_url.url"))
+            url = shape.want_str(shape.want_dict(image, shape.path(param, "image_url")).get("url"), shape.path(param, "image_url.url"))
             # `detail` (low: fewer tokens; high: more) has no Anthropic equivalent; auto asks nothing
-            extra += tuple(f"content.image_url.{k}" for k in w.extras(image, ("url",))
+            extra += tuple(f"content.image_url.{k}" for k in shape.extras(image, ("url",))
                            if not (k == "detail" and image[k] == "auto"))
         data = data_url(url)
         if data is not None:
             return w.Part(w.IMAGE, data=data[1], media_type=data[0], extra=extra, cache_control=cache)
         return w.Part(w.IMAGE, url=url, extra=extra, cache_control=cache)
     if kind == "file":
-        file = w.want_dict(raw.get("file"), w.path(param, "file"))
-        extra += tuple(f"content.file.{k}" for k in w.extras(file, ("file_data", "file_id", "filename")))
-        title = w.optional(file, "filename", w.want_str, w.path(param, "file"))
+        file = shape.want_dict(raw.get("file"), shape.path(param, "file"))
+        extra += tuple(f"content.file.{k}" for k in shape.extras(file, ("file_data", "file_id", "filename")))
+        title = shape.optional(file, "filename", shape.want_str, shape.path(param, "file"))
         if file.get("file_data") is None and file.get("file_id") is not None:
             # an uploaded file, by its id: an openai entry gets the body as sent, another cannot
-            w.want_str(file["file_id"], w.path(param, "file.file_id"))
+            shape.want_str(file["file_id"], shape.path(param, "file.file_id"))
             return w.Part(w.DOCUMENT, extra=(*extra, w.OPENAI_FILE_ID), cache_control=cache)
-        data = data_url(w.want_str(file.get("file_data"), w.path(param, "file.file_data")))
+        data = data_url(shape.want_str(file.get("file_data"), shape.path(param, "file.file_data")))
         if data is None:
-            raise w.WireError(w.path(param, "file.file_data"), "expected a base64 data: URL")
+            raise w.WireError(shape.path(param, "file.file_data"), "expected a base64 data: URL")
         return w.Part(w.DOCUMENT, data=data[1], media_type=data[0], extra=extra, cache_control=cache, title=title)
     extra_names.append(f"content.{kind}")  # audio and other parts: this family's own
     return w.Part(kind, extra=extra, cache_control=cache)
@@ -98,21 +98,21 @@ def _content(raw, param: str, extra_names: list[str], *, nullable: bool) -> tupl
         return (w.Part(w.TEXT, raw),) if raw else ()
     if not isinstance(raw, list):
         raise w.WireError(param, f"expected a string or a list of content parts, got {w.describe(raw)}")
-    return tuple(_part(p, w.path(param, i), extra_names) for i, p in enumerate(raw))
+    return tuple(_part(p, shape.path(param, i), extra_names) for i, p in enumerate(raw))
 
 
 def _tool_call(raw, param: str, extra_names: list[str]) -> w.ToolCall:
-    raw = w.want_dict(raw, param)
-    function = w.want_dict(raw.get("function"), w.path(param, "function"))
+    raw = shape.want_dict(raw, param)
+    function = shape.want_dict(raw.get("function"), shape.path(param, "function"))
     # (`index`, a stream's place of the call, says nothing once the calls are in order)
-    extra_names.extend(f"messages.tool_calls.{k}" for k in w.extras(raw, ("id", "type", "function", "index",
+    extra_names.extend(f"messages.tool_calls.{k}" for k in shape.extras(raw, ("id", "type", "function", "index",
                                                                           "cache_control")))
-    extra_names.extend(f"messages.tool_calls.function.{k}" for k in w.extras(function, ("name", "arguments")))
+    extra_names.extend(f"messages.tool_calls.function.{k}" for k in shape.extras(function, ("name", "arguments")))
     arguments = function.get("arguments")
-    arguments = "{}" if arguments is None else w.want_str(arguments, w.path(param, "function.arguments"))
-    return w.ToolCall(w.want_str(raw.get("id"), w.path(param, "id")),
-                      w.want_str(function.get("name"), w.path(param, "function.name")), arguments,
-                      w.optional(raw, "cache_control", w.want_dict, param))  # (a caching hint, as on a message)
+    arguments = "{}" if arguments is None else shape.want_str(arguments, shape.path(param, "function.arguments"))
+    return w.ToolCall(shape.want_str(raw.get("id"), shape.path(param, "id")),
+                      shape.want_str(function.get("name"), shape.path(param, "function.name")), arguments,
+                      shape.optional(raw, "cache_control", shape.want_dict, param))  # (a caching hint, as on a message)
 
 
 # what relayline put beside `reasoning_content` on an answer for its client to send back with it
@@ -125,12 +125,12 @@ _ASSISTANT_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "cache_con
 def _reasoning_history(raw: dict, param: str) -> tuple[w.Part, ...]:
     """The reasoning an assistant message of the history carries back: its thinking (signed
     when relayline gave the client a signature for it), then its redacted thinking."""
-    text = w.optional(raw, "reasoning_content", w.want_str, param) or ""
-    signature = w.optional(raw, "reasoning_signature", w.want_str, param) or ""
-    redacted = w.optional(raw, "reasoning_redacted", w.want_list, param) or ()
-    where = w.path(param, "reasoning_redacted")
+    text = shape.optional(raw, "reasoning_content", shape.want_str, param) or ""
+    signature = shape.optional(raw, "reasoning_signature", shape.want_str, param) or ""
+    redacted = shape.optional(raw, "reasoning_redacted", shape.want_list, param) or ()
+    where = shape.path(param, "reasoning_redacted")
     thinking = (w.Part(w.THINKING, text, signature=signature),) if text or signature else ()
-    return thinking + tuple(w.Part(w.REDACTED_THINKING, data=w.want_str(data, w.path(where, i)))
+    return thinking + tuple(w.Part(w.REDACTED_THINKING, data=shape.want_str(data, shape.path(where, i)))
                             for i, data in enumerate(redacted))
 
 
@@ -145,14 +145,14 @@ def _message(raw, index: int, extra_names: list[str]) -> w.Message:
             # nearly every message of a conversation: a role and a string, nothing else to check
             # (what the general path below makes of it, without its per-field paths and extras)
             return w.Message(_PLAIN_ROLES[role], (w.Part(w.TEXT, content),) if content else ())
-    param = w.path("messages", index)
-    raw = w.want_dict(raw, param)
+    param = shape.path("messages", index)
+    raw = shape.want_dict(raw, param)
     content = raw.get("content")
-    role = w.want_str(raw.get("role"), w.path(param, "role"))
-    where = w.path(param, "content")
-    extra_names.extend(f"messages.{k}" for k in w.extras(raw, _ASSISTANT_FIELDS if role == "assistant" else (
+    role = shape.want_str(raw.get("role"), shape.path(param, "role"))
+    where = shape.path(param, "content")
+    extra_names.extend(f"messages.{k}" for k in shape.extras(raw, _ASSISTANT_FIELDS if role == "assistant" else (
         "role", "content", "tool_calls", "tool_call_id", "cache_control")))
-    cache = w.optional(raw, "cache_control", w.want_dict, param)
+    cache = shape.optional(raw, "cache_control", shape.want_dict, param)
     if role in ("system", "developer"):
         return w.Message(w.SYSTEM, _content(content, where, extra_names, nullable=False), cache_control=cache)
     if role == "user":
@@ -160,39 +160,39 @@ def _message(raw, index: int, extra_names: list[str]) -> w.Message:
     if role == "assistant":
         calls = raw.get("tool_calls")
         calls = () if calls is None else tuple(
-            _tool_call(c, w.path(w.path(param, "tool_calls"), i), extra_names) for i, c in enumerate(w.want_list(calls, w.path(param, "tool_calls"))))
+            _tool_call(c, shape.path(shape.path(param, "tool_calls"), i), extra_names) for i, c in enumerate(shape.want_list(calls, shape.path(param, "tool_calls"))))
         return w.Message(w.ASSISTANT, _reasoning_history(raw, param) + _content(content, where, extra_names, nullable=True),
                          calls, cache_control=cache)
     if role == "tool":
-        call_id = w.want_str(raw.get("tool_call_id"), w.path(param, "tool_call_id"))
+        call_id = shape.want_str(raw.get("tool_call_id"), shape.path(param, "tool_call_id"))
         return w.Message(w.TOOL, _content(content, where, extra_names, nullable=False), tool_call_id=call_id,
                          cache_control=cache)
-    raise w.WireError(w.path(param, "role"), "must be one of system, developer, user, assistant, tool")
+    raise w.WireError(shape.path(param, "role"), "must be one of system, developer, user, assistant, tool")
 
 
 def _tool(raw, param: str, extra_names: list[str]) -> w.Tool | None:
-    raw = w.want_dict(raw, param)
+    raw = shape.want_dict(raw, param)
     kind = raw.get("type", "function")
     if kind != "function":
         # a custom tool (free-form input): an openai entry gets the body as sent, another cannot
-        extra_names.append(f"tools.{w.want_str(kind, w.path(param, 'type'))}")
+        extra_names.append(f"tools.{shape.want_str(kind, shape.path(param, 'type'))}")
         return None
-    function = w.want_dict(raw.get("function"), w.path(param, "function"))
-    extra_names.extend(f"tools.{k}" for k in w.extras(raw, ("type", "function", "cache_control")))
-    extra_names.extend(f"tools.function.{k}" for k in w.extras(function, ("name", "description", "parameters", "strict")))
-    parameters = w.optional(function, "parameters", w.want_dict, w.path(param, "function"))
-    return w.Tool(w.want_str(function.get("name"), w.path(param, "function.name")),
-                  w.optional(function, "description", w.want_str, w.path(param, "function")) or "",
+    function = shape.want_dict(raw.get("function"), shape.path(param, "function"))
+    extra_names.extend(f"tools.{k}" for k in shape.extras(raw, ("type", "function", "cache_control")))
+    extra_names.extend(f"tools.function.{k}" for k in shape.extras(function, ("name", "description", "parameters", "strict")))
+    parameters = shape.optional(function, "parameters", shape.want_dict, shape.path(param, "function"))
+    return w.Tool(shape.want_str(function.get("name"), shape.path(param, "function.name")),
+                  shape.optional(function, "description", shape.want_str, shape.path(param, "function")) or "",
                   parameters if parameters is not None else {"type": "object"},
-                  bool(w.optional(function, "strict", w.want_bool, w.path(param, "function"))),
-                  w.optional(raw, "cache_control", w.want_dict, param))  # (a caching hint, as on a message)
+                  bool(shape.optional(function, "strict", shape.want_bool, shape.path(param, "function"))),
+                  shape.optional(raw, "cache_control", shape.want_dict, param))  # (a caching hint, as on a message)
 
 
 def _max_tokens(body: dict) -> int | None:
     """The output limit: `max_completion_tokens`, or the older `max_tokens`. Both, with different
     values, is two limits: which one the client meant is theirs to say."""
-    limit = w.optional(body, "max_completion_tokens", w.want_int, "", 1)
-    legacy = w.optional(body, "max_tokens", w.want_int, "", 1)
+    limit = shape.optional(body, "max_completion_tokens", shape.want_int, "", 1)
+    legacy = shape.optional(body, "max_tokens", shape.want_int, "", 1)
     if limit is not None and legacy is not None and limit != legacy:
         raise w.WireError("max_tokens", f"is {legacy} but max_completion_tokens is {limit}: send one of them")
     return limit if limit is not None else legacy
@@ -205,29 +205,29 @@ def _tool_choice(raw, extra_names: list[str]) -> w.ToolChoice | None:
         if raw not in ("auto", "none", "required"):
             raise w.WireError("tool_choice", "must be auto, none, required or a function")
         return w.ToolChoice(raw)
-    raw = w.want_dict(raw, "tool_choice")
+    raw = shape.want_dict(raw, "tool_choice")
     kind = raw.get("type", "function")
     if kind != "function":  # allowed_tools, a custom tool: an openai entry gets them as sent
-        extra_names.append(f"tool_choice.{w.want_str(kind, 'tool_choice.type')}")
+        extra_names.append(f"tool_choice.{shape.want_str(kind, 'tool_choice.type')}")
         return None
-    function = w.want_dict(raw.get("function"), "tool_choice.function")
-    extra_names.extend(f"tool_choice.{k}" for k in w.extras(raw, ("type", "function")))
-    extra_names.extend(f"tool_choice.function.{k}" for k in w.extras(function, ("name",)))
-    return w.ToolChoice("tool", w.want_str(function.get("name"), "tool_choice.function.name"))
+    function = shape.want_dict(raw.get("function"), "tool_choice.function")
+    extra_names.extend(f"tool_choice.{k}" for k in shape.extras(raw, ("type", "function")))
+    extra_names.extend(f"tool_choice.function.{k}" for k in shape.extras(function, ("name",)))
+    return w.ToolChoice("tool", shape.want_str(function.get("name"), "tool_choice.function.name"))
 
 
 def _response_format(raw, extra_names: list[str]) -> w.ResponseFormat | None:
     if raw is None:
         return None
-    raw = w.want_dict(raw, "response_format")
-    kind = w.want_str(raw.get("type"), "response_format.type")
+    raw = shape.want_dict(raw, "response_format")
+    kind = shape.want_str(raw.get("type"), "response_format.type")
     if kind not in ("text", "json_object", "json_schema"):
         raise w.WireError("response_format.type", "must be text, json_object or json_schema")
-    schema = w.optional(raw, "json_schema", w.want_dict, "response_format")
-    extra_names.extend(f"response_format.{k}" for k in w.extras(raw, ("type", "json_schema")))
+    schema = shape.optional(raw, "json_schema", shape.want_dict, "response_format")
+    extra_names.extend(f"response_format.{k}" for k in shape.extras(raw, ("type", "json_schema")))
     if schema is not None:
         extra_names.extend(f"response_format.json_schema.{k}"
-                           for k in w.extras(schema, ("name", "schema", "strict", "description")))
+                           for k in shape.extras(schema, ("name", "schema", "strict", "description")))
     return w.ResponseFormat(kind, schema)
 
 
@@ -238,13 +238,13 @@ _BARE = frozenset({"model", "messages"})
 def parse_request(body, headers=(), query: str = "", *, passthrough: bool = True) -> w.Request:
     """A chat completions body (and its request headers) as the canonical request; a body of the
     wrong shape raises WireError naming the field."""
-    body = w.want_dict(body, "")
+    body = shape.want_dict(body, "")
     parsed, extra_names = _messages(body)
     kept = w.Passthrough(_without_relayline_fields(body), client_headers(headers), query) if passthrough else None
     if not extra_names and body.keys() <= _BARE:
         # what `_with_options` makes of it, without its eleven absent options looked up and
         # checked one by one (a property test holds the two equal)
-        return w.Request(messages=parsed, model=w.check_model(body.get("model")), source="openai", passthrough=kept)
+        return w.Request(messages=parsed, model=shape.check_model(body.get("model")), source="openai", passthrough=kept)
     return _with_options(body, parsed, extra_names, kept)
 
 
@@ -265,7 +265,7 @@ def _messages(body: dict) -> tuple[tuple[w.Message, ...], list[str]]:
     """The body's messages, and the names of the fields in them this family alone has."""
     if body.get("n") not in (None, 1):
         raise w.WireError("n", "only n = 1 is supported")
-    messages = w.want_list(body.get("messages"), "messages")
+    messages = shape.want_list(body.get("messages"), "messages")
     if not messages:
         raise w.WireError("messages", "must not be empty")
     extra_names: list[str] = []
@@ -277,34 +277,34 @@ def _with_options(body: dict, parsed: tuple[w.Message, ...], extra_names: list[s
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
-    stop = () if stop is None else tuple(w.want_str(s, w.path("stop", i)) for i, s in enumerate(w.want_list(stop, "stop")))
-    tools = tuple(t for t in (_tool(t, w.path("tools", i), extra_names)
-                              for i, t in enumerate(w.optional(body, "tools", w.want_list) or ())) if t is not None)
+    stop = () if stop is None else tuple(shape.want_str(s, shape.path("stop", i)) for i, s in enumerate(shape.want_list(stop, "stop")))
+    tools = tuple(t for t in (_tool(t, shape.path("tools", i), extra_names)
+                              for i, t in enumerate(shape.optional(body, "tools", shape.want_list) or ())) if t is not None)
     tool_choice = _tool_choice(body.get("tool_choice"), extra_names)
     response_format = _response_format(body.get("response_format"), extra_names)
-    options = w.optional(body, "stream_options", w.want_dict) or {}
-    extra_names.extend(f"stream_options.{k}" for k in w.extras(options, ("include_usage",)))
-    effort = w.optional(body, "reasoning_effort", w.want_str)
+    options = shape.optional(body, "stream_options", shape.want_dict) or {}
+    extra_names.extend(f"stream_options.{k}" for k in shape.extras(options, ("include_usage",)))
+    effort = shape.optional(body, "reasoning_effort", shape.want_str)
     if effort == "":
         raise w.WireError("reasoning_effort", "is empty: name an effort (low, medium, high...) or leave it out")
     max_tokens = _max_tokens(body)
-    extra = {k: body[k] for k in w.extras(body, KNOWN)}
+    extra = {k: body[k] for k in shape.extras(body, KNOWN)}
     extra.update({name: None for name in extra_names})
     return w.Request(
         messages=parsed,
-        model=w.check_model(body.get("model")),
-        stream=bool(w.optional(body, "stream", w.want_bool)),
-        include_usage=bool(w.optional(options, "include_usage", w.want_bool, "stream_options")),
+        model=shape.check_model(body.get("model")),
+        stream=bool(shape.optional(body, "stream", shape.want_bool)),
+        include_usage=bool(shape.optional(options, "include_usage", shape.want_bool, "stream_options")),
         max_tokens=max_tokens,
-        temperature=w.optional(body, "temperature", w.want_number, "", 0, 2),
-        top_p=w.optional(body, "top_p", w.want_number, "", 0, 1),
+        temperature=shape.optional(body, "temperature", shape.want_number, "", 0, 2),
+        top_p=shape.optional(body, "top_p", shape.want_number, "", 0, 1),
         stop=stop,
         tools=tools,
         tool_choice=tool_choice,
-        parallel_tool_calls=w.optional(body, "parallel_tool_calls", w.want_bool),
+        parallel_tool_calls=shape.optional(body, "parallel_tool_calls", shape.want_bool),
         response_format=response_format,
         reasoning=w.Reasoning(effort=effort) if effort else None,
-        user=w.optional(body, "user", w.want_str),
+        user=shape.optional(body, "user", shape.want_str),
         extra=extra,
         source="openai",
         passthrough=passthrough,
@@ -404,7 +404,7 @@ def _reasoning(message: dict, param: str) -> str:
     value = message.get("reasoning_content")
     if value is None:
         value = message.get("reasoning")
-    return "" if value is None else w.want_str(value, w.path(param, "reasoning_content"))
+    return "" if value is None else shape.want_str(value, shape.path(param, "reasoning_content"))
 
 
 def _arguments(value, param: str) -> str:
@@ -412,13 +412,13 @@ def _arguments(value, param: str) -> str:
         return ""
     if isinstance(value, dict):  # some compatible servers send the object itself
         return json.dumps(value)
-    return w.want_str(value, param)
+    return shape.want_str(value, param)
 
 
 def _finish(raw, param: str) -> str | None:
     if raw is None:
         return None
-    return w.OPENAI_FINISH.get(w.want_str(raw, param), w.STOP)
+    return w.OPENAI_FINISH.get(shape.want_str(raw, param), w.STOP)
 
 
 def _raise_error(error) -> None:
@@ -431,9 +431,9 @@ def _text(content, param: str) -> str:
     if content is None:
         return ""
     if isinstance(content, list):  # a few compatible servers answer with text parts
-        return "".join(w.want_str(w.want_dict(p, w.path(param, i)).get("text", ""), w.path(w.path(param, i), "text"))
+        return "".join(shape.want_str(shape.want_dict(p, shape.path(param, i)).get("text", ""), shape.path(shape.path(param, i), "text"))
                        for i, p in enumerate(content))
-    return w.want_str(content, param)
+    return shape.want_str(content, param)
 
 
 def _plain_answer(body: dict) -> Completion | None:
@@ -466,8 +466,8 @@ def _plain_answer(body: dict) -> Completion | None:
                 raw.get("completion_tokens_details") is not None:
             return None
         prompt, output = raw.get("prompt_tokens", 0), raw.get("completion_tokens", 0)
-        if type(prompt) is not int or type(output) is not int or not 0 <= prompt <= w.MAX_TOKENS or \
-                not 0 <= output <= w.MAX_TOKENS:
+        if type(prompt) is not int or type(output) is not int or not 0 <= prompt <= shape.MAX_TOKENS or \
+                not 0 <= output <= shape.MAX_TOKENS:
             return None  # (a null count, or one out of range: the walk reads or refuses it)
         usage = Usage(prompt, output)
     return Completion(text, "", (), usage, (), (), None if finish is None else w.OPENAI_FINISH.get(finish, w.STOP))
@@ -481,31 +481,31 @@ def parse_completion(body: dict) -> Completion:
 def _walk_completion(body: dict) -> Completion:
     if body.get("error"):
         _raise_error(body["error"])
-    choices = w.want_list(body.get("choices"), "choices")
+    choices = shape.want_list(body.get("choices"), "choices")
     if not choices:
         return Completion(usage=openai_reply_usage(body.get("usage")) or Usage())
-    choice = w.want_dict(choices[0], "choices[0]")
-    message = w.want_dict(choice.get("message"), "choices[0].message")
-    calls = w.optional(message, "tool_calls", w.want_list, "choices[0].message") or []
+    choice = shape.want_dict(choices[0], "choices[0]")
+    message = shape.want_dict(choice.get("message"), "choices[0].message")
+    calls = shape.optional(message, "tool_calls", shape.want_list, "choices[0].message") or []
     names, arguments, ids = [], [], []
     for i, call in enumerate(calls):
         where = f"choices[0].message.tool_calls[{i}]"
-        call = w.want_dict(call, where)
-        function = w.want_dict(call.get("function"), f"{where}.function")
-        names.append(w.want_str(function.get("name"), f"{where}.function.name"))
+        call = shape.want_dict(call, where)
+        function = shape.want_dict(call.get("function"), f"{where}.function")
+        names.append(shape.want_str(function.get("name"), f"{where}.function.name"))
         arguments.append(_arguments(function.get("arguments"), f"{where}.function.arguments"))
-        ids.append(w.optional(call, "id", w.want_str, where) or "")
+        ids.append(shape.optional(call, "id", shape.want_str, where) or "")
     text = _text(message.get("content"), "choices[0].message.content")
     finish = _finish(choice.get("finish_reason"), "choices[0].finish_reason")
-    refusal = w.optional(message, "refusal", w.want_str, "choices[0].message")
+    refusal = shape.optional(message, "refusal", shape.want_str, "choices[0].message")
     if refusal:
         # the model declined (structured outputs): its words are the answer, a refusal as
         # on_refusal and both dialects know one (finish_reason stop said nothing of it)
         text, finish = text + refusal, w.CONTENT_FILTER
     return Completion(text, _reasoning(message, "choices[0].message"), tuple(names),
                       openai_reply_usage(body.get("usage")), tuple(arguments), tuple(ids), finish,
-                      logprobs=w.optional(choice, "logprobs", w.want_dict, "choices[0]"),
-                      annotations=tuple(w.optional(message, "annotations", w.want_list, "choices[0].message") or ()))
+                      logprobs=shape.optional(choice, "logprobs", shape.want_dict, "choices[0]"),
+                      annotations=tuple(shape.optional(message, "annotations", shape.want_list, "choices[0].message") or ()))
 
 
 def _only_text(obj: dict) -> str | None:
@@ -565,10 +565,10 @@ class OpenAIStreamParser:
         if obj.get("error"):
             _raise_error(obj["error"])
         frames: list[Frame] = []
-        for i, choice in enumerate(w.optional(obj, "choices", w.want_list) or ()):
+        for i, choice in enumerate(shape.optional(obj, "choices", shape.want_list) or ()):
             where = f"choices[{i}]"
-            choice = w.want_dict(choice, where)
-            delta = w.optional(choice, "delta", w.want_dict, where) or {}
+            choice = shape.want_dict(choice, where)
+            delta = shape.optional(choice, "delta", shape.want_dict, where) or {}
             if delta.get("role"):
                 frames.append(Frame(ROLE))
             reasoning = _reasoning(delta, f"{where}.delta")
@@ -576,25 +576,25 @@ class OpenAIStreamParser:
                 frames.append(Frame(REASONING, reasoning))
             content = delta.get("content")
             if content is not None:
-                content = w.want_str(content, f"{where}.delta.content")
-                logprobs = w.optional(choice, "logprobs", w.want_dict, where)
+                content = shape.want_str(content, f"{where}.delta.content")
+                logprobs = shape.optional(choice, "logprobs", shape.want_dict, where)
                 # the text's logprobs ride on its frame (the client asked for them), as JSON
                 frames.append(Frame(TEXT, content, ref=jsoncodec.dumps(logprobs).decode() if logprobs else "")
                               if content else Frame(PREAMBLE))
             refusal = delta.get("refusal")
-            if refusal is not None and w.want_str(refusal, f"{where}.delta.refusal"):
+            if refusal is not None and shape.want_str(refusal, f"{where}.delta.refusal"):
                 self.refused = True
                 frames.append(Frame(TEXT, refusal))
-            for j, call in enumerate(w.optional(delta, "tool_calls", w.want_list, f"{where}.delta") or ()):
+            for j, call in enumerate(shape.optional(delta, "tool_calls", shape.want_list, f"{where}.delta") or ()):
                 at = f"{where}.delta.tool_calls[{j}]"
-                call = w.want_dict(call, at)
-                function = w.optional(call, "function", w.want_dict, at) or {}
-                name = w.optional(function, "name", w.want_str, f"{at}.function")
-                index = w.optional(call, "index", w.want_int, at)
+                call = shape.want_dict(call, at)
+                function = shape.optional(call, "function", shape.want_dict, at) or {}
+                name = shape.optional(function, "name", shape.want_str, f"{at}.function")
+                index = shape.optional(call, "index", shape.want_int, at)
                 index = j if index is None else index
                 if name:
                     self.calls[index] = len(self.calls)
-                    frames.append(Frame(TOOL_CALL, name, ref=w.optional(call, "id", w.want_str, at) or ""))
+                    frames.append(Frame(TOOL_CALL, name, ref=shape.optional(call, "id", shape.want_str, at) or ""))
                 arguments = _arguments(function.get("arguments"), f"{at}.function.arguments")
                 if arguments:
                     # a piece of a call opened before the last one names its place (calls opened
