@@ -45,6 +45,8 @@ from relayline.machines.turn import Turn, TurnResult
 
 from .codecs import shape
 from .codecs.embeddings import parse_request as parse_embeddings
+from .codecs.openai_chat import KNOWN
+from .codecs.openai_chat import parse_request as parse_openai
 from .configfile import load_config_file
 from .driver import DISCARD, Sink, TurnRun
 from .hosts import (
@@ -60,8 +62,6 @@ from .hosts import (
 )
 from .logs import event
 from .providers.base import ProviderClient
-from .providers.openai import KNOWN
-from .providers.openai import parse_request as parse_openai
 from .providers.pool import Pools
 from .redact import protect
 

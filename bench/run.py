@@ -324,7 +324,7 @@ def bench_driver(turns: int = 300) -> dict:
 def bench_wire() -> dict:
     """What reading and translating a request costs, beside what reading its JSON costs."""
     from relayline.adapters import jsoncodec
-    from relayline.adapters.providers import anthropic, openai
+    from relayline.adapters.codecs import anthropic_messages, openai_chat
 
     body = {"model": "m", "temperature": 0.3, "max_tokens": 256, "stop": ["END"], "user": "u",
             "tools": [{"type": "function", "function": {"name": f"tool{i}", "description": "d",
@@ -339,12 +339,12 @@ def bench_wire() -> dict:
     raw = json.dumps(body).encode()
 
     def translate():
-        request = openai.parse_request(json.loads(raw))
-        anthropic.render_request(request, "claude", False)
+        request = openai_chat.parse_request(json.loads(raw))
+        anthropic_messages.render_request(request, "claude", False)
 
     def passthrough():
-        request = openai.parse_request(json.loads(raw))
-        openai.render_request(request, "gpt", False)
+        request = openai_chat.parse_request(json.loads(raw))
+        openai_chat.render_request(request, "gpt", False)
 
     return {"translate_25_messages_us": per_call_us(translate, 2000),
             "passthrough_25_messages_us": per_call_us(passthrough, 2000),

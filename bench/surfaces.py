@@ -25,10 +25,9 @@ from pathlib import Path
 
 import httpx
 
+from relayline.adapters.codecs import anthropic_messages, openai_chat
 from relayline.adapters.codecs import responses as responses_codec
 from relayline.adapters.gateway.dialects import AnthropicStream, OpenAIStream
-from relayline.adapters.providers import anthropic as anthropic_family
-from relayline.adapters.providers import openai as openai_family
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.adapters.sim.loopback import BackgroundLoopback, Reply, Seen
 from relayline.adapters.sim.recorder import JSON, SSE, Answer, openai_reply
@@ -61,8 +60,8 @@ def bench_codecs(n: int) -> dict:
         renderer.opening("m")
         renderer.event(event)
     return {
-        "parse_us": {"chat": per_call_us(lambda: openai_family.parse_request(chat), n),
-                     "messages": per_call_us(lambda: anthropic_family.parse_request(messages), n),
+        "parse_us": {"chat": per_call_us(lambda: openai_chat.parse_request(chat), n),
+                     "messages": per_call_us(lambda: anthropic_messages.parse_request(messages), n),
                      "responses": per_call_us(lambda: responses_codec.parse_request(responses), n)},
         "frame_us": {name: per_call_us(lambda r=r: r.event(event), n * 10) for name, r in renderers.items()},
     }

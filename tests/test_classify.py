@@ -456,8 +456,7 @@ def test_an_optional_field_is_checked_under_its_own_path():
 
 
 def test_a_message_level_caching_hint_goes_on_the_messages_last_block_towards_anthropic():
-    from relayline.adapters.providers import anthropic as anthropic_wire
-    from relayline.adapters.providers import openai as openai_wire
+    from relayline.adapters.codecs import anthropic_messages, openai_chat
     hint = {"type": "ephemeral"}
     body = {"messages": [
         {"role": "user", "content": "q"},
@@ -466,8 +465,8 @@ def test_a_message_level_caching_hint_goes_on_the_messages_last_block_towards_an
             {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "one", "cache_control": hint},
         {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "two", "cache_control": hint}]}]}
-    request = openai_wire.parse_request(body)
-    _, messages = anthropic_wire.render_messages(request.messages)
+    request = openai_chat.parse_request(body)
+    _, messages = anthropic_messages.render_messages(request.messages)
     assert messages[1]["content"] == [
         {"type": "text", "text": "looking"}, {"type": "tool_use", "id": "c1", "name": "f", "input": {}},
         {"type": "tool_use", "id": "c2", "name": "g", "input": {}, "cache_control": hint}]
@@ -475,8 +474,8 @@ def test_a_message_level_caching_hint_goes_on_the_messages_last_block_towards_an
         {"type": "tool_result", "tool_use_id": "c1", "content": [{"type": "text", "text": "one"}], "cache_control": hint},
         {"type": "tool_result", "tool_use_id": "c2", "content": [{"type": "text", "text": "two", "cache_control": hint}]}]
     # an OpenAI body written again for its own family keeps each hint where its client put it
-    again = openai_wire.render_request(attrs.evolve(request, passthrough=None), "m", False)["messages"]
+    again = openai_chat.render_request(attrs.evolve(request, passthrough=None), "m", False)["messages"]
     assert [m.get("cache_control") for m in again] == [None, hint, hint, None]
     assert again[3]["content"] == [{"type": "text", "text": "two", "cache_control": hint}]
     # and written for the other family from an Anthropic client's, nothing of them is left
-    assert "cache_control" not in json.dumps(openai_wire.render_request(attrs.evolve(request, source="anthropic"), "m", False))
+    assert "cache_control" not in json.dumps(openai_chat.render_request(attrs.evolve(request, source="anthropic"), "m", False))

@@ -118,9 +118,9 @@ class _Mapping(dict):
      "content": st.one_of(st.text(max_size=8), st.none(), st.just([{"type": "text", "text": "a"}]))},
     optional={"name": st.text(max_size=3), "tool_call_id": st.text(max_size=3)}), min_size=1, max_size=4))
 def test_a_plain_message_read_at_once_is_what_the_general_path_reads(messages):
-    """providers/openai.py reads a message of a role and a string at once; whatever the message,
+    """codecs/openai_chat.py reads a message of a role and a string at once; whatever the message,
     the request (or the refusal, by field and message) is the one the field-by-field path makes."""
-    from relayline.adapters.providers.openai import parse_request
+    from relayline.adapters.codecs.openai_chat import parse_request
 
     def read(body):
         try:
@@ -146,9 +146,9 @@ _option = st.sampled_from([("stream", True), ("stream", "yes"), ("temperature", 
        headers=st.lists(st.sampled_from([("OpenAI-Beta", "b"), ("openai-organization", "o"), ("Authorization", "k")]),
                         max_size=2))
 def test_a_bare_body_read_at_once_is_what_the_options_path_reads(model, messages, options, has_model, headers):
-    """providers/openai.py reads a body of messages and a model at once; whatever the body, the
+    """codecs/openai_chat.py reads a body of messages and a model at once; whatever the body, the
     request (or the refusal) is the one the path that reads every option makes."""
-    from relayline.adapters.providers.openai import _messages, _with_options, parse_request
+    from relayline.adapters.codecs.openai_chat import _messages, _with_options, parse_request
 
     body = {"messages": messages, **dict(options)}
     if has_model:
@@ -359,12 +359,11 @@ def test_dropping_unsupported_fields_never_deletes_content(request, names, visio
     """Any canonical request, any set of names to drop: every text, image, document and tool datum
     is still in the request, and reaches the body rendered for either family whenever that
     family's entry may serve the request at all (nothing it cannot take is content)."""
-    from relayline.adapters.providers import anthropic as anthropic_wire
-    from relayline.adapters.providers import openai as openai_wire
+    from relayline.adapters.codecs import anthropic_messages, openai_chat
     from relayline.machines.config import Capabilities
 
-    for family, render, read in (("openai", openai_wire.render_request, _openai_data),
-                                 ("anthropic", anthropic_wire.render_request, _anthropic_data)):
+    for family, render, read in (("openai", openai_chat.render_request, _openai_data),
+                                 ("anthropic", anthropic_messages.render_request, _anthropic_data)):
         capabilities = Capabilities(vision=vision, prefill=prefill)
         dropped = (*names, *wire.droppable(request, family, capabilities))
         kept = wire.without(request, dropped)
@@ -438,8 +437,7 @@ def test_every_field_a_client_sent_crosses_families_or_is_named(source, data):
     """For a body the parser accepts, a key added anywhere either reaches the other family's
     request or is named unsupported (the entry is skipped, or with drop_unsupported_params the
     key is dropped and named): never read past in silence."""
-    from relayline.adapters.providers import anthropic as anthropic_family
-    from relayline.adapters.providers import openai as openai_family
+    from relayline.adapters.codecs import anthropic_messages, openai_chat
     from relayline.machines.config import Capabilities
 
     body = json.loads(json.dumps(FULL_BODIES[source]))
@@ -447,7 +445,7 @@ def test_every_field_a_client_sent_crosses_families_or_is_named(source, data):
     chosen = data.draw(st.lists(st.integers(0, len(objects) - 1), min_size=1, max_size=3, unique=True))
     for i in chosen:
         objects[i][0][f"zq{i}"] = f"MARK{i}"
-    codec, other = (openai_family, anthropic_family) if source == "openai" else (anthropic_family, openai_family)
+    codec, other = (openai_chat, anthropic_messages) if source == "openai" else (anthropic_messages, openai_chat)
     request = codec.parse_request(body)
     family = "anthropic" if source == "openai" else "openai"
     names = wire.unsupported(request, family, Capabilities())

@@ -268,16 +268,15 @@ def test_an_output_config_keeps_its_other_fields_beside_the_format():
     """output_config holds more than the format (effort, and fields relayline does not read): a
     body rendered from the canonical request (a field dropped for the entry) keeps them beside it;
     towards openai the effort is `reasoning_effort` and the rest is named."""
-    from relayline.adapters.providers import anthropic as family
-    from relayline.adapters.providers import openai as other
+    from relayline.adapters.codecs import anthropic_messages, openai_chat
     from relayline.machines import wire
 
     body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "q"}],
             "output_config": {"effort": "high", "format": {"type": "json_schema", "schema": WEATHER},
                               "a_later_field": 1}}
-    request = family.parse_request(body, passthrough=False)
-    assert family.render_request(request, "claude-up", False)["output_config"] == body["output_config"]
-    assert other.render_request(request, "gpt-up", False)["reasoning_effort"] == "high"
+    request = anthropic_messages.parse_request(body, passthrough=False)
+    assert anthropic_messages.render_request(request, "claude-up", False)["output_config"] == body["output_config"]
+    assert openai_chat.render_request(request, "gpt-up", False)["reasoning_effort"] == "high"
     assert wire.unsupported(request, "openai", wire.Capabilities()) == ("output_config",)
     assert wire.unsupported(request, "openai", wire.Capabilities(structured_outputs=False)) == (
         "output_config.format", "output_config")
@@ -286,18 +285,17 @@ def test_an_output_config_keeps_its_other_fields_beside_the_format():
 def test_dropping_structured_outputs_removes_exactly_the_named_field():
     """drop_unsupported_params: a tool's strictness or a format's description goes, never the
     tool or the schema."""
-    from relayline.adapters.providers import anthropic as anthropic_family
-    from relayline.adapters.providers import openai as openai_family
+    from relayline.adapters.codecs import anthropic_messages, openai_chat
     from relayline.machines import wire
 
     described = {"type": "json_schema", "json_schema": {"name": "w", "description": "d", "schema": WEATHER}}
-    request = openai_family.parse_request({"messages": [{"role": "user", "content": "q"}], "tools": STRICT_TOOLS,
+    request = openai_chat.parse_request({"messages": [{"role": "user", "content": "q"}], "tools": STRICT_TOOLS,
                                            "response_format": described})
     names = wire.unsupported(request, "anthropic", wire.Capabilities(structured_outputs=False))
     assert names == ("tools.function.strict", "response_format", "response_format.json_schema.description")
-    body = anthropic_family.render_request(wire.without(request, ("tools.function.strict",)), "m", False)
+    body = anthropic_messages.render_request(wire.without(request, ("tools.function.strict",)), "m", False)
     assert body["tools"] == [{"name": "get_weather", "description": "", "input_schema": WEATHER}]
     kept = wire.without(request, ("response_format.json_schema.description",))
     assert kept.response_format.json_schema == {"name": "w", "schema": WEATHER} and kept.tools[0].strict
-    body = anthropic_family.render_request(kept, "m", False)
+    body = anthropic_messages.render_request(kept, "m", False)
     assert body["output_config"] == {"format": {"type": "json_schema", "schema": WEATHER}}

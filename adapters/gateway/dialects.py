@@ -17,11 +17,9 @@ from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
 from .. import jsoncodec
-from ..codecs import count_tokens, embeddings
+from ..codecs import anthropic_messages, count_tokens, embeddings, openai_chat
 from ..codecs import responses as responses_codec
 from ..codecs.common import ANTHROPIC_TYPES, ERRORS, UNKNOWN_ERROR, ToolIds, answer_tools
-from ..providers import anthropic as anthropic_family
-from ..providers import openai as openai_family
 
 
 def _usage(result: TurnResult) -> Usage:
@@ -100,7 +98,7 @@ class OpenAIDialect:
         return 400, self.error_body(str(error), "invalid_request_error", "invalid_body", error.param or None)
 
     def parse(self, body, headers=(), query: str = "") -> wire.Request:
-        return openai_family.parse_request(body, headers, query)
+        return openai_chat.parse_request(body, headers, query)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
         if result.rejection is not None:
@@ -238,7 +236,7 @@ class AnthropicDialect:
         return 400, self.error_body(str(error), "invalid_request_error")
 
     def parse(self, body, headers=(), query: str = "") -> wire.Request:
-        return anthropic_family.parse_request(body, headers, query)
+        return anthropic_messages.parse_request(body, headers, query)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
         if result.rejection is not None:
