@@ -181,8 +181,8 @@ def bench_frame_levers(frames: int = 200) -> dict:
     from upstream import body_for
 
     from relayline.adapters import jsoncodec
+    from relayline.adapters.codecs import openai_chat_replies
     from relayline.adapters.gateway import dialects
-    from relayline.adapters.providers import openai
     from relayline.adapters.sse import SSEDecoder
 
     raw = body_for("frames", frames, True)
@@ -193,7 +193,7 @@ def bench_frame_levers(frames: int = 200) -> dict:
 
     @contextlib.contextmanager
     def off(lever: str):
-        saved = (jsoncodec.loads, openai._only_text, dialects.OpenAIStream.event, jsoncodec.loads_shape)
+        saved = (jsoncodec.loads, openai_chat_replies._only_text, dialects.OpenAIStream.event, jsoncodec.loads_shape)
         if lever in ("orjson", "all"):
             jsoncodec.loads = json.loads
         if lever in ("one read", "orjson", "all"):
@@ -204,7 +204,7 @@ def bench_frame_levers(frames: int = 200) -> dict:
                     return None
             jsoncodec.loads_shape = checked
         if lever in ("text shortcut", "all"):
-            openai._only_text = lambda obj: None
+            openai_chat_replies._only_text = lambda obj: None
         if lever in ("slotted chunks", "all"):
             def whole(self, event, _event=saved[2]):
                 field = self.DELTAS.get(event.kind)
@@ -213,13 +213,13 @@ def bench_frame_levers(frames: int = 200) -> dict:
         try:
             yield
         finally:
-            jsoncodec.loads, openai._only_text, dialects.OpenAIStream.event, jsoncodec.loads_shape = saved
+            jsoncodec.loads, openai_chat_replies._only_text, dialects.OpenAIStream.event, jsoncodec.loads_shape = saved
 
     def pipeline(data: bytes) -> None:
         turn = Turn(plan_turn(router, text="hi"), CONFIG, health, stream=True)
         turn.start(0.0)
         turn.stream_headers()
-        parser = openai.OpenAIStreamParser()
+        parser = openai_chat_replies.OpenAIStreamParser()
         render = dialects.OpenAIStream("chatcmpl-1", False)
         render.opening("m")
         for event in SSEDecoder().feed(data):

@@ -16,12 +16,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from relayline.adapters import jsoncodec
+from relayline.adapters.codecs import openai_chat_replies
+from relayline.adapters.codecs.anthropic_messages_replies import AnthropicStreamParser
+from relayline.adapters.codecs.openai_chat_replies import OpenAIStreamParser
 from relayline.adapters.gateway import http11
 from relayline.adapters.gateway.dialects import AnthropicStream, OpenAIStream
-from relayline.adapters.providers import openai, upstream
-from relayline.adapters.providers.anthropic import AnthropicStreamParser
+from relayline.adapters.providers import upstream
 from relayline.adapters.providers.base import ProviderFailure
-from relayline.adapters.providers.openai import OpenAIStreamParser
 from relayline.adapters.sse import SSEDecoder, SSEEvent
 from relayline.machines.stream import Event
 
@@ -91,15 +92,15 @@ near_text = st.builds(_perturbed, st.text(min_size=1, max_size=4), st.sampled_fr
 
 
 def read(obj, *, shortcut: bool):
-    saved = openai._only_text
+    saved = openai_chat_replies._only_text
     if not shortcut:
-        openai._only_text = lambda obj: None  # the general walk alone
+        openai_chat_replies._only_text = lambda obj: None  # the general walk alone
     try:
         return OpenAIStreamParser().feed(SSEEvent(json.dumps(obj)))
     except ProviderFailure as exc:
         return ("failure", exc.failure.kind, exc.failure.detail)
     finally:
-        openai._only_text = saved
+        openai_chat_replies._only_text = saved
 
 
 @pytest.mark.parametrize("change", PERTURB)

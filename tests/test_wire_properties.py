@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from helpers import asgi_post
 from relayline.adapters import Relay
+from relayline.adapters.codecs.common import client_headers
 from relayline.adapters.gateway import Gateway
-from relayline.adapters.providers.base import client_headers
 from relayline.machines import wire
 from relayline.machines.config import structure_config
 
@@ -194,9 +194,9 @@ _any_body = st.fixed_dictionaries(
 
 @given(st.one_of(_plain_body, _any_body))
 def test_a_plain_answer_read_at_once_is_what_the_general_walk_reads(body):
-    """providers/openai.py reads a plain non-streamed answer at once; whatever the answer, what it
+    """codecs/openai_chat_replies.py reads a plain non-streamed answer at once; whatever the answer, what it
     reads is what the field-by-field walk reads, and an answer the walk refuses is never read."""
-    from relayline.adapters.providers.openai import _plain_answer, _walk_completion
+    from relayline.adapters.codecs.openai_chat_replies import _plain_answer, _walk_completion
 
     plain = _plain_answer(body)
     try:
@@ -208,7 +208,7 @@ def test_a_plain_answer_read_at_once_is_what_the_general_walk_reads(body):
 
 
 def test_a_typical_answer_takes_the_plain_read():
-    from relayline.adapters.providers.openai import _plain_answer, parse_completion
+    from relayline.adapters.codecs.openai_chat_replies import _plain_answer, parse_completion
 
     body = {"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": {
         "role": "assistant", "content": "hi", "refusal": None}, "finish_reason": "length"}],

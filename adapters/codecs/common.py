@@ -1,6 +1,7 @@
 """What every codec shares: the error each turn failure is, in each dialect's words, the tool
 call ids an answer gives its client, a provider's classified failure, the client headers that
-may travel upstream, `data:` URLs, and the usage an OpenAI-family reply reports."""
+may travel upstream, `data:` URLs, the usage an OpenAI-family reply reports, and a stream
+frame's JSON object."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from relayline.machines import classify as fc
 from relayline.machines.classify import Failure
 from relayline.machines.ledger import Usage
 from relayline.machines.turn import TurnResult
 
+from .. import jsoncodec
+from ..sse import SSEEvent
 from . import shape
 
 
@@ -46,6 +50,17 @@ def openai_reply_usage(raw: Any, param: str = "usage", counts: tuple[str, str] =
     # the input count already includes the cached tokens: kept apart so they are not billed twice
     return Usage(max(prompt - cached, 0), shape.optional(raw, f"{out}_tokens", shape.want_int, param) or 0, cached,
                  0, reasoning)
+
+
+def json_frame(event: SSEEvent, shaped: Any) -> dict:
+    """A data line's JSON object; `shaped` is `jsoncodec.loads_shape(event.data)`, already read."""
+    try:
+        obj = jsoncodec.loads_after_shape(event.data, shaped)
+    except ValueError:
+        raise ProviderFailure(fc.truncated("malformed frame: a data line that is not valid JSON")) from None
+    if not isinstance(obj, dict):
+        raise ProviderFailure(fc.truncated("malformed frame: not a JSON object"))
+    return obj
 
 
 def data_url(url: str) -> tuple[str, str] | None:

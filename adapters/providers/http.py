@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 import trio
@@ -117,17 +117,6 @@ def rejection(body: bytes) -> tuple[str | None, str | None]:
     message = error.get("message") if isinstance(error.get("message"), str) else None
     bound = lambda text: redact(text)[:MAX_REJECTION_CHARS] if text else None  # noqa: E731
     return bound(kind), bound(message)
-
-
-def json_frame(event: SSEEvent, shaped: Any) -> dict:
-    """A data line's JSON object; `shaped` is `jsoncodec.loads_shape(event.data)`, already read."""
-    try:
-        obj = jsoncodec.loads_after_shape(event.data, shaped)
-    except ValueError:
-        raise ProviderFailure(fc.truncated("malformed frame: a data line that is not valid JSON")) from None
-    if not isinstance(obj, dict):
-        raise ProviderFailure(fc.truncated("malformed frame: not a JSON object"))
-    return obj
 
 
 async def _finish_body(chunks: AsyncIterator[bytes]) -> None:
