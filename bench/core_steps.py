@@ -62,7 +62,8 @@ def _relay_and_bodies():
 def _request_path():
     """The steps, as one call a request, and the dict of ns each step spent."""
     from relayline.adapters import jsoncodec
-    from relayline.adapters.gateway import Gateway, app, dialects
+    from relayline.adapters.codecs import dialects
+    from relayline.adapters.gateway import Gateway, app
     from relayline.adapters.providers import http, upstream
 
     relay, raw, answer = _relay_and_bodies()
@@ -125,7 +126,7 @@ def turn_counted(n: int, upto: int) -> None:
     """`n` turns up to and including TURN_STEPS[upto] (`--turn`): the request parsed and the
     answer decoded once, outside the count's difference."""
     from relayline.adapters import jsoncodec
-    from relayline.adapters.gateway import dialects
+    from relayline.adapters.codecs import dialects
     from relayline.adapters.providers import http
 
     relay, raw, answer = _relay_and_bodies()

@@ -92,7 +92,8 @@ def _two_response_heads() -> None:
 def _uuid_ids() -> None:
     import uuid
 
-    from relayline.adapters.gateway import app, dialects
+    from relayline.adapters.codecs import dialects
+    from relayline.adapters.gateway import app
 
     given = app.request_id
 

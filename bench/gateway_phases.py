@@ -60,7 +60,8 @@ def _clocked(name: str, fn):
 def _wrap_phases() -> None:
     """Each synchronous step of a non-streamed request, by the name its row gets."""
     from relayline.adapters import jsoncodec, otel
-    from relayline.adapters.gateway import app, console, dialects, http11, metrics
+    from relayline.adapters.codecs import dialects
+    from relayline.adapters.gateway import app, console, http11, metrics
     from relayline.adapters.providers import http, openai, upstream
     from relayline.adapters.relay import Relay
     from relayline.adapters.stores import ledger

@@ -181,8 +181,7 @@ def bench_frame_levers(frames: int = 200) -> dict:
     from upstream import body_for
 
     from relayline.adapters import jsoncodec
-    from relayline.adapters.codecs import openai_chat_replies
-    from relayline.adapters.gateway import dialects
+    from relayline.adapters.codecs import openai_chat_answers, openai_chat_replies
     from relayline.adapters.sse import SSEDecoder
 
     raw = body_for("frames", frames, True)
@@ -193,7 +192,7 @@ def bench_frame_levers(frames: int = 200) -> dict:
 
     @contextlib.contextmanager
     def off(lever: str):
-        saved = (jsoncodec.loads, openai_chat_replies._only_text, dialects.OpenAIStream.event, jsoncodec.loads_shape)
+        saved = (jsoncodec.loads, openai_chat_replies._only_text, openai_chat_answers.OpenAIStream.event, jsoncodec.loads_shape)
         if lever in ("orjson", "all"):
             jsoncodec.loads = json.loads
         if lever in ("one read", "orjson", "all"):
@@ -209,18 +208,18 @@ def bench_frame_levers(frames: int = 200) -> dict:
             def whole(self, event, _event=saved[2]):
                 field = self.DELTAS.get(event.kind)
                 return self._chunk({field: event.value}) if field else _event(self, event)
-            dialects.OpenAIStream.event = whole
+            openai_chat_answers.OpenAIStream.event = whole
         try:
             yield
         finally:
-            jsoncodec.loads, openai_chat_replies._only_text, dialects.OpenAIStream.event, jsoncodec.loads_shape = saved
+            jsoncodec.loads, openai_chat_replies._only_text, openai_chat_answers.OpenAIStream.event, jsoncodec.loads_shape = saved
 
     def pipeline(data: bytes) -> None:
         turn = Turn(plan_turn(router, text="hi"), CONFIG, health, stream=True)
         turn.start(0.0)
         turn.stream_headers()
         parser = openai_chat_replies.OpenAIStreamParser()
-        render = dialects.OpenAIStream("chatcmpl-1", False)
+        render = openai_chat_answers.OpenAIStream("chatcmpl-1", False)
         render.opening("m")
         for event in SSEDecoder().feed(data):
             for frame in parser.feed(event):

@@ -27,7 +27,8 @@ import httpx
 
 from relayline.adapters.codecs import anthropic_messages, openai_chat
 from relayline.adapters.codecs import responses as responses_codec
-from relayline.adapters.gateway.dialects import AnthropicStream, OpenAIStream
+from relayline.adapters.codecs.anthropic_messages_answers import AnthropicStream
+from relayline.adapters.codecs.openai_chat_answers import OpenAIStream
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.adapters.sim.loopback import BackgroundLoopback, Reply, Seen
 from relayline.adapters.sim.recorder import JSON, SSE, Answer, openai_reply

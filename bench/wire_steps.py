@@ -45,7 +45,8 @@ def _steps() -> dict:
     from upstream import body_for
 
     from relayline.adapters import jsoncodec
-    from relayline.adapters.gateway import Gateway, app, dialects, http11
+    from relayline.adapters.codecs import dialects
+    from relayline.adapters.gateway import Gateway, app, http11
     from relayline.adapters.providers import http, upstream
     from relayline.adapters.relay import Relay
     from relayline.machines.config import parse_config

@@ -353,7 +353,7 @@ def test_anthropic_sdk_gets_anthropic_errors_before_commit():
 def test_tool_call_arguments_reach_both_dialects():
     import attrs
 
-    from relayline.adapters.gateway.dialects import ANTHROPIC, OPENAI
+    from relayline.adapters.codecs.dialects import ANTHROPIC, OPENAI
     from relayline.machines.turn import TurnResult
 
     served = attrs.make_class("Served", {"model": attrs.field(), "label": attrs.field()})("m", "p/m")

@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 from relayline.adapters import jsoncodec
 from relayline.adapters.codecs import openai_chat_replies
+from relayline.adapters.codecs.anthropic_messages_answers import AnthropicStream
 from relayline.adapters.codecs.anthropic_messages_replies import AnthropicStreamParser
+from relayline.adapters.codecs.openai_chat_answers import OpenAIStream
 from relayline.adapters.codecs.openai_chat_replies import OpenAIStreamParser
 from relayline.adapters.gateway import http11
-from relayline.adapters.gateway.dialects import AnthropicStream, OpenAIStream
 from relayline.adapters.providers import upstream
 from relayline.adapters.providers.base import ProviderFailure
 from relayline.adapters.sse import SSEDecoder, SSEEvent

@@ -1,7 +1,8 @@
 """What every codec shares: the error each turn failure is, in each dialect's words, the tool
 call ids an answer gives its client, a provider's classified failure, the client headers that
-may travel upstream, `data:` URLs, the usage an OpenAI-family reply reports, and a stream
-frame's JSON object."""
+may travel upstream, `data:` URLs, the usage an OpenAI-family reply reports, a stream frame's
+JSON object, and what the chat answers share: an answer's usage and finish reason, an SSE event
+written, and a stream chunk cut around its one varying string."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from relayline.machines import classify as fc
+from relayline.machines import wire as w
 from relayline.machines.classify import Failure
 from relayline.machines.ledger import Usage
 from relayline.machines.turn import TurnResult
@@ -109,3 +111,31 @@ def answer_tools(result: TurnResult, ids: ToolIds) -> list[tuple[str, str, str]]
     arguments = list(result.tool_arguments) + [""] * (n - len(result.tool_arguments))
     given = list(result.tool_ids) + [""] * (n - len(result.tool_ids))
     return [(ids(i), name, args or "{}") for i, name, args in zip(given, result.tool_calls, arguments, strict=False)]
+
+
+# -- what the chat answers share ----------------------------------------------------------------
+
+
+def answer_usage(result: TurnResult) -> Usage:
+    return result.usage or Usage()
+
+
+def sse_event(obj: dict, event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + jsoncodec.dumps(obj) + b"\n\n"
+
+
+SLOT = "\x00relayline-slot\x00"
+SLOT_JSON = jsoncodec.dumps(SLOT)
+
+
+def slotted(chunk: bytes) -> tuple[bytes, bytes]:
+    """A chunk rendered with `SLOT` as its one varying string, cut around it. Stream chunks that
+    differ only in that string (text and reasoning deltas: nearly every frame) are then written
+    by encoding the string alone, and the bytes are those of encoding the whole chunk."""
+    head, _, tail = chunk.partition(SLOT_JSON)
+    return head, tail
+
+
+def answer_finish(result: TurnResult, tools: int) -> str:
+    return w.finish_reason(result.finish_reason, tools)

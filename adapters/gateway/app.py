@@ -48,6 +48,7 @@ from relayline.machines.turn import TurnResult
 from relayline.machines.vocab import FailureClass, Mode
 
 from .. import jsoncodec
+from ..codecs.dialects import ANTHROPIC, COUNT_TOKENS, EMBEDDINGS, OPENAI, RESPONSES
 from ..driver import TurnRun
 from ..logs import event
 from ..otel import Tracing
@@ -66,7 +67,6 @@ from .auth import (
     load_access,
 )
 from .console import Console
-from .dialects import ANTHROPIC, COUNT_TOKENS, EMBEDDINGS, OPENAI, RESPONSES
 from .limits import Admitted, Limiter, refusal_headers
 from .metrics import CONTENT_TYPE, Metrics, configured_models, named_keys
 

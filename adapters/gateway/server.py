@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 import trio
 
+from ..codecs.dialects import OPENAI
 from ..logs import event
 from .app import Gateway
-from .dialects import OPENAI
 from .http11 import Server, listening_sockets
 from .reload import EarlyReloads
 

@@ -1,0 +1,74 @@
+"""The dialects the gateway speaks to its clients, each a codec that reads a request into the
+canonical model and writes results, stream events and errors back in its own shape: OpenAI chat
+completions and Anthropic messages, and the APIs built on their error shapes (OpenAI's
+embeddings and Responses API, Anthropic's token counting). The gateway (what to hold, when to
+commit, when to flush) is the same for all of them.
+"""
+
+from __future__ import annotations
+
+from relayline.machines import wire
+from relayline.machines.turn import TurnResult
+
+from . import count_tokens, embeddings
+from . import responses as responses_codec
+from .anthropic_messages_answers import AnthropicDialect
+from .openai_chat_answers import OpenAIDialect
+
+
+class EmbeddingsDialect(OpenAIDialect):
+    """OpenAI's embeddings API: errors in OpenAI's shape, the answer a list of vectors."""
+
+    name = "embeddings"
+
+    def parse(self, body, headers=(), query: str = "") -> wire.Request:
+        return embeddings.parse_request(body, headers, query)
+
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
+        return embeddings.answer(result, relayline)
+
+
+class CountTokensDialect(AnthropicDialect):
+    """Anthropic's token counting: errors in Anthropic's shape; with no anthropic entry to ask, a
+    404 that says so (the count is that API's alone)."""
+
+    name = "count_tokens"
+
+    def parse(self, body, headers=(), query: str = "") -> wire.Request:
+        return count_tokens.parse_request(body, headers, query)
+
+    def error(self, result: TurnResult) -> tuple[int, bytes]:
+        if result.error == "unsupported":
+            return 404, self.error_body("token counting is served by anthropic profiles, and the requested model's "
+                                        "chain has none", "not_found_error")
+        return super().error(result)
+
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
+        return count_tokens.answer(result, relayline)
+
+
+class ResponsesDialect(OpenAIDialect):
+    """OpenAI's Responses API: errors in OpenAI's shape (the API's own); answers as a `response`
+    object, streams as its event sequence (adapters/codecs/responses.py)."""
+
+    name = wire.RESPONSES
+
+    @staticmethod
+    def new_id() -> str:
+        return responses_codec.new_id("resp")
+
+    def parse(self, body, headers=(), query: str = "") -> wire.Request:
+        return responses_codec.parse_request(body, headers, query)
+
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
+        return responses_codec.response_object(turn_id, result, relayline, request)
+
+    def stream_renderer(self, turn_id: str, request: wire.Request) -> responses_codec.ResponsesStream:
+        return responses_codec.ResponsesStream(turn_id, request)
+
+
+OPENAI = OpenAIDialect()
+EMBEDDINGS = EmbeddingsDialect()
+COUNT_TOKENS = CountTokensDialect()
+RESPONSES = ResponsesDialect()
+ANTHROPIC = AnthropicDialect()
