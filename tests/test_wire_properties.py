@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-import attrs
 import pytest
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
+from wire_strategies import canonical_requests
 
 from helpers import asgi_post
 from relayline.adapters import Relay
@@ -226,52 +226,6 @@ DROP_NAMES = ["cache_control", "content.image_url.detail", "title", "citations",
               "document.source.url", "document.source.text", "image.source.file", "tool_result.content.image",
               "tool_result.content.document", "messages.tool_calls.function.arguments", "content.input_audio",
               "content.thinking", "x"]
-_words = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
-_base64 = st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=", min_size=1, max_size=16)
-_part_extra = st.lists(st.sampled_from(["cache_control", "content.image_url.detail", "title", "citations"]),
-                       max_size=2, unique=True).map(tuple)
-_text = st.builds(wire.Part, st.just(wire.TEXT), _words, extra=_part_extra)
-_by_url = st.builds(wire.Part, st.sampled_from([wire.IMAGE, wire.DOCUMENT]), url=_words.map("https://x/{}".format),
-                    extra=_part_extra)
-_by_data = st.builds(wire.Part, st.sampled_from([wire.IMAGE, wire.DOCUMENT]), data=_base64,
-                     media_type=st.sampled_from(["image/png", "application/pdf"]), extra=_part_extra)
-_parts = st.lists(st.one_of(_text, _text, _by_url, _by_data), max_size=3).map(tuple)
-_arguments = st.one_of(st.dictionaries(_words, _words | st.integers(), max_size=2).map(json.dumps),
-                       st.sampled_from(['{"city": "Par', "[1, 2]", ""]))
-_calls = st.lists(st.builds(wire.ToolCall, _words, _words, _arguments), max_size=2).map(tuple)
-_message = st.one_of(
-    st.builds(wire.Message, st.just(wire.SYSTEM), st.lists(_text, min_size=1, max_size=2).map(tuple)),
-    st.builds(wire.Message, st.just(wire.USER), _parts),
-    st.builds(wire.Message, st.just(wire.ASSISTANT), st.lists(_text, max_size=2).map(tuple), _calls),
-    st.builds(wire.Message, st.just(wire.TOOL), _parts, tool_call_id=_words, is_error=st.booleans()),
-)
-
-
-@st.composite
-def canonical_requests(draw) -> wire.Request:
-    """A canonical request as either dialect can write it."""
-    request = draw(st.builds(
-        wire.Request, st.lists(_message, min_size=1, max_size=5).map(tuple),
-        top_k=st.none() | st.just(5), source=st.sampled_from(["openai", "anthropic"]),
-        tools=st.lists(st.builds(wire.Tool, _words), max_size=1).map(tuple),
-        response_format=st.none() | st.just(wire.ResponseFormat("json_object")),
-        reasoning=st.none() | st.just(wire.Reasoning(effort="high")),
-        extra=st.dictionaries(st.sampled_from(["seed", "metadata.x", "cache_control", "x"]), st.none() | st.just(1),
-                              max_size=2),
-    ))
-    return attrs.evolve(request, messages=tuple(_expressible(m, request.source) for m in request.messages))
-
-
-def _expressible(message: wire.Message, dialect: str) -> wire.Message:
-    """The message as `dialect` can write it: an OpenAI body has no document by URL (an image
-    stands in), an Anthropic one no tool call arguments but a JSON object."""
-    if dialect == "openai":
-        return attrs.evolve(message, content=tuple(attrs.evolve(p, type=wire.IMAGE) if p.type == wire.DOCUMENT and
-                                                   p.url is not None else p for p in message.content))
-    return attrs.evolve(message, tool_calls=tuple(c if wire.json_object(c.arguments) is not None and c.arguments
-                                                  else attrs.evolve(c, arguments="{}") for c in message.tool_calls))
-
-
 def _content(request: wire.Request) -> list:
     """Every text, image, document and tool datum of a canonical request, in order."""
     return [(m.role, m.tool_call_id, [(p.type, p.text, p.url, p.data, p.media_type) for p in m.content],
