@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from relayline.adapters.codecs import anthropic_messages, openai_chat
+from relayline.adapters.codecs import anthropic_messages, openai_chat, responses_answers
 from relayline.adapters.codecs import responses as responses_codec
 from relayline.adapters.codecs.anthropic_messages_answers import AnthropicStream
 from relayline.adapters.codecs.openai_chat_answers import OpenAIStream
@@ -56,7 +56,7 @@ def bench_codecs(n: int) -> dict:
     request = responses_codec.parse_request(responses)
     event = Event(EventKind.TEXT, "a few words")
     renderers = {"chat": OpenAIStream("chatcmpl-1", False), "messages": AnthropicStream("msg_1"),
-                 "responses": responses_codec.ResponsesStream("resp_1", request)}
+                 "responses": responses_answers.ResponsesStream("resp_1", request)}
     for renderer in renderers.values():
         renderer.opening("m")
         renderer.event(event)

@@ -13,6 +13,7 @@ import pytest
 
 from helpers import recording_gateway
 from relayline.adapters.codecs import responses as responses_codec
+from relayline.adapters.codecs import responses_answers
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.adapters.sim.loopback import BackgroundLoopback, Reply, Seen
 from relayline.adapters.sim.recorder import (
@@ -343,12 +344,12 @@ def test_a_cut_after_commit_is_response_failed_and_replays_nothing(tmp_path):
 
 def test_a_text_delta_written_from_its_cut_bytes_is_the_whole_event_rendered():
     request = responses_codec.parse_request({"model": "m", "input": "hi"})
-    stream = responses_codec.ResponsesStream("resp_1", request)
+    stream = responses_answers.ResponsesStream("resp_1", request)
     stream.opening("m")
     texts = ["he", 'llo "q" \u00e9 \U0001f600 \\ </script>', "\x00\n", ""]
     written = [stream.event(Event(EventKind.TEXT, t)) for t in texts]
     item = stream.item["id"]
-    whole = [responses_codec.ResponsesStream._event_bytes(
+    whole = [responses_answers.ResponsesStream._event_bytes(
         "response.output_text.delta", n, item_id=item, output_index=0, content_index=0, delta=t, logprobs=[])
         for n, t in zip(range(4, 8), texts, strict=True)]
     assert written[0].endswith(whole[0]) and written[1:] == whole[1:]

@@ -10,8 +10,7 @@ from __future__ import annotations
 from relayline.machines import wire
 from relayline.machines.turn import TurnResult
 
-from . import count_tokens, embeddings
-from . import responses as responses_codec
+from . import count_tokens, embeddings, responses, responses_answers
 from .anthropic_messages_answers import AnthropicDialect
 from .openai_chat_answers import OpenAIDialect
 
@@ -49,22 +48,22 @@ class CountTokensDialect(AnthropicDialect):
 
 class ResponsesDialect(OpenAIDialect):
     """OpenAI's Responses API: errors in OpenAI's shape (the API's own); answers as a `response`
-    object, streams as its event sequence (adapters/codecs/responses.py)."""
+    object, streams as its event sequence (codecs/responses_answers.py)."""
 
     name = wire.RESPONSES
 
     @staticmethod
     def new_id() -> str:
-        return responses_codec.new_id("resp")
+        return responses_answers.new_id("resp")
 
     def parse(self, body, headers=(), query: str = "") -> wire.Request:
-        return responses_codec.parse_request(body, headers, query)
+        return responses.parse_request(body, headers, query)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
-        return responses_codec.response_object(turn_id, result, relayline, request)
+        return responses_answers.response_object(turn_id, result, relayline, request)
 
-    def stream_renderer(self, turn_id: str, request: wire.Request) -> responses_codec.ResponsesStream:
-        return responses_codec.ResponsesStream(turn_id, request)
+    def stream_renderer(self, turn_id: str, request: wire.Request) -> responses_answers.ResponsesStream:
+        return responses_answers.ResponsesStream(turn_id, request)
 
 
 OPENAI = OpenAIDialect()
