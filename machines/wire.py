@@ -329,15 +329,6 @@ def structured_outputs(request: Request) -> list[str]:
 
 # -- responses ------------------------------------------------------------------------------------
 
-OPENAI_FINISH = {"stop": STOP, "length": LENGTH, "tool_calls": TOOL_CALLS, "function_call": TOOL_CALLS,
-                 "content_filter": CONTENT_FILTER}
-ANTHROPIC_STOP = {"end_turn": STOP, "stop_sequence": STOP_SEQUENCE, "max_tokens": LENGTH, "tool_use": TOOL_CALLS,
-                  "refusal": CONTENT_FILTER, "pause_turn": PAUSE, "model_context_window_exceeded": LENGTH}
-TO_OPENAI = {STOP: "stop", STOP_SEQUENCE: "stop", LENGTH: "length", TOOL_CALLS: "tool_calls",
-             CONTENT_FILTER: "content_filter", PAUSE: "stop"}
-TO_ANTHROPIC = {STOP: "end_turn", STOP_SEQUENCE: "stop_sequence", LENGTH: "max_tokens", TOOL_CALLS: "tool_use",
-                CONTENT_FILTER: "refusal", PAUSE: "pause_turn"}
-
 
 def finish_reason(reason: str | None, tool_calls: int) -> str:
     """The canonical finish reason of an answer: the provider's, else what the answer shows."""

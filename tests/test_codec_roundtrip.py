@@ -23,6 +23,7 @@ from relayline.adapters.codecs import anthropic_messages, openai_chat
 from relayline.adapters.codecs.anthropic_messages_answers import AnthropicDialect, AnthropicStream
 from relayline.adapters.codecs.anthropic_messages_replies import AnthropicStreamParser
 from relayline.adapters.codecs.anthropic_messages_replies import parse_completion as anthropic_reply
+from relayline.adapters.codecs.common import OPENAI_FINISH, TO_OPENAI
 from relayline.adapters.codecs.openai_chat_answers import OpenAIDialect, OpenAIStream
 from relayline.adapters.codecs.openai_chat_replies import OpenAIStreamParser
 from relayline.adapters.codecs.openai_chat_replies import parse_completion as openai_reply
@@ -270,7 +271,7 @@ def openai_reply_carries(reply: Completion) -> Completion:
     and usage whose cache writes count as input (chat completions reports none apart)."""
     usage = reply.usage or Usage()
     return attrs.evolve(
-        reply, finish_reason=wire.OPENAI_FINISH[wire.TO_OPENAI[wire.finish_reason(reply.finish_reason,
+        reply, finish_reason=OPENAI_FINISH[TO_OPENAI[wire.finish_reason(reply.finish_reason,
                                                                                   len(reply.tool_calls))]],
         stop_sequence=None, usage=Usage(usage.input_tokens + usage.cache_write_tokens, usage.output_tokens,
                                         usage.cache_read_tokens, 0, usage.reasoning_tokens))

@@ -19,6 +19,7 @@ from .common import (
     ANTHROPIC_TYPES,
     ERRORS,
     SLOT,
+    TO_ANTHROPIC,
     UNKNOWN_ERROR,
     ToolIds,
     answer_finish,
@@ -74,7 +75,7 @@ class AnthropicDialect:
             content += [{"type": "tool_use", "id": i, "name": n, "input": wire.json_object(a) or {}}
                         for i, n, a in tools]
         return {"id": turn_id, "type": "message", "role": "assistant", "model": result.served.model, "content": content,
-                "stop_reason": wire.TO_ANTHROPIC[answer_finish(result, len(tools))], "stop_sequence": result.stop_sequence,
+                "stop_reason": TO_ANTHROPIC[answer_finish(result, len(tools))], "stop_sequence": result.stop_sequence,
                 "usage": anthropic_usage(answer_usage(result)), "relayline": relayline}
 
     def stream_renderer(self, turn_id: str, request: wire.Request) -> AnthropicStream:
@@ -157,7 +158,7 @@ class AnthropicStream:
 
     def ok(self, result: TurnResult, relayline: dict) -> bytes:
         delta = {"type": "message_delta",
-                 "delta": {"stop_reason": wire.TO_ANTHROPIC[answer_finish(result, len(self.tool_blocks))],
+                 "delta": {"stop_reason": TO_ANTHROPIC[answer_finish(result, len(self.tool_blocks))],
                            "stop_sequence": result.stop_sequence},
                  "usage": anthropic_usage(answer_usage(result)), "relayline": relayline}
         return self._close() + sse_event(delta, "message_delta") + sse_event({"type": "message_stop"}, "message_stop")

@@ -33,7 +33,7 @@ from relayline.machines.turn import Completion
 from .. import jsoncodec
 from ..sse import SSEEvent
 from . import count_tokens, shape
-from .common import ProviderFailure, json_frame
+from .common import ANTHROPIC_STOP, ProviderFailure, json_frame
 
 
 def _usage(raw, param: str = "usage", base: Usage | None = None) -> Usage:
@@ -57,7 +57,7 @@ def _raise_error(error) -> None:
 def _stop(raw, param: str) -> str | None:
     if raw is None:
         return None
-    return w.ANTHROPIC_STOP.get(shape.want_str(raw, param), w.STOP)
+    return ANTHROPIC_STOP.get(shape.want_str(raw, param), w.STOP)
 
 
 def _executed(block_type: str) -> bool:

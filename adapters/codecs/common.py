@@ -72,6 +72,17 @@ def data_url(url: str) -> tuple[str, str] | None:
     head, data = url[5:].split(";base64,", 1)
     return head or "application/octet-stream", data
 
+# a finish reason in each family's words, read (a provider's) and written (to a client): the
+# canonical reasons are OpenAI's, with Anthropic's stop_sequence and pause_turn kept apart
+OPENAI_FINISH = {"stop": w.STOP, "length": w.LENGTH, "tool_calls": w.TOOL_CALLS, "function_call": w.TOOL_CALLS,
+                 "content_filter": w.CONTENT_FILTER}
+ANTHROPIC_STOP = {"end_turn": w.STOP, "stop_sequence": w.STOP_SEQUENCE, "max_tokens": w.LENGTH, "tool_use": w.TOOL_CALLS,
+                  "refusal": w.CONTENT_FILTER, "pause_turn": w.PAUSE, "model_context_window_exceeded": w.LENGTH}
+TO_OPENAI = {w.STOP: "stop", w.STOP_SEQUENCE: "stop", w.LENGTH: "length", w.TOOL_CALLS: "tool_calls",
+             w.CONTENT_FILTER: "content_filter", w.PAUSE: "stop"}
+TO_ANTHROPIC = {w.STOP: "end_turn", w.STOP_SEQUENCE: "stop_sequence", w.LENGTH: "max_tokens", w.TOOL_CALLS: "tool_use",
+                w.CONTENT_FILTER: "refusal", w.PAUSE: "pause_turn"}
+
 # turn error reason -> (HTTP status, OpenAI error type, code, Anthropic error type)
 ERRORS = {
     "context_window": (400, "invalid_request_error", "context_length_exceeded", "invalid_request_error"),

@@ -19,6 +19,7 @@ from . import openai_chat
 from .common import (
     ERRORS,
     SLOT,
+    TO_OPENAI,
     UNKNOWN_ERROR,
     ToolIds,
     answer_finish,
@@ -94,7 +95,7 @@ class OpenAIDialect:
                                      for i, n, a in tools]
         return {
             "id": turn_id, "object": "chat.completion", "created": int(time.time()), "model": result.served.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": wire.TO_OPENAI[answer_finish(result, len(tools))]}
+            "choices": [{"index": 0, "message": message, "finish_reason": TO_OPENAI[answer_finish(result, len(tools))]}
                         | ({"logprobs": result.logprobs} if result.logprobs is not None else {})],
             "usage": openai_usage(answer_usage(result)),
             "relayline": relayline,
@@ -169,7 +170,7 @@ class OpenAIStream:
     def ok(self, result: TurnResult, relayline: dict) -> bytes:
         if result.served is not None:
             self.model = result.served.model
-        finish = wire.TO_OPENAI[answer_finish(result, self.tools)]
+        finish = TO_OPENAI[answer_finish(result, self.tools)]
         signed = self._chunk({"reasoning_signature": self.signatures[0]}) if len(self.signatures) == 1 else b""
         return signed + self._finish(finish, result, relayline)
 

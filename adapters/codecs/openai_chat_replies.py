@@ -30,7 +30,7 @@ from relayline.machines.turn import Completion
 from .. import jsoncodec
 from ..sse import SSEEvent
 from . import embeddings, responses_replies, shape
-from .common import ProviderFailure, json_frame, openai_reply_usage
+from .common import OPENAI_FINISH, ProviderFailure, json_frame, openai_reply_usage
 
 
 def _reasoning(message: dict, param: str) -> str:
@@ -51,7 +51,7 @@ def _arguments(value, param: str) -> str:
 def _finish(raw, param: str) -> str | None:
     if raw is None:
         return None
-    return w.OPENAI_FINISH.get(shape.want_str(raw, param), w.STOP)
+    return OPENAI_FINISH.get(shape.want_str(raw, param), w.STOP)
 
 
 def _raise_error(error) -> None:
@@ -103,7 +103,7 @@ def _plain_answer(body: dict) -> Completion | None:
                 not 0 <= output <= shape.MAX_TOKENS:
             return None  # (a null count, or one out of range: the walk reads or refuses it)
         usage = Usage(prompt, output)
-    return Completion(text, "", (), usage, (), (), None if finish is None else w.OPENAI_FINISH.get(finish, w.STOP))
+    return Completion(text, "", (), usage, (), (), None if finish is None else OPENAI_FINISH.get(finish, w.STOP))
 
 
 def parse_completion(body: dict) -> Completion:

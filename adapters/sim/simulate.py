@@ -21,8 +21,9 @@ from relayline.machines.config import structure_config
 from relayline.machines.errors import ConfigError
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
-from relayline.machines.wire import TO_OPENAI, finish_reason
+from relayline.machines.wire import finish_reason
 
+from ..codecs.common import TO_OPENAI
 from ..driver import TurnRun
 from ..relay import Relay
 from .provider import SimUpstream, scripts_of
