@@ -58,7 +58,7 @@ class OpenAIDialect:
 
     @staticmethod
     def new_id() -> str:
-        return f"chatcmpl-{os.urandom(12).hex()}"  # (uuid4 costs 4x: an object per id)
+        return f"chatcmpl-{os.urandom(12).hex()}"  # (not uuid4: it makes an object per id)
 
     @staticmethod
     def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
