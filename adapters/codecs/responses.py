@@ -293,3 +293,9 @@ def parse_request(body, headers=(), query: str = "", *, passthrough: bool = True
         source=w.RESPONSES,
         passthrough=w.Passthrough(body, client_headers(headers), query) if passthrough else None,
     )
+
+
+def render_request(sent: w.Passthrough, model: str, stream: bool) -> dict:
+    """The body for an openai profile that serves the Responses API itself: the client's own
+    (`sent`), as sent, with the entry's model and `stream`."""
+    return {**sent.body, "model": model, "stream": stream}

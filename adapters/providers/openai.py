@@ -16,7 +16,7 @@ from relayline.machines import wire as w
 from relayline.machines.turn import Completion
 
 from .. import jsoncodec
-from ..codecs import embeddings
+from ..codecs import embeddings, responses
 from ..codecs.openai_chat import render_request
 from ..codecs.openai_chat_replies import OpenAIStreamParser, parse_reply
 from .base import CallRequest
@@ -38,9 +38,9 @@ class OpenAIProtocol:
     def build(self, request: CallRequest) -> UpstreamRequest:
         provider, key = request.entry.provider, request.key
         wire_request = request.wire_request()
-        responses = wire_request.passthrough is not None and wire_request.source == w.RESPONSES and \
+        own_responses = wire_request.passthrough is not None and wire_request.source == w.RESPONSES and \
             provider.capabilities.responses
-        heads, path = (self.responses_heads, "/responses") if responses else (self.heads, "/chat/completions")
+        heads, path = (self.responses_heads, "/responses") if own_responses else (self.heads, "/chat/completions")
         if wire_request.embedding is not None:
             heads, path = self.embeddings_heads, "/embeddings"
         forwarded, query = request.forwarded_headers("openai"), request.forwarded_query("openai")
@@ -53,8 +53,8 @@ class OpenAIProtocol:
             fixed = heads.keep(provider, key, forwarded, query, f"{base}{path}", headers)
         if wire_request.embedding is not None:
             body = embeddings.render_request(wire_request, request.model)
-        elif responses and wire_request.passthrough is not None:
-            body = {**wire_request.passthrough.body, "model": request.model, "stream": request.stream}
+        elif own_responses and wire_request.passthrough is not None:
+            body = responses.render_request(wire_request.passthrough, request.model, request.stream)
         else:
             body = render_request(wire_request, request.model, request.stream)
         return UpstreamRequest(fixed.url, dict(fixed.headers), jsoncodec.dumps_kept(body), fixed)
