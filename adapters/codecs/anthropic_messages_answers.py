@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from urllib.parse import parse_qs
 
 from relayline.machines import wire
 from relayline.machines.ledger import Usage
@@ -28,6 +29,11 @@ from .common import (
     slotted,
     sse_event,
 )
+
+
+def _page_limit(raw: str) -> int:
+    # Anthropic's page size: 20 unless asked, between 1 and 1000
+    return min(max(int(raw), 1), 1000) if raw.isdigit() else 20
 
 
 def anthropic_usage(usage: Usage) -> dict:
@@ -80,6 +86,25 @@ class AnthropicDialect:
 
     def stream_renderer(self, turn_id: str, request: wire.Request) -> AnthropicStream:
         return AnthropicStream(turn_id)
+
+    @staticmethod
+    def model_list(ids: list[str], query: str = "") -> dict:
+        """GET /v1/models as Anthropic lists models: a page (`limit`, `after_id`, `before_id`)
+        with `has_more`, `first_id` and `last_id`. A name's release date is not known here: its
+        `created_at` is the epoch, as Anthropic's API does for an unknown date."""
+        asked = parse_qs(query)
+        limit = _page_limit(asked.get("limit", [""])[0])
+        after, before = asked.get("after_id", [""])[0], asked.get("before_id", [""])[0]
+        if before in ids and after not in ids:  # the page that ends just before `before_id`
+            end = ids.index(before)
+            page, more = ids[max(0, end - limit):end], end > limit
+        else:
+            start = ids.index(after) + 1 if after in ids else 0
+            page, more = ids[start:start + limit], start + limit < len(ids)
+        data = [{"type": "model", "id": i, "display_name": i, "created_at": "1970-01-01T00:00:00Z",
+                 "lifecycle": "active"} for i in page]
+        return {"data": data, "has_more": more, "first_id": page[0] if page else None,
+                "last_id": page[-1] if page else None}
 
 
 class AnthropicStream:

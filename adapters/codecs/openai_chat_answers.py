@@ -104,6 +104,13 @@ class OpenAIDialect:
     def stream_renderer(self, turn_id: str, request: wire.Request) -> OpenAIStream:
         return OpenAIStream(turn_id, request.include_usage)
 
+    @staticmethod
+    def model_list(ids: list[str], query: str = "") -> dict:
+        """GET /v1/models as OpenAI lists models: every name at once."""
+        created = int(time.time())
+        return {"object": "list", "data": [{"id": i, "object": "model", "created": created, "owned_by": "relayline"}
+                                          for i in ids]}
+
 
 class OpenAIStream:
     DELTAS = {"text": "content", "reasoning": "reasoning_content"}

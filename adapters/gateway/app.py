@@ -31,7 +31,6 @@ import logging
 import os
 import re
 import sqlite3
-import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qs
@@ -137,7 +136,9 @@ class Exchange:
         # a client waiting for 100-continue has sent no body: an early answer reads none of it
         self.receive = None if headers.get(b"expect", b"").lower() == b"100-continue" else receive
         # every answer on the Anthropic route speaks Anthropic, errors included (docs/wire.md)
-        self.dialect = ANTHROPIC if path.startswith("/v1/messages") else OPENAI
+        # and GET /v1/models answers an Anthropic client (it sends anthropic-version) in Anthropic's list shape
+        self.dialect = ANTHROPIC if path.startswith("/v1/messages") or (
+            path == "/v1/models" and b"anthropic-version" in headers) else OPENAI
         self.method = method
         self.path = path
         self.request_id = request_id
@@ -421,7 +422,7 @@ class Gateway:
             del scope  # the chat's own frame frees it once the request is read
             await chat
         elif path == "/v1/models" and method == "GET":
-            await self._json(send, 200, self._models())
+            await self._json(send, 200, send.dialect.model_list(self._model_ids(), send.query.decode("latin-1")))
         else:
             await self._not_found(send, path)
 
@@ -553,15 +554,13 @@ class Gateway:
             headers=[(b"connection", b"close")])
         return None
 
-    def _models(self) -> dict:
-        created = int(time.time())
+    def _model_ids(self) -> list[str]:
         # what clients may name: route hints, catalog models, and the default model
         ids = [*self.relay.router.domains, *self.relay.router.catalog]
         default = self.relay.router.default.entries[0].model if self.relay.router.default.entries else None
         if default and default not in ids:
             ids.append(default)
-        return {"object": "list", "data": [{"id": i, "object": "model", "created": created, "owned_by": "relayline"}
-                                          for i in ids]}
+        return ids
 
     def health(self) -> dict:
         now = trio.current_time()
