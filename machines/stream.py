@@ -130,7 +130,8 @@ class StreamGate:
                     return (event,)
                 self.held.append(event)
             elif self.life.state == StreamState.HELD:
-                self.held.append(Event(EventKind.PREAMBLE, frame.kind))
+                # (a preamble's ref is what the stream said of itself: a Responses stream's id)
+                self.held.append(Event(EventKind.PREAMBLE, frame.kind, frame.ref))
             return ()
         event = Event(EVENT_NAMES[frame.kind], frame.value, frame.ref)
         if frame.kind == TEXT:

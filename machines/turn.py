@@ -101,6 +101,9 @@ class Completion:
     # an embeddings answer's items ({index, embedding}), as sent: the answer of an embeddings turn
     vectors: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)
     input_count: int | None = None  # a token counting answer's count (it bills nothing: no usage)
+    # the id a provider that keeps its answers gave this one (a Responses API provider's): the
+    # client names it in `previous_response_id` on its next turn, so it reaches the client as sent
+    response_id: str | None = None
 
     @property
     def refusal(self) -> bool:
@@ -219,6 +222,7 @@ class TurnResult:
     partial_from: PlannedEntry | None = None
     vectors: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)  # an embeddings answer's
     input_count: int | None = None  # a token counting answer's
+    response_id: str | None = None  # the answer's (Completion.response_id)
     # the sum of the ledger's rows, once: the answer's header and field, the access line, the
     # console and the log each read it
     cost_usd: float = attrs.field(init=False, eq=False, repr=False)
@@ -811,6 +815,7 @@ class Turn:
             self.shown_by if partial else None,
             answer.vectors,
             answer.input_count,
+            answer.response_id,
         )
 
     def _rejection(self, error: ErrorReason | None) -> Rejection | None:

@@ -17,7 +17,7 @@ from relayline.machines.turn import TurnResult
 from .. import jsoncodec
 from .common import ERRORS, SLOT, SLOT_JSON, UNKNOWN_ERROR, ToolIds, answer_tools
 from .responses import NAMESPACE, TOKEN
-from .responses_replies import ENCRYPTED
+from .responses_replies import ENCRYPTED, ITEM
 
 # Responses status for a canonical finish reason that cuts an answer short
 INCOMPLETE = {w.LENGTH: "max_output_tokens", w.CONTENT_FILTER: "content_filter"}
@@ -71,16 +71,20 @@ def _reasoning_out(item_id: str, text: str, signature: str = "") -> dict:
             "encrypted_content": token}
 
 
-def _envelope(response_id: str, created: int, model: str, request: w.Request | None, status: str) -> dict:
-    """The response object's fields that echo the request, as OpenAI's does."""
+def _envelope(response_id: str, created: int, model: str, request: w.Request | None, status: str,
+              kept: bool = False) -> dict:
+    """The response object's fields that echo the request, as OpenAI's does. `kept`: a provider
+    that keeps answers served it, so `store` and `previous_response_id` are what it honoured."""
     body = request.passthrough.body if request is not None and request.passthrough is not None else {}
     text = body.get("text") if isinstance(body.get("text"), dict) else {}
     return {"id": response_id, "object": "response", "created_at": created, "status": status, "error": None,
             "incomplete_details": None, "instructions": body.get("instructions"), "max_output_tokens":
             body.get("max_output_tokens"), "model": model, "output": [], "parallel_tool_calls":
-            body.get("parallel_tool_calls", True), "previous_response_id": None,
+            body.get("parallel_tool_calls", True),
+            "previous_response_id": body.get("previous_response_id") if kept else None,
             "reasoning": body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {"effort": None},
-            "store": False, "temperature": body.get("temperature"), "text": {"format": {"type": "text"}} | text,
+            "store": body.get("store", True) is not False if kept else False,
+            "temperature": body.get("temperature"), "text": {"format": {"type": "text"}} | text,
             "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
             "top_p": body.get("top_p"), "truncation": "disabled", "usage": None, "user": body.get("user"),
             "metadata": body.get("metadata") or {}}
@@ -106,10 +110,12 @@ def response_object(turn_id: str, result: TurnResult, relayline: dict, request: 
         output.append(_message_out(new_id("msg"), result.text or "", status))
     spaces = namespaces(request)
     output += [_call_item_out(new_id("fc"), i, n, a, spaces.get(n), status) for i, n, a in tools]
-    if _passed_through(request, result):
+    kept = _passed_through(request, result)
+    if kept:
         output = [dict(item) for item in result.blocks]  # the provider's own items, as it sent them
-    envelope = _envelope(turn_id, int(time.time()), result.served.model if result.served else "", request,
-                         "completed")
+    # the provider's id, when it keeps answers: the one its previous_response_id knows
+    envelope = _envelope(result.response_id or turn_id if kept else turn_id, int(time.time()),
+                         result.served.model if result.served else "", request, "completed", kept)
     envelope["output"] = output
     return _finished(envelope, result, len(tools)) | {"relayline": relayline}
 
@@ -140,7 +146,7 @@ class ResponsesStream:
     events, before the next opens; every event carries the stream's next sequence number."""
 
     __slots__ = ("response_id", "request", "created", "model", "sequence", "output", "item", "text", "ids",
-                 "spaces", "calls", "signature", "slotted")
+                 "spaces", "calls", "signature", "slotted", "kept")
 
     def __init__(self, response_id: str, request: w.Request) -> None:
         self.response_id = response_id
@@ -156,6 +162,7 @@ class ResponsesStream:
         self.calls = 0
         self.signature = ""
         self.slotted: tuple[str, bytes, bytes, bytes] = ("", b"", b"", b"")  # the open message's delta, cut
+        self.kept = False  # a provider that keeps answers named this one before the opening
 
     def _text_delta(self, delta: str) -> bytes:
         """A text delta event: nearly every frame of a stream. Its bytes are cut once per item
@@ -182,7 +189,7 @@ class ResponsesStream:
         return out
 
     def _envelope(self, status: str) -> dict:
-        envelope = _envelope(self.response_id, self.created, self.model, self.request, status)
+        envelope = _envelope(self.response_id, self.created, self.model, self.request, status, self.kept)
         envelope["output"] = list(self.output)
         return envelope
 
@@ -235,8 +242,20 @@ class ResponsesStream:
         self.output.append(done)
         return out + self._event("response.output_item.done", output_index=index, item=done)
 
+    def _whole_item(self, item: dict) -> bytes:
+        """A built-in tool's call, as the provider sent it once done: added and done at once."""
+        out = self._close()
+        out += self._event("response.output_item.added", output_index=self._index(), item=item)
+        out += self._event("response.output_item.done", output_index=self._index(), item=item)
+        self.output.append(item)
+        return out
+
     def event(self, event: Event) -> bytes:
         kind = event.kind
+        if kind == "preamble":  # (before the opening) the id a provider that keeps answers gave this one
+            if self.sequence == 0 and event.ref:
+                self.response_id, self.kept = event.ref, True
+            return b""
         if kind == "text":
             out = b"" if self.item is not None and self.item["type"] == "message" else self._open(
                 _message_out(new_id("msg"), "", "in_progress"))
@@ -259,7 +278,9 @@ class ResponsesStream:
             self.text.append(event.value)
             return self._event("response.function_call_arguments.delta", item_id=self.item["id"],
                                output_index=self._index(), delta=event.value)
-        return b""  # provider-executed tool work has no event here; it shows in the ledger
+        if kind == "executed_tool" and event.ref.startswith(ITEM):
+            return self._whole_item(jsoncodec.loads(event.ref[len(ITEM):]))
+        return b""  # an Anthropic server tool's work has no item here; it shows in the ledger
 
     def ok(self, result: TurnResult, relayline: dict) -> bytes:
         if result.served is not None:

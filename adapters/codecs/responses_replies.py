@@ -3,7 +3,10 @@ into the canonical answer: the `response` object, and the Responses event stream
 
 The client's own items come back as the provider sent them (`Completion.blocks`), so what the
 canonical answer has no field for (a reasoning item's encrypted content, a built-in tool's call)
-reaches a Responses client unchanged; the frames carry what the gate and the ledger read. A
+reaches a Responses client unchanged; the frames carry what the gate and the ledger read. In a
+stream, an output item no frame kind reads (a built-in tool's call, whatever kind comes next)
+is carried whole, once done, as provider-executed tool work. The provider's response id (the
+one its `previous_response_id` knows) rides the answer and the stream's first frame. A
 stream is complete at `response.completed` or `response.incomplete`; EOF before either is
 truncation, and `response.failed` or an `error` event is the provider's failure.
 """
@@ -15,7 +18,17 @@ from typing import Any
 from relayline.machines import classify as fc
 from relayline.machines import wire as w
 from relayline.machines.ledger import Usage
-from relayline.machines.stream import FINISH, REASONING, TEXT, TOOL_ARGS, TOOL_CALL, USAGE, Frame
+from relayline.machines.stream import (
+    EXECUTED_TOOL,
+    FINISH,
+    PREAMBLE,
+    REASONING,
+    TEXT,
+    TOOL_ARGS,
+    TOOL_CALL,
+    USAGE,
+    Frame,
+)
 from relayline.machines.turn import Completion
 
 from .. import jsoncodec
@@ -26,6 +39,12 @@ from .common import ProviderFailure, openai_reply_usage
 # a reasoning frame's ref that is a Responses provider's encrypted content (an Anthropic thinking
 # block's signature rides the same ref bare)
 ENCRYPTED = "encrypted:"
+
+# an executed tool frame's ref that is a whole output item, as JSON (an Anthropic server tool's
+# frame carries no ref)
+ITEM = "item:"
+# the output item kinds the stream's frames read; any other kind is carried whole
+READ_ITEMS = ("message", "reasoning", "function_call")
 
 # incomplete_details.reason -> the canonical finish reason
 INCOMPLETE = {"max_output_tokens": w.LENGTH, "content_filter": w.CONTENT_FILTER}
@@ -72,7 +91,8 @@ def parse_response(body: dict) -> Completion:
             ids.append(shape.want_str(item.get("call_id"), shape.path(where, "call_id")))
     finish = w.CONTENT_FILTER if refused else _finish(body, len(names))
     return Completion("".join(text), "\n".join(reasoning), tuple(names), _usage(body.get("usage")) or Usage(),
-                      tuple(arguments), tuple(ids), finish, blocks=tuple(output))
+                      tuple(arguments), tuple(ids), finish, blocks=tuple(output),
+                      response_id=shape.optional(body, "id", shape.want_str))
 
 
 def is_response(body: dict) -> bool:
@@ -115,6 +135,9 @@ class ResponsesStreamParser:
                           ref=str(place) if place != len(self.calls) - 1 else "")]
         if kind in ("response.output_item.added", "response.output_item.done"):
             return self._item(shape.want_dict(obj.get("item"), "item"), added=kind.endswith("added"))
+        if kind == "response.created":
+            response = shape.want_dict(obj.get("response"), "response")
+            return [Frame(PREAMBLE, kind, ref=shape.optional(response, "id", shape.want_str, "response") or "")]
         if kind in ("response.completed", "response.incomplete"):
             response = shape.want_dict(obj.get("response"), "response")
             self.finished = self.done = True
@@ -134,4 +157,7 @@ class ResponsesStreamParser:
         if not added and item.get("type") == "reasoning" and item.get("encrypted_content"):
             # the provider's opaque reasoning: the client sends it back on its next turn
             return [Frame(REASONING, "", ref=ENCRYPTED + shape.want_str(item["encrypted_content"], "item.encrypted_content"))]
+        if not added and item.get("type") not in READ_ITEMS:
+            # a built-in tool's call (web search, code interpreter...): the client sees it whole
+            return [Frame(EXECUTED_TOOL, str(item.get("type")), ref=ITEM + jsoncodec.dumps(item).decode())]
         return []

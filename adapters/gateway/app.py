@@ -1147,6 +1147,8 @@ class _StreamWire:
 
     async def __call__(self, event: Event) -> None:
         if not event.visible:
+            if event.ref and not self.started:  # what the stream said of itself (a Responses stream's id)
+                self.render.event(event)
             return  # held protocol frames: the dialect's preamble is rendered at commit
         if not self.started:
             self.commit()
