@@ -51,6 +51,9 @@ _QUOTA = re.compile(
 # Content policy: OpenAI's content_policy_violation, Azure's content_filter, and their phrasings
 _CONTENT_POLICY = re.compile(r"content_policy_violation|content_filter|content[ _-]policy|content management policy",
                              re.IGNORECASE)
+# 4xx statuses that waiting fixes (beside 5xx): timeouts, conflicts, too early, and Groq's 498
+# (its flex tier out of capacity, which its documentation says to retry with backoff)
+RETRYABLE_STATUSES = frozenset({408, 409, 425, 498})
 _OVERLOADED = re.compile(r"overloaded|server_error|internal|unavailable|timeout|api_error", re.IGNORECASE)
 
 
@@ -116,7 +119,7 @@ def classify_http(
         return Failure(REFUSED, f"{detail} content policy", status)
     if status == 429:
         return Failure(RATE_LIMITED, f"{detail} rate limited", status, retry_after)
-    if status in (408, 409, 425) or status >= 500:
+    if status in RETRYABLE_STATUSES or status >= 500:
         return Failure(RETRYABLE, detail, status, retry_after)
     return Failure(REJECTED, detail, status)
 

@@ -82,6 +82,9 @@ class Provider:
     # client request headers sent on to this profile (beyond its family's own version and beta
     # headers): a header that picks who is billed or carries a credential travels only if named
     forward_headers: tuple[str, ...] = ()
+    # the request header that carries the key, as is (Azure OpenAI's `api-key`); None: the
+    # family's own (`authorization: Bearer <key>` for openai, `x-api-key` for anthropic)
+    auth_header: str | None = None
     locality: Literal["cloud", "local"] = "cloud"
     capabilities: Capabilities = Capabilities()
     price: Price = Price()
@@ -553,6 +556,9 @@ def _semantic_problems(cfg: Config) -> list[str]:
         if p.max_output_tokens is not None and p.max_output_tokens < 1:
             problems.append(f"{where}.max_output_tokens: must be at least 1")
         problems.extend(_forward_header_problems(p.forward_headers, f"{where}.forward_headers"))
+        if p.auth_header is not None and (not _HEADER_NAME.match(p.auth_header) or
+                                          p.auth_header.lower() in _HOP_HEADERS):
+            problems.append(f"{where}.auth_header: not a header name that can carry a key")
         if p.model is not None and not p.model.strip():
             problems.append(f"{where}.model: must not be blank (leave it out for an unpinned profile)")
     seen_hints: dict[str, int] = {}

@@ -331,7 +331,11 @@ def structured_outputs(request: Request) -> list[str]:
 
 
 def finish_reason(reason: str | None, tool_calls: int) -> str:
-    """The canonical finish reason of an answer: the provider's, else what the answer shows."""
+    """The canonical finish reason of an answer: the provider's, else what the answer shows. An
+    answer that asks for tools and says `stop` (Gemini's OpenAI-compatible stream does) ended to
+    have them run: a client's tool loop waits for `tool_calls` (`tool_use`) to go on."""
+    if reason == STOP and tool_calls:
+        return TOOL_CALLS
     if reason in FINISH_REASONS:
         return reason
     return TOOL_CALLS if tool_calls else STOP

@@ -15,7 +15,7 @@ from .. import jsoncodec
 from ..codecs import count_tokens
 from ..codecs.anthropic_messages import DEFAULT_MAX_TOKENS, render_request
 from ..codecs.anthropic_messages_replies import AnthropicStreamParser, parse_reply
-from .base import CallRequest
+from .base import CallRequest, credential
 from .http import FixedHeads, HttpProvider
 from .pool import Pools
 from .upstream import UpstreamRequest
@@ -42,7 +42,8 @@ class AnthropicProtocol:
             headers = {"content-type": "application/json", "anthropic-version": API_VERSION, **dict(forwarded),
                        **provider.headers}
             if key is not None:
-                headers["x-api-key"] = key.reveal()
+                name, value = credential(provider, key, "x-api-key", key.reveal())
+                headers[name] = value
             fixed = heads.keep(provider, key, forwarded, query, f"{base}{path}", headers)
         if counting:
             body = count_tokens.render_request(request.request, request.model)

@@ -16,7 +16,7 @@ from typing import Protocol
 import attrs
 
 from relayline.machines import wire
-from relayline.machines.config import Secret
+from relayline.machines.config import Provider, Secret
 from relayline.machines.plan import PlannedEntry
 from relayline.machines.stream import Frame
 from relayline.machines.turn import Completion
@@ -35,6 +35,14 @@ FAMILY_HEADERS = {"openai": frozenset({"openai-beta"}),
 TRAVELLING = frozenset().union(*FAMILY_HEADERS.values())
 
 
+
+
+def credential(provider: Provider, key: Secret, family_header: str, family_value: str) -> tuple[str, str]:
+    """The header that carries a profile's key: the family's own (`family_header: family_value`),
+    or the one the profile names in `auth_header`, with the key as is."""
+    if provider.auth_header:
+        return provider.auth_header.lower(), key.reveal()
+    return family_header, family_value
 
 
 @attrs.frozen

@@ -103,6 +103,19 @@ def error_text(body: bytes) -> str:
     return " ".join(parts)
 
 
+def _error_object(obj: Any) -> dict | None:
+    """The object that says what went wrong, in the shapes OpenAI-compatible servers answer:
+    `{"error": {...}}` (OpenAI, Anthropic, most), a list of those (Gemini's OpenAI-compatible
+    endpoint), or the error itself at the top (vLLM's `{"object": "error", "message": ...}`)."""
+    if isinstance(obj, list) and obj:
+        obj = obj[0]
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("error"), dict):
+        return obj["error"]
+    return obj if obj.get("object") == "error" else None
+
+
 def rejection(body: bytes) -> tuple[str | None, str | None]:
     """An error body's type and message (OpenAI's and Anthropic's shapes), bounded and with every
     configured secret masked: what a client whose request was rejected is told."""
@@ -110,10 +123,11 @@ def rejection(body: bytes) -> tuple[str | None, str | None]:
         obj = json.loads(body[:MAX_ERROR_BODY])
     except ValueError:
         return None, None
-    error = obj.get("error") if isinstance(obj, dict) else None
-    if not isinstance(error, dict):
+    error = _error_object(obj)
+    if error is None:
         return None, None
     kind = error.get("type") if isinstance(error.get("type"), str) else None
+    kind = kind or (error.get("status") if isinstance(error.get("status"), str) else None)
     message = error.get("message") if isinstance(error.get("message"), str) else None
     bound = lambda text: redact(text)[:MAX_REJECTION_CHARS] if text else None  # noqa: E731
     return bound(kind), bound(message)

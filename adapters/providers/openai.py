@@ -19,7 +19,7 @@ from .. import jsoncodec
 from ..codecs import embeddings, responses
 from ..codecs.openai_chat import render_request
 from ..codecs.openai_chat_replies import OpenAIStreamParser, parse_reply
-from .base import CallRequest
+from .base import CallRequest, credential
 from .http import FixedHeads, HttpProvider
 from .pool import Pools
 from .upstream import UpstreamRequest
@@ -49,7 +49,8 @@ class OpenAIProtocol:
             base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
             headers = {"content-type": "application/json", **dict(forwarded), **provider.headers}
             if key is not None:
-                headers["authorization"] = f"Bearer {key.reveal()}"
+                name, value = credential(provider, key, "authorization", f"Bearer {key.reveal()}")
+                headers[name] = value
             fixed = heads.keep(provider, key, forwarded, query, f"{base}{path}", headers)
         if wire_request.embedding is not None:
             body = embeddings.render_request(wire_request, request.model)
