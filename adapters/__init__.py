@@ -23,7 +23,7 @@ from relayline.machines.turn import TurnResult
 from relayline.machines.vocab import ErrorReason, Outcome
 from relayline.machines.wire import Message, Request, Tool, ToolCall, WireError
 
-from .relay import Relay, Reply, StreamTurn
+from .relay import Relay, Reply, StreamTurn, responses_request
 
 __all__ = [
     "Config",
@@ -48,4 +48,5 @@ __all__ = [
     "Usage",
     "WireError",
     "parse_config",
+    "responses_request",
 ]

@@ -43,7 +43,8 @@ from relayline.machines.plan import HINT_PREFIX, Plan, build_router, model_offer
 from relayline.machines.stream import Event
 from relayline.machines.turn import Turn, TurnResult
 
-from .codecs import shape
+from .codecs import responses as responses_codec
+from .codecs import responses_answers, shape
 from .codecs.embeddings import parse_request as parse_embeddings
 from .codecs.openai_chat import KNOWN
 from .codecs.openai_chat import parse_request as parse_openai
@@ -134,6 +135,22 @@ def wire_request(messages: Sequence[Mapping[str, Any]] | wire.Request, tools: Se
     return parse_openai(body, passthrough=False)
 
 
+def responses_request(body: Mapping[str, Any]) -> wire.Request:
+    """A Responses API request body as the request of a turn: `input` (a string or items:
+    messages, function_call, function_call_output, reasoning), `instructions`, `tools`,
+    `tool_choice`, `max_output_tokens`, `temperature`, `top_p`, `text.format`, `reasoning`,
+    `metadata`... read as the gateway's `/v1/responses` reads them, and served the same way:
+    an openai profile with `capabilities.responses` is sent the body as given, every other entry
+    a translation. The model and streaming are the call's (`complete(..., model=...)`,
+    `stream(...)`), so `model` and `stream` in the body are a TypeError. A field of the wrong
+    shape raises WireError naming it."""
+    taken = sorted({"model", "stream"} & set(body))
+    if taken:
+        raise TypeError(f"responses_request(): {', '.join(taken)} is the call's: pass model= to complete() or "
+                        "stream(), and call stream() for a streamed turn")
+    return responses_codec.parse_request(dict(body))
+
+
 def same_model(plan: Plan) -> Plan:
     """The plan's entries that serve its first entry's model: vectors from two models are not
     interchangeable, so an embeddings turn falls back only to another profile, key or region of
@@ -182,21 +199,36 @@ class Reply:
     tool_call_ids: tuple[str, ...] = ()  # as the provider sent them ("" where it sent none)
     tool_arguments: tuple[str, ...] = ()  # JSON text, aligned with tool_calls
     usage: Usage = Usage()  # input, output, cache read/write and reasoning tokens of the answer
+    request: wire.Request | None = attrs.field(default=None, repr=False, eq=False)  # what was asked
 
     @classmethod
-    def of(cls, result: TurnResult) -> Reply:
+    def of(cls, result: TurnResult, request: wire.Request | None = None) -> Reply:
         assert result.served is not None  # an accepted answer always has a server
         return cls(text=result.text or "", tool_calls=result.tool_calls, reasoning=result.reasoning,
                    requested=result.requested, served=result.served.label, notice=result.notice,
                    fallback=result.fallback, ledger=result.ledger, cost_usd=result.cost_usd, result=result,
                    finish_reason=wire.finish_reason(result.finish_reason, len(result.tool_calls)),
                    tool_call_ids=result.tool_ids, tool_arguments=result.tool_arguments,
-                   usage=result.usage or Usage())
+                   usage=result.usage or Usage(), request=request)
+
+    def response(self) -> dict[str, Any]:
+        """This answer as the Responses API's `response` object, as the gateway's `/v1/responses`
+        renders it (see `response_object`)."""
+        return response_object(self.result, self.request)
 
     @property
     def outbound_text(self) -> str:
         """What a user sees: the reply, then the notice. History keeps `text` alone."""
         return f"{self.text}\n\n{self.notice}" if self.notice else self.text
+
+
+def response_object(result: TurnResult, request: wire.Request | None) -> dict[str, Any]:
+    """An answer as the Responses API's `response` object: its output items (reasoning with
+    the token that carries its signature back, the message, each function_call with its
+    call_id; the provider's own items when a profile that speaks the Responses API served it),
+    `status` and `incomplete_details`, `usage`, and the request's own fields echoed. Its `id` is
+    the provider's when that provider keeps answers, else a new one."""
+    return responses_answers.response_object(responses_answers.new_id("resp"), result, None, request)
 
 
 def raise_for(result: TurnResult) -> None:
@@ -442,7 +474,7 @@ class Relay:
         request = wire_request(messages, tools, params, extra_body)  # a bad parameter raises here, in the caller
         result = await run_in_host(partial(self._run_turn, request, model=model, operator_model=operator_model))
         raise_for(result)
-        return Reply.of(result)
+        return Reply.of(result, request)
 
     async def embed(self, /, input: str | Sequence[str] | Sequence[Sequence[int]], *, model: str | None = None,  # noqa: A002
                     dimensions: int | None = None, encoding_format: str | None = None,
@@ -469,7 +501,7 @@ class Relay:
         check_parameters("stream", params, extra_body)
         request = wire_request(messages, tools, params, extra_body)
         return StreamTurn(self, partial(self._run_turn, request, model=model, operator_model=operator_model,
-                                        on_draft=on_draft, stream=True))
+                                        on_draft=on_draft, stream=True), request)
 
     # -- synchronous hosts ----------------------------------------------------------------------
 
@@ -610,9 +642,11 @@ class StreamTurn:
     `result`.
     """
 
-    def __init__(self, relay: Relay, run_turn: Callable[..., Awaitable[TurnResult]]) -> None:
+    def __init__(self, relay: Relay, run_turn: Callable[..., Awaitable[TurnResult]],
+                 request: wire.Request | None = None) -> None:
         self._relay = relay
         self._run_turn = run_turn
+        self._request = request
         self._run: TurnRun | None = None
         self._scope = trio.CancelScope()
         self._host = ""
@@ -770,3 +804,11 @@ class StreamTurn:
     @property
     def usage(self) -> Usage | None:
         return self.result.usage if self.result else None
+
+    def response(self) -> dict[str, Any]:
+        """After the block, the answer as the Responses API's `response` object (as
+        `Reply.response()`), once the turn succeeded."""
+        result = self.result
+        if result is None or result.outcome != "ok":
+            raise RuntimeError("response(): the turn has no answer (it has not ended, or did not succeed)")
+        return response_object(result, self._request)

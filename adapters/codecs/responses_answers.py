@@ -98,8 +98,9 @@ def _finished(envelope: dict, result: TurnResult, tools: int) -> dict:
     return envelope
 
 
-def response_object(turn_id: str, result: TurnResult, relayline: dict, request: w.Request | None = None) -> dict:
-    """A whole answer as the Responses API's `response` object."""
+def response_object(turn_id: str, result: TurnResult, relayline: dict | None, request: w.Request | None = None) -> dict:
+    """A whole answer as the Responses API's `response` object (with the gateway's `relayline`
+    field when given)."""
     tools = _tools_of(result)
     status = "incomplete" if INCOMPLETE.get(w.finish_reason(result.finish_reason, len(tools))) else "completed"
     output: list[dict] = []
@@ -117,7 +118,7 @@ def response_object(turn_id: str, result: TurnResult, relayline: dict, request: 
     envelope = _envelope(result.response_id or turn_id if kept else turn_id, int(time.time()),
                          result.served.model if result.served else "", request, "completed", kept)
     envelope["output"] = output
-    return _finished(envelope, result, len(tools)) | {"relayline": relayline}
+    return _finished(envelope, result, len(tools)) | ({"relayline": relayline} if relayline is not None else {})
 
 
 def _passed_through(request: w.Request | None, result: TurnResult) -> bool:

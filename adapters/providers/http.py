@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
