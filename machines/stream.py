@@ -120,11 +120,12 @@ class StreamGate:
             self.stop_sequence = frame.ref or None
             return ()
         if not frame.decisive:
-            if (frame.ref and frame.kind == REASONING) or frame.kind == REDACTED_REASONING:
-                # the signature of the thinking just shown (Anthropic's signature_delta), or a
-                # redacted thinking block: the client sends them back with the thinking, so they
-                # go where the thinking went (neither commits: they are no words of the answer)
-                event = (Event(EventKind.REASONING, "", frame.ref) if frame.kind == REASONING
+            if (frame.ref and frame.kind in (REASONING, TEXT)) or frame.kind == REDACTED_REASONING:
+                # the signature of the thinking just shown (Anthropic's signature_delta), a
+                # redacted thinking block, or the citations of the text just shown (a Responses
+                # stream's annotations): they belong with what was shown, so they go where it
+                # went (none commits: they are no words of the answer)
+                event = (Event(EVENT_NAMES[frame.kind], "", frame.ref) if frame.kind != REDACTED_REASONING
                          else Event(EventKind.REDACTED_REASONING, frame.value))
                 if self.life.state == StreamState.COMMITTED:
                     return (event,)

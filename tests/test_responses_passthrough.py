@@ -3,7 +3,7 @@ the official openai SDK in front of the real gateway, a loopback upstream that a
 OpenAI's Responses API does, with a built-in web search. The client sees the provider's own
 response id, so `previous_response_id` on its next turn reaches the provider that stored the
 answer; and a streamed answer, re-rendered behind the commit gate, keeps the built-in tool's
-item whole instead of losing it."""
+item whole and the answer's citations instead of losing them."""
 
 from __future__ import annotations
 
@@ -114,3 +114,8 @@ def test_a_passthrough_stream_keeps_the_providers_id_and_its_built_in_tool_items
     assert final.output_text == MESSAGE["content"][0]["text"]
     assert kinds.index("response.output_item.done") < kinds.index("response.output_text.delta")
     assert final.usage.input_tokens == 328 and final.usage.output_tokens == 356
+    # the answer's citation, as the provider gave it once the message was done
+    cited = [e for e in events if e.type == "response.output_text.annotation.added"]
+    assert [e.annotation.url for e in cited] == [CITATION["url"]]
+    assert done[1].content[0].annotations[0].url == CITATION["url"]
+    assert final.output[1].content[0].annotations[0].title == CITATION["title"]

@@ -17,7 +17,7 @@ from relayline.machines.turn import TurnResult
 from .. import jsoncodec
 from .common import ERRORS, SLOT, SLOT_JSON, UNKNOWN_ERROR, ToolIds, answer_tools
 from .responses import NAMESPACE, TOKEN
-from .responses_replies import ENCRYPTED, ITEM
+from .responses_replies import CITATIONS, ENCRYPTED, ITEM
 
 # Responses status for a canonical finish reason that cuts an answer short
 INCOMPLETE = {w.LENGTH: "max_output_tokens", w.CONTENT_FILTER: "content_filter"}
@@ -57,10 +57,10 @@ def _call_item_out(item_id: str, call_id: str, name: str, arguments: str, space:
     return item | ({"namespace": space} if space else {})
 
 
-def _message_out(item_id: str, text: str, status: str) -> dict:
+def _message_out(item_id: str, text: str, status: str, annotations: list | None = None) -> dict:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text or
-            status == "in_progress" else []}
+            "content": [{"type": "output_text", "text": text, "annotations": annotations or [], "logprobs": []}]
+            if text or status == "in_progress" else []}
 
 
 def _reasoning_out(item_id: str, text: str, signature: str = "") -> dict:
@@ -147,7 +147,7 @@ class ResponsesStream:
     events, before the next opens; every event carries the stream's next sequence number."""
 
     __slots__ = ("response_id", "request", "created", "model", "sequence", "output", "item", "text", "ids",
-                 "spaces", "calls", "signature", "slotted", "kept")
+                 "spaces", "calls", "signature", "slotted", "kept", "cited")
 
     def __init__(self, response_id: str, request: w.Request) -> None:
         self.response_id = response_id
@@ -164,6 +164,7 @@ class ResponsesStream:
         self.signature = ""
         self.slotted: tuple[str, bytes, bytes, bytes] = ("", b"", b"", b"")  # the open message's delta, cut
         self.kept = False  # a provider that keeps answers named this one before the opening
+        self.cited: list = []  # the open message's citations, as its provider gave them
 
     def _text_delta(self, delta: str) -> bytes:
         """A text delta event: nearly every frame of a stream. Its bytes are cut once per item
@@ -224,8 +225,12 @@ class ResponsesStream:
         self.item = None
         text, index, out = "".join(self.text), self._index(), b""
         if item["type"] == "message":
-            done = _message_out(item["id"], text, status)
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            cited, self.cited = self.cited, []
+            done = _message_out(item["id"], text, status, cited)
+            part = {"type": "output_text", "text": text, "annotations": cited, "logprobs": []}
+            for n, annotation in enumerate(cited):
+                out += self._event("response.output_text.annotation.added", item_id=item["id"], output_index=index,
+                                   content_index=0, annotation_index=n, annotation=annotation)
             out += self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
                                text=text, logprobs=[])
             out += self._event("response.content_part.done", item_id=item["id"], output_index=index,
@@ -258,6 +263,10 @@ class ResponsesStream:
                 self.response_id, self.kept = event.ref, True
             return b""
         if kind == "text":
+            if event.ref and event.ref.startswith(CITATIONS):  # the message just shown, cited
+                if self.item is not None and self.item["type"] == "message":
+                    self.cited += jsoncodec.loads(event.ref[len(CITATIONS):])
+                return b""
             out = b"" if self.item is not None and self.item["type"] == "message" else self._open(
                 _message_out(new_id("msg"), "", "in_progress"))
             self.text.append(event.value)

@@ -5,7 +5,8 @@ The client's own items come back as the provider sent them (`Completion.blocks`)
 canonical answer has no field for (a reasoning item's encrypted content, a built-in tool's call)
 reaches a Responses client unchanged; the frames carry what the gate and the ledger read. In a
 stream, an output item no frame kind reads (a built-in tool's call, whatever kind comes next)
-is carried whole, once done, as provider-executed tool work. The provider's response id (the
+is carried whole, once done, as provider-executed tool work, and a message's citations follow
+its text once it is done. The provider's response id (the
 one its `previous_response_id` knows) rides the answer and the stream's first frame. A
 stream is complete at `response.completed` or `response.incomplete`; EOF before either is
 truncation, and `response.failed` or an `error` event is the provider's failure.
@@ -43,6 +44,8 @@ ENCRYPTED = "encrypted:"
 # an executed tool frame's ref that is a whole output item, as JSON (an Anthropic server tool's
 # frame carries no ref)
 ITEM = "item:"
+# an empty text frame's ref that is the citations of the message just shown, as JSON
+CITATIONS = "annotations:"
 # the output item kinds the stream's frames read; any other kind is carried whole
 READ_ITEMS = ("message", "reasoning", "function_call")
 
@@ -157,6 +160,10 @@ class ResponsesStreamParser:
         if not added and item.get("type") == "reasoning" and item.get("encrypted_content"):
             # the provider's opaque reasoning: the client sends it back on its next turn
             return [Frame(REASONING, "", ref=ENCRYPTED + shape.want_str(item["encrypted_content"], "item.encrypted_content"))]
+        if not added and item.get("type") == "message":
+            cited = [a for part in item.get("content") or () if isinstance(part, dict)
+                     for a in part.get("annotations") or ()]
+            return [Frame(TEXT, "", ref=CITATIONS + jsoncodec.dumps(cited).decode())] if cited else []
         if not added and item.get("type") not in READ_ITEMS:
             # a built-in tool's call (web search, code interpreter...): the client sees it whole
             return [Frame(EXECUTED_TOOL, str(item.get("type")), ref=ITEM + jsoncodec.dumps(item).decode())]
