@@ -10,6 +10,9 @@ by Content-Length, and a reply chosen by the requested model name:
                 before finishing (the memory benchmark keeps streams in flight with it)
     GET /stats  {"connections": accepted so far}: the load benchmark counts connections opened
 
+A POST to a path ending /messages gets Anthropic's shape instead (non-streamed "frames-N" only):
+the long-history benchmark sends the same conversation to an `anthropic` profile.
+
 Run: python bench/upstream.py PORT [HOLD_SECONDS]; it prints "ready PORT" when listening.
 """
 
@@ -61,6 +64,16 @@ def body_for(kind: str, n: int, stream: bool) -> bytes:
     return _cache[key]
 
 
+def anthropic_body_for(n: int) -> bytes:
+    key = ("anthropic", n, False)
+    if key not in _cache:
+        text = "".join(f" w{i}" for i in range(n))
+        _cache[key] = json.dumps({"id": "msg_bench", "type": "message", "role": "assistant", "model": "bench",
+                                  "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+                                  "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": n}}).encode()
+    return _cache[key]
+
+
 class Upstream(asyncio.Protocol):
     hold = 5.0
     accepted = 0
@@ -88,7 +101,16 @@ class Upstream(asyncio.Protocol):
                 self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
                                      + str(len(stats)).encode() + b"\r\n\r\n" + stats)
                 continue
-            self.answer(body)
+            if head.startswith(b"post /v1/messages"):
+                self.answer_anthropic(body)
+            else:
+                self.answer(body)
+
+    def answer_anthropic(self, body: bytes) -> None:
+        found = MODEL.search(body)
+        payload = anthropic_body_for(int(found.group(2)) if found else 1)
+        self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                             + str(len(payload)).encode() + b"\r\n\r\n" + payload)
 
     def answer(self, body: bytes) -> None:
         found = MODEL.search(body)
