@@ -223,7 +223,21 @@ def library_cpu_ms(relays: dict, body: bytes, family: str, n: int) -> float:
 # -- the run -------------------------------------------------------------------------------------
 
 
-def run(rounds: int, n: int, library: bool) -> dict:
+def profile(gateways: dict, cases: dict, case: str, path: str, seconds: float = 15.0) -> None:
+    """py-spy on the gateway serving one case ("200 KB|openai|openai": shape, client dialect,
+    family) for `seconds`: collapsed stacks, to add up with bench/stacks.py."""
+    shape, dialect, family = case.split("|")
+    proc, url = gateways[family]
+    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(proc.pid), "--format",
+                            "raw", "--duration", str(int(seconds)), "--rate", "500", "--nonblocking", "-o", path],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and spy.poll() is None:
+        gateway_cpu_ms(proc, url, DIALECT_PATHS[dialect], cases[(shape, dialect)], 20)
+    spy.wait(seconds + 30)
+
+
+def run(rounds: int, n: int, library: bool, profile_case: str | None = None, profile_path: str = "") -> dict:
     from relayline.adapters import Relay
 
     tmp = tempfile.TemporaryDirectory()
@@ -249,6 +263,8 @@ def run(rounds: int, n: int, library: bool) -> dict:
             if library and dialect == "openai":
                 for family in FAMILIES:
                     library_cpu_ms(relays, body, family, 2)
+        if profile_case:
+            profile(gateways, cases, profile_case, profile_path)
         for round_ in range(rounds):
             order = list(cases.items()) if round_ % 2 == 0 else list(cases.items())[::-1]
             for (shape, dialect), body in order:
@@ -303,10 +319,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20, help="requests a round for a long shape (x5 small)")
     parser.add_argument("--no-library", action="store_true", help="the gateway rows only")
     parser.add_argument("--out", help="write the results here")
+    parser.add_argument("--profile", metavar="FILE", help="first py-spy the gateway serving --case into FILE "
+                        "(collapsed stacks)")
+    parser.add_argument("--case", default="200 KB|openai|openai", help="shape|client dialect|family to profile")
     args = parser.parse_args()
     result = {"date": dt.date.today().isoformat(), "python": platform.python_version(), "cpus": os.cpu_count(),
               "load_average_before": os.getloadavg()}
-    result.update(run(args.rounds, args.requests, not args.no_library))
+    result.update(run(args.rounds, args.requests, not args.no_library, args.profile and args.case, args.profile))
     result["load_average_after"] = os.getloadavg()
     result["rows"] = summarise(result)
     report(result["rows"])
