@@ -12,6 +12,7 @@ string with a lone surrogate is written by `json`, and a non-finite number is wr
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
@@ -19,13 +20,16 @@ import orjson
 # orjson reads an integer beyond 64 bits as a float (a seed or an id would silently change):
 # a run of 19 digits anywhere sends the document to `json`, which keeps it exact. Found by
 # mapping every digit to "0" and looking for 19 of them: two C passes (a regex is 10x slower).
-# Every 9th character is looked at first: a run of 19 digits covers two consecutive ones of
-# them, so a document whose sample has no two digits side by side has no long number, and only
-# one that has (a run of 10 digits or more: a timestamp, an id) is looked at whole. The sample
-# is a ninth of the document: the check cost about as much as orjson's read of a large body
+# Every 6th character is looked at first: a run of 19 digits covers three consecutive ones of
+# them, so a document whose sample has no three digits side by side has no long number, and
+# only one that has (a run of 13 digits or more: a timestamp in ms, an id) is looked at whole.
+# Three, not two: source code and logs in an agent's tool results are full of digit pairs a
+# ninth apart, and with two each such body was translated whole
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19
-_STRIDE = 9  # (19 >= 2 * 9 + 1: a run of 19 covers two multiples of 9)
+_STRIDE = 6  # (19 >= 3 * 6 + 1: a run of 19 covers three multiples of 6)
+_SAMPLE_RUN = b"0" * 3
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
 
 
 _SAMPLED_FROM = 4096  # (below it the sample's own slice costs more than it saves: a stream frame)
@@ -37,7 +41,7 @@ def _no_long_number(data: bytes | bytearray | str) -> bool:
         sample = data[::_STRIDE]
         if isinstance(sample, str):  # (a character that is not a digit encodes to no digit byte)
             sample = sample.encode("utf-8", "surrogatepass")
-        if b"00" not in sample.translate(_DIGITS_AS_ZERO):
+        if _SAMPLE_RUN not in sample.translate(_DIGITS_AS_ZERO):
             return True
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     return _LONG_RUN not in raw.translate(_DIGITS_AS_ZERO)
@@ -51,6 +55,30 @@ def loads(data: bytes | bytearray | str) -> Any:
         except orjson.JSONDecodeError:
             pass
     return json.loads(data)
+
+
+def loads_encodable(data: bytes) -> tuple[Any, bool]:
+    """`loads(data)`, and whether every string in it can be sent as UTF-8: JSON can escape a
+    lone UTF-16 surrogate ("\\ud800") that no UTF-8 request to a provider can carry. orjson
+    refuses such an escape, so a document it read has none and is not searched again (a long
+    body's search was a pass over all its bytes); one `json` read is."""
+    if _no_long_number(data):
+        try:
+            return orjson.loads(data), True
+        except orjson.JSONDecodeError:
+            pass
+    document = json.loads(data)
+    return document, not _lone_surrogate(data, document)
+
+
+def _lone_surrogate(data: bytes, document: Any) -> bool:
+    if not _SURROGATE_ESCAPE.search(data):
+        return False
+    try:
+        json.dumps(document, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def loads_after_shape(data: bytes | str, shaped: Any) -> Any:

@@ -77,7 +77,6 @@ REQUEST_ID_SHAPE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 QUIET_ERRORS = {"client_error", "context_window"}  # the client's own doing: the access line says enough
 MAX_OUTCOMES = 4096  # per profile, for /admin/health's success rate: bounded between reads
 READY_WAIT_S = 2.0  # a readiness check of the ledger that takes longer says not ready
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
 
 
 TRIM_AFTER_BYTES = 8 * 1024 * 1024  # an answer at least this large is followed by a malloc_trim
@@ -97,18 +96,6 @@ def _read_too_much(result: TurnResult | None) -> bool:
     is handed back like a large answer's (bench/memory.py: without it, +34 MiB stay after a
     100 MiB reply refused, once an earlier large answer raised glibc's mmap threshold)."""
     return result is not None and any(FailureClass.TOO_LARGE in (a.outcome, a.reason) for a in result.attempts)
-
-
-def _unencodable(raw: bytes, obj) -> bool:
-    """JSON can escape a lone surrogate ("\\ud800") that no UTF-8 request to a provider can
-    carry: a client's mistake, refused with a 400 rather than failing every attempt."""
-    if not _SURROGATE_ESCAPE.search(raw):
-        return False
-    try:
-        json.dumps(obj, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 class Exchange:
@@ -734,9 +721,9 @@ class Gateway:
         if raw is None:
             return None
         try:
-            body = jsoncodec.loads(raw)
+            body, encodable = jsoncodec.loads_encodable(raw)
         except (ValueError, RecursionError):
-            body = wire.WireError("", "the body is not valid JSON")
+            body, encodable = wire.WireError("", "the body is not valid JSON"), True
         try:
             if isinstance(body, wire.WireError):
                 raise body
@@ -757,7 +744,7 @@ class Gateway:
         except RecursionError:
             await self._respond(send, *dialect.bad_request(wire.WireError("", "the body is nested too deeply")))
             return None
-        if _unencodable(raw, body):
+        if not encodable:
             await self._respond(send, *dialect.bad_request(wire.WireError(
                 "", "the body contains a lone UTF-16 surrogate escape (such as \\ud800), which cannot be sent as UTF-8")))
             return None
