@@ -425,7 +425,7 @@ class Relay:
         if request.embedding is not None:
             plan = same_model(plan)
         turn = self._turn_factory(plan, self.config, self.health, stream=stream, tools=bool(request.tools),
-                                  prompt_chars=request.prompt_chars)
+                                  prompt_chars=lambda: request.prompt_chars)
         return TurnRun(turn, self.clients, request, on_draft=on_draft)
 
     def _note_model(self, model: str, gateway: bool) -> None:

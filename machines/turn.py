@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -249,7 +249,7 @@ class Turn:
                  "advance_refusals", "rejections", "prompt_chars", "shown_by", "call_text_from")
 
     def __init__(self, plan: Plan, config: Config, store: HealthStore, *, stream: bool, tools: bool = False,
-                 prompt_chars: int = 0):
+                 prompt_chars: Callable[[], int] = lambda: 0):
         self.plan = plan
         self.config = config
         self.health = TurnHealth(store)
@@ -276,7 +276,9 @@ class Turn:
         self.refusal: Refusal | None = None
         self.advance_refusals = config.reliability.on_refusal == "advance"
         self.rejections: list[Rejection | None] = []  # per failed attempt: its client rejection, if it was one
-        self.prompt_chars = prompt_chars  # the request's text (wire.Request.prompt_chars): an estimate's input
+        # the request's text (wire.Request.prompt_chars): an estimate's input, counted only for an
+        # answer without usage (a long history's count is a pass over every part and tool)
+        self.prompt_chars = prompt_chars
         self.shown_by: PlannedEntry | None = None  # the entry of the last stream that committed
         self.call_text_from = 0  # where the pending call's text begins in `forwarded`
 
@@ -414,7 +416,7 @@ class Turn:
             assert self.gate is not None
             out = sum(map(len, self.forwarded[self.call_text_from:]))
             out += sum(map(len, self.gate.tools)) + sum(map(len, self.gate.tool_arguments))
-        prompt = self.prompt_chars + (len(call.prefill) if call.prefill else 0)
+        prompt = self.prompt_chars() + (len(call.prefill) if call.prefill else 0)
         return Usage(estimated_tokens(prompt), estimated_tokens(out))
 
     # -- refusals ------------------------------------------------------------------------------

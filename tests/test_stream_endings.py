@@ -20,6 +20,7 @@ from relayline.adapters.gateway import Gateway, serve
 from relayline.adapters.otel import Tracing
 from relayline.adapters.sim.loopback import BackgroundTrio, LoopbackServer, Reply
 from relayline.adapters.stores.ledger import LedgerStore
+from relayline.machines import wire
 from relayline.machines.config import structure_config
 
 HI = [{"role": "user", "content": "hi"}]
@@ -287,3 +288,26 @@ def test_a_completed_answer_without_provider_usage_is_an_estimated_row(tmp_path)
     assert sorted((r["mode"], r["outcome"], r["accepted"], r["estimated"], r["input_tokens"], r["output_tokens"])
                   for r in rows) == [("complete", "ok", 1, 1, 1, 4), ("stream", "ok", 1, 1, 1, 4)]
     assert all(r["cost_usd"] > 0 for r in rows)
+
+
+def test_a_requests_text_is_counted_only_for_an_answer_without_usage(tmp_path, monkeypatch):
+    # the estimate reads every part and tool of the history: an answer with usage never needs it
+    counted = []
+    chars = wire.Request.prompt_chars
+    monkeypatch.setattr(wire.Request, "prompt_chars", property(lambda self: counted.append(1) or chars.fget(self)))
+    usage = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    answer = {"id": "c1", "object": "chat.completion", "created": 1, "model": "m-p0",
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "answer"}, "finish_reason": "stop"}]}
+    bodies = iter([{**answer, "usage": usage}, answer])
+
+    def upstream(seen) -> Reply:
+        return Reply(headers=(("content-type", "application/json"),), pieces=(json.dumps(next(bodies)).encode(),))
+
+    with GatewayOn(tmp_path / "ledger.sqlite3", upstream) as gw:
+        oa, _ = gw.clients()
+        oa.chat.completions.create(model="m-p0", messages=HI)
+        assert counted == []
+        oa.chat.completions.create(model="m-p0", messages=HI)
+        assert counted == [1]
+    rows = LedgerStore(tmp_path / "ledger.sqlite3").rows()
+    assert [(r["estimated"], r["input_tokens"], r["output_tokens"]) for r in rows] == [(0, 7, 2), (1, 1, 2)]
