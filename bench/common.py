@@ -359,7 +359,7 @@ async def httpx_throughput(client: httpx.AsyncClient, url: str, concurrency: int
 
 
 @asynccontextmanager
-async def row_client(url: str, concurrency: int) -> AsyncIterator[httpx.AsyncClient]:
+async def row_client(url: str, concurrency: int, headers: dict | None = None) -> AsyncIterator[httpx.AsyncClient]:
     """An httpx client of a throughput row's own, its `concurrency` connections to `url` open.
     One client shared by the rows is not the same client for each: httpcore scans every
     connection of its pool on each request, so a row measured after another inherits that row's
@@ -367,13 +367,15 @@ async def row_client(url: str, concurrency: int) -> AsyncIterator[httpx.AsyncCli
     of the client's CPU a request where a client of its own spends 1.12: the floor rows in
     docs/performance.md)."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=60, headers=headers) as client:
         await httpx_throughput(client, url, concurrency, 4 * concurrency)
         yield client
 
 
-async def row_throughput(url: str, concurrency: int, total: int, client_cpu: list[float] | None = None) -> float:
-    async with row_client(url, concurrency) as client:
+async def row_throughput(url: str, concurrency: int, total: int, client_cpu: list[float] | None = None,
+                         headers: dict | None = None) -> float:
+    """`headers`: sent with every request (a peer gateway told where the upstream is)."""
+    async with row_client(url, concurrency, headers) as client:
         return await httpx_throughput(client, url, concurrency, total, client_cpu)
 
 

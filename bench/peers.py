@@ -4,6 +4,13 @@
     gateway   the relayline gateway (`relayline serve`, its own process) in front of it
     library   `Relay.complete` / `Relay.stream` in process, OpenAI adapter over HTTP
     litellm   LiteLLM's Router in front of it (its own process, asyncio; skipped if absent)
+    portkey   Portkey's gateway (`@portkey-ai/gateway` from npm, Node) in front of it, its own
+              process, told where the upstream is by its headers (skipped without a Portkey
+              install: PORTKEY_GATEWAY_DIR names its package directory)
+
+`python bench/peers.py [--base DIR]` runs the side-by-side table alone (`run_side_by_side`):
+the gateway, Portkey and LiteLLM beside direct, and with `--base` the gateway of another tree
+(a checkout before a lever) in the same rounds.
 
 Rounds interleave the methods so that machine noise hits them alike; every figure is reported
 with the direct figure of the same run beside it. Loopback only; every loop is bounded.
@@ -18,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -70,13 +78,17 @@ class Processes:
         self.gateway, self.gateway_pid = self.start_gateway()
         return self
 
-    def start_gateway(self, *extra: str, config: Path | None = None) -> tuple[str, int]:
-        """Another `relayline serve` (e.g. `--workers 2`, or another config): its URL and pid."""
+    def start_gateway(self, *extra: str, config: Path | None = None, env: dict | None = None) -> tuple[str, int]:
+        """Another `relayline serve` (e.g. `--workers 2`, another config, another tree's `env`):
+        its URL and pid."""
         gw = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config",
                                str(config or self.config_path), "--port", "0", *self.log_args, *extra],
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True, env=env)
         self.procs.append(gw)
-        return listening(gw), gw.pid
+        url = listening(gw)
+        if self.log_args[-1] in ("info", "debug"):  # its lines would fill the pipe: read them away
+            threading.Thread(target=gw.stderr.read, daemon=True).start()
+        return url, gw.pid
 
     def __exit__(self, *exc) -> None:
         stop(self.procs)
@@ -407,3 +419,170 @@ def targets(summary: dict) -> list[dict]:
         held["gateway_kib_per_stream"], 32.0, "KiB")
     row(f"{held['streams']} concurrent streams, errors", held["errors"], 0, "errors")
     return rows
+
+
+# -- side by side: the gateway, Portkey and LiteLLM in one run --------------------------------------
+
+
+def portkey_dir() -> Path | None:
+    """Portkey's package directory (`npm install @portkey-ai/gateway@1.15.2` with
+    `"overrides": {"@hono/node-server": "1.13.5"}`: later node-servers stop its streams), or None."""
+    where = os.environ.get("PORTKEY_GATEWAY_DIR")
+    return Path(where) if where and (Path(where) / "build" / "start-server.js").exists() else None
+
+
+def start_portkey(procs: Processes, where: Path) -> tuple[str, int]:
+    import socket
+
+    with socket.socket() as probe:  # a free port: Portkey takes one on its command line
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(["node", "build/start-server.js", f"--port={port}", "--headless"], cwd=where,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs.procs.append(proc)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return f"http://127.0.0.1:{port}", proc.pid
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("Portkey did not listen within 30 s")
+
+
+def run_side_by_side(procs: Processes, *, rounds: int, n: int, base: str | None = None,
+                     throughput_rounds: int = 3) -> dict:
+    """Per system (the gateway; the gateway of tree `base`; Portkey), beside direct in the same
+    rounds: latency at concurrency 1, each process's CPU a request, first byte and per frame of
+    200-frame streams, requests/s at 16 clients, RSS at the end."""
+    from common import tree_env
+
+    systems: dict[str, dict] = {"gateway": {"url": procs.gateway, "pid": procs.gateway_pid, "headers": {}}}
+    if base:
+        url, pid = procs.start_gateway(env=tree_env(base))
+        systems["gateway_before"] = {"url": url, "pid": pid, "headers": {}}
+    where = portkey_dir()
+    if where is not None:
+        url, pid = start_portkey(procs, where)
+        systems["portkey"] = {"url": url, "pid": pid, "headers": {
+            "x-portkey-provider": "openai", "x-portkey-custom-host": f"{procs.upstream}/v1",
+            "authorization": "Bearer bench-key"}}
+    names = ["direct", *systems]
+    urls = {"direct": f"{procs.upstream}/v1/chat/completions",
+            **{name: f"{s['url']}/v1/chat/completions" for name, s in systems.items()}}
+    headers = {"direct": {}, **{name: s["headers"] for name, s in systems.items()}}
+    out: dict = {"latency": {name: [] for name in names}, "cpu_s": {name: 0.0 for name in systems},
+                 "stream": {f"{name}_{frames}": [] for name in names for frames in (1, 200)},
+                 "stream_cpu_s": {f"{name}_{frames}": 0.0 for name in systems for frames in (1, 200)},
+                 "throughput_16": {name: [] for name in names}}
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        clients = {name: httpx.AsyncClient(limits=limits, timeout=60, headers=headers[name]) for name in names}
+        try:
+            for name in names:
+                await timed_posts(clients[name], urls[name], 100)  # warm
+                await stream_timing(clients[name], urls[name], 200)
+            for round_ in range(rounds):
+                for name in (names if round_ % 2 == 0 else names[::-1]):
+                    pid = systems[name]["pid"] if name in systems else None
+                    before = cpu_s(pid) if pid else 0.0
+                    out["latency"][name] += await timed_posts(clients[name], urls[name], n)
+                    if pid:
+                        out["cpu_s"][name] += cpu_s(pid) - before
+                for _ in range(5):
+                    for name in (names if round_ % 2 == 0 else names[::-1]):
+                        pid = systems[name]["pid"] if name in systems else None
+                        for frames in (1, 200):
+                            before = cpu_s(pid) if pid else 0.0
+                            out["stream"][f"{name}_{frames}"].append(
+                                await stream_timing(clients[name], urls[name], frames))
+                            if pid:
+                                out["stream_cpu_s"][f"{name}_{frames}"] += cpu_s(pid) - before
+            for round_ in range(throughput_rounds):
+                for name in (names if round_ % 2 == 0 else names[::-1]):
+                    out["throughput_16"][name].append(await row_throughput(urls[name], 16, 16 * 32,
+                                                                           headers=headers[name]))
+        finally:
+            for client in clients.values():
+                await client.aclose()
+
+    trio.run(main)
+    out["rss_kib"] = {name: rss_kib(s["pid"]) for name, s in systems.items()}
+    out["requests_c1"] = rounds * n
+    out["streams_each"] = rounds * 5
+    return out
+
+
+def side_by_side_rows(run: dict, lite: dict | None) -> list[dict]:
+    """One row per system: added p50 and p99 at concurrency 1 (minus direct's in the same
+    rounds), requests/s at 16 clients, its process's CPU a request, first byte and per frame
+    added over direct, RSS after."""
+    lat, rows = run["latency"], []
+    d50, d99 = statistics.median(lat["direct"]), percentile(lat["direct"], 0.99)
+    for name in (n for n in lat if n != "direct"):
+        stream = stream_row(run["stream"], name, "direct")
+        frames = run["stream_cpu_s"]
+        rows.append({
+            "system": name, "added_p50_ms": (statistics.median(lat[name]) - d50) * 1e3,
+            "added_p99_ms": (percentile(lat[name], 0.99) - d99) * 1e3,
+            "p99_over_p50": percentile(lat[name], 0.99) / statistics.median(lat[name]),
+            "rps_16": statistics.median(run["throughput_16"][name]),
+            "direct_rps_16": statistics.median(run["throughput_16"]["direct"]),
+            "cpu_ms_per_request": run["cpu_s"][name] / run["requests_c1"] * 1e3,
+            "first_byte_added_ms": stream["first_byte_added_ms"], "per_frame_added_us": stream["per_frame_added_us"],
+            "cpu_us_per_frame": (frames[f"{name}_200"] - frames[f"{name}_1"]) / run["streams_each"] / 199 * 1e6,
+            "rss_after_mib": run["rss_kib"][name] / 1024})
+    if lite is not None:
+        stream = stream_row(lite["stream"], "litellm", "direct")
+        l50, l99 = statistics.median(lite["litellm"]), percentile(lite["litellm"], 0.99)
+        rows.append({"system": "litellm (Router, in process)", "added_p50_ms": (l50 - statistics.median(lite["direct"])) * 1e3,
+                     "added_p99_ms": (l99 - percentile(lite["direct"], 0.99)) * 1e3, "p99_over_p50": l99 / l50,
+                     "rps_16": lite["throughput"]["16"]["litellm"], "direct_rps_16": lite["throughput"]["16"]["direct"],
+                     "cpu_ms_per_request": None, "first_byte_added_ms": stream["first_byte_added_ms"],
+                     "per_frame_added_us": stream["per_frame_added_us"], "cpu_us_per_frame": None, "rss_after_mib": None})
+    return rows
+
+
+def print_side_by_side(rows: list[dict]) -> None:
+    def fmt(value, spec: str, unit: str) -> str:
+        return "n/a" if value is None else f"{format(value, spec)} {unit}"
+
+    print("\n| system | added p50, c1 | added p99, c1 | p99/p50 | req/s, c16 (direct) | CPU a request | "
+          "first byte added | added per frame | CPU per frame | RSS after |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['system']} | {r['added_p50_ms']:.2f} ms | {r['added_p99_ms']:.2f} ms | {r['p99_over_p50']:.1f} | "
+              f"{r['rps_16']:,.0f} ({r['direct_rps_16']:,.0f}) | {fmt(r['cpu_ms_per_request'], '.2f', 'ms')} | "
+              f"{r['first_byte_added_ms']:.2f} ms | {r['per_frame_added_us']:.1f} µs | "
+              f"{fmt(r['cpu_us_per_frame'], '.1f', 'µs')} | {fmt(r['rss_after_mib'], '.0f', 'MiB')} |")
+
+
+def main() -> None:
+    import argparse
+    import datetime as dt
+
+    parser = argparse.ArgumentParser(description="the gateway beside Portkey and LiteLLM, one run")
+    parser.add_argument("--base", help="also the gateway of this tree (its package directory), same rounds")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=300, help="requests a round at concurrency 1")
+    parser.add_argument("--default-config", action="store_true",
+                        help="the gateways at info logging (the default) rather than warning")
+    parser.add_argument("--out", help="write the results here")
+    args = parser.parse_args()
+    result = {"date": dt.date.today().isoformat(), "load_average_before": os.getloadavg()}
+    log_args = ("--log-level", "info") if args.default_config else ("--log-level", "warning")
+    with Processes(hold_s=2.0, log_args=log_args) as procs:
+        run = run_side_by_side(procs, rounds=args.rounds, n=args.requests, base=args.base)
+        lite = run_litellm(procs.upstream, rounds=args.rounds, n=args.requests // 3)
+    result["load_average_after"] = os.getloadavg()
+    result["run"] = run
+    result["rows"] = side_by_side_rows(run, lite)
+    print_side_by_side(result["rows"])
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
