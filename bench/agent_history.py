@@ -14,9 +14,14 @@ concurrency 1, a raw asyncio client) over the cost of `orjson.loads` plus `orjso
 same body, timed in this process in the same round: the least any proxy that reads and writes
 the body pays. The library's `complete` is measured likewise, in this process (its CPU a call,
 its HTTP client included), on the OpenAI-style messages it takes, towards either family.
+Beside them, where installed, Portkey's gateway (bench/peers.py: PORTKEY_GATEWAY_DIR) serves the
+OpenAI dialect towards both families, its Node process's CPU a request counted the same way.
 Rounds interleave everything; a row is the median of its rounds' figures.
 
-Run: python bench/agent_history.py [--rounds 5] [--requests 20] [--out FILE]
+With `--base DIR` the gateways of another tree (a checkout before a lever) serve the same rounds
+("before->openai" beside "gateway->openai").
+
+Run: python bench/agent_history.py [--rounds 5] [--requests 20] [--base DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import orjson
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import cpu_s, listening, raw_connect, raw_response, stop  # noqa: E402
+from common import cpu_s, listening, raw_connect, raw_response, stop, tree_env  # noqa: E402
 
 FAMILIES = ("openai", "anthropic")
 DIALECT_PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
@@ -152,27 +157,28 @@ def bodies() -> dict[tuple[str, str], bytes]:
 # -- the processes -------------------------------------------------------------------------------
 
 
-def start_gateways(upstream: str, tmp: str) -> dict[str, tuple[subprocess.Popen, str]]:
-    """family -> (process, base URL): `relayline serve` as a user runs it (info logging, whose
-    lines a thread reads away so that the pipe never fills)."""
+def start_gateways(upstream: str, tmp: str, tree: str | None = None, name: str = "gateway"
+                   ) -> dict[str, tuple[subprocess.Popen, str]]:
+    """"name->family" -> (process, base URL): `relayline serve` of `tree` (None: this one) as a
+    user runs it (info logging, whose lines a thread reads away so that the pipe never fills)."""
     out = {}
     for family in FAMILIES:
         base = f"{upstream}/v1" if family == "openai" else upstream
-        config = Path(tmp) / f"{family}.toml"
-        config.write_text(f'active = "bench.{family}"\n[ledger]\npath = "{tmp}/{family}.sqlite3"\n'
+        config = Path(tmp) / f"{name}-{family}.toml"
+        config.write_text(f'active = "bench.{family}"\n[ledger]\npath = "{tmp}/{name}-{family}.sqlite3"\n'
                           f'[providers."bench.{family}"]\nfamily = "{family}"\nbase_url = "{base}"\n'
                           'api_key = "bench-key"\n')
         proc = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config),
-                                 "--port", "0"], stderr=subprocess.PIPE, text=True)
+                                 "--port", "0"], stderr=subprocess.PIPE, text=True, env=tree_env(tree))
         url = listening(proc, f"the {family} gateway")
         threading.Thread(target=proc.stderr.read, daemon=True).start()
-        out[family] = (proc, url)
+        out[f"{name}->{family}"] = (proc, url)
     return out
 
 
-def _request(url: str, path: str, body: bytes) -> bytes:
+def _request(url: str, path: str, body: bytes, extra: str = "") -> bytes:
     host = url.removeprefix("http://")
-    return (f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+    return (f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n{extra}"
             f"authorization: Bearer bench-key\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
 
 
@@ -188,8 +194,8 @@ async def _sequential(url: str, request: bytes, n: int) -> None:
         writer.close()
 
 
-def gateway_cpu_ms(proc: subprocess.Popen, url: str, path: str, body: bytes, n: int) -> float:
-    request = _request(url, path, body)
+def gateway_cpu_ms(proc: subprocess.Popen, url: str, path: str, body: bytes, n: int, extra: str = "") -> float:
+    request = _request(url, path, body, extra)
     before = cpu_s(proc.pid)
     asyncio.run(_sequential(url, request, n))
     return (cpu_s(proc.pid) - before) / n * 1e3
@@ -220,6 +226,13 @@ def library_cpu_ms(relays: dict, body: bytes, family: str, n: int) -> float:
     return (time.process_time() - start) / n * 1e3
 
 
+class _Holder:
+    """What start_portkey (bench/peers.py) appends its process to."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+
 # -- the run -------------------------------------------------------------------------------------
 
 
@@ -227,7 +240,7 @@ def profile(gateways: dict, cases: dict, case: str, path: str, seconds: float = 
     """py-spy on the gateway serving one case ("200 KB|openai|openai": shape, client dialect,
     family) for `seconds`: collapsed stacks, to add up with bench/stacks.py."""
     shape, dialect, family = case.split("|")
-    proc, url = gateways[family]
+    proc, url = gateways[f"gateway->{family}"]
     spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(proc.pid), "--format",
                             "raw", "--duration", str(int(seconds)), "--rate", "500", "--nonblocking", "-o", path],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -237,7 +250,14 @@ def profile(gateways: dict, cases: dict, case: str, path: str, seconds: float = 
     spy.wait(seconds + 30)
 
 
-def run(rounds: int, n: int, library: bool, profile_case: str | None = None, profile_path: str = "") -> dict:
+def portkey_headers(upstream: str, family: str) -> str:
+    return f"x-portkey-provider: {family}\r\nx-portkey-custom-host: {upstream}/v1\r\n"
+
+
+def run(rounds: int, n: int, library: bool, profile_case: str | None = None, profile_path: str = "",
+        base: str | None = None) -> dict:
+    from peers import portkey_dir, start_portkey
+
     from relayline.adapters import Relay
 
     tmp = tempfile.TemporaryDirectory()
@@ -247,7 +267,15 @@ def run(rounds: int, n: int, library: bool, profile_case: str | None = None, pro
     try:
         upstream = f"http://127.0.0.1:{up.stdout.readline().split()[1]}"
         gateways = start_gateways(upstream, tmp.name)
+        if base:
+            gateways.update(start_gateways(upstream, tmp.name, base, "before"))
         procs += [proc for proc, _url in gateways.values()]
+        portkey = None
+        if portkey_dir() is not None:
+            holder = _Holder()
+            url, _pid = start_portkey(holder, portkey_dir())
+            procs += holder.procs
+            portkey = (holder.procs[0], url)
         relays = {}
         for family in FAMILIES:
             base = f"{upstream}/v1" if family == "openai" else upstream
@@ -257,12 +285,14 @@ def run(rounds: int, n: int, library: bool, profile_case: str | None = None, pro
                 env={})
         cases = bodies()
         for (_shape, dialect), body in cases.items():  # warm: imports, caches, connections
-            for family in FAMILIES:
-                proc, url = gateways[family]
+            for proc, url in gateways.values():
                 gateway_cpu_ms(proc, url, DIALECT_PATHS[dialect], body, 3)
             if library and dialect == "openai":
                 for family in FAMILIES:
                     library_cpu_ms(relays, body, family, 2)
+            if portkey is not None and dialect == "openai":
+                for family in FAMILIES:
+                    gateway_cpu_ms(*portkey, DIALECT_PATHS[dialect], body, 3, portkey_headers(upstream, family))
         if profile_case:
             profile(gateways, cases, profile_case, profile_path)
         for round_ in range(rounds):
@@ -270,13 +300,17 @@ def run(rounds: int, n: int, library: bool, profile_case: str | None = None, pro
             for (shape, dialect), body in order:
                 count = n * 5 if shape == "small" else n
                 samples.setdefault(f"{shape}|{dialect}|orjson", []).append(orjson_ms(body, count))
-                for family in (FAMILIES if round_ % 2 == 0 else FAMILIES[::-1]):
-                    proc, url = gateways[family]
-                    samples.setdefault(f"{shape}|{dialect}|gateway->{family}", []).append(
+                for through in (list(gateways) if round_ % 2 == 0 else list(gateways)[::-1]):
+                    proc, url = gateways[through]
+                    samples.setdefault(f"{shape}|{dialect}|{through}", []).append(
                         gateway_cpu_ms(proc, url, DIALECT_PATHS[dialect], body, count))
+                for family in (FAMILIES if round_ % 2 == 0 else FAMILIES[::-1]):
                     if library and dialect == "openai":
                         samples.setdefault(f"{shape}|library|library->{family}", []).append(
                             library_cpu_ms(relays, body, family, count))
+                    if portkey is not None and dialect == "openai":
+                        samples.setdefault(f"{shape}|openai|portkey->{family}", []).append(gateway_cpu_ms(
+                            *portkey, DIALECT_PATHS[dialect], body, count, portkey_headers(upstream, family)))
             print(f"  round {round_ + 1} of {rounds} (load {os.getloadavg()[0]:.1f})", flush=True)
     finally:
         stop(procs)
@@ -318,6 +352,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=20, help="requests a round for a long shape (x5 small)")
     parser.add_argument("--no-library", action="store_true", help="the gateway rows only")
+    parser.add_argument("--base", help="also the gateways of this tree (a checkout before a lever), same rounds")
     parser.add_argument("--out", help="write the results here")
     parser.add_argument("--profile", metavar="FILE", help="first py-spy the gateway serving --case into FILE "
                         "(collapsed stacks)")
@@ -325,7 +360,8 @@ def main() -> None:
     args = parser.parse_args()
     result = {"date": dt.date.today().isoformat(), "python": platform.python_version(), "cpus": os.cpu_count(),
               "load_average_before": os.getloadavg()}
-    result.update(run(args.rounds, args.requests, not args.no_library, args.profile and args.case, args.profile))
+    result.update(run(args.rounds, args.requests, not args.no_library, args.profile and args.case, args.profile,
+                      args.base))
     result["load_average_after"] = os.getloadavg()
     result["rows"] = summarise(result)
     report(result["rows"])
