@@ -347,6 +347,30 @@ def report(rows: list[dict]) -> None:
               f"{row['orjson_ms']:>6.3f}ms {row['ratio']:>6.2f} {target}")
 
 
+def markdown(result: dict) -> str:
+    """The rows as docs/performance.md's table: per shape and path, each system's CPU a
+    request and its ratio to orjson's read and write of the same body."""
+    rows = [r for r in result["rows"] if r["shape"] != "small"]
+    systems = list(dict.fromkeys(r["through"].split("->")[0] for r in rows))
+    out = ["| body | client -> family | target | orjson loads + dumps | " + " | ".join(systems) + " |",
+           "| --- | --- | --- | --- | " + " | ".join("---" for _ in systems) + " |"]
+    keyed = {(r["shape"], r["client"], r["through"]): r for r in rows}
+    for shape in (s for s in SHAPES if s != "small"):
+        for client in ("openai", "anthropic", "library"):
+            for family in FAMILIES:
+                cells = []
+                for system in systems:
+                    row = keyed.get((shape, client, f"{system}->{family}"))
+                    cells.append(f"{row['cpu_ms']:.2f} ms ({row['ratio']:.1f}x)" if row else "")
+                if not any(cells):
+                    continue
+                same = family == ("openai" if client == "library" else client)
+                base = next(r for r in rows if r["shape"] == shape and r["client"] == client)["orjson_ms"]
+                out.append(f"| {shape} | {client} -> {family} | {'<= 2x' if same else '<= 4x'} | {base:.2f} ms | "
+                           + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -354,10 +378,14 @@ def main() -> None:
     parser.add_argument("--no-library", action="store_true", help="the gateway rows only")
     parser.add_argument("--base", help="also the gateways of this tree (a checkout before a lever), same rounds")
     parser.add_argument("--out", help="write the results here")
+    parser.add_argument("--table", metavar="FILE", help="print a results file's rows as a markdown table, and exit")
     parser.add_argument("--profile", metavar="FILE", help="first py-spy the gateway serving --case into FILE "
                         "(collapsed stacks)")
     parser.add_argument("--case", default="200 KB|openai|openai", help="shape|client dialect|family to profile")
     args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads(Path(args.table).read_text())))
+        return
     result = {"date": dt.date.today().isoformat(), "python": platform.python_version(), "cpus": os.cpu_count(),
               "load_average_before": os.getloadavg()}
     result.update(run(args.rounds, args.requests, not args.no_library, args.profile and args.case, args.profile,
