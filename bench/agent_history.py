@@ -339,6 +339,18 @@ def summarise(result: dict) -> list[dict]:
     return rows
 
 
+def growth(rows: list[dict]) -> dict[str, float]:
+    """Per path, what the 400 KB body costs beyond the 200 KB one over what orjson's read and
+    write cost beyond it: below 1, the path grows slower than the body's own JSON."""
+    keyed = {(r["shape"], r["client"], r["through"]): r for r in rows}
+    out = {}
+    for (shape, client, through), big in keyed.items():
+        small = keyed.get(("200 KB", client, through))
+        if shape == "400 KB" and small is not None and big["orjson_ms"] > small["orjson_ms"]:
+            out[f"{client}|{through}"] = round((big["cpu_ms"] - small["cpu_ms"]) / (big["orjson_ms"] - small["orjson_ms"]), 2)
+    return out
+
+
 def report(rows: list[dict]) -> None:
     print(f"\n  {'shape':<8} {'client':<10} {'through':<20} {'CPU/req':>9} {'orjson':>8} {'ratio':>6} target")
     for row in rows:
@@ -384,7 +396,10 @@ def main() -> None:
     parser.add_argument("--case", default="200 KB|openai|openai", help="shape|client dialect|family to profile")
     args = parser.parse_args()
     if args.table:
-        print(markdown(json.loads(Path(args.table).read_text())))
+        result = json.loads(Path(args.table).read_text())
+        print(markdown(result))
+        print("\n200 -> 400 KB, the added CPU over orjson's added cost: " + ", ".join(
+            f"{path} {ratio:.2f}x" for path, ratio in growth(result["rows"]).items()))
         return
     result = {"date": dt.date.today().isoformat(), "python": platform.python_version(), "cpus": os.cpu_count(),
               "load_average_before": os.getloadavg()}
@@ -392,7 +407,10 @@ def main() -> None:
                       args.base))
     result["load_average_after"] = os.getloadavg()
     result["rows"] = summarise(result)
+    result["growth"] = growth(result["rows"])
     report(result["rows"])
+    print("\n  200 -> 400 KB, the added CPU over orjson's added cost: " + ", ".join(
+        f"{path} {ratio:.2f}x" for path, ratio in result["growth"].items()))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.out}")
