@@ -9,8 +9,8 @@ configuration (info logging, the SQLite ledger on), one whose active profile is 
 `anthropic`, both in front of bench/upstream.py: each dialect reaches its own family (same
 dialect) and the other (translated). A one-message request without tools rides along as the small figure.
 
-The figure is the gateway's CPU a request (from /proc, summed over the round's requests at
-concurrency 1, a raw asyncio client) over the cost of `orjson.loads` plus `orjson.dumps` of the
+The figure is the gateway's CPU a request (its threads' own count in /proc, summed over the
+round's requests at concurrency 1, a raw asyncio client) over the cost of `orjson.loads` plus `orjson.dumps` of the
 same body, timed in this process in the same round: the least any proxy that reads and writes
 the body pays. The library's `complete` is measured likewise, in this process (its CPU a call,
 its HTTP client included), on the OpenAI-style messages it takes, towards either family.
@@ -46,7 +46,7 @@ import orjson
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import cpu_s, listening, raw_connect, raw_response, stop, tree_env  # noqa: E402
+from common import listening, raw_connect, raw_response, stop, threads_cpu_s, tree_env  # noqa: E402
 
 FAMILIES = ("openai", "anthropic")
 DIALECT_PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
@@ -196,9 +196,9 @@ async def _sequential(url: str, request: bytes, n: int) -> None:
 
 def gateway_cpu_ms(proc: subprocess.Popen, url: str, path: str, body: bytes, n: int, extra: str = "") -> float:
     request = _request(url, path, body, extra)
-    before = cpu_s(proc.pid)
+    before = threads_cpu_s(proc.pid)
     asyncio.run(_sequential(url, request, n))
-    return (cpu_s(proc.pid) - before) / n * 1e3
+    return (threads_cpu_s(proc.pid) - before) / n * 1e3
 
 
 def orjson_ms(body: bytes, n: int) -> float:

@@ -161,6 +161,19 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def threads_cpu_s(pid: int) -> float:
+    """The CPU seconds a process's live threads have run, to the nanosecond (the scheduler's
+    own count, /proc/PID/task/*/schedstat): `cpu_s` without its 10 ms ticks, for a few
+    requests at a time. A thread that already ended is not counted."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # (ended between the listing and the read)
+    return total / 1e9
+
+
 def own_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
