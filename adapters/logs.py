@@ -73,7 +73,16 @@ def event(logger: logging.Logger, level: int, name: str, /, **fields: object) ->
 
 
 def configure(level: str = "warning", fmt: str = "text", stream=None) -> None:
-    """Route every record at `level` and above to stderr (or `stream`) in the chosen format."""
+    """Route every record at `level` and above to stderr (or `stream`) in the chosen format.
+
+    Neither format writes a record's source line, thread or process, so a process configured
+    here does not gather them: logging's own switches for that (its "Optimization" advice)
+    spare each record a walk up the stack for its caller and the lookups of its thread's and
+    process's names, and a gateway writes two records a request at info level."""
+    logging._srcfile = None  # type: ignore[attr-defined]  # (its documented switch: no caller lookup)
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()

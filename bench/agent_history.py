@@ -37,7 +37,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -46,7 +45,7 @@ import orjson
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import listening, raw_connect, raw_response, stop, threads_cpu_s, tree_env  # noqa: E402
+from common import listening_logged, raw_connect, raw_response, stop, threads_cpu_s, tree_env  # noqa: E402
 
 FAMILIES = ("openai", "anthropic")
 DIALECT_PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
@@ -160,7 +159,7 @@ def bodies() -> dict[tuple[str, str], bytes]:
 def start_gateways(upstream: str, tmp: str, tree: str | None = None, name: str = "gateway"
                    ) -> dict[str, tuple[subprocess.Popen, str]]:
     """"name->family" -> (process, base URL): `relayline serve` of `tree` (None: this one) as a
-    user runs it (info logging, whose lines a thread reads away so that the pipe never fills)."""
+    user runs it (info logging, to a file)."""
     out = {}
     for family in FAMILIES:
         base = f"{upstream}/v1" if family == "openai" else upstream
@@ -168,10 +167,11 @@ def start_gateways(upstream: str, tmp: str, tree: str | None = None, name: str =
         config.write_text(f'active = "bench.{family}"\n[ledger]\npath = "{tmp}/{name}-{family}.sqlite3"\n'
                           f'[providers."bench.{family}"]\nfamily = "{family}"\nbase_url = "{base}"\n'
                           'api_key = "bench-key"\n')
-        proc = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config),
-                                 "--port", "0"], stderr=subprocess.PIPE, text=True, env=tree_env(tree))
-        url = listening(proc, f"the {family} gateway")
-        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        log = Path(tmp) / f"{name}-{family}.log"
+        with log.open("w") as sink:
+            proc = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config),
+                                     "--port", "0"], stderr=sink, env=tree_env(tree))
+        url = listening_logged(proc, log, f"the {family} gateway")
         out[f"{name}->{family}"] = (proc, url)
     return out
 

@@ -45,6 +45,21 @@ def listening(proc: subprocess.Popen, name: str = "the gateway", timeout_s: floa
     return found.group(0)
 
 
+def listening_logged(proc: subprocess.Popen, log: Path, name: str = "the gateway", timeout_s: float = 30.0) -> str:
+    """`listening` for a gateway whose stderr goes to the file `log`: a gateway at info level
+    writes two lines a request, and a pipe would need a reader in the measuring process (a
+    thread there competes with its client for the interpreter)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = re.search(r"listening on (http://[\d.]+:\d+)", log.read_text() if log.exists() else "")
+        if found:
+            return found.group(1)
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}")
+        time.sleep(0.05)
+    raise RuntimeError(f"{name} did not say where it listens within {timeout_s:.0f} s")
+
+
 def stop(procs: Iterable[subprocess.Popen]) -> None:
     procs = list(procs)
     for proc in procs:

@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from common import (
     cpu_s,
     library_stream_timing,
     listening,
+    listening_logged,
     percentile,
     row_throughput,
     rss_kib,
@@ -81,13 +81,17 @@ class Processes:
     def start_gateway(self, *extra: str, config: Path | None = None, env: dict | None = None) -> tuple[str, int]:
         """Another `relayline serve` (e.g. `--workers 2`, another config, another tree's `env`):
         its URL and pid."""
-        gw = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config",
-                               str(config or self.config_path), "--port", "0", *self.log_args, *extra],
-                              stderr=subprocess.PIPE, text=True, env=env)
+        command = [sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", str(config or self.config_path),
+                   "--port", "0", *self.log_args, *extra]
+        if self.log_args[-1] in ("info", "debug"):  # two lines a request: to a file, not a pipe
+            log = Path(self.tmp.name) / f"gateway-{len(self.procs)}.log"
+            with log.open("w") as sink:
+                gw = subprocess.Popen(command, stderr=sink, env=env)
+            self.procs.append(gw)
+            return listening_logged(gw, log), gw.pid
+        gw = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
         self.procs.append(gw)
         url = listening(gw)
-        if self.log_args[-1] in ("info", "debug"):  # its lines would fill the pipe: read them away
-            threading.Thread(target=gw.stderr.read, daemon=True).start()
         return url, gw.pid
 
     def __exit__(self, *exc) -> None:
