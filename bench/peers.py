@@ -459,7 +459,7 @@ def run_side_by_side(procs: Processes, *, rounds: int, n: int, base: str | None 
     """Per system (the gateway; the gateway of tree `base`; Portkey), beside direct in the same
     rounds: latency at concurrency 1, each process's CPU a request, first byte and per frame of
     200-frame streams, requests/s at 16 clients, RSS at the end."""
-    from common import tree_env
+    from common import threads_cpu_s, tree_env
 
     systems: dict[str, dict] = {"gateway": {"url": procs.gateway, "pid": procs.gateway_pid, "headers": {}}}
     if base:
@@ -490,19 +490,19 @@ def run_side_by_side(procs: Processes, *, rounds: int, n: int, base: str | None 
             for round_ in range(rounds):
                 for name in (names if round_ % 2 == 0 else names[::-1]):
                     pid = systems[name]["pid"] if name in systems else None
-                    before = cpu_s(pid) if pid else 0.0
+                    before = threads_cpu_s(pid) if pid else 0.0
                     out["latency"][name] += await timed_posts(clients[name], urls[name], n)
                     if pid:
-                        out["cpu_s"][name] += cpu_s(pid) - before
+                        out["cpu_s"][name] += threads_cpu_s(pid) - before
                 for _ in range(5):
                     for name in (names if round_ % 2 == 0 else names[::-1]):
                         pid = systems[name]["pid"] if name in systems else None
                         for frames in (1, 200):
-                            before = cpu_s(pid) if pid else 0.0
+                            before = threads_cpu_s(pid) if pid else 0.0
                             out["stream"][f"{name}_{frames}"].append(
                                 await stream_timing(clients[name], urls[name], frames))
                             if pid:
-                                out["stream_cpu_s"][f"{name}_{frames}"] += cpu_s(pid) - before
+                                out["stream_cpu_s"][f"{name}_{frames}"] += threads_cpu_s(pid) - before
             for round_ in range(throughput_rounds):
                 for name in (names if round_ % 2 == 0 else names[::-1]):
                     out["throughput_16"][name].append(await row_throughput(urls[name], 16, 16 * 32,
