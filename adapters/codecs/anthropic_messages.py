@@ -106,7 +106,54 @@ def _refuse_misplaced(blocks: list, kind: type | tuple[type, ...], where: str, m
 _ROLES = {"user": w.USER, "assistant": w.ASSISTANT, "system": w.SYSTEM}
 
 
+_RESULT_FIELDS = frozenset(("type", "tool_use_id", "content"))
+_TEXT_FIELDS = frozenset(("type", "text"))
+_USE_FIELDS = frozenset(("type", "id", "name", "input"))
+
+
+def _tool_results(blocks: list) -> list[w.Message] | None:
+    """A user turn of tool_result blocks, each a call's id and a string, as the general path
+    reads it; None for any other shape."""
+    out = []
+    for block in blocks:
+        if type(block) is not dict or block.keys() != _RESULT_FIELDS or block["type"] != "tool_result":
+            return None
+        text, call_id = block["content"], block["tool_use_id"]
+        if type(text) is not str or type(call_id) is not str:
+            return None
+        out.append(w.Message(w.TOOL, (w.Part(w.TEXT, text),) if text else (), tool_call_id=call_id))
+    return out
+
+
+def _calling(blocks: list) -> list[w.Message] | None:
+    """An assistant turn of text blocks and tool_use blocks, each with no field beside its
+    own, as the general path reads it; None for any other shape."""
+    parts, calls = [], []
+    for block in blocks:
+        kind = block.get("type") if type(block) is dict else None
+        if kind == "text" and block.keys() == _TEXT_FIELDS and type(block["text"]) is str:
+            parts.append(w.Part(w.TEXT, block["text"]))
+        elif kind == "tool_use" and block.keys() == _USE_FIELDS and type(block["id"]) is str \
+                and type(block["name"]) is str and type(block["input"]) is dict:
+            calls.append(w.ToolCall(block["id"], block["name"], json.dumps(block["input"]), None))
+        else:
+            return None
+    return [w.Message(w.ASSISTANT, tuple(parts), tuple(calls))]
+
+
 def _messages(raw, param: str, extra_names: list[str]) -> list[w.Message]:
+    if type(raw) is dict and len(raw) == 2 and type(raw.get("content")) is list and raw["content"]:
+        # nearly every message of an agent's history: a turn of tool results, or of the calls
+        # they answer (what the general path below makes of it, without its per-field paths)
+        role = raw.get("role")
+        read = _tool_results(raw["content"]) if role == "user" else _calling(raw["content"]) \
+            if role == "assistant" else None
+        if read is not None:
+            return read
+    return _any_messages(raw, param, extra_names)
+
+
+def _any_messages(raw, param: str, extra_names: list[str]) -> list[w.Message]:
     raw = shape.want_dict(raw, param)
     role = shape.want_str(raw.get("role"), shape.path(param, "role"))
     if role not in _ROLES:

@@ -110,13 +110,55 @@ def _reasoning_history(raw: dict, param: str) -> tuple[w.Part, ...]:
 _PLAIN_ROLES = {"system": w.SYSTEM, "developer": w.SYSTEM, "user": w.USER, "assistant": w.ASSISTANT}
 
 
+_CALL_FIELDS = frozenset(("id", "type", "function"))
+_FUNCTION_FIELDS = frozenset(("name", "arguments"))
+_CALLING_FIELDS = frozenset(("role", "content", "tool_calls"))
+
+
+def _tool_result(raw: dict) -> w.Message | None:
+    """A tool message of a call's id and a string, as the general path reads it; None for any
+    other shape."""
+    content, call_id = raw.get("content"), raw.get("tool_call_id")
+    if len(raw) != 3 or type(content) is not str or type(call_id) is not str:
+        return None
+    return w.Message(w.TOOL, (w.Part(w.TEXT, content),) if content else (), tool_call_id=call_id)
+
+
+def _calling(raw: dict) -> w.Message | None:
+    """An assistant message of text (or null) and function calls, each an id, a name and string
+    arguments, as the general path reads it; None for any other shape."""
+    content, calls = raw.get("content"), raw.get("tool_calls")
+    if not raw.keys() <= _CALLING_FIELDS or (content is not None and type(content) is not str) or type(calls) is not list:
+        return None
+    read = []
+    for call in calls:
+        function = call.get("function") if type(call) is dict else None
+        if type(function) is not dict or not call.keys() <= _CALL_FIELDS or not function.keys() <= _FUNCTION_FIELDS:
+            return None
+        call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
+        if type(call_id) is not str or type(name) is not str or type(arguments) is not str:
+            return None
+        read.append(w.ToolCall(call_id, name, arguments, None))
+    return w.Message(w.ASSISTANT, (w.Part(w.TEXT, content),) if content else (), tuple(read))
+
+
 def _message(raw, index: int, extra_names: list[str]) -> w.Message:
-    if type(raw) is dict and len(raw) == 2:
-        role, content = raw.get("role"), raw.get("content")
-        if type(content) is str and type(role) is str and role in _PLAIN_ROLES:
-            # nearly every message of a conversation: a role and a string, nothing else to check
-            # (what the general path below makes of it, without its per-field paths and extras)
-            return w.Message(_PLAIN_ROLES[role], (w.Part(w.TEXT, content),) if content else ())
+    if type(raw) is dict:
+        role = raw.get("role")
+        if len(raw) == 2:
+            content = raw.get("content")
+            if type(content) is str and type(role) is str and role in _PLAIN_ROLES:
+                # nearly every message of a chat: a role and a string, nothing else to check
+                # (what the general path below makes of it, without its per-field paths and extras)
+                return w.Message(_PLAIN_ROLES[role], (w.Part(w.TEXT, content),) if content else ())
+        # nearly every other message of an agent's history: a tool's result, the calls it answers
+        read = _tool_result(raw) if role == "tool" else _calling(raw) if role == "assistant" else None
+        if read is not None:
+            return read
+    return _any_message(raw, index, extra_names)
+
+
+def _any_message(raw, index: int, extra_names: list[str]) -> w.Message:
     param = shape.path("messages", index)
     raw = shape.want_dict(raw, param)
     content = raw.get("content")

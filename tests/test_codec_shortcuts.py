@@ -1,0 +1,96 @@
+"""An agent's history is read by shortcuts for its common shapes (codecs/openai_chat.py,
+codecs/anthropic_messages.py): each must read a message exactly as the general path does, and
+leave every other shape to it (where a field may be named as unread or refused)."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from relayline.adapters.codecs import anthropic_messages, openai_chat
+from relayline.machines import wire as w
+
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=3), st.just({}),
+                    st.just({"path": "a.py"}), st.just([]), st.just(["x"]))
+
+
+def _near(fields: dict) -> st.SearchStrategy[dict]:
+    """Objects of the given fields' values, each field kept, left out or given an odd value,
+    sometimes with a field the shape does not have."""
+    def one(key, value):  # (kept most often: a shortcut's shape with one thing changed)
+        kept = st.just({key: value})
+        return st.one_of(kept, kept, kept, kept, st.just({}), _VALUES.map(lambda v: {key: v}))
+
+    parts = [one(key, value) for key, value in fields.items()]
+    extra = st.one_of(st.just({}), st.just({"cache_control": {"type": "ephemeral"}}), st.just({"index": 0}),
+                      st.just({"is_error": True}), st.just({"name": "n"}))
+    return st.tuples(*parts, extra).map(lambda pieces: {k: v for piece in pieces for k, v in piece.items()})
+
+
+_OPENAI_CALL = _near({"id": "call_1", "type": "function", "function": {"name": "read", "arguments": "{}"}}) | \
+    _near({"function": {"name": "read", "arguments": "{}", "strict": True}, "id": "call_2"})
+_OPENAI = st.one_of(
+    _near({"role": "tool", "tool_call_id": "call_1", "content": "result"}),
+    st.tuples(_near({"role": "assistant", "content": "Reading."}), st.lists(_OPENAI_CALL, max_size=3) | _VALUES).map(
+        lambda p: {**p[0], "tool_calls": p[1]}),
+    _near({"role": "assistant", "content": None, "tool_calls": []}))
+_ANTHROPIC_BLOCK = st.one_of(_near({"type": "tool_result", "tool_use_id": "toolu_1", "content": "result"}),
+                             _near({"type": "text", "text": "Reading."}),
+                             _near({"type": "tool_use", "id": "toolu_1", "name": "read", "input": {"path": "a"}}),
+                             _VALUES)
+_ANTHROPIC = st.tuples(st.sampled_from(["user", "assistant", "system", None]), st.lists(_ANTHROPIC_BLOCK, max_size=3),
+                       st.sampled_from([{}, {"cache_control": {}}])).map(
+    lambda p: {**({} if p[0] is None else {"role": p[0]}), "content": p[1], **p[2]})
+
+
+def _general(read, raw, where):
+    """What `read` makes of `raw`: its result or its WireError's words, and the fields it named."""
+    names: list[str] = []
+    try:
+        return read(raw, where, names), names
+    except w.WireError as error:
+        return str(error), names
+
+
+@settings(max_examples=400)  # (pure and quick: enough examples to meet each shape's near misses)
+@given(_OPENAI)
+@example({"role": "tool", "tool_call_id": "call_1", "content": ""})
+@example({"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c", "function": {"name": "f", "arguments": "{}", "strict": True}}]})
+@example({"role": "assistant", "content": None, "tool_calls": [{"id": 7, "function": {"name": "f", "arguments": "{}"}}]})
+@example({"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c", "function": {"name": "f", "arguments": "{}"}, "cache_control": {"type": "ephemeral"}}]})
+@example({"role": "tool", "tool_call_id": "call_1", "content": "x", "cache_control": {"type": "ephemeral"}})
+@example({"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",
+                                                                  "function": {"name": "f", "arguments": "{}"}}]})
+def test_an_openai_shortcut_reads_a_message_as_the_general_path_does(raw):
+    role = raw.get("role")
+    read = openai_chat._tool_result(raw) if role == "tool" else openai_chat._calling(raw) if role == "assistant" else None
+    if read is not None:
+        assert _general(openai_chat._any_message, raw, 0) == (read, [])
+    assert _general(openai_chat._message, raw, 0) == _general(openai_chat._any_message, raw, 0)
+
+
+@settings(max_examples=400)
+@given(_ANTHROPIC)
+@example({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": ""}]})
+@example({"role": "user", "content": [{"type": "text", "tool_use_id": "t", "content": "x"}]})
+@example({"role": "user", "content": [{"type": "tool_result", "tool_use_id": 7, "content": "x"}]})
+@example({"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": ["x"]}]})
+@example({"role": "assistant", "content": [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}]})
+@example({"role": "assistant", "content": [{"type": "text", "text": ""},
+                                           {"type": "tool_use", "id": "t", "name": "f", "input": {"n": [1, "é"]}}]})
+def test_an_anthropic_shortcut_reads_a_turn_as_the_general_path_does(raw):
+    assert _general(anthropic_messages._messages, raw, "messages[0]") == \
+        _general(anthropic_messages._any_messages, raw, "messages[0]")
+
+
+def test_the_shortcuts_take_an_agents_usual_turns():
+    call = {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": json.dumps({"p": 1})}}
+    assert openai_chat._tool_result({"role": "tool", "tool_call_id": "call_1", "content": "x"}) is not None
+    assert openai_chat._calling({"role": "assistant", "content": None, "tool_calls": [call]}) is not None
+    assert anthropic_messages._tool_results([{"type": "tool_result", "tool_use_id": "t", "content": "x"}]) is not None
+    assert anthropic_messages._calling([{"type": "text", "text": "a"},
+                                        {"type": "tool_use", "id": "t", "name": "f", "input": {}}]) is not None
