@@ -29,7 +29,9 @@ _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19
 _STRIDE = 6  # (19 >= 3 * 6 + 1: a run of 19 covers three multiples of 6)
 _SAMPLE_RUN = b"0" * 3
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
+# a JSON escape of a UTF-16 surrogate, or a surrogate's own three bytes (not UTF-8, but `json`
+# reads them: it decodes a body with surrogatepass)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
 _SAMPLED_FROM = 4096  # (below it the sample's own slice costs more than it saves: a stream frame)
