@@ -91,7 +91,9 @@ def _case(rng: random.Random, turns: int) -> dict:
     other = "anthropic" if shape == "openai" else "openai"
     config = {"active": f"{shape}.main", "reliability": {"provider_retries": rng.choice([0, 1]), "backoff_ms": 1},
               "notices": {"model_fallback_notice": rng.choice(["off", "redacted", "detailed"])},
-              "gateway": {"drop_unsupported_params": rng.random() < 0.5},
+              # an unknown model ("nope") is refused with a 404 or served by the default profile
+              "gateway": {"drop_unsupported_params": rng.random() < 0.5,
+                          "unknown_models": rng.choice(["reject", "default"])},
               "breaker": {"failure_threshold": rng.choice([1, 2, 3])},
               "providers": {f"{shape}.main": {"family": "sim", "model": "m-main", "fallbacks": [f"{other}.backup"],
                                               "price": {"input_per_mtok": 2.0, "output_per_mtok": 10.0}},
