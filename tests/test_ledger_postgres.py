@@ -173,7 +173,7 @@ async def test_a_gateway_over_a_frozen_postgres_answers_within_the_ledger_timeou
     with postgres_server.frozen():
         status, _, answer = await asgi_post(gateway, "/v1/chat/completions", body, bound=5)
         with trio.fail_after(5):  # /readyz says so, in its own time, with the write still hung
-            assert await gateway._ledger_ready() == "the ledger did not answer within 2 s"
+            assert await gateway.admin.ledger_ready() == "the ledger did not answer within 2 s"
     assert status == 200 and json.loads(answer)["choices"][0]["message"]["content"] == "billed anyway"
     lost = [r for r in caplog.records if r.getMessage().startswith("ledger_write_error")]
     assert len(lost) == 1 and lost[0].exc_info is None, "an outage's reason, not a trace"

@@ -18,7 +18,7 @@ import h11
 import trio
 
 from relayline.adapters import Relay
-from relayline.adapters.gateway import Gateway, app, serve
+from relayline.adapters.gateway import Gateway, serve, stream_wire
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
 
@@ -76,7 +76,7 @@ async def read_the_rest(stream: trio.SocketStream, conn: h11.Connection) -> tupl
 
 
 async def test_total_s_ends_a_turn_held_by_a_client_that_stopped_reading(monkeypatch):
-    monkeypatch.setattr(app, "SEND_GRACE_S", GRACE_S)  # the write the budget found waiting: its grace
+    monkeypatch.setattr(stream_wire, "SEND_GRACE_S", GRACE_S)  # the write the budget found waiting: its grace
     upstream = LoopbackServer(lambda seen: Reply(pieces=endless_frames()))
     config = {"active": "primary",
               "providers": {"primary": {"family": "openai", "base_url": "", "model": "m-primary", "api_key": "k-stall",

@@ -1,4 +1,4 @@
-"""A streamed answer without a task of its own (app.py's _StreamWire and _GateTimer): its writes
+"""A streamed answer without a task of its own (stream_wire.py's StreamWire and GateTimer): its writes
 happen in the turn's task, the frames of one upstream read in one write made before the adapter
 waits again; its held headers go out at `gate_commit_s` whatever the turn waits on (a retry's
 backoff here, not an upstream read), from the gateway's one gate timer, which forgets a stream
@@ -14,7 +14,7 @@ import trio
 from helpers import asgi_post
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway, serve
-from relayline.adapters.gateway.app import _GateTimer
+from relayline.adapters.gateway.stream_wire import GateTimer
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.adapters.sim.provider import SimUpstream
 from relayline.machines.config import structure_config
@@ -82,13 +82,13 @@ async def test_many_held_streams_share_the_one_timer(autojump_clock):
     for sent in results:
         head_at = next(at for at, message in sent if message["type"] == "http.response.start")
         assert 1 <= head_at < 1.1 and b"data: [DONE]" in sent[-1][1]["body"]
-    assert len(results) == 40 and gateway._gates._heap == []
+    assert len(results) == 40 and gateway.chat.gates.queued == 0
 
 
 class _Held:
     """What the timer needs of a stream: its entry, the release, and the commit."""
 
-    def __init__(self, timer: _GateTimer) -> None:
+    def __init__(self, timer: GateTimer) -> None:
         self.timer = timer
         self._gate = None
         self.committed_at: float | None = None
@@ -103,7 +103,7 @@ class _Held:
 
 
 async def test_the_timer_commits_the_streams_still_held_and_forgets_the_others(autojump_clock):
-    timer = _GateTimer()
+    timer = GateTimer()
     streams = [_Held(timer) for _ in range(1000)]
     start = trio.current_time()
     for i, stream in enumerate(streams):
@@ -181,7 +181,7 @@ async def test_a_held_stream_is_its_connections_task_alone():
 
 
 async def test_a_shorter_gate_held_while_the_timer_sleeps_is_served_at_its_own_deadline(autojump_clock):
-    timer = _GateTimer()
+    timer = GateTimer()
     start = trio.current_time()
     first, second = _Held(timer), _Held(timer)
     timer.hold(first, start + 30)
@@ -201,7 +201,7 @@ class _SlowToCommit(_Held):
 
 
 async def test_a_gate_held_while_the_last_task_waits_for_its_commits_is_served_by_the_next(autojump_clock):
-    timer = _GateTimer()
+    timer = GateTimer()
     start = trio.current_time()
     slow = _SlowToCommit(timer)
     timer.hold(slow, start + 1)

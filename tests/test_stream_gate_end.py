@@ -100,7 +100,7 @@ async def test_a_drain_answers_a_held_stream_503_and_one_the_gate_committed_with
         assert b'"shutting_down"' in body.rsplit(b"data: ", 1)[1] and b"never" not in body
     else:
         assert status == 503 and json.loads(body)["error"]["code"] == "shutting_down"
-    assert not gateway._gates._live and not gateway._turns
+    assert not gateway.chat.gates.held and not gateway.turns.cancellers
 
 
 @pytest.mark.parametrize("fails", ["planning", "admitting"])
@@ -115,11 +115,11 @@ async def test_a_stream_whose_run_could_not_be_made_or_started_leaves_no_gate_he
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(*((relay, "_new_run") if fails == "planning" else (gateway, "_admit")), broken)
+    monkeypatch.setattr(*((relay, "_new_run") if fails == "planning" else (gateway.turns, "admit")), broken)
     starts = []
     status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY,
                                       on_send=lambda m: starts.append(m.get("status")))
     await trio.sleep(3)  # past gate_commit_s
     assert status == 500 and json.loads(body)["error"]
     assert [s for s in starts if s is not None] == [500]
-    assert not gateway._gates._live and not gateway._gates._heap and not gateway._turns
+    assert not gateway.chat.gates.held and not gateway.chat.gates.queued and not gateway.turns.cancellers

@@ -163,8 +163,8 @@ async def test_streams_hung_up_at_random_points_leave_nothing_behind():
         # each idle pooled connection is two sockets, its client's end and the provider's
         client_ends = sorted(local for local, remote in ours if remote == upstream.port)
         provider_ends = sorted(remote for local, remote in ours if local == upstream.port)
-        left = (len(ours), client_ends == provider_ends, others, more_tasks, len(gateway._turns),
-                gateway._gates._live, pools.opened - idle)
+        left = (len(ours), client_ends == provider_ends, others, more_tasks, len(gateway.turns.cancellers),
+                gateway.chat.gates.held, pools.opened - idle)
         await relay.aclose()
         nursery.cancel_scope.cancel()
 

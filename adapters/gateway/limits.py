@@ -1,8 +1,8 @@
 """Admission: a named key's request against its key's and its team's limits, before anything is
 sent upstream, and its settlement when the turn ends.
 
-Every chat-like request of a named key passes `Limiter.admit` once (gateway/app.py `_chat`). The
-counting is a store's (stores/limits.py): the fleet's Redis when `[health] store` names one,
+Every chat-like request of a named key passes `Limiter.admit` once (gateway/chat.py,
+`ChatPath.serve`). The counting is a store's (stores/limits.py): the fleet's Redis when `[health] store` names one,
 else this process's memory. A budget's spend is seeded once per period from the ledger (the
 turns before this process started, or billed by other workers before the store knew the key).
 When the shared store does not answer, `[gateway] limits_on_store_error` decides: "local" counts
