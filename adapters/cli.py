@@ -173,7 +173,7 @@ def cmd_serve(args) -> int:
 
     from .gateway import Gateway, run_until_signalled
     from .gateway.reload import EarlyReloads, Reloader, ask_supervisor_to_reload
-    from .gateway.server import tune_collector
+    from .gateway.serving import tune_collector
     from .providers.http import decode_in_worker_processes
     from .relay import Relay
 

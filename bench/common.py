@@ -132,7 +132,7 @@ def gateway_server(upstream: str, tmp: str):
     from relayline.adapters.configfile import load_config_file
     from relayline.adapters.gateway import Gateway
     from relayline.adapters.gateway.http11 import Server
-    from relayline.adapters.gateway.server import _error_body
+    from relayline.adapters.gateway.serving import _error_body
     from relayline.adapters.relay import Relay
 
     config = Path(tmp) / "bench.toml"

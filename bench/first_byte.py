@@ -25,7 +25,7 @@ import trio
 from relayline.adapters import Relay, driver
 from relayline.adapters import relay as relay_module
 from relayline.adapters.gateway import app, http11
-from relayline.adapters.gateway.server import serve
+from relayline.adapters.gateway.serving import serve
 from relayline.adapters.providers import pool, upstream
 from relayline.machines import turn
 from relayline.machines.config import structure_config

@@ -57,15 +57,15 @@ def _ledger_id_autoincrement() -> None:
 
 
 def _collector_untuned() -> None:
-    from relayline.adapters.gateway import server
+    from relayline.adapters.gateway import serving
 
-    server.tune_collector = lambda: None  # Python's thresholds (700, 10, 10), nothing frozen
+    serving.tune_collector = lambda: None  # Python's thresholds (700, 10, 10), nothing frozen
 
 
 def _young_threshold_fixed() -> None:
-    from relayline.adapters.gateway import server
+    from relayline.adapters.gateway import serving
 
-    server.follow_connections = lambda count: None  # the young threshold stays 50,000 at any count
+    serving.follow_connections = lambda count: None  # the young threshold stays 50,000 at any count
 
 
 def _connect_resolved() -> None:

@@ -104,7 +104,7 @@ def _wrap_phases() -> None:
 
 def serve_and_measure(seconds: float, wrapped: bool) -> dict:
     from relayline.adapters.gateway.http11 import listening_sockets
-    from relayline.adapters.gateway.server import tune_collector
+    from relayline.adapters.gateway.serving import tune_collector
 
     if wrapped:
         _wrap_phases()

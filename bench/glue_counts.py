@@ -138,7 +138,7 @@ def _sim_server(tmp: str):
     from relayline.adapters.configfile import load_config_file
     from relayline.adapters.gateway import Gateway
     from relayline.adapters.gateway.http11 import Server
-    from relayline.adapters.gateway.server import _error_body
+    from relayline.adapters.gateway.serving import _error_body
     from relayline.adapters.relay import Relay
 
     config = Path(tmp) / "sim.toml"

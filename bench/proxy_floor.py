@@ -18,7 +18,7 @@ round:
 
 Each target is its own process; per row: requests/s (median of the rounds), its share of
 direct, and CPU per request of the client (this process), the proxy and the upstream (/proc).
-The floors' collectors are tuned like the gateway's (server.py's `tune_collector`), so a
+The floors' collectors are tuned like the gateway's (serving.py's `tune_collector`), so a
 difference is the path, not the collector.
 
 Run: python bench/proxy_floor.py [--rounds 5] [--requests 1600] [--out FILE]
@@ -54,7 +54,7 @@ JSON = b"application/json"
 
 
 def tune_floor_collector() -> None:
-    from relayline.adapters.gateway.server import tune_collector
+    from relayline.adapters.gateway.serving import tune_collector
 
     tune_collector()
 

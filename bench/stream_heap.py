@@ -38,7 +38,7 @@ def child(held: int, prompt_words: int, top: int) -> dict:
 
     from relayline.adapters import Relay
     from relayline.adapters.gateway.app import Gateway
-    from relayline.adapters.gateway.server import serve
+    from relayline.adapters.gateway.serving import serve
 
     up = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), "0", "30"], stdout=subprocess.PIPE, text=True)
     tmp = tempfile.TemporaryDirectory()

@@ -1,11 +1,11 @@
-"""The gateway process's collector (server.py's tune_collector): `relayline serve` freezes what it
+"""The gateway process's collector (serving.py's tune_collector): `relayline serve` freezes what it
 built at startup and makes the collector's passes rarer before it serves; the library leaves its
 host's collector alone."""
 
 import subprocess
 import sys
 
-from relayline.adapters.gateway.server import (
+from relayline.adapters.gateway.serving import (
     GC_THRESHOLDS,
     GC_YOUNG_MOST,
     GC_YOUNG_PER_CONNECTION,
@@ -53,7 +53,7 @@ def test_the_library_leaves_its_hosts_collector_alone():
 
 FOLLOW = """
 import gc
-from relayline.adapters.gateway.server import tune_collector, follow_connections
+from relayline.adapters.gateway.serving import tune_collector, follow_connections
 tune_collector()
 seen = []
 for count in (10, 1_000, 5_000, 3):

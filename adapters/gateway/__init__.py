@@ -1,8 +1,8 @@
 """The gateway: the ASGI app (app.py) and its collaborators (routes, the chat path, the stream
 wire, admin, bookkeeping), who may call it (auth.py), its metrics (metrics.py), and running it
-with a drain (server.py). The dialects it speaks to its clients are codecs (codecs/dialects.py)."""
+with a drain (serving.py). The dialects it speaks to its clients are codecs (codecs/dialects.py)."""
 
 from .app import Gateway
-from .server import run_until_signalled, serve
+from .serving import run_until_signalled, serve
 
 __all__ = ["Gateway", "run_until_signalled", "serve"]

@@ -6,7 +6,7 @@ turns.py), the operator side (admin.py), and what each answer leaves behind (boo
 Operating it: one access line per request (logger relayline.access), a request id accepted or
 made, echoed and sent upstream; chat requests beyond `[gateway] max_in_flight`, or during a
 drain, are shed with 503 and Retry-After before their body is read; a body slower than
-`body_timeout_s` is a 408. `drain()` is what SIGTERM runs (server.py). Attribution rides on
+`body_timeout_s` is a 408. `drain()` is what SIGTERM runs (serving.py). Attribution rides on
 x-relayline-* headers and a `relayline` field in bodies.
 """
 
