@@ -77,16 +77,16 @@ def _connect_resolved() -> None:
 def _two_response_heads() -> None:
     import h11
 
-    from relayline.adapters.gateway import http11
+    from relayline.adapters.gateway.http11.connection import Connection
 
-    send = http11._Connection._send
+    send = Connection._send
 
     async def former(self, message: dict) -> None:
         if message["type"] == "http.response.start":  # the head it built at once, then again with its length
             h11.Response(status_code=message["status"], headers=list(message.get("headers") or ()), reason=b"OK")
         await send(self, message)
 
-    http11._Connection._send = former
+    Connection._send = former
 
 
 def _uuid_ids() -> None:
@@ -105,9 +105,9 @@ def _uuid_ids() -> None:
 
 
 def _hang_up_task_per_turn() -> None:
-    from relayline.adapters.gateway import http11
+    from relayline.adapters.gateway.http11.hangups import Hangups
 
-    http11._Hangups.AVAILABLE = False  # no extension: the gateway's task per turn waits in receive()
+    Hangups.AVAILABLE = False  # no extension: the gateway's task per turn waits in receive()
 
 
 def _a_commit_per_turn() -> None:
@@ -293,17 +293,17 @@ def micro(rounds: int = 6, n: int = 2000) -> dict:
 
 def _hang_up_watch(rounds: int, n: int) -> dict:
     """A turn's watch for its client hanging up, on a real socket: a task blocked in a read,
-    cancelled at the turn's end, against the server's epoll set (http11.py's _Hangups)."""
+    cancelled at the turn's end, against the server's epoll set (http11/hangups.py)."""
     import trio
 
-    from relayline.adapters.gateway.http11 import _Hangups
+    from relayline.adapters.gateway.http11.hangups import Hangups
 
     out: dict = {}
 
     async def main() -> None:
         sock, _peer = trio.socket.socketpair()
         stream = trio.SocketStream(sock)
-        hangups = _Hangups()
+        hangups = Hangups()
 
         async def watcher() -> None:
             await stream.receive_some(65536)

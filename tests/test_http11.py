@@ -1,4 +1,4 @@
-"""The gateway's HTTP/1.1 server (adapters/gateway/http11.py) keeps every protection the gateway
+"""The gateway's HTTP/1.1 server (adapters/gateway/http11/) keeps every protection the gateway
 had from hypercorn: head and idle timeouts, the head size limit, malformed requests refused,
 keep-alive and HTTP/1.0 rules, pipelined requests answered in order with bounded read-ahead, a
 client leaving seen as http.disconnect, Expect: 100-continue, errors, and the drain. Real
@@ -480,9 +480,9 @@ async def test_a_connection_joins_the_hang_up_set_once_for_all_its_requests():
 async def test_a_hang_up_heard_between_requests_is_told_to_the_next_request_at_once():
     """A client that hangs up while its connection has no request running: the next request
     it sent ahead is told at once when it asks, as a new registration would have told it."""
-    from relayline.adapters.gateway.http11 import _Hangups
+    from relayline.adapters.gateway.http11.hangups import Hangups
 
-    hangups = _Hangups()
+    hangups = Hangups()
     ours, theirs = socket.socketpair()
     owner = object()
     heard: list[str] = []

@@ -1,4 +1,4 @@
-"""Attacks on the gateway's HTTP/1.1 server (adapters/gateway/http11.py), each a regression test:
+"""Attacks on the gateway's HTTP/1.1 server (adapters/gateway/http11/), each a regression test:
 request smuggling shapes, resource exhaustion, and the HTTP details a proxy or a client relies on.
 Real loopback sockets, raw bytes on the client side; the server alone (test_http11's App) or the
 whole gateway on in-process sim profiles. What was tried and left as it is, and why, is in
@@ -613,13 +613,13 @@ def _h11_reads(data: bytes) -> list:
 def _llhttp_reads(data: bytes) -> list:
     """The same from the server's reader, with the checks the server makes on a head after it
     (a version other than 1.x, the Host rules, a transfer coding other than chunked alone)."""
-    from relayline.adapters.gateway.http11 import _END, _Head, _Reader
+    from relayline.adapters.gateway.http11.reader import END, Head, Reader
 
-    reader = _Reader(4096)
+    reader = Reader(4096)
     reader.feed(data)
     out: list = []
     for event in reader.events:
-        if type(event) is _Head:
+        if type(event) is Head:
             hosts = sum(1 for name, _ in event.headers if name == b"host")
             if not event.version.startswith("1.") or hosts > 1 or (hosts == 0 and event.version != "1.0") or \
                     any(n == b"transfer-encoding" and v.lower() != b"chunked" for n, v in event.headers):
@@ -629,7 +629,7 @@ def _llhttp_reads(data: bytes) -> list:
                 break
         elif type(event) is bytes:
             out.append(("body", event))
-        elif event is _END:
+        elif event is END:
             out.append(("end",))
         else:
             break

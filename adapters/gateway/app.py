@@ -1,4 +1,4 @@
-"""The gateway: a plain ASGI app, served by the HTTP/1.1 server in http11.py, made of small
+"""The gateway: a plain ASGI app, served by the HTTP/1.1 server in http11/, made of small
 collaborators: the route table and its key checks (routes.py), the chat path (chat.py, reading
 its request in chat_request.py, streaming through stream_wire.py, its turns in flight in
 turns.py), the operator side (admin.py), and what each answer leaves behind (bookkeeping.py).

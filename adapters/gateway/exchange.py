@@ -64,9 +64,9 @@ class Exchange:
         self.admission = None  # the turn's admission against its key's and team's limits (limits.py)
         self.drained = False
         self.turn: str | None = None
-        # the server's call-back when the client hangs up (http11.py), where it offers one
+        # the server's call-back when the client hangs up (http11/), where it offers one
         self.hangup: Callable[[Callable[[], None]], None] | None = None
-        # the server's word that the whole request body has arrived (http11.py), where it offers it
+        # the server's word that the whole request body has arrived (http11/), where it offers it
         self.body_here: Callable[[], bool] | None = None
 
     async def __call__(self, message: dict) -> None:

@@ -1,4 +1,4 @@
-"""Running the gateway: the HTTP/1.1 server (http11.py), the client limits, and the drain.
+"""Running the gateway: the HTTP/1.1 server (http11/), the client limits, and the drain.
 
 `serve` binds first (so a port in use is an OSError before anything starts), then serves until
 `stop` is set; from then on new connections are refused, chat requests on open ones are shed

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-import re
 import select
 import socket
 import ssl
@@ -39,6 +38,7 @@ import httpx
 import trio
 
 from .. import sockets
+from ..codecs.http1 import is_token, unsafe_request_value
 
 CONNECT_S = 30.0  # opening a connection (and its TLS handshake); the driver's scopes bound the rest
 READ_BYTES = 65536
@@ -165,11 +165,6 @@ def lowercase(headers: dict[str, str]) -> dict[str, str]:
     return {name.lower(): value for name, value in headers.items()}
 
 
-# RFC 9110's token for a name; a value may hold anything but CR, LF and NUL (as h11 checks them)
-_NAME = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+").fullmatch
-_UNSAFE_VALUE = re.compile(r"[\r\n\0]|^[ \t]|[ \t]$").search
-
-
 def fixed_head(url: str, headers: dict[str, str]) -> FixedHead:
     """The head a profile's requests share (`FixedHead`), its lines rendered and checked here."""
     headers = lowercase(headers)
@@ -208,7 +203,7 @@ def _head_lines(url: str, given: dict[str, str]) -> str:
     else:
         lines.append(_DEFAULT_LINES)
     for name, value in given.items():
-        if not _NAME(name) or _UNSAFE_VALUE(value) or name in _FRAMING:
+        if not is_token(name) or unsafe_request_value(value) or name in _FRAMING:
             raise ValueError(f"header {name!r} cannot be sent upstream (an illegal name or value, or framing)")
         lines.append(f"{name}: {value}\r\n")
     return "".join(lines)
@@ -224,7 +219,7 @@ def _added_to(fixed: FixedHead, given: dict[str, str]) -> str | None:
     for name, value in given.items():
         if static.get(name) is value:  # (the very string the fixed lines were rendered from)
             kept += 1
-        elif name in _DEFAULTS or not _NAME(name) or _UNSAFE_VALUE(value) or name in _FRAMING:
+        elif name in _DEFAULTS or not is_token(name) or unsafe_request_value(value) or name in _FRAMING:
             return None
         else:
             added.append(f"{name}: {value}\r\n")

@@ -1,0 +1,492 @@
+"""One client connection: its requests read in turn, each handed to the app as an ASGI `http`
+scope with its `receive` and `send`, and the answers framed and written (a declared length, the
+whole body's, chunked, or the connection's close)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from email.utils import formatdate
+from typing import Protocol
+from urllib.parse import unquote
+
+import trio
+
+from ... import sockets
+from ...codecs.http1 import render_response_head
+from .hangups import Hangups
+from .reader import END, IDLE, Fault, Head, Reader
+
+log = logging.getLogger("relayline.gateway")
+
+READ_SIZE = 64 * 1024
+READ_AHEAD = 64 * 1024  # input buffered beyond the request in progress (a pipelining client)
+LINGER_S, LINGER_BYTES = 0.5, 64 * 1024  # reading past a closed request before the socket closes
+SEND_CHECKS = 4  # the watchdog looks this many times per SEND_TIMEOUT_S
+WRITE_PIECE = 64 * 1024  # the unit of progress the watchdog sees: a slow reader of a large body is not cut
+# a body trickled in small pieces: each read costs the same whatever its size, so after a few
+# small ones the next read of the body waits a moment first, and gets what arrived meanwhile in
+# one piece; the reads a body can cost are bounded by its arrival time, not its piece count
+SMALL_BODY_READ = 16 * 1024
+SMALL_BODY_READS_FREE = 16
+BODY_GATHER_S = 0.01
+
+
+class _Date:
+    """The Date header, formatted at most once a second."""
+
+    def __init__(self) -> None:
+        self.second = 0
+        self.value = b""
+
+    def __call__(self) -> bytes:
+        now = int(time.time())
+        if now != self.second:
+            self.second, self.value = now, formatdate(now, usegmt=True).encode()
+        return self.value
+
+
+_date = _Date()
+
+
+class ConnectionHost(Protocol):
+    """What a connection reads of its server: the app, the body of the server's own refusals,
+    whether it drains, its hang-up watch (None: none here), and the bound of a request head."""
+
+    app: Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+    error_body: Callable[[int, str], bytes]
+    draining: bool
+    hangups: Hangups | None
+    max_header_bytes: int
+
+
+class _Close(Exception):
+    """The connection ends here (the peer left, or a protocol error was answered)."""
+
+
+_FRAMING_NAMES = frozenset({b"content-length", b"connection", b"transfer-encoding"})  # what `_head` reads
+
+
+class Connection:
+    __slots__ = ("server", "stream", "reader", "waiting_since", "client", "local", "gone", "sent_head", "pending_head",
+                 "method", "response_done", "writing", "writes", "writes_seen", "checks_stalled", "hangup_fd",
+                 "extensions", "keep_alive", "request_done", "expect_continue", "framing", "remaining", "read_ahead",
+                 "small_body_reads")
+
+    def __init__(self, server: ConnectionHost, stream: trio.SocketStream) -> None:
+        self.server = server
+        self.stream = stream
+        self.reader = Reader(server.max_header_bytes)
+        self.waiting_since: float | None = None  # when its wait for a request head began (while it waits)
+        sock = stream.socket
+        try:
+            self.client = tuple(sock.getpeername()[:2])
+            self.local = tuple(sock.getsockname()[:2])
+        except OSError:
+            self.client = self.local = None
+        self.gone = False
+        self.sent_head = False
+        self.pending_head: tuple[int, list[tuple[bytes, bytes]]] | None = None  # (status, headers)
+        self.method = ""
+        self.response_done = False
+        self.request_done = False  # the request's body was read to its end
+        self.keep_alive = True
+        self.expect_continue = False
+        self.framing = ""  # the answer's: "length", "chunked", or "close" (an HTTP/1.0 client's stream)
+        self.remaining = 0  # bytes of a declared content-length still to write
+        self.read_ahead = 0  # bytes read past the request in progress (a pipelining client), bounded
+        self.small_body_reads = 0  # small pieces of the request's body read in a row
+        self.writing = False
+        self.writes = self.writes_seen = self.checks_stalled = 0
+        self.hangup_fd: int | None = None  # the socket's number when its hang-up is watched
+        self.extensions = {"relayline.body_here": self._body_here}
+        if server.hangups is not None:
+            self.extensions["relayline.hangup"] = self._watch_hangup
+
+    def _watch_hangup(self, callback: Callable[[], None]) -> None:
+        """The app's `relayline.hangup` extension: `callback` runs (once, in the server's own
+        task) if the client hangs up before this request ends."""
+        fd = self.stream.socket.fileno()
+        if self.gone or fd < 0:
+            callback()
+            return
+        self.server.hangups.watch(fd, self, callback)
+        self.hangup_fd = fd  # (watched until the connection ends: forget_hangups)
+
+    def stalled(self) -> bool:
+        """The watchdog's look: True when a write has been stuck for SEND_CHECKS looks."""
+        if not self.writing or self.writes != self.writes_seen:
+            self.writes_seen, self.checks_stalled = self.writes, 0
+            return False
+        self.checks_stalled += 1
+        return self.checks_stalled >= SEND_CHECKS
+
+    def drain(self) -> None:
+        """The server is draining (or out of descriptors, or its head took `keep_alive_s`): a
+        connection waiting for a request head closes now, without an answer. The read waiting
+        for the head ends at once (trio's notify_closing: ClosedResourceError), as a timer's
+        cancellation did, and no other is made (`gone`); the socket stays open for `linger`,
+        which says EOF and reads what the client still sends before the close (closing it here
+        could reset the connection and destroy the last answer before the client read it)."""
+        if self.waiting_since is not None:
+            self.waiting_since = None
+            self.gone = True
+            trio.lowlevel.notify_closing(self.stream.socket)
+
+    async def run(self) -> None:
+        reader = self.reader
+        try:
+            while True:
+                if self.server.draining and not reader.pending() and reader.state == IDLE and reader.refeed is None:
+                    return  # the drain closes a connection between two requests
+                # the wait for a head is bounded by the server's head watchdog (`Server._watch_heads`)
+                self.waiting_since = trio.current_time()
+                try:
+                    event = await self._next_event()
+                finally:  # (however the wait ends: a connection that lingers waits for no head)
+                    closed, self.waiting_since = self.waiting_since is None, None
+                if closed or type(event) is not Head:
+                    return  # idle, or a head too slow (closed without an answer), or the client left
+                await self._request(event)
+                self._finish_reading()
+                if self.gone or not self.response_done or not self.request_done or not self.keep_alive:
+                    return
+        except _Close:
+            return
+
+    async def linger(self) -> None:
+        """Closing a socket with unread input resets the connection, and the reset can destroy an
+        answer the client has not read yet: after an answer, say EOF first and drop what the
+        client still sends until it closes too (bounded in bytes and time), as nginx does."""
+        if not self.sent_head:
+            return  # (a client that left: the EOF or the reset below ends this at once)
+        with trio.move_on_after(LINGER_S):
+            try:
+                await self.stream.send_eof()
+                seen = 0
+                while seen <= LINGER_BYTES:
+                    data = await self.stream.receive_some(READ_SIZE)
+                    if not data:
+                        return
+                    seen += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _finish_reading(self) -> None:
+        """The end of a request the app did not read to its end (a GET: its `END`), when it is
+        already here; a body still to come (or a fault in it) leaves the request unfinished."""
+        reader = self.reader
+        while not self.request_done and reader.pending():
+            event = reader.peek()
+            if type(event) is Fault or type(event) is Head:
+                return
+            reader.take()
+            if event is END:
+                self.request_done = True
+
+    async def _read(self) -> bytes:
+        try:
+            if self.waiting_since is not None:
+                # a head: the client sends it once it has read the last answer, so it is seldom
+                # here yet (sockets.py)
+                return await sockets.receive_after_wait(self.stream, READ_SIZE)
+            return await self.stream.receive_some(READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return b""
+
+    async def _next_event(self):
+        """The next request event; None when the client left. A fault is answered here and ends
+        the connection."""
+        if not await self._fill():
+            return None
+        event = self.reader.take()
+        if type(event) is Fault:
+            await self._reject(event.status, event.message)
+            raise _Close
+        return event
+
+    async def _fill(self) -> bool:
+        """Read until the reader has an event; False when the client left (`gone`)."""
+        reader = self.reader
+        while not reader.pending():
+            if self.gone:  # (drained while it waited: drain())
+                return False
+            data = await self._read()
+            if not data:
+                self.gone = True
+                return False
+            reader.feed(data)
+        return True
+
+    async def _reject(self, status: int, message: str) -> None:
+        """An error answer from the server itself, before any app saw the request; the caller
+        closes the connection after it."""
+        if self.sent_head and not self.response_done:  # (an answer is under way: it cannot be replaced)
+            return
+        log.info("http_refused status=%d reason=%r", status, message)  # no app saw it: no access line
+        body = self.server.error_body(status, message)
+        self.sent_head = True  # linger: a reset must not destroy this answer (the input is unread)
+        await self._write(render_response_head(status, [(b"content-type", b"application/json"),
+                                                (b"content-length", b"%d" % len(body)),
+                                                (b"connection", b"close"), (b"date", _date())]) + body)
+
+    # -- one request ----------------------------------------------------------------------------
+
+    async def _request(self, request: Head) -> None:
+        version = request.version
+        if version[:2] != "1.":
+            await self._reject(505, f"HTTP/{version} is not supported: this server speaks HTTP/1.1")
+            raise _Close
+        headers = request.headers
+        hosts = 0
+        self.expect_continue = False
+        for name, value in headers:
+            if name == b"host":
+                hosts += 1
+            elif name == b"expect" and value.lower() == b"100-continue" and version != "1.0":
+                self.expect_continue = True
+        if hosts > 1 or (hosts == 0 and version != "1.0"):  # RFC 9112 3.2, as h11 refused them
+            await self._reject(400, "malformed HTTP request: " + ("more than one Host header" if hosts else "no Host header"))
+            raise _Close
+        target = request.target
+        if target[:1] != b"/" and b"://" in target[:8]:
+            # absolute-form (RFC 9112 3.2.2: a server must accept it): the path is what follows
+            # the authority
+            authority_and_path = target.partition(b"://")[2]
+            slash = authority_and_path.find(b"/")
+            target = authority_and_path[slash:] if slash >= 0 else b"/"
+        path, _, query = target.partition(b"?")
+        scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.0" if version == "1.0" else "1.1", "method": request.method.decode(),
+            "scheme": "http", "path": unquote(path.decode("ascii")), "raw_path": path, "query_string": query,
+            "root_path": "", "headers": headers, "client": self.client, "server": self.local,
+            "extensions": self.extensions,
+        }
+        self.method = scope["method"]
+        self.keep_alive = request.keep_alive
+        self.sent_head = False
+        self.pending_head = None
+        self.response_done = False
+        self.request_done = False
+        self.read_ahead = 0
+        self.small_body_reads = 0
+        where = scope["path"]
+        app = self.server.app(scope, self._receive, self._send)
+        # the request's head is the app's from here on: this frame lives as long as the answer (a
+        # stream's whole life) and keeps none of it
+        del scope, request, headers
+        try:
+            await app
+        except Exception:
+            log.exception("http_app_error path=%s", where[:200])
+            if not self.sent_head and not self.gone:  # (a start message still held is replaced)
+                body = self.server.error_body(500, "internal error in the gateway (logged)")
+                await self._send({"type": "http.response.start", "status": 500,
+                                  "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+                await self._send({"type": "http.response.body", "body": body})
+            raise _Close from None
+        finally:
+            if self.hangup_fd is not None:  # the request is over: a hang-up from now on is the connection's
+                self.server.hangups.unwatch(self.hangup_fd, self)
+        if not self.response_done and not self.gone:
+            raise _Close  # the app ended without finishing its answer: nothing else can follow
+
+    def _body_here(self) -> bool:
+        """The app's `relayline.body_here` extension: True when the request's whole body has
+        arrived, so that the next receive() answers all of it without waiting (an app that
+        bounds a body's arrival in time needs no timer for it)."""
+        if self.request_done:
+            return False
+        reader = self.reader
+        for event in reader.events[reader.taken:]:  # (those not yet taken)
+            if event is END:
+                return True
+            if type(event) is not bytes:
+                return False
+        return False
+
+    async def _receive(self) -> dict:
+        if self.gone or self.response_done:
+            return {"type": "http.disconnect"}
+        reader = self.reader
+        if not self.request_done:
+            if self.expect_continue:
+                self.expect_continue = False
+                if not reader.pending():  # (a client that sent its body anyway is not asked for it)
+                    await self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if self.small_body_reads > SMALL_BODY_READS_FREE and not reader.pending():
+                await trio.sleep(BODY_GATHER_S)
+            if not await self._fill():
+                return {"type": "http.disconnect"}
+            # what is here of the body in one message (h11 gave its pieces and its end one by one)
+            pieces = []
+            while reader.pending():
+                event = reader.peek()
+                if event is END:
+                    reader.take()
+                    self.request_done = True
+                    break
+                if type(event) is not bytes:
+                    break
+                pieces.append(reader.take())
+            if not pieces and not self.request_done:  # a fault in the body: answered, and the connection ends
+                fault = reader.take()
+                await self._reject(fault.status, fault.message)
+                self.gone = True
+                return {"type": "http.disconnect"}
+            body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            self.small_body_reads = self.small_body_reads + 1 if len(body) < SMALL_BODY_READ else 0
+            return {"type": "http.request", "body": body, "more_body": not self.request_done}
+        # the body was read: wait for the client to leave, keeping what it sends ahead (bounded)
+        while not self.gone:
+            if self.read_ahead > READ_AHEAD:
+                await trio.sleep_forever()  # read no more until this request is answered
+            # (after a fault in what was sent ahead, reading goes on, unparsed: its end is the client's leaving)
+            data = await self._read()
+            if not data:
+                self.gone = True
+            self.read_ahead += len(data)
+            reader.feed(data)
+        return {"type": "http.disconnect"}
+
+    # -- writing --------------------------------------------------------------------------------
+
+    async def _write(self, data: bytes) -> None:
+        if self.gone or not data:
+            return
+        # a write offered to the socket at once (sockets.py) only when no other is under way: it
+        # skips send_all's check that two tasks never write at the same time
+        at_once = not self.writing
+        self.writing = True
+        try:
+            if len(data) <= WRITE_PIECE:
+                self.writes += 1
+                if at_once:
+                    await sockets.send_all(self.stream, data)
+                else:
+                    await self.stream.send_all(data)
+            else:
+                view = memoryview(data)
+                for start in range(0, len(data), WRITE_PIECE):
+                    self.writes += 1  # progress, as the watchdog sees it
+                    await self.stream.send_all(view[start:start + WRITE_PIECE])
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # the client left (or stopped reading: _watch_sends): later writes are dropped and
+            # receive() says disconnect; closing the stream wakes a receive() waiting on it
+            self.gone = True
+            self.hung_up()  # before the close yields: its fd number may be taken and watched again
+            await trio.aclose_forcefully(self.stream)
+        except trio.Cancelled:
+            # a write cut short (the app's grace for a slow client ran out) may have sent part of
+            # a chunk: nothing may follow it on this connection (an error event written next
+            # would land inside the cut chunk), so the answer ends here, cut, and the connection
+            # closes once the app returns
+            self.gone = True
+            raise
+        finally:
+            self.writing = False
+
+    def hung_up(self) -> None:
+        """A write found the client gone (or the send watchdog cut it): an app watching for a
+        hang-up hears it here, because the socket is closed next, and a closed socket leaves the
+        epoll set without an event (a reset the write saw first would be lost to it too)."""
+        fd, self.hangup_fd = self.hangup_fd, None
+        if fd is not None:
+            hangups = self.server.hangups
+            callback = hangups.unwatch(fd, self)
+            hangups.forget(fd, self)
+            if callback is not None:
+                callback()
+
+    def forget_hangups(self) -> None:
+        """The connection ends: its socket leaves the hang-up set before it closes."""
+        fd, self.hangup_fd = self.hangup_fd, None
+        if fd is not None:
+            self.server.hangups.forget(fd, self)
+
+    def _head(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more: bool) -> bytes:
+        """The answer's head and its framing (RFC 9112 6.1-6.3): a declared length, else the whole
+        body's length, else chunked while the connection stays open. A stream to a client that
+        asked for `connection: close`, or to an HTTP/1.0 client (which may not be sent chunked,
+        6.1), is framed by the connection's close instead (6.3, its last case: a response with
+        neither length nor chunked ends with the connection): legal, and its SSE has its own end."""
+        declared = None
+        for name, value in headers:
+            lowered = name.lower()
+            if lowered not in _FRAMING_NAMES:  # (nearly every header: one look-up, not three tests)
+                continue
+            if lowered == b"content-length":
+                declared = int(value)
+            elif lowered == b"connection":
+                if b"close" in value.lower():
+                    self.keep_alive = False
+            else:
+                raise ValueError("an app's transfer-encoding: the server frames the answer itself")
+        bodiless = status < 200 or status in (204, 304)
+        if bodiless:
+            self.framing, self.remaining = "length", 0
+        elif declared is not None:
+            self.framing, self.remaining = "length", declared
+        elif not more:
+            # the whole body is here: framed by its length (one write, no chunks)
+            headers.append((b"content-length", str(len(body)).encode()))
+            self.framing, self.remaining = "length", len(body)
+        elif self.keep_alive:  # (an HTTP/1.0 client is never kept alive: its stream ends with the close)
+            headers.append((b"transfer-encoding", b"chunked"))
+            self.framing = "chunked"
+        else:
+            self.framing = "close"
+        if not self.keep_alive and not any(name.lower() == b"connection" for name, _ in headers):
+            headers.append((b"connection", b"close"))
+        if self.method == "HEAD" or bodiless:
+            self.remaining = 0
+            self.framing = "none"
+        return render_response_head(status, headers)
+
+    async def _send(self, message: dict) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            headers = list(message.get("headers") or ())
+            if self.server.draining and not any(k.lower() == b"connection" for k, _ in headers):
+                headers.append((b"connection", b"close"))
+            headers.append((b"date", _date()))
+            # the head is built once its body is known: a whole body adds its length first (one
+            # render and one header check)
+            self.pending_head = (message["status"], headers)
+            return
+        if kind != "http.response.body" or self.response_done or self.gone:
+            return  # (gone: the client left, or the server already refused its request's body)
+        body = message.get("body") or b""
+        more = message.get("more_body", False)
+        data = b""
+        if self.pending_head is not None:
+            status, headers = self.pending_head
+            self.pending_head = None
+            # an app's malformed header raises here, into the app, as from its start message
+            data = self._head(status, headers, body, more)
+            self.sent_head = True
+        framing = self.framing
+        if body and framing != "none":
+            if framing == "chunked":
+                data += b"%x\r\n%s\r\n" % (len(body), body)
+            elif framing == "length":
+                self.remaining -= len(body)
+                data += body
+            else:
+                data += body
+        if not more:
+            if framing == "chunked":
+                data += b"0\r\n\r\n"
+            elif framing == "close":
+                self.keep_alive = False
+            self.response_done = True
+        if self.remaining < 0 or (self.response_done and framing == "length" and self.remaining):
+            # what the answer declared and what it sent differ: the client could not frame it
+            log.error("http_send_refused declared_length_off_by=%d", -self.remaining)
+            self.gone = True
+            return
+        await self._write(data)
