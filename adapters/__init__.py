@@ -23,7 +23,8 @@ from relayline.machines.turn import TurnResult
 from relayline.machines.vocab import ErrorReason, Outcome
 from relayline.machines.wire import Message, Request, Tool, ToolCall, WireError
 
-from .relay import Relay, Reply, StreamTurn, responses_request
+from .relay import Relay, Reply, responses_request
+from .stream_turn import StreamTurn
 
 __all__ = [
     "Config",

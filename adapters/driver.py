@@ -18,7 +18,6 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
-from typing import Protocol
 
 import trio
 
@@ -26,44 +25,17 @@ from relayline.machines import classify as fc
 from relayline.machines import wire
 from relayline.machines.config import Timeouts
 from relayline.machines.errors import RelaylineError
-from relayline.machines.stream import REASONING, TEXT, TOOL_ARGS, Event
+from relayline.machines.stream import REASONING, TEXT, TOOL_ARGS
 from relayline.machines.turn import Completion, Finish, Turn, TurnResult
+from relayline.machines.vocab import Mode
 from relayline.machines.walk import Call, Sleep
 
+from .attempt_clock import AttemptClock
 from .providers.base import DONE, CallRequest, ProviderClient, ProviderFailure
+from .sinks import DISCARD, Sink
 
 log = logging.getLogger("relayline.driver")
 
-
-class Sink(Protocol):
-    """Where a turn's events go: awaited with each one, in order. A plain async function is a
-    sink; a sink may also have any of the parts PacedSink, DrainingSink and GatheringSink name,
-    which the driver looks up by name."""
-
-    async def __call__(self, event: Event, /) -> None: ...
-
-
-class PacedSink(Sink, Protocol):
-    """A sink that says whether awaiting it may wait on a consumer reading at its own pace. True
-    (also a sink that says nothing): the stream's idle deadline is lifted while it runs, a slow
-    consumer is not a stalled provider. False: it waits only within a bound of its own, and says
-    so with `TurnRun.consumer_paused` (TurnRun._frames)."""
-
-    may_block: bool
-
-
-class DrainingSink(Sink, Protocol):
-    """A sink that hands events on in batches (TurnRun._streamed)."""
-
-    async def drained(self) -> None:
-        """Return once every event put so far was taken by the consumer."""
-
-
-class GatheringSink(Sink, Protocol):
-    """A sink that gathers what it writes (TurnRun._pump)."""
-
-    async def waiting(self) -> None:
-        """Send what was gathered: the driver is about to wait on the upstream."""
 
 SETTLE_SYNC_S = 5.0
 _SIZED = frozenset({TEXT, REASONING, TOOL_ARGS})  # frames whose text a stream accumulates
@@ -72,18 +44,6 @@ _SIZED = frozenset({TEXT, REASONING, TOOL_ARGS})  # frames whose text a stream a
 def _whole(completion: Completion | fc.Failure) -> bool:
     """An answer the turn can end with: nothing of the fleet's health needs reading before it."""
     return isinstance(completion, Completion) and completion.has_answer
-
-
-class Discard:
-    """The sink of a turn nobody streams to: each event dropped, never a wait."""
-
-    may_block = False
-
-    async def __call__(self, event: Event, /) -> None:
-        return None
-
-
-DISCARD = Discard()
 
 
 def _cancellation(exc: BaseException) -> bool:
@@ -112,63 +72,6 @@ class _Spent(Exception):
     def __init__(self, answer: Completion | fc.Failure) -> None:
         super().__init__()
         self.answer = answer
-
-
-class AttemptClock:
-    """One attempt's deadline, moved as the provider reaches each phase, so the provider answers
-    only for its own time: `headers_s` runs from the moment the request was written to the
-    upstream socket (not while the turn waited for a pooled connection), then `idle_s` bounds
-    each gap in a non-streamed body. An adapter that cannot tell when it wrote (the sim family)
-    gets the headers clock at once. Timeout messages name the phase that ran out.
-
-    The deadline is set on a scope that may also carry the turn's total budget (`limit`): it is
-    never moved past it, so one scope serves both (the turn's, in TurnRun._complete)."""
-
-    __slots__ = ("scope", "timeouts", "phase", "limit")
-
-    def __init__(self, scope: trio.CancelScope, timeouts: Timeouts, *, from_write: bool,
-                 limit: float = math.inf) -> None:
-        self.scope = scope
-        self.timeouts = timeouts
-        self.limit = limit
-        self.phase = "sending"
-        if not from_write:
-            self.sent()
-
-    def _after(self, seconds: float) -> float:
-        return min(trio.current_time() + seconds, self.limit) if seconds > 0 else self.limit
-
-    def sent(self) -> None:
-        """The request is on the wire: the provider's headers clock starts."""
-        self.phase = "headers"
-        self.scope.deadline = self._after(self.timeouts.headers_s)
-
-    def headers(self) -> None:
-        """Response headers arrived: from now on only a stalled body is the provider's delay."""
-        self.phase = "body"
-        self.scope.deadline = self._after(self.timeouts.idle_s)
-
-    def received(self) -> None:
-        if self.phase == "body":
-            self.scope.deadline = self._after(self.timeouts.idle_s)
-
-    def read(self) -> None:
-        """The whole body is in, and its decoding will be awaited (in a worker process, for a
-        large one: started on first use): that is relayline's time, not a stalled provider's; it
-        is bounded by the body's size (and by the turn's budget). A body decoded inline awaits
-        nothing, so no deadline can fire in it: the adapter does not call this then."""
-        self.phase = "decoding"
-        self.scope.deadline = self.limit
-
-    def ran_out(self) -> bool:
-        """Whether the scope's deadline, when it expired, was this attempt's own and not the
-        turn's budget (a tie is the budget's, as an outer scope's would be)."""
-        return self.scope.deadline < self.limit
-
-    def failure(self) -> fc.Failure:
-        if self.phase == "body":
-            return fc.timed_out("response body bytes (a stalled body)", self.timeouts.idle_s)
-        return fc.timed_out("response headers", self.timeouts.headers_s)
 
 
 class TurnRun:
@@ -284,6 +187,37 @@ class TurnRun:
             raise
         finally:
             turn.health.release_all()  # whatever happened above, no probe outlives its turn
+
+    # -- what a stream's wire shows of the turn while it runs ------------------------------------
+
+    @property
+    def requested(self) -> str:
+        """What the caller asked for, as the plan names it."""
+        return self.turn.plan.requested
+
+    def attempts_begun(self) -> int:
+        """The attempts recorded so far and the one in flight (an attempt is recorded once it
+        ends)."""
+        turn = self.turn
+        return len(turn.attempts) + (1 if turn.call is not None else 0)
+
+    def showing(self):
+        """The entry whose output the caller is shown, once that is certain: the served entry of
+        a turn that ended, or the streaming call's once its stream committed (it said something
+        decisive). Before then, none: a failure before commit may still hand the turn on."""
+        if self.result is not None:
+            return self.result.served
+        turn = self.turn
+        call, gate = turn.call, turn.gate
+        if call is not None and call.mode == Mode.STREAM and gate is not None and gate.committed:
+            return call.entry
+        return None
+
+    def usage_at_commit(self):
+        """The usage the stream's gate read before its commit (what a stream's opening may
+        carry), or None."""
+        gate = self.turn.gate
+        return gate.usage if gate is not None else None
 
     @property
     def budget(self) -> float:

@@ -23,6 +23,9 @@ waits first: the same checkpoint (the wait parks; a cancelled task reads nothing
 errors in trio's words. Where the bytes were there after all (the peer the write woke may run
 first), the wait returns in the next pass of the loop, as trio's read would have yielded one
 after reading them (bench/glue_counts.py at 16 clients: no worse).
+
+`tls_bytes_buffered` says whether a TLS stream still holds bytes read off its socket: an idle
+upstream connection that does must not carry the next request.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def _request_path():
         a = clock()
         request = dialect.parse(jsoncodec.loads(raw), [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers])
         b = clock()
-        run = relay._new_run(request, model=request.model, stream=False, gateway=True)
+        run = relay.turns.new_run(request, model=request.model, stream=False, gateway=True)
         c = clock()
         call = run.turn.start(1.0)
         d = clock()
@@ -133,7 +133,7 @@ def turn_counted(n: int, upto: int) -> None:
     request = dialects.OPENAI.parse(jsoncodec.loads(raw), [])
     completion = http.decode_completion(relay.clients["openai"].protocol, answer)
     for _ in range(n):
-        run = relay._new_run(request, model=request.model, stream=False, gateway=True)
+        run = relay.turns.new_run(request, model=request.model, stream=False, gateway=True)
         if upto >= 1:
             run.turn.start(1.0)
         if upto >= 2:

@@ -53,7 +53,7 @@ def turns_us(store: str, turns: int, concurrency: int) -> tuple[float, float]:
         async with relay:
             async def worker(n):
                 for _ in range(n):
-                    await relay._run_turn(HI)
+                    await relay.turns.run(HI)
 
             await worker(20)  # warm up
             rounds = getattr(relay.health, "rounds", 0)
@@ -84,7 +84,7 @@ def bench_health(redis_url: str, turns: int = 600) -> dict:
 
 def bench_ledger(pg_url: str, turns: int = 300) -> dict:
     relay = Relay.from_toml(toml("memory"), env={})
-    result = trio.run(relay._run_turn, HI)
+    result = trio.run(relay.turns.run, HI)
     with tempfile.TemporaryDirectory() as tmp:
         sqlite = LedgerStore(Path(tmp) / "bench.sqlite3")
         pg = PostgresLedger(pg_url)

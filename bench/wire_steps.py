@@ -105,7 +105,7 @@ def _steps() -> dict:
         return dialect.parse(jsoncodec.loads(raw), headers)
 
     request = parse()
-    run = relay._new_run(request, model=request.model, stream=False, gateway=True)
+    run = relay.turns.new_run(request, model=request.model, stream=False, gateway=True)
     call_request = run._request(run.turn.start(1.0))
     built = protocol.build(call_request)
     built.headers["x-request-id"] = "0123456789abcdef0123456789abcdef"  # (as the exchange adds it)

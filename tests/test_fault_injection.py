@@ -287,14 +287,14 @@ async def run_scenario(shape: dict, faults: Faults) -> dict:
         token = FAULTS.set(faults)
         try:
             with trio.fail_after(100):
-                await relay._run_turn(HI, stream=shape["stream"], sink=sink, run_hook=runs.append)
+                await relay.turns.run(HI, stream=shape["stream"], sink=sink, run_hook=runs.append)
         except Exception as exc:  # the turn's settle: checked against what was injected
             raised = exc
         finally:
             FAULTS.reset(token)
         after = await after_the_fault(primary, health)
         with trio.fail_after(100):
-            following = await relay._run_turn(HI, stream=shape["stream"], sink=sink)
+            following = await relay.turns.run(HI, stream=shape["stream"], sink=sink)
         closed = health.breaker("primary").state
     return {"result": runs[0].result, "raised": raised, "after": after, "next": following, "closed": closed}
 

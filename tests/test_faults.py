@@ -60,7 +60,7 @@ async def turn(handler, *, backup=ok, stream=False, bound=6.0, **sections):
         cfg = structure_config(config(primary.url, second.url if second else None, **sections))
         async with Relay(cfg, env={}) as relay:
             with trio.fail_after(bound):
-                result = await relay._run_turn(HI, stream=stream)
+                result = await relay.turns.run(HI, stream=stream)
         nursery.cancel_scope.cancel()
     return result, relay, primary.seen, (second.seen if second else [])
 
@@ -174,7 +174,7 @@ async def test_a_turn_cancelled_mid_decode_kills_its_worker(worker_decoding):
 
             async def run_turn() -> None:
                 with turn_scope:
-                    await relay._run_turn(HI)
+                    await relay.turns.run(HI)
                 done.set()
 
             nursery.start_soon(run_turn)
@@ -215,7 +215,7 @@ async def test_text_forever_after_commit_is_interrupted_at_total_s():
 
 
 async def test_a_hang_past_the_budget_is_the_turns_deadline_not_the_attempts_timeout():
-    """The attempt's headers clock and the turn's budget share one scope (driver.AttemptClock):
+    """The attempt's headers clock and the turn's budget share one scope (attempt_clock.AttemptClock):
     when the budget ends first, the turn expires (`deadline`, no breaker failure), and when the
     attempt's clock ends first, the same turn goes on to the backup in a scope of its own."""
     result, relay, *_ = await turn(lambda s: Reply(delay=math.inf), backup=None,
@@ -234,7 +234,7 @@ def _raw(status: int, body: bytes) -> bytes:
 
 @pytest.mark.parametrize("first", [_raw(503, b'{"error": {"message": "busy"}}'), _raw(200, b"not json")])
 async def test_an_answer_that_arrives_in_the_tick_its_deadline_passes_stands_and_the_turn_goes_on(first, autojump_clock):
-    """The attempt's deadline is moved on the turn's own scope (driver.AttemptClock). When the
+    """The attempt's deadline is moved on the turn's own scope (attempt_clock.AttemptClock). When the
     answer wakes the read in the very loop tick that expires that deadline, the answer is read
     and stands, but the scope is already cancelled: the retry must not inherit it (it ended
     the turn as `deadline` with 595 s of its budget left, the retry never sent)."""
@@ -252,7 +252,7 @@ async def test_an_answer_that_arrives_in_the_tick_its_deadline_passes_stands_and
                                       timeouts={"headers_s": 5, "total_s": 600}, breaker={"failure_threshold": 5},
                                       reliability={"provider_retries": 2, "backoff_ms": 0}))
         async with Relay(cfg, env={}) as relay:
-            result = await relay._run_turn(HI, stream=False)
+            result = await relay.turns.run(HI, stream=False)
         nursery.cancel_scope.cancel()
     assert result.outcome == "ok" and result.text == "second", (result.outcome, result.error)
     assert [(a.outcome, a.detail) for a in result.attempts][1] == ("ok", "") and len(server.requests) == 2
@@ -279,7 +279,7 @@ async def test_headers_s_runs_from_the_write_not_from_the_pool_queue():
             results = []
 
             async def one():
-                results.append(await relay._run_turn(HI))
+                results.append(await relay.turns.run(HI))
 
             with trio.fail_after(5):
                 async with trio.open_nursery() as turns:
@@ -328,21 +328,21 @@ async def test_a_turn_that_raises_while_probing_never_wedges_the_breaker(fault, 
         cfg = structure_config(config(upstream.url, reliability={"provider_retries": 0}, breaker={"open_s": 10}))
         async with Relay(cfg, env={}) as relay:
             crashing = CrashingProbe(relay.clients["openai"])
-            first = await relay._run_turn(HI)
+            first = await relay.turns.run(HI)
             assert first.error == "exhausted" and relay.health.breaker("primary").state == "open"
             await trio.sleep(10)
             assert relay.health.breaker("primary").refresh(trio.current_time()) == "half_open"
             if fault == "adapter raises":
                 relay.clients["openai"] = crashing
-                raised = await relay._run_turn(HI)
+                raised = await relay.turns.run(HI)
             else:
-                raised = await relay._run_turn([{"role": "user", "content": "bad \ud800 text"}])
+                raised = await relay.turns.run([{"role": "user", "content": "bad \ud800 text"}])
             relay.clients["openai"] = crashing.real
             assert relay.health.breaker("primary").state != "probing"
             if fault == "adapter raises":
                 assert raised.outcome == "error" and raised.error == "internal"
                 assert raised.attempts[0].outcome == "internal" and raised.attempts[0].detail == "internal error (Boom)"
-            healthy = await relay._run_turn(HI)
+            healthy = await relay.turns.run(HI)
         nursery.cancel_scope.cancel()
     assert healthy.outcome == "ok" and healthy.text == "healthy again"
     assert relay.health.breaker("primary").state == "closed"
@@ -423,10 +423,10 @@ async def test_a_cancellation_that_arrives_while_connecting_is_recorded_as_the_t
                     return await connect(*args, **kwargs)
 
                 monkeypatch.setattr(Connection, "connect", cancelled_mid_connect)
-                await relay._run_turn(HI, run_hook=runs.append)
+                await relay.turns.run(HI, run_hook=runs.append)
             monkeypatch.setattr(Connection, "connect", connect)
             assert scope.cancelled_caught
-            healthy = await relay._run_turn(HI)
+            healthy = await relay.turns.run(HI)
         nursery.cancel_scope.cancel()
     result = runs[0].result
     assert result is not None and result.outcome == "cancelled" and result.error == "cancelled"

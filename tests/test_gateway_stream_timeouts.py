@@ -65,7 +65,7 @@ CASES = {
 async def library_turn(cfg, stream: bool = True) -> object:
     async with Relay(structure_config(cfg), env={}) as relay:
         with trio.fail_after(10):
-            return await relay._run_turn(HI, stream=stream)
+            return await relay.turns.run(HI, stream=stream)
 
 
 def story(result) -> tuple:

@@ -115,7 +115,7 @@ async def test_a_stream_whose_run_could_not_be_made_or_started_leaves_no_gate_he
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(*((relay, "_new_run") if fails == "planning" else (gateway.turns, "admit")), broken)
+    monkeypatch.setattr(*((relay.turns, "new_run") if fails == "planning" else (gateway.turns, "admit")), broken)
     starts = []
     status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY,
                                       on_send=lambda m: starts.append(m.get("status")))

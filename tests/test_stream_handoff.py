@@ -16,8 +16,8 @@ import trio
 import trio.testing
 
 from relayline.adapters import Relay
-from relayline.adapters.relay import _Batches
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
+from relayline.adapters.stream_turn import _Batches
 
 PAUSE = 0.3
 HI = [{"role": "user", "content": "hi"}]

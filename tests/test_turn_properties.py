@@ -180,7 +180,7 @@ async def run_one(relay: Relay, request: dict, log: list) -> Observed:
         async with trio.open_nursery() as nursery:
             if request["cancel_at"] is not None:
                 nursery.start_soon(cancel_later)
-            await relay._run_turn([{"role": "user", "content": "hi"}], stream=request["stream"],
+            await relay.turns.run([{"role": "user", "content": "hi"}], stream=request["stream"],
                                  sink=sink, run_hook=runs.append)
             nursery.cancel_scope.cancel()
     return Observed(list(log), runs[0].turn, runs[0].result)
@@ -194,7 +194,7 @@ def run(config: dict, replies: list, requests: list, turn_factory=Turn) -> list[
         sim = LoggedUpstream(SimUpstream.from_replies(replies).scripts, log)
         relay = Relay(structure_config(config), env={}, clients=sim.clients())
         sim.health = relay.health
-        relay._turn_factory = turn_factory
+        relay.turns.factory = turn_factory
         for request in requests:
             await trio.sleep(request["gap"])
             log.clear()

@@ -70,7 +70,7 @@ async def turn(family: str, pieces: tuple[bytes, ...], stream: bool = False, sta
         await server.start(nursery)
         async with Relay.from_toml(config(family, server.url), env={}) as relay:
             with trio.fail_after(10):
-                result = await relay._run_turn([{"role": "user", "content": "hi"}], stream=stream)
+                result = await relay.turns.run([{"role": "user", "content": "hi"}], stream=stream)
         nursery.cancel_scope.cancel()
     return result
 

@@ -1,7 +1,7 @@
 """The gateway: a plain ASGI app, served by the HTTP/1.1 server in http11/, made of small
 collaborators: the route table and its key checks (routes.py), the chat path (chat.py, reading
 its request in chat_request.py, streaming through stream_wire.py, its turns in flight in
-turns.py), the operator side (admin.py), and what each answer leaves behind (bookkeeping.py).
+in_flight.py), the operator side (admin.py), and what each answer leaves behind (bookkeeping.py).
 
 Operating it: one access line per request (logger relayline.access), a request id accepted or
 made, echoed and sent upstream; chat requests beyond `[gateway] max_in_flight`, or during a
@@ -34,10 +34,10 @@ from .chat import ChatPath
 from .chat_request import travelling_headers
 from .console import Console
 from .exchange import Exchange, request_id, respond
+from .in_flight import TurnsInFlight
 from .limits import Limiter
 from .metrics import Metrics, configured_models, named_keys
 from .routes import METERED, dispatch
-from .turns import TurnsInFlight
 
 log = logging.getLogger("relayline.gateway")
 

@@ -106,7 +106,7 @@ class Bookkeeping:
 
     def _observe_turn(self, exchange: Exchange, result: TurnResult) -> None:
         started, now = exchange.turn_started, exchange.turn_ended
-        exchange.relay._observe(result)  # the relay the turn ran on (a reload may have retired it)
+        exchange.relay.turns.observe(result)  # the relay the turn ran on (a reload may have retired it)
         relay = self.host.relay
         horizon = now - relay.config.breaker.window_s
         tried: dict[str, None] = {}  # the profiles the turn tried, once each

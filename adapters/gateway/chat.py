@@ -25,9 +25,9 @@ from ..providers.http import REQUEST_ID
 from .bookkeeping import Bookkeeping, attribution, dropped_header, relayline_field
 from .chat_request import Reading, read_request
 from .exchange import Exchange, respond, respond_json
+from .in_flight import Canceller, TurnsInFlight
 from .limits import Admitted, Limiter, refusal_headers
 from .stream_wire import GateTimer, StreamWire
-from .turns import Canceller, TurnsInFlight
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -137,7 +137,7 @@ class ChatPath:
         run: TurnRun | None = None
         owner: Canceller | None = None
         try:
-            run = relay._new_run(request, model=request.model, stream=stream is not None, gateway=True)
+            run = relay.turns.new_run(request, model=request.model, stream=stream is not None, gateway=True)
             # the server's call-back on a hang-up cancels the run itself; else a task watches
             watching = contextlib.nullcontext() if exchange.hangup is not None else _watching(receive)
             async with watching as turn_scope:

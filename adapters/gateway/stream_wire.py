@@ -21,7 +21,6 @@ import trio
 from relayline.machines import wire
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
-from relayline.machines.vocab import Mode
 
 from ..driver import TurnRun
 from .bookkeeping import dropped_header
@@ -81,20 +80,11 @@ class StreamWire:
             self._cancel_turn()
 
     def _served_entry(self):
-        """The entry that serves what this stream shows, once that is certain: the turn's served
-        entry, or the stream in flight once it committed (it said something decisive). Headers
-        the gate timer commits before then name no one: a pre-commit failure may still hand the
-        turn to another entry."""
+        """The entry that serves what this stream shows, once that is certain (`TurnRun.showing`).
+        Headers the gate timer commits before then name no one: a pre-commit failure may still
+        hand the turn to another entry."""
         run = self.run
-        if run is None:
-            return None
-        if run.result is not None:
-            return run.result.served
-        turn = run.turn
-        call, gate = turn.call, turn.gate
-        if call is not None and call.mode == Mode.STREAM and gate is not None and gate.committed:
-            return call.entry
-        return None
+        return run.showing() if run is not None else None
 
     def _paused(self):
         """The turn's upstream idle deadline lifted while it waits for the client."""
@@ -146,14 +136,13 @@ class StreamWire:
         else:
             self._unnamed = True  # (the final event says who served: `finish`)
         if run is not None:
-            headers.append((b"x-relayline-requested", run.turn.plan.requested.encode()))
+            headers.append((b"x-relayline-requested", run.requested.encode()))
             # the attempt in flight is not recorded yet; a recovered answer's already is
-            in_flight = 1 if run.turn.call is not None else 0
-            headers.append((b"x-relayline-attempts", str(len(run.turn.attempts) + in_flight).encode()))
+            headers.append((b"x-relayline-attempts", str(run.attempts_begun()).encode()))
         headers += dropped_header(self.request, entry)
         self._head = {"type": "http.response.start", "status": 200, "headers": headers}
-        gate = run.turn.gate if run is not None else None
-        self._put(self.render.opening(entry.model if entry is not None else "", gate.usage if gate is not None else None))
+        usage = run.usage_at_commit() if run is not None else None
+        self._put(self.render.opening(entry.model if entry is not None else "", usage))
 
     async def at_gate(self) -> None:
         """`gate_commit_s` passed with nothing decisive: the held headers and preamble go out (a

@@ -133,7 +133,7 @@ async def _run_request(relay: Relay, request: Mapping, origin: float) -> dict:
         async with trio.open_nursery() as nursery:
             if cancel_at is not None:
                 nursery.start_soon(cancel_later)
-            await relay._run_turn(
+            await relay.turns.run(
                 [{"role": "user", "content": request.get("text", "hi")}],
                 model=request.get("model"),
                 tools=(SIM_TOOL,) if request.get("tools") else (),
