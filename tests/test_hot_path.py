@@ -21,7 +21,6 @@ from relayline.adapters.codecs.anthropic_messages_answers import AnthropicStream
 from relayline.adapters.codecs.anthropic_messages_replies import AnthropicStreamParser
 from relayline.adapters.codecs.openai_chat_answers import OpenAIStream
 from relayline.adapters.codecs.openai_chat_replies import OpenAIStreamParser
-from relayline.adapters.providers import upstream
 from relayline.adapters.providers.base import ProviderFailure
 from relayline.adapters.sse import SSEDecoder, SSEEvent
 from relayline.machines.stream import Event
@@ -332,16 +331,16 @@ def test_a_request_on_its_profiles_fixed_head_is_rendered_and_refused_as_the_gen
     """The fixed head (a profile's headers rendered and checked once) changes nothing a request
     sends or is refused for: whatever a request adds, replaces or removes after it was built."""
     def outcome(fixed):
-        headers = upstream.lowercase(profile)
+        headers = http1.lowercase(profile)
         headers.update(added)
         for name in removed:
             headers.pop(name, None)
         try:
-            return upstream.render(upstream.UpstreamRequest(url, headers, b'{"a":1}', fixed))
+            return http1.render(http1.UpstreamRequest(url, headers, b'{"a":1}', fixed))
         except (ValueError, UnicodeEncodeError) as exc:
             return type(exc).__name__, str(exc)
 
-    fixed = upstream.fixed_head(url, profile)
+    fixed = http1.fixed_head(url, profile)
     assert outcome(fixed) == outcome(None)
 
 
@@ -371,8 +370,8 @@ def test_a_profiles_requests_share_one_fixed_head_per_key_and_forwarded_headers(
         assert "k1" not in shown and "k2" not in shown  # (neither a kept head nor a request shows its key)
     assert "authorization" in repr(first)  # (the names are there)
     for request in (first, other_key, beta):
-        general = upstream.UpstreamRequest(request.url, request.headers, request.body)
-        assert upstream.render(request) == upstream.render(general)
+        general = http1.UpstreamRequest(request.url, request.headers, request.body)
+        assert http1.render(request) == http1.render(general)
 
 
 # -- the long-number check before orjson (jsoncodec._no_long_number) --------------------------------

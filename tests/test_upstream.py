@@ -16,12 +16,12 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from relayline.adapters.codecs.content_coding import UnsupportedEncoding
 from relayline.adapters.providers import pool as pool_module
 from relayline.adapters.providers.pool import Pools, ProfilePool
 from relayline.adapters.providers.upstream import (
     INFLATE_PIECE,
     Connection,
-    UnsupportedEncoding,
     UpstreamError,
     UpstreamRequest,
     head_fields,

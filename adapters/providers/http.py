@@ -26,11 +26,13 @@ from relayline.machines.stream import Frame
 from relayline.machines.turn import Completion
 
 from .. import jsoncodec
+from ..codecs.content_coding import UnsupportedEncoding
+from ..codecs.http1 import FixedHead, fixed_head
 from ..redact import redact
 from ..sse import SSEDecoder, SSEEvent, SSEProtocolError
 from .base import DONE, CallRequest, ProviderFailure
 from .pool import Pools
-from .upstream import FixedHead, UnsupportedEncoding, UpstreamError, UpstreamRequest, fixed_head
+from .upstream import UpstreamError, UpstreamRequest
 
 log = logging.getLogger("relayline.providers")
 

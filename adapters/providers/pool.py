@@ -46,6 +46,7 @@ from collections import deque
 
 import trio
 
+from ..codecs.http1 import split_url
 from .httpx_pool import HttpxPool
 from .upstream import (
     TRANSPORT_ERRORS,
@@ -53,7 +54,6 @@ from .upstream import (
     Origin,
     UpstreamRequest,
     default_ssl_context,
-    split_url,
 )
 
 log = logging.getLogger("relayline.providers")

@@ -7,7 +7,10 @@ model built and copied per call, the head and the body written in two sends, h11
 layers of wrappers). A provider call is narrow: a POST with a body of known length, an answer
 framed by content-length, chunked or the connection's close, maybe gzip. This client does just
 that: the head and the body go out in one send, the response head's framing is read once (its
-other fields only when asked for), and body bytes come as they arrive. Connections are pooled per profile by providers/pool.py.
+other fields only when asked for), and body bytes come as they arrive. Connections are pooled
+per profile by providers/pool.py. The request's head is rendered by the HTTP/1 rules the
+gateway's server shares (codecs/http1.py), and a compressed body is read by
+codecs/content_coding.py.
 
 The response is parsed by llhttp, Node's parser in C, through httptools: h11 (pure Python) cost
 about a third of this client's CPU per exchange. llhttp runs strict (no leniency is switched on);
@@ -28,27 +31,20 @@ import ipaddress
 import select
 import socket
 import ssl
-import urllib.parse
 import zlib
-from importlib.metadata import PackageNotFoundError, version
 
-import attrs
 import httptools
 import httpx
 import trio
 
 from .. import sockets
-from ..codecs.http1 import is_token, unsafe_request_value
+from ..codecs.content_coding import decoder
+from ..codecs.http1 import Origin, UpstreamRequest, render
 
 CONNECT_S = 30.0  # opening a connection (and its TLS handshake); the driver's scopes bound the rest
 READ_BYTES = 65536
 MAX_HEAD_BYTES = 100 * 1024  # a response head larger than this is malformed (httpcore's bound)
 INFLATE_PIECE = 1 << 20  # a compressed body is inflated at most this much per step: no zip bomb in one read
-ACCEPT_ENCODING = "gzip, deflate"  # what the body decoder below reads
-try:
-    USER_AGENT = f"relayline/{version('relayline')}"
-except PackageNotFoundError:  # a source tree that was never installed
-    USER_AGENT = "relayline"
 
 _poll = getattr(select, "poll", None)
 # what breaks a connection: the exchange on it fails, the connection is closed, never reused
@@ -58,22 +54,6 @@ TRANSPORT_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 class UpstreamError(Exception):
     """The connection failed, was lost, or the peer broke HTTP/1.1 (the message says which, in
     relayline's words). The exchange is over and its connection is closed, never reused."""
-
-
-class UnsupportedEncoding(Exception):
-    """A content-encoding this client did not advertise and cannot read."""
-
-
-@attrs.frozen
-class Origin:
-    scheme: str
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}"
 
 
 @functools.cache
@@ -109,123 +89,6 @@ async def open_tcp(host: str, port: int) -> trio.SocketStream:
         sock.close()
         raise
     return trio.SocketStream(sock)
-
-
-@functools.lru_cache(maxsize=512)
-def split_url(url: str) -> tuple[Origin, str, str]:
-    """A URL's origin, its Host header and its request target (cached: a profile has one)."""
-    parts = urllib.parse.urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError("credentials in a provider's base_url are not sent: put them in its api_key or headers")
-    default = 443 if scheme == "https" else 80
-    port = parts.port or default
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    host_header = host if port == default else f"{host}:{port}"
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return Origin(scheme, parts.hostname, port), host_header, target
-
-
-_DEFAULT_HEADERS = (("accept", "*/*"), ("accept-encoding", ACCEPT_ENCODING), ("user-agent", USER_AGENT))
-_DEFAULT_LINES = "".join(f"{k}: {v}\r\n" for k, v in _DEFAULT_HEADERS)
-_DEFAULTS = frozenset({"host", *dict(_DEFAULT_HEADERS)})
-_FRAMING = frozenset({"content-length", "transfer-encoding"})  # this client's to write
-
-
-@attrs.frozen(eq=False)
-class FixedHead:
-    """What every request of one profile (its URL, its own headers and key, the client headers
-    that travel with it) has in common: its headers (lowercase names) and their lines, with the
-    request line, the Host and the defaults, rendered and checked once (`fixed_head`). A request
-    built on it (`UpstreamRequest.fixed`) has only what it adds checked and rendered: its
-    x-request-id. `lines` is None when these headers cannot be sent: `render` then refuses them
-    as it refuses any, naming the header."""
-
-    url: str
-    headers: dict[str, str] = attrs.field(repr=False)  # (the key's header is one: never in a repr)
-    lines: str | None = attrs.field(repr=False)
-
-
-@attrs.frozen
-class UpstreamRequest:
-    """A POST to a provider: what a protocol's `build()` returns. Header names are lowercase.
-    `fixed`, when given, holds `url` and the lines of those of `headers` it has (`FixedHead`)."""
-
-    url: str
-    # the key's header is one of them: a repr (a traceback's locals, a debug line) names them only
-    headers: dict[str, str] = attrs.field(repr=lambda headers: f"<{', '.join(headers)}>")
-    body: bytes
-    fixed: FixedHead | None = attrs.field(default=None, eq=False, repr=False)
-
-
-def lowercase(headers: dict[str, str]) -> dict[str, str]:
-    """Header names folded, so that a profile's `Authorization` and ours are one header."""
-    return {name.lower(): value for name, value in headers.items()}
-
-
-def fixed_head(url: str, headers: dict[str, str]) -> FixedHead:
-    """The head a profile's requests share (`FixedHead`), its lines rendered and checked here."""
-    headers = lowercase(headers)
-    try:
-        lines: str | None = _head_lines(url, headers)
-    except ValueError:
-        lines = None  # (refused where each request is rendered, as without a fixed head)
-    return FixedHead(url, headers, lines)
-
-
-def render(request: UpstreamRequest) -> bytes:
-    """The request's head and body as one buffer (one send).
-
-    The head is written here rather than by an HTTP library: h11 re-validated and re-encoded
-    every header of every request (about a third of the client's CPU per request, cProfile),
-    where these checks are one regex each, and a request built on its profile's `FixedHead`
-    has only the headers it adds checked."""
-    fixed = request.fixed
-    lines = None
-    if fixed is not None and fixed.lines is not None and request.url is fixed.url:
-        lines = _added_to(fixed, request.headers)
-    if lines is None:
-        lines = _head_lines(request.url, request.headers)
-    body = request.body
-    return f"{lines}content-length: {len(body)}\r\n\r\n".encode("latin-1") + body
-
-
-def _head_lines(url: str, given: dict[str, str]) -> str:
-    """The request line and the header lines, each header checked (ValueError names one that
-    cannot be sent)."""
-    _, host, target = split_url(url)
-    lines = [f"POST {target} HTTP/1.1\r\nhost: {host}\r\n"]
-    if given.keys() & _DEFAULTS:  # a profile's own headers win over these defaults
-        lines = [f"POST {target} HTTP/1.1\r\n"]
-        lines += [f"{k}: {v}\r\n" for k, v in _DEFAULT_HEADERS if k not in given]
-    else:
-        lines.append(_DEFAULT_LINES)
-    for name, value in given.items():
-        if not is_token(name) or unsafe_request_value(value) or name in _FRAMING:
-            raise ValueError(f"header {name!r} cannot be sent upstream (an illegal name or value, or framing)")
-        lines.append(f"{name}: {value}\r\n")
-    return "".join(lines)
-
-
-def _added_to(fixed: FixedHead, given: dict[str, str]) -> str | None:
-    """The fixed head's lines and those of the headers `given` adds to it; None when `given`
-    is not the fixed headers and additions (one of them replaced or missing, or an addition that
-    is a default's or cannot be sent): the general path renders it, or refuses it."""
-    static = fixed.headers
-    added = []
-    kept = 0
-    for name, value in given.items():
-        if static.get(name) is value:  # (the very string the fixed lines were rendered from)
-            kept += 1
-        elif name in _DEFAULTS or not is_token(name) or unsafe_request_value(value) or name in _FRAMING:
-            return None
-        else:
-            added.append(f"{name}: {value}\r\n")
-    if kept != len(static):  # (one was replaced, or is missing)
-        return None
-    return fixed.lines + "".join(added) if added else fixed.lines
 
 
 # a head reaches this client as one string, its status line and field lines each ending in CRLF
@@ -522,7 +385,7 @@ class Response:
         self._fields = fields
         self._headers: dict[str, str] | None = None
         self._tail = b""
-        self._inflate = None if content_encoding is None else _decoder(content_encoding)
+        self._inflate = None if content_encoding is None else decoder(content_encoding)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -583,113 +446,3 @@ class Response:
         if not decoder.eof:  # the HTTP body ended whole, the compressed stream in it did not
             raise UpstreamError("a compressed body that ends before its end (cut short)")
         return rest
-
-
-class _Unsupported:
-    __slots__ = ("coding",)
-    unconsumed_tail = b""
-    eof = True
-
-    def __init__(self, coding: str) -> None:
-        self.coding = coding
-
-    def decompress(self, data: bytes, limit: int) -> bytes:
-        raise UnsupportedEncoding(self.coding)
-
-    def flush(self) -> bytes:
-        raise UnsupportedEncoding(self.coding)
-
-
-class _Inflater:
-    """A compressed body, in bounded steps (`unconsumed_tail`: what the last step left). Its end
-    is the compressed stream's own (`eof`): an HTTP body that ends before it was cut short, and
-    bytes after it are refused, never dropped unread (zlib keeps them aside as unused_data)."""
-
-    __slots__ = ("_obj", "unconsumed_tail", "_fed")
-
-    def __init__(self) -> None:
-        self._obj = self._new()
-        self.unconsumed_tail = b""
-        self._fed = False  # an empty body is whole (a 204 or an error page may say an encoding)
-
-    def _new(self):
-        raise NotImplementedError
-
-    def decompress(self, data: bytes, limit: int) -> bytes:
-        if self._obj.eof:
-            data = self._after_end(data)
-            if not data:
-                self.unconsumed_tail = b""
-                return b""
-        obj = self._obj
-        self._fed = True
-        piece = obj.decompress(data, limit)
-        self.unconsumed_tail = obj.unused_data if obj.eof else obj.unconsumed_tail
-        return piece
-
-    def _after_end(self, data: bytes) -> bytes:
-        """`data` follows the end: what of it is read next (by a new `_obj`), or b"" for nothing."""
-        raise zlib.error("data after the end of the compressed body")
-
-    @property
-    def eof(self) -> bool:
-        return self._obj.eof or not self._fed
-
-    def flush(self) -> bytes:
-        return self._obj.flush()
-
-
-class _Gzip(_Inflater):
-    """gzip, member after member (RFC 1952: a file may hold several; NUL padding may follow, as
-    Python's gzip reads it)."""
-
-    __slots__ = ()
-
-    def _new(self):
-        return zlib.decompressobj(zlib.MAX_WBITS | 16)
-
-    def _after_end(self, data: bytes) -> bytes:
-        data = data.lstrip(b"\0")
-        if data:
-            self._obj = self._new()  # the next member (its own header is checked: junk does not decode)
-        return data
-
-
-class _Deflate(_Inflater):
-    """deflate with its zlib wrapper, as RFC 9110 says, or raw, as some servers send it (and
-    httpx reads it): decided before any output, never after (a wrapped body corrupt midway
-    does not decode; it is not read again as raw from there)."""
-
-    __slots__ = ("_undecided",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._undecided: bytes | None = b""  # what was fed before the first output (or None)
-
-    def _new(self):
-        return zlib.decompressobj()
-
-    def decompress(self, data: bytes, limit: int) -> bytes:
-        seen = self._undecided
-        try:
-            piece = super().decompress(data, limit)
-        except zlib.error:
-            if seen is None:
-                raise
-            self._undecided = None
-            self._obj = zlib.decompressobj(-zlib.MAX_WBITS)
-            return super().decompress(seen + data, limit)  # from its first byte, however it was split
-        if seen is not None:
-            self._undecided = None if piece else seen + data
-        return piece
-
-
-def _decoder(coding: str):
-    codings = [c.strip().lower() for c in coding.split(",") if c.strip().lower() not in ("", "identity")]
-    if not codings:
-        return None
-    if codings == ["gzip"] or codings == ["x-gzip"]:
-        return _Gzip()
-    if codings == ["deflate"]:
-        return _Deflate()
-    return _Unsupported(", ".join(codings))
