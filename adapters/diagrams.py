@@ -81,6 +81,21 @@ def decision_table(spec: Spec) -> str:
     return "\n".join(lines) + "\n"
 
 
+def outcome_tables(spec: Spec) -> str:
+    """The spec's outcome tables in Markdown: for each, one row per value given, then what each
+    situation it reads means. Rows are unordered: exactly one matches any situation."""
+    lines = [f"<!-- {HEADER.format(name=spec.name)} -->"]
+    for table in spec.outcomes.values():
+        lines += ["", f"`{table.name}`: {table.doc} (checked at load: under every combination of the situations it "
+                      "reads, exactly one row gives a value).", "",
+                  "| when | unless | gives | why |", "| --- | --- | --- | --- |"]
+        lines += [f"| {_conditions(row.when) or 'always'} | {_conditions(row.unless)} | `{row.gives}` | {row.doc} |"
+                  for row in table.rows]
+        lines.append("")
+        lines += [f"- situation `{name}`: {spec.guards[name]}" for name in table.reads if name in spec.guards]
+    return "\n".join(lines) + "\n"
+
+
 def default_root() -> Path:
     return Path(str(resources.files("relayline.specs"))) / "diagrams"
 
@@ -93,6 +108,8 @@ def render() -> dict[str, str]:
         out[f"{name}.dot"] = dot(spec)
         if spec.decisions is not None:
             out[f"{name}-decisions.md"] = decision_table(spec)
+        if spec.outcomes:
+            out[f"{name}-outcomes.md"] = outcome_tables(spec)
     return out
 
 

@@ -104,6 +104,40 @@ class DecisionTable:
 
 
 @attrs.frozen
+class OutcomeRow:
+    """One row of an outcome table: when every `when` situation has its value and not every
+    `unless` one has, the table gives `gives`."""
+
+    gives: str
+    when: tuple[tuple[str, bool], ...] = ()
+    unless: tuple[tuple[str, bool], ...] = ()
+    doc: str = ""
+
+    def matches(self, facts: dict[str, bool]) -> bool:
+        if not all(facts[name] == value for name, value in self.when):
+            return False
+        return not (self.unless and all(facts[name] == value for name, value in self.unless))
+
+
+@attrs.frozen
+class OutcomeTable:
+    """A policy that gives a value instead of firing a trigger (why a walk ran out of entries,
+    whether a failed stream is billed): the situations it reads are guards of the model, by
+    name; validated complete and unambiguous like a decision table, so no row's position
+    matters. The code that reads it checks at load that every value it can give is one it knows."""
+
+    name: str
+    values: tuple[str, ...]
+    rows: tuple[OutcomeRow, ...]
+    doc: str = ""
+    reads: tuple[str, ...] = ()  # the situations the rows read, in a fixed order
+    index: dict[tuple[bool, ...], str] = attrs.field(factory=dict, eq=False)  # their values -> the value given
+
+    def decide(self, model: Any) -> str:
+        return self.index[tuple(_guard(model, name) for name in self.reads)]
+
+
+@attrs.frozen
 class Spec:
     name: str
     source: str
@@ -116,6 +150,7 @@ class Spec:
     recurrent: bool = False
     decisions: DecisionTable | None = None
     entry_actions: dict[str, str] = attrs.Factory(dict)  # name -> what it does, for the diagrams
+    outcomes: dict[str, OutcomeTable] = attrs.Factory(dict)  # name -> its outcome table
     # what the code derives from this spec once (its entry actions as functions, a model's
     # shortcuts), kept with it: a mutated spec installed in a shipped one's place derives its own
     derived: dict[Any, Any] = attrs.field(factory=dict, eq=False, repr=False)
@@ -186,7 +221,7 @@ def parse_spec(text: str, source: str) -> Spec:
 def build_spec(raw: dict[str, Any], source: str) -> Spec:
     """Validate and compile a spec already read from TOML (tests mutate such documents)."""
     known = {"name", "doc", "initial", "recurrent", "states", "transitions", "guards", "invariants",
-             "decide", "situations", "waits", "actions", "decisions", "entry_actions"}
+             "decide", "situations", "waits", "actions", "decisions", "entry_actions", "outcomes"}
     unknown = set(raw) - known
     if unknown:
         raise SpecError(f"{source}: unknown top-level keys {sorted(unknown)}")
@@ -245,8 +280,11 @@ def build_spec(raw: dict[str, Any], source: str) -> Spec:
         recurrent=bool(raw.get("recurrent", False)),
         decisions=_parse_decisions(raw, source) if "decisions" in raw else None,
         entry_actions={str(k): str(v) for k, v in raw.get("entry_actions", {}).items()},
+        outcomes={str(name): _parse_outcomes(str(name), body, source) for name, body in raw.get("outcomes", {}).items()},
     )
     validate(spec)
+    for outcome in spec.outcomes.values():
+        _validate_outcomes(spec, outcome)
     _validate_entry_actions(spec)
     _check_vocabulary(spec)
     if spec.decisions is not None:
@@ -295,6 +333,67 @@ def _parse_decisions(raw: dict[str, Any], source: str) -> DecisionTable:
         ))
     return DecisionTable(state=str(raw.get("decide", "")), situations=docs["situations"], waits=docs["waits"],
                          actions=docs["actions"], rows=tuple(rows))
+
+
+def _parse_outcomes(name: str, body: dict[str, Any], source: str) -> OutcomeTable:
+    where = f"outcomes.{name}"
+    unknown = set(body) - {"doc", "values", "rows"}
+    if unknown:
+        raise SpecError(f"{source}: {where} has unknown keys {sorted(unknown)}")
+    rows = []
+    for i, row in enumerate(body.get("rows", [])):
+        at = f"{where}.rows[{i}]"
+        unknown = set(row) - {"when", "unless", "gives", "doc"}
+        if unknown:
+            raise SpecError(f"{source}: {at} has unknown keys {sorted(unknown)}")
+        if "gives" not in row:
+            raise SpecError(f"{source}: {at} is missing 'gives'")
+        rows.append(OutcomeRow(gives=str(row["gives"]), when=_situations(row.get("when"), f"{at}.when", source),
+                               unless=_situations(row.get("unless"), f"{at}.unless", source), doc=str(row.get("doc", ""))))
+    return OutcomeTable(name=name, values=_as_tuple(body.get("values"), f"{where}.values", source), rows=tuple(rows),
+                        doc=str(body.get("doc", "")))
+
+
+def _validate_outcomes(spec: Spec, table: OutcomeTable) -> None:
+    """Under every combination of the situations its rows read, exactly one row gives a value;
+    every row gives one of the declared values and is reachable; every situation is a declared
+    guard or situation of the spec."""
+    src, where = spec.source, f"outcomes.{table.name}"
+    declared = set(spec.guards) | (set(spec.decisions.situations) if spec.decisions is not None else set())
+    for i, row in enumerate(table.rows):
+        if row.gives not in table.values:
+            raise SpecError(f"{src}: {where}.rows[{i}] gives {row.gives!r}, not one of its values {list(table.values)}")
+        for name, _ in row.when + row.unless:
+            if name not in declared:
+                raise SpecError(f"{src}: {where}.rows[{i}] reads undeclared situation {name!r}")
+    reads = tuple(sorted({name for row in table.rows for name, _ in row.when + row.unless}))
+    used = set()
+    for values in itertools.product((False, True), repeat=len(reads)):
+        facts = dict(zip(reads, values, strict=True))
+        hits = [i for i, row in enumerate(table.rows) if row.matches(facts)]
+        shown = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in facts.items()) or "always"
+        if not hits:
+            raise SpecError(f"{src}: {where} gives nothing when {shown}")
+        if len(hits) > 1:
+            raise SpecError(f"{src}: {where} gives twice when {shown}: rows[{hits[0]}] and rows[{hits[1]}]")
+        used.add(hits[0])
+        table.index[values] = table.rows[hits[0]].gives
+    unused = sorted(set(range(len(table.rows))) - used)
+    if unused:
+        raise SpecError(f"{src}: {where}.rows{unused} never give anything")
+    object.__setattr__(table, "reads", reads)
+
+
+def check_outcomes(spec: Spec, name: str, known: Iterable[str]) -> OutcomeTable:
+    """The outcome table `name` of `spec`, checked against the values the code can act on:
+    a spec that lacks it, or gives a value the code does not know, is refused."""
+    table = spec.outcomes.get(name)
+    if table is None:
+        raise SpecError(f"{spec.source}: has no [outcomes.{name}], which the code reads")
+    strange = sorted(set(table.values) - set(known))
+    if strange:
+        raise SpecError(f"{spec.source}: outcomes.{name} may give {strange}, which the code does not know")
+    return table
 
 
 def _validate_decisions(spec: Spec, table: DecisionTable) -> None:

@@ -10,10 +10,11 @@ one event: the lifecycle machine is not consulted per token, only at the stream'
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import attrs
 
-from .engine import Lifecycle, load_spec
+from .engine import Lifecycle, Spec, bind_entry_actions, load_spec
 from .ledger import Usage
 from .vocab import EventKind, FrameKind, StreamState, StreamTrigger
 
@@ -74,10 +75,11 @@ class Event:
 
 
 class StreamGate:
-    __slots__ = ("life", "held", "text", "tools", "tool_ids", "arguments", "usage", "finish_reason", "stop_sequence")
+    __slots__ = ("life", "entry_actions", "held", "text", "tools", "tool_ids", "arguments", "usage", "finish_reason", "stop_sequence")
 
     def __init__(self) -> None:
-        self.life: Lifecycle = load_spec("stream").start()
+        self.life: Lifecycle = (spec := load_spec("stream")).start()
+        self.entry_actions = spec.derived.get(id(ENTRY_ACTIONS)) or _bind(spec)
         self.held: list[Event] = []
         self.text: list[str] = []  # text forwarded to the immutable sink, in order
         self.tools: list[str] = []
@@ -146,10 +148,14 @@ class StreamGate:
             self.arguments[place].append(frame.value)
         if self.life.state == StreamState.COMMITTED:
             return (event,)
-        self.life.fire(StreamTrigger.DECISIVE)
-        out = (*self.held, event)
-        self.held = []
-        return out
+        released: tuple[Event, ...] = self.life.step(StreamTrigger.DECISIVE, self, self.entry_actions)
+        return (*released, event)
+
+    # -- entry actions (specs/stream.toml [entry_actions]) ------------------------------------
+
+    def release_held(self) -> tuple[Event, ...]:
+        held, self.held = tuple(self.held), []
+        return held
 
     def finish(self) -> StreamState:
         """The completion signal came: completed, or semantic_empty."""
@@ -163,3 +169,12 @@ class StreamGate:
 
     def cancel(self) -> None:
         self.life.fire(StreamTrigger.CANCEL)
+
+
+# the entry actions specs/stream.toml names, checked against it when a gate binds it
+ENTRY_ACTIONS: dict[str, Callable[[StreamGate], object]] = {"release_held": StreamGate.release_held}
+
+
+def _bind(spec: Spec) -> dict[str, tuple[Callable[[StreamGate], object], ...]]:
+    # committing is what releases the held frames: a committed state without it would lose them
+    return bind_entry_actions(spec, ENTRY_ACTIONS, required=(StreamState.COMMITTED.value,))

@@ -30,13 +30,13 @@ class TurnState(StrEnum):
 
 
 class TurnTrigger(StrEnum):
-    OPEN_STREAM = "open_stream"
-    WALK = "walk"
+    START = "start"
     COMMIT = "commit"
     RETRY_STREAM = "retry_stream"
     COMPLETE = "complete"
     FAIL = "fail"
     END = "end"
+    EXPIRE = "expire"
     CANCEL = "cancel"
 
 

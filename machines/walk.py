@@ -18,7 +18,7 @@ import attrs
 
 from . import classify as fc
 from .config import Capabilities, Config, Reliability
-from .engine import Lifecycle, Spec, bind_entry_actions, load_spec
+from .engine import Lifecycle, Spec, bind_entry_actions, check_outcomes, load_spec
 from .errors import IllegalTransition, SpecError
 from .health import HealthStore
 from .plan import Plan, PlannedEntry
@@ -163,14 +163,31 @@ def unavailable(plan: Plan, health: TurnHealth, entry: PlannedEntry, now: float,
     return health.blocked(entry.profile, now)
 
 
+def first_candidate(plan: Plan, health: TurnHealth, now: float, among: Iterable[int], need: Need = ANY_NEED, *,
+                    record_skips: bool = False) -> int | None:
+    """The one answer to every candidate question: the first of `among` (places in the plan's
+    entries, in the order asked) whose entry can be attempted now for `need` (`unavailable`), or
+    None. The walk's next entry, the stream's first, the continuation's, "another candidate" and
+    "the only candidate" all ask it. With `record_skips`, each entry passed over is recorded as
+    skipped, with why."""
+    entries = plan.entries
+    for j in among:
+        entry = entries[j]
+        reason = unavailable(plan, health, entry, now, need)
+        if reason is None:
+            return j
+        if record_skips:
+            health.skip(entry, reason, plan.unfit.get(entry.profile, ()))
+    return None
+
+
 def another_candidate(plan: Plan, health: TurnHealth, entry: PlannedEntry, now: float, reach: Iterable[int],
                       *, cooled: bool = False) -> bool:
-    """The one meaning of "another candidate" for `entry`: another entry, among those the walk
-    would still reach (`reach`, indices), that could be attempted now (`unavailable`). With
-    `cooled`, as it will stand once `entry`'s profile is put on cooldown (a 429): then the
-    profile's other entries are out too."""
-    return any(j != entry.index and not (cooled and plan.entries[j].profile == entry.profile)
-               and unavailable(plan, health, plan.entries[j], now) is None for j in reach)
+    """Another entry than `entry`, among those the walk would still reach (`reach`, indices), that
+    could be attempted now (`first_candidate`). With `cooled`, as it will stand once `entry`'s
+    profile is put on cooldown (a 429): then the profile's other entries are out too."""
+    return first_candidate(plan, health, now, (
+        j for j in reach if j != entry.index and not (cooled and plan.entries[j].profile == entry.profile))) is not None
 
 
 def stop_error(rel: Reliability, failure: fc.Failure) -> ErrorReason | None:
@@ -341,15 +358,23 @@ class Walk:
         self.health.store.set_cooldown(profile, now + min(wait, self.rel.rate_limit_cooldown_max_s))
 
     def _wait(self, kind: str) -> float:
-        retry_after = self._decided().retry_after_s
-        if kind == "retry_after" and retry_after is not None:
-            seconds = retry_after
-        elif kind == "retry_after_capped" and retry_after is not None:
-            seconds = max(min(retry_after, self.rel.retry_after_max_ms / 1000.0), self.backoff)
-        else:
-            seconds = self.backoff
+        """How long the wait a decision names lasts (`WAITS`); each wait doubles the backoff."""
+        seconds = WAITS[kind](self)
         self.backoff = min(self.backoff * 2, max(self.rel.backoff_max_ms / 1000.0, self.rel.first_backoff_s))
         return seconds
+
+    def wait_backoff(self) -> float:
+        return self.backoff
+
+    def wait_retry_after(self) -> float:
+        retry_after = self._decided().retry_after_s
+        return self.backoff if retry_after is None else retry_after
+
+    def wait_retry_after_capped(self) -> float:
+        retry_after = self._decided().retry_after_s
+        if retry_after is None:
+            return self.backoff
+        return max(min(retry_after, self.rel.retry_after_max_ms / 1000.0), self.backoff)
 
     # -- the walk -----------------------------------------------------------------------------
 
@@ -397,48 +422,59 @@ class Walk:
         return Call(entry, mode, key_index(self.health.store, entry), self.tries, self.budget(self.index), self.forced)
 
     def _exhausted_reason(self) -> ErrorReason:
-        if not self.attempted and self.plan.unfit and not any(
-                self.plan.serves(e.profile) for j, e in enumerate(self.plan.entries) if j not in self.exclude):
-            return ErrorReason.UNSUPPORTED  # no entry can honour the request: the client's to change
-        if not self.attempted:
-            return ErrorReason.NO_CANDIDATE
-        if self.last_failure == fc.EMPTY:
-            return ErrorReason.SEMANTIC_EMPTY
-        if self.last_failure == fc.INTERNAL:
-            return ErrorReason.INTERNAL  # relayline's own failure: the gateway answers a 500, not a 502
-        return ErrorReason.EXHAUSTED
+        """The spec's [outcomes.exhausted], on this walk's situations."""
+        return ErrorReason(check_outcomes(self.life.spec, "exhausted", ERROR_REASONS).decide(self))
+
+    # -- what [outcomes.exhausted] reads (specs/walk.toml [guards]) ---------------------------
+
+    @property
+    def none_can_honour(self) -> bool:
+        return bool(self.plan.unfit) and not any(
+            self.plan.serves(e.profile) for j, e in enumerate(self.plan.entries) if j not in self.exclude)
+
+    @property
+    def last_empty(self) -> bool:
+        return self.last_failure == fc.EMPTY
+
+    @property
+    def last_internal(self) -> bool:
+        return self.last_failure == fc.INTERNAL
 
     def _choose(self) -> Call | Sleep | WalkDone:
         if not self.forced:  # a forced probe is the walk's last attempt
-            plan = self.plan
-            entries = plan.entries
             # `_reach`, read lazily: the first entry that can be attempted ends the scan
-            for j in range(self.index + 1, len(entries)):
-                if j in self.exclude or self.budget(j) <= 0:
-                    continue
-                entry = entries[j]
-                reason = unavailable(plan, self.health, entry, self.now)
-                if reason is None:
-                    self.index, self.tries, self.backoff = j, 0, self.rel.first_backoff_s
-                    return self._step(_CALL)
-                self.health.skip(entry, reason, plan.unfit.get(entry.profile, ()))
-        if not self.attempted and not self.forced:
-            # every entry was skipped for health before any attempt: probe the one
-            # whose window ends soonest, once, rather than failing without trying
-            skipped = [
-                j for j in range(len(self.plan.entries))
-                if j not in self.exclude and self.budget(j) > 0
-                and unavailable(self.plan, self.health, self.plan.entries[j], self.now) in HEALTH_SKIPS
-                and self.plan.entries[j].profile not in self.health.probes
-                and self.health.store.breaker(self.plan.entries[j].profile).state != BreakerState.PROBING
-            ]
-            if skipped:
-                j = min(skipped, key=lambda k: (self.health.window_end(self.plan.entries[k].profile), k))
-                self.forced = True
-                self.index, self.tries = j, 0
-                return self._step(WalkTrigger.CALL)
-        self.index = len(self.plan.entries)
+            after: Iterable[int] = range(self.index + 1, len(self.plan.entries))
+            if self.exclude or self.budgets:  # (else every entry after the current one is within reach)
+                after = [j for j in after if j not in self.exclude and self.budget(j) > 0]
+            j = first_candidate(self.plan, self.health, self.now, after, record_skips=True)
+            if j is not None:
+                self.index, self.tries, self.backoff = j, 0, self.rel.first_backoff_s
+                return self._step(_CALL)
+        # no entry left: the spec's `exhaust` fails the walk, or makes the forced probe (`probe_due`)
+        probe = None if self.attempted or self.forced else self._forced_probe()
+        if probe is None:
+            self.index = len(self.plan.entries)
+        else:
+            self.forced, self.index, self.tries = True, probe, 0
         return self._step(WalkTrigger.EXHAUST)
+
+    def _forced_probe(self) -> int | None:
+        """Every entry was skipped for its health before any attempt: the one whose window ends
+        soonest, to probe once rather than fail without trying (None: no such entry)."""
+        skipped = [
+            j for j in range(len(self.plan.entries))
+            if j not in self.exclude and self.budget(j) > 0
+            and unavailable(self.plan, self.health, self.plan.entries[j], self.now) in HEALTH_SKIPS
+            and self.plan.entries[j].profile not in self.health.probes
+            and self.health.store.breaker(self.plan.entries[j].profile).state != BreakerState.PROBING
+        ]
+        if not skipped:
+            return None
+        return min(skipped, key=lambda k: (self.health.window_end(self.plan.entries[k].profile), k))
+
+    @property
+    def probe_due(self) -> bool:
+        return self.forced and not self.attempted
 
     def adopt(self, index: int, failure: fc.Failure, now: float) -> Call | Sleep | WalkDone:
         """Take a failed attempt made outside this walk (a stream) as this walk's own first
@@ -523,7 +559,13 @@ ACTIONS: dict[str, Callable[[Walk], None]] = {
     "cool_down": Walk.cool_down,
     "skip": Walk.skip,
 }
-WAITS = ("backoff", "retry_after", "retry_after_capped")
+# the waits specs/walk.toml may name: how long each lasts
+WAITS: dict[str, Callable[[Walk], float]] = {
+    "backoff": Walk.wait_backoff,
+    "retry_after": Walk.wait_retry_after,
+    "retry_after_capped": Walk.wait_retry_after_capped,
+}
+ERROR_REASONS = frozenset(ErrorReason)  # what [outcomes.exhausted] may give
 # the entry actions specs/walk.toml names, checked against it when a walk binds it
 ENTRY_ACTIONS: dict[str, Callable[[Walk], object]] = {
     "choose": Walk._choose,
@@ -546,6 +588,7 @@ def _check_policy() -> None:
     if table is None or set(table.actions) != set(ACTIONS) or set(table.waits) != set(WAITS):
         raise SpecError("specs/walk.toml: its [actions] and [waits] must be exactly what machines/walk.py "
                         f"performs: actions {sorted(ACTIONS)}, waits {sorted(WAITS)}")
+    check_outcomes(load_spec("walk"), "exhausted", ERROR_REASONS)
 
 
 _check_policy()

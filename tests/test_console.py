@@ -314,3 +314,18 @@ def test_attempts_are_paired_with_their_ledger_rows():
     assert view.cost_usd == pytest.approx(0.003) and view.latency_ms == 1600.0
     assert ANSWER not in repr(view.as_json())
 
+
+
+def test_the_console_diagrams_show_what_entering_a_state_does():
+    """The console draws each lifecycle's entry actions from its spec, as `relayline diagram`
+    does: the turn's, the walk's, the breaker's, the stream's and the cancellation's."""
+    from relayline.machines.engine import load_spec
+
+    with BackgroundGateway(outage_config(), OUTAGE, env={"BACKUP_KEY": BACKUP_KEY}) as gw:
+        state = httpx.get(f"{gw.url}/admin/console/state").json()
+    drawn = {life["name"]: life["mermaid"] for life in state["lifecycles"]}
+    for name in ("turn", "walk", "breaker", "stream", "cancellation"):
+        spec = load_spec(name)
+        entries = [f"  {s.name} : entry / {', '.join(s.enter)}" for s in spec.states.values() if s.enter]
+        assert entries, name
+        assert [line for line in drawn[name].splitlines() if " : entry / " in line] == entries, name

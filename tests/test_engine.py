@@ -495,3 +495,188 @@ def test_every_walk_state_needs_an_entry_action():
     spec = parse_spec(moved, "toy.toml")
     with pytest.raises(SpecError, match="toy.toml: state 'backing_off' needs an entry action and names none"):
         bind_entry_actions(spec, ENTRY_ACTIONS, required=spec.states)
+
+
+# the turn's, the stream's and the cancellation's entry actions: the same checks, each shown failing
+
+
+def _moved(name: str, old: str, new: str) -> str:
+    text = _text(name)
+    assert text.count(old) == 1, old
+    return text.replace(old, new, 1)
+
+
+def _installed(name: str, text: str):
+    """`text` as the shipped spec `name` while the block runs (as the spec-mutation sweep does)."""
+    import contextlib
+
+    from relayline.machines import engine
+
+    @contextlib.contextmanager
+    def swap():
+        real = engine.load_spec(name)
+        engine._CACHE[name] = parse_spec(text, f"specs/{name}.toml")
+        try:
+            yield
+        finally:
+            engine._CACHE[name] = real
+    return swap()
+
+
+def _a_turn(stream: bool = True):
+    from helpers import config, plan
+    from relayline.machines.health import InMemoryHealth
+    from relayline.machines.turn import Turn
+
+    cfg = config(active="a", providers={"a": {"model": "m1"}})
+    return Turn(plan(cfg, model="m1"), cfg, InMemoryHealth(cfg.breaker), stream=stream)
+
+
+# (spec, the broken text, the error a turn or a gate meets when it binds it)
+BOUND_REFUSED = {
+    "turn: a walk state without its action": (
+        "turn", _moved("turn", 'enter = ["recover"]\n', "").replace(
+            'enter = ["ended_cancelled"]', 'enter = ["recover", "ended_cancelled"]', 1),
+        "specs/turn.toml: state 'recovering' needs an entry action and names none"),
+    "turn: an action the code does not perform": (
+        "turn", _moved("turn", 'enter = ["answered"]', 'enter = ["answered", "ring_a_bell"]').replace(
+            "[entry_actions]\n", '[entry_actions]\nring_a_bell = "rings"\n', 1),
+        r"specs/turn.toml: its [entry_actions] must be exactly what the code performs: missing [], "
+        r"not performed ['ring_a_bell']"),
+    "turn: an outcome the code cannot act on": (
+        "turn", _moved("turn", 'values = ["billed", "as_reported"]', 'values = ["billed", "free"]').replace(
+            'gives = "as_reported"', 'gives = "free"'),
+        "specs/turn.toml: outcomes.failed_stream_row may give ['free'], which the code does not know"),
+    "stream: a commit that releases nothing": (
+        "stream", _moved("stream", 'tags = ["immutable_output"]\nenter = ["release_held"]\n',
+                         'tags = ["immutable_output"]\n').replace(
+            'tags = ["pre_output"]\n', 'tags = ["pre_output"]\nenter = ["release_held"]\n', 1),
+        "specs/stream.toml: state 'committed' needs an entry action and names none"),
+    "cancellation: a settlement that persists nothing said": (
+        "cancellation", _moved("cancellation", 'enter = ["keep_partial"]\n', "").replace(
+            'enter = ["drop_partial"]', 'enter = ["drop_partial", "keep_partial"]', 1),
+        "specs/cancellation.toml: state 'persisted_partial' needs an entry action and names none"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BOUND_REFUSED))
+def test_a_turn_refuses_a_spec_whose_entry_actions_it_cannot_take(case):
+    """Each broken spec is a valid lifecycle: only the code that runs it can say an action is
+    missing or unknown, and it says so the first time a turn (and its gate) binds the spec."""
+    from relayline.machines.stream import StreamGate
+
+    name, text, message = BOUND_REFUSED[case]
+    parse_spec(text, "toy.toml")  # the spec alone is sound
+    with _installed(name, text), pytest.raises(SpecError) as caught:
+        _a_turn()
+        StreamGate()
+    assert str(caught.value) == message
+
+
+def test_the_turn_specs_name_each_entry_action_once_and_refuse_an_undeclared_one():
+    for name, old in (("turn", 'enter = ["walk"]'), ("stream", 'enter = ["release_held"]'),
+                      ("cancellation", 'enter = ["settle"]')):
+        with pytest.raises(SpecError, match="toy.toml: state '.*' enters with undeclared action 'ring_a_bell'"):
+            parse_spec(_moved(name, old, old[:-1] + ', "ring_a_bell"]'), "toy.toml")
+    with pytest.raises(SpecError, match=r"toy.toml: entry actions \['walk'\] are declared but no state takes them"):
+        parse_spec(_moved("turn", 'enter = ["walk"]\n', ""), "toy.toml")
+
+
+def test_the_turn_start_is_the_spec_choice():
+    """stream or walk is the `start` transitions' guards: a spec whose start sends a stream
+    request to the walk makes the turn walk it (its first call in complete mode)."""
+    from relayline.machines.walk import Call
+
+    first = _a_turn().start(0.0)
+    assert isinstance(first, Call) and first.mode == "stream"
+    walked = _moved("turn", 'dest = "streaming"\nguards = ["stream_requested", "stream_entry"]',
+                    'dest = "walking"\nguards = ["stream_requested", "stream_entry"]')
+    with _installed("turn", walked):
+        turn = _a_turn()
+        call = turn.start(0.0)
+    assert isinstance(call, Call) and call.mode == "complete" and turn.life.state == "walking"
+
+
+# outcome tables: a policy that gives a value (why a walk ran out of entries), checked at load
+
+_LAST_ROW = 'when = { attempted = true, last_empty = false, last_internal = false }\ngives = "exhausted"\n'
+
+OUTCOMES_REFUSED = {
+    "a row left out": (_moved("walk", _LAST_ROW, "").replace("[[outcomes.exhausted.rows]]\n\n", "\n", 1),
+                       "toy.toml: outcomes.exhausted gives nothing when attempted=yes, last_empty=no, "
+                       "last_internal=no, none_can_honour=no"),
+    "two rows at once": (_moved("walk", _LAST_ROW, _LAST_ROW.replace(", last_internal = false", "")),
+                         "toy.toml: outcomes.exhausted gives twice when attempted=yes, last_empty=no, "
+                         "last_internal=yes, none_can_honour=no: rows[3] and rows[4]"),
+    "an undeclared value": (_moved("walk", _LAST_ROW, _LAST_ROW.replace('"exhausted"', '"tired"')),
+                            "toy.toml: outcomes.exhausted.rows[4] gives 'tired', not one of its values "
+                            "['unsupported', 'no_candidate', 'semantic_empty', 'internal', 'exhausted']"),
+    "an undeclared situation": (_moved("walk", _LAST_ROW, _LAST_ROW.replace("attempted = true", "tried = true")),
+                                "toy.toml: outcomes.exhausted.rows[4] reads undeclared situation 'tried'"),
+    "a row that never gives": (_moved("walk", _LAST_ROW, _LAST_ROW + '[[outcomes.exhausted.rows]]\n'
+                                      'when = { attempted = true }\nunless = { attempted = true }\ngives = "exhausted"\n'),
+                               "toy.toml: outcomes.exhausted.rows[5] never give anything"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUTCOMES_REFUSED))
+def test_a_broken_outcome_table_is_refused_at_load(case):
+    text, message = OUTCOMES_REFUSED[case]
+    with pytest.raises(SpecError) as caught:
+        parse_spec(text, "toy.toml")
+    assert str(caught.value) == message
+
+
+def test_the_walk_refuses_an_outcome_it_cannot_act_on():
+    """A sound table that gives a value the walk does not know, or no table at all, is refused
+    where the walk reads it, naming the value."""
+    from relayline.machines.engine import check_outcomes
+    from relayline.machines.walk import ERROR_REASONS
+
+    tired = _moved("walk", _LAST_ROW, _LAST_ROW.replace('"exhausted"', '"tired"')).replace(
+        '"internal", "exhausted"]', '"internal", "tired"]', 1)
+    spec = parse_spec(tired, "toy.toml")
+    with pytest.raises(SpecError, match=r"toy.toml: outcomes.exhausted may give \['tired'\], which the code does not know"):
+        check_outcomes(spec, "exhausted", ERROR_REASONS)
+    with pytest.raises(SpecError, match=r"toy.toml: has no \[outcomes.exhausted\], which the code reads"):
+        check_outcomes(parse_spec(_text("breaker"), "toy.toml"), "exhausted", ERROR_REASONS)
+
+
+OUTCOMES_MALFORMED = {
+    "an unknown key in a table": ('[outcomes.exhausted]\ndoc = "the error', '[outcomes.exhausted]\nweight = 3\ndoc = "the error',
+                                  "toy.toml: outcomes.exhausted has unknown keys ['weight']"),
+    "an unknown key in a row": ('gives = "unsupported"\n', 'gives = "unsupported"\nthen = "stop"\n',
+                                "toy.toml: outcomes.exhausted.rows[0] has unknown keys ['then']"),
+    "a row that gives nothing": ('gives = "unsupported"\n', "",
+                                 "toy.toml: outcomes.exhausted.rows[0] is missing 'gives'"),
+    "values that are not names": ('values = ["unsupported", "no_candidate", "semantic_empty", "internal", "exhausted"]',
+                                  "values = 3", "toy.toml: outcomes.exhausted.values must be a string or a list of strings"),
+    "a situation that is not a truth": ("when = { attempted = false, none_can_honour = true }",
+                                        'when = { attempted = "no", none_can_honour = true }',
+                                        "toy.toml: outcomes.exhausted.rows[0].when must be a table of situation = true/false"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUTCOMES_MALFORMED))
+def test_a_malformed_outcome_table_is_refused_naming_where(case):
+    old, new, message = OUTCOMES_MALFORMED[case]
+    with pytest.raises(SpecError) as caught:
+        parse_spec(_moved("walk", old, new), "toy.toml")
+    assert str(caught.value) == message
+
+
+def test_an_outcome_table_gives_by_the_situations_of_its_model():
+    """Every combination of the exhausted table's situations gives the ladder's answer."""
+    spec = parse_spec(_text("walk"), "toy.toml")
+    table = spec.outcomes["exhausted"]
+    assert table.reads == ("attempted", "last_empty", "last_internal", "none_can_honour")
+
+    class Model:
+        def __init__(self, **facts):
+            self.__dict__.update(facts)
+
+    for attempted, empty, internal, unfit in itertools.product((False, True), repeat=4):
+        expected = (("unsupported" if unfit else "no_candidate") if not attempted
+                    else "semantic_empty" if empty else "internal" if internal else "exhausted")
+        given = table.decide(Model(attempted=attempted, last_empty=empty, last_internal=internal, none_can_honour=unfit))
+        assert given == expected

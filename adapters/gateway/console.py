@@ -176,6 +176,8 @@ def lifecycle_mermaid(spec: Spec, edges: list[dict]) -> str:
     for name, state in spec.states.items():
         if "terminal" in state.tags:
             lines.append(f"  {name} --> [*]")
+    # what entering a state does, as `relayline diagram` draws it
+    lines += [f"  {name} : entry / {', '.join(state.enter)}" for name, state in spec.states.items() if state.enter]
     return "\n".join(lines) + "\n"
 
 
