@@ -26,7 +26,7 @@ import trio
 
 from relayline.adapters import Relay
 from relayline.adapters.hosts import Runtime
-from relayline.adapters.sim.provider import SimUpstream
+from relayline.adapters.providers.sim import SimUpstream
 from relayline.machines.config import structure_config
 
 CONFIG = structure_config({"active": "a", "providers": {"a": {"family": "sim", "model": "m1"}}})

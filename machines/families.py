@@ -25,7 +25,7 @@ FAMILIES: dict[str, Family] = {
     for f in (
         Family("openai", "relayline.adapters.providers:openai_client", wire="openai", public_api=True),
         Family("anthropic", "relayline.adapters.providers:anthropic_client", wire="anthropic", public_api=True),
-        Family("sim", "relayline.adapters.sim.provider:family_client"),
+        Family("sim", "relayline.adapters.providers.sim:family_client"),
     )
 }
 

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from relayline.adapters import Relay
-from relayline.adapters.sim.provider import SimUpstream
+from relayline.adapters.providers.sim import SimUpstream
 from relayline.adapters.stores.health import RedisHealth
 
 HI = [{"role": "user", "content": "hi"}]

@@ -21,7 +21,7 @@ from relayline.adapters import (
     TurnError,
     parse_config,
 )
-from relayline.adapters.sim.provider import SimUpstream
+from relayline.adapters.providers.sim import SimUpstream
 
 TWO = """
 active = "sim.a"

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from relayline.adapters import Relay
-from relayline.adapters.sim.provider import SimUpstream
+from relayline.adapters.providers.sim import SimUpstream
 from relayline.adapters.stores.ledger import LedgerStore, LedgerUnavailable, open_ledger
 from relayline.adapters.stores.postgres import MIGRATIONS, PostgresLedger
 from relayline.machines.config import Ledger

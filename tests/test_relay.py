@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from relayline.adapters import Relay
-from relayline.adapters.sim.provider import SimUpstream
+from relayline.adapters.providers.sim import SimUpstream
 from relayline.machines import wire
 from relayline.machines.errors import RelaylineError, StreamInterruptedAfterOutput, TurnError
 
@@ -197,7 +197,8 @@ def test_clients_come_from_the_family_registry():
     from relayline.machines.families import FAMILIES
 
     code = ("import sys, relayline.adapters.relay, relayline.adapters.gateway.app; "
-            "print(sorted(m for m in sys.modules if m.startswith('relayline.adapters.sim')))")
+            "print(sorted(m for m in sys.modules if m.startswith('relayline.adapters.sim')"
+            " or m == 'relayline.adapters.providers.sim'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     relay = Relay.from_toml('active = "a"\n[providers.a]\nfamily = "sim"\nmodel = "m"\n', env={})

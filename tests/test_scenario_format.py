@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from relayline.adapters.cli import main
-from relayline.adapters.sim.provider import FRAME_KEYS, REPLY_KEYS
+from relayline.adapters.providers.sim import FRAME_KEYS, REPLY_KEYS
 from relayline.adapters.sim.simulate import ScenarioError, check_scenario, load_scenario
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "scenario-files.md"

@@ -15,8 +15,8 @@ from helpers import asgi_post
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway, serve
 from relayline.adapters.gateway.stream_wire import GateTimer
+from relayline.adapters.providers.sim import SimUpstream
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
-from relayline.adapters.sim.provider import SimUpstream
 from relayline.machines.config import structure_config
 
 CONFIG = """

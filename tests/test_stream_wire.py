@@ -13,7 +13,7 @@ import trio
 from helpers import asgi_post
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway
-from relayline.adapters.sim.provider import SimUpstream
+from relayline.adapters.providers.sim import SimUpstream
 
 CONFIG = """
 active = "sim.a"

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relayline.adapters import Relay
-from relayline.adapters.sim.provider import SimUpstream
+from relayline.adapters.providers.sim import SimUpstream
 from relayline.machines.config import structure_config
 from relayline.machines.engine import Lifecycle
 from relayline.machines.turn import Turn

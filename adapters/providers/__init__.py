@@ -1,5 +1,7 @@
-"""The HTTP provider families. Each factory is named by machines/families.py and called with the
-relay's per-profile connection pools (providers/pool.py), which every adapter shares."""
+"""The provider families. Each factory is named by machines/families.py and called with the
+relay's per-profile connection pools (providers/pool.py), which every adapter shares. The HTTP
+families' factories are here; the scripted `sim` family's is in sim.py, which nothing but the
+sim tooling imports by name."""
 
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ import trio
 
 from relayline.machines.families import FAMILIES, WIRES
 
+from ..providers.sim import aggregate_frames, default_usage, finish_of, reply_frames, scripts_of
 from .loopback import LoopbackServer, Reply, Seen
-from .provider import aggregate_frames, default_usage, finish_of, reply_frames, scripts_of
 
 SSE = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
 # a scripted finish reason (OpenAI's words) as Anthropic's stop_reason

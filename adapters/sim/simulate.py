@@ -25,8 +25,8 @@ from relayline.machines.wire import finish_reason
 
 from ..codecs.common import TO_OPENAI
 from ..driver import TurnRun
+from ..providers.sim import SimUpstream, scripts_of
 from ..relay import Relay
-from .provider import SimUpstream, scripts_of
 from .server import SimHTTPServer, wire_to
 
 REQUEST_KEYS = {"at", "model", "stream", "tools", "text", "cancel_after", "cancel_at", "operator_model",

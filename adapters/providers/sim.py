@@ -29,10 +29,10 @@ from relayline.machines.stream import (
 )
 from relayline.machines.turn import Completion
 
-from ..providers.base import DONE, CallRequest, ProviderClient, ProviderFailure
+from .base import DONE, CallRequest, ProviderClient, ProviderFailure
 
 if TYPE_CHECKING:
-    from ..providers.pool import Pools
+    from .pool import Pools
 
 DEFAULT_REPLY: Mapping = {"text": "ok"}
 FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")  # a reply's `finish`, OpenAI's words
