@@ -366,3 +366,20 @@ def test_a_model_nothing_offers_is_a_404_on_every_new_surface(gw, upstream, path
     error = reply.json()["error"]
     assert "no-such-model" in error["message"]
     assert error["type"] == ("not_found_error" if anthropic_shape else "invalid_request_error")
+
+
+def test_a_stream_whose_head_the_gate_sent_before_any_answer_is_answered_whole():
+    """The gate timer sends a Responses stream's head while the provider has not answered yet, so
+    `response.created` names no model; the model that then serves is told to the stream with
+    its first frame, and the answer reaches the SDK whole, naming it."""
+    pieces = openai_reply(Answer(text="late but whole"), "gpt-slow", True)
+    with BackgroundLoopback(lambda seen: Reply(headers=SSE, delay=0.6, pieces=pieces)) as up:
+        config = {"active": "openai.slow", "timeouts": {"gate_commit_s": 0.1},
+                  "providers": {"openai.slow": {"family": "openai", "base_url": f"{up.url}/v1", "api_key": "sk-a",
+                                                "model": "gpt-slow"}}}
+        with BackgroundGateway(config) as gw:
+            response, events = respond(gw, True, model="gpt-slow", input="hi")
+    assert events[0].type == "response.created" and events[0].response.model == ""
+    assert response.output_text == "late but whole" and response.status == "completed"
+    assert response.model == "gpt-slow"
+    assert [e.sequence_number for e in events] == list(range(len(events)))

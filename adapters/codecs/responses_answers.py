@@ -202,6 +202,11 @@ class ResponsesStream:
 
     # -- items
 
+    def serving(self, model: str) -> None:
+        """The model that serves, known only after the opening went out (headers the gate timer
+        sent): the response objects from here on name it."""
+        self.model = model
+
     def _index(self) -> int:
         return len(self.output)
 
