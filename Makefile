@@ -100,8 +100,7 @@ TYPEVIEW := $(VENV)/typecheck
 typecheck: install
 	mkdir -p $(TYPEVIEW)/relayline
 	for p in adapters machines specs; do ln -sfn $(CURDIR)/$$p $(TYPEVIEW)/relayline/$$p; done
-	MYPYPATH=$(TYPEVIEW):examples $(BIN)/mypy -m relayline.adapters -m relayline.adapters.relay \
-		-m relayline.adapters.hosts -m fastapi_app -m sync_script
+	MYPYPATH=$(TYPEVIEW):examples $(BIN)/mypy -p relayline.adapters -m fastapi_app -m sync_script
 	$(BIN)/mypy  # machines/, strict ([tool.mypy] in pyproject.toml)
 
 clean:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
+from typing import Any
 from urllib.parse import parse_qs
 
 from relayline.machines import wire
@@ -36,7 +38,7 @@ def _page_limit(raw: str) -> int:
     return min(max(int(raw), 1), 1000) if raw.isdigit() else 20
 
 
-def anthropic_usage(usage: Usage) -> dict:
+def anthropic_usage(usage: Usage) -> dict[str, Any]:
     return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
             "cache_read_input_tokens": usage.cache_read_tokens,
             "cache_creation_input_tokens": usage.cache_write_tokens}
@@ -59,7 +61,7 @@ class AnthropicDialect:
     def bad_request(self, error: wire.WireError) -> tuple[int, bytes]:
         return 400, self.error_body(str(error), "invalid_request_error")
 
-    def parse(self, body, headers=(), query: str = "") -> wire.Request:
+    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> wire.Request:
         return anthropic_messages.parse_request(body, headers, query)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
@@ -70,8 +72,10 @@ class AnthropicDialect:
         status, _, _, type_ = ERRORS.get(result.error or "", UNKNOWN_ERROR)
         return status, self.error_body(result.message or "failed", type_)
 
-    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any], request: wire.Request | None = None) -> dict[str, Any]:
+        assert result.served is not None  # an accepted answer always has a server
         tools = answer_tools(result, ToolIds("toolu_"))
+        content: list[dict[str, Any]]
         if result.blocks:  # an Anthropic provider's content as it sent it
             content = [dict(block) for block in result.blocks]
         else:
@@ -88,7 +92,7 @@ class AnthropicDialect:
         return AnthropicStream(turn_id)
 
     @staticmethod
-    def model_list(ids: list[str], query: str = "") -> dict:
+    def model_list(ids: list[str], query: str = "") -> dict[str, Any]:
         """GET /v1/models as Anthropic lists models: a page (`limit`, `after_id`, `before_id`)
         with `has_more`, `first_id` and `last_id`. A name's release date is not known here: its
         `created_at` is the epoch, as Anthropic's API does for an unknown date."""
@@ -130,7 +134,7 @@ class AnthropicStream:
     def opening(self, model: str, usage: Usage | None = None) -> bytes:
         # the input tokens are known here when the upstream said them before its first token
         # (Anthropic's message_start); message_delta carries the final counts either way
-        message = {"id": self.turn_id, "type": "message", "role": "assistant", "content": [], "model": model,
+        message: dict[str, Any] = {"id": self.turn_id, "type": "message", "role": "assistant", "content": [], "model": model,
                    "stop_reason": None, "stop_sequence": None, "usage": anthropic_usage(usage or Usage())}
         return sse_event({"type": "message_start", "message": message}, "message_start")
 
@@ -140,7 +144,7 @@ class AnthropicStream:
         self.block = None
         return sse_event({"type": "content_block_stop", "index": self.index}, "content_block_stop")
 
-    def _open(self, kind: str, block: dict) -> bytes:
+    def _open(self, kind: str, block: dict[str, Any]) -> bytes:
         out = self._close()
         self.index += 1
         self.block = kind
@@ -174,20 +178,20 @@ class AnthropicStream:
             # a piece of a call opened before the last one names its place: to its own block (the
             # SDKs gather by index); any other, to the open tool block
             place = int(event.ref) if event.ref.isdigit() else -1
-            index = self.tool_blocks[place] if 0 <= place < len(self.tool_blocks) else (
+            target = self.tool_blocks[place] if 0 <= place < len(self.tool_blocks) else (
                 self.index if self.block == "tool" else None)
-            if index is not None:
-                return sse_event({"type": "content_block_delta", "index": index,
+            if target is not None:
+                return sse_event({"type": "content_block_delta", "index": target,
                              "delta": {"type": "input_json_delta", "partial_json": event.value}}, "content_block_delta")
         return b""
 
-    def ok(self, result: TurnResult, relayline: dict) -> bytes:
+    def ok(self, result: TurnResult, relayline: dict[str, Any]) -> bytes:
         delta = {"type": "message_delta",
                  "delta": {"stop_reason": TO_ANTHROPIC[answer_finish(result, len(self.tool_blocks))],
                            "stop_sequence": result.stop_sequence},
                  "usage": anthropic_usage(answer_usage(result)), "relayline": relayline}
         return self._close() + sse_event(delta, "message_delta") + sse_event({"type": "message_stop"}, "message_stop")
 
-    def failed(self, result: TurnResult, relayline: dict) -> bytes:
+    def failed(self, result: TurnResult, relayline: dict[str, Any]) -> bytes:
         _, _, _, type_ = ERRORS.get(result.error or "", UNKNOWN_ERROR)
         return sse_event({"type": "error", "error": {"type": type_, "message": result.message or "failed"}}, "error")

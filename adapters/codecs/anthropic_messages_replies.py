@@ -11,6 +11,7 @@ message_delta.stop_reason but before message_stop is truncation.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from relayline.machines import classify as fc
 from relayline.machines import wire as w
@@ -36,7 +37,7 @@ from . import count_tokens, shape
 from .common import ANTHROPIC_STOP, ProviderFailure, json_frame
 
 
-def _usage(raw, param: str = "usage", base: Usage | None = None) -> Usage:
+def _usage(raw: object, param: str = "usage", base: Usage | None = None) -> Usage:
     raw = shape.want_dict(raw, param)
     base = base or Usage()
 
@@ -49,12 +50,12 @@ def _usage(raw, param: str = "usage", base: Usage | None = None) -> Usage:
                  count("cache_creation_input_tokens", base.cache_write_tokens))
 
 
-def _raise_error(error) -> None:
+def _raise_error(error: object) -> None:
     error = error if isinstance(error, dict) else {}
     raise ProviderFailure(fc.classify_stream_error(f"{error.get('type', '')} {error.get('message', '')}".strip()))
 
 
-def _stop(raw, param: str) -> str | None:
+def _stop(raw: object, param: str) -> str | None:
     if raw is None:
         return None
     return ANTHROPIC_STOP.get(shape.want_str(raw, param), w.STOP)
@@ -64,7 +65,7 @@ def _executed(block_type: str) -> bool:
     return block_type == "server_tool_use" or block_type.endswith("_tool_result")
 
 
-def parse_completion(body: dict) -> Completion:
+def parse_completion(body: dict[str, Any]) -> Completion:
     if body.get("type") == "error" or body.get("error"):
         _raise_error(body.get("error"))
     text, reasoning, tools, arguments, ids = [], [], [], [], []
@@ -97,7 +98,7 @@ class AnthropicStreamParser:
         self.done = False
         self.stopped = False
         self.usage = Usage()
-        self.blocks: dict[int, str] = {}
+        self.blocks: dict[object, str] = {}  # (each block's type by its index, as sent)
 
     def complete_at_eof(self) -> bool:
         return False  # message_stop is required, even after a stop_reason
@@ -116,7 +117,7 @@ class AnthropicStreamParser:
         except w.WireError as exc:
             raise ProviderFailure(fc.malformed(f"stream event {exc}")) from None
 
-    def _frames(self, obj: dict, kind) -> list[Frame]:
+    def _frames(self, obj: dict[str, Any], kind: object) -> list[Frame]:
         if kind == "content_block_delta":
             delta = shape.want_dict(obj.get("delta"), "delta")
             dtype = delta.get("type")
@@ -170,7 +171,7 @@ class AnthropicStreamParser:
         return []  # content_block_stop, unknown future events
 
 
-def parse_reply(body: dict) -> Completion:
+def parse_reply(body: dict[str, Any]) -> Completion:
     """A whole reply of an `anthropic` profile: a message, or a count when it was asked to count."""
     if count_tokens.is_count(body):
         return count_tokens.parse_reply(body)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from relayline.machines import classify as fc
 from relayline.machines import wire as w
 from relayline.machines.classify import Failure
 from relayline.machines.ledger import Usage
+from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
 from .. import jsoncodec
@@ -54,7 +55,7 @@ def openai_reply_usage(raw: Any, param: str = "usage", counts: tuple[str, str] =
                  0, reasoning)
 
 
-def json_frame(event: SSEEvent, shaped: Any) -> dict:
+def json_frame(event: SSEEvent, shaped: Any) -> dict[str, Any]:
     """A data line's JSON object; `shaped` is `jsoncodec.loads_shape(event.data)`, already read."""
     try:
         obj = jsoncodec.loads_after_shape(event.data, shaped)
@@ -127,11 +128,28 @@ def answer_tools(result: TurnResult, ids: ToolIds) -> list[tuple[str, str, str]]
 # -- what the chat answers share ----------------------------------------------------------------
 
 
+class StreamRenderer(Protocol):
+    """One streamed answer in a client dialect's events. The gateway decides what is sent and
+    when; the renderer writes each piece: the opening (with the model known then, often none
+    yet), the model that serves once it is known, each event, and the close of an answer or of a
+    failure after the answer began."""
+
+    def opening(self, model: str, usage: Usage | None = None) -> bytes: ...
+
+    def serving(self, model: str) -> None: ...
+
+    def event(self, event: Event) -> bytes: ...
+
+    def ok(self, result: TurnResult, relayline: dict[str, Any]) -> bytes: ...
+
+    def failed(self, result: TurnResult, relayline: dict[str, Any]) -> bytes: ...
+
+
 def answer_usage(result: TurnResult) -> Usage:
     return result.usage or Usage()
 
 
-def sse_event(obj: dict, event: str | None = None) -> bytes:
+def sse_event(obj: dict[str, Any], event: str | None = None) -> bytes:
     head = f"event: {event}\n".encode() if event else b""
     return head + b"data: " + jsoncodec.dumps(obj) + b"\n\n"
 

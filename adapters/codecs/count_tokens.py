@@ -6,6 +6,7 @@ bills nothing for it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from relayline.machines import wire as w
@@ -15,7 +16,7 @@ from . import shape
 from .common import client_headers
 
 
-def parse_request(body: Any, headers: Any = (), query: str = "") -> w.Request:
+def parse_request(body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> w.Request:
     """A count_tokens body (a messages body without max_tokens) as a counting request; the
     shape is checked as far as routing needs it, the rest is the provider's to judge."""
     body = shape.want_dict(body, "")
@@ -25,18 +26,18 @@ def parse_request(body: Any, headers: Any = (), query: str = "") -> w.Request:
                      passthrough=w.Passthrough(body, client_headers(headers), query))
 
 
-def render_request(request: w.Request, model: str) -> dict:
+def render_request(request: w.Request, model: str) -> dict[str, Any]:
     assert request.passthrough is not None  # (a counting request always keeps its body)
     return {**request.passthrough.body, "model": model}
 
 
-def is_count(body: dict) -> bool:
+def is_count(body: dict[str, Any]) -> bool:
     return "input_tokens" in body and "type" not in body
 
 
-def parse_reply(body: dict) -> Completion:
+def parse_reply(body: dict[str, Any]) -> Completion:
     return Completion(input_count=shape.want_int(body.get("input_tokens"), "input_tokens"))
 
 
-def answer(result: TurnResult, relayline: dict) -> dict:
+def answer(result: TurnResult, relayline: dict[str, Any]) -> dict[str, Any]:
     return {"input_tokens": result.input_count, "relayline": relayline}

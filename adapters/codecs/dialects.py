@@ -7,6 +7,9 @@ commit, when to flush) is the same for all of them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from relayline.machines import wire
 from relayline.machines.turn import TurnResult
 
@@ -20,10 +23,10 @@ class EmbeddingsDialect(OpenAIDialect):
 
     name = "embeddings"
 
-    def parse(self, body, headers=(), query: str = "") -> wire.Request:
+    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> wire.Request:
         return embeddings.parse_request(body, headers, query)
 
-    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any], request: wire.Request | None = None) -> dict[str, Any]:
         return embeddings.answer(result, relayline)
 
 
@@ -33,7 +36,7 @@ class CountTokensDialect(AnthropicDialect):
 
     name = "count_tokens"
 
-    def parse(self, body, headers=(), query: str = "") -> wire.Request:
+    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> wire.Request:
         return count_tokens.parse_request(body, headers, query)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
@@ -42,7 +45,7 @@ class CountTokensDialect(AnthropicDialect):
                                         "chain has none", "not_found_error")
         return super().error(result)
 
-    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any], request: wire.Request | None = None) -> dict[str, Any]:
         return count_tokens.answer(result, relayline)
 
 
@@ -56,10 +59,10 @@ class ResponsesDialect(OpenAIDialect):
     def new_id() -> str:
         return responses_answers.new_id("resp")
 
-    def parse(self, body, headers=(), query: str = "") -> wire.Request:
+    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> wire.Request:
         return responses.parse_request(body, headers, query)
 
-    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any], request: wire.Request | None = None) -> dict[str, Any]:
         return responses_answers.response_object(turn_id, result, relayline, request)
 
     def stream_renderer(self, turn_id: str, request: wire.Request) -> responses_answers.ResponsesStream:

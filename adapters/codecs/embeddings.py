@@ -9,6 +9,7 @@ themselves are passed through as the provider sent them (floats, or base64 when 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from relayline.machines import wire as w
@@ -38,7 +39,7 @@ def _input(raw: Any) -> str | tuple[str, ...] | tuple[tuple[int, ...], ...]:
                        for k, t in enumerate(shape.want_list(i, shape.path("input", n)))) for n, i in enumerate(items))
 
 
-def parse_request(body: Any, headers: Any = (), query: str = "") -> w.Request:
+def parse_request(body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> w.Request:
     """An embeddings body as the canonical request; a body of the wrong shape raises WireError
     naming the field."""
     body = shape.want_dict(body, "")
@@ -51,7 +52,7 @@ def parse_request(body: Any, headers: Any = (), query: str = "") -> w.Request:
                      embedding=embedding, source=SOURCE)
 
 
-def render_request(request: w.Request, model: str) -> dict:
+def render_request(request: w.Request, model: str) -> dict[str, Any]:
     """The body for an openai profile's /embeddings."""
     embedding = request.embedding
     assert embedding is not None  # (only an embeddings turn is rendered here)
@@ -69,11 +70,11 @@ def render_request(request: w.Request, model: str) -> dict:
     return body
 
 
-def is_embeddings(body: dict) -> bool:
+def is_embeddings(body: dict[str, Any]) -> bool:
     return body.get("object") == "list" and isinstance(body.get("data"), list)
 
 
-def parse_reply(body: dict) -> Completion:
+def parse_reply(body: dict[str, Any]) -> Completion:
     """A provider's embeddings answer: its items as sent, and the input tokens it billed."""
     data = shape.want_list(body.get("data"), "data")
     for i, item in enumerate(data):
@@ -85,7 +86,7 @@ def parse_reply(body: dict) -> Completion:
     return Completion(usage=Usage(tokens, 0), vectors=tuple(data))
 
 
-def answer(result: TurnResult, relayline: dict) -> dict:
+def answer(result: TurnResult, relayline: dict[str, Any]) -> dict[str, Any]:
     usage = result.usage or Usage()
     return {"object": "list", "data": [dict(v) for v in result.vectors],
             "model": result.served.model if result.served else "",

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from relayline.machines import wire
 from relayline.machines.ledger import Usage
@@ -21,6 +23,7 @@ from .common import (
     SLOT,
     TO_OPENAI,
     UNKNOWN_ERROR,
+    StreamRenderer,
     ToolIds,
     answer_finish,
     answer_tools,
@@ -30,7 +33,7 @@ from .common import (
 )
 
 
-def openai_usage(usage: Usage) -> dict:
+def openai_usage(usage: Usage) -> dict[str, Any]:
     prompt = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
     return {"prompt_tokens": prompt, "completion_tokens": usage.output_tokens,
             "total_tokens": prompt + usage.output_tokens,
@@ -38,13 +41,13 @@ def openai_usage(usage: Usage) -> dict:
             "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}
 
 
-def signed_reasoning(blocks) -> dict:
+def signed_reasoning(blocks: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """What an OpenAI client needs beside `reasoning_content` to send an Anthropic answer's
     reasoning back as it was (Anthropic wants a tool turn's thinking back signed): the signature
     of its thinking, when that is one block (several: no one signature covers the words joined),
     and the data of its redacted thinking blocks."""
     thinking = [b for b in blocks if b.get("type") == "thinking"]
-    out: dict = {}
+    out: dict[str, Any] = {}
     if len(thinking) == 1 and isinstance(signature := thinking[0].get("signature"), str) and signature:
         out["reasoning_signature"] = signature
     redacted = [b["data"] for b in blocks if b.get("type") == "redacted_thinking" and isinstance(b.get("data"), str)]
@@ -71,7 +74,7 @@ class OpenAIDialect:
     def bad_request(self, error: wire.WireError) -> tuple[int, bytes]:
         return 400, self.error_body(str(error), "invalid_request_error", "invalid_body", error.param or None)
 
-    def parse(self, body, headers=(), query: str = "") -> wire.Request:
+    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> wire.Request:
         return openai_chat.parse_request(body, headers, query)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
@@ -81,9 +84,10 @@ class OpenAIDialect:
         status, type_, code, _ = ERRORS.get(result.error or "", UNKNOWN_ERROR)
         return status, self.error_body(result.message or "failed", type_, code)
 
-    def completion(self, turn_id: str, result: TurnResult, relayline: dict, request: wire.Request | None = None) -> dict:
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any], request: wire.Request | None = None) -> dict[str, Any]:
+        assert result.served is not None  # an accepted answer always has a server
         tools = answer_tools(result, ToolIds("call_")) if result.tool_calls else []
-        message: dict = {"role": "assistant", "content": result.text or (None if tools else "")}
+        message: dict[str, Any] = {"role": "assistant", "content": result.text or (None if tools else "")}
         if result.reasoning:
             message["reasoning_content"] = result.reasoning
         if result.blocks:  # an Anthropic provider's: its thinking's signature, its redacted thinking
@@ -101,11 +105,11 @@ class OpenAIDialect:
             "relayline": relayline,
         }
 
-    def stream_renderer(self, turn_id: str, request: wire.Request) -> OpenAIStream:
+    def stream_renderer(self, turn_id: str, request: wire.Request) -> StreamRenderer:
         return OpenAIStream(turn_id, request.include_usage)
 
     @staticmethod
-    def model_list(ids: list[str], query: str = "") -> dict:
+    def model_list(ids: list[str], query: str = "") -> dict[str, Any]:
         """GET /v1/models as OpenAI lists models: every name at once."""
         created = int(time.time())
         return {"object": "list", "data": [{"id": i, "object": "model", "created": created, "owned_by": "relayline"}
@@ -131,7 +135,7 @@ class OpenAIStream:
         # deltas into one it would send back) go as none
         self.signatures: list[str] = []
 
-    def _chunk(self, delta: dict | None, finish: str | None = None, **extra) -> bytes:
+    def _chunk(self, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> bytes:
         return sse_event({"id": self.turn_id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                      "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}], **extra})
 
@@ -174,14 +178,14 @@ class OpenAIStream:
             return self._chunk({"reasoning_redacted": [event.value]})
         return b""  # provider-executed tool work has no chunk shape here; it shows in the ledger
 
-    def ok(self, result: TurnResult, relayline: dict) -> bytes:
+    def ok(self, result: TurnResult, relayline: dict[str, Any]) -> bytes:
         if result.served is not None:
             self.model = result.served.model
         finish = TO_OPENAI[answer_finish(result, self.tools)]
         signed = self._chunk({"reasoning_signature": self.signatures[0]}) if len(self.signatures) == 1 else b""
         return signed + self._finish(finish, result, relayline)
 
-    def _finish(self, finish: str, result: TurnResult, relayline: dict) -> bytes:
+    def _finish(self, finish: str, result: TurnResult, relayline: dict[str, Any]) -> bytes:
         if not self.include_usage:
             # the relayline field rides on the last chunk: a usage-only chunk (choices: []) goes
             # only to clients that asked for it, as the OpenAI API does
@@ -189,7 +193,7 @@ class OpenAIStream:
         return (self._chunk({}, finish)
                 + self._chunk(None, usage=openai_usage(answer_usage(result)), relayline=relayline) + b"data: [DONE]\n\n")
 
-    def failed(self, result: TurnResult, relayline: dict) -> bytes:
+    def failed(self, result: TurnResult, relayline: dict[str, Any]) -> bytes:
         # after commit: an explicit error event and no [DONE], never a clean-looking end
         _, type_, code, _ = ERRORS.get(result.error or "", UNKNOWN_ERROR)
         return sse_event({"error": {"message": result.message or "failed", "type": type_, "code": code},

@@ -10,10 +10,11 @@ Responses API or embeddings answers in those shapes, read by their own codecs.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from relayline.machines import classify as fc
 from relayline.machines import wire as w
-from relayline.machines.ledger import Usage
+from relayline.machines.ledger import MAX_TOKENS, Usage
 from relayline.machines.stream import (
     FINISH,
     PREAMBLE,
@@ -33,14 +34,14 @@ from . import embeddings, responses_replies, shape
 from .common import OPENAI_FINISH, ProviderFailure, json_frame, openai_reply_usage
 
 
-def _reasoning(message: dict, param: str) -> str:
+def _reasoning(message: dict[str, Any], param: str) -> str:
     value = message.get("reasoning_content")
     if value is None:
         value = message.get("reasoning")
     return "" if value is None else shape.want_str(value, shape.path(param, "reasoning_content"))
 
 
-def _arguments(value, param: str) -> str:
+def _arguments(value: object, param: str) -> str:
     if value is None:
         return ""
     if isinstance(value, dict):  # some compatible servers send the object itself
@@ -48,19 +49,19 @@ def _arguments(value, param: str) -> str:
     return shape.want_str(value, param)
 
 
-def _finish(raw, param: str) -> str | None:
+def _finish(raw: object, param: str) -> str | None:
     if raw is None:
         return None
     return OPENAI_FINISH.get(shape.want_str(raw, param), w.STOP)
 
 
-def _raise_error(error) -> None:
+def _raise_error(error: object) -> None:
     text = error if isinstance(error, str) else " ".join(
         str(error.get(k, "")) for k in ("code", "type", "message")) if isinstance(error, dict) else "error"
     raise ProviderFailure(fc.classify_stream_error(text))
 
 
-def _text(content, param: str) -> str:
+def _text(content: object, param: str) -> str:
     if content is None:
         return ""
     if isinstance(content, list):  # a few compatible servers answer with text parts
@@ -69,7 +70,7 @@ def _text(content, param: str) -> str:
     return shape.want_str(content, param)
 
 
-def _plain_answer(body: dict) -> Completion | None:
+def _plain_answer(body: dict[str, Any]) -> Completion | None:
     """A plain answer (a first choice whose message is text alone, a finish reason or none, usage
     of two plain counts or none) read at once: nearly every non-streamed answer, where the general
     walk below checked each field through a helper and built the path of each for its errors
@@ -99,19 +100,19 @@ def _plain_answer(body: dict) -> Completion | None:
                 raw.get("completion_tokens_details") is not None:
             return None
         prompt, output = raw.get("prompt_tokens", 0), raw.get("completion_tokens", 0)
-        if type(prompt) is not int or type(output) is not int or not 0 <= prompt <= shape.MAX_TOKENS or \
-                not 0 <= output <= shape.MAX_TOKENS:
+        if type(prompt) is not int or type(output) is not int or not 0 <= prompt <= MAX_TOKENS or \
+                not 0 <= output <= MAX_TOKENS:
             return None  # (a null count, or one out of range: the walk reads or refuses it)
         usage = Usage(prompt, output)
     return Completion(text, "", (), usage, (), (), None if finish is None else OPENAI_FINISH.get(finish, w.STOP))
 
 
-def parse_completion(body: dict) -> Completion:
+def parse_completion(body: dict[str, Any]) -> Completion:
     plain = _plain_answer(body)
     return plain if plain is not None else _walk_completion(body)
 
 
-def _walk_completion(body: dict) -> Completion:
+def _walk_completion(body: dict[str, Any]) -> Completion:
     if body.get("error"):
         _raise_error(body["error"])
     choices = shape.want_list(body.get("choices"), "choices")
@@ -141,7 +142,7 @@ def _walk_completion(body: dict) -> Completion:
                       annotations=tuple(shape.optional(message, "annotations", shape.want_list, "choices[0].message") or ()))
 
 
-def _only_text(obj: dict) -> str | None:
+def _only_text(obj: dict[str, Any]) -> str | None:
     """The text of a chunk that carries nothing else (one choice, a delta of only `content`, no
     finish, usage or error): nearly every chunk of a stream, read here without the general walk.
     None sends the chunk through `_frames`, which reads it exactly the same way when it fits."""
@@ -194,7 +195,7 @@ class OpenAIStreamParser:
         self.done, self.finished = self.responses.done, self.responses.finished
         return frames
 
-    def _frames(self, obj: dict) -> list[Frame]:
+    def _frames(self, obj: dict[str, Any]) -> list[Frame]:
         if obj.get("error"):
             _raise_error(obj["error"])
         frames: list[Frame] = []
@@ -244,7 +245,7 @@ class OpenAIStreamParser:
         return frames
 
 
-def parse_reply(body: dict) -> Completion:
+def parse_reply(body: dict[str, Any]) -> Completion:
     """A whole reply of an `openai` profile: a chat completion, or a Responses API or embeddings
     reply when the profile was asked in those APIs."""
     if responses_replies.is_response(body):

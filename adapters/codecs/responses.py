@@ -13,6 +13,7 @@ forces one makes the entry `unsupported` instead. Hints that carry no content
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from relayline.machines import wire as w
@@ -63,7 +64,7 @@ class _Reader:
         else:
             self.add(w.Message(w.ASSISTANT, (), (call,)))
 
-    def add_reasoning(self, raw: dict, param: str) -> None:
+    def add_reasoning(self, raw: dict[str, Any], param: str) -> None:
         """A reasoning item sent back: its summary, signed, when relayline's token carries the
         signature its provider gave; anything else is left out, as reasoning from history is."""
         token = raw.get("encrypted_content")
@@ -73,11 +74,11 @@ class _Reader:
             self.thinking.append(w.Part(w.THINKING, text, signature=token[len(TOKEN):]))
 
 
-def _text_part(raw: dict, param: str, field: str = "text") -> w.Part:
+def _text_part(raw: dict[str, Any], param: str, field: str = "text") -> w.Part:
     return w.Part(w.TEXT, shape.want_str(raw.get(field), shape.path(param, field)))
 
 
-def _image_part(raw: dict, param: str, reader: _Reader) -> w.Part:
+def _image_part(raw: dict[str, Any], param: str, reader: _Reader) -> w.Part:
     if raw.get("file_id") is not None:
         reader.own("image.source.file_id")  # (content: an image only OpenAI's file store holds)
         return w.Part(w.IMAGE)
@@ -91,7 +92,7 @@ def _image_part(raw: dict, param: str, reader: _Reader) -> w.Part:
     return w.Part(w.IMAGE, url=url, extra=extra)
 
 
-def _file_part(raw: dict, param: str, reader: _Reader) -> w.Part:
+def _file_part(raw: dict[str, Any], param: str, reader: _Reader) -> w.Part:
     if raw.get("file_data") is not None:
         data = data_url(shape.want_str(raw["file_data"], shape.path(param, "file_data")))
         if data is None:
@@ -103,7 +104,7 @@ def _file_part(raw: dict, param: str, reader: _Reader) -> w.Part:
     return w.Part(w.DOCUMENT)
 
 
-def _part(raw, param: str, reader: _Reader) -> w.Part | None:
+def _part(raw: object, param: str, reader: _Reader) -> w.Part | None:
     raw = shape.want_dict(raw, param)
     kind = shape.want_str(raw.get("type"), shape.path(param, "type"))
     if kind in ("input_text", "output_text", "text"):
@@ -118,7 +119,7 @@ def _part(raw, param: str, reader: _Reader) -> w.Part | None:
     return None
 
 
-def _content(raw, param: str, reader: _Reader) -> tuple[w.Part, ...]:
+def _content(raw: object, param: str, reader: _Reader) -> tuple[w.Part, ...]:
     if isinstance(raw, str):
         return (w.Part(w.TEXT, raw),) if raw else ()
     parts = (_part(p, shape.path(param, i), reader) for i, p in enumerate(shape.want_list(raw, param)))
@@ -128,7 +129,7 @@ def _content(raw, param: str, reader: _Reader) -> tuple[w.Part, ...]:
 _ROLES = {"system": w.SYSTEM, "developer": w.SYSTEM, "user": w.USER, "assistant": w.ASSISTANT}
 
 
-def _message_item(raw: dict, param: str, reader: _Reader) -> None:
+def _message_item(raw: dict[str, Any], param: str, reader: _Reader) -> None:
     role = shape.want_str(raw.get("role"), shape.path(param, "role"))
     if role not in _ROLES:
         raise w.WireError(shape.path(param, "role"), "must be one of system, developer, user, assistant")
@@ -141,21 +142,21 @@ def _message_item(raw: dict, param: str, reader: _Reader) -> None:
     reader.add(w.Message(_ROLES[role], content))
 
 
-def _call_item(raw: dict, param: str, reader: _Reader) -> None:
+def _call_item(raw: dict[str, Any], param: str, reader: _Reader) -> None:
     arguments = raw.get("arguments")
     reader.add_call(w.ToolCall(shape.want_str(raw.get("call_id"), shape.path(param, "call_id")),
                                shape.want_str(raw.get("name"), shape.path(param, "name")),
                                "{}" if arguments is None else shape.want_str(arguments, shape.path(param, "arguments"))))
 
 
-def _output_item(raw: dict, param: str, reader: _Reader) -> None:
+def _output_item(raw: dict[str, Any], param: str, reader: _Reader) -> None:
     call_id = shape.want_str(raw.get("call_id"), shape.path(param, "call_id"))
     output = raw.get("output")
     content = _content("" if output is None else output, shape.path(param, "output"), reader)
     reader.add(w.Message(w.TOOL, content, tool_call_id=call_id))
 
 
-def _input(body: dict, reader: _Reader) -> None:
+def _input(body: dict[str, Any], reader: _Reader) -> None:
     raw = body.get("input")
     if isinstance(raw, str):
         reader.add(w.Message(w.USER, (w.Part(w.TEXT, raw),)))
@@ -180,7 +181,7 @@ def _input(body: dict, reader: _Reader) -> None:
         raise w.WireError("input", "must not be empty")
 
 
-def _function(raw: dict, param: str) -> w.Tool:
+def _function(raw: dict[str, Any], param: str) -> w.Tool:
     parameters = shape.optional(raw, "parameters", shape.want_dict, param)
     return w.Tool(shape.want_str(raw.get("name"), shape.path(param, "name")),
                   shape.optional(raw, "description", shape.want_str, param) or "",
@@ -188,7 +189,7 @@ def _function(raw: dict, param: str) -> w.Tool:
                   strict=bool(shape.optional(raw, "strict", shape.want_bool, param)))
 
 
-def _tools(body: dict, reader: _Reader) -> tuple[w.Tool, ...]:
+def _tools(body: dict[str, Any], reader: _Reader) -> tuple[w.Tool, ...]:
     tools: list[w.Tool] = []
     for index, raw in enumerate(shape.optional(body, "tools", shape.want_list) or ()):
         param = shape.path("tools", index)
@@ -213,7 +214,7 @@ def _tools(body: dict, reader: _Reader) -> tuple[w.Tool, ...]:
     return tuple(tools)
 
 
-def _tool_choice(raw, reader: _Reader) -> w.ToolChoice | None:
+def _tool_choice(raw: object, reader: _Reader) -> w.ToolChoice | None:
     if raw is None:
         return None
     if isinstance(raw, str):
@@ -228,7 +229,7 @@ def _tool_choice(raw, reader: _Reader) -> w.ToolChoice | None:
     return None
 
 
-def _text_format(body: dict) -> w.ResponseFormat | None:
+def _text_format(body: dict[str, Any]) -> w.ResponseFormat | None:
     text = shape.optional(body, "text", shape.want_dict) or {}
     raw = shape.optional(text, "format", shape.want_dict, "text")
     if raw is None:
@@ -247,13 +248,13 @@ def _text_format(body: dict) -> w.ResponseFormat | None:
     return w.ResponseFormat("json_schema", spec)
 
 
-def _reasoning(body: dict) -> w.Reasoning | None:
+def _reasoning(body: dict[str, Any]) -> w.Reasoning | None:
     raw = shape.optional(body, "reasoning", shape.want_dict) or {}
     effort = shape.optional(raw, "effort", shape.want_str, "reasoning")
     return None if effort in (None, "none") else w.Reasoning(effort=effort)
 
 
-def _own_fields(body: dict, reader: _Reader) -> None:
+def _own_fields(body: dict[str, Any], reader: _Reader) -> None:
     for name in (*STORED, *UNTRANSLATED):
         if name in shape.extras({name: body.get(name)}, ()):
             reader.own(name, body[name])
@@ -261,7 +262,8 @@ def _own_fields(body: dict, reader: _Reader) -> None:
         reader.own("truncation", body["truncation"])
 
 
-def parse_request(body, headers=(), query: str = "", *, passthrough: bool = True) -> w.Request:
+def parse_request(body: object, headers: Iterable[tuple[str, str]] = (), query: str = "", *,
+                  passthrough: bool = True) -> w.Request:
     """A Responses body (and its request headers) as the canonical request; a body of the wrong
     shape raises WireError naming the field."""
     body = shape.want_dict(body, "")
@@ -295,7 +297,7 @@ def parse_request(body, headers=(), query: str = "", *, passthrough: bool = True
     )
 
 
-def render_request(sent: w.Passthrough, model: str, stream: bool) -> dict:
+def render_request(sent: w.Passthrough, model: str, stream: bool) -> dict[str, Any]:
     """The body for an openai profile that serves the Responses API itself: the client's own
     (`sent`), as sent, with the entry's model and `stream`."""
     return {**sent.body, "model": model, "stream": stream}

@@ -23,7 +23,7 @@ from .responses_replies import CITATIONS, ENCRYPTED, ITEM
 INCOMPLETE = {w.LENGTH: "max_output_tokens", w.CONTENT_FILTER: "content_filter"}
 
 
-def usage(usage: Usage | None) -> dict:
+def usage(usage: Usage | None) -> dict[str, Any]:
     usage = usage or Usage()
     prompt = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
     return {"input_tokens": prompt,
@@ -51,19 +51,19 @@ def namespaces(request: w.Request | None) -> dict[str, str]:
     return out
 
 
-def _call_item_out(item_id: str, call_id: str, name: str, arguments: str, space: str | None, status: str) -> dict:
+def _call_item_out(item_id: str, call_id: str, name: str, arguments: str, space: str | None, status: str) -> dict[str, Any]:
     item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
             "arguments": arguments}
     return item | ({"namespace": space} if space else {})
 
 
-def _message_out(item_id: str, text: str, status: str, annotations: list | None = None) -> dict:
+def _message_out(item_id: str, text: str, status: str, annotations: list[Any] | None = None) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
             "content": [{"type": "output_text", "text": text, "annotations": annotations or [], "logprobs": []}]
             if text or status == "in_progress" else []}
 
 
-def _reasoning_out(item_id: str, text: str, signature: str = "") -> dict:
+def _reasoning_out(item_id: str, text: str, signature: str = "") -> dict[str, Any]:
     # the signature an Anthropic provider gave its thinking travels as relayline's opaque token;
     # a Responses provider's own encrypted content, as it sent it
     token = signature[len(ENCRYPTED):] if signature.startswith(ENCRYPTED) else TOKEN + signature if signature else None
@@ -72,11 +72,11 @@ def _reasoning_out(item_id: str, text: str, signature: str = "") -> dict:
 
 
 def _envelope(response_id: str, created: int, model: str, request: w.Request | None, status: str,
-              kept: bool = False) -> dict:
+              kept: bool = False) -> dict[str, Any]:
     """The response object's fields that echo the request, as OpenAI's does. `kept`: a provider
     that keeps answers served it, so `store` and `previous_response_id` are what it honoured."""
     body = request.passthrough.body if request is not None and request.passthrough is not None else {}
-    text = body.get("text") if isinstance(body.get("text"), dict) else {}
+    text: dict[str, Any] = body["text"] if isinstance(body.get("text"), dict) else {}
     return {"id": response_id, "object": "response", "created_at": created, "status": status, "error": None,
             "incomplete_details": None, "instructions": body.get("instructions"), "max_output_tokens":
             body.get("max_output_tokens"), "model": model, "output": [], "parallel_tool_calls":
@@ -90,7 +90,7 @@ def _envelope(response_id: str, created: int, model: str, request: w.Request | N
             "metadata": body.get("metadata") or {}}
 
 
-def _finished(envelope: dict, result: TurnResult, tools: int) -> dict:
+def _finished(envelope: dict[str, Any], result: TurnResult, tools: int) -> dict[str, Any]:
     reason = INCOMPLETE.get(w.finish_reason(result.finish_reason, tools))
     envelope["status"] = "incomplete" if reason else "completed"
     envelope["incomplete_details"] = {"reason": reason} if reason else None
@@ -98,14 +98,14 @@ def _finished(envelope: dict, result: TurnResult, tools: int) -> dict:
     return envelope
 
 
-def response_object(turn_id: str, result: TurnResult, relayline: dict | None, request: w.Request | None = None) -> dict:
+def response_object(turn_id: str, result: TurnResult, relayline: dict[str, Any] | None, request: w.Request | None = None) -> dict[str, Any]:
     """A whole answer as the Responses API's `response` object (with the gateway's `relayline`
     field when given)."""
     tools = _tools_of(result)
     status = "incomplete" if INCOMPLETE.get(w.finish_reason(result.finish_reason, len(tools))) else "completed"
-    output: list[dict] = []
+    output: list[dict[str, Any]] = []
     if result.reasoning:
-        signed = [b.get("signature") for b in result.blocks if b.get("type") == w.THINKING]
+        signed = [b.get("signature") or "" for b in result.blocks if b.get("type") == w.THINKING]
         output.append(_reasoning_out(new_id("rs"), result.reasoning, signed[0] if len(signed) == 1 else ""))
     if result.text or not result.tool_calls:
         output.append(_message_out(new_id("msg"), result.text or "", status))
@@ -137,8 +137,9 @@ _SEQ = "\x00relayline-sequence\x00"
 _SEQ_JSON = jsoncodec.dumps(_SEQ)
 
 
-def _sse(obj: dict) -> bytes:
-    return b"event: " + obj["type"].encode() + b"\ndata: " + jsoncodec.dumps(obj) + b"\n\n"
+def _sse(obj: dict[str, Any]) -> bytes:
+    kind: str = obj["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + jsoncodec.dumps(obj) + b"\n\n"
 
 
 class ResponsesStream:
@@ -155,8 +156,8 @@ class ResponsesStream:
         self.created = int(time.time())
         self.model = ""
         self.sequence = 0
-        self.output: list[dict] = []  # the items done so far, for the final response object
-        self.item: dict | None = None  # the open item
+        self.output: list[dict[str, Any]] = []  # the items done so far, for the final response object
+        self.item: dict[str, Any] | None = None  # the open item
         self.text: list[str] = []  # the open item's text or arguments so far
         self.ids = ToolIds("call_")
         self.spaces = namespaces(request)
@@ -164,7 +165,7 @@ class ResponsesStream:
         self.signature = ""
         self.slotted: tuple[str, bytes, bytes, bytes] = ("", b"", b"", b"")  # the open message's delta, cut
         self.kept = False  # a provider that keeps answers named this one before the opening
-        self.cited: list = []  # the open message's citations, as its provider gave them
+        self.cited: list[Any] = []  # the open message's citations, as its provider gave them
 
     def _text_delta(self, delta: str) -> bytes:
         """A text delta event: nearly every frame of a stream. Its bytes are cut once per item
@@ -190,7 +191,7 @@ class ResponsesStream:
         self.sequence += 1
         return out
 
-    def _envelope(self, status: str) -> dict:
+    def _envelope(self, status: str) -> dict[str, Any]:
         envelope = _envelope(self.response_id, self.created, self.model, self.request, status, self.kept)
         envelope["output"] = list(self.output)
         return envelope
@@ -210,7 +211,7 @@ class ResponsesStream:
     def _index(self) -> int:
         return len(self.output)
 
-    def _open(self, item: dict) -> bytes:
+    def _open(self, item: dict[str, Any]) -> bytes:
         out = self._close()
         self.item, self.text = item, []
         out += self._event("response.output_item.added", output_index=self._index(), item=item)
@@ -253,7 +254,7 @@ class ResponsesStream:
         self.output.append(done)
         return out + self._event("response.output_item.done", output_index=index, item=done)
 
-    def _whole_item(self, item: dict) -> bytes:
+    def _whole_item(self, item: dict[str, Any]) -> bytes:
         """A built-in tool's call, as the provider sent it once done: added and done at once."""
         out = self._close()
         out += self._event("response.output_item.added", output_index=self._index(), item=item)
@@ -282,6 +283,7 @@ class ResponsesStream:
                 return b""
             out = b"" if self.item is not None and self.item["type"] == "reasoning" else self._open(
                 {"id": new_id("rs"), "type": "reasoning", "summary": []})
+            assert self.item is not None  # (the reasoning item open, or just opened)
             self.text.append(event.value)
             return out + self._event("response.reasoning_summary_text.delta", item_id=self.item["id"],
                                      output_index=self._index(), summary_index=0, delta=event.value)
@@ -297,7 +299,7 @@ class ResponsesStream:
             return self._whole_item(jsoncodec.loads(event.ref[len(ITEM):]))
         return b""  # an Anthropic server tool's work has no item here; it shows in the ledger
 
-    def ok(self, result: TurnResult, relayline: dict) -> bytes:
+    def ok(self, result: TurnResult, relayline: dict[str, Any]) -> bytes:
         if result.served is not None:
             self.model = result.served.model
         reason = INCOMPLETE.get(w.finish_reason(result.finish_reason, self.calls))
@@ -306,7 +308,7 @@ class ResponsesStream:
         kind = "response.incomplete" if reason else "response.completed"
         return out + self._event(kind, response=envelope | {"relayline": relayline})
 
-    def failed(self, result: TurnResult, relayline: dict) -> bytes:
+    def failed(self, result: TurnResult, relayline: dict[str, Any]) -> bytes:
         # after commit: the answer so far stays as sent, and the response says it failed
         out = self._close("incomplete")
         _, _, code, _ = ERRORS.get(result.error or "", UNKNOWN_ERROR)

@@ -62,14 +62,14 @@ def _failure(error: Any) -> ProviderFailure:
     return ProviderFailure(fc.classify_stream_error(text))
 
 
-def _finish(response: dict, calls: int) -> str:
+def _finish(response: dict[str, Any], calls: int) -> str:
     details = response.get("incomplete_details")
     if response.get("status") == "incomplete" and isinstance(details, dict):
         return INCOMPLETE.get(str(details.get("reason")), w.LENGTH)
     return w.TOOL_CALLS if calls else w.STOP
 
 
-def parse_response(body: dict) -> Completion:
+def parse_response(body: dict[str, Any]) -> Completion:
     """A `response` object as the canonical answer, its output items kept as sent."""
     if body.get("error") or body.get("status") == "failed":
         raise _failure(body.get("error"))
@@ -98,7 +98,7 @@ def parse_response(body: dict) -> Completion:
                       response_id=shape.optional(body, "id", shape.want_str))
 
 
-def is_response(body: dict) -> bool:
+def is_response(body: dict[str, Any]) -> bool:
     return body.get("object") == "response"
 
 
@@ -126,7 +126,7 @@ class ResponsesStreamParser:
         except w.WireError as exc:
             raise ProviderFailure(fc.malformed(f"stream event {exc}")) from None
 
-    def _frames(self, obj: dict, kind: str) -> list[Frame]:
+    def _frames(self, obj: dict[str, Any], kind: str) -> list[Frame]:
         if kind in ("response.output_text.delta", "response.refusal.delta"):
             self.refused = self.refused or kind == "response.refusal.delta"
             return [Frame(TEXT, shape.want_str(obj.get("delta"), "delta"))]
@@ -148,11 +148,11 @@ class ResponsesStreamParser:
             return [Frame(USAGE, usage=_usage(response.get("usage"), "response.usage") or Usage()),
                     Frame(FINISH, finish)]
         if kind in ("response.failed", "error"):
-            response = obj.get("response")
-            raise _failure(response.get("error") if isinstance(response, dict) else obj)
+            failed = obj.get("response")
+            raise _failure(failed.get("error") if isinstance(failed, dict) else obj)
         return []
 
-    def _item(self, item: dict, added: bool) -> list[Frame]:
+    def _item(self, item: dict[str, Any], added: bool) -> list[Frame]:
         if added and item.get("type") == "function_call":
             self.calls[str(item.get("id"))] = len(self.calls)
             return [Frame(TOOL_CALL, shape.want_str(item.get("name"), "item.name"),
