@@ -33,8 +33,10 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import asynccontextmanager
+from types import ModuleType
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import trio
@@ -42,6 +44,7 @@ import trio
 from relayline.machines.config import Breaker as BreakerConfig
 from relayline.machines.config import Health as HealthConfig
 from relayline.machines.health import Breaker, InMemoryHealth
+from relayline.machines.vocab import BreakerState
 
 log = logging.getLogger("relayline.health")
 
@@ -175,9 +178,9 @@ class SharedBreaker(Breaker):
         self.store = store
         self.reserved = False
 
-    def refresh(self, now: float) -> str:
+    def refresh(self, now: float) -> BreakerState:
         if self.life.state == "open" and now >= self.open_until and not (self.reserved or self.store.local):
-            return "open"  # open_s passed, but another worker may hold the probe: the next sync says
+            return BreakerState.OPEN  # open_s passed, but another worker may hold the probe: the next sync says
         return super().refresh(now)
 
     def claim(self, now: float, *, force: bool = False) -> bool:
@@ -206,6 +209,13 @@ class SharedBreaker(Breaker):
         super().release()
 
 
+class _Script(Protocol):
+    """A Lua script registered on the connection, as the stores call it: no keys, string
+    arguments, the script's reply back."""
+
+    def __call__(self, *, keys: list[str], args: list[str]) -> Awaitable[Any]: ...
+
+
 class RedisHealth(InMemoryHealth):
     """The HealthStore of a fleet: the local mirror the walk reads, synced with Redis."""
 
@@ -223,8 +233,8 @@ class RedisHealth(InMemoryHealth):
         self._rounds_started = 0
         self._rounds_done = 0
         self._client = None  # a connected coredis client while `connected()` runs
-        self._script = None
-        self._scripts: dict[str, object] = {}  # other stores' scripts on this connection (`run_script`)
+        self._script: _Script | None = None  # this store's own round
+        self._scripts: dict[str, _Script] = {}  # other stores' scripts on this connection (`run_script`)
         self.local = True  # serving on local state (not connected, or the store is down)
         self._down_since: float | None = None
         self._retry_at = -math.inf
@@ -242,6 +252,11 @@ class RedisHealth(InMemoryHealth):
         except KeyError:
             b = self._breakers[profile] = SharedBreaker(self.breaker_config, profile, self)
             return b
+
+    def _shared(self, profile: str) -> SharedBreaker:
+        breaker = self.breaker(profile)
+        assert isinstance(breaker, SharedBreaker)  # (the one kind this store makes)
+        return breaker
 
     def set_cooldown(self, profile: str, until: float) -> None:
         super().set_cooldown(profile, until)
@@ -280,7 +295,7 @@ class RedisHealth(InMemoryHealth):
         return self._client is not None and not self.local
 
     @asynccontextmanager
-    async def connected(self):
+    async def connected(self) -> AsyncIterator[RedisHealth]:
         """Keep a Redis connection pool open for as long as the block runs (a gateway's life).
         Redis may be down when it starts: the mirror serves locally until it answers."""
         try:
@@ -296,7 +311,8 @@ class RedisHealth(InMemoryHealth):
             finally:
                 nursery.cancel_scope.cancel()
 
-    async def _connection(self, coredis, no_retry, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def _connection(self, coredis: ModuleType, no_retry: type,
+                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Reports started after the first attempt, connected or not: the first turns then
         already share the fleet's state when Redis is up, and never wait on it when it is down."""
         while True:
@@ -331,10 +347,10 @@ class RedisHealth(InMemoryHealth):
             log.warning("health_store_unreachable store=%s error=%s serving=local_health", self.where,
                         type(exc).__name__)
         self.local = True
-        for breaker in self._breakers.values():
-            breaker.reserved = False
+        for profile in self._breakers:
+            self._shared(profile).reserved = False
 
-    async def run_script(self, source: str, args: list[str], timeout_s: float = TIMEOUT_S) -> list:
+    async def run_script(self, source: str, args: list[str], timeout_s: float = TIMEOUT_S) -> list[Any]:
         """Another store's Lua script (stores/limits.py) on this store's connection, with no keys
         and string arguments. Raises while the store is not connected or does not answer within
         `timeout_s`: the caller decides what that means for it."""
@@ -380,6 +396,8 @@ class RedisHealth(InMemoryHealth):
                 *itertools.chain.from_iterable(ops), *profiles]
         sent = trio.current_time()
         try:
+            if self._script is None:
+                raise ConnectionError(f"the shared store at {self.where} is not connected")
             with trio.fail_after(TIMEOUT_S):
                 reply = await self._script(keys=[], args=[str(a) for a in args])
         except Exception as exc:
@@ -407,7 +425,7 @@ class RedisHealth(InMemoryHealth):
             pairs = fields[at + 1:at + 1 + 2 * keys]
             at += 1 + 2 * keys
             self._key_cooldowns[profile] = {int(pairs[k]): float(pairs[k + 1]) - offset for k in range(0, len(pairs), 2)}
-            breaker = self.breaker(profile)
+            breaker = self._shared(profile)
             local = breaker.life.state
             if state == "closed":
                 view = "closed"

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
@@ -34,7 +34,7 @@ from relayline.machines.config import Ledger
 from relayline.machines.turn import TurnResult
 
 # LedgerUnavailable: what open_ledger's stores raise, importable beside it
-from .schema import COLUMNS, GROUPS, SPEND_COLUMNS, LedgerUnavailable, ledger_rows  # noqa: F401
+from .schema import COLUMNS, GROUPS, SPEND_COLUMNS, LedgerBackend, LedgerUnavailable, ledger_rows  # noqa: F401
 
 log = logging.getLogger("relayline.ledger")
 T = TypeVar("T")
@@ -125,7 +125,7 @@ class _Batch:
 
     __slots__ = ("rows", "committed", "error")
 
-    def __init__(self, rows: list[tuple]) -> None:
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
         self.rows = list(rows)
         self.committed = trio.Event()
         self.error: Exception | None = None
@@ -172,7 +172,7 @@ class LedgerStore:
         WAL) is switched under an exclusive lock. While another connection holds a write lock on
         it (another worker switching it at the same moment), SQLite refuses the switch at once,
         without its busy handler (waiting could deadlock), so the wait is here (`_waited`)."""
-        return _waited(lambda: self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal")
+        return _waited(lambda: bool(self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"))
 
     def _migrate(self) -> None:
         if not self._outdated():  # (a read: a current file is opened without the write lock)
@@ -231,13 +231,13 @@ class LedgerStore:
             _waited(lambda: self._insert(rows))
         return len(rows)
 
-    def _insert(self, rows: list[tuple]) -> None:
+    def _insert(self, rows: list[tuple[Any, ...]]) -> None:
         """One transaction for all of `rows` (in autocommit, executemany commits each row).
         Another connection's write lock is an immediate SQLITE_BUSY: the caller waits for it."""
         with self._lock:
             self._insert_locked(rows)
 
-    def _insert_locked(self, rows: list[tuple]) -> None:
+    def _insert_locked(self, rows: list[tuple[Any, ...]]) -> None:
         writer = self._writer
         if len(rows) == 1:
             writer.execute(INSERT, rows[0])
@@ -371,14 +371,14 @@ class LedgerStore:
             self._reader = sqlite3.connect(self.path, timeout=BUSY_S, check_same_thread=False, isolation_level=None)
         return self._reader
 
-    def rows(self, since: float = 0.0) -> list[dict]:
+    def rows(self, since: float = 0.0) -> list[dict[str, Any]]:
         with self._read_lock:
             cur = self._reading().execute(f"SELECT {', '.join(COLUMNS)} FROM attempts WHERE ts >= ? ORDER BY id",
                                           (since,))
             names = [d[0] for d in cur.description]
             return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
-    def report(self, since: float = 0.0, by: str = "model") -> list[dict]:
+    def report(self, since: float = 0.0, by: str = "model") -> list[dict[str, Any]]:
         """Cost per profile and model (by="model") or per client key id (by="client"),
         accepted versus rejected."""
         group = GROUPS[by]
@@ -420,7 +420,7 @@ class LedgerStore:
             self._conn.close()  # the last connection to close checkpoints what is left
 
 
-def open_ledger(config: Ledger):
+def open_ledger(config: Ledger) -> LedgerBackend:
     """The store a config's [ledger] names: PostgreSQL when `url` is set (it wins), else SQLite."""
     if config.url:
         from .postgres import PostgresLedger

@@ -18,6 +18,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -30,6 +31,9 @@ from relayline.machines.limits import (
     period_end,
     period_start,
 )
+
+if TYPE_CHECKING:
+    from .health import RedisHealth
 
 
 @attrs.frozen
@@ -54,8 +58,8 @@ class _Window:
     __slots__ = ("entries", "by_id", "tokens")
 
     def __init__(self) -> None:
-        self.entries: deque[list] = deque()
-        self.by_id: dict[str, list] = {}
+        self.entries: deque[list[Any]] = deque()
+        self.by_id: dict[str, list[Any]] = {}
         self.tokens = 0
 
     def prune(self, now: float) -> None:
@@ -245,7 +249,7 @@ class RedisLimits:
     connection (stores/health.py `run_script`). Every call raises while the store does not
     answer: what admission does then is `[gateway] limits_on_store_error`'s (gateway/limits.py)."""
 
-    def __init__(self, health) -> None:
+    def __init__(self, health: RedisHealth) -> None:
         self.health = health
         self.where = health.where
         self.prefix = health.prefix + "lim:"

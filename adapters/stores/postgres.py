@@ -15,12 +15,16 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from relayline.machines.turn import TurnResult
 
 from .schema import COLUMNS, GROUPS, SPEND_COLUMNS, LedgerUnavailable, ledger_rows
+
+if TYPE_CHECKING:
+    from psycopg import Connection
 
 MIGRATIONS = (
     # 1: the attempts table (the SQLite ledger's columns)
@@ -67,9 +71,10 @@ class _Write:
         self.gave_up = False
         self.ended = False
 
-    def run(self, turn_id: str, result: TurnResult, who: dict[str, str]) -> int:
+    def run(self, turn_id: str, result: TurnResult, client: str, key: str, team: str) -> int:
         try:
-            return self.ledger.write(turn_id, result, **who, wanted=lambda: not self.gave_up)
+            return self.ledger.write(turn_id, result, client=client, key=key, team=team,
+                                     wanted=lambda: not self.gave_up)
         finally:
             with self.ledger._abandon_lock:
                 self.ended = True
@@ -117,7 +122,7 @@ class PostgresLedger:
         self._abandon_lock = threading.Lock()
 
     @staticmethod
-    def _migrate(conn) -> None:
+    def _migrate(conn: Connection[Any]) -> None:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             conn.execute("CREATE TABLE IF NOT EXISTS relayline_schema (version INTEGER PRIMARY KEY, "
@@ -132,7 +137,9 @@ class PostgresLedger:
     @property
     def schema_version(self) -> int:
         with self._pool.connection() as conn:
-            return conn.execute("SELECT COALESCE(MAX(version), 0) FROM relayline_schema").fetchone()[0]
+            row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM relayline_schema").fetchone()
+        assert row is not None  # (an aggregate answers one row)
+        return int(row[0])
 
     def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "", key: str = "",
               team: str = "", wanted: Callable[[], bool] | None = None) -> int:
@@ -161,9 +168,8 @@ class PostgresLedger:
         write = _Write(self)
         # shielded: a client that went away after its turn ended still leaves the turn's rows
         with trio.CancelScope(shield=True), trio.move_on_after(self.timeout_s):
-            who = {"client": client, "key": key, "team": team}
-            return await trio.to_thread.run_sync(partial(write.run, turn_id, result, who), limiter=self._limiter,
-                                                 abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(partial(write.run, turn_id, result, client, key, team),
+                                                 limiter=self._limiter, abandon_on_cancel=True)
         write.give_up()
         raise LedgerUnavailable(self.timeout_s)
 
@@ -176,12 +182,12 @@ class PostgresLedger:
             return False
         return True
 
-    def rows(self, since: float = 0.0) -> list[dict]:
+    def rows(self, since: float = 0.0) -> list[dict[str, Any]]:
         with self._pool.connection() as conn, conn.cursor() as cur:
             cur.execute(f"SELECT {', '.join(COLUMNS)} FROM relayline_attempts WHERE ts >= %s ORDER BY id", (since,))
             return [dict(zip(COLUMNS, row, strict=True)) for row in cur.fetchall()]
 
-    def report(self, since: float = 0.0, by: str = "model") -> list[dict]:
+    def report(self, since: float = 0.0, by: str = "model") -> list[dict[str, Any]]:
         group = GROUPS[by]
         columns = ", ".join(group)
         with self._pool.connection() as conn, conn.cursor() as cur:
@@ -202,9 +208,10 @@ class PostgresLedger:
         """As the SQLite ledger's: a key's or team's cost since `since`."""
         column = SPEND_COLUMNS[scope]
         with self._pool.connection() as conn:
-            (total,) = conn.execute(f"SELECT COALESCE(SUM(cost_usd), 0) FROM relayline_attempts "
-                                    f"WHERE {column} = %s AND ts >= %s", (name, since)).fetchone()
-        return float(total)
+            row = conn.execute(f"SELECT COALESCE(SUM(cost_usd), 0) FROM relayline_attempts "
+                               f"WHERE {column} = %s AND ts >= %s", (name, since)).fetchone()
+        assert row is not None  # (an aggregate answers one row)
+        return float(row[0])
 
     def close(self) -> None:
         self._pool.close()

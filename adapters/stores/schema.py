@@ -7,6 +7,7 @@ on them whichever store holds them. Each store keeps its own table definition an
 from __future__ import annotations
 
 import time
+from typing import Any, Protocol
 
 from relayline.machines.turn import TurnResult
 
@@ -20,12 +21,30 @@ COLUMNS = ("ts", "turn", "requested", "provider", "model", "mode", "outcome", "a
 
 
 def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "", key: str = "",
-                team: str = "") -> list[tuple]:
+                team: str = "") -> list[tuple[Any, ...]]:
     """A turn's ledger rows as tuples in COLUMNS order (both stores write these). `client` is
     the gateway client's key id; `key` and `team` a named key's name and team."""
     ts = time.time() if now is None else now
     return [(ts, turn_id, result.requested, r.provider, r.model, r.mode, r.outcome, int(r.accepted),
              r.input_tokens, r.output_tokens, r.cost_usd, client, int(r.estimated), key, team) for r in result.ledger]
+
+
+class LedgerBackend(Protocol):
+    """What each store of the ledger offers (`open_ledger` picks one): a turn's rows written,
+    whether a write could be made now, the rows and a report read back, a budget's spend."""
+
+    async def record(self, turn_id: str, result: TurnResult, *, client: str = "", key: str = "",
+                     team: str = "") -> int: ...
+
+    def writable(self) -> bool: ...
+
+    def rows(self, since: float = 0.0) -> list[dict[str, Any]]: ...
+
+    def report(self, since: float = 0.0, by: str = "model") -> list[dict[str, Any]]: ...
+
+    def spend(self, scope: str, name: str, since: float) -> float: ...
+
+    def close(self) -> None: ...
 
 
 class LedgerUnavailable(Exception):
