@@ -22,7 +22,7 @@ from relayline.machines.errors import ConfigError
 MAX_CONFIG_BYTES = 32 * 1024 * 1024
 
 
-def read_config_bytes(path: str | os.PathLike) -> bytes:
+def read_config_bytes(path: str | os.PathLike[str]) -> bytes:
     """The file's bytes, or ConfigError (missing, unreadable, not a regular file, too large)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -46,7 +46,7 @@ def read_config_bytes(path: str | os.PathLike) -> bytes:
     return data
 
 
-def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The file as plain TOML data. A scenario file's `[config]` table is read as the config
     (operators copy them around)."""
     return config_document(read_config_bytes(path), os.fspath(path))
@@ -66,6 +66,6 @@ def config_document(data: bytes, path: str) -> dict[str, Any]:
     return raw
 
 
-def load_config_file(path: str | os.PathLike) -> Config:
+def load_config_file(path: str | os.PathLike[str]) -> Config:
     """The file's Config, or ConfigError listing every problem with its key path."""
     return structure_config(read_config_file(path))

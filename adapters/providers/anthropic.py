@@ -9,6 +9,8 @@ counting).
 
 from __future__ import annotations
 
+from typing import Any
+
 from relayline.machines.turn import Completion
 
 from .. import jsoncodec
@@ -52,7 +54,7 @@ class AnthropicProtocol:
                                   provider.max_output_tokens or DEFAULT_MAX_TOKENS)
         return UpstreamRequest(fixed.url, dict(fixed.headers), jsoncodec.dumps_kept(body), fixed)
 
-    def completion(self, body: dict) -> Completion:
+    def completion(self, body: dict[str, Any]) -> Completion:
         return parse_reply(body)
 
     def parser(self) -> AnthropicStreamParser:

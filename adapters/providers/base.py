@@ -21,7 +21,7 @@ from relayline.machines.plan import PlannedEntry
 from relayline.machines.stream import Frame
 from relayline.machines.turn import Completion
 
-from ..codecs.common import ProviderFailure  # noqa: F401 (the name the driver and the families use)
+from ..codecs.common import ProviderFailure as ProviderFailure  # (the families' and the driver's)
 
 DONE = "done"  # the frame kind of a protocol's completion signal
 

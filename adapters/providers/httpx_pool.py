@@ -20,11 +20,13 @@ import math
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import attrs
 import httpx
 import trio
 
+from .base import AttemptClockLike
 from .upstream import UpstreamError, UpstreamRequest
 
 SHARD_CONNECTIONS = 8  # httpcore's scan is quadratic in this: at 8, ~64 checks per pool event
@@ -59,12 +61,13 @@ class HttpxPool:
         self.swept = 0.0
 
     @asynccontextmanager
-    async def exchange(self, request: UpstreamRequest, clock) -> AsyncIterator[HttpxResponse]:
+    async def exchange(self, request: UpstreamRequest, clock: AttemptClockLike | None
+                       ) -> AsyncIterator[HttpxResponse]:
         """As ProfilePool.exchange: the response once its head arrived, closed on exit."""
         async with self.lease() as client:
             http_request = client.build_request("POST", request.url, content=request.body, headers=request.headers)
             if clock is not None:
-                async def trace(event: str, info: dict) -> None:
+                async def trace(event: str, info: dict[str, Any]) -> None:
                     if event.endswith(".send_request_body.complete"):
                         clock.sent()
 

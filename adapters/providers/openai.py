@@ -12,6 +12,8 @@ http://127.0.0.1:11434/v1); requests go to {base_url}/chat/completions. Streams 
 
 from __future__ import annotations
 
+from typing import Any
+
 from relayline.machines import wire as w
 from relayline.machines.turn import Completion
 
@@ -60,7 +62,7 @@ class OpenAIProtocol:
             body = render_request(wire_request, request.model, request.stream)
         return UpstreamRequest(fixed.url, dict(fixed.headers), jsoncodec.dumps_kept(body), fixed)
 
-    def completion(self, body: dict) -> Completion:
+    def completion(self, body: dict[str, Any]) -> Completion:
         return parse_reply(body)
 
     def parser(self) -> OpenAIStreamParser:

@@ -43,15 +43,19 @@ import os
 import ssl
 import urllib.request
 from collections import deque
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
 
 import trio
 
 from ..codecs.http1 import split_url
-from .httpx_pool import HttpxPool
+from .base import AttemptClockLike
+from .httpx_pool import HttpxPool, HttpxResponse
 from .upstream import (
     TRANSPORT_ERRORS,
     Connection,
     Origin,
+    Response,
     UpstreamRequest,
     default_ssl_context,
 )
@@ -96,7 +100,7 @@ class ProfilePool:
         self._httpx: HttpxPool | None = None
         self._expiry: trio.CancelScope | None = None
 
-    def exchange(self, request: UpstreamRequest, clock=None) -> _PooledExchange:
+    def exchange(self, request: UpstreamRequest, clock: AttemptClockLike | None = None) -> _PooledExchange:
         """`async with pool.exchange(request) as response`: send `request` and get the response
         once its head arrived; the block reads the body (or not). On exit the connection goes
         back to the pool if the exchange ended cleanly."""
@@ -184,23 +188,26 @@ class _PooledExchange:
 
     __slots__ = ("pool", "request", "clock", "inner", "connection", "response")
 
-    def __init__(self, pool: ProfilePool, request: UpstreamRequest, clock) -> None:
+    def __init__(self, pool: ProfilePool, request: UpstreamRequest, clock: AttemptClockLike | None) -> None:
         self.pool = pool
         self.request: UpstreamRequest | None = request
         self.clock = clock
-        self.inner = None  # the httpx pool's exchange, for an origin that goes through httpx
+        # the httpx pool's exchange, for an origin that goes through httpx
+        self.inner: AbstractAsyncContextManager[HttpxResponse] | None = None
         self.connection: Connection | None = None
-        self.response = None
+        self.response: Response | None = None
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> Response | HttpxResponse:
         pool = self.pool
         # sent: the rendered request (the whole prompt again, beside the turn's own) is not kept
         # while the body is read, for the life of a stream
         request, self.request = self.request, None
+        assert request is not None  # (an exchange is entered once)
         clock, self.clock = self.clock, None
         origin = split_url(request.url)[0]
-        through = pool._through.get(origin, False)
-        if through is False:
+        try:
+            through = pool._through[origin]
+        except KeyError:
             through = pool._through[origin] = pool._httpx_for(origin)
         if through is not None:
             self.inner = through.exchange(request, clock)
@@ -225,12 +232,14 @@ class _PooledExchange:
         self.connection, self.response = connection, response
         return response
 
-    async def __aexit__(self, kind, exc, tb) -> bool | None:
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
         if self.inner is not None:
             inner, self.inner = self.inner, None
             return await inner.__aexit__(kind, exc, tb)
         pool, connection, response = self.pool, self.connection, self.response
         self.connection = self.response = None
+        assert connection is not None and response is not None  # (the exchange was entered)
         try:
             if response.complete and not pool.closed and connection.reusable():
                 pool._keep(connection)

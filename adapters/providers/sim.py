@@ -7,9 +7,9 @@ are trio sleeps, so under MockClock they take no real time.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -34,13 +34,13 @@ from .base import DONE, CallRequest, ProviderClient, ProviderFailure
 if TYPE_CHECKING:
     from .pool import Pools
 
-DEFAULT_REPLY: Mapping = {"text": "ok"}
+DEFAULT_REPLY: Mapping[str, Any] = {"text": "ok"}
 FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")  # a reply's `finish`, OpenAI's words
 
 
-def finish_of(reply: Mapping, frame: Mapping | None = None) -> str | None:
+def finish_of(reply: Mapping[str, Any], frame: Mapping[str, Any] | None = None) -> str | None:
     """A reply's scripted finish reason (a `done` frame may carry its own); None: the default."""
-    finish = (frame or {}).get("finish", reply.get("finish"))
+    finish: str | None = (frame or {}).get("finish", reply.get("finish"))
     if finish is not None and finish not in FINISH_REASONS:
         raise ValueError(f"finish = {finish!r}: expected one of {', '.join(FINISH_REASONS)}")
     return finish
@@ -102,7 +102,7 @@ def reply_problems(reply: object, at: str) -> list[str]:
     return problems
 
 
-def scripts_of(replies: Sequence[Mapping]) -> list[Script]:
+def scripts_of(replies: Sequence[Mapping[str, Any]]) -> list[Script]:
     """The scripts of [[replies]] tables; ValueError listing every problem, each with its path."""
     problems: list[str] = []
     for i, table in enumerate(replies):
@@ -127,10 +127,10 @@ def scripts_of(replies: Sequence[Mapping]) -> list[Script]:
 class Script:
     provider: str
     model: str | None
-    replies: list[Mapping]
+    replies: list[Mapping[str, Any]]
     position: int = 0
 
-    def next(self) -> Mapping:
+    def next(self) -> Mapping[str, Any]:
         reply = self.replies[min(self.position, len(self.replies) - 1)]
         self.position += 1
         return reply
@@ -146,7 +146,7 @@ class SimCall:
     key_index: int | None
 
 
-def default_usage(reply: Mapping, words_from: Sequence[str] | None = None) -> Usage:
+def default_usage(reply: Mapping[str, Any], words_from: Sequence[str] | None = None) -> Usage:
     if "usage" in reply:
         tokens_in, tokens_out = reply["usage"]
         return Usage(int(tokens_in), int(tokens_out))
@@ -154,7 +154,7 @@ def default_usage(reply: Mapping, words_from: Sequence[str] | None = None) -> Us
     return Usage(10, sum(len(p.split()) for p in parts))
 
 
-def aggregate_frames(frames: Sequence[Mapping]) -> dict:
+def aggregate_frames(frames: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """An explicit stream asked for without streaming, as one reply: its whole answer, or its
     failure (`stream_error`, or `cut` for an EOF or a malformed frame), after its waits."""
     text, reasoning, tools, usage, wait = [], [], [], None, 0.0
@@ -173,7 +173,7 @@ def aggregate_frames(frames: Sequence[Mapping]) -> dict:
             tools.append(frame["tool_call"])
         elif "usage" in frame:
             usage = list(frame["usage"])
-    reply: dict = {"text": "".join(text), "wait": wait,
+    reply: dict[str, Any] = {"text": "".join(text), "wait": wait,
                    "usage": usage or [10, sum(len(p.split()) for p in text + reasoning)]}
     finish = next((f["finish"] for f in frames if f.get("done") and "finish" in f), None)
     if finish is not None:
@@ -187,12 +187,12 @@ def aggregate_frames(frames: Sequence[Mapping]) -> dict:
     return reply
 
 
-def reply_frames(reply: Mapping) -> list[Mapping]:
+def reply_frames(reply: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """A reply as explicit stream frames (docs/scenario-files.md): role preamble, reasoning, one text
     frame per word (spaces kept), tool call, usage, the completion signal."""
     if "frames" in reply:
         return list(reply["frames"])
-    frames: list[Mapping] = [{"role": True}]
+    frames: list[Mapping[str, Any]] = [{"role": True}]
     if reply.get("reasoning"):
         frames.append({"reasoning": reply["reasoning"]})
     text = reply.get("text", "")
@@ -215,7 +215,7 @@ class SimUpstream:
         self.calls: list[SimCall] = []
 
     @classmethod
-    def from_replies(cls, replies: Sequence[Mapping]) -> SimUpstream:
+    def from_replies(cls, replies: Sequence[Mapping[str, Any]]) -> SimUpstream:
         return cls(scripts_of(replies))
 
     def clients(self) -> dict[str, ProviderClient]:
@@ -223,7 +223,7 @@ class SimUpstream:
         profiles from these scripts; `calls` then records what each profile was asked."""
         return {"sim": SimClient(self)}
 
-    def next_reply(self, request: CallRequest, mode: str) -> Mapping:
+    def next_reply(self, request: CallRequest, mode: str) -> Mapping[str, Any]:
         self.calls.append(SimCall(request.entry.profile, request.model, mode, request.key_index))
         for script in self.scripts:
             if script.provider == request.entry.profile and script.model in (None, request.model):
@@ -237,7 +237,7 @@ class SimClient:
     def __init__(self, upstream: SimUpstream) -> None:
         self.upstream = upstream
 
-    async def _before_headers(self, reply: Mapping) -> None:
+    async def _before_headers(self, reply: Mapping[str, Any]) -> None:
         if reply.get("delay"):
             await trio.sleep(float(reply["delay"]))
         if reply.get("hang"):
@@ -268,12 +268,13 @@ class SimClient:
                           finish_reason=finish_of(reply))
 
     @asynccontextmanager
-    async def stream(self, request: CallRequest):
+    async def stream(self, request: CallRequest) -> AsyncIterator[AsyncIterator[Frame]]:
         reply = self.upstream.next_reply(request, "stream")
         await self._before_headers(reply)
         yield self._frames(reply, request.waiting)
 
-    async def _frames(self, reply: Mapping, waiting=None) -> AsyncIterator[Frame]:
+    async def _frames(self, reply: Mapping[str, Any], waiting: Callable[[], Awaitable[None]] | None = None
+                      ) -> AsyncIterator[Frame]:
         words: list[str] = []
         explicit_usage = False
         for spec in reply_frames(reply):
