@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from functools import partial
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from relayline.machines.config import join_path, structure_config
 from relayline.machines.errors import ConfigError
@@ -34,7 +35,7 @@ def cmd_check(args) -> int:
     from .gateway.auth import KEYLESS_NOTE, keyless, load_access
 
     problems = []
-    raw: dict = {}
+    raw: dict[str, Any] = {}
     try:
         raw = read_config_file(args.config)
         config = structure_config(raw)
@@ -70,7 +71,7 @@ def cmd_check(args) -> int:
     return 0
 
 
-def _profile_problems(raw: dict) -> list[str]:
+def _profile_problems(raw: dict[str, Any]) -> list[str]:
     """The unknown families and unset key variables of the profiles of a file that did not load,
     in the router's words."""
     problems = []
@@ -303,7 +304,7 @@ _CALLER_COLUMNS = {"client": ("client", "client", "(no key)"), "key": ("key_name
                    "team": ("team", "team", "(no team)")}
 
 
-def _print_model_report(report: list[dict]) -> None:
+def _print_model_report(report: list[dict[str, Any]]) -> None:
     print(f"{'provider':<24} {'model':<28} {'accepted':>8} {'rejected':>8} {'estimated':>9} {'accepted $':>12} "
           f"{'rejected $':>12}")
     for row in report:

@@ -23,6 +23,7 @@ def mermaid(spec: Spec) -> str:
     machine = GraphMachine(model=Model(), graph_engine="mermaid", show_conditions=True, title=spec.name,
                            **machine_kwargs(spec))
     text = machine.models[0].get_graph().draw(None)
+    assert text is not None  # (drawn to no file, the diagram comes back as text)
     # keep the graph, drop the front matter and the "current state" styling (a spec has none)
     body = text[text.index("stateDiagram-v2"):].splitlines()[1:]
     body = [line for line in body if line.strip() and not line.strip().startswith(("classDef", "Class "))]

@@ -51,7 +51,7 @@ async def send_all(stream: trio.abc.SendStream, data: bytes | bytearray | memory
         await stream.send_all(memoryview(data)[sent:])
 
 
-async def receive_after_wait(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes:
+async def receive_after_wait(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes | bytearray:
     """Up to `max_bytes` from the stream, b"" at its end: trio's `receive_some`, waiting before
     the first read (see above). Only one task may read a stream at a time, as with trio's."""
     if type(stream) is not trio.SocketStream:

@@ -11,6 +11,7 @@ event loops, so the servers get a trio loop of their own and the caller keeps it
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import trio
 
@@ -27,21 +28,21 @@ from .server import SimHTTPServer, shape_by_alias, wire_to
 class BackgroundUpstreams(BackgroundTrio):
     """Scripted sim upstreams over loopback HTTP (SimHTTPServer), for code that is not trio."""
 
-    def __init__(self, replies: Sequence[Mapping] = ()) -> None:
+    def __init__(self, replies: Sequence[Mapping[str, Any]] = ()) -> None:
         super().__init__("relayline-upstreams")
         self.sim = SimHTTPServer(list(replies))
 
     async def _serve(self, nursery: trio.Nursery) -> None:
         await self.sim.start(nursery)
 
-    def wire(self, config: Mapping) -> dict:
+    def wire(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """`config` with every sim profile pointed at these upstreams (anthropic.* profiles in
         the Anthropic shape, the others in the OpenAI one)."""
         return wire_to(config, self.sim, shape_by_alias)
 
 
 class BackgroundGateway(BackgroundTrio):
-    def __init__(self, config: Mapping, replies: Sequence[Mapping] = (), *, api_keys: set[str] | None = None,
+    def __init__(self, config: Mapping[str, Any], replies: Sequence[Mapping[str, Any]] = (), *, api_keys: set[str] | None = None,
                  admin_keys: set[str] | None = None, ledger_path: str | None = None,
                  env: Mapping[str, str] | None = None) -> None:
         super().__init__("relayline-gateway")
@@ -61,8 +62,8 @@ class BackgroundGateway(BackgroundTrio):
         ledger = LedgerStore(self.ledger_path) if self.ledger_path else None
         named = load_access(self._relay.config, self.env).clients  # the config's [[gateway.keys]]
         access = Access(KeyRing(self.access.clients.digests + named.digests), self.access.admins)
-        self.gateway = Gateway(self._relay, access=access, ledger=ledger)
-        binds = await nursery.start(lambda task_status: serve(self.gateway, port=0, task_status=task_status))
+        gateway = self.gateway = Gateway(self._relay, access=access, ledger=ledger)
+        binds = await nursery.start(lambda task_status: serve(gateway, port=0, task_status=task_status))
         self.url = binds[0]
 
     async def _close(self) -> None:

@@ -13,11 +13,12 @@ the primary probed and back. `--simulated` runs adapters/sim/demo.toml in proces
 from __future__ import annotations
 
 from importlib import resources
+from typing import Any
 
 from .simulate import check_request, load_scenario, run_scenario
 
 
-def _attempts(request: dict) -> str:
+def _attempts(request: dict[str, Any]) -> str:
     parts = [f"{a['provider']}/{a['model']} {a['outcome']}" + (" (stream)" if a["mode"] == "stream" else "")
              for a in request["attempts"]]
     return " -> ".join(parts) or "-"

@@ -13,7 +13,7 @@ import json
 import threading
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Self
+from typing import Any, Self
 
 import attrs
 import h11
@@ -25,7 +25,7 @@ class Seen:
     method: str
     path: str
     headers: dict[str, str]
-    body: dict | None
+    body: dict[str, Any] | None
     connection: int = 0  # which accepted connection carried it (1, 2, ...): reuse is countable
 
 
@@ -94,7 +94,7 @@ class LoopbackServer:
             self.closed += 1
             await stream.aclose()
 
-    async def _read(self, conn: h11.Connection, stream: trio.SocketStream):
+    async def _read(self, conn: h11.Connection, stream: trio.SocketStream) -> tuple[h11.Request | None, bytes]:
         request, body = None, b""
         while True:
             event = conn.next_event()
@@ -161,7 +161,7 @@ class BackgroundTrio:
             raise self._error
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._token is not None and self._stop is not None:
             try:
                 trio.from_thread.run_sync(self._stop.set, trio_token=self._token)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -36,17 +37,17 @@ class Answer:
     finish: str | None = None  # e.g. "length" / "max_tokens"; None: the natural one
     stop_sequence: str | None = None  # Anthropic: the stop sequence that matched
     refusal: str = ""  # OpenAI: the model declined (message.refusal, streamed as refusal deltas)
-    annotations: tuple[dict, ...] = ()  # OpenAI: the message's url citations (search models; not streamed)
+    annotations: tuple[dict[str, Any], ...] = ()  # OpenAI: the message's url citations (search models; not streamed)
     logprobs: bool = False  # OpenAI: each text piece with its token's logprob, as logprobs: true asks
-    citations: tuple[dict, ...] = ()  # Anthropic: the text block's citations (not streamed)
+    citations: tuple[dict[str, Any], ...] = ()  # Anthropic: the text block's citations (not streamed)
     redacted: str = ""  # Anthropic: a redacted_thinking block's data, after the thinking
     signature: str = "sig"  # Anthropic: the thinking block's signature
     # Anthropic: further thinking blocks, (words, signature) each, after the first (server tool
     # use between them, in a real answer)
     more_thinking: tuple[tuple[str, str], ...] = ()
-    usage: dict | None = None  # the family's usage object; None: a small default
+    usage: dict[str, Any] | None = None  # the family's usage object; None: a small default
     status: int = 200
-    error: dict | None = None  # the error body for a status >= 400 (or an `error` in a 200)
+    error: dict[str, Any] | None = None  # the error body for a status >= 400 (or an `error` in a 200)
 
 
 def _sse(obj, event: str | None = None) -> bytes:
@@ -54,7 +55,7 @@ def _sse(obj, event: str | None = None) -> bytes:
     return (f"event: {event}\n" if event else "").encode() + f"data: {data}\n\n".encode()
 
 
-def _logprobs(text: str) -> dict:
+def _logprobs(text: str) -> dict[str, Any]:
     return {"content": [{"token": text, "logprob": -0.25, "bytes": list(text.encode()), "top_logprobs": []}],
             "refusal": None}
 
@@ -63,7 +64,7 @@ def openai_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ...]:
     finish = answer.finish or ("tool_calls" if answer.tool_calls else "stop")
     usage = answer.usage or {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
     if not stream:
-        message: dict = {"role": "assistant", "content": answer.text or None, "refusal": answer.refusal or None}
+        message: dict[str, Any] = {"role": "assistant", "content": answer.text or None, "refusal": answer.refusal or None}
         if answer.reasoning:
             message["reasoning_content"] = answer.reasoning
         message["annotations"] = list(answer.annotations)  # ([] when none, as OpenAI sends it)
@@ -104,7 +105,7 @@ def openai_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ...]:
 def anthropic_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ...]:
     finish = answer.finish or ("tool_use" if answer.tool_calls else "end_turn")
     usage = answer.usage or {"input_tokens": 12, "output_tokens": 3}
-    content: list[dict] = []
+    content: list[dict[str, Any]] = []
     if answer.reasoning:
         content.append({"type": "thinking", "thinking": answer.reasoning, "signature": answer.signature})
     content += [{"type": "thinking", "thinking": words, "signature": signature} for words, signature in answer.more_thinking]
@@ -158,7 +159,7 @@ def responses_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
     its encrypted content, function calls; incomplete for finish "max_output_tokens")."""
     usage = answer.usage or {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 3,
                              "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15}
-    items: list[dict] = []
+    items: list[dict[str, Any]] = []
     if answer.reasoning:
         items.append({"id": "rs_up", "type": "reasoning", "summary": [{"type": "summary_text", "text": answer.reasoning}],
                       "encrypted_content": "enc-up"})
@@ -173,7 +174,7 @@ def responses_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ..
                 "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None, "usage": usage}
     if not stream:
         return (json.dumps(response).encode(),)
-    events: list[dict] = [{"type": "response.created", "response": {**response, "status": "in_progress", "output": []}}]
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": {**response, "status": "in_progress", "output": []}}]
     for index, item in enumerate(items):
         events.append({"type": "response.output_item.added", "output_index": index, "item": item | (
             {"arguments": ""} if item["type"] == "function_call" else {})})

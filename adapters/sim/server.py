@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import trio
 
@@ -31,12 +32,12 @@ ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "too
 JSON = (("content-type", "application/json"),)
 
 
-def _sse(data: dict | str, event: str | None = None) -> bytes:
+def _sse(data: dict[str, Any] | str, event: str | None = None) -> bytes:
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     return (f"event: {event}\n" if event else "").encode() + f"data: {payload}\n\n".encode()
 
 
-def _openai_chunk(delta: dict | None = None, finish: str | None = None, usage: dict | None = None, model: str = "") -> dict:
+def _openai_chunk(delta: dict[str, Any] | None = None, finish: str | None = None, usage: dict[str, Any] | None = None, model: str = "") -> dict[str, Any]:
     chunk = {"id": "chatcmpl-sim", "object": "chat.completion.chunk", "created": 0, "model": model,
              "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]}
     if usage is not None:
@@ -44,7 +45,7 @@ def _openai_chunk(delta: dict | None = None, finish: str | None = None, usage: d
     return chunk
 
 
-def openai_stream(reply: Mapping, model: str) -> list[bytes | float]:
+def openai_stream(reply: Mapping[str, Any], model: str) -> list[bytes | float]:
     out: list[bytes | float] = []
     tools = 0
     for frame in reply_frames(reply):
@@ -81,7 +82,7 @@ def openai_stream(reply: Mapping, model: str) -> list[bytes | float]:
     return out
 
 
-def anthropic_stream(reply: Mapping, model: str) -> list[bytes | float]:
+def anthropic_stream(reply: Mapping[str, Any], model: str) -> list[bytes | float]:
     out: list[bytes | float] = []
     index = 0
     usage = {"input_tokens": 10, "output_tokens": 1}
@@ -89,7 +90,7 @@ def anthropic_stream(reply: Mapping, model: str) -> list[bytes | float]:
     out.append(_sse({"type": "message_start", "message": {"id": "msg_sim", "type": "message", "role": "assistant",
                                                           "content": [], "model": model, "usage": usage}}, "message_start"))
 
-    def block(start: dict, delta: dict | None) -> list[bytes]:
+    def block(start: dict[str, Any], delta: dict[str, Any] | None) -> list[bytes]:
         nonlocal index
         parts = [_sse({"type": "content_block_start", "index": index, "content_block": start}, "content_block_start")]
         if delta is not None:
@@ -132,9 +133,9 @@ def anthropic_stream(reply: Mapping, model: str) -> list[bytes | float]:
     return out
 
 
-def openai_body(reply: Mapping, model: str) -> dict:
+def openai_body(reply: Mapping[str, Any], model: str) -> dict[str, Any]:
     usage = default_usage(reply, [] if reply.get("empty") else None)
-    message: dict = {"role": "assistant", "content": None if reply.get("empty") else reply.get("text", "")}
+    message: dict[str, Any] = {"role": "assistant", "content": None if reply.get("empty") else reply.get("text", "")}
     if reply.get("reasoning"):
         message["reasoning_content"] = reply["reasoning"]
     if reply.get("tool_call"):
@@ -146,7 +147,7 @@ def openai_body(reply: Mapping, model: str) -> dict:
             "usage": {"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens}}
 
 
-def anthropic_body(reply: Mapping, model: str) -> dict:
+def anthropic_body(reply: Mapping[str, Any], model: str) -> dict[str, Any]:
     usage = default_usage(reply, [] if reply.get("empty") else None)
     content = []
     if reply.get("reasoning"):
@@ -171,7 +172,7 @@ def _coalesce(pieces: list[bytes | float]) -> tuple[bytes | float, ...]:
     return tuple(out)
 
 
-def error_body(shape: str, status: int, error: str | None) -> dict:
+def error_body(shape: str, status: int, error: str | None) -> dict[str, Any]:
     code = error or ("overloaded_error" if status == 529 else "rate_limit_error" if status == 429 else "api_error")
     if shape == "anthropic":
         return {"type": "error", "error": {"type": code, "message": code}}
@@ -181,7 +182,7 @@ def error_body(shape: str, status: int, error: str | None) -> dict:
 class SimHTTPServer:
     """Scripted upstreams for many profiles behind one loopback port."""
 
-    def __init__(self, replies: list[Mapping] = ()) -> None:
+    def __init__(self, replies: list[Mapping[str, Any]] = ()) -> None:
         # a reply script may name a model (absent: any model on that profile)
         self.scripts = scripts_of(replies)
         self.server = LoopbackServer(self._answer)
@@ -244,7 +245,7 @@ def shape_by_alias(alias: str) -> str:
     return family.wire if family is not None and family.wire is not None else WIRES[0]
 
 
-def wire_to(config: Mapping, server: SimHTTPServer, shape_for: Callable[[str], str] = shape_by_alias) -> dict:
+def wire_to(config: Mapping[str, Any], server: SimHTTPServer, shape_for: Callable[[str], str] = shape_by_alias) -> dict[str, Any]:
     """`config` with every sim profile pointed at the loopback sim server, in the protocol shape
     `shape_for(alias)` gives (openai or anthropic)."""
     config = json.loads(json.dumps(config))

@@ -12,6 +12,7 @@ import os
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -48,12 +49,12 @@ class ScenarioError(Exception):
 class Scenario:
     name: str
     source: str
-    config: dict
-    replies: tuple[dict, ...]
-    requests: tuple[dict, ...]
+    config: dict[str, Any]
+    replies: tuple[dict[str, Any], ...]
+    requests: tuple[dict[str, Any], ...]
 
 
-def load_scenario(path: str | os.PathLike) -> Scenario:
+def load_scenario(path: str | os.PathLike[str]) -> Scenario:
     source = str(path)
     try:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
@@ -81,7 +82,7 @@ def load_scenario(path: str | os.PathLike) -> Scenario:
 # running
 
 
-def _trace(result: TurnResult, events: list[Event], origin: float) -> dict:
+def _trace(result: TurnResult, events: list[Event], origin: float) -> dict[str, Any]:
     return {
         "requested": result.requested,
         "attempts": [{**a.as_json(), "at": round(a.at - origin, 6)} for a in result.attempts],
@@ -117,7 +118,7 @@ class _Collector:
                 self.consumer.cancel()
 
 
-async def _run_request(relay: Relay, request: Mapping, origin: float) -> dict:
+async def _run_request(relay: Relay, request: Mapping[str, Any], origin: float) -> dict[str, Any]:
     events: list[Event] = []
     runs: list[TurnRun] = []
     cancel_after = request.get("cancel_after")
@@ -147,12 +148,12 @@ async def _run_request(relay: Relay, request: Mapping, origin: float) -> dict:
 
 
 def run_scenario(scenario: Scenario, *, on_done: Callable[[Relay, float], None] | None = None,
-                 http: str | None = None) -> dict:
+                 http: str | None = None) -> dict[str, Any]:
     """The scenario's trace (docs/trace.md), plus `init_error` when the config fails.
     `on_done(relay, now)` sees the relay after the last request (its health, on virtual time).
     With `http="openai"` or `"anthropic"`, sim profiles are served over real loopback HTTP in
     that protocol's shape instead of in process."""
-    trace: dict = {"scenario": scenario.name, "warnings": [], "requests": []}
+    trace: dict[str, Any] = {"scenario": scenario.name, "warnings": [], "requests": []}
 
     async def main() -> None:
         origin = trio.current_time()
@@ -170,9 +171,9 @@ def run_scenario(scenario: Scenario, *, on_done: Callable[[Relay, float], None] 
                 return
             async with relay:
                 trace["warnings"] = [str(w) for w in relay.router.warnings]
-                done: list[dict | None] = [None] * len(scenario.requests)
+                done: list[dict[str, Any] | None] = [None] * len(scenario.requests)
 
-                async def run(i: int, request: Mapping) -> None:
+                async def run(i: int, request: Mapping[str, Any]) -> None:
                     done[i] = await _run_request(relay, request, origin)
 
                 # a concurrent request runs on while the next ones start: its result can arrive
@@ -200,12 +201,12 @@ def run_scenario(scenario: Scenario, *, on_done: Callable[[Relay, float], None] 
 # checking
 
 
-def _attempt_label(a: dict, with_mode: bool) -> str:
+def _attempt_label(a: dict[str, Any], with_mode: bool) -> str:
     label = f"{a['provider']}/{a['model']} {a['outcome']}"
     return f"{label} {a['mode']}" if with_mode else label
 
 
-def check_request(expect: Mapping, actual: dict | None, trace: dict) -> list[tuple[str, object, object]]:
+def check_request(expect: Mapping[str, Any], actual: dict[str, Any] | None, trace: dict[str, Any]) -> list[tuple[str, object, object]]:
     """The failing keys of one request: (key, expected, actual)."""
     failures = []
 
@@ -272,7 +273,7 @@ def check_request(expect: Mapping, actual: dict | None, trace: dict) -> list[tup
 @attrs.frozen
 class ScenarioReport:
     scenario: Scenario
-    trace: dict
+    trace: dict[str, Any]
     failures: tuple[tuple[int, str, object, object], ...]  # (request index, key, expected, actual)
 
     @property
