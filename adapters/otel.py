@@ -35,7 +35,7 @@ class Tracing:
 
     def _recording(self) -> bool:
         # with the API alone (no SDK set up, before or since) every span is a no-op: the
-        # attributes of a turn are not worth building (tens of µs a request). A global provider,
+        # attributes of a turn, costly to build, are not built for it. A global provider,
         # once set, is set for good (the API refuses a second): only its absence is asked again
         if self._on:
             return True
@@ -120,7 +120,7 @@ def _global_provider_set() -> bool:
 
 def _unset() -> bool:
     """No global provider set up, by the API's own global: get_tracer_provider() answers the same
-    but reads os.environ first (1.3 µs a turn; a provider OTEL_PYTHON_TRACER_PROVIDER names was
+    but reads os.environ first, on every turn (a provider OTEL_PYTHON_TRACER_PROVIDER names was
     loaded when the Tracing was made). Where a later API has no such global: False, and the
     public call decides."""
     return getattr(trace, "_TRACER_PROVIDER", False) is None

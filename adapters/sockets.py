@@ -18,7 +18,7 @@ trio's `receive_some` first tries the read, and only when the kernel has nothing
 BlockingIOError raised and caught) waits for the socket and reads again. Where the bytes are
 seldom there yet, the answer to a request just written (the provider's head) or the next request
 of a client still reading this answer, that first try is a syscall and an exception for nothing,
-twice a request (bench/glue_counts.py: recvfrom 2.9-3.5 a request for 2 reads). `receive_after_wait`
+twice a request (bench/glue_counts.py counts the recvfrom calls). `receive_after_wait`
 waits first: the same checkpoint (the wait parks; a cancelled task reads nothing), the same
 errors in trio's words. Where the bytes were there after all (the peer the write woke may run
 first), the wait returns in the next pass of the loop, as trio's read would have yielded one

@@ -178,8 +178,8 @@ class LedgerStore:
         if not self._outdated():  # (a read: a current file is opened without the write lock)
             return
         # IMMEDIATE: the gateway's workers open one file together; the second sees the first's
-        # work. A rebuild of a large file takes seconds (2 million rows: 15 s), far beyond the
-        # usual busy wait: the others wait for it rather than fail at start
+        # work. A rebuild of a large file takes seconds, far beyond the usual busy wait: the
+        # others wait for it rather than fail at start
         self._conn.execute(f"PRAGMA busy_timeout = {int(MIGRATION_WAIT_S * 1000)}")
         try:
             self._conn.execute("BEGIN IMMEDIATE")
@@ -323,8 +323,9 @@ class LedgerStore:
 
     async def record(self, turn_id: str, result: TurnResult, *, client: str = "", key: str = "",
                      team: str = "") -> int:
-        """A turn's rows, written before this returns. In the loop's thread: a WAL insert takes
-        ~30-150 µs, a hop to a worker thread ~250 µs. When other turns are in flight
+        """A turn's rows, written before this returns. In the loop's thread: a WAL insert costs
+        less than the hop to a worker thread would (docs/performance.md, "Figures behind the
+        code's choices"). When other turns are in flight
         (`together`, set by the gateway), the turns that finish in the same pass of the scheduler
         share one transaction: the first waits that one pass, then commits every row given
         meanwhile, and each returns once its rows are committed (or raises what the commit did).
