@@ -41,7 +41,8 @@ def read_config_bytes(path: str | os.PathLike[str]) -> bytes:
     finally:
         os.close(fd)
     if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError([f"{os.fspath(path)}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB, "
+        megabytes = MAX_CONFIG_BYTES // (1024 * 1024)
+        raise ConfigError([f"{os.fspath(path)}: larger than {megabytes} MiB, "
                            "more than any config needs"])
     return data
 
@@ -53,13 +54,14 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def config_document(data: bytes, path: str) -> dict[str, Any]:
-    """A config file's bytes (read from `path`) as plain TOML data; ConfigError when they are not."""
+    """A config file's bytes (read from `path`) as plain TOML data; ConfigError when they are
+    not."""
     try:
         # utf-8-sig: a byte order mark (Windows editors write one) is read past, not an error
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ConfigError([f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
-                           "save it as UTF-8"]) from None
+        raise ConfigError([f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                           f"{exc.start}); save it as UTF-8"]) from None
     raw = parse_toml(text, path)
     if "config" in raw and "active" not in raw:
         raw = raw["config"]

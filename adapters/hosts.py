@@ -126,7 +126,8 @@ class Runtime:
         except trio.RunFinishedError:
             raise RuntimeStopped("relayline's runtime stopped") from None
 
-    def start(self, fn: Callable[[], Awaitable[T]], deliver: Callable[[Outcome[T]], None]) -> Call[T]:
+    def start(self, fn: Callable[[], Awaitable[T]], deliver: Callable[[Outcome[T]], None]
+              ) -> Call[T]:
         call = Call(self, fn, deliver)
         assert self._nursery is not None
         self.call_soon(self._nursery.start_soon, call.run)

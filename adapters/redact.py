@@ -17,9 +17,8 @@ from collections.abc import Iterable
 import attrs
 
 # filters do not inherit: each logger that emits records needs its own
-LOGGERS = ("relayline", "httpx", "httpcore", "httpcore.connection", "httpcore.http11", "httpcore.http2",
-           "httpcore.proxy", "hpack", "relayline.gateway",
-           "relayline.access")
+LOGGERS = ("relayline", "httpx", "httpcore", "httpcore.connection", "httpcore.http11",
+           "httpcore.http2", "httpcore.proxy", "hpack", "relayline.gateway", "relayline.access")
 MASK = "***"
 # a secret at least this long is masked wherever it appears; a shorter one (a test key such as
 # "x", a placeholder) only where it stands as a whole token, since masking it inside every word
@@ -68,7 +67,8 @@ class SecretFilter(logging.Filter):
                 record.msg, record.args = masked, ()
             fields = getattr(record, "fields", None)
             if fields:  # structured fields (the access line) are masked the same way
-                record.fields = {k: secrets.mask(v) if isinstance(v, str) else v for k, v in fields.items()}
+                record.fields = {k: secrets.mask(v) if isinstance(v, str) else v
+                                 for k, v in fields.items()}
         return True
 
 

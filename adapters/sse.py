@@ -35,9 +35,11 @@ class SSEEvent:
 
 
 class SSEDecoder:
-    __slots__ = ("_buffer", "_data", "_event", "_id", "_pending_bytes", "_max", "_comments", "_skip_lf")
+    __slots__ = ("_buffer", "_data", "_event", "_id", "_pending_bytes", "_max", "_comments",
+                 "_skip_lf")
 
-    def __init__(self, *, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, comments: bool = False) -> None:
+    def __init__(self, *, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+                 comments: bool = False) -> None:
         self._buffer = b""
         self._data: list[str] = []
         self._event = ""

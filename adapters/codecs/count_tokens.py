@@ -16,14 +16,16 @@ from . import shape
 from .common import client_headers
 
 
-def parse_request(body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> w.Request:
+def parse_request(body: object, headers: Iterable[tuple[str, str]] = (), query: str = ""
+                  ) -> w.Request:
     """A count_tokens body (a messages body without max_tokens) as a counting request; the
     shape is checked as far as routing needs it, the rest is the provider's to judge."""
     body = shape.want_dict(body, "")
     if not shape.want_list(body.get("messages"), "messages"):
         raise w.WireError("messages", "must not be empty")
-    return w.Request(messages=(), model=shape.check_model(body.get("model")), counting=True, source="anthropic",
-                     passthrough=w.Passthrough(body, client_headers(headers), query))
+    kept = w.Passthrough(body, client_headers(headers), query)
+    return w.Request(messages=(), model=shape.check_model(body.get("model")), counting=True,
+                     source="anthropic", passthrough=kept)
 
 
 def render_request(request: w.Request, model: str) -> dict[str, Any]:

@@ -29,13 +29,15 @@ def check_model(model: object, param: str = "model") -> str | None:
 
 # values that say nothing: a client that sends them asked for nothing another family must honour
 # (the official SDKs echo `refusal: null`, `annotations: []`, `citations: null` back in history)
-NEUTRAL: dict[str, object] = {"presence_penalty": 0, "frequency_penalty": 0, "logprobs": False, "store": False}
+NEUTRAL: dict[str, object] = {"presence_penalty": 0, "frequency_penalty": 0, "logprobs": False,
+                              "store": False}
 
 
 def extras(fields: Mapping[str, Any], known: Collection[str]) -> list[str]:
     """The names of `fields` outside `known` that carry something (not null, empty or neutral)."""
     return [k for k, v in fields.items()
-            if k not in known and v is not None and v != [] and v != {} and not (k in NEUTRAL and v == NEUTRAL[k])]
+            if k not in known and v is not None and v != [] and v != {}
+            and not (k in NEUTRAL and v == NEUTRAL[k])]
 
 
 def path(base: str, key: object) -> str:
@@ -88,7 +90,8 @@ def want_number(value: object, param: str, low: float, high: float) -> float:
     return float(number)
 
 
-def optional(obj: dict[str, Any], key: str, check: Callable[..., Any], base: str = "", *args: Any) -> Any:
+def optional(obj: dict[str, Any], key: str, check: Callable[..., Any], base: str = "",
+             *args: Any) -> Any:
     """obj[key] checked by `check`, or None when absent or null."""
     value = obj.get(key)
     return None if value is None else check(value, path(base, key), *args)

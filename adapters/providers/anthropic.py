@@ -36,13 +36,15 @@ class AnthropicProtocol:
     def build(self, request: CallRequest) -> UpstreamRequest:
         provider, key = request.entry.provider, request.key
         counting = request.request.counting
-        heads, path = (self.counting_heads, "/v1/messages/count_tokens") if counting else (self.heads, "/v1/messages")
-        forwarded, query = request.forwarded_headers("anthropic"), request.forwarded_query("anthropic")
+        heads, path = (self.counting_heads, "/v1/messages/count_tokens") if counting \
+            else (self.heads, "/v1/messages")
+        forwarded = request.forwarded_headers("anthropic")
+        query = request.forwarded_query("anthropic")
         fixed = heads.get(provider, key, forwarded, query)
         if fixed is None:
             base = (provider.base_url or DEFAULT_BASE_URL).rstrip("/")
-            headers = {"content-type": "application/json", "anthropic-version": API_VERSION, **dict(forwarded),
-                       **provider.headers}
+            headers = {"content-type": "application/json", "anthropic-version": API_VERSION,
+                       **dict(forwarded), **provider.headers}
             if key is not None:
                 name, value = credential(provider, key, "x-api-key", key.reveal())
                 headers[name] = value

@@ -37,7 +37,8 @@ TRAVELLING = frozenset().union(*FAMILY_HEADERS.values())
 
 
 
-def credential(provider: Provider, key: Secret, family_header: str, family_value: str) -> tuple[str, str]:
+def credential(provider: Provider, key: Secret, family_header: str, family_value: str
+               ) -> tuple[str, str]:
     """The header that carries a profile's key: the family's own (`family_header: family_value`),
     or the one the profile names in `auth_header`, with the key as is."""
     if provider.auth_header:
@@ -54,7 +55,8 @@ class CallRequest:
     key_index: int | None = None
     stream: bool = False
     probe: bool = False
-    drop_unsupported: bool = False  # [gateway] drop_unsupported_params: drop what the entry cannot honour
+    # [gateway] drop_unsupported_params: drop what the entry cannot honour
+    drop_unsupported: bool = False
     # the driver's AttemptClock: an adapter that can tell calls `sent()` once the request is
     # written, `headers()` when the response headers arrived, `received()` per body chunk
     clock: AttemptClockLike | None = attrs.field(default=None, eq=False, repr=False)
@@ -84,7 +86,8 @@ class CallRequest:
             return ()
         named = self.entry.provider.forward_headers
         # the family's own headers go where the client's body goes as sent (its own dialect)
-        own = FAMILY_HEADERS[family] if wire.passes_through(self.request, family, self.entry.provider.capabilities) \
+        capabilities = self.entry.provider.capabilities
+        own = FAMILY_HEADERS[family] if wire.passes_through(self.request, family, capabilities) \
             else frozenset()
         if not named:
             return tuple([(k, v) for k, v in passthrough.headers if k in own])
@@ -95,7 +98,8 @@ class CallRequest:
         """The query of the client's URL, sent on to a provider of the family the client spoke
         (across families its parameters would mean nothing, or something else)."""
         passthrough = self.request.passthrough
-        if passthrough is None or not wire.passes_through(self.request, family, self.entry.provider.capabilities):
+        capabilities = self.entry.provider.capabilities
+        if passthrough is None or not wire.passes_through(self.request, family, capabilities):
             return ""
         return passthrough.query
 

@@ -40,9 +40,10 @@ class OpenAIProtocol:
     def build(self, request: CallRequest) -> UpstreamRequest:
         provider, key = request.entry.provider, request.key
         wire_request = request.wire_request()
-        own_responses = wire_request.passthrough is not None and wire_request.source == w.RESPONSES and \
-            provider.capabilities.responses
-        heads, path = (self.responses_heads, "/responses") if own_responses else (self.heads, "/chat/completions")
+        own_responses = wire_request.passthrough is not None \
+            and wire_request.source == w.RESPONSES and provider.capabilities.responses
+        heads, path = (self.responses_heads, "/responses") if own_responses \
+            else (self.heads, "/chat/completions")
         if wire_request.embedding is not None:
             heads, path = self.embeddings_heads, "/embeddings"
         forwarded, query = request.forwarded_headers("openai"), request.forwarded_query("openai")

@@ -42,8 +42,9 @@ class BackgroundUpstreams(BackgroundTrio):
 
 
 class BackgroundGateway(BackgroundTrio):
-    def __init__(self, config: Mapping[str, Any], replies: Sequence[Mapping[str, Any]] = (), *, api_keys: set[str] | None = None,
-                 admin_keys: set[str] | None = None, ledger_path: str | None = None,
+    def __init__(self, config: Mapping[str, Any], replies: Sequence[Mapping[str, Any]] = (), *,
+                 api_keys: set[str] | None = None, admin_keys: set[str] | None = None,
+                 ledger_path: str | None = None,
                  env: Mapping[str, str] | None = None) -> None:
         super().__init__("relayline-gateway")
         self.config = config
@@ -58,12 +59,14 @@ class BackgroundGateway(BackgroundTrio):
 
     async def _serve(self, nursery: trio.Nursery) -> None:
         self.sim = await SimHTTPServer(self.replies).start(nursery)
-        self._relay = Relay(structure_config(wire_to(self.config, self.sim, shape_by_alias)), env=self.env)
+        config = structure_config(wire_to(self.config, self.sim, shape_by_alias))
+        self._relay = Relay(config, env=self.env)
         ledger = LedgerStore(self.ledger_path) if self.ledger_path else None
         named = load_access(self._relay.config, self.env).clients  # the config's [[gateway.keys]]
         access = Access(KeyRing(self.access.clients.digests + named.digests), self.access.admins)
         gateway = self.gateway = Gateway(self._relay, access=access, ledger=ledger)
-        binds = await nursery.start(lambda task_status: serve(gateway, port=0, task_status=task_status))
+        binds = await nursery.start(
+            lambda task_status: serve(gateway, port=0, task_status=task_status))
         self.url = binds[0]
 
     async def _close(self) -> None:

@@ -76,7 +76,8 @@ class LoopbackServer:
                 if reply.refuse:
                     return
                 out_headers = [*reply.headers, ("transfer-encoding", "chunked")]
-                await stream.send_all(conn.send(h11.Response(status_code=reply.status, headers=out_headers)))
+                head = h11.Response(status_code=reply.status, headers=out_headers)
+                await stream.send_all(conn.send(head))
                 for piece in reply.pieces:
                     if isinstance(piece, float | int):
                         await trio.sleep(piece)
@@ -94,7 +95,8 @@ class LoopbackServer:
             self.closed += 1
             await stream.aclose()
 
-    async def _read(self, conn: h11.Connection, stream: trio.SocketStream) -> tuple[h11.Request | None, bytes]:
+    async def _read(self, conn: h11.Connection, stream: trio.SocketStream
+                    ) -> tuple[h11.Request | None, bytes]:
         request, body = None, b""
         while True:
             event = conn.next_event()
@@ -174,7 +176,8 @@ class BackgroundLoopback(BackgroundTrio):
     """A LoopbackServer answering with `handler` on a trio loop of its own, for blocking callers
     (the SDKs, tests and benches that are not trio)."""
 
-    def __init__(self, handler: Callable[[Seen], Reply | Awaitable[Reply]], name: str = "relayline-upstream") -> None:
+    def __init__(self, handler: Callable[[Seen], Reply | Awaitable[Reply]],
+                 name: str = "relayline-upstream") -> None:
         super().__init__(name)
         self.server = LoopbackServer(handler)
 

@@ -12,21 +12,23 @@ from typing import Any, Protocol
 from relayline.machines.turn import TurnResult
 
 # what `relayline ledger --by` groups on (both stores)
-GROUPS = {"model": ("provider", "model"), "client": ("client",), "key": ("key_name",), "team": ("team",)}
+GROUPS = {"model": ("provider", "model"), "client": ("client",), "key": ("key_name",),
+          "team": ("team",)}
 # what a budget's spend is read from (`spend`): the column a scope's name is in
 SPEND_COLUMNS = {"key": "key_name", "team": "team"}
 
-COLUMNS = ("ts", "turn", "requested", "provider", "model", "mode", "outcome", "accepted", "input_tokens",
-           "output_tokens", "cost_usd", "client", "estimated", "key_name", "team")
+COLUMNS = ("ts", "turn", "requested", "provider", "model", "mode", "outcome", "accepted",
+           "input_tokens", "output_tokens", "cost_usd", "client", "estimated", "key_name", "team")
 
 
-def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "", key: str = "",
-                team: str = "") -> list[tuple[Any, ...]]:
+def ledger_rows(turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "",
+                key: str = "", team: str = "") -> list[tuple[Any, ...]]:
     """A turn's ledger rows as tuples in COLUMNS order (both stores write these). `client` is
     the gateway client's key id; `key` and `team` a named key's name and team."""
     ts = time.time() if now is None else now
     return [(ts, turn_id, result.requested, r.provider, r.model, r.mode, r.outcome, int(r.accepted),
-             r.input_tokens, r.output_tokens, r.cost_usd, client, int(r.estimated), key, team) for r in result.ledger]
+             r.input_tokens, r.output_tokens, r.cost_usd, client, int(r.estimated), key, team)
+            for r in result.ledger]
 
 
 class LedgerBackend(Protocol):
