@@ -50,7 +50,7 @@ class Answer:
     error: dict[str, Any] | None = None  # the error body for a status >= 400 (or an `error` in a 200)
 
 
-def _sse(obj, event: str | None = None) -> bytes:
+def _sse(obj: str | dict[str, Any], event: str | None = None) -> bytes:
     data = obj if isinstance(obj, str) else json.dumps(obj)
     return (f"event: {event}\n" if event else "").encode() + f"data: {data}\n\n".encode()
 
@@ -78,7 +78,8 @@ def openai_reply(answer: Answer, model: str, stream: bool) -> tuple[bytes, ...]:
             body["error"] = answer.error
         return (json.dumps(body).encode(),)
 
-    def chunk(delta, finish_reason=None, logprobs=None, **extra):
+    def chunk(delta: dict[str, Any] | None, finish_reason: str | None = None,
+              logprobs: dict[str, Any] | None = None, **extra: Any) -> bytes:
         choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason,
                                              "logprobs": logprobs}]
         return _sse({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": model,
@@ -204,9 +205,10 @@ class RecordingUpstream(BackgroundLoopback):
         responses = seen.path.partition("?")[0].endswith("/responses")
         if answer.status >= 400:
             error = answer.error or {"type": "invalid_request_error", "message": "rejected"}
-            body = {"type": "error", "error": error} if family == "anthropic" else {"error": error}
-            return Reply(status=answer.status, headers=JSON, pieces=(json.dumps(body).encode(),))
-        body = seen.body or {}
+            refused = {"type": "error", "error": error} if family == "anthropic" else {"error": error}
+            return Reply(status=answer.status, headers=JSON, pieces=(json.dumps(refused).encode(),))
+        body: dict[str, Any] = seen.body or {}
         stream = bool(body.get("stream"))
         render = anthropic_reply if family == "anthropic" else responses_reply if responses else openai_reply
-        return Reply(headers=SSE if stream else JSON, pieces=render(answer, body.get("model", ""), stream))
+        model: str = body.get("model", "")
+        return Reply(headers=SSE if stream else JSON, pieces=render(answer, model, stream))

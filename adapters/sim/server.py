@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -182,7 +182,7 @@ def error_body(shape: str, status: int, error: str | None) -> dict[str, Any]:
 class SimHTTPServer:
     """Scripted upstreams for many profiles behind one loopback port."""
 
-    def __init__(self, replies: list[Mapping[str, Any]] = ()) -> None:
+    def __init__(self, replies: Sequence[Mapping[str, Any]] = ()) -> None:
         # a reply script may name a model (absent: any model on that profile)
         self.scripts = scripts_of(replies)
         self.server = LoopbackServer(self._answer)
@@ -206,10 +206,10 @@ class SimHTTPServer:
         path = seen.path
         shape = "anthropic" if path.endswith("/v1/messages") else "openai"
         alias = path.strip("/").split("/", 1)[0]
-        body = seen.body or {}
+        body: dict[str, Any] = seen.body or {}
         model = body.get("model", "")
         script = next((s for s in self.scripts if s.provider == alias and s.model in (None, model)), None)
-        reply = script.next() if script is not None else {"text": "ok"}
+        reply: Mapping[str, Any] = script.next() if script is not None else {"text": "ok"}
         delay = math.inf if reply.get("hang") else float(reply.get("delay", 0.0))
         if reply.get("connect_error"):
             return Reply(refuse=True)
@@ -248,8 +248,8 @@ def shape_by_alias(alias: str) -> str:
 def wire_to(config: Mapping[str, Any], server: SimHTTPServer, shape_for: Callable[[str], str] = shape_by_alias) -> dict[str, Any]:
     """`config` with every sim profile pointed at the loopback sim server, in the protocol shape
     `shape_for(alias)` gives (openai or anthropic)."""
-    config = json.loads(json.dumps(config))
-    for alias, profile in config.get("providers", {}).items():
+    copied: dict[str, Any] = json.loads(json.dumps(config))
+    for alias, profile in copied.get("providers", {}).items():
         family = FAMILIES.get(profile.get("family", ""))
         if family is not None and family.wire is None:
             shape = shape_for(alias)
@@ -259,4 +259,4 @@ def wire_to(config: Mapping[str, Any], server: SimHTTPServer, shape_for: Callabl
             profile["base_url"] = server.base_url(alias, shape)
             if not any(k in profile for k in ("api_key", "api_key_env", "api_keys")):
                 profile["api_key"] = "sim-key"
-    return config
+    return copied
