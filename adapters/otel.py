@@ -20,15 +20,16 @@ from relayline.machines.turn import TurnResult
 
 try:
     from opentelemetry import trace
-    from opentelemetry.trace import SpanKind, Status, StatusCode
+    from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
+    from opentelemetry.util.types import AttributeValue
 except ImportError:  # the otel extra is not installed
-    trace = None
+    trace = None  # type: ignore[assignment]  # (None stands for the missing API: checked before each use)
 
 INSTRUMENTATION = "relayline"
 
 
 class Tracing:
-    def __init__(self, tracer_provider=None) -> None:
+    def __init__(self, tracer_provider: TracerProvider | None = None) -> None:
         self.tracer = trace.get_tracer(INSTRUMENTATION, tracer_provider=tracer_provider) if trace else None
         # (get_tracer_provider, above or here, has loaded a provider OTEL_PYTHON_TRACER_PROVIDER names)
         self._on = tracer_provider is not None or (trace is not None and _global_provider_set())
@@ -51,6 +52,8 @@ class Tracing:
         wall clock here. (Read here, not by the caller: with tracing off nothing reads it.)"""
         if not self._recording():
             return
+        tracer = self.tracer
+        assert tracer is not None  # (a recording tracing has one)
         if clock_now is None:
             clock_now = trio.current_time()
         offset_ns = time.time_ns() - int(clock_now * 1e9)
@@ -60,9 +63,10 @@ class Tracing:
 
         families = families or {}
         served = result.served
-        attributes = {
+        model = result.requested.split("/", 1)[-1]
+        attributes: dict[str, AttributeValue] = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.request.model": result.requested.split("/", 1)[-1],
+            "gen_ai.request.model": model,
             "relayline.requested": result.requested,
             "relayline.outcome": result.outcome,
             "relayline.attempts": len(result.attempts),
@@ -78,7 +82,7 @@ class Tracing:
             attributes["relayline.partial_from"] = result.partial_from.label
         if request_id:
             attributes["relayline.request_id"] = request_id
-        span = self.tracer.start_span(f"chat {attributes['gen_ai.request.model']}", kind=SpanKind.INTERNAL,
+        span = tracer.start_span(f"chat {model}", kind=SpanKind.INTERNAL,
                                       start_time=wall(started), attributes=attributes)
         if result.outcome != "ok":
             span.set_attribute("error.type", result.error or result.outcome)
@@ -91,7 +95,7 @@ class Tracing:
                           (attempt.provider, attempt.model, attempt.outcome)), None)
             if usage is not None:
                 rows.remove(usage)
-            child = {
+            child: dict[str, AttributeValue] = {
                 "gen_ai.operation.name": "chat",
                 "gen_ai.provider.name": families.get(attempt.provider, "unknown"),
                 "gen_ai.request.model": attempt.model,
@@ -104,7 +108,7 @@ class Tracing:
                 child |= {"gen_ai.usage.input_tokens": usage.input_tokens,
                           "gen_ai.usage.output_tokens": usage.output_tokens, "relayline.cost_usd": usage.cost_usd}
             end = max(attempt.at, begin)
-            attempt_span = self.tracer.start_span(f"chat {attempt.model}", context=context, kind=SpanKind.CLIENT,
+            attempt_span = tracer.start_span(f"chat {attempt.model}", context=context, kind=SpanKind.CLIENT,
                                                   start_time=wall(begin), attributes=child)
             if attempt.outcome != "ok":
                 attempt_span.set_attribute("error.type", attempt.outcome)
