@@ -61,7 +61,8 @@ class AnthropicDialect:
     def bad_request(self, error: wire.WireError) -> tuple[int, bytes]:
         return 400, self.error_body(str(error), "invalid_request_error")
 
-    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> wire.Request:
+    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (),
+              query: str = "") -> wire.Request:
         return anthropic_messages.parse_request(body, headers, query)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
@@ -72,7 +73,8 @@ class AnthropicDialect:
         status, _, _, type_ = ERRORS.get(result.error or "", UNKNOWN_ERROR)
         return status, self.error_body(result.message or "failed", type_)
 
-    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any], request: wire.Request | None = None) -> dict[str, Any]:
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any],
+                   request: wire.Request | None = None) -> dict[str, Any]:
         assert result.served is not None  # an accepted answer always has a server
         tools = answer_tools(result, ToolIds("toolu_"))
         content: list[dict[str, Any]]

@@ -23,10 +23,12 @@ class EmbeddingsDialect(OpenAIDialect):
 
     name = "embeddings"
 
-    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> wire.Request:
+    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (),
+              query: str = "") -> wire.Request:
         return embeddings.parse_request(body, headers, query)
 
-    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any], request: wire.Request | None = None) -> dict[str, Any]:
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any],
+                   request: wire.Request | None = None) -> dict[str, Any]:
         return embeddings.answer(result, relayline)
 
 
@@ -36,16 +38,18 @@ class CountTokensDialect(AnthropicDialect):
 
     name = "count_tokens"
 
-    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> wire.Request:
+    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (),
+              query: str = "") -> wire.Request:
         return count_tokens.parse_request(body, headers, query)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
         if result.error == "unsupported":
-            return 404, self.error_body("token counting is served by anthropic profiles, and the requested model's "
-                                        "chain has none", "not_found_error")
+            return 404, self.error_body("token counting is served by anthropic profiles, and the "
+                                        "requested model's chain has none", "not_found_error")
         return super().error(result)
 
-    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any], request: wire.Request | None = None) -> dict[str, Any]:
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any],
+                   request: wire.Request | None = None) -> dict[str, Any]:
         return count_tokens.answer(result, relayline)
 
 
@@ -59,13 +63,16 @@ class ResponsesDialect(OpenAIDialect):
     def new_id() -> str:
         return responses_answers.new_id("resp")
 
-    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> wire.Request:
+    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (),
+              query: str = "") -> wire.Request:
         return responses.parse_request(body, headers, query)
 
-    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any], request: wire.Request | None = None) -> dict[str, Any]:
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any],
+                   request: wire.Request | None = None) -> dict[str, Any]:
         return responses_answers.response_object(turn_id, result, relayline, request)
 
-    def stream_renderer(self, turn_id: str, request: wire.Request) -> responses_answers.ResponsesStream:
+    def stream_renderer(self, turn_id: str, request: wire.Request
+                        ) -> responses_answers.ResponsesStream:
         return responses_answers.ResponsesStream(turn_id, request)
 
 

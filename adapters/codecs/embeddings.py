@@ -36,20 +36,23 @@ def _input(raw: Any) -> str | tuple[str, ...] | tuple[tuple[int, ...], ...]:
     if all(isinstance(i, str) for i in items):
         return tuple(items)
     return tuple(tuple(shape.want_int(t, shape.path(shape.path("input", n), k), 0, 2**31)
-                       for k, t in enumerate(shape.want_list(i, shape.path("input", n)))) for n, i in enumerate(items))
+                       for k, t in enumerate(shape.want_list(i, shape.path("input", n))))
+                 for n, i in enumerate(items))
 
 
-def parse_request(body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> w.Request:
+def parse_request(body: object, headers: Iterable[tuple[str, str]] = (), query: str = ""
+                  ) -> w.Request:
     """An embeddings body as the canonical request; a body of the wrong shape raises WireError
     naming the field."""
     body = shape.want_dict(body, "")
     encoding = shape.optional(body, "encoding_format", shape.want_str)
     if encoding is not None and encoding not in ENCODINGS:
         raise w.WireError("encoding_format", "must be float or base64")
-    embedding = w.Embedding(_input(body.get("input")), shape.optional(body, "dimensions", shape.want_int, "", 1, 65536),
-                            encoding)
-    return w.Request(messages=(), model=shape.check_model(body.get("model")), user=shape.optional(body, "user", shape.want_str),
-                     embedding=embedding, source=SOURCE)
+    dimensions = shape.optional(body, "dimensions", shape.want_int, "", 1, 65536)
+    embedding = w.Embedding(_input(body.get("input")), dimensions, encoding)
+    return w.Request(messages=(), model=shape.check_model(body.get("model")),
+                     user=shape.optional(body, "user", shape.want_str), embedding=embedding,
+                     source=SOURCE)
 
 
 def render_request(request: w.Request, model: str) -> dict[str, Any]:
@@ -57,8 +60,8 @@ def render_request(request: w.Request, model: str) -> dict[str, Any]:
     embedding = request.embedding
     assert embedding is not None  # (only an embeddings turn is rendered here)
     raw = embedding.input
-    body: dict[str, Any] = {"input": raw if isinstance(raw, str) else [list(i) if isinstance(i, tuple) else i
-                                                                         for i in raw], "model": model}
+    given = raw if isinstance(raw, str) else [list(i) if isinstance(i, tuple) else i for i in raw]
+    body: dict[str, Any] = {"input": given, "model": model}
     if isinstance(raw, tuple) and len(raw) == 1 and isinstance(raw[0], tuple):
         body["input"] = list(raw[0])  # one token array, as the client sent it
     if embedding.dimensions is not None:
@@ -80,7 +83,8 @@ def parse_reply(body: dict[str, Any]) -> Completion:
     for i, item in enumerate(data):
         item = shape.want_dict(item, shape.path("data", i))
         if not isinstance(item.get("embedding"), list | str):
-            raise w.WireError(shape.path(shape.path("data", i), "embedding"), "expected a list of numbers or base64 text")
+            raise w.WireError(shape.path(shape.path("data", i), "embedding"),
+                              "expected a list of numbers or base64 text")
     usage = shape.optional(body, "usage", shape.want_dict) or {}
     tokens = shape.optional(usage, "prompt_tokens", shape.want_int, "usage") or 0
     return Completion(usage=Usage(tokens, 0), vectors=tuple(data))

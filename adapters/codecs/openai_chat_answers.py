@@ -74,7 +74,8 @@ class OpenAIDialect:
     def bad_request(self, error: wire.WireError) -> tuple[int, bytes]:
         return 400, self.error_body(str(error), "invalid_request_error", "invalid_body", error.param or None)
 
-    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (), query: str = "") -> wire.Request:
+    def parse(self, body: object, headers: Iterable[tuple[str, str]] = (),
+              query: str = "") -> wire.Request:
         return openai_chat.parse_request(body, headers, query)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
@@ -84,7 +85,8 @@ class OpenAIDialect:
         status, type_, code, _ = ERRORS.get(result.error or "", UNKNOWN_ERROR)
         return status, self.error_body(result.message or "failed", type_, code)
 
-    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any], request: wire.Request | None = None) -> dict[str, Any]:
+    def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any],
+                   request: wire.Request | None = None) -> dict[str, Any]:
         assert result.served is not None  # an accepted answer always has a server
         tools = answer_tools(result, ToolIds("call_")) if result.tool_calls else []
         message: dict[str, Any] = {"role": "assistant", "content": result.text or (None if tools else "")}
