@@ -36,8 +36,8 @@ def client_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str],
     return tuple([(k.lower(), v) for k, v in headers])
 
 
-def openai_reply_usage(raw: Any, param: str = "usage", counts: tuple[str, str] = ("prompt", "completion")
-                       ) -> Usage | None:
+def openai_reply_usage(raw: Any, param: str = "usage",
+                       counts: tuple[str, str] = ("prompt", "completion")) -> Usage | None:
     """The canonical usage of an OpenAI-family usage object, or None when the reply had none.
     `counts` names its two counts, `{input}_tokens` and `{output}_tokens`, each with its
     `_details`: prompt/completion in Chat Completions, input/output in the Responses API."""
@@ -46,13 +46,15 @@ def openai_reply_usage(raw: Any, param: str = "usage", counts: tuple[str, str] =
     into, out = counts
     raw = shape.want_dict(raw, param)
     details = shape.optional(raw, f"{into}_tokens_details", shape.want_dict, param) or {}
-    cached = shape.optional(details, "cached_tokens", shape.want_int, shape.path(param, f"{into}_tokens_details")) or 0
+    at = shape.path(param, f"{into}_tokens_details")
+    cached = shape.optional(details, "cached_tokens", shape.want_int, at) or 0
     out_details = shape.optional(raw, f"{out}_tokens_details", shape.want_dict, param) or {}
-    reasoning = shape.optional(out_details, "reasoning_tokens", shape.want_int, shape.path(param, f"{out}_tokens_details")) or 0
+    at = shape.path(param, f"{out}_tokens_details")
+    reasoning = shape.optional(out_details, "reasoning_tokens", shape.want_int, at) or 0
     prompt = shape.optional(raw, f"{into}_tokens", shape.want_int, param) or 0
+    output = shape.optional(raw, f"{out}_tokens", shape.want_int, param) or 0
     # the input count already includes the cached tokens: kept apart so they are not billed twice
-    return Usage(max(prompt - cached, 0), shape.optional(raw, f"{out}_tokens", shape.want_int, param) or 0, cached,
-                 0, reasoning)
+    return Usage(max(prompt - cached, 0), output, cached, 0, reasoning)
 
 
 def json_frame(event: SSEEvent, shaped: Any) -> dict[str, Any]:
@@ -60,7 +62,8 @@ def json_frame(event: SSEEvent, shaped: Any) -> dict[str, Any]:
     try:
         obj = jsoncodec.loads_after_shape(event.data, shaped)
     except ValueError:
-        raise ProviderFailure(fc.truncated("malformed frame: a data line that is not valid JSON")) from None
+        failure = fc.truncated("malformed frame: a data line that is not valid JSON")
+        raise ProviderFailure(failure) from None
     if not isinstance(obj, dict):
         raise ProviderFailure(fc.truncated("malformed frame: not a JSON object"))
     return obj
@@ -75,18 +78,20 @@ def data_url(url: str) -> tuple[str, str] | None:
 
 # a finish reason in each family's words, read (a provider's) and written (to a client): the
 # canonical reasons are OpenAI's, with Anthropic's stop_sequence and pause_turn kept apart
-OPENAI_FINISH = {"stop": w.STOP, "length": w.LENGTH, "tool_calls": w.TOOL_CALLS, "function_call": w.TOOL_CALLS,
-                 "content_filter": w.CONTENT_FILTER}
-ANTHROPIC_STOP = {"end_turn": w.STOP, "stop_sequence": w.STOP_SEQUENCE, "max_tokens": w.LENGTH, "tool_use": w.TOOL_CALLS,
-                  "refusal": w.CONTENT_FILTER, "pause_turn": w.PAUSE, "model_context_window_exceeded": w.LENGTH}
-TO_OPENAI = {w.STOP: "stop", w.STOP_SEQUENCE: "stop", w.LENGTH: "length", w.TOOL_CALLS: "tool_calls",
-             w.CONTENT_FILTER: "content_filter", w.PAUSE: "stop"}
-TO_ANTHROPIC = {w.STOP: "end_turn", w.STOP_SEQUENCE: "stop_sequence", w.LENGTH: "max_tokens", w.TOOL_CALLS: "tool_use",
-                w.CONTENT_FILTER: "refusal", w.PAUSE: "pause_turn"}
+OPENAI_FINISH = {"stop": w.STOP, "length": w.LENGTH, "tool_calls": w.TOOL_CALLS,
+                 "function_call": w.TOOL_CALLS, "content_filter": w.CONTENT_FILTER}
+ANTHROPIC_STOP = {"end_turn": w.STOP, "stop_sequence": w.STOP_SEQUENCE, "max_tokens": w.LENGTH,
+                  "tool_use": w.TOOL_CALLS, "refusal": w.CONTENT_FILTER, "pause_turn": w.PAUSE,
+                  "model_context_window_exceeded": w.LENGTH}
+TO_OPENAI = {w.STOP: "stop", w.STOP_SEQUENCE: "stop", w.LENGTH: "length",
+             w.TOOL_CALLS: "tool_calls", w.CONTENT_FILTER: "content_filter", w.PAUSE: "stop"}
+TO_ANTHROPIC = {w.STOP: "end_turn", w.STOP_SEQUENCE: "stop_sequence", w.LENGTH: "max_tokens",
+                w.TOOL_CALLS: "tool_use", w.CONTENT_FILTER: "refusal", w.PAUSE: "pause_turn"}
 
 # turn error reason -> (HTTP status, OpenAI error type, code, Anthropic error type)
 ERRORS = {
-    "context_window": (400, "invalid_request_error", "context_length_exceeded", "invalid_request_error"),
+    "context_window":
+        (400, "invalid_request_error", "context_length_exceeded", "invalid_request_error"),
     "client_error": (400, "invalid_request_error", "upstream_rejected", "invalid_request_error"),
     "unsupported": (400, "invalid_request_error", "unsupported_parameter", "invalid_request_error"),
     "no_candidate": (503, "service_unavailable", "no_candidate", "overloaded_error"),
@@ -99,8 +104,9 @@ ERRORS = {
 }
 UNKNOWN_ERROR = (502, "upstream_error", None, "api_error")
 # HTTP status -> Anthropic error type (https://docs.anthropic.com/en/api/errors)
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "not_found_error", 408: "invalid_request_error", 413: "request_too_large",
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 408: "invalid_request_error",
+                   413: "request_too_large",
                    431: "invalid_request_error", 422: "invalid_request_error",
                    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 
@@ -122,7 +128,8 @@ def answer_tools(result: TurnResult, ids: ToolIds) -> list[tuple[str, str, str]]
     n = len(result.tool_calls)
     arguments = list(result.tool_arguments) + [""] * (n - len(result.tool_arguments))
     given = list(result.tool_ids) + [""] * (n - len(result.tool_ids))
-    return [(ids(i), name, args or "{}") for i, name, args in zip(given, result.tool_calls, arguments, strict=False)]
+    return [(ids(i), name, args or "{}")
+            for i, name, args in zip(given, result.tool_calls, arguments, strict=False)]
 
 
 # -- what the chat answers share ----------------------------------------------------------------
