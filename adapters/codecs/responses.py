@@ -33,7 +33,7 @@ NAMESPACE = "namespace"
 # gave its thinking, so the thinking can go back to it on the next turn
 TOKEN = "relayline-signature."
 
-# -- requests: Responses body -> canonical ------------------------------------------------------------
+# -- requests: Responses body -> canonical -------------------------------------------------------
 
 
 class _Reader:
@@ -44,7 +44,8 @@ class _Reader:
         self.messages: list[w.Message] = []
         self.extra: dict[str, Any] = {}
         self.withdrawn: list[str] = []
-        self.thinking: list[w.Part] = []  # reasoning items sent back, for the assistant turn they open
+        # reasoning items sent back, for the assistant turn they open
+        self.thinking: list[w.Part] = []
 
     def own(self, name: str, value: Any = None) -> None:
         self.extra.setdefault(name, value)
@@ -99,7 +100,8 @@ def _file_part(raw: dict[str, Any], param: str, reader: _Reader) -> w.Part:
             raise w.WireError(shape.path(param, "file_data"), "expected a base64 data: URL")
         return w.Part(w.DOCUMENT, data=data[1], media_type=data[0])
     if raw.get("file_url") is not None:
-        return w.Part(w.DOCUMENT, url=shape.want_str(raw["file_url"], shape.path(param, "file_url")))
+        url = shape.want_str(raw["file_url"], shape.path(param, "file_url"))
+        return w.Part(w.DOCUMENT, url=url)
     reader.own("document.source.file_id")
     return w.Part(w.DOCUMENT)
 
@@ -122,7 +124,8 @@ def _part(raw: object, param: str, reader: _Reader) -> w.Part | None:
 def _content(raw: object, param: str, reader: _Reader) -> tuple[w.Part, ...]:
     if isinstance(raw, str):
         return (w.Part(w.TEXT, raw),) if raw else ()
-    parts = (_part(p, shape.path(param, i), reader) for i, p in enumerate(shape.want_list(raw, param)))
+    parts = (_part(p, shape.path(param, i), reader)
+             for i, p in enumerate(shape.want_list(raw, param)))
     return tuple(p for p in parts if p is not None)
 
 
@@ -132,7 +135,8 @@ _ROLES = {"system": w.SYSTEM, "developer": w.SYSTEM, "user": w.USER, "assistant"
 def _message_item(raw: dict[str, Any], param: str, reader: _Reader) -> None:
     role = shape.want_str(raw.get("role"), shape.path(param, "role"))
     if role not in _ROLES:
-        raise w.WireError(shape.path(param, "role"), "must be one of system, developer, user, assistant")
+        raise w.WireError(shape.path(param, "role"),
+                          "must be one of system, developer, user, assistant")
     content = _content(raw.get("content"), shape.path(param, "content"), reader)
     if _ROLES[role] == w.ASSISTANT and reader.messages and reader.messages[-1].role == w.ASSISTANT \
             and not reader.messages[-1].tool_calls and not reader.thinking:
@@ -146,7 +150,8 @@ def _call_item(raw: dict[str, Any], param: str, reader: _Reader) -> None:
     arguments = raw.get("arguments")
     reader.add_call(w.ToolCall(shape.want_str(raw.get("call_id"), shape.path(param, "call_id")),
                                shape.want_str(raw.get("name"), shape.path(param, "name")),
-                               "{}" if arguments is None else shape.want_str(arguments, shape.path(param, "arguments"))))
+                               "{}" if arguments is None
+                               else shape.want_str(arguments, shape.path(param, "arguments"))))
 
 
 def _output_item(raw: dict[str, Any], param: str, reader: _Reader) -> None:
@@ -205,12 +210,14 @@ def _tools(body: dict[str, Any], reader: _Reader) -> tuple[w.Tool, ...]:
                 if tool.get("type") == FUNCTION:
                     tools.append(_function(tool, where))
                 else:
-                    reader.withdrawn.append(f"tools.{NAMESPACE}.{shape.want_str(tool.get('type'), shape.path(where, 'type'))}")
+                    inner_type = shape.want_str(tool.get("type"), shape.path(where, "type"))
+                    reader.withdrawn.append(f"tools.{NAMESPACE}.{inner_type}")
         else:
             reader.withdrawn.append(f"tools.{kind}")
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
-        reader.own("tools.namespace")  # two functions of one name: flattening them would not be exact
+        # two functions of one name: flattening them would not be exact
+        reader.own("tools.namespace")
     return tuple(tools)
 
 
@@ -275,8 +282,10 @@ def parse_request(body: object, headers: Iterable[tuple[str, str]] = (), query: 
     tools = _tools(body, reader)
     tool_choice = _tool_choice(body.get("tool_choice"), reader)
     _own_fields(body, reader)
-    shape.optional(body, "metadata", shape.want_dict)  # echoed in the response object; never sent upstream
-    user = shape.optional(body, "user", shape.want_str) or shape.optional(body, "safety_identifier", shape.want_str)
+    # echoed in the response object; never sent upstream
+    shape.optional(body, "metadata", shape.want_dict)
+    user = shape.optional(body, "user", shape.want_str) \
+        or shape.optional(body, "safety_identifier", shape.want_str)
     return w.Request(
         messages=tuple(reader.messages),
         model=shape.check_model(body.get("model")),
