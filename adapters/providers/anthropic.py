@@ -17,10 +17,10 @@ from .. import jsoncodec
 from ..codecs import count_tokens
 from ..codecs.anthropic_messages import DEFAULT_MAX_TOKENS, render_request
 from ..codecs.anthropic_messages_replies import AnthropicStreamParser, parse_reply
+from ..codecs.http1 import UpstreamRequest
 from .base import CallRequest, credential
 from .http import FixedHeads, HttpProvider
 from .pool import Pools
-from .upstream import UpstreamRequest
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"

@@ -26,8 +26,9 @@ import attrs
 import httpx
 import trio
 
+from ..codecs.http1 import UpstreamRequest
 from .base import AttemptClockLike
-from .upstream import UpstreamError, UpstreamRequest
+from .upstream import UpstreamError
 
 SHARD_CONNECTIONS = 8  # httpcore's scan is quadratic in this: at 8, ~64 checks per pool event
 

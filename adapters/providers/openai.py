@@ -19,12 +19,12 @@ from relayline.machines.turn import Completion
 
 from .. import jsoncodec
 from ..codecs import embeddings, responses
+from ..codecs.http1 import UpstreamRequest
 from ..codecs.openai_chat import render_request
 from ..codecs.openai_chat_replies import OpenAIStreamParser, parse_reply
 from .base import CallRequest, credential
 from .http import FixedHeads, HttpProvider
 from .pool import Pools
-from .upstream import UpstreamRequest
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 

@@ -48,17 +48,10 @@ from types import TracebackType
 
 import trio
 
-from ..codecs.http1 import split_url
+from ..codecs.http1 import Origin, UpstreamRequest, split_url
 from .base import AttemptClockLike
 from .httpx_pool import HttpxPool, HttpxResponse
-from .upstream import (
-    TRANSPORT_ERRORS,
-    Connection,
-    Origin,
-    Response,
-    UpstreamRequest,
-    default_ssl_context,
-)
+from .upstream import TRANSPORT_ERRORS, Connection, Response, default_ssl_context
 
 log = logging.getLogger("relayline.providers")
 
