@@ -18,11 +18,11 @@ trio's `receive_some` first tries the read, and only when the kernel has nothing
 BlockingIOError raised and caught) waits for the socket and reads again. Where the bytes are
 seldom there yet, the answer to a request just written (the provider's head) or the next request
 of a client still reading this answer, that first try is a syscall and an exception for nothing,
-twice a request (bench/glue_counts.py counts the recvfrom calls). `receive_after_wait`
+twice a request (bench/probes/glue_counts.py counts the recvfrom calls). `receive_after_wait`
 waits first: the same checkpoint (the wait parks; a cancelled task reads nothing), the same
 errors in trio's words. Where the bytes were there after all (the peer the write woke may run
 first), the wait returns in the next pass of the loop, as trio's read would have yielded one
-after reading them (bench/glue_counts.py at 16 clients: no worse).
+after reading them (bench/probes/glue_counts.py at 16 clients: no worse).
 
 `tls_bytes_buffered` says whether a TLS stream still holds bytes read off its socket: an idle
 upstream connection that does must not carry the next request.

@@ -4,8 +4,8 @@ cycles.
 Every import statement counts wherever it stands: at the top of a module, inside a function (a
 lazy import still ties the two modules together: each needs the other to work), and under
 `if TYPE_CHECKING:` (the annotation still names the other module). Two graphs are read: the
-package (machines/, adapters/, specs/ as `relayline.*`) and bench/, whose scripts import each
-other by their bare names (each puts its own folder on sys.path).
+package (machines/, adapters/, specs/ as `relayline.*`) and bench/ with bench/probes/, whose
+scripts import each other by their bare names (each puts bench/ on sys.path).
 
     python tests/import_graph.py    # every cycle, then the count
 """
@@ -37,7 +37,10 @@ def package_modules() -> dict[str, Path]:
 
 
 def bench_modules() -> dict[str, Path]:
-    return {path.stem: path for path in sorted((ROOT / "bench").glob("*.py"))}
+    """The standing benches and the probes under bench/probes/, by bare name: a probe puts bench/
+    on sys.path and imports the standing ones as they import each other."""
+    paths = [*sorted((ROOT / "bench").glob("*.py")), *sorted((ROOT / "bench" / "probes").glob("*.py"))]
+    return {path.stem: path for path in paths}
 
 
 def _imported_names(tree: ast.AST, module: str, is_package: bool, known: Container[str]) -> Iterator[str]:

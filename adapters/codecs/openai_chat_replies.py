@@ -74,7 +74,7 @@ def _plain_answer(body: dict[str, Any]) -> Completion | None:
     """A plain answer (a first choice whose message is text alone, a finish reason or none, usage
     of two plain counts or none) read at once: nearly every non-streamed answer, where the general
     walk below checked each field through a helper and built the path of each for its errors
-    (most of the answer's decoding: bench/gateway_phases.py measures it). None sends the answer
+    (most of the answer's decoding, measured per step in a serving process). None sends the answer
     through the walk, which reads it exactly the same way when it fits (a property test holds
     the two equal)."""
     choices = body.get("choices")

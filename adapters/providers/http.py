@@ -178,7 +178,7 @@ class FixedHeads:
     first request and used by every request after it. Building each request's headers afresh
     (its dicts merged, its names folded, the key's header written) and checking each of them
     again in `render` was about half of the upstream request's building and rendering
-    (bench/gateway_phases.py). A head holds its profile and key, so neither's id is taken by
+    (measured per step in a serving process). A head holds its profile and key, so neither's id is taken by
     another while it is kept; at most MOST are kept (a reload's new profiles start them over)."""
 
     MOST = 256

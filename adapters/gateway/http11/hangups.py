@@ -28,7 +28,7 @@ class Hangups:
     `receive()` cost ~55 µs of CPU per request (its spawn, its cancellation at the turn's end:
     bench/gateway_cpu.py). A connection's socket joins the set at its first watched request and
     leaves it when the connection ends (`forget`, before its socket closes): two epoll_ctl calls
-    a connection, not two a request (bench/glue_counts.py); between requests it has no call-back,
+    a connection, not two a request (bench/probes/glue_counts.py); between requests it has no call-back,
     and a hang-up heard then is told to the next request at once, as a new registration would
     have told it. Linux only (epoll); without it the extension is absent and an app waits in
     `receive()`."""

@@ -124,7 +124,7 @@ class Server:
         """Close the connections that have waited `keep_alive_s` for a request head (idle, or a
         head still arriving), within a further min(HEAD_CHECK_S, keep_alive_s / 4). One task
         for all of them: a timer (a cancel scope with a deadline) around each request's wait
-        for its head cost more than the server's whole read of that head (bench/glue_counts.py);
+        for its head cost more than the server's whole read of that head (bench/probes/glue_counts.py);
         a connection only notes when its wait began."""
         every = max(min(HEAD_CHECK_S, self.keep_alive_s / 4), HEAD_CHECK_LEAST_S)
         while True:

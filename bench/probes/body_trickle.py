@@ -1,11 +1,11 @@
 """A request body trickled in small pieces against the same body sent at once: the gateway
-process's CPU for each (`python bench/body_trickle.py`; never part of `make test`).
+process's CPU for each (`python bench/probes/body_trickle.py`; never part of `make test`).
 
 A client that sends a 4 MB body in 150-byte writes, each its own TCP segment, makes the server
 read it piece by piece; what such a body costs the server is its CPU (from /proc) for the whole
 request, beside the same request with the body in one write, in the same process and run.
 
-Run: python bench/body_trickle.py [--size BYTES] [--piece BYTES]
+Run: python bench/probes/body_trickle.py [--size BYTES] [--piece BYTES]
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+BENCH = Path(__file__).resolve().parent.parent  # bench/: common.py, upstream.py, the standing benches
+sys.path.insert(0, str(BENCH))
 
 from common import (  # noqa: E402
     cpu_s,  # noqa: E402

@@ -1,5 +1,5 @@
 """What a held stream keeps in the gateway's Python heap, by allocation site (`python
-bench/stream_heap.py`; never part of `make test`).
+bench/probes/stream_heap.py`; never part of `make test`).
 
 The gateway runs in this process (its own HTTP/1.1 server) in front of the loopback upstream
 (bench/upstream.py, its own process, "hold" streams: two text frames, then it waits); a client
@@ -11,7 +11,7 @@ in its own child process (bench/frames.py's --base). `--prompt-words N` sends a 
 words instead of "hi" (what a stream keeps of its request grows with it). Loopback only; every
 wait is bounded.
 
-    python bench/stream_heap.py [--base /tmp/base-tree] [--pairs 3] [--held 1000] [--prompt-words 800]
+    python bench/probes/stream_heap.py [--base /tmp/base-tree] [--pairs 3] [--held 1000] [--prompt-words 800]
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ import textwrap
 import tracemalloc
 from pathlib import Path
 
-from common import alternate, tree_arguments
+BENCH = Path(__file__).resolve().parent.parent  # bench/: common.py, upstream.py, the standing benches
+sys.path.insert(0, str(BENCH))
 
-HERE = Path(__file__).resolve().parent
+from common import alternate, tree_arguments  # noqa: E402
 
 
 def child(held: int, prompt_words: int, top: int) -> dict:
@@ -40,7 +41,7 @@ def child(held: int, prompt_words: int, top: int) -> dict:
     from relayline.adapters.gateway.app import Gateway
     from relayline.adapters.gateway.serving import serve
 
-    up = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), "0", "30"], stdout=subprocess.PIPE, text=True)
+    up = subprocess.Popen([sys.executable, str(BENCH / "upstream.py"), "0", "30"], stdout=subprocess.PIPE, text=True)
     tmp = tempfile.TemporaryDirectory()
     try:
         upstream = f"http://127.0.0.1:{up.stdout.readline().split()[1]}"
@@ -57,7 +58,7 @@ def child(held: int, prompt_words: int, top: int) -> dict:
         out: dict = {}
 
         def client(url: str, count: int) -> list[str]:
-            code = (f"import asyncio, sys; sys.path.insert(0, {str(HERE)!r}); import load; "
+            code = (f"import asyncio, sys; sys.path.insert(0, {str(BENCH)!r}); import load; "
                     f"load.MESSAGES[0]['content'] = 'word ' * {prompt_words} or 'hi'; "
                     f"print(asyncio.run(load.held_streams({url!r}, {count}, {os.getpid()})))")
             return [sys.executable, "-c", code]

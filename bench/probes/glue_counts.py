@@ -16,7 +16,7 @@ client) in front of bench/upstream.py. Per request, over a window of `--requests
   (`--cpu ROUNDS`: the process's, the targets alternated round by round, with the CPU of its
   socket writes apart: on loopback a write carries the kernel's whole send and the peer's wake).
 
-Run: python bench/glue_counts.py [--requests 400] [--clients 1] [--syscalls] [--cpu ROUNDS]
+Run: python bench/probes/glue_counts.py [--requests 400] [--clients 1] [--syscalls] [--cpu ROUNDS]
          [--instructions] [--sim] [--base DIR [--after DIR]] [--out FILE]
 (`--base DIR`: the gateway of that tree's package too, as a lever's before; `--sim`: the gateway
 on the sim family, bench/gateway_trees.py's, instead of the floor and the upstream call)
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+BENCH = Path(__file__).resolve().parent.parent  # bench/: common.py, upstream.py, the standing benches
+sys.path.insert(0, str(BENCH))
 
 from common import stop, tree_env  # noqa: E402
 from proxy_floor import CLIENT, trio_server, tune_floor_collector  # noqa: E402
@@ -50,7 +50,7 @@ from proxy_floor import CLIENT, trio_server, tune_floor_collector  # noqa: E402
 # raw asyncio client)
 CLIENTS = f"""
 import asyncio, sys
-sys.path.insert(0, {str(HERE)!r})
+sys.path.insert(0, {str(BENCH)!r})
 from common import MESSAGES, raw_connect, raw_post, raw_response
 port, n, c = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 url = f"http://127.0.0.1:{{port}}/v1/chat/completions"
@@ -276,7 +276,7 @@ def main() -> int:
         kind, upstream, n = args.child
         print(json.dumps(serve_counted(kind, upstream, int(n), args.mode, args.clients)))
         return 0
-    upstream_proc = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), "0"], stdout=subprocess.PIPE, text=True)
+    upstream_proc = subprocess.Popen([sys.executable, str(BENCH / "upstream.py"), "0"], stdout=subprocess.PIPE, text=True)
     out: dict = {"requests": args.requests, "load_average": os.getloadavg()[0], "targets": {}}
     try:
         upstream = f"http://127.0.0.1:{upstream_proc.stdout.readline().split()[1]}"

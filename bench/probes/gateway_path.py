@@ -11,8 +11,8 @@ alternately, each in child processes of its own, and the figure is the median of
 `--profile` prints a cProfile of this tree grouped by module (its µs are inflated by the
 profiler: read them as shares).
 
-    python bench/gateway_path.py [--base DIR [--after DIR]] [--pairs 7] [--n 2000] [--no-ledger]
-    python bench/gateway_path.py --profile [--no-ledger]
+    python bench/probes/gateway_path.py [--base DIR [--after DIR]] [--pairs 7] [--n 2000] [--no-ledger]
+    python bench/probes/gateway_path.py --profile [--no-ledger]
 
 A lever worth a few µs is within the noise of a loaded machine; its instruction count is not:
 run a child under `valgrind --tool=cachegrind --cache-sim=no` with `--n 50` and `--n 350` (a
@@ -30,8 +30,11 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-from common import alternate, tree_arguments
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: common.py
+
+from common import alternate, tree_arguments  # noqa: E402
 
 BODY = json.dumps({"model": "frames-1", "messages": [{"role": "user", "content": "hi"}]}).encode()
 ROUNDS = 3  # per child: the least CPU of these (machine noise only adds)

@@ -8,7 +8,7 @@ size is chosen when a file is made) with `--existing` rows already in it, warms 
 machine's load moves them less than wall time, and the writing thread's alone (the checkpointer
 thread's copies are not the write's); each side's figure is the median of its pairs.
 
-Run: python bench/ledger_write.py [--base DIR [--after DIR]] [--pairs 4] [--rows 1]
+Run: python bench/probes/ledger_write.py [--base DIR [--after DIR]] [--pairs 4] [--rows 1]
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+BENCH = Path(__file__).resolve().parent.parent  # bench/: common.py, upstream.py, the standing benches
+sys.path.insert(0, str(BENCH))
 
 from common import alternate, tree_arguments  # noqa: E402
 

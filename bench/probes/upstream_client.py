@@ -7,7 +7,7 @@ non-streamed request at concurrency 1, the gateway's CPU per request, the first 
 the per-frame slope of a stream (1 and 200 frames), and throughput at concurrency 1 and 16 as a
 share of direct's.
 
-Run: python bench/upstream_client.py [rounds]  (prints a table and appends the run to
+Run: python bench/probes/upstream_client.py [rounds]  (prints a table and appends the run to
 bench/results/upstream-client-<date>.json)
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: common.py and peers.py
 
 from common import cpu_s, httpx_throughput, stream_timing, timed_posts  # noqa: E402
 from peers import Processes  # noqa: E402
@@ -122,9 +122,9 @@ def main() -> None:
     print(f"{'measure':34} {'httpx':>10} {'lean':>10}")
     for key in lean:
         print(f"{key:34} {old[key]:10.3f} {lean[key]:10.3f}")
-    path = Path(__file__).parent / "results" / f"upstream-client-{dt.date.today()}.json"
+    path = Path(__file__).resolve().parent.parent / "results" / f"upstream-client-{dt.date.today()}.json"
     runs = json.loads(path.read_text())["runs"] if path.exists() else []  # a day's runs, each kept
-    path.write_text(json.dumps({"bench": "bench/upstream_client.py", "runs": [*runs, result]}, indent=2) + "\n")
+    path.write_text(json.dumps({"bench": "bench/probes/upstream_client.py", "runs": [*runs, result]}, indent=2) + "\n")
     print(f"appended to {path}")
 
 

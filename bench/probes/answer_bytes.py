@@ -11,7 +11,7 @@ and one that answers with the upstream's bytes, all driven by the same client in
 whatever the gateway does not reach of the replay is the gateway's; what the replay does not
 reach of the direct call is the client's cost of reading the gateway's answer.
 
-Run: python bench/answer_bytes.py [--rounds 3] [--requests 1600] [--out FILE]
+Run: python bench/probes/answer_bytes.py [--rounds 3] [--requests 1600] [--out FILE]
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+BENCH = Path(__file__).resolve().parent.parent  # bench/: common.py, upstream.py, the standing benches
+sys.path.insert(0, str(BENCH))
 
 from common import MESSAGES, row_throughput  # noqa: E402
 from peers import Processes  # noqa: E402

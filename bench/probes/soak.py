@@ -15,7 +15,7 @@ every status is counted against /metrics' request counter, and the log, /metrics
 and every answer are searched for the keys. Bounded: at most --requests requests and --max-s
 seconds. Loopback only. Never part of `make test`.
 
-Run: python bench/soak.py [--requests 20000] [--concurrency 16]  (writes bench/results/soak-<date>.json)
+Run: python bench/probes/soak.py [--requests 20000] [--concurrency 16]  (writes bench/results/soak-<date>.json)
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from pathlib import Path
 import httpx
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+BENCH = Path(__file__).resolve().parent.parent  # bench/: common.py, upstream.py, the standing benches
+sys.path.insert(0, str(BENCH))
 
 from common import listening, stop  # noqa: E402
 
@@ -277,7 +277,7 @@ def main() -> None:
         "tracebacks_in_log": log.count("Traceback"),
         "log_bytes": len(log),
     }
-    out = Path(args.out) if args.out else HERE / "results" / f"soak-{dt.date.today().isoformat()}.json"
+    out = Path(args.out) if args.out else BENCH / "results" / f"soak-{dt.date.today().isoformat()}.json"
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "checks"}, indent=1))
     print(f"written to {out}")
