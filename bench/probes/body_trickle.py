@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--piece", type=int, default=150)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    body = json.dumps({"model": "sim-1", "messages": [{"role": "user", "content": "a" * (args.size - 80)}]}).encode()
+    body = json.dumps({"model": "claude-sonnet-4", "messages": [{"role": "user", "content": "a" * (args.size - 80)}]}).encode()
     proc = subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--port", "0"],
                             cwd=tempfile.mkdtemp(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -37,8 +37,12 @@ def measure(rows: int, existing: int, writes: int) -> dict:
     from relayline.adapters.stores import ledger
 
     def batch(k: int) -> list[tuple]:
-        return [(time.time(), f"turn-{i}", "bench.upstream/frames-1", "bench.upstream", "frames-1", "complete", "ok", 1,
-                 12, 34, 0.000123, "") for i in range(k)]
+        # by column name, so a tree with fewer or more ledger columns than this one writes its own rows
+        rows = [{"ts": time.time(), "turn": f"turn-{i}", "requested": "bench.upstream/frames-1",
+                 "provider": "bench.upstream", "model": "frames-1", "mode": "complete", "outcome": "ok",
+                 "accepted": 1, "input_tokens": 12, "output_tokens": 34, "cost_usd": 0.000123, "client": "",
+                 "estimated": 0, "key_name": "", "team": ""} for i in range(k)]
+        return [tuple(row[column] for column in ledger.COLUMNS) for row in rows]
 
     # (before the wait-in-the-loop lever a shared commit turned SQLite's busy handler off and on)
     shared = {"busy_wait": False} if "busy_wait" in inspect.signature(ledger.LedgerStore._insert).parameters \
