@@ -181,7 +181,9 @@ def serve_counted(kind: str, upstream: str, requests: int, mode: str, clients: i
         tune_floor_collector()
         sockets = listening_sockets("127.0.0.1", 0)
         port = str(sockets[0].getsockname()[1])
-        client = [sys.executable, "-c", CLIENT, port] if clients == 1 else [sys.executable, "-c", CLIENTS, port]
+        # proxy_floor's one client: port, model, turns of history before the prompt, then the count
+        one = [sys.executable, "-c", CLIENT, port, "frames-1", "0"]
+        client = one if clients == 1 else [sys.executable, "-c", CLIENTS, port]
         more = [] if clients == 1 else [str(clients)]
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run, sockets, trio.Event())
