@@ -65,6 +65,15 @@ class Invariant:
     doc: str = ""
 
 
+def _row_matches(when: tuple[tuple[str, bool], ...], unless: tuple[tuple[str, bool], ...],
+                 facts: dict[str, bool]) -> bool:
+    """A table row applies when every `when` situation has its value and not every `unless`
+    one has (a decision table's row and an outcome table's read their situations alike)."""
+    if not all(facts[name] == value for name, value in when):
+        return False
+    return not (unless and all(facts[name] == value for name, value in unless))
+
+
 @attrs.frozen
 class Decision:
     """One row of a decision table: for these failure classes, when every `when` situation has
@@ -79,9 +88,7 @@ class Decision:
     doc: str = ""
 
     def matches(self, facts: dict[str, bool]) -> bool:
-        if not all(facts[name] == value for name, value in self.when):
-            return False
-        return not (self.unless and all(facts[name] == value for name, value in self.unless))
+        return _row_matches(self.when, self.unless, facts)
 
 
 @attrs.frozen
@@ -114,9 +121,7 @@ class OutcomeRow:
     doc: str = ""
 
     def matches(self, facts: dict[str, bool]) -> bool:
-        if not all(facts[name] == value for name, value in self.when):
-            return False
-        return not (self.unless and all(facts[name] == value for name, value in self.unless))
+        return _row_matches(self.when, self.unless, facts)
 
 
 @attrs.frozen
