@@ -228,13 +228,22 @@ class InMemoryHealth:
         keys = self._key_cooldowns.setdefault(profile, {})
         keys[index] = max(until, keys.get(index, _NEVER))
 
-    def reconfigure(self, config: BreakerConfig, profiles: Iterable[str]) -> None:
+    def forget_keys(self, profile: str) -> None:
+        """The profile's key cursor and sitting-out keys, forgotten: they name keys by their
+        place in the pool, which a reload that changed the pool gives to other keys."""
+        self._keys.pop(profile, None)
+        self._key_cooldowns.pop(profile, None)
+
+    def reconfigure(self, config: BreakerConfig, profiles: Iterable[str], pools_changed: Iterable[str] = ()) -> None:
         """A configuration reload: the profiles that remain keep their health (breaker state,
-        failures, cooldown, key cursor) under the new breaker settings; the others are forgotten."""
+        failures, cooldown, key cursor) under the new breaker settings; the others are forgotten,
+        and so is the key state of a remaining profile whose key pool changed (`pools_changed`)."""
         keep = set(profiles)
         self.breaker_config = config
         for table in (self._breakers, self._cooldowns, self._keys, self._key_cooldowns):
             for profile in [p for p in table if p not in keep]:
                 del table[profile]
+        for profile in pools_changed:
+            self.forget_keys(profile)
         for breaker in self._breakers.values():
             breaker.config = config

@@ -229,3 +229,26 @@ async def test_a_pool_key_that_drew_a_401_sits_out_across_the_fleet(redis_server
     assert [a.key for a in second.attempts] == [1, None] and second.served.profile == "sim.b"
     assert sent_to(two, "sim.a") == 1
     assert 25 < sitting <= 30.1
+
+
+async def test_a_changed_key_pool_forgets_its_sitting_out_keys_for_the_whole_fleet(redis_server, prefix):
+    # a reload that changed sim.a's pool forgets its key state in the store, not only in the
+    # worker's mirror: otherwise the next round would read the old places back
+    def pooled():
+        sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "a"}]},
+                                        {"provider": "sim.b", "script": [{"text": "b"}]}])
+        toml = fleet_toml(redis_server.url, prefix).replace('model = "m1"', 'model = "m1"\napi_keys = ["k0", "k1"]')
+        return Relay.from_toml(toml, env={}, clients=sim.clients())
+
+    one, two = pooled(), pooled()
+    async with one, two:
+        one.health.set_key_cooldown("sim.a", 0, trio.current_time() + 30)
+        one.health.set_key_cursor("sim.a", 1)
+        await one.health.sync(["sim.a"])
+        await two.health.sync(["sim.a"])
+        assert two.health.key_cursor("sim.a") == 1 and two.health.key_cooldown_until("sim.a", 0) > trio.current_time()
+        one.health.forget_keys("sim.a")
+        await one.health.sync(["sim.a"])
+        await two.health.sync(["sim.a"])
+        assert two.health.key_cursor("sim.a") == 0
+        assert two.health.key_cooldown_until("sim.a", 0) < trio.current_time()

@@ -397,3 +397,32 @@ async def test_reload_events_carry_their_fields_in_json_logs(tmp_path):
     refused = next(r for r in records if r["msg"] == "config_reload_rejected")
     assert done["path"] == str(path) and done["profiles"] == 2
     assert refused["path"] == str(path) and "gateway.max_body_bytes" in refused["problems"]
+
+
+POOLED = """
+active = "pool"
+[providers.pool]
+family = "openai"
+base_url = "http://127.0.0.1:9/v1"
+model = "m"
+api_keys = [{keys}]
+"""
+
+
+async def test_a_reload_that_changes_a_key_pool_forgets_which_of_its_keys_sit_out(tmp_path):
+    # the health names a pool's keys by place: key 0 drew a 401 and sits out, the cursor is on
+    # key 1. Reordered, place 0 is the good key and place 1 the revoked one: kept, that state
+    # would send the revoked key and bench the good one. An unchanged pool keeps its state.
+    path = tmp_path / "pool.toml"
+    path.write_text(POOLED.format(keys='"k-revoked", "k-good"'))
+    relay = Relay.from_file(path, env={})
+    reloader = Reloader(Gateway(relay), path, env={})
+    health = relay.health
+    health.set_key_cooldown("pool", 0, trio.current_time() + 60)
+    health.set_key_cursor("pool", 1)
+    path.write_text(POOLED.format(keys='"k-revoked", "k-good"') + "\n[reliability]\nprovider_retries = 1\n")
+    assert (await reloader.reload()).ok
+    assert health.key_cursor("pool") == 1 and health.key_cooldown_until("pool", 0) > trio.current_time()
+    path.write_text(POOLED.format(keys='"k-good", "k-revoked"'))
+    assert (await reloader.reload()).ok
+    assert health.key_cursor("pool") == 0 and health.key_cooldown_until("pool", 0) < trio.current_time()

@@ -13,7 +13,8 @@ the breakers of healthy profiles opened on the silence.
 A good file becomes a new Relay that new turns use, while turns in flight finish on the one
 they started with (each holds its own). Health is kept: the health store (memory or Redis)
 passes to the new Relay, with the breaker settings of the new file, and forgets only the
-profiles the new file no longer has. [health] and [ledger] name connections that live as long
+profiles the new file no longer has, and the key cursor and sitting-out keys of a profile whose
+key pool changed (they name keys by their place in the pool). [health] and [ledger] name connections that live as long
 as the process: a reload that changes them is refused (restart to change them). A reload never
 turns authentication off: a file without client keys, while the running gateway has them, is
 refused (restart to run without them).
@@ -45,6 +46,14 @@ from ..relay import Relay
 from .auth import Access, bind_refusal, load_access
 
 log = logging.getLogger("relayline.gateway")
+
+
+def pools_changed(old: Relay, new: Relay) -> list[str]:
+    """The profiles kept across a reload whose credentials changed (added, removed, reordered):
+    their health names keys by place, so it no longer names the same keys."""
+    before, after = old.router.keys, new.router.keys
+    return [profile for profile, keys in after.items() if profile in before and before[profile] != keys]
+
 
 @attrs.frozen
 class ReloadReport:
@@ -182,5 +191,5 @@ class Reloader:
         await self.gateway.swap(relay, access)
         reconfigure = getattr(relay.health, "reconfigure", None)  # an embedder's own store may not
         if reconfigure is not None:
-            reconfigure(relay.config.breaker, relay.config.providers)
+            reconfigure(relay.config.breaker, relay.config.providers, pools_changed(old, relay))
         return ReloadReport(True, profiles=tuple(sorted(relay.config.providers)))

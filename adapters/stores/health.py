@@ -117,6 +117,8 @@ for _ = 1, n do
     end
   elseif op == 'clear_cooldown' then
     redis.call('DEL', pfx..'c:'..p)
+  elseif op == 'forget_keys' then
+    redis.call('DEL', pfx..'k:'..p, pfx..'kc:'..p)
   elseif op == 'cursor' then
     redis.call('SET', pfx..'k:'..p, v, 'EX', cursor_ttl)
   elseif op == 'key_cooldown' then
@@ -274,6 +276,10 @@ class RedisHealth(InMemoryHealth):
     def set_key_cooldown(self, profile: str, index: int, until: float) -> None:
         super().set_key_cooldown(profile, index, until)
         self.note("key_cooldown", profile, f"{index}:{until + self._offset!r}")
+
+    def forget_keys(self, profile: str) -> None:
+        super().forget_keys(profile)
+        self.note("forget_keys", profile)  # for the fleet: the pool changed for every worker
 
     def note(self, op: str, profile: str, value: str = "") -> None:
         if not self.local:
@@ -445,3 +451,5 @@ class RedisHealth(InMemoryHealth):
                 self._cooldowns.pop(profile, None)
             if cursor:
                 self._keys[profile] = int(cursor)
+            else:  # none in the store (expired, or forgotten when the pool changed): the first key
+                self._keys.pop(profile, None)
