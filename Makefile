@@ -27,7 +27,7 @@ browser:
 	    || echo "browser: apt-get failed: the console's browser tests will skip"; \
 	  else echo "browser: no chromium and cannot install it here (not root, or no apt-get): the console's browser tests will skip (install chromium to run them)"; fi; }
 
-# the agent clients tests/test_agents.py runs: the Python ones (the `agents` extra) and the npm ones
+# the agent clients tests/gateway/test_agents.py runs: the Python ones (the `agents` extra) and the npm ones
 # pinned in tests/agent_clients/package-lock.json (npm ci, again only when the lock changes). Without
 # npm or a registry it says so and goes on: those tests then skip, each naming what is missing.
 AGENT_NPM := tests/agent_clients/node_modules/.installed-stamp

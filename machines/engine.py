@@ -7,7 +7,7 @@ its transitions with guard names, and the invariants that must hold on its graph
   lifecycle fails at import time with an error naming the spec file and the offending element;
 - builds a `transitions.Machine` from it: the executable reference, also used for diagrams;
 - compiles it into a plain table for the hot path (`Lifecycle`). transitions costs 12-20 µs a
-  trigger; the table costs well under 1 µs. tests/test_engine.py proves both take the same state
+  trigger; the table costs well under 1 µs. tests/core/test_engine.py proves both take the same state
   sequences on generated event sequences, so the table is the spec, only faster.
 
 Guards are names. At run time a guard is looked up on the model object (an attribute or a

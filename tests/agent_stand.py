@@ -1,4 +1,4 @@
-"""The harness tests/test_agents.py runs real agent clients with: `relayline serve` (the real
+"""The harness tests/gateway/test_agents.py runs real agent clients with: `relayline serve` (the real
 process) in front of one recording loopback upstream that speaks both families and plays a model
 in a tool loop, so a test can check what the client did (its exit code, its output) beside what
 the provider received (prompt, tool definitions, tool result, thinking sent back).

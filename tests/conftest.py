@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from helpers import fresh_upstream
 from services import PostgresServer, RedisServer
 
 _ci = settings.get_profile("ci")
@@ -114,10 +113,3 @@ def pytest_runtest_protocol(item, nextitem):
         _mutant_deadline[0] = time.monotonic() + 10.0 + 5 * recorded
     yield
     _mutant_deadline[0] = float("inf")
-
-
-@pytest.fixture
-def upstream(gw):
-    """The recording upstream behind the module's `gw` (a `recording_gateway`), fresh for each
-    test. A module whose `gw` is of another kind defines its own `upstream`."""
-    return fresh_upstream(gw)

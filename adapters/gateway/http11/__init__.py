@@ -3,8 +3,8 @@ between.
 
 hypercorn's trio worker put several hand-offs and its own event plumbing between the socket and
 the app, and cost more per request than the whole turn (bench/run.py, "server floor"). This
-server keeps what the gateway relied on hypercorn for, and more (tests/test_http11.py, and
-tests/test_http11_attack.py with docs/http-server.md for the attacks):
+server keeps what the gateway relied on hypercorn for, and more (tests/http/test_http11.py, and
+tests/http/test_http11_attack.py with docs/http-server.md for the attacks):
 
 - a request head must be complete within `keep_alive_s`, which is also how long an idle
   keep-alive connection is kept (one bound, closed without an answer, as hypercorn and nginx do;

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 THIS = Path(__file__).resolve().relative_to(ROOT).as_posix()
 
 # a document that is not in the repository, named as where the truth lives
 OUTSIDE = re.compile(r"\b(?:CONFIG|SCENARIOS|DESIGN)\.md\b|contract (?:is )?kept|kept beside the repository",
                      re.IGNORECASE)
 # the shared conformance folder is a test input some checkouts have beside them, read by these
-SHARED_READERS = {"tests/test_conformance.py", "tests/test_cli.py", "Makefile"}
+SHARED_READERS = {"tests/core/test_conformance.py", "tests/cli/test_cli.py", "Makefile"}
 SHARED = re.compile(r"\.\./shared\b")
 DIARY = re.compile(r"\bsessions?\b|\bthe lead\b|\bissues? #?\d+|\bengineers?\b|\bthe other helpers\b",
                    re.IGNORECASE)

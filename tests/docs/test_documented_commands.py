@@ -3,7 +3,7 @@ written, from the repository root, in an environment without any key variable: e
 `sh` block, and each inline command that names a file of the repository. A synopsis (CONFIG,
 FILE..., [--flags]) is written in a `text` block, so it is not taken for a command.
 
-`relayline serve` lines are run by tests/test_quickstart.py, with the README's curl and SDK
+`relayline serve` lines are run by tests/docs/test_quickstart.py, with the README's curl and SDK
 calls against them."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 DOCUMENTS = ["README.md", "examples/README.md", *sorted(p.relative_to(ROOT).as_posix()
                                                         for p in (ROOT / "docs").glob("*.md"))]

@@ -12,7 +12,7 @@ import attrs
 
 from relayline.machines import config as model
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 # how the reference names the keys of a table whose keys are the operator's own
 PLACEHOLDERS = {"providers": "<alias>", "prices": "<model>"}
 

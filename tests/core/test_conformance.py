@@ -7,7 +7,7 @@ import pytest
 
 from relayline.adapters.sim.simulate import check_scenario, load_scenario
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = sorted((ROOT.parent / "shared" / "conformance").glob("*.toml"))
 OWN = sorted((ROOT / "tests" / "scenarios").glob("*.toml")) + [ROOT / "adapters" / "sim" / "demo.toml"]
 

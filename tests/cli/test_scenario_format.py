@@ -14,7 +14,7 @@ from relayline.adapters.cli import main
 from relayline.adapters.providers.sim import FRAME_KEYS, REPLY_KEYS
 from relayline.adapters.sim.simulate import ScenarioError, check_scenario, load_scenario
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "scenario-files.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "scenario-files.md"
 
 HEAD = """name = "{name}"
 [config]

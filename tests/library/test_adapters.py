@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from relayline.adapters import Relay
 from relayline.adapters.sim.loopback import LoopbackServer, Reply, sse_events
 
-TRANSCRIPTS = Path(__file__).parent / "transcripts"
+TRANSCRIPTS = Path(__file__).resolve().parents[1] / "transcripts"
 KEY = "sk-test-transcript-4242"
 
 

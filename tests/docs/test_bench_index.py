@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCH_PATH = re.compile(r"\bbench/(?:probes/)?[a-z_]+\.py\b")
 
 

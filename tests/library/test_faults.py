@@ -15,7 +15,7 @@ import os
 import pytest
 import trio
 import trio_parallel
-from test_upstream import RawServer
+from raw_server import RawServer
 
 from helpers import asgi_post
 from helpers import loopback_config as config
@@ -400,7 +400,7 @@ async def asgi(app, path: str, obj=None, raw: bytes | None = None):
 
 
 async def test_a_cancellation_that_arrives_while_connecting_is_recorded_as_the_turns(monkeypatch):
-    """Found by tests/test_fault_injection.py: trio's connect (happy eyeballs) runs a nursery,
+    """Found by tests/library/test_fault_injection.py: trio's connect (happy eyeballs) runs a nursery,
     which hands an outer cancellation on as a BaseExceptionGroup of Cancelled. It is still the
     owner's cancellation: recorded on the turn (never retried), not a turn without a result. The
     upstream is named (localhost): an IP literal is one connect() with no nursery (upstream.py's

@@ -35,7 +35,7 @@ from spec_mutations import (
 from relayline.adapters.sim.simulate import load_scenario, run_scenario
 from relayline.machines import engine
 
-SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
+SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
 # direct tests of the machines, run against each mutant too (plain functions: they fail by raising)
 CHECKS = tuple(getattr(module, name) for module in (test_health, test_walk, test_budget_lifecycle)
                for name in sorted(dir(module)) if name.startswith("test_"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "conformance"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "conformance"
 pytestmark = pytest.mark.skipif(not SHARED.exists(), reason="no ../shared beside this checkout")
 
 

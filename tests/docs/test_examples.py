@@ -8,7 +8,7 @@ from relayline.machines.config import parse_config
 from relayline.machines.errors import ConfigError
 from relayline.machines.plan import build_router, plan_turn
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ENV = {"ANTHROPIC_API_KEY": "x", "OPENAI_API_KEY": "x", "OPENROUTER_API_KEY": "x"}
 
 

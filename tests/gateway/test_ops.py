@@ -596,6 +596,39 @@ def test_sigint_exits_0_without_a_traceback(tmp_path):
     assert "Traceback" not in proc.stderr.read()
 
 
+def test_sigterm_during_a_stream_refuses_new_connections_and_the_stream_finishes(tmp_path):
+    slow = {"frames": [{"role": True}, {"text": "first"}, {"wait": 0.5}, {"text": " last"}, {"usage": [10, 2]},
+                       {"done": True}]}
+    config = {"active": "openai.slow", "reliability": {"provider_retries": 0}, "gateway": {"drain_s": 10},
+              "ledger": {"path": str(tmp_path / "ledger.sqlite3")},
+              "providers": {"openai.slow": {"family": "sim", "model": "slow-model"}}}
+    refused = False
+    with BackgroundUpstreams([{"provider": "openai.slow", "script": [slow]}]) as sim:
+        path = tmp_path / "gw.toml"
+        path.write_text(to_toml(sim.wire(config)))
+        proc, url = _serve(path)
+        try:
+            port = int(url.rsplit(":", 1)[1])
+            body = {"model": "slow-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=10) as response:
+                lines = response.iter_lines()
+                seen = next(line for line in lines if '"first"' in line)  # committed: the stream is running
+                proc.send_signal(signal.SIGTERM)
+                deadline = time.monotonic() + 5
+                while not refused and time.monotonic() < deadline:
+                    try:
+                        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                        time.sleep(0.05)
+                    except ConnectionRefusedError:
+                        refused = True
+                rest = [line for line in lines if line.startswith("data: ")]
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert seen and refused
+    assert rest[-1] == "data: [DONE]" and any('" last"' in line for line in rest)
+
 
 # -- OpenTelemetry (the otel extra; part of dev, so make test runs this) ------------------------------
 
@@ -667,7 +700,7 @@ def test_turns_and_attempts_are_genai_spans():
 
 
 def test_the_production_example_checks_clean_only_with_its_gateway_keys():
-    example = Path(__file__).resolve().parent.parent / "examples" / "production.toml"
+    example = Path(__file__).resolve().parents[2] / "examples" / "production.toml"
     env = {**os.environ, "ANTHROPIC_API_KEY": "a", "OPENAI_API_KEY": "b", "OPENROUTER_API_KEY": "c",
            "RELAYLINE_GATEWAY_KEYS": "client-1,client-2", "RELAYLINE_ADMIN_KEYS": "admin-1"}
     out = run("check", example, env=env)

@@ -17,7 +17,7 @@ import uvicorn
 
 from relayline.adapters.sim.background import BackgroundUpstreams
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import fastapi_app  # noqa: E402  (the example is a script folder, not a package)

@@ -21,9 +21,9 @@ from relayline.adapters.stores.ledger import LedgerStore
 from relayline.machines.config import parse_config
 from relayline.machines.plan import build_router
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "examples" / "recipes"
-TRANSCRIPTS = Path(__file__).parent / "transcripts" / "recipes"
+TRANSCRIPTS = Path(__file__).resolve().parents[1] / "transcripts" / "recipes"
 NAMES = sorted(p.stem for p in RECIPES.glob("*.toml"))
 KEY = "sk-recipe-4242"
 HI = [{"role": "user", "content": "hi"}]

@@ -16,7 +16,7 @@ from browser import Chromium, find_chromium
 
 from relayline.machines.engine import SPEC_NAMES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MKDOCS = Path(sys.executable).parent / "mkdocs"
 
 

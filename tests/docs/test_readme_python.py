@@ -12,7 +12,7 @@ import pytest
 
 import relayline.adapters as public
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 QUICKSTART = README[README.index("## Quickstart: the library"):README.index("## The command line")]
 LIBRARY = (ROOT / "docs" / "library.md").read_text()

@@ -21,7 +21,7 @@ import httpx
 
 from relayline.adapters.sim.loopback import BackgroundLoopback, Reply, Seen
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 SECTION = README[README.index("## Quickstart: the gateway"):README.index("## Quickstart: the library")]
 BIN = Path(sys.executable).parent
