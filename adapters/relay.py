@@ -9,9 +9,10 @@
 
 A Relay owns the router (config materialised once), the health store its turns consult (pass
 one to several relays to share breakers and cooldowns), and the protocol adapters. Every turn,
-library or gateway or simulator, runs through `relay.turns` (turns.py) in a trio run: the
-caller's own under trio, relayline's runtime thread (adapters/hosts.py) under asyncio or from
-synchronous code; a streamed one is read through its `StreamTurn` (stream_turn.py).
+library or gateway or simulator, runs through the relay's `Turns` (turns.py; `turns_of(relay)`
+from outside, kept off the embedder's surface) in a trio run: the caller's own under trio,
+relayline's runtime thread (adapters/hosts.py) under asyncio or from synchronous code; a
+streamed one is read through its `StreamTurn` (stream_turn.py).
 """
 
 from __future__ import annotations
@@ -232,7 +233,9 @@ class Relay:
         self.selection = RouteSelection()
         self.fallback_record: dict[str, str] = {}  # domain -> served label while a fallback serves
         self.observers: list[Callable[[TurnResult], None]] = []
-        self.turns = Turns(self)  # each turn planned, run and observed
+        # each turn planned, run and observed; reached by the gateway, the simulator and the
+        # tests through `turns_of`, never as part of the embedder's Relay
+        self._turns = Turns(self)
 
     async def _close(self) -> None:
         if self._http is not None:
@@ -310,7 +313,7 @@ class Relay:
         SDK's does. Raises TurnError (its `reason` an ErrorReason) when no answer came."""
         check_parameters("complete", params, extra_body)
         request = wire_request(messages, tools, params, extra_body)  # a bad parameter raises here, in the caller
-        result = await run_in_host(partial(self.turns.run, request, model=model, operator_model=operator_model))
+        result = await run_in_host(partial(self._turns.run, request, model=model, operator_model=operator_model))
         raise_for(result)
         return Reply.of(result, request)
 
@@ -323,7 +326,7 @@ class Relay:
         body = {"input": input if isinstance(input, str) else [i if isinstance(i, str | int) else list(i) for i in input],
                 "dimensions": dimensions, "encoding_format": encoding_format, "user": user}
         request = parse_embeddings(body)  # a bad parameter raises here, in the caller
-        result = await run_in_host(partial(self.turns.run, request, model=model))
+        result = await run_in_host(partial(self._turns.run, request, model=model))
         raise_for(result)
         return Embeddings.of(result)
 
@@ -338,7 +341,7 @@ class Relay:
         after the block, `finish_reason` and `usage` as on a Reply."""
         check_parameters("stream", params, extra_body)
         request = wire_request(messages, tools, params, extra_body)
-        return StreamTurn(partial(self.turns.run, request, model=model, operator_model=operator_model,
+        return StreamTurn(partial(self._turns.run, request, model=model, operator_model=operator_model,
                                   on_draft=on_draft, stream=True), request)
 
     # -- synchronous hosts ----------------------------------------------------------------------
@@ -360,3 +363,7 @@ class Relay:
         self.close()
 
 
+def turns_of(relay: Relay) -> Turns:
+    """The relay's turns, as the gateway, the simulator and the tests run them: a seam in process
+    (a planned run, an observed result) that the embedder's `Relay` does not offer."""
+    return relay._turns

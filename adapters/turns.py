@@ -1,7 +1,7 @@
 """A relay's turns: each planned on the relay's router, run by the driver (driver.py), and its
 result observed (the fallback record, the turn's log line, the relay's observers). `Relay`
-offers them as `relay.turns`: the library's `complete`, `embed` and `stream`, the simulator and
-the gateway all run their turns here."""
+keeps them out of its public surface; `turns_of(relay)` (relay.py) reaches them: the library's
+`complete`, `embed` and `stream`, the simulator and the gateway all run their turns here."""
 
 from __future__ import annotations
 

@@ -65,6 +65,7 @@ def _request_path():
     from relayline.adapters.codecs import dialects
     from relayline.adapters.gateway.bookkeeping import attribution, dropped_header, relayline_field
     from relayline.adapters.providers import http, upstream
+    from relayline.adapters.relay import turns_of
 
     relay, raw, answer = _relay_and_bodies()
     headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
@@ -78,7 +79,7 @@ def _request_path():
         a = clock()
         request = dialect.parse(jsoncodec.loads(raw), [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers])
         b = clock()
-        run = relay.turns.new_run(request, model=request.model, stream=False, gateway=True)
+        run = turns_of(relay).new_run(request, model=request.model, stream=False, gateway=True)
         c = clock()
         call = run.turn.start(1.0)
         d = clock()
@@ -127,12 +128,13 @@ def turn_counted(n: int, upto: int) -> None:
     from relayline.adapters import jsoncodec
     from relayline.adapters.codecs import dialects
     from relayline.adapters.providers import http
+    from relayline.adapters.relay import turns_of
 
     relay, raw, answer = _relay_and_bodies()
     request = dialects.OPENAI.parse(jsoncodec.loads(raw), [])
     completion = http.decode_completion(relay.clients["openai"].protocol, answer)
     for _ in range(n):
-        run = relay.turns.new_run(request, model=request.model, stream=False, gateway=True)
+        run = turns_of(relay).new_run(request, model=request.model, stream=False, gateway=True)
         if upto >= 1:
             run.turn.start(1.0)
         if upto >= 2:

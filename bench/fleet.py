@@ -22,6 +22,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from relayline.adapters import Relay  # noqa: E402
+from relayline.adapters.relay import turns_of  # noqa: E402
 from relayline.adapters.stores.ledger import LedgerStore  # noqa: E402
 from relayline.adapters.stores.postgres import PostgresLedger  # noqa: E402
 from services import PostgresServer, RedisServer  # noqa: E402
@@ -53,7 +54,7 @@ def turns_us(store: str, turns: int, concurrency: int) -> tuple[float, float]:
         async with relay:
             async def worker(n):
                 for _ in range(n):
-                    await relay.turns.run(HI)
+                    await turns_of(relay).run(HI)
 
             await worker(20)  # warm up
             rounds = getattr(relay.health, "rounds", 0)
@@ -84,7 +85,7 @@ def bench_health(redis_url: str, turns: int = 600) -> dict:
 
 def bench_ledger(pg_url: str, turns: int = 300) -> dict:
     relay = Relay.from_toml(toml("memory"), env={})
-    result = trio.run(relay.turns.run, HI)
+    result = trio.run(turns_of(relay).run, HI)
     with tempfile.TemporaryDirectory() as tmp:
         sqlite = LedgerStore(Path(tmp) / "bench.sqlite3")
         pg = PostgresLedger(pg_url)

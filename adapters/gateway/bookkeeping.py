@@ -19,6 +19,7 @@ from relayline.machines.turn import TurnResult
 
 from ..logs import event
 from ..otel import Tracing
+from ..relay import turns_of
 from ..stores.ledger import LedgerUnavailable
 from .exchange import Exchange
 
@@ -106,7 +107,7 @@ class Bookkeeping:
 
     def _observe_turn(self, exchange: Exchange, result: TurnResult) -> None:
         started, now = exchange.turn_started, exchange.turn_ended
-        exchange.relay.turns.observe(result)  # the relay the turn ran on (a reload may have retired it)
+        turns_of(exchange.relay).observe(result)  # the relay the turn ran on (a reload may have retired it)
         relay = self.host.relay
         horizon = now - relay.config.breaker.window_s
         tried: dict[str, None] = {}  # the profiles the turn tried, once each

@@ -22,6 +22,7 @@ from relayline.machines.turn import TurnResult
 
 from ..driver import TurnRun
 from ..providers.http import REQUEST_ID
+from ..relay import turns_of
 from .bookkeeping import Bookkeeping, attribution, dropped_header, relayline_field
 from .chat_request import Reading, read_request
 from .exchange import Exchange, respond, respond_json
@@ -137,7 +138,7 @@ class ChatPath:
         run: TurnRun | None = None
         owner: Canceller | None = None
         try:
-            run = relay.turns.new_run(request, model=request.model, stream=stream is not None, gateway=True)
+            run = turns_of(relay).new_run(request, model=request.model, stream=stream is not None, gateway=True)
             # the server's call-back on a hang-up cancels the run itself; else a task watches
             watching = contextlib.nullcontext() if exchange.hangup is not None else _watching(receive)
             async with watching as turn_scope:

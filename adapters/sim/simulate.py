@@ -27,7 +27,7 @@ from relayline.machines.wire import finish_reason
 from ..codecs.common import TO_OPENAI
 from ..driver import TurnRun
 from ..providers.sim import SimUpstream, scripts_of
-from ..relay import Relay
+from ..relay import Relay, turns_of
 from .server import SimHTTPServer, wire_to
 
 REQUEST_KEYS = {"at", "model", "stream", "tools", "text", "cancel_after", "cancel_at", "operator_model",
@@ -134,7 +134,7 @@ async def _run_request(relay: Relay, request: Mapping[str, Any], origin: float) 
         async with trio.open_nursery() as nursery:
             if cancel_at is not None:
                 nursery.start_soon(cancel_later)
-            await relay.turns.run(
+            await turns_of(relay).run(
                 [{"role": "user", "content": request.get("text", "hi")}],
                 model=request.get("model"),
                 tools=(SIM_TOOL,) if request.get("tools") else (),

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from relayline.adapters import Relay
+from relayline.adapters.relay import turns_of
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 
 OK_OPENAI = {"id": "c", "object": "chat.completion", "model": "m",
@@ -70,7 +71,7 @@ async def turn(family: str, pieces: tuple[bytes, ...], stream: bool = False, sta
         await server.start(nursery)
         async with Relay.from_toml(config(family, server.url), env={}) as relay:
             with trio.fail_after(10):
-                result = await relay.turns.run([{"role": "user", "content": "hi"}], stream=stream)
+                result = await turns_of(relay).run([{"role": "user", "content": "hi"}], stream=stream)
         nursery.cancel_scope.cancel()
     return result
 

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from relayline.adapters import Relay
 from relayline.adapters.providers.sim import SimUpstream
+from relayline.adapters.relay import turns_of
 from relayline.machines.config import structure_config
 from relayline.machines.engine import Lifecycle
 from relayline.machines.turn import Turn
@@ -180,7 +181,7 @@ async def run_one(relay: Relay, request: dict, log: list) -> Observed:
         async with trio.open_nursery() as nursery:
             if request["cancel_at"] is not None:
                 nursery.start_soon(cancel_later)
-            await relay.turns.run([{"role": "user", "content": "hi"}], stream=request["stream"],
+            await turns_of(relay).run([{"role": "user", "content": "hi"}], stream=request["stream"],
                                  sink=sink, run_hook=runs.append)
             nursery.cancel_scope.cancel()
     return Observed(list(log), runs[0].turn, runs[0].result)
@@ -194,7 +195,7 @@ def run(config: dict, replies: list, requests: list, turn_factory=Turn) -> list[
         sim = LoggedUpstream(SimUpstream.from_replies(replies).scripts, log)
         relay = Relay(structure_config(config), env={}, clients=sim.clients())
         sim.health = relay.health
-        relay.turns.factory = turn_factory
+        turns_of(relay).factory = turn_factory
         for request in requests:
             await trio.sleep(request["gap"])
             log.clear()

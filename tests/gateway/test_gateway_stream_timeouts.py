@@ -22,6 +22,7 @@ import trio
 from helpers import loopback_config
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway, serve
+from relayline.adapters.relay import turns_of
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
 
@@ -65,7 +66,7 @@ CASES = {
 async def library_turn(cfg, stream: bool = True) -> object:
     async with Relay(structure_config(cfg), env={}) as relay:
         with trio.fail_after(10):
-            return await relay.turns.run(HI, stream=stream)
+            return await turns_of(relay).run(HI, stream=stream)
 
 
 def story(result) -> tuple:

@@ -17,6 +17,7 @@ from helpers import asgi_post
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway
 from relayline.adapters.providers.sim import SimUpstream
+from relayline.adapters.relay import turns_of
 
 CONFIG = """
 active = "sim.a"
@@ -115,7 +116,7 @@ async def test_a_stream_whose_run_could_not_be_made_or_started_leaves_no_gate_he
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(*((relay.turns, "new_run") if fails == "planning" else (gateway.turns, "admit")), broken)
+    monkeypatch.setattr(*((turns_of(relay), "new_run") if fails == "planning" else (gateway.turns, "admit")), broken)
     starts = []
     status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY,
                                       on_send=lambda m: starts.append(m.get("status")))

@@ -14,6 +14,7 @@ import trio
 from relayline.adapters import Relay
 from relayline.adapters.providers.pool import ProfilePool
 from relayline.adapters.providers.upstream import UpstreamRequest
+from relayline.adapters.relay import turns_of
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
 
@@ -40,7 +41,7 @@ async def rounds(relay: Relay, rounds: int, per_profile: dict[str | None, int]) 
     results = []
 
     async def one(model):
-        results.append(await relay.turns.run(HI, model=model))
+        results.append(await turns_of(relay).run(HI, model=model))
 
     for _ in range(rounds):
         async with trio.open_nursery() as nursery:
@@ -105,7 +106,7 @@ async def test_a_stream_that_ended_leaves_its_connection_to_the_next_turn():
         await upstream.start(nursery)
         async with Relay(structure_config(config(upstream.url)), env={}) as relay:
             with trio.fail_after(10):
-                results = [await relay.turns.run(HI, stream=True, sink=discard) for _ in range(5)]
+                results = [await turns_of(relay).run(HI, stream=True, sink=discard) for _ in range(5)]
         nursery.cancel_scope.cancel()
     assert [r.outcome for r in results] == ["ok"] * 5 and [r.text for r in results] == ["ok"] * 5
     assert upstream.accepted == 1  # closed mid-body at [DONE], each turn would open its own
@@ -187,7 +188,7 @@ async def test_the_request_id_goes_upstream_on_the_lean_client():
         async with Relay(structure_config(config(upstream.url)), env={}) as relay:
             token = REQUEST_ID.set("req-7")
             try:
-                result = await relay.turns.run(HI)
+                result = await turns_of(relay).run(HI)
             finally:
                 REQUEST_ID.reset(token)
         nursery.cancel_scope.cancel()

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relayline.adapters import Relay
+from relayline.adapters.relay import turns_of
 from relayline.adapters.sim.loopback import LoopbackServer, Reply, sse_events
 
 TRANSCRIPTS = Path(__file__).resolve().parents[1] / "transcripts"
@@ -60,7 +61,7 @@ async def run_stream(family: str, handler, retries: int = 0):
         await server.start(nursery)
         async with Relay.from_toml(config(family, server.url, retries), env={}) as relay:
             with trio.fail_after(10):
-                result = await relay.turns.run([{"role": "user", "content": "hi"}], stream=True, sink=sink)
+                result = await turns_of(relay).run([{"role": "user", "content": "hi"}], stream=True, sink=sink)
         nursery.cancel_scope.cancel()
     return summary(result, events), server.seen
 
@@ -188,7 +189,7 @@ async def run_complete(family: str, handler, retries: int = 0):
         await server.start(nursery)
         async with Relay.from_toml(config(family, server.url, retries), env={}) as relay:
             with trio.fail_after(10):
-                result = await relay.turns.run([{"role": "system", "content": "be brief"},
+                result = await turns_of(relay).run([{"role": "system", "content": "be brief"},
                                                {"role": "user", "content": "hi"}])
         nursery.cancel_scope.cancel()
     return result, server.seen
@@ -255,7 +256,7 @@ async def test_the_retry_after_header_drives_the_wait(autojump_clock):
 async def test_connection_refused_is_retryable():
     relay = Relay.from_toml(config("openai", "http://127.0.0.1:9"), env={})
     async with relay:
-        result = await relay.turns.run([{"role": "user", "content": "hi"}])
+        result = await turns_of(relay).run([{"role": "user", "content": "hi"}])
     assert result.attempts[0].outcome == "retryable" and result.attempts[0].detail == "connection error"
 
 
@@ -267,7 +268,7 @@ async def test_headers_s_is_enforced_on_the_real_socket():
         await server.start(nursery)
         async with Relay.from_toml(text.replace("URL", server.url), env={}) as relay:
             with trio.fail_after(5):
-                result = await relay.turns.run([{"role": "user", "content": "hi"}])
+                result = await turns_of(relay).run([{"role": "user", "content": "hi"}])
         nursery.cancel_scope.cancel()
     assert [a.outcome for a in result.attempts] == ["timeout"]
 
@@ -331,10 +332,10 @@ async def test_an_answer_that_ends_the_turn_leaves_the_attempts_deadline_where_i
                                                    pieces=(body.encode(),)))
         await server.start(nursery)
         async with Relay.from_toml(config("openai", server.url), env={}) as relay:
-            await relay.turns.run([{"role": "user", "content": "hi"}])  # (a warm connection)
+            await turns_of(relay).run([{"role": "user", "content": "hi"}])  # (a warm connection)
             monkeypatch.setattr(trio.CancelScope, "deadline", property(deadline.fget, counted))
             with trio.fail_after(10):
-                result = await relay.turns.run([{"role": "user", "content": "hi"}])
+                result = await turns_of(relay).run([{"role": "user", "content": "hi"}])
             monkeypatch.undo()
         nursery.cancel_scope.cancel()
     assert result.outcome == "ok" and result.text == "hello"

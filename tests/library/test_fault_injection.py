@@ -38,6 +38,7 @@ from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway
 from relayline.adapters.providers.pool import ProfilePool
 from relayline.adapters.providers.upstream import Connection
+from relayline.adapters.relay import turns_of
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.adapters.stores.ledger import LedgerStore
 from relayline.machines.config import structure_config
@@ -287,14 +288,14 @@ async def run_scenario(shape: dict, faults: Faults) -> dict:
         token = FAULTS.set(faults)
         try:
             with trio.fail_after(100):
-                await relay.turns.run(HI, stream=shape["stream"], sink=sink, run_hook=runs.append)
+                await turns_of(relay).run(HI, stream=shape["stream"], sink=sink, run_hook=runs.append)
         except Exception as exc:  # the turn's settle: checked against what was injected
             raised = exc
         finally:
             FAULTS.reset(token)
         after = await after_the_fault(primary, health)
         with trio.fail_after(100):
-            following = await relay.turns.run(HI, stream=shape["stream"], sink=sink)
+            following = await turns_of(relay).run(HI, stream=shape["stream"], sink=sink)
         closed = health.breaker("primary").state
     return {"result": runs[0].result, "raised": raised, "after": after, "next": following, "closed": closed}
 

@@ -22,6 +22,7 @@ from helpers import loopback_config as config
 from relayline.adapters import Relay
 from relayline.adapters.providers import http
 from relayline.adapters.providers.http import PROCESS_PARSE_BYTES
+from relayline.adapters.relay import turns_of
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
 
@@ -60,7 +61,7 @@ async def turn(handler, *, backup=ok, stream=False, bound=6.0, **sections):
         cfg = structure_config(config(primary.url, second.url if second else None, **sections))
         async with Relay(cfg, env={}) as relay:
             with trio.fail_after(bound):
-                result = await relay.turns.run(HI, stream=stream)
+                result = await turns_of(relay).run(HI, stream=stream)
         nursery.cancel_scope.cancel()
     return result, relay, primary.seen, (second.seen if second else [])
 
@@ -174,7 +175,7 @@ async def test_a_turn_cancelled_mid_decode_kills_its_worker(worker_decoding):
 
             async def run_turn() -> None:
                 with turn_scope:
-                    await relay.turns.run(HI)
+                    await turns_of(relay).run(HI)
                 done.set()
 
             nursery.start_soon(run_turn)
@@ -252,7 +253,7 @@ async def test_an_answer_that_arrives_in_the_tick_its_deadline_passes_stands_and
                                       timeouts={"headers_s": 5, "total_s": 600}, breaker={"failure_threshold": 5},
                                       reliability={"provider_retries": 2, "backoff_ms": 0}))
         async with Relay(cfg, env={}) as relay:
-            result = await relay.turns.run(HI, stream=False)
+            result = await turns_of(relay).run(HI, stream=False)
         nursery.cancel_scope.cancel()
     assert result.outcome == "ok" and result.text == "second", (result.outcome, result.error)
     assert [(a.outcome, a.detail) for a in result.attempts][1] == ("ok", "") and len(server.requests) == 2
@@ -279,7 +280,7 @@ async def test_headers_s_runs_from_the_write_not_from_the_pool_queue():
             results = []
 
             async def one():
-                results.append(await relay.turns.run(HI))
+                results.append(await turns_of(relay).run(HI))
 
             with trio.fail_after(5):
                 async with trio.open_nursery() as turns:
@@ -328,21 +329,21 @@ async def test_a_turn_that_raises_while_probing_never_wedges_the_breaker(fault, 
         cfg = structure_config(config(upstream.url, reliability={"provider_retries": 0}, breaker={"open_s": 10}))
         async with Relay(cfg, env={}) as relay:
             crashing = CrashingProbe(relay.clients["openai"])
-            first = await relay.turns.run(HI)
+            first = await turns_of(relay).run(HI)
             assert first.error == "exhausted" and relay.health.breaker("primary").state == "open"
             await trio.sleep(10)
             assert relay.health.breaker("primary").refresh(trio.current_time()) == "half_open"
             if fault == "adapter raises":
                 relay.clients["openai"] = crashing
-                raised = await relay.turns.run(HI)
+                raised = await turns_of(relay).run(HI)
             else:
-                raised = await relay.turns.run([{"role": "user", "content": "bad \ud800 text"}])
+                raised = await turns_of(relay).run([{"role": "user", "content": "bad \ud800 text"}])
             relay.clients["openai"] = crashing.real
             assert relay.health.breaker("primary").state != "probing"
             if fault == "adapter raises":
                 assert raised.outcome == "error" and raised.error == "internal"
                 assert raised.attempts[0].outcome == "internal" and raised.attempts[0].detail == "internal error (Boom)"
-            healthy = await relay.turns.run(HI)
+            healthy = await turns_of(relay).run(HI)
         nursery.cancel_scope.cancel()
     assert healthy.outcome == "ok" and healthy.text == "healthy again"
     assert relay.health.breaker("primary").state == "closed"
@@ -423,10 +424,10 @@ async def test_a_cancellation_that_arrives_while_connecting_is_recorded_as_the_t
                     return await connect(*args, **kwargs)
 
                 monkeypatch.setattr(Connection, "connect", cancelled_mid_connect)
-                await relay.turns.run(HI, run_hook=runs.append)
+                await turns_of(relay).run(HI, run_hook=runs.append)
             monkeypatch.setattr(Connection, "connect", connect)
             assert scope.cancelled_caught
-            healthy = await relay.turns.run(HI)
+            healthy = await turns_of(relay).run(HI)
         nursery.cancel_scope.cancel()
     result = runs[0].result
     assert result is not None and result.outcome == "cancelled" and result.error == "cancelled"

@@ -12,6 +12,7 @@ import trio
 
 from relayline.adapters import Relay
 from relayline.adapters.providers.sim import SimUpstream
+from relayline.adapters.relay import turns_of
 from relayline.adapters.stores.health import RedisHealth
 
 HI = [{"role": "user", "content": "hi"}]
@@ -62,9 +63,9 @@ async def test_a_breaker_opened_through_one_worker_is_honoured_by_the_other(redi
     assert isinstance(one.health, RedisHealth)
     async with one, two:
         for _ in range(2):  # failure_threshold = 2, one counted failure per turn
-            result = await one.turns.run(HI)
+            result = await turns_of(one).run(HI)
             assert result.served.profile == "sim.b"
-        result = await two.turns.run(HI)
+        result = await turns_of(two).run(HI)
         assert one.health.reachable and two.health.reachable
     assert sent_to(two, "sim.a") == 0, "nothing is sent to a profile the fleet opened"
     assert [str(s) for s in result.skipped] == ["sim.a/m1 breaker"]
@@ -75,11 +76,11 @@ async def test_failures_of_two_workers_add_up_to_the_fleet_threshold(redis_serve
     one = worker(redis_server.url, prefix, [{"status": 503}])
     two = worker(redis_server.url, prefix, [{"status": 503}])
     async with one, two:
-        await one.turns.run(HI)
+        await turns_of(one).run(HI)
         assert one.health.breaker("sim.a").state == "closed"
-        await two.turns.run(HI)  # the second failure in the window is the fleet's second
+        await turns_of(two).run(HI)  # the second failure in the window is the fleet's second
         assert two.health.breaker("sim.a").state == "open"
-        result = await one.turns.run(HI)
+        result = await turns_of(one).run(HI)
     assert [str(s) for s in result.skipped] == ["sim.a/m1 breaker"] and sent_to(one, "sim.a") == 1
 
 
@@ -89,14 +90,14 @@ async def test_exactly_one_probe_in_the_fleet_when_half_open(redis_server, prefi
     one = worker(redis_server.url, prefix, replies)
     two = worker(redis_server.url, prefix, [{"text": "recovered", "delay": 0.5}])
     async with one, two:
-        await one.turns.run(HI)
-        await one.turns.run(HI)
+        await turns_of(one).run(HI)
+        await turns_of(one).run(HI)
         assert one.health.breaker("sim.a").state == "open"
         await trio.sleep(0.7)  # open_s = 0.6: half-open now
         results = []
 
         async def turn(relay):
-            results.append(await relay.turns.run(HI))
+            results.append(await turns_of(relay).run(HI))
 
         async with trio.open_nursery() as nursery:
             for _ in range(10):
@@ -107,7 +108,7 @@ async def test_exactly_one_probe_in_the_fleet_when_half_open(redis_server, prefi
         assert sum(r.served.profile == "sim.a" for r in results) == 1
         assert sum(any(s.reason == "breaker" for s in r.skipped) for r in results) == 19
         # the probe succeeded: the breaker is closed for the whole fleet
-        after = await two.turns.run(HI)
+        after = await turns_of(two).run(HI)
     assert after.served.profile == "sim.a" and not after.skipped
 
 
@@ -115,9 +116,9 @@ async def test_a_429_cooldown_set_by_one_worker_is_seen_by_the_other(redis_serve
     one = worker(redis_server.url, prefix, [{"status": 429, "retry_after": 20}])
     two = worker(redis_server.url, prefix, [{"text": "a would answer"}])
     async with one, two:
-        first = await one.turns.run(HI)
+        first = await turns_of(one).run(HI)
         assert first.served.profile == "sim.b"
-        result = await two.turns.run(HI)
+        result = await turns_of(two).run(HI)
         cooling = two.health.cooldown_until("sim.a") - trio.current_time()
     assert [str(s) for s in result.skipped] == ["sim.a/m1 cooldown"] and sent_to(two, "sim.a") == 0
     assert 15 < cooling <= 20.1  # shared as wall-clock time: reading it back on trio's clock adds a little noise
@@ -129,7 +130,7 @@ async def test_every_key_has_an_expiry(redis_server, prefix):
     one = worker(redis_server.url, prefix, [{"status": 503}, {"status": 429}])
     async with one:
         for _ in range(3):
-            await one.turns.run(HI)
+            await turns_of(one).run(HI)
     client = coredis.Redis.from_url(redis_server.url, decode_responses=True)
     async with client:
         keys = [k async for k in client.scan_iter(match=f"{prefix}*")]
@@ -142,11 +143,11 @@ async def test_a_store_that_goes_away_costs_a_warning_once_and_the_fleet_resumes
     caplog.set_level(logging.WARNING, logger="relayline.health")
     one = worker(redis_server.url, prefix, [{"text": "ok"}])
     async with one:
-        assert (await one.turns.run(HI)).outcome == "ok" and one.health.reachable
+        assert (await turns_of(one).run(HI)).outcome == "ok" and one.health.reachable
         redis_server.kill()
         try:
             for _ in range(5):
-                assert (await one.turns.run(HI)).outcome == "ok"
+                assert (await turns_of(one).run(HI)).outcome == "ok"
             assert not one.health.reachable
         finally:
             redis_server.start()
@@ -155,7 +156,7 @@ async def test_a_store_that_goes_away_costs_a_warning_once_and_the_fleet_resumes
         with trio.fail_after(10):
             while not one.health.reachable:
                 await trio.sleep(0.2)
-                await one.turns.run(HI)
+                await turns_of(one).run(HI)
     assert any("health_store_reachable" in r.getMessage() for r in caplog.records)
 
 
@@ -169,8 +170,8 @@ async def test_a_key_pool_cursor_moved_by_one_worker_is_where_the_other_starts(r
     one = pool_worker([{"status": 429}, {"text": "the second key works"}])
     two = pool_worker([{"text": "ok"}])
     async with one, two:
-        assert (await one.turns.run(HI)).served.profile == "sim.a"
-        await two.turns.run(HI)
+        assert (await turns_of(one).run(HI)).served.profile == "sim.a"
+        await turns_of(two).run(HI)
     assert [c.key_index for c in one.clients["sim"].upstream.calls] == [0, 1]
     assert [c.key_index for c in two.clients["sim"].upstream.calls] == [1], "the fleet's cursor: the key that last worked"
 
@@ -191,19 +192,19 @@ async def test_a_store_that_stalls_mid_run_costs_a_turn_at_most_the_sync_timeout
     two = worker(redis_server.url, prefix, [{"status": 503}])
     admin = coredis.Redis.from_url(redis_server.url, decode_responses=True)
     async with one, two, admin:
-        assert (await one.turns.run(HI)).outcome == "ok" and one.health.reachable
+        assert (await turns_of(one).run(HI)).outcome == "ok" and one.health.reachable
         await admin.client_pause(1500)
         started = trio.current_time()
-        assert (await one.turns.run(HI)).outcome == "ok"
+        assert (await turns_of(one).run(HI)).outcome == "ok"
         assert trio.current_time() - started < TIMEOUT_S + 0.4
         assert not one.health.reachable
         with trio.fail_after(10):
             while not one.health.reachable:
                 await trio.sleep(0.2)
-                assert (await one.turns.run(HI)).outcome == "ok"
+                assert (await turns_of(one).run(HI)).outcome == "ok"
         for _ in range(2):  # two opens sim.a for the fleet...
-            await two.turns.run(HI)
-        result = await one.turns.run(HI)  # ...which one's next round reads
+            await turns_of(two).run(HI)
+        result = await turns_of(one).run(HI)  # ...which one's next round reads
     assert [str(s) for s in result.skipped] == ["sim.a/m1 breaker"]
     warnings = [r.getMessage() for r in caplog.records if "health_store_unreachable" in r.getMessage()]
     assert len(warnings) == 1 and "TooSlowError" in warnings[0]
@@ -222,9 +223,9 @@ async def test_a_pool_key_that_drew_a_401_sits_out_across_the_fleet(redis_server
     one = pooled([{"status": 401, "error": "invalid_api_key"}, {"text": "key 1 answers"}])
     two = pooled([{"status": 429}, {"text": "key 0 would answer"}])
     async with one, two:
-        first = await one.turns.run(HI)
+        first = await turns_of(one).run(HI)
         assert first.served.profile == "sim.a" and [a.key for a in first.attempts] == [0, 1]
-        second = await two.turns.run(HI)
+        second = await turns_of(two).run(HI)
         sitting = two.health.key_cooldown_until("sim.a", 0) - trio.current_time()
     assert [a.key for a in second.attempts] == [1, None] and second.served.profile == "sim.b"
     assert sent_to(two, "sim.a") == 1

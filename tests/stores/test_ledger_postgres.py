@@ -17,6 +17,7 @@ import trio
 
 from relayline.adapters import Relay
 from relayline.adapters.providers.sim import SimUpstream
+from relayline.adapters.relay import turns_of
 from relayline.adapters.stores.ledger import LedgerStore, LedgerUnavailable, open_ledger
 from relayline.adapters.stores.postgres import MIGRATIONS, PostgresLedger
 from relayline.machines.config import Ledger
@@ -53,7 +54,7 @@ def pg_url(postgres_server):
 async def _turns(relay, n):
     results = []
     for _ in range(n):
-        results.append(await relay.turns.run(HI))
+        results.append(await turns_of(relay).run(HI))
     return results
 
 
@@ -65,7 +66,7 @@ async def test_the_schema_is_migrated_once_and_a_turn_writes_one_row_per_billabl
         {"provider": "sim.a", "script": [{"text": "", "usage": [5, 0]}, {"text": "", "usage": [5, 0]}]},
         {"provider": "sim.b", "script": [{"text": "from b", "usage": [100, 50]}]}])
     relay = Relay.from_toml(TWO, env={}, clients=sim.clients())
-    result = await relay.turns.run(HI)
+    result = await turns_of(relay).run(HI)
     # two empty completions (billable, rejected) then the fallback's answer (accepted)
     assert await first.record("turn-1", result) == 3
     rows = second.rows()
@@ -131,7 +132,7 @@ async def test_a_frozen_postgres_holds_a_write_at_most_timeout_s_and_the_abandon
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "ok", "usage": [10, 5]}] * 8}])
     relay = Relay.from_toml(TWO, env={}, clients=sim.clients())
     ledger = PostgresLedger(pg_url, timeout_s=1.0)
-    result = await relay.turns.run(HI)
+    result = await turns_of(relay).run(HI)
     assert await ledger.record("before", result) == 1
     with postgres_server.frozen():
         for turn in ("during-1", "during-2"):
@@ -152,7 +153,7 @@ async def test_after_a_postgres_restart_the_next_write_lands(pg_url, postgres_se
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "ok", "usage": [10, 5]}] * 4}])
     relay = Relay.from_toml(TWO, env={}, clients=sim.clients())
     ledger = PostgresLedger(pg_url, timeout_s=5.0)
-    result = await relay.turns.run(HI)
+    result = await turns_of(relay).run(HI)
     assert await ledger.record("before", result) == 1
     postgres_server.restart()
     assert await ledger.record("after", result) == 1
@@ -189,8 +190,8 @@ async def test_a_named_keys_rows_carry_its_name_and_team_and_its_spend_is_read_b
     ledger = PostgresLedger(pg_url)
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "ok", "usage": [100, 50]}] * 2}])
     relay = Relay.from_toml(TWO, env={}, clients=sim.clients())
-    await ledger.record("t1", await relay.turns.run(HI), client="k-1", key="search-bot", team="search")
-    await ledger.record("t2", await relay.turns.run(HI), client="k-2", key="ads-bot", team="search")
+    await ledger.record("t1", await turns_of(relay).run(HI), client="k-1", key="search-bot", team="search")
+    await ledger.record("t2", await turns_of(relay).run(HI), client="k-2", key="ads-bot", team="search")
     assert [(r["key_name"], r["team"]) for r in ledger.rows()] == [("search-bot", "search"), ("ads-bot", "search")]
     assert {r["key_name"]: r["accepted"] for r in ledger.report(by="key")} == {"search-bot": 1, "ads-bot": 1}
     one = ledger.spend("key", "ads-bot", 0.0)
