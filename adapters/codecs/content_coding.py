@@ -5,12 +5,27 @@ deflate (with its zlib wrapper or raw), what the upstream client advertises in
 from __future__ import annotations
 
 import zlib
+from typing import Protocol
 
 ACCEPT_ENCODING = "gzip, deflate"  # what `decoder` reads
 
 
 class UnsupportedEncoding(Exception):
     """A content-encoding this client did not advertise and cannot read."""
+
+
+class BodyDecoder(Protocol):
+    """A coded body read in bounded steps: what `decoder` gives the upstream client."""
+
+    @property
+    def unconsumed_tail(self) -> bytes: ...
+
+    @property
+    def eof(self) -> bool: ...
+
+    def decompress(self, data: bytes, limit: int) -> bytes: ...
+
+    def flush(self) -> bytes: ...
 
 
 class _Unsupported:
@@ -40,7 +55,7 @@ class _Inflater:
         self.unconsumed_tail = b""
         self._fed = False  # an empty body is whole (a 204 or an error page may say an encoding)
 
-    def _new(self):
+    def _new(self) -> zlib._Decompress:
         raise NotImplementedError
 
     def decompress(self, data: bytes, limit: int) -> bytes:
@@ -73,13 +88,14 @@ class _Gzip(_Inflater):
 
     __slots__ = ()
 
-    def _new(self):
+    def _new(self) -> zlib._Decompress:
         return zlib.decompressobj(zlib.MAX_WBITS | 16)
 
     def _after_end(self, data: bytes) -> bytes:
         data = data.lstrip(b"\0")
         if data:
-            self._obj = self._new()  # the next member (its own header is checked: junk does not decode)
+            # the next member (its own header is checked: junk does not decode)
+            self._obj = self._new()
         return data
 
 
@@ -94,7 +110,7 @@ class _Deflate(_Inflater):
         super().__init__()
         self._undecided: bytes | None = b""  # what was fed before the first output (or None)
 
-    def _new(self):
+    def _new(self) -> zlib._Decompress:
         return zlib.decompressobj()
 
     def decompress(self, data: bytes, limit: int) -> bytes:
@@ -112,9 +128,10 @@ class _Deflate(_Inflater):
         return piece
 
 
-def decoder(coding: str):
+def decoder(coding: str) -> BodyDecoder | None:
     """The decoder of a content-encoding header's codings, or None for identity."""
-    codings = [c.strip().lower() for c in coding.split(",") if c.strip().lower() not in ("", "identity")]
+    codings = [c.strip().lower() for c in coding.split(",")
+               if c.strip().lower() not in ("", "identity")]
     if not codings:
         return None
     if codings == ["gzip"] or codings == ["x-gzip"]:

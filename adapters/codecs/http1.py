@@ -173,7 +173,9 @@ def _added_to(fixed: FixedHead, given: dict[str, str]) -> str | None:
     """The fixed head's lines and those of the headers `given` adds to it; None when `given`
     is not the fixed headers and additions (one of them replaced or missing, or an addition that
     is a default's or cannot be sent): the general path renders it, or refuses it."""
-    static = fixed.headers
+    static, lines = fixed.headers, fixed.lines
+    if lines is None:
+        return None
     added = []
     kept = 0
     for name, value in given.items():
@@ -185,4 +187,4 @@ def _added_to(fixed: FixedHead, given: dict[str, str]) -> str | None:
             added.append(f"{name}: {value}\r\n")
     if kept != len(static):  # (one was replaced, or is missing)
         return None
-    return fixed.lines + "".join(added) if added else fixed.lines
+    return lines + "".join(added) if added else lines

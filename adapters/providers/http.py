@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
-from typing import Any, Protocol
+from types import TracebackType
+from typing import Any, Protocol, cast
 
 import attrs
 import trio
@@ -27,14 +28,18 @@ from relayline.machines.turn import Completion
 
 from .. import jsoncodec
 from ..codecs.content_coding import UnsupportedEncoding
-from ..codecs.http1 import FixedHead, fixed_head
+from ..codecs.http1 import FixedHead, UpstreamRequest, fixed_head
 from ..redact import redact
 from ..sse import SSEDecoder, SSEEvent, SSEProtocolError
 from .base import DONE, CallRequest, ProviderFailure
+from .httpx_pool import HttpxResponse
 from .pool import Pools
-from .upstream import UpstreamError, UpstreamRequest
+from .upstream import Response, UpstreamError
 
 log = logging.getLogger("relayline.providers")
+
+# what a profile's pool answers with: the lean client's response, or httpx's behind a proxy
+UpstreamResponse = Response | HttpxResponse
 
 # the gateway's request id for the turn running in this task: sent upstream as x-request-id, so a
 # provider's logs and ours can be joined (trio tasks inherit it from the request's handler)
@@ -90,7 +95,7 @@ def error_text(body: bytes) -> str:
         return body[:2048].decode("utf-8", "replace")
     parts: list[str] = []
 
-    def collect(value) -> None:
+    def collect(value: object) -> None:
         if isinstance(value, dict):
             for key in ("code", "type", "message", "error", "status"):
                 if key in value:
@@ -105,7 +110,7 @@ def error_text(body: bytes) -> str:
     return " ".join(parts)
 
 
-def _error_object(obj: Any) -> dict | None:
+def _error_object(obj: object) -> dict[str, Any] | None:
     """The object that says what went wrong, in the shapes OpenAI-compatible servers answer:
     `{"error": {...}}` (OpenAI, Anthropic, most), a list of those (Gemini's OpenAI-compatible
     endpoint), or the error itself at the top (vLLM's `{"object": "error", "message": ...}`)."""
@@ -113,9 +118,10 @@ def _error_object(obj: Any) -> dict | None:
         obj = obj[0]
     if not isinstance(obj, dict):
         return None
-    if isinstance(obj.get("error"), dict):
-        return obj["error"]
-    return obj if obj.get("object") == "error" else None
+    error = obj.get("error")
+    if isinstance(error, dict):
+        return cast("dict[str, Any]", error)
+    return cast("dict[str, Any]", obj) if obj.get("object") == "error" else None
 
 
 def rejection(body: bytes) -> tuple[str | None, str | None]:
@@ -131,8 +137,11 @@ def rejection(body: bytes) -> tuple[str | None, str | None]:
     kind = error.get("type") if isinstance(error.get("type"), str) else None
     kind = kind or (error.get("status") if isinstance(error.get("status"), str) else None)
     message = error.get("message") if isinstance(error.get("message"), str) else None
-    bound = lambda text: redact(text)[:MAX_REJECTION_CHARS] if text else None  # noqa: E731
-    return bound(kind), bound(message)
+    return _bounded(kind), _bounded(message)
+
+
+def _bounded(text: str | None) -> str | None:
+    return redact(text)[:MAX_REJECTION_CHARS] if text else None
 
 
 async def _finish_body(chunks: AsyncIterator[bytes]) -> None:
@@ -164,13 +173,17 @@ class StreamParser(Protocol):
 class WireProtocol(Protocol):
     def build(self, request: CallRequest) -> UpstreamRequest: ...
 
-    def completion(self, body: dict) -> Completion: ...
+    def completion(self, body: dict[str, Any]) -> Completion: ...
 
     def parser(self) -> StreamParser: ...
 
 
 def _unsupported(exc: UnsupportedEncoding) -> ProviderFailure:
     return ProviderFailure(fc.malformed(f"content-encoding {exc} (not asked for: relayline reads gzip and deflate)"))
+
+
+# a kept head's key: its profile's and its key's ids, the forwarded fields and the query
+_HeadKey = tuple[int, int, tuple[tuple[str, str], ...], str]
 
 
 class FixedHeads:
@@ -185,13 +198,15 @@ class FixedHeads:
     __slots__ = ("_heads",)
 
     def __init__(self) -> None:
-        self._heads: dict[tuple, tuple[object, object, FixedHead]] = {}
+        self._heads: dict[_HeadKey, tuple[object, object, FixedHead]] = {}
 
-    def get(self, provider, key, forwarded: tuple[tuple[str, str], ...], query: str = "") -> FixedHead | None:
+    def get(self, provider: object, key: object, forwarded: tuple[tuple[str, str], ...],
+            query: str = "") -> FixedHead | None:
         kept = self._heads.get((id(provider), id(key), forwarded, query))
         return kept[2] if kept is not None and kept[0] is provider and kept[1] is key else None
 
-    def keep(self, provider, key, forwarded: tuple[tuple[str, str], ...], query: str, url: str,
+    def keep(self, provider: object, key: object, forwarded: tuple[tuple[str, str], ...],
+             query: str, url: str,
              headers: dict[str, str]) -> FixedHead:
         """The head of `url` (with the client's `query`) and `headers` (the profile's requests'
         own), kept."""
@@ -234,6 +249,7 @@ class HttpProvider:
             # `relayline serve` turns worker decoding on, so the library never loads it
             import trio_parallel
 
+            outcome: Completion | fc.Failure
             try:
                 outcome = await trio_parallel.run_sync(decode_completion, self.protocol, body, kill_on_cancel=True)
             except trio_parallel.BrokenWorkerError:
@@ -250,7 +266,7 @@ class HttpProvider:
         return outcome
 
     @staticmethod
-    async def _read_bounded(response, request: CallRequest) -> bytearray:
+    async def _read_bounded(response: UpstreamResponse, request: CallRequest) -> bytearray:
         """The body, never buffered beyond limits.max_response_bytes: a declared length above it
         is refused before reading, an undeclared one as soon as it crosses it."""
         limit = request.max_bytes
@@ -270,7 +286,9 @@ class HttpProvider:
     def stream(self, request: CallRequest) -> _Streamed:
         return _Streamed(self, request)
 
-    async def _frames(self, response, waiting=None, grace: float = FINISH_GRACE_S) -> AsyncIterator[Frame]:
+    async def _frames(self, response: UpstreamResponse,
+                      waiting: Callable[[], Awaitable[None]] | None = None,
+                      grace: float = FINISH_GRACE_S) -> AsyncIterator[Frame]:
         decoder = SSEDecoder()
         parser = self.protocol.parser()
         chunks = aiter(response)
@@ -280,7 +298,7 @@ class HttpProvider:
                 if waiting is not None:
                     await waiting()  # the last read's frames leave before the next read waits
                 finished = parser.complete_at_eof()
-                chunk = None
+                chunk: bytes | None = None
                 try:
                     if finished:
                         with trio.move_on_after(grace):
@@ -289,7 +307,7 @@ class HttpProvider:
                         chunk = await chunks.__anext__()
                 except StopAsyncIteration:
                     break
-                if finished and chunk is None:
+                if chunk is None:  # (only a finished stream's grace ends without a read)
                     log.info("stream_complete_without_done after=finish waited_s=%g", grace)
                     yield Frame(DONE)
                     return
@@ -350,7 +368,7 @@ class _Exchange:
         # (the pool drops the rendered request once sent: a stream's exchange lives as long as the stream)
         self.exchange = provider.pools.profile(request.entry.profile).exchange(upstream, request.clock)
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> UpstreamResponse:
         try:
             response = await self.exchange.__aenter__()
         except UpstreamError:  # connecting, writing or the head
@@ -363,7 +381,8 @@ class _Exchange:
                 raise
         return response
 
-    async def __aexit__(self, kind, exc, tb) -> bool | None:
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
         try:
             suppressed = await self.exchange.__aexit__(kind, exc, tb)
         except UpstreamError:
@@ -392,11 +411,12 @@ class _Streamed:
     async def __aenter__(self) -> AsyncIterator[Frame]:
         return self.provider._frames(await self.exchange.__aenter__(), self.waiting, self.grace)
 
-    async def __aexit__(self, *exc_info) -> bool | None:
-        return await self.exchange.__aexit__(*exc_info)
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
+        return await self.exchange.__aexit__(kind, exc, tb)
 
 
-async def _refusal(response) -> None:
+async def _refusal(response: UpstreamResponse) -> None:
     """An error status: its body read to classify it (bounded), then raised as the failure."""
     body = b""
     try:

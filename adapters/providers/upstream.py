@@ -38,8 +38,9 @@ import httpx
 import trio
 
 from .. import sockets
-from ..codecs.content_coding import decoder
+from ..codecs.content_coding import BodyDecoder, decoder
 from ..codecs.http1 import Origin, UpstreamRequest, render
+from .base import AttemptClockLike
 
 CONNECT_S = 30.0  # opening a connection (and its TLS handshake); the driver's scopes bound the rest
 READ_BYTES = 65536
@@ -203,7 +204,7 @@ class Connection:
         chunked = at >= 0
         if chunked:
             # llhttp would read another coding to the close, and frames by the last of two lines
-            if _field(fields, at, _TRANSFER_ENCODING).lower() != "chunked" or \
+            if (_field(fields, at, _TRANSFER_ENCODING) or "").lower() != "chunked" or \
                     lowered.find(_TRANSFER_ENCODING, at + len(_TRANSFER_ENCODING)) >= 0:
                 raise _Malformed("a transfer coding other than chunked")
             self._chunked = True
@@ -226,7 +227,7 @@ class Connection:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def _feed(self, data: bytes) -> None:
+    def _feed(self, data: bytes | bytearray) -> None:
         """Parse what was read; an error is the exchange's UpstreamError (relayline's words)."""
         parsed = len(self._pieces)
         if not self._head_done:  # (the head's block is read from these: on_headers_complete)
@@ -283,14 +284,14 @@ class Connection:
     async def write(self, data: bytes) -> None:
         await sockets.send_all(self.stream, data)  # (one exchange at a time: no other writer)
 
-    async def read(self, first: bool = False) -> bytes:
+    async def read(self, first: bool = False) -> bytes | bytearray:
         """`first`: the first read of an answer to a request just written, whose bytes are seldom
         here yet: no read is tried before the wait (sockets.py)."""
         if first:
             return await sockets.receive_after_wait(self.stream, READ_BYTES)
         return await self.stream.receive_some(READ_BYTES)
 
-    async def _receive(self, lost: str, first: bool = False) -> bytes:
+    async def _receive(self, lost: str, first: bool = False) -> bytes | bytearray:
         """The next bytes read (b"" once the peer closed: `_eof`); a transport error is `lost`."""
         try:
             data = await self.read(first)
@@ -318,13 +319,13 @@ class Connection:
         poller.register(self._fd, select.POLLIN)
         return not poller.poll(0)
 
-    async def exchange(self, request: UpstreamRequest, clock) -> Response:
+    async def exchange(self, request: UpstreamRequest, clock: AttemptClockLike | None) -> Response:
         """Send the request in one write and read the response head. `clock` (the driver's
         attempt clock, or None) hears when the request was written and when the head arrived."""
-        data = render(request)
+        rendered = render(request)
         self._begin_exchange()
         try:
-            await self.write(data)
+            await self.write(rendered)
         except TRANSPORT_ERRORS:
             raise UpstreamError("connection lost while sending the request") from None
         if clock is not None:
@@ -385,7 +386,8 @@ class Response:
         self._fields = fields
         self._headers: dict[str, str] | None = None
         self._tail = b""
-        self._inflate = None if content_encoding is None else decoder(content_encoding)
+        self._inflate: BodyDecoder | None = (
+            None if content_encoding is None else decoder(content_encoding))
 
     @property
     def headers(self) -> dict[str, str]:
@@ -408,15 +410,16 @@ class Response:
         if self.complete:
             return b""
         inflate = self._inflate
-        while self._tail:  # what a compressed piece still holds beyond the last step
-            piece = self._inflated(self._tail)
+        # what a compressed piece still holds beyond the last step
+        while inflate is not None and self._tail:
+            piece = self._inflated(inflate, self._tail)
             if piece:  # (a step may yield nothing: a member's trailer, the next one's header)
                 return piece
         while True:
             data = await self.connection.body_bytes()
             if data is None:
                 if inflate is not None:
-                    rest, self._inflate = self._flush(), None
+                    rest, self._inflate = self._flush(inflate), None
                     if rest:
                         self.complete = True
                         return rest
@@ -424,12 +427,11 @@ class Response:
                 return b""
             if inflate is None:
                 return data
-            piece = self._inflated(data)
+            piece = self._inflated(inflate, data)
             if piece:
                 return piece
 
-    def _inflated(self, data: bytes) -> bytes:
-        decoder = self._inflate
+    def _inflated(self, decoder: BodyDecoder, data: bytes) -> bytes:
         try:
             piece = decoder.decompress(data, INFLATE_PIECE)
         except zlib.error:
@@ -437,8 +439,7 @@ class Response:
         self._tail = decoder.unconsumed_tail
         return piece
 
-    def _flush(self) -> bytes:
-        decoder = self._inflate
+    def _flush(self, decoder: BodyDecoder) -> bytes:
         try:
             rest = decoder.flush()
         except zlib.error:
