@@ -12,13 +12,13 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from relayline.machines.config import join_path, structure_config
+from relayline.machines.config import Config, join_path, structure_config
 from relayline.machines.errors import ConfigError
 from relayline.machines.families import FAMILIES, WIRES
 from relayline.machines.plan import build_router, plan_turn
@@ -31,7 +31,7 @@ from .logs import LEVELS, configure
 CHECK_ERRORS = {"unknown_route_provider"}
 
 
-def cmd_check(args) -> int:
+def cmd_check(args: argparse.Namespace) -> int:
     from .gateway.auth import KEYLESS_NOTE, keyless, load_access
 
     problems = []
@@ -110,7 +110,7 @@ class _PlanningEnv(Mapping[str, str]):
         return len(self.env)
 
 
-def cmd_plan(args) -> int:
+def cmd_plan(args: argparse.Namespace) -> int:
     env = _PlanningEnv(os.environ)
     try:
         router = build_router(load_config_file(args.config), env)
@@ -147,13 +147,13 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def cmd_simulate(args) -> int:
+def cmd_simulate(args: argparse.Namespace) -> int:
     from .sim.simulate import main
 
     return main(args.files, as_json=args.json, http=args.http)
 
 
-def cmd_diagram(args) -> int:
+def cmd_diagram(args: argparse.Namespace) -> int:
     from .diagrams import check, write
 
     root = Path(args.out) if args.out else None
@@ -169,7 +169,7 @@ def cmd_diagram(args) -> int:
     return 0
 
 
-def cmd_serve(args) -> int:
+def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
     from .gateway import Gateway, run_until_signalled
@@ -219,10 +219,11 @@ def cmd_serve(args) -> int:
             print(f"error: {problem}", file=sys.stderr)
         return 2
     if args.config:
-        gateway.reloader = Reloader(gateway, args.config)  # SIGHUP and POST /admin/reload
-        gateway.reloader.host = args.host
+        reloader = Reloader(gateway, args.config)  # SIGHUP and POST /admin/reload
+        reloader.host = args.host
         if args.supervisor is not None:
-            gateway.reloader.fleet = partial(ask_supervisor_to_reload, args.supervisor)
+            reloader.fleet = partial(ask_supervisor_to_reload, args.supervisor)
+        gateway.reloader = reloader
     gateway.limiter.workers = args.fleet_size  # a worker's share of a limit when the fleet shares no store
 
     def listening(binds: list[str]) -> None:
@@ -241,7 +242,7 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def refuse_open_bind(config, host: str) -> None:
+def refuse_open_bind(config: Config, host: str) -> None:
     """ConfigError when a gateway without client keys would listen where others can reach it."""
     from .gateway.auth import bind_refusal
 
@@ -250,7 +251,7 @@ def refuse_open_bind(config, host: str) -> None:
         raise ConfigError([refusal])
 
 
-def cmd_ledger(args) -> int:
+def cmd_ledger(args: argparse.Namespace) -> int:
     from relayline.machines.config import Ledger
 
     from .stores.ledger import DEFAULT_PATH, LedgerStore, open_ledger, parse_since
@@ -312,7 +313,7 @@ def _print_model_report(report: list[dict[str, Any]]) -> None:
               f"{row['accepted_cost_usd']:>12.6f} {row['rejected_cost_usd']:>12.6f}")
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     from .sim.demo import main
 
     return main(simulated=args.simulated)
@@ -348,7 +349,7 @@ def _version() -> str:
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
     """Shows each flag's default; a default of None (nothing set) is not worth a line."""
 
-    def _get_help_string(self, action):
+    def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
             return action.help
         return super()._get_help_string(action)
@@ -360,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"relayline {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    def command(name: str, help: str, func):
+    def command(name: str, help: str,
+                func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help, formatter_class=_Help)
         p.set_defaults(func=func)
         return p
@@ -434,8 +436,9 @@ def main(argv: list[str] | None = None) -> int:
         # the other commands print what matters themselves: their log stays quiet unless asked
         # (RELAYLINE_LOG=INFO shows every turn of a simulation)
         configure(os.environ.get("RELAYLINE_LOG", "error"))
+    run: Callable[[argparse.Namespace], int] = args.func  # (set_defaults, by `command`)
     try:
-        return args.func(args)
+        return run(args)
     except BrokenPipeError:
         # the reader went away (`relayline plan --json | head`): nothing left to say to it
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -17,16 +17,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import Protocol, TypeGuard
 
 import trio
 
 from relayline.machines import classify as fc
 from relayline.machines import wire
-from relayline.machines.config import Timeouts
+from relayline.machines.config import Secret, Timeouts
 from relayline.machines.errors import RelaylineError
-from relayline.machines.stream import REASONING, TEXT, TOOL_ARGS
-from relayline.machines.turn import Completion, Finish, Turn, TurnResult
+from relayline.machines.health import HealthStore
+from relayline.machines.ledger import Usage
+from relayline.machines.plan import PlannedEntry
+from relayline.machines.stream import REASONING, TEXT, TOOL_ARGS, Frame
+from relayline.machines.turn import Action, Completion, Finish, Turn, TurnResult
 from relayline.machines.vocab import Mode
 from relayline.machines.walk import Call, Sleep
 
@@ -39,6 +43,20 @@ log = logging.getLogger("relayline.driver")
 
 SETTLE_SYNC_S = 5.0
 _SIZED = frozenset({TEXT, REASONING, TOOL_ARGS})  # frames whose text a stream accumulates
+
+
+class FleetHealth(HealthStore, Protocol):
+    """A health store a fleet's workers share (stores/health.py): synced with the fleet before
+    each decision of a turn, and told at the turn's end what the turn did (`pending`)."""
+
+    @property
+    def pending(self) -> bool: ...
+
+    async def sync(self, profiles: Iterable[str]) -> None: ...
+
+
+def _is_fleet(store: HealthStore) -> TypeGuard[FleetHealth]:
+    return hasattr(store, "sync")
 
 
 def _whole(completion: Completion | fc.Failure) -> bool:
@@ -101,7 +119,8 @@ class TurnRun:
         # a fleet's shared health (stores/health.py): its mirror is synced with the store before
         # each decision of the turn's machines, so each sees the fleet (an answer needs none:
         # whatever the fleet says, the turn is done), and what the turn did is pushed at its end
-        self._store = turn.health.store if hasattr(turn.health.store, "sync") else None
+        store = turn.health.store
+        self._store = store if _is_fleet(store) else None
 
     async def _sync_health(self, *, read: bool = True) -> None:
         store = self._store
@@ -125,7 +144,7 @@ class TurnRun:
             # new one, with that attempt's timeout as its answer (or with the answer itself,
             # when it arrived in the tick that expired the deadline: _Spent).
             budget = trio.current_time() + self.timeouts.total_s
-            action: Call | Sleep | Finish | None = None
+            action: Action | None = None
             resume: Completion | fc.Failure | None = None  # an attempt's answer the turn goes on with
             while True:
                 with trio.CancelScope(deadline=budget) as scope:
@@ -152,6 +171,7 @@ class TurnRun:
                                 action = await self._streamed(failure, sink)
                             else:
                                 action = await self._complete(action)
+                        finish = action
                     except _Escalated as exc:
                         raise exc.error from None
                     except _Spent as spent:
@@ -165,13 +185,13 @@ class TurnRun:
                     await self._sync_settled()
                     return self.result
                 if timed_out is None or not timed_out.ran_out():
-                    action = turn.expire(trio.current_time())
+                    finish = turn.expire(trio.current_time())
                     break
                 resume = timed_out.failure()
-            self.result = action.result
+            self.result = finish.result
             if self._store is not None:
                 await self._sync_health(read=False)
-            for event in action.deliver:
+            for event in finish.deliver:
                 await sink(event)
             return self.result
         except BaseException as exc:
@@ -201,7 +221,7 @@ class TurnRun:
         turn = self.turn
         return len(turn.attempts) + (1 if turn.call is not None else 0)
 
-    def showing(self):
+    def showing(self) -> PlannedEntry | None:
         """The entry whose output the caller is shown, once that is certain: the served entry of
         a turn that ended, or the streaming call's once its stream committed (it said something
         decisive). Before then, none: a failure before commit may still hand the turn on."""
@@ -213,7 +233,7 @@ class TurnRun:
             return call.entry
         return None
 
-    def usage_at_commit(self):
+    def usage_at_commit(self) -> Usage | None:
         """The usage the stream's gate read before its commit (what a stream's opening may
         carry), or None."""
         gate = self.turn.gate
@@ -261,12 +281,16 @@ class TurnRun:
     def _arm(self, scope: trio.CancelScope, now: float) -> None:
         idle = self.timeouts.idle_s
         deadline = now + idle if idle > 0 else math.inf
-        scope.deadline = deadline if self.turn.gate.committed else min(self._first_token_deadline, deadline)
+        gate = self.turn.gate
+        assert gate is not None  # (only a stream's frames are armed)
+        scope.deadline = deadline if gate.committed else min(self._first_token_deadline, deadline)
 
     # -- one call -----------------------------------------------------------------------------
 
-    def _request(self, call: Call, clock: AttemptClock | None = None, waiting=None) -> CallRequest:
+    def _request(self, call: Call, clock: AttemptClock | None = None,
+                 waiting: Callable[[], Awaitable[None]] | None = None) -> CallRequest:
         entry = call.entry
+        key: Secret | None
         if call.key_index is not None:
             key = entry.keys[call.key_index]
         else:
@@ -293,13 +317,14 @@ class TurnRun:
                   type(exc).__name__, exc_info=exc)
         return fc.internal(exc)
 
-    async def _complete(self, call: Call):
+    async def _complete(self, call: Call) -> Action:
         client = self._client(call)
         scope = self._scope
         assert scope is not None  # (run() opened it)
         # the attempt's deadline is the turn's scope's, moved (a timeout ends that scope: run())
         clock = self._clock = AttemptClock(scope, self.timeouts, from_write=getattr(client, "reports_sent", False),
                                            limit=self._budget)
+        completion: Completion | fc.Failure
         try:
             completion = await client.complete(self._request(call, clock))
         except ProviderFailure as exc:
@@ -321,7 +346,7 @@ class TurnRun:
             scope.deadline = self._budget
         return action
 
-    async def _answered(self, completion: Completion | fc.Failure, answered: bool):
+    async def _answered(self, completion: Completion | fc.Failure, answered: bool) -> Action:
         """The turn's next action after an attempt's answer or failure (`answered`: `_whole`)."""
         if not answered and self._store is not None:
             await self._sync_health()
@@ -330,7 +355,7 @@ class TurnRun:
         except Exception as exc:
             raise _Escalated(exc) from None
 
-    async def _streamed(self, failure: fc.Failure | None, sink: Sink):
+    async def _streamed(self, failure: fc.Failure | None, sink: Sink) -> Action:
         """The turn's next action once a stream attempt ended (`failure`: None when it completed)."""
         turn = self.turn
         drained = getattr(sink, "drained", None)
@@ -344,7 +369,9 @@ class TurnRun:
         try:
             if failure is None:
                 return turn.stream_done(now)
-            if not turn.gate.committed and self.on_draft is not None:
+            gate = turn.gate
+            assert gate is not None  # (the stream just ended was the gate's)
+            if not gate.committed and self.on_draft is not None:
                 self.on_draft("")  # a pre-commit fallback replaces the draft
             return turn.stream_failed(failure, now)
         except Exception as exc:
@@ -389,7 +416,8 @@ class TurnRun:
         except Exception as exc:
             return self._internal(call, exc)
 
-    async def _frames(self, frames, sink: Sink, each_frame=None) -> fc.Failure | None:
+    async def _frames(self, frames: AsyncIterator[Frame], sink: Sink,
+                      each_frame: Callable[[], Awaitable[None]] | None = None) -> fc.Failure | None:
         """Run the frames through the gate under first_token_s and idle_s.
 
         Moving a cancel scope's deadline costs more than the rest of a frame's handling, so it
@@ -401,6 +429,7 @@ class TurnRun:
         turn = self.turn
         t = self.timeouts
         gate = turn.gate
+        assert gate is not None  # (stream_headers opened it)
         clock = trio.lowlevel.current_clock().current_time  # read once a frame: the run's clock, looked up once
         opened = clock()
         first_token_deadline = opened + t.first_token_s if t.first_token_s > 0 else math.inf

@@ -17,6 +17,7 @@ import functools
 import logging
 import os
 import sqlite3
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -38,6 +39,9 @@ from .in_flight import TurnsInFlight
 from .limits import Limiter
 from .metrics import Metrics, configured_models, named_keys
 from .routes import METERED, dispatch
+
+if TYPE_CHECKING:
+    from .reload import Reloader
 
 log = logging.getLogger("relayline.gateway")
 
@@ -76,7 +80,7 @@ class Gateway:
             ledger.together = lambda: self.turns.count > 1
         self.metrics = Metrics(relay.config, METERED, self._live)
         self.tracing = Tracing()  # OpenTelemetry spans when relayline[otel] is installed
-        self.reloader = None  # a Reloader (gateway/reload.py) when serving from a config file
+        self.reloader: Reloader | None = None  # serving from a config file: reloads it
         self.console = Console(self)
         # named keys' limits, counted in the shared store when there is one
         self.limiter = Limiter(relay.health, ledger)

@@ -12,10 +12,17 @@ the primary probed and back. `--simulated` runs adapters/sim/demo.toml in proces
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .simulate import check_request, load_scenario, run_scenario
+
+if TYPE_CHECKING:
+    from ..relay import Relay
+
+# where the storyline is written: print, or a test's collector
+Out = Callable[[str], object]
 
 
 def _attempts(request: dict[str, Any]) -> str:
@@ -24,7 +31,7 @@ def _attempts(request: dict[str, Any]) -> str:
     return " -> ".join(parts) or "-"
 
 
-def builtin_relay():
+def builtin_relay() -> Relay:
     """`relayline serve` with no --config: the demo profiles on in-process sim upstreams."""
     from relayline.machines.config import structure_config
 
@@ -34,7 +41,7 @@ def builtin_relay():
     return Relay(structure_config(scenario.config), env={})
 
 
-def main(out=print, simulated: bool = False) -> int:
+def main(out: Out = print, simulated: bool = False) -> int:
     if not simulated:
         try:
             import openai  # noqa: F401 - the gateway storyline needs the official SDK
@@ -46,12 +53,12 @@ def main(out=print, simulated: bool = False) -> int:
     return simulated_main(out)
 
 
-def simulated_main(out=print) -> int:
+def simulated_main(out: Out = print) -> int:
     path = resources.files("relayline.adapters.sim").joinpath("demo.toml")
     scenario = load_scenario(str(path))
     health_view: list[str] = []
 
-    def capture(relay, now: float) -> None:
+    def capture(relay: Relay, now: float) -> None:
         for alias in sorted(relay.config.providers):
             breaker = relay.health.breaker(alias)
             breaker.refresh(now)
@@ -95,7 +102,7 @@ def simulated_main(out=print) -> int:
 
 # -- the gateway storyline ---------------------------------------------------------------------
 
-GATEWAY_CONFIG = {
+GATEWAY_CONFIG: dict[str, Any] = {
     "active": "anthropic.primary",
     "reliability": {"provider_retries": 1, "backoff_ms": 100},
     "breaker": {"failure_threshold": 2, "open_s": 4},
@@ -107,7 +114,7 @@ GATEWAY_CONFIG = {
         "openrouter.spare": {"family": "sim", "model": "llama-3.3-70b", "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.8}},
     },
 }
-GATEWAY_REPLIES = [
+GATEWAY_REPLIES: list[dict[str, Any]] = [
     {"provider": "anthropic.primary", "script": [
         {"text": "Hello from the primary."}, {"status": 503}, {"status": 503}, {"status": 503},
         {"text": "The primary is back."}]},
@@ -130,42 +137,45 @@ STORY = [
 ]
 
 
-def gateway_main(out=print) -> int:
+def gateway_main(out: Out = print) -> int:
     import tempfile
     import time
 
     import httpx
     import openai
+    from openai.types.chat import ChatCompletionMessageParam
 
     from ..stores.ledger import LedgerStore
     from .background import BackgroundGateway
 
-    messages = [{"role": "user", "content": "hi"}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
     seen = {"fallback": 0, "breaker_skip": 0, "interrupted": 0}
     with tempfile.TemporaryDirectory() as tmp, \
             BackgroundGateway(GATEWAY_CONFIG, GATEWAY_REPLIES, ledger_path=f"{tmp}/ledger.sqlite3") as gw:
+        assert gw.sim is not None  # (started with the gateway)
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="demo", max_retries=0, timeout=30)
         out(f"relayline demo: gateway at {gw.url}, sim upstreams at 127.0.0.1:{gw.sim.port}, client: openai SDK\n")
         for n, (pause, stream, story) in enumerate(STORY, start=1):
             time.sleep(pause)
             out(f"{n}. {'stream' if stream else 'complete'}: {story}")
-            extra, text, error = {}, "", None
+            extra: dict[str, Any] = {}
+            text, error = "", None
             try:
                 raw = client.chat.completions.with_raw_response.create(model="claude-sonnet-4", messages=messages,
                                                                        stream=stream)
                 headers = raw.headers
-                if stream:
+                parsed = raw.parse()
+                if isinstance(parsed, openai.Stream):
                     try:
-                        for chunk in raw.parse():
+                        for chunk in parsed:
                             if chunk.choices:
                                 text += chunk.choices[0].delta.content or ""
                             extra = (chunk.model_extra or {}).get("relayline") or extra
                     except openai.APIError as exc:
                         error = f"stream error from the gateway: {exc.message}"
                 else:
-                    completion = raw.parse()
-                    text = completion.choices[0].message.content or ""
-                    extra = completion.model_extra["relayline"]
+                    text = parsed.choices[0].message.content or ""
+                    extra = (parsed.model_extra or {})["relayline"]
             except openai.APIStatusError as exc:
                 headers, error = exc.response.headers, f"HTTP {exc.status_code}: {exc.message}"
             out(f"   requested: {headers.get('x-relayline-requested', '?')}")

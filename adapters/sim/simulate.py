@@ -127,13 +127,13 @@ async def _run_request(relay: Relay, request: Mapping[str, Any], origin: float) 
 
         sink = _Collector(events, cancel_after, consumer)
 
-        async def cancel_later() -> None:
-            await trio.sleep(float(cancel_at))
+        async def cancel_later(delay: float) -> None:
+            await trio.sleep(delay)
             consumer.cancel()
 
         async with trio.open_nursery() as nursery:
             if cancel_at is not None:
-                nursery.start_soon(cancel_later)
+                nursery.start_soon(cancel_later, float(cancel_at))
             await turns_of(relay).run(
                 [{"role": "user", "content": request.get("text", "hi")}],
                 model=request.get("model"),
@@ -144,7 +144,9 @@ async def _run_request(relay: Relay, request: Mapping[str, Any], origin: float) 
                 run_hook=runs.append,
             )
             nursery.cancel_scope.cancel()
-    return _trace(runs[0].result, events, origin)
+    result = runs[0].result
+    assert result is not None  # (a run's result is set however the run ends)
+    return _trace(result, events, origin)
 
 
 def run_scenario(scenario: Scenario, *, on_done: Callable[[Relay, float], None] | None = None,
@@ -208,9 +210,9 @@ def _attempt_label(a: dict[str, Any], with_mode: bool) -> str:
 
 def check_request(expect: Mapping[str, Any], actual: dict[str, Any] | None, trace: dict[str, Any]) -> list[tuple[str, object, object]]:
     """The failing keys of one request: (key, expected, actual)."""
-    failures = []
+    failures: list[tuple[str, object, object]] = []
 
-    def differs(key, want, got):
+    def differs(key: str, want: object, got: object) -> None:
         if want != got:
             failures.append((key, want, got))
 
@@ -263,10 +265,11 @@ def check_request(expect: Mapping[str, Any], actual: dict[str, Any] | None, trac
         want = [None if k in ("null", "none") else k for k in expect["keys"]]
         differs("keys", want, [a["key"] for a in actual["attempts"]])
     if "attempt_at" in expect:
-        got = [a["at"] for a in actual["attempts"]]
-        want = [float(x) for x in expect["attempt_at"]]
-        if len(got) != len(want) or any(abs(w - g) > 0.05 for w, g in zip(want, got, strict=False)):
-            failures.append(("attempt_at", want, got))
+        got_at: list[float] = [a["at"] for a in actual["attempts"]]
+        want_at = [float(x) for x in expect["attempt_at"]]
+        if len(got_at) != len(want_at) or any(
+                abs(w - g) > 0.05 for w, g in zip(want_at, got_at, strict=False)):
+            failures.append(("attempt_at", want_at, got_at))
     return failures
 
 
@@ -291,7 +294,8 @@ def check_scenario(scenario: Scenario, *, http: str | None = None) -> ScenarioRe
     return ScenarioReport(scenario, trace, tuple(failures))
 
 
-def main(paths: list[str], *, as_json: bool = False, http: str | None = None, out=print) -> int:
+def main(paths: list[str], *, as_json: bool = False, http: str | None = None,
+         out: Callable[[str], object] = print) -> int:
     if as_json:
         traces = [run_scenario(load_scenario(p), http=http) for p in paths]
         out(json.dumps(traces[0] if len(traces) == 1 else traces, indent=2))
