@@ -235,6 +235,7 @@ class ErrorReason(StrEnum):
     INTERNAL = "internal"  # relayline failed to make or read the call (logged with its stack)
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"
+    SHUTDOWN = "shutdown"  # the gateway's drain cancelled the turn (a library turn never ends so)
 
 
 class SkipReason(StrEnum):

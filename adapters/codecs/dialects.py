@@ -81,3 +81,5 @@ EMBEDDINGS = EmbeddingsDialect()
 COUNT_TOKENS = CountTokensDialect()
 RESPONSES = ResponsesDialect()
 ANTHROPIC = AnthropicDialect()
+# a client dialect: each of the above is one of the two shapes, OpenAI's or Anthropic's
+Dialect = OpenAIDialect | AnthropicDialect

@@ -11,6 +11,8 @@ before its answer ends. A stream's answer goes out through its `StreamWire`."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING
 
 import attrs
@@ -19,13 +21,16 @@ import trio
 from relayline.machines import wire
 from relayline.machines.limits import Refusal
 from relayline.machines.turn import TurnResult
+from relayline.machines.vocab import ErrorReason, Outcome
 
+from ..codecs.dialects import Dialect
 from ..driver import TurnRun
 from ..providers.http import REQUEST_ID
 from ..relay import turns_of
 from .bookkeeping import Bookkeeping, attribution, dropped_header, relayline_field
 from .chat_request import Reading, read_request
 from .exchange import Exchange, respond, respond_json
+from .http11 import Receive, Scope, Send
 from .in_flight import Canceller, TurnsInFlight
 from .limits import Admitted, Limiter, refusal_headers
 from .stream_wire import GateTimer, StreamWire
@@ -46,7 +51,8 @@ class ChatPath:
         self.books = books
         self.gates = GateTimer()  # every held stream's gate_commit_s
 
-    async def serve(self, exchange: Exchange, dialect, scope, receive) -> None:
+    async def serve(self, exchange: Exchange, dialect: Dialect, scope: Scope,
+                    receive: Receive) -> None:
         """Run a chat request unless the gateway is full or draining: then 503 with Retry-After,
         before its body is read (load shedding costs next to nothing)."""
         turns = self.turns
@@ -90,7 +96,7 @@ class ChatPath:
                     await self.limiter.settle(exchange.admission, exchange.result)
             turns.leave()
 
-    async def _admitted(self, exchange: Exchange, dialect, request: wire.Request) -> bool:
+    async def _admitted(self, exchange: Exchange, dialect: Dialect, request: wire.Request) -> bool:
         """The one admission point of every chat-like request: a named key's request within its
         key's and team's limits goes on (counted); one over them is a 429 in the dialect's shape,
         and nothing is sent upstream or billed."""
@@ -107,7 +113,7 @@ class ChatPath:
         await _refuse(exchange, dialect, decision)
         return False
 
-    async def _allowed(self, exchange: Exchange, dialect, request: wire.Request) -> bool:
+    async def _allowed(self, exchange: Exchange, dialect: Dialect, request: wire.Request) -> bool:
         """A named key with a model allowlist may name only those models (a route hint given as
         `hint:NAME` is its NAME): anything else is a 403 that names the model, before any work."""
         who = exchange.caller
@@ -122,7 +128,8 @@ class ChatPath:
             403, f"the key {who.name!r} may not use model {model[:200]!r} (it may use: {allowed})", "model_not_allowed"))
         return False
 
-    async def _run_turn(self, exchange: Exchange, turn_id: str, receive, request: wire.Request,
+    async def _run_turn(self, exchange: Exchange, turn_id: str, receive: Receive,
+                        request: wire.Request,
                         stream: StreamWire | None = None) -> TurnResult | None:
         """Run one turn while watching for the client going away (a disconnect cancels it) and
         for a drain running out of time, then write its ledger rows (before any response ends;
@@ -138,9 +145,12 @@ class ChatPath:
         run: TurnRun | None = None
         owner: Canceller | None = None
         try:
-            run = turns_of(relay).new_run(request, model=request.model, stream=stream is not None, gateway=True)
+            run = turns_of(relay).new_run(request, model=request.model, stream=stream is not None,
+                                          gateway=True)
             # the server's call-back on a hang-up cancels the run itself; else a task watches
-            watching = contextlib.nullcontext() if exchange.hangup is not None else _watching(receive)
+            hangup = exchange.hangup
+            watching: AbstractAsyncContextManager[trio.CancelScope | None] = (
+                contextlib.nullcontext() if hangup is not None else _watching(receive))
             async with watching as turn_scope:
                 owner = run if turn_scope is None else turn_scope
                 if stream is not None:  # a hang-up or a drain also cuts short a write in progress
@@ -153,8 +163,8 @@ class ChatPath:
                         self.gates.hold(stream, started + gate_s)
                 try:
                     turns.admit(owner)
-                    if turn_scope is None:
-                        exchange.hangup(owner.cancel)
+                    if hangup is not None:
+                        hangup(owner.cancel)
                     await (run.run() if stream is None else run.run(stream))
                 except Exception:
                     if run.result is None:
@@ -184,7 +194,7 @@ class ChatPath:
 
 
 @contextlib.asynccontextmanager
-async def _watching(receive):
+async def _watching(receive: Receive) -> AsyncIterator[trio.CancelScope]:
     """For a server that does not call back on a hang-up: a scope around the turn, and a task of
     its own that cancels it when the client disconnects."""
     with trio.CancelScope() as turn_scope:
@@ -196,7 +206,7 @@ async def _watching(receive):
                 nursery.cancel_scope.cancel()
 
 
-async def _watch_disconnect(receive, scope: trio.CancelScope) -> None:
+async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -204,12 +214,12 @@ async def _watch_disconnect(receive, scope: trio.CancelScope) -> None:
             return
 
 
-async def _refuse(exchange: Exchange, dialect, refusal: Refusal) -> None:
+async def _refuse(exchange: Exchange, dialect: Dialect, refusal: Refusal) -> None:
     await respond(exchange, 429, dialect.http_error(429, refusal.message, refusal.code),
                   headers=refusal_headers(refusal))
 
 
-async def _error_response(send, dialect, result: TurnResult) -> None:
+async def _error_response(send: Send, dialect: Dialect, result: TurnResult) -> None:
     status, body = dialect.error(result)
     headers = attribution(result)
     if result.error == "shutdown":
@@ -222,9 +232,9 @@ async def _error_response(send, dialect, result: TurnResult) -> None:
 
 def _shut_down(result: TurnResult) -> TurnResult:
     """A turn the drain cancelled: said as such to its client, never as a client disconnect."""
-    return attrs.evolve(result, outcome="error", error="shutdown",
+    return attrs.evolve(result, outcome=Outcome.ERROR, error=ErrorReason.SHUTDOWN,
                         message="the gateway is shutting down: this turn was cancelled before it finished")
 
 
-def _unavailable(dialect, message: str) -> tuple[int, bytes]:
+def _unavailable(dialect: Dialect, message: str) -> tuple[int, bytes]:
     return 503, dialect.http_error(503, message, "overloaded")

@@ -16,10 +16,13 @@ from .. import jsoncodec
 from ..providers.base import TRAVELLING
 from .auth import CREDENTIAL_HEADERS, Access, credential_header
 from .exchange import Exchange, respond
+from .http11 import Receive, Scope
 
 if TYPE_CHECKING:
+    from relayline.machines.config import Config
     from relayline.machines.config import Gateway as GatewaySettings
 
+    from ..codecs.dialects import Dialect
     from ..relay import Relay
 
 
@@ -35,14 +38,15 @@ class Reading(Protocol):
     travelling: frozenset[bytes]
 
 
-def travelling_headers(config) -> frozenset[bytes]:
+def travelling_headers(config: Config) -> frozenset[bytes]:
     """The client request header names some entry may be sent (providers/base.py): the families'
     own and every profile's `forward_headers`. Only these are decoded for a chat request."""
     named = {name.lower() for p in config.providers.values() for name in p.forward_headers}
     return frozenset(name.encode("latin-1") for name in TRAVELLING | named)
 
 
-async def read_body(settings: GatewaySettings, receive, send: Exchange, dialect) -> bytes | None:
+async def read_body(settings: GatewaySettings, receive: Receive, send: Exchange,
+                    dialect: Dialect) -> bytes | None:
     """The whole request body, or None once it was answered: 413 past `max_body_bytes`, 408
     when it is slower than `body_timeout_s`, nothing when the client went away."""
     max_body = settings.max_body_bytes
@@ -75,7 +79,8 @@ async def read_body(settings: GatewaySettings, receive, send: Exchange, dialect)
     return None
 
 
-async def read_request(now: Reading, dialect, scope, receive, send: Exchange) -> wire.Request | None:
+async def read_request(now: Reading, dialect: Dialect, scope: Scope, receive: Receive,
+                       send: Exchange) -> wire.Request | None:
     """The request a chat body asks for, or None once it was answered (a 4xx). Its own frame:
     the raw body, its decoded JSON and the decoded headers are needed only here, and a
     stream's turn would otherwise keep them alive for the stream's whole life."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -15,6 +16,10 @@ from .. import jsoncodec
 from ..codecs.dialects import ANTHROPIC, OPENAI
 from ..relay import Relay
 from .auth import Caller
+from .http11 import Message, Receive, Send
+
+if TYPE_CHECKING:
+    from .limits import Admitted
 
 REQUEST_ID_SHAPE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -34,8 +39,9 @@ class Exchange:
                  "drained", "turn", "unread_body", "receive", "sent", "declared_length", "hangup",
                  "body_here", "relay", "turn_started", "turn_ended", "query", "caller", "admission")
 
-    def __init__(self, send, method: str, path: str, request_id: str, headers: dict[bytes, bytes],
-                 receive=None, query: bytes = b"") -> None:
+    def __init__(self, send: Send, method: str, path: str, request_id: str,
+                 headers: dict[bytes, bytes], receive: Receive | None = None,
+                 query: bytes = b"") -> None:
         self.send = send
         self.query = query  # the URL's query, shown in the access line
         length = headers.get(b"content-length", b"0").partition(b",")[0].strip()  # the server checked its shape
@@ -61,7 +67,7 @@ class Exchange:
         self.turn_started = self.turn_ended = 0.0
         self.client = ""
         self.caller: Caller | None = None  # who the client key says the caller is
-        self.admission = None  # the turn's admission against its key's and team's limits (limits.py)
+        self.admission: Admitted | None = None  # the turn's admission against its key's and team's limits (limits.py)
         self.drained = False
         self.turn: str | None = None
         # the server's call-back when the client hangs up (http11/), where it offers one
@@ -69,7 +75,7 @@ class Exchange:
         # the server's word that the whole request body has arrived (http11/), where it offers it
         self.body_here: Callable[[], bool] | None = None
 
-    async def __call__(self, message: dict) -> None:
+    async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
             headers = [*message.get("headers", ()), (b"x-request-id", self.request_id.encode())]
@@ -112,12 +118,14 @@ def request_id(headers: dict[bytes, bytes]) -> str:
     return os.urandom(16).hex()
 
 
-async def respond(send, status: int, body: bytes, *, content_type="application/json", headers=()) -> None:
+async def respond(send: Send, status: int, body: bytes, *, content_type: str = "application/json",
+                  headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     """A whole answer in two ASGI messages: its head, then its body."""
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", content_type.encode()), *headers]})
     await send({"type": "http.response.body", "body": body})
 
 
-async def respond_json(send, status: int, obj, headers=()) -> None:
+async def respond_json(send: Send, status: int, obj: object,
+                       headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     await respond(send, status, jsoncodec.dumps(obj), headers=headers)

@@ -11,7 +11,7 @@ POST /admin/reload, GET /metrics, the console at /admin/ (admin keys); GET /heal
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -19,11 +19,13 @@ import attrs
 from ..codecs.dialects import ANTHROPIC, COUNT_TOKENS, EMBEDDINGS, OPENAI, RESPONSES
 from .auth import Access, bearer, is_loopback
 from .exchange import Exchange, respond, respond_json
+from .http11 import Receive, Scope
 from .metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
     from relayline.machines.config import Gateway as GatewaySettings
 
+    from ..codecs.dialects import Dialect
     from ..relay import Relay
     from .admin import Admin
     from .chat import ChatPath
@@ -46,7 +48,7 @@ class RouteHost(Protocol):
     chat: ChatPath
 
 
-Answer = Callable[[RouteHost, Exchange, dict, Callable], Awaitable[None]]
+Answer = Callable[[RouteHost, Exchange, Scope, Receive], Awaitable[None]]
 
 
 @attrs.frozen
@@ -61,11 +63,12 @@ class Route:
         return b"GET, HEAD" if self.methods == ("GET",) else ", ".join(self.methods or ()).encode()
 
 
-def _chat(dialect) -> Answer:
+def _chat(dialect: Dialect) -> Answer:
     return lambda host, exchange, scope, receive: host.chat.serve(exchange, dialect, scope, receive)
 
 
-def _to_console(host: RouteHost, exchange: Exchange, scope, receive) -> Awaitable[None]:
+def _to_console(host: RouteHost, exchange: Exchange, scope: Scope,
+                receive: Receive) -> Awaitable[None]:
     """/admin, the console's address as people type it: its own page is /admin/ (where a browser
     without credentials is asked for them)."""
     query = scope.get("query_string") or b""
@@ -73,7 +76,8 @@ def _to_console(host: RouteHost, exchange: Exchange, scope, receive) -> Awaitabl
                    headers=[(b"location", b"/admin/" + (b"?" + query if query else b""))])
 
 
-def _models(host: RouteHost, exchange: Exchange, scope, receive) -> Awaitable[None]:
+def _models(host: RouteHost, exchange: Exchange, scope: Scope,
+            receive: Receive) -> Awaitable[None]:
     """GET /v1/models in the client's dialect: what clients may name: route hints, catalog
     models, and the default model."""
     router = host.relay.router
@@ -112,7 +116,8 @@ def _area(path: str) -> str:
     return ADMIN if path == "/metrics" or path.startswith("/admin/") else CLIENT
 
 
-async def dispatch(host: RouteHost, exchange: Exchange, scope, headers: dict[bytes, bytes], receive) -> None:
+async def dispatch(host: RouteHost, exchange: Exchange, scope: Scope,
+                   headers: dict[bytes, bytes], receive: Receive) -> None:
     path = exchange.path
     if not await _head_acceptable(host.settings, exchange, scope, headers):
         return
@@ -122,14 +127,14 @@ async def dispatch(host: RouteHost, exchange: Exchange, scope, headers: dict[byt
     # a HEAD is a GET whose body the server does not send
     answers = route is not None and (route.methods is None or
                                      ("GET" if exchange.method == "HEAD" else exchange.method) in route.methods)
-    guard = route.guard if answers else _area(path)
+    guard = route.guard if answers and route is not None else _area(path)
     if guard is ADMIN:
         if not await _admin_guard(host.access, scope, headers, exchange):
             return
     elif guard is CLIENT and not await _client_guard(host.access, exchange, headers):
         return
     del headers
-    if not answers:
+    if not answers or route is None:
         await _not_found(exchange, path, route)
         return
     answer = route.answer(host, exchange, scope, receive)
@@ -137,7 +142,8 @@ async def dispatch(host: RouteHost, exchange: Exchange, scope, headers: dict[byt
     await answer
 
 
-async def _head_acceptable(settings: GatewaySettings, exchange: Exchange, scope, headers) -> bool:
+async def _head_acceptable(settings: GatewaySettings, exchange: Exchange, scope: Scope,
+                           headers: dict[bytes, bytes]) -> bool:
     """The server bounds a head still arriving; a whole one that came in one read is checked here,
     where its 431 is in the route's dialect (an Anthropic client's error shape) and has its access
     line and request id, which the server's own refusal (no route seen) cannot give. Which of two
@@ -159,9 +165,9 @@ async def _head_acceptable(settings: GatewaySettings, exchange: Exchange, scope,
     return True
 
 
-def _repeated_credential(headers) -> str | None:
+def _repeated_credential(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     """The credential header a request carries more than once, if any."""
-    seen = set()
+    seen: set[bytes] = set()
     for name, _ in headers:
         if name in (b"authorization", b"x-api-key"):
             if name in seen:
@@ -188,7 +194,7 @@ async def _unauthorised(send: Exchange, message: str) -> None:
     await respond(send, 401, send.dialect.http_error(401, message, "invalid_api_key"), headers=challenges)
 
 
-async def _client_guard(access: Access, exchange: Exchange, headers) -> bool:
+async def _client_guard(access: Access, exchange: Exchange, headers: dict[bytes, bytes]) -> bool:
     """A client key when client keys are configured: its caller is noted on the exchange."""
     if not access.clients:
         return True
@@ -200,7 +206,8 @@ async def _client_guard(access: Access, exchange: Exchange, headers) -> bool:
     return False
 
 
-async def _admin_guard(access: Access, scope, headers, send: Exchange) -> bool:
+async def _admin_guard(access: Access, scope: Scope, headers: dict[bytes, bytes],
+                       send: Exchange) -> bool:
     """/admin/* and /metrics: an admin key when admin keys are configured, else a client key
     when client keys are, else loopback clients only."""
     if access.admins:

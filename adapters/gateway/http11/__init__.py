@@ -45,7 +45,10 @@ server that accepts, watches and drains connections (server.py). A response head
 the HTTP/1 rules the upstream client shares (adapters/codecs/http1.py).
 """
 
-from .connection import READ_AHEAD, READ_SIZE
-from .server import App, ErrorBody, Server, listening_sockets, url_of
+from .connection import READ_AHEAD, READ_SIZE, App, Message, Receive, Scope, Send
+from .server import ErrorBody, Server, listening_sockets, url_of
 
-__all__ = ["READ_AHEAD", "READ_SIZE", "App", "ErrorBody", "Server", "listening_sockets", "url_of"]
+__all__ = [
+    "READ_AHEAD", "READ_SIZE", "App", "ErrorBody", "Message", "Receive", "Scope", "Send", "Server",
+    "listening_sockets", "url_of",
+]

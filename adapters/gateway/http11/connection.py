@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import trio
@@ -16,7 +16,7 @@ import trio
 from ... import sockets
 from ...codecs.http1 import render_response_head
 from .hangups import Hangups
-from .reader import END, IDLE, Fault, Head, Reader
+from .reader import END, IDLE, Event, Fault, Head, Reader
 
 log = logging.getLogger("relayline.gateway")
 
@@ -31,6 +31,15 @@ WRITE_PIECE = 64 * 1024  # the unit of progress the watchdog sees: a slow reader
 SMALL_BODY_READ = 16 * 1024
 SMALL_BODY_READS_FREE = 16
 BODY_GATHER_S = 0.01
+
+
+# the ASGI surface the app is called with: a scope and its messages are dicts whose values the
+# ASGI spec types by key (a boundary, as JSON is)
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class _Date:
@@ -54,7 +63,7 @@ class ConnectionHost(Protocol):
     """What a connection reads of its server: the app, the body of the server's own refusals,
     whether it drains, its hang-up watch (None: none here), and the bound of a request head."""
 
-    app: Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+    app: App
     error_body: Callable[[int, str], bytes]
     draining: bool
     hangups: Hangups | None
@@ -80,9 +89,11 @@ class Connection:
         self.reader = Reader(server.max_header_bytes)
         self.waiting_since: float | None = None  # when its wait for a request head began (while it waits)
         sock = stream.socket
+        self.client: tuple[str, int] | None
+        self.local: tuple[str, int] | None
         try:
-            self.client = tuple(sock.getpeername()[:2])
-            self.local = tuple(sock.getsockname()[:2])
+            peer, here = sock.getpeername(), sock.getsockname()
+            self.client, self.local = (peer[0], peer[1]), (here[0], here[1])
         except OSError:
             self.client = self.local = None
         self.gone = False
@@ -100,7 +111,8 @@ class Connection:
         self.writing = False
         self.writes = self.writes_seen = self.checks_stalled = 0
         self.hangup_fd: int | None = None  # the socket's number when its hang-up is watched
-        self.extensions = {"relayline.body_here": self._body_here}
+        self.extensions: dict[str, Callable[..., object]] = {
+            "relayline.body_here": self._body_here}
         if server.hangups is not None:
             self.extensions["relayline.hangup"] = self._watch_hangup
 
@@ -108,10 +120,11 @@ class Connection:
         """The app's `relayline.hangup` extension: `callback` runs (once, in the server's own
         task) if the client hangs up before this request ends."""
         fd = self.stream.socket.fileno()
-        if self.gone or fd < 0:
+        hangups = self.server.hangups
+        if hangups is None or self.gone or fd < 0:  # (offered only where there is a watch)
             callback()
             return
-        self.server.hangups.watch(fd, self, callback)
+        hangups.watch(fd, self, callback)
         self.hangup_fd = fd  # (watched until the connection ends: forget_hangups)
 
     def stalled(self) -> bool:
@@ -187,7 +200,7 @@ class Connection:
             if event is END:
                 self.request_done = True
 
-    async def _read(self) -> bytes:
+    async def _read(self) -> bytes | bytearray:
         try:
             if self.waiting_since is not None:
                 # a head: the client sends it once it has read the last answer, so it is seldom
@@ -197,7 +210,7 @@ class Connection:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return b""
 
-    async def _next_event(self):
+    async def _next_event(self) -> Event | None:
         """The next request event; None when the client left. A fault is answered here and ends
         the connection."""
         if not await self._fill():
@@ -259,7 +272,7 @@ class Connection:
             slash = authority_and_path.find(b"/")
             target = authority_and_path[slash:] if slash >= 0 else b"/"
         path, _, query = target.partition(b"?")
-        scope = {
+        scope: Scope = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": "1.0" if version == "1.0" else "1.1", "method": request.method.decode(),
             "scheme": "http", "path": unquote(path.decode("ascii")), "raw_path": path, "query_string": query,
@@ -290,8 +303,10 @@ class Connection:
                 await self._send({"type": "http.response.body", "body": body})
             raise _Close from None
         finally:
-            if self.hangup_fd is not None:  # the request is over: a hang-up from now on is the connection's
-                self.server.hangups.unwatch(self.hangup_fd, self)
+            hangups = self.server.hangups
+            # the request is over: a hang-up from now on is the connection's
+            if self.hangup_fd is not None and hangups is not None:
+                hangups.unwatch(self.hangup_fd, self)
         if not self.response_done and not self.gone:
             raise _Close  # the app ended without finishing its answer: nothing else can follow
 
@@ -309,7 +324,7 @@ class Connection:
                 return False
         return False
 
-    async def _receive(self) -> dict:
+    async def _receive(self) -> Message:
         if self.gone or self.response_done:
             return {"type": "http.disconnect"}
         reader = self.reader
@@ -332,9 +347,12 @@ class Connection:
                     break
                 if type(event) is not bytes:
                     break
-                pieces.append(reader.take())
-            if not pieces and not self.request_done:  # a fault in the body: answered, and the connection ends
+                reader.take()
+                pieces.append(event)
+            # a fault in the body: answered, and the connection ends
+            if not pieces and not self.request_done:
                 fault = reader.take()
+                assert type(fault) is Fault  # (neither body bytes nor its end)
                 await self._reject(fault.status, fault.message)
                 self.gone = True
                 return {"type": "http.disconnect"}
@@ -395,8 +413,8 @@ class Connection:
         hang-up hears it here, because the socket is closed next, and a closed socket leaves the
         epoll set without an event (a reset the write saw first would be lost to it too)."""
         fd, self.hangup_fd = self.hangup_fd, None
-        if fd is not None:
-            hangups = self.server.hangups
+        hangups = self.server.hangups
+        if fd is not None and hangups is not None:
             callback = hangups.unwatch(fd, self)
             hangups.forget(fd, self)
             if callback is not None:
@@ -405,8 +423,9 @@ class Connection:
     def forget_hangups(self) -> None:
         """The connection ends: its socket leaves the hang-up set before it closes."""
         fd, self.hangup_fd = self.hangup_fd, None
-        if fd is not None:
-            self.server.hangups.forget(fd, self)
+        hangups = self.server.hangups
+        if fd is not None and hangups is not None:
+            hangups.forget(fd, self)
 
     def _head(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more: bool) -> bytes:
         """The answer's head and its framing (RFC 9112 6.1-6.3): a declared length, else the whole
@@ -447,7 +466,7 @@ class Connection:
             self.framing = "none"
         return render_response_head(status, headers)
 
-    async def _send(self, message: dict) -> None:
+    async def _send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
             headers = list(message.get("headers") or ())

@@ -23,7 +23,8 @@ class Fault:
 class Head:
     __slots__ = ("method", "target", "version", "headers", "keep_alive")
 
-    def __init__(self, method: bytes, target: bytes, version: str, headers: list, keep_alive: bool) -> None:
+    def __init__(self, method: bytes, target: bytes, version: str,
+                 headers: list[tuple[bytes, bytes]], keep_alive: bool) -> None:
         self.method = method
         self.target = target
         self.version = version
@@ -32,7 +33,17 @@ class Head:
 
 
 ONLY_CHUNKED = Fault(501, "malformed HTTP request: only Transfer-Encoding: chunked is supported")
-END = object()  # a request's body ended (llhttp's on_message_complete)
+
+
+class _End:
+    """A request's body ended (llhttp's on_message_complete): `END`, the one instance."""
+
+    __slots__ = ()
+
+
+END = _End()
+# what a reader hands its connection, in order: a head, body bytes, the end, or a fault
+Event = Head | bytes | _End | Fault
 IDLE, IN_HEAD, IN_BODY = 0, 1, 2
 _TRANSFER_CODINGS = ("Invalid `Transfer-Encoding` header value", "Request has invalid `Transfer-Encoding`")
 _BLANK_LINE = re.compile(rb"\n\r?\n").search
@@ -83,17 +94,17 @@ class Reader:
         self.parser: httptools.HttpRequestParser | None = None
         # a list and the index of the next event to take, not a deque: an idle connection keeps
         # 56 bytes for it, not a deque's 770
-        self.events: list = []
+        self.events: list[Event] = []
         self.taken = 0
         self.limit = limit
         self.state = IDLE
-        self.url: bytes | None = b""
+        self.url = b""
         self.headers: list[tuple[bytes, bytes]] | None = []
         self.coding: bytes | None = None  # the head's Transfer-Encoding (b"," when it came twice)
         self.progress = False  # a feed got something done (a head, body bytes, a chunk)
         self.stalled = 0  # bytes fed since the last progress
         self.dead = False  # a fault was queued: nothing more is read
-        self.head_pieces: list[bytes] | None = None  # the head being read, when it began at a read's start
+        self.head_pieces: list[bytes | bytearray] | None = None  # the head being read, when it began at a read's start
         self.refeed: bytes | None = None  # a bare-LF or folded head kept whole until its end, to be read again
         self.reread = False  # that head is being read again (a second fault in it is final)
 
@@ -114,14 +125,17 @@ class Reader:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.state == IN_HEAD:  # (not a chunked body's trailer: the app is not told those, as with h11)
+        headers = self.headers
+        # (not a chunked body's trailer: the app is not told those, as with h11)
+        if self.state == IN_HEAD and headers is not None:
             name = name.lower()
             if name == b"transfer-encoding":
                 self.coding = b"," if self.coding is not None else value
-            self.headers.append((name, value.rstrip(b" \t")))
+            headers.append((name, value.rstrip(b" \t")))
 
     def on_headers_complete(self) -> None:
-        parser = self.parser
+        parser, headers = self.parser, self.headers
+        assert parser is not None and headers is not None  # (llhttp calls this while it reads)
         self.state = IN_BODY
         self.progress = True
         self.head_pieces = None
@@ -130,12 +144,15 @@ class Reader:
             # llhttp frames `gzip, chunked` by its last coding and would hand the app the body
             # still gzip-coded: only chunked alone is read (as h11 did)
             raise Refused(ONLY_CHUNKED)
-        if parser.should_upgrade() and any(n in (b"content-length", b"transfer-encoding") for n, _ in self.headers):
-            raise Refused(Fault(400, "malformed HTTP request: an Upgrade or CONNECT request with a body is not supported"))
+        if parser.should_upgrade() and any(n in (b"content-length", b"transfer-encoding")
+                                           for n, _ in headers):
+            raise Refused(Fault(400, "malformed HTTP request: an Upgrade or CONNECT request with a"
+                                     " body is not supported"))
         version = parser.get_http_version()
-        self.events.append(Head(parser.get_method(), self.url, version, self.headers,
+        self.events.append(Head(parser.get_method(), self.url, version, headers,
                                  parser.should_keep_alive() and version != "1.0"))
-        self.headers = self.url = None  # the request's from here on: an idle connection keeps neither
+        # the request's from here on: an idle connection keeps neither
+        self.headers, self.url = None, b""
 
     def on_body(self, data: bytes) -> None:
         self.progress = True
@@ -158,10 +175,10 @@ class Reader:
     def pending(self) -> bool:
         return self.taken < len(self.events)
 
-    def peek(self):
+    def peek(self) -> Event:
         return self.events[self.taken]
 
-    def take(self):
+    def take(self) -> Event:
         """The next event (`pending()` says there is one); the list empties once all are taken."""
         events = self.events
         event = events[self.taken]
@@ -173,7 +190,7 @@ class Reader:
 
     # -- feeding ---------------------------------------------------------------------------------
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         """Parse what was read (b"": nothing; the caller handles the end)."""
         if self.dead or not data:
             return
@@ -221,13 +238,14 @@ class Reader:
             else:
                 self._fail(Fault(431, f"request headers larger than {self.limit} bytes"))
 
-    def _refeed(self, data: bytes) -> None:
+    def _refeed(self, data: bytes | bytearray) -> None:
         """A head h11 would have read and llhttp does not (bare LF line ends, obs-fold), kept whole
         until its blank line and then read by a new parser, unfolded and with CRLF line ends."""
         # what was kept already had no blank line: only its end is scanned again (a head sent a
         # byte at a time is scanned once, not once a byte); the first call scans the whole head
-        start = max(len(self.refeed) - 2, 0) if data else 0
-        raw = self.refeed + data
+        kept = self.refeed or b""
+        start = max(len(kept) - 2, 0) if data else 0
+        raw = kept + data
         end = _BLANK_LINE(raw, start)
         if end is None:
             self.refeed = raw

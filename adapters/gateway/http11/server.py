@@ -6,12 +6,12 @@ from __future__ import annotations
 import errno
 import logging
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import trio
 
 from ..listen import BatchListener
-from .connection import SEND_CHECKS, Connection
+from .connection import SEND_CHECKS, App, Connection
 from .hangups import Hangups
 
 log = logging.getLogger("relayline.gateway")
@@ -22,7 +22,6 @@ HEAD_CHECK_S = 1.0  # the head watchdog looks at least this often (and 4 times p
 HEAD_CHECK_LEAST_S = 0.01  # ...but never more often than this (a tiny keep_alive_s is no busy loop)
 SEND_TIMEOUT_S = 60.0  # nginx's send_timeout: how long a write may make no progress
 
-App = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 ErrorBody = Callable[[int, str], bytes]
 
 
@@ -91,7 +90,7 @@ class Server:
         self.hangups: Hangups | None = None
 
     async def run(self, sockets: list[socket.socket], stop: trio.Event, *,
-                  task_status=trio.TASK_STATUS_IGNORED) -> None:
+                  task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until `stop`, then drain (see the module's docstring)."""
         listeners = [_Listener(sock, self) for sock in sockets]  # a burst is taken in one pass, not one a pass
         async with trio.open_nursery() as nursery:
