@@ -47,15 +47,22 @@ _SIZED = frozenset({TEXT, REASONING, TOOL_ARGS})  # frames whose text a stream a
 
 class FleetHealth(HealthStore, Protocol):
     """A health store a fleet's workers share (stores/health.py): synced with the fleet before
-    each decision of a turn, and told at the turn's end what the turn did (`pending`)."""
+    each decision of a turn, and told at the turn's end what the turn did (`pending`); the
+    gateway's readiness says whether it answers (`reachable`) and `where` it is."""
+
+    where: str
 
     @property
     def pending(self) -> bool: ...
 
+    @property
+    def reachable(self) -> bool: ...
+
     async def sync(self, profiles: Iterable[str]) -> None: ...
 
 
-def _is_fleet(store: HealthStore) -> TypeGuard[FleetHealth]:
+def is_fleet(store: HealthStore) -> TypeGuard[FleetHealth]:
+    """A store shared by a fleet (the store may be any HealthStore: one is told by its `sync`)."""
     return hasattr(store, "sync")
 
 
@@ -120,7 +127,7 @@ class TurnRun:
         # each decision of the turn's machines, so each sees the fleet (an answer needs none:
         # whatever the fleet says, the turn is done), and what the turn did is pushed at its end
         store = turn.health.store
-        self._store = store if _is_fleet(store) else None
+        self._store = store if is_fleet(store) else None
 
     async def _sync_health(self, *, read: bool = True) -> None:
         store = self._store

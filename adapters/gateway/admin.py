@@ -5,18 +5,22 @@ file (/admin/reload). It reads the gateway through `AdminHost`, never the whole 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs
 
 import trio
 
 from ..codecs.dialects import OPENAI
+from ..driver import is_fleet
 from .bookkeeping import Bookkeeping
 from .exchange import respond, respond_json
+from .http11 import Send
 
 if TYPE_CHECKING:
     from ..relay import Relay
+    from ..stores.schema import LedgerBackend
     from .limits import Limiter
+    from .reload import Reloader
 
 READY_WAIT_S = 2.0  # a readiness check of the ledger that takes longer says not ready
 
@@ -27,9 +31,9 @@ class AdminHost(Protocol):
     it is draining, and the reloader of its config file (None: it serves no file)."""
 
     relay: Relay
-    ledger: object | None
+    ledger: LedgerBackend | None
     limiter: Limiter
-    reloader: object | None
+    reloader: Reloader | None
 
     @property
     def in_flight(self) -> int: ...
@@ -52,13 +56,13 @@ class Admin:
         if host.ledger is not None:
             self.readiness["ledger"] = self.ledger_ready
             self._ready_limiter = trio.CapacityLimiter(1)
-        if hasattr(host.relay.health, "reachable"):  # a shared health store (stores/health.py)
+        if is_fleet(host.relay.health):  # a shared health store (stores/health.py)
             self.degradations["shared_store"] = self.store_ready
 
-    async def ready(self, send) -> None:
+    async def ready(self, send: Send) -> None:
         """GET /readyz: 200 when every readiness check passes (degradations are reported, not
         failed), else 503 naming each problem."""
-        checks = {"config": None}
+        checks: dict[str, str | None] = {"config": None}
         for name, check in self.readiness.items():
             checks[name] = await check()
         if self.host.draining:
@@ -74,27 +78,32 @@ class Admin:
 
     async def store_ready(self) -> str | None:
         health = self.host.relay.health
-        return None if health.reachable else (f"the shared health store at {health.where} does not answer: "
-                                              "serving on this worker's own health")
+        if not is_fleet(health) or health.reachable:
+            return None
+        return (f"the shared health store at {health.where} does not answer: serving on this"
+                " worker's own health")
 
     async def ledger_ready(self) -> str | None:
         # a ledger server that hangs would hold the check (and /readyz) forever: it is waited for
         # READY_WAIT_S, and one at a time, so that a prober polling it leaves at most one thread
         # hung on the server, not one per poll
+        ledger = self.host.ledger
+        if ledger is None:
+            return None
         with trio.move_on_after(READY_WAIT_S):
-            writable = await trio.to_thread.run_sync(self.host.ledger.writable, limiter=self._ready_limiter,
+            writable = await trio.to_thread.run_sync(ledger.writable, limiter=self._ready_limiter,
                                                      abandon_on_cancel=True)
             return None if writable else "the ledger is not writable"
         return f"the ledger did not answer within {READY_WAIT_S:g} s"
 
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         """The health view: each profile's breaker, cooldown and recent success rate, where the
         fallbacks went, the turns in flight and the named keys' limits."""
         host = self.host
         relay = host.relay
         now = trio.current_time()
         window = relay.config.breaker.window_s
-        profiles = {}
+        profiles: dict[str, dict[str, Any]] = {}
         for alias in sorted(relay.config.providers):
             breaker = relay.health.breaker(alias)
             breaker.refresh(now)
@@ -113,22 +122,21 @@ class Admin:
         return {"window_s": window, "profiles": profiles, "fallback_record": dict(relay.fallback_record),
                 "in_flight": host.in_flight, "draining": host.draining, "limits": host.limiter.view(relay.config)}
 
-    async def answer_health(self, send) -> None:
+    async def answer_health(self, send: Send) -> None:
         """GET /admin/health. In a fleet, the shared state, not only this worker's mirror."""
         relay = self.host.relay
-        sync = getattr(relay.health, "sync", None)
-        if sync is not None:
-            await sync(relay.config.providers)
+        if is_fleet(relay.health):
+            await relay.health.sync(relay.config.providers)
         await respond_json(send, 200, self.health())
 
-    async def answer_plan(self, send, query: bytes) -> None:
+    async def answer_plan(self, send: Send, query: bytes) -> None:
         """GET /admin/plan?model=&text=: the plan a gateway request naming them would get."""
         asked = parse_qs(query.decode("latin-1"))
         plan = self.host.relay.plan(model=asked.get("model", [None])[0], text=asked.get("text", [""])[0],
                                     gateway=True)
         await respond_json(send, 200, plan.as_json())
 
-    async def reload(self, send) -> None:
+    async def reload(self, send: Send) -> None:
         """POST /admin/reload: 200 with the profiles now served, or 422 listing the problems of a
         file that was refused (nothing changed). In a fleet, a 200 then reloads every worker."""
         reloader = self.host.reloader

@@ -17,7 +17,8 @@ import functools
 import logging
 import os
 import sqlite3
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -28,6 +29,7 @@ from relayline.machines.vocab import FailureClass
 from ..otel import Tracing
 from ..relay import Relay
 from ..stores.ledger import DEFAULT_PATH, LedgerStore, open_ledger
+from ..stores.schema import LedgerBackend
 from .admin import Admin
 from .auth import Access, KeyRing, load_access
 from .bookkeeping import Bookkeeping
@@ -35,6 +37,7 @@ from .chat import ChatPath
 from .chat_request import travelling_headers
 from .console import Console
 from .exchange import Exchange, request_id, respond
+from .http11 import Receive, Scope, Send
 from .in_flight import TurnsInFlight
 from .limits import Limiter
 from .metrics import Metrics, configured_models, named_keys
@@ -49,7 +52,7 @@ TRIM_AFTER_BYTES = 8 * 1024 * 1024  # an answer at least this large is followed 
 
 
 @functools.cache
-def _malloc_trim():
+def _malloc_trim() -> ctypes._NamedFuncPointer | None:
     """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
     try:
         return ctypes.CDLL("libc.so.6").malloc_trim
@@ -67,8 +70,8 @@ class Gateway:
     """One gateway: the relay, access and settings it serves now (a reload swaps them: `swap`),
     and the collaborators that answer its requests."""
 
-    def __init__(self, relay: Relay, *, api_keys: set[str] | None = None, ledger: LedgerStore | None = None,
-                 access: Access | None = None) -> None:
+    def __init__(self, relay: Relay, *, api_keys: set[str] | None = None,
+                 ledger: LedgerBackend | None = None, access: Access | None = None) -> None:
         self.relay = relay
         self.access = access if access is not None else Access(clients=KeyRing.of(api_keys or ()))
         self.ledger = ledger
@@ -103,19 +106,19 @@ class Gateway:
         self.turns.draining = value
 
     @property
-    def readiness(self):
+    def readiness(self) -> dict[str, Callable[[], Awaitable[str | None]]]:
         """Readiness checks beyond "config loaded" (admin.py): name -> check answering a problem or None."""
         return self.admin.readiness
 
     @property
-    def degradations(self):
+    def degradations(self) -> dict[str, Callable[[], Awaitable[str | None]]]:
         """What /readyz reports without failing it (admin.py): name -> check answering a problem or None."""
         return self.admin.degradations
 
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         return self.admin.health()
 
-    def _live(self) -> dict:
+    def _live(self) -> dict[str, Any]:
         return self.admin.health()
 
     async def swap(self, relay: Relay, access: Access) -> None:
@@ -132,7 +135,7 @@ class Gateway:
             await old.aclose()
 
     @classmethod
-    def from_relay_config(cls, relay: Relay, env=None) -> Gateway:
+    def from_relay_config(cls, relay: Relay, env: Mapping[str, str] | None = None) -> Gateway:
         """The gateway a config describes. Raises ConfigError when a key variable it names is
         unset or empty (fail closed), or the ledger cannot be opened."""
         env = os.environ if env is None else env
@@ -159,7 +162,7 @@ class Gateway:
 
     # -- ASGI -----------------------------------------------------------------------------------
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()

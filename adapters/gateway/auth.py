@@ -16,7 +16,7 @@ import hashlib
 import hmac
 import ipaddress
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -61,7 +61,7 @@ class KeyRing:
     digests: tuple[tuple[bytes, Caller], ...] = ()  # (sha256, who it is)
 
     @classmethod
-    def of(cls, keys, named: tuple[tuple[bytes, Caller], ...] = ()) -> KeyRing:
+    def of(cls, keys: Iterable[str], named: tuple[tuple[bytes, Caller], ...] = ()) -> KeyRing:
         flat = tuple((_digest(k), Caller(key_id(k))) for k in sorted(set(keys)) if k)
         return cls(flat + named)
 
@@ -183,7 +183,7 @@ def bearer(headers: Mapping[bytes, bytes]) -> str | None:
         return None
 
 
-def is_loopback(client) -> bool:
+def is_loopback(client: tuple[str, int] | None) -> bool:
     if not client:
         return False
     try:

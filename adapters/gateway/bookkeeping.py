@@ -10,17 +10,18 @@ import json
 import logging
 import re
 from collections import defaultdict, deque
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from relayline.machines import wire
+from relayline.machines.plan import PlannedEntry
 from relayline.machines.turn import TurnResult
 
 from ..logs import event
 from ..otel import Tracing
 from ..relay import turns_of
-from ..stores.ledger import LedgerUnavailable
+from ..stores.schema import LedgerBackend, LedgerUnavailable
 from .exchange import Exchange
 
 if TYPE_CHECKING:
@@ -49,7 +50,8 @@ class Bookkeeping:
     """The ledger writes, the turn's observation and the access line of one gateway, and each
     profile's recent attempt outcomes that the health view reads."""
 
-    def __init__(self, host: BooksHost, ledger, metrics: Metrics, console: Console, families: dict[str, str]) -> None:
+    def __init__(self, host: BooksHost, ledger: LedgerBackend | None, metrics: Metrics,
+                 console: Console, families: dict[str, str]) -> None:
         self.host = host
         self.ledger = ledger
         self.metrics = metrics
@@ -73,7 +75,7 @@ class Bookkeeping:
                 event(log, logging.WARNING, "breaker_transition", **{"profile": alias, "from": before, "to": state})
             self._breakers[alias] = state
 
-    async def record(self, exchange: Exchange, result: TurnResult) -> None:
+    async def record(self, exchange: Exchange, turn_id: str, result: TurnResult) -> None:
         """The turn's ledger rows, committed before its answer completes: a client that saw an
         answer can find what it cost."""
         if self.ledger is not None and result.ledger:
@@ -82,8 +84,8 @@ class Bookkeeping:
             lost = "ledger_write_error request_id=%s turn=%s rows=%d cost_usd=%.8f"
             try:
                 who = exchange.caller
-                await self.ledger.record(exchange.turn, result, client=exchange.client, key=who.name if who else "",
-                                         team=who.team if who else "")
+                await self.ledger.record(turn_id, result, client=exchange.client,
+                                         key=who.name if who else "", team=who.team if who else "")
             except LedgerUnavailable as exc:  # an outage: its reason, not a trace per answer
                 log.error(lost + " error=ledger_timeout waited_s=%g", exchange.request_id, exchange.turn,
                           len(result.ledger), result.cost_usd, exc.waited_s)
@@ -96,8 +98,9 @@ class Bookkeeping:
         then the access line and the request metrics. The answer is out: a failure here is
         logged, never the request's error."""
         try:
-            if exchange.result is not None and exchange.relay is not None:
-                self._observe_turn(exchange, exchange.result)
+            turn, ran_on, result = exchange.turn, exchange.relay, exchange.result
+            if turn is not None and ran_on is not None and result is not None:
+                self._observe_turn(exchange, turn, ran_on, result)
         except Exception:
             log.exception("turn_bookkeeping_error request_id=%s turn=%s", exchange.request_id, exchange.turn)
         try:
@@ -105,9 +108,10 @@ class Bookkeeping:
         except Exception:
             log.exception("access_bookkeeping_error request_id=%s", exchange.request_id)
 
-    def _observe_turn(self, exchange: Exchange, result: TurnResult) -> None:
+    def _observe_turn(self, exchange: Exchange, turn_id: str, ran_on: Relay,
+                      result: TurnResult) -> None:
         started, now = exchange.turn_started, exchange.turn_ended
-        turns_of(exchange.relay).observe(result)  # the relay the turn ran on (a reload may have retired it)
+        turns_of(ran_on).observe(result)  # the relay the turn ran on (a reload may have retired it)
         relay = self.host.relay
         horizon = now - relay.config.breaker.window_s
         tried: dict[str, None] = {}  # the profiles the turn tried, once each
@@ -122,7 +126,7 @@ class Bookkeeping:
         self.metrics.turn(result, now - started)
         if exchange.caller is not None and exchange.caller.name:
             self.metrics.key_turn(exchange.caller.name, result)
-        self.console.observe(exchange.turn, result, now - started, now)
+        self.console.observe(turn_id, result, now - started, now)
         self.host.tracing.turn(result, started=started, ended=now, request_id=exchange.request_id,
                                families=self.families)
         if result.fallback:
@@ -176,7 +180,7 @@ def attribution(result: TurnResult) -> list[tuple[bytes, bytes]]:
     ]
 
 
-def relayline_field(result: TurnResult) -> dict:
+def relayline_field(result: TurnResult) -> dict[str, Any]:
     """The `relayline` field of an answer's body: the attribution, with each attempt and skip."""
     return {
         "requested": result.requested,
@@ -189,7 +193,8 @@ def relayline_field(result: TurnResult) -> dict:
     }
 
 
-def dropped_header(request: wire.Request, entry) -> list[tuple[bytes, bytes]]:
+def dropped_header(request: wire.Request | None,
+                   entry: PlannedEntry | None) -> list[tuple[bytes, bytes]]:
     """x-relayline-dropped: the fields `drop_unsupported_params` dropped for the serving entry.
     A name is the client's own JSON key: one that is not plain header text (a line feed, a NUL,
     a comma, non-ASCII) is written as a JSON string in ASCII, so the list stays one legal

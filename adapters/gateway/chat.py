@@ -188,7 +188,7 @@ class ChatPath:
             if result is not None:
                 exchange.result, exchange.turn, exchange.relay = result, turn_id, relay
                 exchange.turn_started, exchange.turn_ended = started, trio.current_time()
-                await self.books.record(exchange, result)
+                await self.books.record(exchange, turn_id, result)
         exchange.drained = turns.drained(owner)
         return run.result
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict, deque
+from collections.abc import Iterable
 from importlib import resources
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs
 
 import attrs
@@ -30,14 +31,17 @@ import trio
 
 from relayline.machines.engine import SPEC_NAMES, Spec, load_spec
 from relayline.machines.plan import HINT_PREFIX, Plan
-from relayline.machines.turn import TurnResult
+from relayline.machines.turn import AttemptRecord, TurnResult
+
+from .http11 import Receive, Scope, Send
 
 if TYPE_CHECKING:
     from ..relay import Relay
+    from .limits import Limiter
 
 
 class LedgerReport(Protocol):
-    def report(self, since: float = 0.0, by: str = "model") -> list[dict]: ...
+    def report(self, since: float = 0.0, by: str = "model") -> list[dict[str, Any]]: ...
 
 
 class ConsoleHost(Protocol):
@@ -46,8 +50,11 @@ class ConsoleHost(Protocol):
     the gateway is shutting down."""
 
     relay: Relay
-    ledger: LedgerReport | None
+    limiter: Limiter
     draining: bool
+
+    @property
+    def ledger(self) -> LedgerReport | None: ...
 
 RECENT_TURNS = 200  # kept in memory, newest last; the page shows them all, filtered by outcome
 ATTEMPTS_KEPT = 2048  # per profile, for success rate and latency: the window's most recent ones
@@ -101,11 +108,11 @@ class TurnView:
     attempts: tuple[AttemptView, ...]
     skipped: tuple[tuple[str, str, str], ...]  # (profile, model, reason)
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
 
-def _latency_ms(attempt, ended: float) -> float | None:
+def _latency_ms(attempt: AttemptRecord, ended: float) -> float | None:
     """An attempt's time in ms, to its own end or, still open at the turn's end, to that."""
     end = attempt.ended if attempt.ended is not None else ended
     return round((end - attempt.at) * 1000, 1) if end >= attempt.at else None
@@ -152,7 +159,7 @@ class _Ended:
         return turn_view(self.seq, self.turn, self, self.latency_s, self.ended, self.wall)  # type: ignore[arg-type]
 
 
-def edge_counts(spec: Spec) -> list[dict]:
+def edge_counts(spec: Spec) -> list[dict[str, Any]]:
     """Every edge of a lifecycle with how often it fired since the spec was loaded."""
     counts = spec.fired_counts()
     edges = []
@@ -164,7 +171,7 @@ def edge_counts(spec: Spec) -> list[dict]:
     return edges
 
 
-def lifecycle_mermaid(spec: Spec, edges: list[dict]) -> str:
+def lifecycle_mermaid(spec: Spec, edges: list[dict[str, Any]]) -> str:
     """Mermaid for one lifecycle, one arrow per (source, transition), labelled with its count.
     Unlike specs/diagrams/*.mmd (one arrow per pair of states), a count belongs to one edge."""
     lines = ["stateDiagram-v2", "  direction LR"]
@@ -209,7 +216,7 @@ class Console:
         self._static: dict[str, bytes] = {}
 
     @property
-    def relay(self):
+    def relay(self) -> Relay:
         return self.gateway.relay  # a reload swaps it: the console shows the one serving now
 
     # -- what the gateway tells it ----------------------------------------------------------
@@ -244,7 +251,7 @@ class Console:
 
     # -- the views --------------------------------------------------------------------------
 
-    def routes(self, now: float) -> list[dict]:
+    def routes(self, now: float) -> list[dict[str, Any]]:
         router = self.relay.router
         config = self.relay.config
         plans: list[tuple[str, str, Plan]] = []
@@ -278,7 +285,7 @@ class Console:
                         "entries": entries, "warnings": list(plan.warnings)})
         return out
 
-    def health(self, now: float) -> dict:
+    def health(self, now: float) -> dict[str, Any]:
         config = self.relay.config
         window = config.breaker.window_s
         profiles = []
@@ -306,7 +313,7 @@ class Console:
             })
         return {"window_s": window, "store": self.store(), "profiles": profiles}
 
-    def store(self) -> dict:
+    def store(self) -> dict[str, Any]:
         """Where health lives: this process, or a fleet's shared store (named by host and port
         only: its URL may carry a password)."""
         health = self.relay.health
@@ -318,11 +325,11 @@ class Console:
                 "state": "unreachable: serving on local state" if local else "connected",
                 "rounds": getattr(health, "rounds", None)}
 
-    def limits(self) -> list[dict]:
+    def limits(self) -> list[dict[str, Any]]:
         """Named keys' and teams' limits, spend and what is left (gateway/limits.py)."""
         return self.gateway.limiter.view(self.relay.config)
 
-    def lifecycles(self) -> list[dict]:
+    def lifecycles(self) -> list[dict[str, Any]]:
         out = []
         for name in SPEC_NAMES:
             spec = load_spec(name)
@@ -335,19 +342,19 @@ class Console:
         """Only the numbers, in edge order: what the event stream sends when they change."""
         return {name: [e["count"] for e in edge_counts(load_spec(name))] for name in SPEC_NAMES}
 
-    async def cost(self) -> dict:
+    async def cost(self) -> dict[str, Any]:
         ledger = self.gateway.ledger
         if ledger is None:
             return {"ledger": False, "windows": {}}
         wall = time.time()
 
-        def report() -> dict:
+        def report() -> dict[str, Any]:
             return {label: ledger.report(since=wall - seconds) for label, seconds in COST_WINDOWS}
 
         # a worker thread: a PostgreSQL ledger answers over the network, SQLite from the disk
         return {"ledger": True, "windows": await trio.to_thread.run_sync(report)}
 
-    async def snapshot(self) -> dict:
+    async def snapshot(self) -> dict[str, Any]:
         cost = await self.cost()
         now = trio.current_time()
         return {"routes": self.routes(now), "health": self.health(now), "lifecycles": self.lifecycles(),
@@ -364,7 +371,7 @@ class Console:
             self._static[name] = data
             return data
 
-    async def handle(self, scope, receive, send) -> None:
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve a console path (the gateway has already checked the admin key)."""
         method, path = scope["method"], scope["path"]
         if method != "GET":
@@ -392,7 +399,7 @@ class Console:
             await _send(send, 404, json.dumps({"error": {"message": f"no console page at {path}"}}).encode(),
                         "application/json")
 
-    async def _events(self, receive, send) -> None:
+    async def _events(self, receive: Receive, send: Send) -> None:
         if self.gateway.draining:
             await _send(send, 503, b'{"error": {"message": "the gateway is shutting down"}}', "application/json")
             return
@@ -411,7 +418,7 @@ class Console:
         finally:
             self._streams -= 1
 
-    async def _push(self, send) -> None:
+    async def _push(self, send: Send) -> None:
         """Send each part of the state when it differs from what this stream sent last."""
         sent: dict[str, str] = {}
         last_seq = self.turns[-1].seq if self.turns else 0
@@ -451,13 +458,14 @@ class Console:
                 await changed.wait()
 
 
-async def _until_disconnect(receive, scope: trio.CancelScope) -> None:
+async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
 
 
-async def _send(send, status: int, body: bytes, content_type: str, headers=()) -> None:
+async def _send(send: Send, status: int, body: bytes, content_type: str,
+                headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", content_type.encode()), (b"x-content-type-options", b"nosniff"),
                             *headers]})

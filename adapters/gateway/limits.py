@@ -15,11 +15,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+from functools import partial
+from typing import Any
 
 import attrs
 import trio
 
-from relayline.machines.config import Config
+from relayline.machines.config import Config, GatewayKey, GatewayTeam
+from relayline.machines.health import HealthStore
 from relayline.machines.limits import (
     Admission,
     Budget,
@@ -34,7 +37,9 @@ from relayline.machines.limits import (
 from relayline.machines.turn import TurnResult
 from relayline.machines.wire import Request
 
-from ..stores.limits import MemoryLimits, RedisLimits, Ticket
+from ..stores.health import RedisHealth
+from ..stores.limits import AdmitOutcome, LimitsStore, MemoryLimits, RedisLimits, Ticket
+from ..stores.schema import LedgerBackend
 
 log = logging.getLogger("relayline.limits")
 
@@ -49,7 +54,7 @@ class Admitted:
     admission's lifecycle (specs/admission.toml), settled when its turn ends."""
 
     ticket: Ticket | None
-    store: object | None
+    store: LimitsStore | None
     standings: tuple[Standing, ...]
     admission: Admission = attrs.field(factory=Admission, eq=False)
 
@@ -60,7 +65,7 @@ class Admitted:
                                          ("tokens", "tokens_left", "reset_tokens_s", "tpm")):
             bound = [s for s in self.standings if getattr(s, left) is not None]
             if bound:
-                tight = min(bound, key=lambda s, left=left: getattr(s, left))
+                tight = min(bound, key=partial(_standing_left, left))
                 out += [(f"x-ratelimit-limit-{kind}".encode(), str(getattr(tight.limits, limit)).encode()),
                         (f"x-ratelimit-remaining-{kind}".encode(), str(getattr(tight, left)).encode()),
                         (f"x-ratelimit-reset-{kind}".encode(), reset_text(getattr(tight, reset)).encode())]
@@ -68,6 +73,12 @@ class Admitted:
         if budgets:
             out.append((b"x-relayline-budget-remaining-usd", f"{min(budgets):.6f}".encode()))
         return out
+
+
+def _standing_left(left: str, standing: Standing) -> int:
+    """What a standing says is left of one limit (`left`: requests_left or tokens_left)."""
+    value: int = getattr(standing, left)
+    return value
 
 
 def reset_text(seconds: float) -> str:
@@ -108,8 +119,8 @@ def output_default(config: Config) -> int | None:
 class Limiter:
     """The gateway's one admission point for named keys' limits."""
 
-    def __init__(self, health, ledger, workers: int = 1) -> None:
-        self.shared = RedisLimits(health) if hasattr(health, "run_script") else None
+    def __init__(self, health: HealthStore, ledger: LedgerBackend | None, workers: int = 1) -> None:
+        self.shared = RedisLimits(health) if isinstance(health, RedisHealth) else None
         self.local = MemoryLimits()
         self.ledger = ledger
         self.workers = max(1, workers)
@@ -150,7 +161,7 @@ class Limiter:
         local = tuple(scope.share(self.workers) for scope in scopes)
         return self._noted(await self._admit_in(self.local, local, estimate, 1.0 / self.workers), self.local)
 
-    def _open(self) -> Admitted:
+    def _open(self) -> Admitted | Refusal:
         """Admitted without counting: the shared store is down and limits_on_store_error = open."""
         return self._noted((None, None, []), None)
 
@@ -163,7 +174,8 @@ class Limiter:
         return Refusal("store", None, 1.0, f"the limits store at {self.where} does not answer and this gateway "
                        "refuses limited keys meanwhile (limits_on_store_error = closed)")
 
-    async def _admit_in(self, store, scopes: tuple[ScopeLimits, ...], estimate: int, part: float):
+    async def _admit_in(self, store: LimitsStore, scopes: tuple[ScopeLimits, ...], estimate: int,
+                        part: float) -> AdmitOutcome:
         wall = time.time()
         for scope in scopes:
             if not store.seeded(scope, wall):
@@ -175,10 +187,10 @@ class Limiter:
             self.down_since = None
         return result
 
-    def _noted(self, outcome, store) -> Admitted | Refusal:
+    def _noted(self, outcome: AdmitOutcome, store: LimitsStore | None) -> Admitted | Refusal:
         refusal, ticket, standings = outcome
         admission = Admission()
-        if admission.judge(refusal) == "refused":
+        if admission.judge(refusal) == "refused" and refusal is not None:
             return refusal
         for standing in standings:
             self.standings[standing.limits.id] = standing
@@ -189,11 +201,12 @@ class Limiter:
 
     async def _ledger_spend(self, scope: ScopeLimits, wall: float) -> float:
         """What the ledger says the scope spent in its current period (0 without a ledger)."""
-        if self.ledger is None or not hasattr(self.ledger, "spend"):
+        ledger = self.ledger
+        if ledger is None:
             return 0.0
         since = period_start(wall, scope.budget_period)
         with trio.move_on_after(LEDGER_WAIT_S):
-            return await trio.to_thread.run_sync(self.ledger.spend, scope.scope, scope.name, since,
+            return await trio.to_thread.run_sync(ledger.spend, scope.scope, scope.name, since,
                                                  abandon_on_cancel=True)
         log.warning("budget_seed_unavailable scope=%s waited_s=%g counting_from=0", scope.id, LEDGER_WAIT_S)
         return 0.0
@@ -208,7 +221,7 @@ class Limiter:
     async def settle(self, admitted: Admitted, result: TurnResult | None) -> None:
         """The turn's billed tokens and cost replace its estimate (nothing billed: 0)."""
         admitted.admission.settle()
-        if admitted.ticket is None:
+        if admitted.ticket is None or admitted.store is None:
             return
         tokens = sum(r.input_tokens + r.output_tokens for r in result.ledger) if result is not None else 0
         cost = result.cost_usd if result is not None else 0.0
@@ -223,11 +236,13 @@ class Limiter:
                 known = self.standings[scope.id] = attrs.evolve(known, spend_usd=known.spend_usd + cost)
                 self._note_budget(scope, known.spend_usd)
 
-    def view(self, config: Config) -> list[dict]:
+    def view(self, config: Config) -> list[dict[str, Any]]:
         """Each configured key's and team's limits and what the latest admission found left of
         them (None: not seen since this process started), for the console and the metrics."""
-        out = []
-        for scope, item in [*(("key", k) for k in config.gateway.keys), *(("team", t) for t in config.gateway.teams)]:
+        out: list[dict[str, Any]] = []
+        named: list[tuple[str, GatewayKey | GatewayTeam]] = [
+            *(("key", k) for k in config.gateway.keys), *(("team", t) for t in config.gateway.teams)]
+        for scope, item in named:
             limits = limits_of(scope, item)
             if not limits.limited:
                 continue

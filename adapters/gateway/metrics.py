@@ -14,10 +14,12 @@ of the flat `api_keys_env` list carries none).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from relayline.machines.config import Config
@@ -94,7 +96,8 @@ class _Histogram:
 
 
 class Metrics:
-    def __init__(self, config: Config, routes: frozenset[str], live: Callable[[], dict]) -> None:
+    def __init__(self, config: Config, routes: frozenset[str],
+                 live: Callable[[], dict[str, Any]]) -> None:
         self.providers = frozenset(config.providers)
         self.models = configured_models(config)
         self.routes = routes
@@ -180,10 +183,10 @@ class _Families:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         m = self.metrics
         for kept in (m.requests, m.turns, m.attempts, m.fallbacks, m.tokens, m.cost, m.turn_seconds, m.ttft,
                      m.key_requests, m.key_tokens, m.key_cost):
@@ -196,10 +199,10 @@ class _LiveCollector:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []  # collected lazily: the live state exists only inside the gateway's trio loop
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         live = self.metrics._live()
         state = GaugeMetricFamily("relayline_breaker_state", "Breaker state by profile: 0 closed, 1 half-open (probing or not), 2 open.",
                                   labels=["provider"])

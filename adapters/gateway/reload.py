@@ -33,6 +33,8 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -61,7 +63,7 @@ class ReloadReport:
     problems: tuple[str, ...] = ()
     profiles: tuple[str, ...] = ()
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         if self.ok:
             return {"reloaded": True, "profiles": list(self.profiles)}
         return {"reloaded": False, "problems": list(self.problems)}
@@ -100,7 +102,7 @@ class EarlyReloads:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
         return self
 
-    def _note(self, _signum, _frame) -> None:
+    def _note(self, _signum: int, _frame: FrameType | None) -> None:
         self.asked = True
 
     def close(self) -> None:
@@ -132,10 +134,20 @@ class _Pending:
         self.report = ReloadReport(False, ("the reload was cancelled: the gateway is stopping",))
 
 
+class ReloadHost(Protocol):
+    """What a reload reads and swaps of the gateway: the relay and access it serves now."""
+
+    relay: Relay
+    access: Access
+
+    async def swap(self, relay: Relay, access: Access) -> None: ...
+
+
 class Reloader:
     """Reloads one gateway from one file. Reloads run one at a time."""
 
-    def __init__(self, gateway, path: str | os.PathLike, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, gateway: ReloadHost, path: str | os.PathLike[str],
+                 env: Mapping[str, str] | None = None) -> None:
         self.gateway = gateway
         self.path = str(path)
         self.env = os.environ if env is None else env

@@ -82,7 +82,8 @@ def _error_body(status: int, message: str) -> bytes:
 
 
 async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080, stop: trio.Event | None = None,
-                bound: list[socket.socket] | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                bound: list[socket.socket] | None = None,
+                task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until `stop` is set (or forever), then drain. Reports the bound URLs."""
     sockets = bound if bound is not None else bind(gateway, host, port)
     stop = stop if stop is not None else trio.Event()
@@ -136,7 +137,8 @@ async def run_until_signalled(gateway: Gateway, *, host: str, port: int, fd: int
                               in_flight=gateway.in_flight)
                         gateway.cancel_turns()
 
-            async def server(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            async def server(
+                    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
                 await serve(gateway, stop=stop, bound=bound, task_status=task_status)
                 nursery.cancel_scope.cancel()
 

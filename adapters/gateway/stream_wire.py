@@ -15,19 +15,30 @@ import heapq
 import itertools
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from relayline.machines import wire
+from relayline.machines.plan import PlannedEntry
 from relayline.machines.stream import Event
 from relayline.machines.turn import TurnResult
 
 from ..driver import TurnRun
 from .bookkeeping import dropped_header
+from .http11 import Message, Send
+
+if TYPE_CHECKING:
+    from ..codecs.dialects import Dialect
 
 log = logging.getLogger("relayline.gateway")
 
 SEND_GRACE_S = 10.0
+# a held stream's entry in the gate timer's heap: [deadline, order, wire (None once released),
+# the timer]; a list, so that the heap orders entries by deadline and then order, and a release
+# clears the wire in place
+_GateEntry = list[Any]
 
 
 class StreamWire:
@@ -51,19 +62,19 @@ class StreamWire:
     __slots__ = ("send", "run", "request", "render", "started", "_head", "_pending", "_pending_bytes", "_sending",
                  "_ending", "_committing", "_gate", "_cancel_turn", "_unnamed")
 
-    def __init__(self, turn_id: str, send, dialect, request: wire.Request) -> None:
+    def __init__(self, turn_id: str, send: Send, dialect: Dialect, request: wire.Request) -> None:
         self.send = send
         self.run: TurnRun | None = None  # the turn's, once it exists
         self.request = request
         self.render = dialect.stream_renderer(turn_id, request)
         self.started = False
-        self._head: dict | None = None  # the response's start, written with the first bytes
+        self._head: Message | None = None  # the response's start, written with the first bytes
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._sending: trio.CancelScope | None = None
         self._ending = False
         self._committing: trio.Event | None = None  # while the gate timer writes the held commit
-        self._gate: list | None = None  # the gate timer's entry, while the gate holds
+        self._gate: _GateEntry | None = None  # the gate timer's entry, while the gate holds
         self._cancel_turn: Callable[[], None] | None = None
         self._unnamed = False  # committed before anything served: the chunks name no model yet
 
@@ -79,18 +90,18 @@ class StreamWire:
         if self._cancel_turn is not None:
             self._cancel_turn()
 
-    def _served_entry(self):
+    def _served_entry(self) -> PlannedEntry | None:
         """The entry that serves what this stream shows, once that is certain (`TurnRun.showing`).
         Headers the gate timer commits before then name no one: a pre-commit failure may still
         hand the turn to another entry."""
         run = self.run
         return run.showing() if run is not None else None
 
-    def _paused(self):
+    def _paused(self) -> AbstractContextManager[None]:
         """The turn's upstream idle deadline lifted while it waits for the client."""
         return self.run.consumer_paused() if self.run is not None else contextlib.nullcontext()
 
-    async def _send_whole(self, message: dict) -> None:
+    async def _send_whole(self, message: Message) -> None:
         # a write begun must finish (bytes taken from the buffer would otherwise be lost, and a
         # chunk cut in two would garble the stream for the error event a drain still sends): at
         # the client's pace while the turn runs, SEND_GRACE_S at most once it ended. The shield
@@ -216,7 +227,7 @@ class StreamWire:
         if self._pending or self._committing is not None:
             await self._flush()
 
-    async def finish(self, result: TurnResult, relayline: dict) -> None:
+    async def finish(self, result: TurnResult, relayline: dict[str, Any]) -> None:
         """The end of the response; whatever was not sent yet goes first (after `settled`: a
         commit the gate timer began is written whole)."""
         self.commit()  # an answer with nothing to show (a refusal) still is a stream
@@ -240,7 +251,7 @@ class GateTimer:
     __slots__ = ("_heap", "_count", "_live", "_sleep", "_runner")
 
     def __init__(self) -> None:
-        self._heap: list[list] = []  # [deadline, order, wire (None once released), this timer]
+        self._heap: list[_GateEntry] = []
         self._count = itertools.count()
         self._live = 0
         self._sleep: trio.CancelScope | None = None
@@ -268,7 +279,7 @@ class GateTimer:
         elif self._sleep is not None and deadline < self._sleep.deadline:
             self._sleep.deadline = deadline  # (a reload shortened gate_commit_s)
 
-    def release(self, entry: list) -> None:
+    def release(self, entry: _GateEntry) -> None:
         """The stream committed or ended (or its deadline came): its entry no longer holds it."""
         entry[2] = None
         self._live -= 1

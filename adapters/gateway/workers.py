@@ -35,8 +35,10 @@ import tempfile
 import time
 from collections.abc import Mapping
 from functools import partial
+from types import FrameType
 
-from relayline.machines.config import Config, ConfigError, structure_config
+from relayline.machines.config import Config, structure_config
+from relayline.machines.errors import ConfigError
 from relayline.machines.plan import build_router
 
 from ..configfile import config_document, load_config_file, read_config_bytes
@@ -49,7 +51,7 @@ RESTART_PAUSE_S = 1.0
 STOP_GRACE_S = 30.0
 
 
-def _libc_prctl():
+def _libc_prctl() -> ctypes._NamedFuncPointer | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -186,19 +188,19 @@ def supervise(last_good: LastGood, *, host: str, port: int, workers: int, worker
 
     supervisor = os.getpid()
 
-    def start(i: int) -> subprocess.Popen:
+    def start(i: int) -> subprocess.Popen[bytes]:
         fd = sockets[i % len(sockets)].fileno()
         return subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", config_path,
                                  "--start-config", last_good.copy, "--listen-fd", str(fd), "--host", host,
                                  "--supervisor", str(supervisor), *worker_args],
                                 pass_fds=(fd,), preexec_fn=partial(_before_worker, supervisor))
 
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     stopping: list[int] = []
     stopped: set[int] = set()  # the workers told to stop (a second SIGTERM would cut their drain)
     reloads: list[int] = []  # SIGHUPs not yet passed on
 
-    def forward(signum, _frame) -> None:
+    def forward(signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
             reloads.append(signum)  # passed on once the file is judged (below)
             return

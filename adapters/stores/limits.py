@@ -18,7 +18,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
@@ -72,6 +72,24 @@ class _Window:
     def standing(self, limits: ScopeLimits, spend: float, now: float) -> Standing:
         oldest = self.entries[0][0] + WINDOW_S - now if self.entries else 0.0
         return Standing(limits, len(self.entries), self.tokens, spend, oldest, oldest)
+
+
+# what a store's admission answers: the refusal (None: admitted), the ticket that counted it
+# (None: counted nowhere), and each scope's standing
+AdmitOutcome = tuple[Refusal | None, Ticket | None, list[Standing]]
+
+
+class LimitsStore(Protocol):
+    """Where named keys' windows and spend are counted: this process (`MemoryLimits`) or a
+    fleet's shared store (`RedisLimits`)."""
+
+    def seeded(self, scope: ScopeLimits, wall: float) -> bool: ...
+
+    async def seed(self, scope: ScopeLimits, wall: float, amount: float) -> None: ...
+
+    async def admit(self, scopes: Sequence[ScopeLimits], estimate: int) -> AdmitOutcome: ...
+
+    async def settle(self, ticket: Ticket, tokens: int, cost_usd: float) -> None: ...
 
 
 class MemoryLimits:
