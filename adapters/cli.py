@@ -59,7 +59,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     warnings = [str(w) for w in router.warnings if w.code not in CHECK_ERRORS]
     # a profile that says nothing about price is billed at 0: say so (a free local model can say
     # `price = { input_per_mtok = 0, output_per_mtok = 0 }`)
-    warnings += [f"missing_price at {join_path('providers', alias)}.price: no price, so its attempts cost 0 "
+    warnings += [f"missing_price at {join_path('providers', alias)}.price: no price, so its "
+                 "attempts cost 0 "
                  "in the ledger" for alias, p in config.providers.items()
                  if p.family != "sim" and not {"price", "prices"} & set(raw["providers"][alias])]
     if keyless(config):
@@ -82,7 +83,8 @@ def _profile_problems(raw: dict[str, Any]) -> list[str]:
         where = join_path("providers", alias)
         family, variable = profile.get("family"), profile.get("api_key_env")
         if isinstance(family, str) and family not in FAMILIES:
-            problems.append(f"{where}.family: unknown family {family!r} (known: {', '.join(FAMILIES)})")
+            problems.append(f"{where}.family: unknown family {family!r} (known: "
+                            f"{', '.join(FAMILIES)})")
         if isinstance(variable, str) and variable and not os.environ.get(variable):
             problems.append(f"{where}.api_key_env: environment variable {variable} is not set")
     return problems
@@ -119,27 +121,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"error: {problem}", file=sys.stderr)
         return 1
     if env.unset:
-        print(f"note: unset key variables (plan sends nothing; serve needs them): {', '.join(sorted(env.unset))}",
+        print("note: unset key variables (plan sends nothing; serve needs them): "
+              f"{', '.join(sorted(env.unset))}",
               file=sys.stderr)
-    plan = plan_turn(router, model=args.model, text=args.text or "", operator_model=args.operator_model,
+    plan = plan_turn(router, model=args.model, text=args.text or "",
+                     operator_model=args.operator_model,
                      gateway=args.gateway)
     if args.json:
         print(json.dumps(plan.as_json(), indent=2))
         return 0
     print(f"domain:    {plan.domain}" + (f"  (hint:{plan.hint})" if plan.hint else ""))
     if plan.catalog:
-        print(f"catalog:   {plan.catalog.model}: {len(plan.catalog.channels)} channels, order {plan.catalog.order}, "
+        print(f"catalog:   {plan.catalog.model}: {len(plan.catalog.channels)} channels, order "
+              f"{plan.catalog.order}, "
               f"max_hops {plan.catalog.max_hops}")
     print(f"requested: {plan.requested}")
     if plan.effort:
-        print(f"effort:    {plan.effort.level} -> hint:{plan.effort.hint} (score {plan.effort.score})")
-    print(f"allowlist: {', '.join(sorted(plan.allowlist)) if plan.allowlist is not None else 'any profile'}")
+        print(f"effort:    {plan.effort.level} -> hint:{plan.effort.hint} (score "
+              f"{plan.effort.score})")
+    print("allowlist: "
+          f"{', '.join(sorted(plan.allowlist)) if plan.allowlist is not None else 'any profile'}")
     print()
     pw = max([24, *(len(e.profile) for e in plan.entries)])
     mw = max([28, *(len(e.model) for e in plan.entries)])
-    print(f"  {'#':>2}  {'provider':<{pw}} {'model':<{mw}} {'pinned':<6} {'$/Mtok in':>9} {'out':>7}  {'allowed'}")
+    print(f"  {'#':>2}  {'provider':<{pw}} {'model':<{mw}} {'pinned':<6} {'$/Mtok in':>9} "
+          f"{'out':>7}  {'allowed'}")
     for e in plan.entries:
-        print(f"  {e.index + 1:>2}  {e.profile:<{pw}} {e.model:<{mw}} {'yes' if e.pinned else 'no':<6} "
+        print(f"  {e.index + 1:>2}  {e.profile:<{pw}} {e.model:<{mw}} "
+              f"{'yes' if e.pinned else 'no':<6} "
               f"{e.price.input_per_mtok:>9.2f} {e.price.output_per_mtok:>7.2f}  "
               f"{'yes' if plan.allows(e.profile) else 'no (allowlist)'}")
     for warning in plan.warnings:
@@ -185,7 +194,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .gateway.workers import LastGood, supervise
 
         if not args.config:
-            print("error: --workers needs --config (every worker loads the same file)", file=sys.stderr)
+            print("error: --workers needs --config (every worker loads the same file)",
+                  file=sys.stderr)
             return 2
         try:
             last_good = LastGood(args.config, os.environ, args.host)
@@ -195,11 +205,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 print(f"error: {problem}", file=sys.stderr)
             return 2
         try:
-            return supervise(last_good, host=args.host, port=args.port, workers=args.workers, early=early,
-                             worker_args=("--log-level", args.log_level, "--log-format", args.log_format,
+            return supervise(last_good, host=args.host, port=args.port, workers=args.workers,
+                             early=early,
+                             worker_args=("--log-level", args.log_level, "--log-format",
+                                          args.log_format,
                                           "--fleet-size", str(args.workers)))
         except OSError as exc:
-            print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+            print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+                  file=sys.stderr)
             return 1
         finally:
             early.close()
@@ -210,7 +223,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             from .sim.demo import builtin_relay
 
             relay = builtin_relay()
-            print("no --config: serving the built-in demo config on in-process sim upstreams", file=sys.stderr)
+            print("no --config: serving the built-in demo config on in-process sim upstreams",
+                  file=sys.stderr)
         if args.listen_fd is None:  # (a worker's socket: its supervisor checked the address)
             refuse_open_bind(relay.config, args.host)
         gateway = Gateway.from_relay_config(relay)
@@ -224,18 +238,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.supervisor is not None:
             reloader.fleet = partial(ask_supervisor_to_reload, args.supervisor)
         gateway.reloader = reloader
-    gateway.limiter.workers = args.fleet_size  # a worker's share of a limit when the fleet shares no store
+    # a worker's share of a limit when the fleet shares no store
+    gateway.limiter.workers = args.fleet_size
 
     def listening(binds: list[str]) -> None:
         print(f"relayline gateway listening on {', '.join(binds)}", file=sys.stderr, flush=True)
 
-    decode_in_worker_processes()  # the event loop serves every client: large answers decode elsewhere
+    # the event loop serves every client: large answers decode elsewhere
+    decode_in_worker_processes()
     tune_collector()
     try:
-        trio.run(partial(run_until_signalled, gateway, host=args.host, port=args.port, fd=args.listen_fd,
+        trio.run(partial(run_until_signalled, gateway, host=args.host, port=args.port,
+                         fd=args.listen_fd,
                          on_listening=listening, early=early))
     except OSError as exc:
-        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+              file=sys.stderr)
         return 1
     finally:
         early.close()
@@ -289,9 +307,11 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         return 0
     if args.by in _CALLER_COLUMNS:
         column, heading, blank = _CALLER_COLUMNS[args.by]
-        print(f"{heading:<24} {'accepted':>8} {'rejected':>8} {'estimated':>9} {'accepted $':>12} {'rejected $':>12}")
+        print(f"{heading:<24} {'accepted':>8} {'rejected':>8} {'estimated':>9} {'accepted $':>12} "
+              f"{'rejected $':>12}")
         for row in report:
-            print(f"{row[column] or blank:<24} {row['accepted']:>8} {row['rejected']:>8} {row['estimated']:>9} "
+            print(f"{row[column] or blank:<24} {row['accepted']:>8} {row['rejected']:>8} "
+                  f"{row['estimated']:>9} "
                   f"{row['accepted_cost_usd']:>12.6f} {row['rejected_cost_usd']:>12.6f}")
     else:
         _print_model_report(report)
@@ -301,15 +321,18 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
 
 # `ledger --by` a caller: the report's column, its heading, and what a row without one says
-_CALLER_COLUMNS = {"client": ("client", "client", "(no key)"), "key": ("key_name", "key", "(no named key)"),
+_CALLER_COLUMNS = {"client": ("client", "client", "(no key)"),
+                   "key": ("key_name", "key", "(no named key)"),
                    "team": ("team", "team", "(no team)")}
 
 
 def _print_model_report(report: list[dict[str, Any]]) -> None:
-    print(f"{'provider':<24} {'model':<28} {'accepted':>8} {'rejected':>8} {'estimated':>9} {'accepted $':>12} "
+    print(f"{'provider':<24} {'model':<28} {'accepted':>8} {'rejected':>8} {'estimated':>9} "
+          f"{'accepted $':>12} "
           f"{'rejected $':>12}")
     for row in report:
-        print(f"{row['provider']:<24} {row['model']:<28} {row['accepted']:>8} {row['rejected']:>8} {row['estimated']:>9} "
+        print(f"{row['provider']:<24} {row['model']:<28} {row['accepted']:>8} {row['rejected']:>8} "
+              f"{row['estimated']:>9} "
               f"{row['accepted_cost_usd']:>12.6f} {row['rejected_cost_usd']:>12.6f}")
 
 
@@ -325,7 +348,8 @@ def _port(text: str) -> int:
     except ValueError:
         port = -1
     if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535 (0: any free port), got {text!r}")
+        raise argparse.ArgumentTypeError("a port is a number from 0 to 65535 (0: any free port), "
+                                         f"got {text!r}")
     return port
 
 
@@ -357,7 +381,8 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relayline", formatter_class=_Help,
-                                     description="LLM provider routing that stays correct when providers fail.")
+                                     description="LLM provider routing that stays correct when "
+                                                 "providers fail.")
     parser.add_argument("--version", action="version", version=f"relayline {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -367,34 +392,49 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    p = command("check", "validate a config: exit 0 (warnings printed) or 1 (errors printed, each with its key path)",
+    p = command("check",
+                "validate a config: exit 0 (warnings printed) or 1 (errors printed, each with its "
+                "key path)",
                 cmd_check)
     p.add_argument("config", help="the relayline TOML config")
 
     p = command("plan", "print the exact attempt order for a config and a model or hint", cmd_plan)
     p.add_argument("config", help="the relayline TOML config")
-    p.add_argument("--model", help="the requested model, or hint:NAME (default: the active profile's)")
+    p.add_argument("--model",
+                   help="the requested model, or hint:NAME (default: the active profile's)")
     p.add_argument("--text", help="the turn text (drives effort routing)")
-    p.add_argument("--operator-model", dest="operator_model", help="an explicit operator selection (auto: none)")
-    p.add_argument("--gateway", action="store_true", help="resolve a bare route hint as the gateway does")
+    p.add_argument("--operator-model", dest="operator_model",
+                   help="an explicit operator selection (auto: none)")
+    p.add_argument("--gateway", action="store_true",
+                   help="resolve a bare route hint as the gateway does")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    p = command("simulate", "run scenario files on virtual time; exit 1 if an expectation fails (the file format: "
+    p = command("simulate",
+                "run scenario files on virtual time; exit 1 if an expectation fails (the file "
+                "format: "
                 "docs/scenario-files.md)", cmd_simulate)
-    p.add_argument("files", nargs="+", help="scenario TOML files: a config, scripted replies, requests and their "
+    p.add_argument("files", nargs="+",
+                   help="scenario TOML files: a config, scripted replies, requests and their "
                    "expectations (docs/scenario-files.md)")
     p.add_argument("--json", action="store_true", help="print the trace and check nothing")
     p.add_argument("--http", choices=WIRES,
                    help="serve the sim profiles over real loopback HTTP in this protocol's shape")
 
-    p = command("serve", "run the OpenAI- and Anthropic-compatible gateway (SIGTERM or Ctrl-C drains it)", cmd_serve)
-    p.add_argument("--config", help="a relayline config (default: the built-in demo config on sim upstreams)")
+    p = command("serve",
+                "run the OpenAI- and Anthropic-compatible gateway (SIGTERM or Ctrl-C drains it)",
+                cmd_serve)
+    p.add_argument("--config",
+                   help="a relayline config (default: the built-in demo config on sim upstreams)")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
-    p.add_argument("--port", type=_port, default=8080, help="the port to listen on (0: any free port)")
+    p.add_argument("--port", type=_port, default=8080,
+                   help="the port to listen on (0: any free port)")
     p.add_argument("--workers", type=_positive, default=1,
-                   help="worker processes on the one port (they share health only with [health] store = redis://)")
-    p.add_argument("--listen-fd", dest="listen_fd", type=int, help=argparse.SUPPRESS)  # a worker's inherited socket
-    # a worker's first config: the supervisor's copy of the last good file (its reloads read --config)
+                   help="worker processes on the one port (they share health only with [health] "
+                        "store = redis://)")
+    # a worker's inherited socket
+    p.add_argument("--listen-fd", dest="listen_fd", type=int, help=argparse.SUPPRESS)
+    # a worker's first config: the supervisor's copy of the last good file (its reloads read
+    # --config)
     p.add_argument("--start-config", dest="start_config", help=argparse.SUPPRESS)
     # a worker's supervisor: the process an admin reload asks to reload the whole fleet
     p.add_argument("--supervisor", dest="supervisor", type=int, help=argparse.SUPPRESS)
@@ -405,14 +445,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-format", dest="log_format", choices=["text", "json"], default="text",
                    help="key=value lines or one JSON object per line, on stderr")
 
-    p = command("ledger", "report cost per profile and model (or per client key, named key or team) from the ledger (SQLite or "
+    p = command("ledger",
+                "report cost per profile and model (or per client key, named key or team) from the "
+                "ledger (SQLite or "
                 "PostgreSQL)", cmd_ledger)
     p.add_argument("--config", help="read [ledger] url or path from this config")
-    p.add_argument("--path", help="the SQLite ledger file (default: [ledger] path, else relayline-ledger.sqlite3)")
+    p.add_argument("--path",
+                   help="the SQLite ledger file (default: [ledger] path, else "
+                        "relayline-ledger.sqlite3)")
     p.add_argument("--url", help="a PostgreSQL ledger: postgresql://user@host/db")
-    p.add_argument("--since", help="only rows newer than this: 90s, 15m, 1h, 2d (default: every row)")
+    p.add_argument("--since",
+                   help="only rows newer than this: 90s, 15m, 1h, 2d (default: every row)")
     p.add_argument("--by", choices=["model", "client", "key", "team"], default="model",
-                   help="group by profile and model, by the gateway client's key id, or by a named key or its team")
+                   help="group by profile and model, by the gateway client's key id, or by a named "
+                        "key or its team")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = command("diagram", "write Mermaid and DOT diagrams of every lifecycle spec", cmd_diagram)
@@ -420,7 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="the diagrams folder (default: specs/diagrams of the source tree)")
 
     p = command("demo", "run the demo storyline: gateway, sim upstreams, the openai SDK", cmd_demo)
-    p.add_argument("--simulated", action="store_true", help="the in-process storyline on virtual time instead")
+    p.add_argument("--simulated", action="store_true",
+                   help="the in-process storyline on virtual time instead")
     return parser
 
 

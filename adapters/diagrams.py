@@ -20,22 +20,30 @@ def mermaid(spec: Spec) -> str:
     class Model:
         pass
 
-    machine = GraphMachine(model=Model(), graph_engine="mermaid", show_conditions=True, title=spec.name,
+    machine = GraphMachine(model=Model(), graph_engine="mermaid", show_conditions=True,
+                           title=spec.name,
                            **machine_kwargs(spec))
     text = machine.models[0].get_graph().draw(None)
     assert text is not None  # (drawn to no file, the diagram comes back as text)
     # keep the graph, drop the front matter and the "current state" styling (a spec has none)
     body = text[text.index("stateDiagram-v2"):].splitlines()[1:]
-    body = [line for line in body if line.strip() and not line.strip().startswith(("classDef", "Class "))]
+    body = [
+        line
+        for line in body
+        if line.strip() and not line.strip().startswith(("classDef", "Class "))
+    ]
     notes = [f"  %% {HEADER.format(name=spec.name)}"]
     notes += [f"  %% {s.name}: {', '.join(sorted(s.tags))}" for s in spec.states.values() if s.tags]
-    entries = [f"  {s.name} : entry / {', '.join(s.enter)}" for s in spec.states.values() if s.enter]
+    entries = [
+        f"  {s.name} : entry / {', '.join(s.enter)}" for s in spec.states.values() if s.enter
+    ]
     return "\n".join(["stateDiagram-v2", *notes, *body, *entries]) + "\n"
 
 
 def dot(spec: Spec) -> str:
     lines = [f"// {HEADER.format(name=spec.name)}", f'digraph "{spec.name}" {{', "  rankdir=LR;",
-             '  node [shape=box, style=rounded, fontname="Helvetica"];', '  "__start" [shape=point];',
+             '  node [shape=box, style=rounded, fontname="Helvetica"];',
+             '  "__start" [shape=point];',
              f'  "__start" -> "{spec.initial}";']
     for state in spec.states.values():
         attrs = []
@@ -68,16 +76,21 @@ def decision_table(spec: Spec) -> str:
     table = spec.decisions
     assert table is not None
     lines = [f"<!-- {HEADER.format(name=spec.name)} -->",
-             f"A failed attempt in `{table.state}` fires the trigger of the one row that matches its failure "
-             "class: every `when` situation holds and not all of `unless` hold (checked at load: every class "
+             f"A failed attempt in `{table.state}` fires the trigger of the one row that matches "
+             "its failure "
+             "class: every `when` situation holds and not all of `unless` hold (checked at load: "
+             "every class "
              "under every combination of situations is decided by exactly one row).", "",
-             "| failure | when | unless | fires | wait | actions |", "| --- | --- | --- | --- | --- | --- |"]
+             "| failure | when | unless | fires | wait | actions |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for row in table.rows:
-        cells = [", ".join(row.failures), _conditions(row.when) or "always", _conditions(row.unless),
+        cells = [", ".join(row.failures), _conditions(row.when) or "always",
+                 _conditions(row.unless),
                  f"`{row.then}`", row.wait or "", ", ".join(row.actions)]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    for title, docs in (("situation", table.situations), ("wait", table.waits), ("action", table.actions)):
+    for title, docs in (("situation", table.situations), ("wait", table.waits),
+                        ("action", table.actions)):
         lines += [f"- {title} `{name}`: {doc}" for name, doc in docs.items()]
     return "\n".join(lines) + "\n"
 
@@ -87,13 +100,20 @@ def outcome_tables(spec: Spec) -> str:
     situation it reads means. Rows are unordered: exactly one matches any situation."""
     lines = [f"<!-- {HEADER.format(name=spec.name)} -->"]
     for table in spec.outcomes.values():
-        lines += ["", f"`{table.name}`: {table.doc} (checked at load: under every combination of the situations it "
+        lines += ["",
+                  f"`{table.name}`: {table.doc} (checked at load: under every combination of the "
+                  "situations it "
                       "reads, exactly one row gives a value).", "",
                   "| when | unless | gives | why |", "| --- | --- | --- | --- |"]
-        lines += [f"| {_conditions(row.when) or 'always'} | {_conditions(row.unless)} | `{row.gives}` | {row.doc} |"
+        lines += [f"| {_conditions(row.when) or 'always'} | {_conditions(row.unless)} | "
+                  f"`{row.gives}` | {row.doc} |"
                   for row in table.rows]
         lines.append("")
-        lines += [f"- situation `{name}`: {spec.guards[name]}" for name in table.reads if name in spec.guards]
+        lines += [
+            f"- situation `{name}`: {spec.guards[name]}"
+            for name in table.reads
+            if name in spec.guards
+        ]
     return "\n".join(lines) + "\n"
 
 

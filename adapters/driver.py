@@ -132,7 +132,9 @@ class TurnRun:
     async def _sync_health(self, *, read: bool = True) -> None:
         store = self._store
         if store is not None and (read or store.pending):
-            await store.sync(tuple({e.profile: None for e in self.turn.plan.entries}) if read else ())
+            await store.sync(
+                tuple({e.profile: None for e in self.turn.plan.entries}) if read else ()
+            )
 
     async def _sync_settled(self) -> None:
         """After a turn was settled by cancellation or a crash: its held probes go back to the
@@ -152,7 +154,8 @@ class TurnRun:
             # when it arrived in the tick that expired the deadline: _Spent).
             budget = trio.current_time() + self.timeouts.total_s
             action: Action | None = None
-            resume: Completion | fc.Failure | None = None  # an attempt's answer the turn goes on with
+            # an attempt's answer the turn goes on with
+            resume: Completion | fc.Failure | None = None
             while True:
                 with trio.CancelScope(deadline=budget) as scope:
                     self._scope, self._budget = scope, budget
@@ -163,7 +166,8 @@ class TurnRun:
                             answer, resume = resume, None
                             action = await self._answered(answer, _whole(answer))
                         elif action is None:
-                            if self._store is not None:  # (no coroutine made for a store that is not a fleet's)
+                            # (no coroutine made for a store that is not a fleet's)
+                            if self._store is not None:
                                 await self._sync_health()
                             action = turn.start(trio.current_time())
                         while not isinstance(action, Finish):
@@ -306,7 +310,8 @@ class TurnRun:
         if call.prefill is not None:
             # the forwarded text as a trailing assistant message, byte for byte
             request = request.with_prefill(call.prefill)
-        return CallRequest(entry, entry.model, request, key, call.key_index, call.mode == "stream", call.probe,
+        return CallRequest(entry, entry.model, request, key, call.key_index, call.mode == "stream",
+                           call.probe,
                            self.turn.config.gateway.drop_unsupported_params,
                            clock=clock, max_bytes=self.max_bytes, waiting=waiting)
 
@@ -315,12 +320,14 @@ class TurnRun:
         try:
             return self.clients[family]
         except KeyError:
-            raise RelaylineError(f"no protocol adapter for family {family!r}", reason="config") from None
+            raise RelaylineError(f"no protocol adapter for family {family!r}",
+                                 reason="config") from None
 
     def _internal(self, call: Call, exc: Exception) -> fc.Failure:
         """An exception inside an attempt: that attempt's failure (the walk goes on), logged
         once with its stack. Never a breaker failure: the provider may have done nothing wrong."""
-        log.error("attempt_internal_error provider=%s model=%s error=%s", call.entry.profile, call.entry.model,
+        log.error("attempt_internal_error provider=%s model=%s error=%s", call.entry.profile,
+                  call.entry.model,
                   type(exc).__name__, exc_info=exc)
         return fc.internal(exc)
 
@@ -329,7 +336,8 @@ class TurnRun:
         scope = self._scope
         assert scope is not None  # (run() opened it)
         # the attempt's deadline is the turn's scope's, moved (a timeout ends that scope: run())
-        clock = self._clock = AttemptClock(scope, self.timeouts, from_write=getattr(client, "reports_sent", False),
+        clock = self._clock = AttemptClock(scope, self.timeouts,
+                                           from_write=getattr(client, "reports_sent", False),
                                            limit=self._budget)
         completion: Completion | fc.Failure
         try:
@@ -344,7 +352,7 @@ class TurnRun:
         # the attempt's deadline goes back to the turn's budget before anything else is awaited:
         # a failure's next step waits for a fleet's health first; an answer's next step is
         # decided with nothing awaited, and is most often the turn's end, whose scope closes
-        # with no checkpoint in between (a deadline set for nothing cost ~2 µs a turn)
+        # with no checkpoint in between (a deadline set for nothing is a cost on every turn)
         answered = _whole(completion)
         if not answered and scope.deadline != self._budget:
             scope.deadline = self._budget
@@ -363,7 +371,8 @@ class TurnRun:
             raise _Escalated(exc) from None
 
     async def _streamed(self, failure: fc.Failure | None, sink: Sink) -> Action:
-        """The turn's next action once a stream attempt ended (`failure`: None when it completed)."""
+        """The turn's next action once a stream attempt ended (`failure`: None when it
+        completed)."""
         turn = self.turn
         drained = getattr(sink, "drained", None)
         if drained is not None:
@@ -397,13 +406,14 @@ class TurnRun:
         reported = waiting is not None and getattr(client, "reports_waits", False)
         try:
             with trio.CancelScope() as scope:
-                clock = AttemptClock(scope, self.timeouts, from_write=getattr(client, "reports_sent", False))
+                clock = AttemptClock(scope, self.timeouts,
+                                     from_write=getattr(client, "reports_sent", False))
                 opened = client.stream(self._request(call, clock, waiting if reported else None))
                 frames = await opened.__aenter__()
             if scope.cancelled_caught:  # (the stream was not entered: nothing to exit)
                 return clock.failure()
-            # the stream is exited by hand, not through an AsyncExitStack: its deque was 0.6 KiB
-            # of every in-flight stream
+            # the stream is exited by hand, not through an AsyncExitStack: its deque would be
+            # memory every in-flight stream holds
             try:
                 try:
                     self.turn.stream_headers()
@@ -437,7 +447,8 @@ class TurnRun:
         t = self.timeouts
         gate = turn.gate
         assert gate is not None  # (stream_headers opened it)
-        clock = trio.lowlevel.current_clock().current_time  # read once a frame: the run's clock, looked up once
+        # read once a frame: the run's clock, looked up once
+        clock = trio.lowlevel.current_clock().current_time
         opened = clock()
         first_token_deadline = opened + t.first_token_s if t.first_token_s > 0 else math.inf
         self._first_token_deadline = first_token_deadline
@@ -457,7 +468,11 @@ class TurnRun:
                         return None
                     if frame.kind in _SIZED and frame.value:
                         value = frame.value
-                        room -= len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+                        room -= (
+                            len(value)
+                            if value.isascii()
+                            else len(value.encode("utf-8", "surrogatepass"))
+                        )
                         if room < 0:
                             return fc.too_large(self.max_bytes, "streamed text")
                     events = turn.stream_frame(frame)
@@ -478,7 +493,9 @@ class TurnRun:
                     now = clock()
                     if now - armed_at >= slack:
                         armed_at = now
-                        scope.deadline = now + idle if gate.committed else min(first_token_deadline, now + idle)
+                        scope.deadline = (
+                            now + idle if gate.committed else min(first_token_deadline, now + idle)
+                        )
                     provider = True
             except ProviderFailure as exc:
                 return exc.failure

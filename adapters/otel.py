@@ -30,8 +30,10 @@ INSTRUMENTATION = "relayline"
 
 class Tracing:
     def __init__(self, tracer_provider: TracerProvider | None = None) -> None:
-        self.tracer = trace.get_tracer(INSTRUMENTATION, tracer_provider=tracer_provider) if trace else None
-        # (get_tracer_provider, above or here, has loaded a provider OTEL_PYTHON_TRACER_PROVIDER names)
+        self.tracer = trace.get_tracer(INSTRUMENTATION,
+                                       tracer_provider=tracer_provider) if trace else None
+        # (get_tracer_provider, above or here, has loaded a provider OTEL_PYTHON_TRACER_PROVIDER
+        # names)
         self._on = tracer_provider is not None or (trace is not None and _global_provider_set())
 
     def _recording(self) -> bool:
@@ -45,7 +47,8 @@ class Tracing:
         self._on = _global_provider_set()
         return self._on
 
-    def turn(self, result: TurnResult, *, started: float, ended: float, clock_now: float | None = None,
+    def turn(self, result: TurnResult, *, started: float, ended: float,
+             clock_now: float | None = None,
              request_id: str | None = None, families: dict[str, str] | None = None) -> None:
         """Record a finished turn. `started`, `ended` and the attempts' times are on the clock
         whose current reading is `clock_now` (None: trio's, read now): they are placed on the
@@ -106,9 +109,11 @@ class Tracing:
             }
             if usage is not None:
                 child |= {"gen_ai.usage.input_tokens": usage.input_tokens,
-                          "gen_ai.usage.output_tokens": usage.output_tokens, "relayline.cost_usd": usage.cost_usd}
+                          "gen_ai.usage.output_tokens": usage.output_tokens,
+                          "relayline.cost_usd": usage.cost_usd}
             end = max(attempt.at, begin)
-            attempt_span = tracer.start_span(f"chat {attempt.model}", context=context, kind=SpanKind.CLIENT,
+            attempt_span = tracer.start_span(f"chat {attempt.model}", context=context,
+                                             kind=SpanKind.CLIENT,
                                                   start_time=wall(begin), attributes=child)
             if attempt.outcome != "ok":
                 attempt_span.set_attribute("error.type", attempt.outcome)
@@ -119,7 +124,8 @@ class Tracing:
 
 
 def _global_provider_set() -> bool:
-    return not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    return not isinstance(trace.get_tracer_provider(),
+                          (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
 
 
 def _unset() -> bool:

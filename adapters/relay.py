@@ -77,7 +77,8 @@ PARAMETERS = frozenset(KNOWN - {"model", "messages", "stream", "stream_options",
 _ARGUMENTS = frozenset({"model", "messages", "stream", "tools"})
 
 
-def check_parameters(call: str, params: Mapping[str, Any], extra_body: Mapping[str, Any] | None) -> None:
+def check_parameters(call: str, params: Mapping[str, Any],
+                     extra_body: Mapping[str, Any] | None) -> None:
     """A misspelled keyword is the caller's mistake, not a field for the provider: TypeError
     naming it (and the parameter it is closest to), as for any Python call."""
     for name in params:
@@ -92,14 +93,20 @@ def check_parameters(call: str, params: Mapping[str, Any], extra_body: Mapping[s
         raise TypeError(f"{call}(): extra_body must be a mapping of field names to values")
     taken = sorted(_ARGUMENTS & set(extra_body))
     if taken:
-        raise TypeError(f"{call}(): extra_body may not set {', '.join(taken)}: pass each as its own argument")
+        raise TypeError(f"{call}(): extra_body may not set {', '.join(taken)}: pass each as its "
+                        "own argument")
 
 
 def check_parameters_as(call: str, method: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
     """`method`'s keyword check under the name the caller used (`complete_sync` runs `complete`):
     the TypeError names the method called, as Python's own would."""
-    named = {name for name, p in inspect.signature(method).parameters.items() if p.kind is not p.VAR_KEYWORD}
-    check_parameters(call, {k: v for k, v in kwargs.items() if k not in named}, kwargs.get("extra_body"))
+    named = {
+        name
+        for name, p in inspect.signature(method).parameters.items()
+        if p.kind is not p.VAR_KEYWORD
+    }
+    check_parameters(call, {k: v for k, v in kwargs.items() if k not in named},
+                     kwargs.get("extra_body"))
 
 
 def responses_request(body: Mapping[str, Any]) -> wire.Request:
@@ -113,7 +120,8 @@ def responses_request(body: Mapping[str, Any]) -> wire.Request:
     shape raises WireError naming it."""
     taken = sorted({"model", "stream"} & set(body))
     if taken:
-        raise TypeError(f"responses_request(): {', '.join(taken)} is the call's: pass model= to complete() or "
+        raise TypeError(f"responses_request(): {', '.join(taken)} is the call's: pass model= to "
+                        "complete() or "
                         "stream(), and call stream() for a streamed turn")
     return responses_codec.parse_request(dict(body))
 
@@ -137,7 +145,8 @@ class Embeddings:
         items = sorted(result.vectors, key=lambda v: v.get("index", 0))
         return cls(vectors=tuple(v["embedding"] for v in items), served=result.served.label,
                    requested=result.requested, fallback=result.fallback,
-                   input_tokens=(result.usage or Usage()).input_tokens, cost_usd=result.cost_usd, ledger=result.ledger)
+                   input_tokens=(result.usage or Usage()).input_tokens, cost_usd=result.cost_usd,
+                   ledger=result.ledger)
 
 
 @attrs.frozen
@@ -152,7 +161,8 @@ class Reply:
     ledger: tuple[LedgerRow, ...]
     cost_usd: float
     result: TurnResult = attrs.field(repr=False)
-    finish_reason: str = wire.STOP  # canonical: stop, stop_sequence, length, tool_calls, content_filter, pause_turn
+    # canonical: stop, stop_sequence, length, tool_calls, content_filter, pause_turn
+    finish_reason: str = wire.STOP
     tool_call_ids: tuple[str, ...] = ()  # as the provider sent them ("" where it sent none)
     tool_arguments: tuple[str, ...] = ()  # JSON text, aligned with tool_calls
     usage: Usage = Usage()  # input, output, cache read/write and reasoning tokens of the answer
@@ -163,7 +173,8 @@ class Reply:
         assert result.served is not None  # an accepted answer always has a server
         return cls(text=result.text or "", tool_calls=result.tool_calls, reasoning=result.reasoning,
                    requested=result.requested, served=result.served.label, notice=result.notice,
-                   fallback=result.fallback, ledger=result.ledger, cost_usd=result.cost_usd, result=result,
+                   fallback=result.fallback, ledger=result.ledger, cost_usd=result.cost_usd,
+                   result=result,
                    finish_reason=wire.finish_reason(result.finish_reason, len(result.tool_calls)),
                    tool_call_ids=result.tool_ids, tool_arguments=result.tool_arguments,
                    usage=result.usage or Usage(), request=request)
@@ -192,11 +203,14 @@ def _blocking(method: Callable[Concatenate[Relay, P], Awaitable[T]],
         return run_from_thread(partial(method, self, *args, **kwargs))
 
     blocking.__name__ = blocking.__qualname__ = name
-    blocking.__doc__ = f"`{method.__name__}` for synchronous code: blocks this thread until it returns."
+    blocking.__doc__ = (
+        f"`{method.__name__}` for synchronous code: blocks this thread until it returns."
+    )
     return blocking
 
 
-def _renamed(method: Callable[Concatenate[Relay, P], T], name: str) -> Callable[Concatenate[Relay, P], T]:
+def _renamed(method: Callable[Concatenate[Relay, P], T],
+             name: str) -> Callable[Concatenate[Relay, P], T]:
     """`method` under another name, its keyword mistakes named as the caller wrote the call."""
 
     @functools.wraps(method)
@@ -227,9 +241,12 @@ class Relay:
         self._http: Pools | None = None
         # a family's client as given (a scenario's scripted upstreams), else from its factory
         self.clients: dict[str, ProviderClient] = dict(clients or {})
-        for name in sorted({p.family for p in config.providers.values()} & set(FAMILIES) - set(self.clients)):
+        for name in sorted(
+            {p.family for p in config.providers.values()} & set(FAMILIES) - set(self.clients)
+        ):
             module, _, factory = FAMILIES[name].adapter.partition(":")
-            self.clients[name] = getattr(importlib.import_module(module), factory)(self.http_pools())
+            make = getattr(importlib.import_module(module), factory)
+            self.clients[name] = make(self.http_pools())
         self.selection = RouteSelection()
         self.fallback_record: dict[str, str] = {}  # domain -> served label while a fallback serves
         self.observers: list[Callable[[TurnResult], None]] = []
@@ -298,12 +315,14 @@ class Relay:
         plan = plan_turn(self.router, model=model, text=text, operator_model=operator_model,
                          selection=self.selection, gateway=gateway)
         if plan.effort is not None:
-            log.info("effort_decision level=%s hint=%s score=%d", plan.effort.level, plan.effort.hint, plan.effort.score)
+            log.info("effort_decision level=%s hint=%s score=%d", plan.effort.level,
+                     plan.effort.hint, plan.effort.score)
         return plan
 
     # -- turns --------------------------------------------------------------------------------
 
-    async def complete(self, /, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
+    async def complete(self, /, messages: Sequence[Mapping[str, Any]] | wire.Request, *,
+                       model: str | None = None,
                        tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None,
                        extra_body: Mapping[str, Any] | None = None, **params: Any) -> Reply:
         """One non-streaming turn, from trio or asyncio. `params` are chat completions request
@@ -312,19 +331,28 @@ class Relay:
         TypeError. `extra_body` carries a provider's own fields (seed, logprobs...) as the openai
         SDK's does. Raises TurnError (its `reason` an ErrorReason) when no answer came."""
         check_parameters("complete", params, extra_body)
-        request = wire_request(messages, tools, params, extra_body)  # a bad parameter raises here, in the caller
-        result = await run_in_host(partial(self._turns.run, request, model=model, operator_model=operator_model))
+        # a bad parameter raises here, in the caller
+        request = wire_request(messages, tools, params, extra_body)
+        result = await run_in_host(partial(self._turns.run, request, model=model,
+                                           operator_model=operator_model))
         raise_for(result)
         return Reply.of(result, request)
 
-    async def embed(self, /, input: str | Sequence[str] | Sequence[Sequence[int]], *, model: str | None = None,  # noqa: A002
+    async def embed(self, /, input: str | Sequence[str] | Sequence[Sequence[int]], *,
+                    model: str | None = None,  # noqa: A002
                     dimensions: int | None = None, encoding_format: str | None = None,
                     user: str | None = None) -> Embeddings:
         """Embeddings for `input` (a string, strings, or token arrays), from trio or asyncio:
         routed as a turn is (retries, cooldowns, breakers, key pools, the ledger), falling back
         only to entries that serve the same model. Raises TurnError when no vectors came."""
-        body = {"input": input if isinstance(input, str) else [i if isinstance(i, str | int) else list(i) for i in input],
-                "dimensions": dimensions, "encoding_format": encoding_format, "user": user}
+        body = {
+            "input": input
+            if isinstance(input, str)
+            else [i if isinstance(i, str | int) else list(i) for i in input],
+            "dimensions": dimensions,
+            "encoding_format": encoding_format,
+            "user": user,
+        }
         request = parse_embeddings(body)  # a bad parameter raises here, in the caller
         result = await run_in_host(partial(self._turns.run, request, model=model))
         raise_for(result)
@@ -332,16 +360,19 @@ class Relay:
 
     embed_sync = _blocking(embed, "embed_sync")
 
-    def stream(self, /, messages: Sequence[Mapping[str, Any]] | wire.Request, *, model: str | None = None,
+    def stream(self, /, messages: Sequence[Mapping[str, Any]] | wire.Request, *,
+               model: str | None = None,
                tools: Sequence[Mapping[str, Any]] = (), operator_model: str | None = None,
-               on_draft: Callable[[str], None] | None = None, extra_body: Mapping[str, Any] | None = None,
+               on_draft: Callable[[str], None] | None = None,
+               extra_body: Mapping[str, Any] | None = None,
                **params: Any) -> StreamTurn:
         """One streamed turn: `async with` from trio or asyncio, `with` from synchronous code.
         `params` and `extra_body` as for `complete`. Events carry tool call ids (`event.ref`);
         after the block, `finish_reason` and `usage` as on a Reply."""
         check_parameters("stream", params, extra_body)
         request = wire_request(messages, tools, params, extra_body)
-        return StreamTurn(partial(self._turns.run, request, model=model, operator_model=operator_model,
+        return StreamTurn(partial(self._turns.run, request, model=model,
+                                  operator_model=operator_model,
                                   on_draft=on_draft, stream=True), request)
 
     # -- synchronous hosts ----------------------------------------------------------------------

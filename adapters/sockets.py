@@ -66,7 +66,8 @@ async def receive_after_wait(stream: trio.abc.ReceiveStream, max_bytes: int) -> 
             # fileno() read now, with no await before the read (as in send_all)
             return os.read(sock.fileno(), max_bytes)
         except BlockingIOError:
-            continue  # (readable, then read by nobody else: rare, e.g. a checksum the kernel dropped)
+            # (readable, then read by nobody else: rare, e.g. a checksum the kernel dropped)
+            continue
         except OSError as exc:
             if exc.errno == errno.EBADF:
                 raise trio.ClosedResourceError("this socket was already closed") from None

@@ -40,7 +40,8 @@ class _Batches:
 
     MAX_AHEAD = 256
 
-    __slots__ = ("run", "pending", "batch", "at", "closed", "left", "first", "_consumer", "_producer", "_want")
+    __slots__ = ("run", "pending", "batch", "at", "closed", "left", "first", "_consumer",
+                 "_producer", "_want")
 
     def __init__(self) -> None:
         self.run: TurnRun | None = None
@@ -54,7 +55,8 @@ class _Batches:
         self._producer: trio.Event | None = None  # set for a turn waiting for the consumer
         self._want = 0  # ... until this many events are left untaken
 
-    # -- the turn's side: the driver's sink ----------------------------------------------------------
+    # -- the turn's side: the driver's sink
+    # ----------------------------------------------------------
 
     may_block = False  # bounded: when the turn must wait, it says so (consumer_paused)
 
@@ -100,7 +102,8 @@ class _Batches:
         if self._consumer is not None:
             self._consumer.set()
 
-    # -- the consumer's side ------------------------------------------------------------------------
+    # -- the consumer's side
+    # ------------------------------------------------------------------------
 
     async def take(self) -> Event | None:
         """The next event, or None once the turn ended and every event was taken."""
@@ -125,7 +128,8 @@ class _Batches:
         self.left = True
         untaken = self.batch[self.at:] + self.pending
         self.batch, self.pending, self.at = [], [], 0
-        self._withdraw(untaken)  # (a turn waiting for the consumer is woken by the cancellation that follows)
+        # (a turn waiting for the consumer is woken by the cancellation that follows)
+        self._withdraw(untaken)
 
     def _withdraw(self, events: list[Event]) -> None:
         run = self.run
@@ -144,7 +148,8 @@ class StreamTurn:
     `result`.
     """
 
-    def __init__(self, run_turn: Callable[..., Awaitable[TurnResult]], request: wire.Request | None = None) -> None:
+    def __init__(self, run_turn: Callable[..., Awaitable[TurnResult]],
+                 request: wire.Request | None = None) -> None:
         self._run_turn = run_turn  # the relay's turn, its request bound (`Turns.run`)
         self._request = request
         self._run: TurnRun | None = None
@@ -194,7 +199,8 @@ class StreamTurn:
         elif self._host == "asyncio":
             self._handoff = Handoff()
             self._done: asyncio.Future[Outcome[None]] = asyncio.get_running_loop().create_future()
-            Runtime.get().start(partial(self._produce, self._visible(self._handoff.send)), settler(self._done))
+            Runtime.get().start(partial(self._produce, self._visible(self._handoff.send)),
+                                settler(self._done))
         else:
             raise RuntimeError(f"relayline runs under trio or asyncio, not {self._host}")
         return self
@@ -239,7 +245,8 @@ class StreamTurn:
         self._host = "sync"
         self._handoff = Handoff()
         self._finished: queue.SimpleQueue[Outcome[None]] = queue.SimpleQueue()
-        Runtime.get().start(partial(self._produce, self._visible(self._handoff.send)), self._finished.put)
+        Runtime.get().start(partial(self._produce, self._visible(self._handoff.send)),
+                            self._finished.put)
         return self
 
     @staticmethod
@@ -299,7 +306,11 @@ class StreamTurn:
     @property
     def finish_reason(self) -> str | None:
         result = self.result
-        return wire.finish_reason(result.finish_reason, len(result.tool_calls)) if result and result.outcome == "ok" else None
+        return (
+            wire.finish_reason(result.finish_reason, len(result.tool_calls))
+            if result and result.outcome == "ok"
+            else None
+        )
 
     @property
     def usage(self) -> Usage | None:
@@ -310,5 +321,6 @@ class StreamTurn:
         `Reply.response()`), once the turn succeeded."""
         result = self.result
         if result is None or result.outcome != "ok":
-            raise RuntimeError("response(): the turn has no answer (it has not ended, or did not succeed)")
+            raise RuntimeError("response(): the turn has no answer (it has not ended, or did not "
+                               "succeed)")
         return response_object(result, self._request)

@@ -71,7 +71,8 @@ class Turns:
         library and the simulator (the gateway runs `new_run`'s run itself, one coroutine frame
         fewer for each stream it holds). Cancellation is recorded on the result and re-raised.
         `run_hook` sees the run before it starts (the result survives a cancellation)."""
-        run = self.new_run(messages, model=model, tools=tools, params=params, operator_model=operator_model,
+        run = self.new_run(messages, model=model, tools=tools, params=params,
+                           operator_model=operator_model,
                             stream=stream, on_draft=on_draft)
         if run_hook is not None:
             run_hook(run)
@@ -126,10 +127,12 @@ class Turns:
         if model in self._noted_models:
             return
         if not gateway and model in self.relay.router.domains:
-            event(log, logging.WARNING, "model_names_route_hint", model=model, served_by="the default domain",
+            event(log, logging.WARNING, "model_names_route_hint", model=model,
+                  served_by="the default domain",
                   route_with=HINT_PREFIX + model)
         elif not model_offered(self.relay.router, model):
-            event(log, logging.WARNING, "unknown_model", model=model, served_by="the default domain",
+            event(log, logging.WARNING, "unknown_model", model=model,
+                  served_by="the default domain",
                   why="no route hint, catalog model or model of the default domain has this name")
         else:
             return
@@ -147,17 +150,21 @@ class Turns:
                 relay.fallback_record[domain] = result.served.label
             else:
                 relay.fallback_record.pop(domain, None)  # a later primary success clears the record
-        if log.isEnabledFor(logging.INFO):  # (its arguments are not read at the gateway's usual level)
+        # (its arguments are not read at the gateway's usual level)
+        if log.isEnabledFor(logging.INFO):
             # an answer partly served by another entry names it (absent otherwise)
             partial = {"partial_from": result.partial_from.label} if result.partial_from else {}
-            event(log, logging.INFO, "turn", outcome=result.outcome, error=result.error, requested=result.requested,
-                  served=result.served.label if result.served else None, attempts=len(result.attempts),
+            event(log, logging.INFO, "turn", outcome=result.outcome, error=result.error,
+                  requested=result.requested,
+                  served=result.served.label if result.served else None,
+                  attempts=len(result.attempts),
                   cost_usd=round(result.cost_usd, 8), **partial)
         for observer in relay.observers:
             observer(result)
 
 
-def wire_request(messages: Sequence[Mapping[str, Any]] | wire.Request, tools: Sequence[Mapping[str, Any]] = (),
+def wire_request(messages: Sequence[Mapping[str, Any]] | wire.Request,
+                 tools: Sequence[Mapping[str, Any]] = (),
                  params: Mapping[str, Any] | None = None,
                  extra_body: Mapping[str, Any] | None = None) -> wire.Request:
     """The canonical request for OpenAI-style chat messages, tools, request parameters
@@ -191,7 +198,8 @@ def raise_for(result: TurnResult) -> None:
     if result.outcome == "ok":
         return
     if result.outcome == "interrupted":
-        raise StreamInterruptedAfterOutput(result.message or "interrupted", attempts=result.attempts,
+        raise StreamInterruptedAfterOutput(result.message or "interrupted",
+                                           attempts=result.attempts,
                                            partial_text=result.partial_text or "")
     raise TurnError(result.message or result.error or "failed", reason=result.error or "exhausted",
                     attempts=result.attempts, partial_text=result.partial_text)
@@ -203,4 +211,5 @@ def response_object(result: TurnResult, request: wire.Request | None) -> dict[st
     call_id; the provider's own items when a profile that speaks the Responses API served it),
     `status` and `incomplete_details`, `usage`, and the request's own fields echoed. Its `id` is
     the provider's when that provider keeps answers, else a new one."""
-    return responses_answers.response_object(responses_answers.new_id("resp"), result, None, request)
+    return responses_answers.response_object(responses_answers.new_id("resp"), result, None,
+                                             request)

@@ -68,7 +68,8 @@ class AnthropicDialect:
     def error(self, result: TurnResult) -> tuple[int, bytes]:
         if result.rejection is not None:
             r = result.rejection
-            return r.status, self.error_body(r.message, ANTHROPIC_TYPES.get(r.status, "invalid_request_error")
+            return r.status, self.error_body(r.message,
+                                             ANTHROPIC_TYPES.get(r.status, "invalid_request_error")
                                              if r.type not in ANTHROPIC_TYPES.values() else r.type)
         status, _, _, type_ = ERRORS.get(result.error or "", UNKNOWN_ERROR)
         return status, self.error_body(result.message or "failed", type_)
@@ -81,13 +82,16 @@ class AnthropicDialect:
         if result.blocks:  # an Anthropic provider's content as it sent it
             content = [dict(block) for block in result.blocks]
         else:
-            content = [{"type": "thinking", "thinking": result.reasoning, "signature": ""}] if result.reasoning else []
+            content = [{"type": "thinking", "thinking": result.reasoning,
+                        "signature": ""}] if result.reasoning else []
             if result.text:
                 content.append({"type": "text", "text": result.text})
             content += [{"type": "tool_use", "id": i, "name": n, "input": wire.json_object(a) or {}}
                         for i, n, a in tools]
-        return {"id": turn_id, "type": "message", "role": "assistant", "model": result.served.model, "content": content,
-                "stop_reason": TO_ANTHROPIC[answer_finish(result, len(tools))], "stop_sequence": result.stop_sequence,
+        return {"id": turn_id, "type": "message", "role": "assistant", "model": result.served.model,
+                "content": content,
+                "stop_reason": TO_ANTHROPIC[answer_finish(result, len(tools))],
+                "stop_sequence": result.stop_sequence,
                 "usage": anthropic_usage(answer_usage(result)), "relayline": relayline}
 
     def stream_renderer(self, turn_id: str, request: wire.Request) -> AnthropicStream:
@@ -116,7 +120,8 @@ class AnthropicDialect:
 class AnthropicStream:
     """Content blocks are opened as the event kinds change: text, thinking, tool_use."""
 
-    BLOCKS = {"text": ("text", "text_delta", "text"), "reasoning": ("thinking", "thinking_delta", "thinking")}
+    BLOCKS = {"text": ("text", "text_delta", "text"),
+              "reasoning": ("thinking", "thinking_delta", "thinking")}
 
     __slots__ = ("turn_id", "index", "block", "tool_blocks", "ids", "slotted")
 
@@ -136,8 +141,10 @@ class AnthropicStream:
     def opening(self, model: str, usage: Usage | None = None) -> bytes:
         # the input tokens are known here when the upstream said them before its first token
         # (Anthropic's message_start); message_delta carries the final counts either way
-        message: dict[str, Any] = {"id": self.turn_id, "type": "message", "role": "assistant", "content": [], "model": model,
-                   "stop_reason": None, "stop_sequence": None, "usage": anthropic_usage(usage or Usage())}
+        message: dict[str, Any] = {"id": self.turn_id, "type": "message", "role": "assistant",
+                                   "content": [], "model": model,
+                   "stop_reason": None, "stop_sequence": None,
+                   "usage": anthropic_usage(usage or Usage())}
         return sse_event({"type": "message_start", "message": message}, "message_start")
 
     def _close(self) -> bytes:
@@ -150,30 +157,38 @@ class AnthropicStream:
         out = self._close()
         self.index += 1
         self.block = kind
-        return out + sse_event({"type": "content_block_start", "index": self.index, "content_block": block},
-                          "content_block_start")
+        return out + sse_event(
+            {"type": "content_block_start", "index": self.index, "content_block": block},
+            "content_block_start",
+        )
 
     def event(self, event: Event) -> bytes:
         out = b""
-        if event.ref and event.kind == "reasoning":  # the signature of the thinking block just shown
+        # the signature of the thinking block just shown
+        if event.ref and event.kind == "reasoning":
             return sse_event({"type": "content_block_delta", "index": self.index,
                          "delta": {"type": "signature_delta", "signature": event.ref}},
                         "content_block_delta") if self.block == "reasoning" else b""
         if event.kind in self.BLOCKS:
             block_type, delta_type, field = self.BLOCKS[event.kind]
             if self.block != event.kind:
-                start = {"type": block_type, field: ""} | ({"signature": ""} if block_type == "thinking" else {})
+                start = {"type": block_type,
+                         field: ""} | ({"signature": ""} if block_type == "thinking" else {})
                 out += self._open(event.kind, start)
             index, kind, head, tail = self.slotted
             if index != self.index or kind != delta_type:
                 head, tail = slotted(sse_event({"type": "content_block_delta", "index": self.index,
-                                            "delta": {"type": delta_type, field: SLOT}}, "content_block_delta"))
+                                            "delta": {"type": delta_type, field: SLOT}},
+                                            "content_block_delta"))
                 self.slotted = (self.index, delta_type, head, tail)
             return out + head + jsoncodec.dumps(event.value) + tail
-        if event.kind == "redacted_reasoning":  # a block whole in its start, as Anthropic streams it
+        # a block whole in its start, as Anthropic streams it
+        if event.kind == "redacted_reasoning":
             return self._open("redacted", {"type": "redacted_thinking", "data": event.value})
         if event.kind == "tool":
-            out = self._open("tool", {"type": "tool_use", "id": self.ids(event.ref), "name": event.value, "input": {}})
+            out = self._open("tool",
+                             {"type": "tool_use", "id": self.ids(event.ref), "name": event.value,
+                              "input": {}})
             self.tool_blocks.append(self.index)
             return out
         if event.kind == "tool_args":
@@ -184,16 +199,29 @@ class AnthropicStream:
                 self.index if self.block == "tool" else None)
             if target is not None:
                 return sse_event({"type": "content_block_delta", "index": target,
-                             "delta": {"type": "input_json_delta", "partial_json": event.value}}, "content_block_delta")
+                             "delta": {"type": "input_json_delta", "partial_json": event.value}},
+                             "content_block_delta")
         return b""
 
     def ok(self, result: TurnResult, relayline: dict[str, Any]) -> bytes:
-        delta = {"type": "message_delta",
-                 "delta": {"stop_reason": TO_ANTHROPIC[answer_finish(result, len(self.tool_blocks))],
-                           "stop_sequence": result.stop_sequence},
-                 "usage": anthropic_usage(answer_usage(result)), "relayline": relayline}
-        return self._close() + sse_event(delta, "message_delta") + sse_event({"type": "message_stop"}, "message_stop")
+        delta = {
+            "type": "message_delta",
+            "delta": {
+                "stop_reason": TO_ANTHROPIC[answer_finish(result, len(self.tool_blocks))],
+                "stop_sequence": result.stop_sequence,
+            },
+            "usage": anthropic_usage(answer_usage(result)),
+            "relayline": relayline,
+        }
+        return (
+            self._close()
+            + sse_event(delta, "message_delta")
+            + sse_event({"type": "message_stop"}, "message_stop")
+        )
 
     def failed(self, result: TurnResult, relayline: dict[str, Any]) -> bytes:
         _, _, _, type_ = ERRORS.get(result.error or "", UNKNOWN_ERROR)
-        return sse_event({"type": "error", "error": {"type": type_, "message": result.message or "failed"}}, "error")
+        return sse_event(
+            {"type": "error", "error": {"type": type_, "message": result.message or "failed"}},
+            "error",
+        )

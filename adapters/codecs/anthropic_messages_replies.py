@@ -45,14 +45,16 @@ def _usage(raw: object, param: str = "usage", base: Usage | None = None) -> Usag
         value = shape.optional(raw, name, shape.want_int, param)
         return default if value is None else value
 
-    return Usage(count("input_tokens", base.input_tokens), count("output_tokens", base.output_tokens),
+    return Usage(count("input_tokens", base.input_tokens),
+                 count("output_tokens", base.output_tokens),
                  count("cache_read_input_tokens", base.cache_read_tokens),
                  count("cache_creation_input_tokens", base.cache_write_tokens))
 
 
 def _raise_error(error: object) -> None:
     error = error if isinstance(error, dict) else {}
-    raise ProviderFailure(fc.classify_stream_error(f"{error.get('type', '')} {error.get('message', '')}".strip()))
+    raise ProviderFailure(fc.classify_stream_error(f"{error.get('type', '')} "
+                                                   f"{error.get('message', '')}".strip()))
 
 
 def _stop(raw: object, param: str) -> str | None:
@@ -70,7 +72,8 @@ def parse_completion(body: dict[str, Any]) -> Completion:
         _raise_error(body.get("error"))
     text, reasoning, tools, arguments, ids = [], [], [], [], []
     content = shape.want_list(body.get("content"), "content")
-    kept = False  # a block the canonical fields do not hold: the content goes to Anthropic clients as sent
+    # a block the canonical fields do not hold: the content goes to Anthropic clients as sent
+    kept = False
     for i, block in enumerate(content):
         where = f"content[{i}]"
         block = shape.want_dict(block, where)
@@ -88,8 +91,10 @@ def parse_completion(body: dict[str, Any]) -> Completion:
             kept = True
     # none reported: the ledger bills the answer at an estimate
     usage = _usage(body["usage"]) if body.get("usage") is not None else None
-    return Completion("".join(text), "".join(reasoning), tuple(tools), usage, tuple(arguments), tuple(ids),
-                      _stop(body.get("stop_reason"), "stop_reason"), shape.optional(body, "stop_sequence", shape.want_str),
+    return Completion("".join(text), "".join(reasoning), tuple(tools), usage, tuple(arguments),
+                      tuple(ids),
+                      _stop(body.get("stop_reason"), "stop_reason"),
+                      shape.optional(body, "stop_sequence", shape.want_str),
                       tuple(content) if kept else ())
 
 
@@ -109,7 +114,11 @@ class AnthropicStreamParser:
         obj = jsoncodec.loads_shape(event.data)
         if type(obj) is dict and obj.get("type") == "content_block_delta":
             delta = obj.get("delta")
-            if type(delta) is dict and delta.get("type") == "text_delta" and type(text := delta.get("text")) is str:
+            if (
+                type(delta) is dict
+                and delta.get("type") == "text_delta"
+                and type(text := delta.get("text")) is str
+            ):
                 return [Frame(TEXT, text)]
         obj = json_frame(event, obj)
         try:
@@ -124,11 +133,14 @@ class AnthropicStreamParser:
             if dtype == "text_delta":
                 return [Frame(TEXT, shape.want_str(delta.get("text", ""), "delta.text"))]
             if dtype == "thinking_delta":
-                return [Frame(REASONING, shape.want_str(delta.get("thinking", ""), "delta.thinking"))]
+                return [Frame(REASONING,
+                              shape.want_str(delta.get("thinking", ""), "delta.thinking"))]
             if dtype == "input_json_delta" and not _executed(self.blocks.get(obj.get("index"), "")):
-                return [Frame(TOOL_ARGS, shape.want_str(delta.get("partial_json", ""), "delta.partial_json"))]
+                return [Frame(TOOL_ARGS,
+                              shape.want_str(delta.get("partial_json", ""), "delta.partial_json"))]
             if dtype == "signature_delta":
-                return [Frame(REASONING, "", ref=shape.want_str(delta.get("signature"), "delta.signature"))]
+                return [Frame(REASONING, "",
+                              ref=shape.want_str(delta.get("signature"), "delta.signature"))]
             return []  # citations_delta: nothing to show
         if kind == "content_block_start":
             block = shape.want_dict(obj.get("content_block"), "content_block")
@@ -137,12 +149,15 @@ class AnthropicStreamParser:
             if btype == "text":
                 return [Frame(TEXT, shape.want_str(block.get("text", ""), "content_block.text"))]
             if btype == "thinking":
-                return [Frame(REASONING, shape.want_str(block.get("thinking", ""), "content_block.thinking"))]
+                return [Frame(REASONING,
+                              shape.want_str(block.get("thinking", ""), "content_block.thinking"))]
             if btype == "redacted_thinking":  # whole in its start: no deltas follow
-                return [Frame(REDACTED_REASONING, shape.want_str(block.get("data"), "content_block.data"))]
+                return [Frame(REDACTED_REASONING,
+                              shape.want_str(block.get("data"), "content_block.data"))]
             if btype == "tool_use":
                 return [Frame(TOOL_CALL, shape.want_str(block.get("name"), "content_block.name"),
-                              ref=shape.optional(block, "id", shape.want_str, "content_block") or "")]
+                              ref=shape.optional(block, "id", shape.want_str,
+                                                 "content_block") or "")]
             if _executed(btype):
                 return [Frame(EXECUTED_TOOL, block.get("name") or btype)]
             return [Frame(PREAMBLE, btype)]
@@ -159,7 +174,9 @@ class AnthropicStreamParser:
             stop = _stop(delta.get("stop_reason"), "delta.stop_reason")
             if stop:
                 self.stopped = True
-                frames.append(Frame(FINISH, stop, ref=shape.optional(delta, "stop_sequence", shape.want_str, "delta") or ""))
+                frames.append(Frame(FINISH, stop,
+                                    ref=shape.optional(delta, "stop_sequence", shape.want_str,
+                                                       "delta") or ""))
             if obj.get("usage") is not None:
                 self.usage = _usage(obj["usage"], "usage", self.usage)
             return [*frames, Frame(USAGE, usage=self.usage)]

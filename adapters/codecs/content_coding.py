@@ -122,7 +122,8 @@ class _Deflate(_Inflater):
                 raise
             self._undecided = None
             self._obj = zlib.decompressobj(-zlib.MAX_WBITS)
-            return super().decompress(seen + data, limit)  # from its first byte, however it was split
+            # from its first byte, however it was split
+            return super().decompress(seen + data, limit)
         if seen is not None:
             self._undecided = None if piece else seen + data
         return piece

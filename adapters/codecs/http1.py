@@ -31,7 +31,8 @@ except PackageNotFoundError:  # a source tree that was never installed
 # the header names found tokens: an app's answers use a few dozen names, each checked once (the
 # check over every line, a regex walking each byte of the head, was most of a head's render)
 _TOKEN_NAMES: set[bytes] = set()
-TOKEN_NAMES_MOST = 512  # an app that makes up names does not grow this without bound: the rest are checked each time
+# an app that makes up names does not grow this without bound: the rest are checked each time
+TOKEN_NAMES_MOST = 512
 
 
 def render_response_head(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -79,7 +80,8 @@ def split_url(url: str) -> tuple[Origin, str, str]:
     if scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) URL: {url!r}")
     if parts.username is not None or parts.password is not None:
-        raise ValueError("credentials in a provider's base_url are not sent: put them in its api_key or headers")
+        raise ValueError("credentials in a provider's base_url are not sent: put them in its "
+                         "api_key or headers")
     default = 443 if scheme == "https" else 80
     port = parts.port or default
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
@@ -88,7 +90,8 @@ def split_url(url: str) -> tuple[Origin, str, str]:
     return Origin(scheme, parts.hostname, port), host_header, target
 
 
-_DEFAULT_HEADERS = (("accept", "*/*"), ("accept-encoding", ACCEPT_ENCODING), ("user-agent", USER_AGENT))
+_DEFAULT_HEADERS = (("accept", "*/*"), ("accept-encoding", ACCEPT_ENCODING),
+                    ("user-agent", USER_AGENT))
 _DEFAULT_LINES = "".join(f"{k}: {v}\r\n" for k, v in _DEFAULT_HEADERS)
 _DEFAULTS = frozenset({"host", *dict(_DEFAULT_HEADERS)})
 _FRAMING = frozenset({"content-length", "transfer-encoding"})  # this client's to write
@@ -139,7 +142,7 @@ def render(request: UpstreamRequest) -> bytes:
     """The request's head and body as one buffer (one send).
 
     The head is written here rather than by an HTTP library: h11 re-validated and re-encoded
-    every header of every request (about a third of the client's CPU per request, cProfile),
+    every header of every request (a large share of the client's CPU per request, cProfile),
     where these checks are one regex each, and a request built on its profile's `FixedHead`
     has only the headers it adds checked."""
     fixed = request.fixed
@@ -164,7 +167,8 @@ def _head_lines(url: str, given: dict[str, str]) -> str:
         lines.append(_DEFAULT_LINES)
     for name, value in given.items():
         if not is_token(name) or unsafe_request_value(value) or name in _FRAMING:
-            raise ValueError(f"header {name!r} cannot be sent upstream (an illegal name or value, or framing)")
+            raise ValueError(f"header {name!r} cannot be sent upstream (an illegal name or value, "
+                             "or framing)")
         lines.append(f"{name}: {value}\r\n")
     return "".join(lines)
 
@@ -181,7 +185,12 @@ def _added_to(fixed: FixedHead, given: dict[str, str]) -> str | None:
     for name, value in given.items():
         if static.get(name) is value:  # (the very string the fixed lines were rendered from)
             kept += 1
-        elif name in _DEFAULTS or not is_token(name) or unsafe_request_value(value) or name in _FRAMING:
+        elif (
+            name in _DEFAULTS
+            or not is_token(name)
+            or unsafe_request_value(value)
+            or name in _FRAMING
+        ):
             return None
         else:
             added.append(f"{name}: {value}\r\n")

@@ -48,9 +48,14 @@ def signed_reasoning(blocks: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     and the data of its redacted thinking blocks."""
     thinking = [b for b in blocks if b.get("type") == "thinking"]
     out: dict[str, Any] = {}
-    if len(thinking) == 1 and isinstance(signature := thinking[0].get("signature"), str) and signature:
+    signature = thinking[0].get("signature") if len(thinking) == 1 else None
+    if isinstance(signature, str) and signature:
         out["reasoning_signature"] = signature
-    redacted = [b["data"] for b in blocks if b.get("type") == "redacted_thinking" and isinstance(b.get("data"), str)]
+    redacted = [
+        b["data"]
+        for b in blocks
+        if b.get("type") == "redacted_thinking" and isinstance(b.get("data"), str)
+    ]
     if redacted:
         out["reasoning_redacted"] = redacted
     return out
@@ -65,14 +70,16 @@ class OpenAIDialect:
 
     @staticmethod
     def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
-        return json.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}}).encode()
+        return json.dumps({"error": {"message": message, "type": type_, "param": param,
+                                     "code": code}}).encode()
 
     def http_error(self, status: int, message: str, code: str | None = None) -> bytes:
         type_ = "invalid_request_error" if status < 500 else "server_error"
         return self.error_body(message, type_, code)
 
     def bad_request(self, error: wire.WireError) -> tuple[int, bytes]:
-        return 400, self.error_body(str(error), "invalid_request_error", "invalid_body", error.param or None)
+        return 400, self.error_body(str(error), "invalid_request_error", "invalid_body",
+                                    error.param or None)
 
     def parse(self, body: object, headers: Iterable[tuple[str, str]] = (),
               query: str = "") -> wire.Request:
@@ -89,19 +96,24 @@ class OpenAIDialect:
                    request: wire.Request | None = None) -> dict[str, Any]:
         assert result.served is not None  # an accepted answer always has a server
         tools = answer_tools(result, ToolIds("call_")) if result.tool_calls else []
-        message: dict[str, Any] = {"role": "assistant", "content": result.text or (None if tools else "")}
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": result.text or (None if tools else "")}
         if result.reasoning:
             message["reasoning_content"] = result.reasoning
-        if result.blocks:  # an Anthropic provider's: its thinking's signature, its redacted thinking
+        # an Anthropic provider's: its thinking's signature, its redacted thinking
+        if result.blocks:
             message.update(signed_reasoning(result.blocks))
         if result.annotations:  # a search model's url citations, as the provider sent them
             message["annotations"] = list(result.annotations)
         if tools:
-            message["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+            message["tool_calls"] = [{"id": i, "type": "function",
+                                      "function": {"name": n, "arguments": a}}
                                      for i, n, a in tools]
         return {
-            "id": turn_id, "object": "chat.completion", "created": int(time.time()), "model": result.served.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": TO_OPENAI[answer_finish(result, len(tools))]}
+            "id": turn_id, "object": "chat.completion", "created": int(time.time()),
+            "model": result.served.model,
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": TO_OPENAI[answer_finish(result, len(tools))]}
                         | ({"logprobs": result.logprobs} if result.logprobs is not None else {})],
             "usage": openai_usage(answer_usage(result)),
             "relayline": relayline,
@@ -114,7 +126,8 @@ class OpenAIDialect:
     def model_list(ids: list[str], query: str = "") -> dict[str, Any]:
         """GET /v1/models as OpenAI lists models: every name at once."""
         created = int(time.time())
-        return {"object": "list", "data": [{"id": i, "object": "model", "created": created, "owned_by": "relayline"}
+        return {"object": "list",
+                "data": [{"id": i, "object": "model", "created": created, "owned_by": "relayline"}
                                           for i in ids]}
 
 
@@ -122,7 +135,8 @@ class OpenAIStream:
     DELTAS = {"text": "content", "reasoning": "reasoning_content"}
 
     # slotted, as every per-stream object: thousands of streams are in flight at once
-    __slots__ = ("turn_id", "include_usage", "created", "model", "tools", "ids", "slotted", "signatures")
+    __slots__ = ("turn_id", "include_usage", "created", "model", "tools", "ids", "slotted",
+                 "signatures")
 
     def __init__(self, turn_id: str, include_usage: bool) -> None:
         self.turn_id = turn_id
@@ -137,9 +151,20 @@ class OpenAIStream:
         # deltas into one it would send back) go as none
         self.signatures: list[str] = []
 
-    def _chunk(self, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> bytes:
-        return sse_event({"id": self.turn_id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                     "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}], **extra})
+    def _chunk(self, delta: dict[str, Any] | None, finish: str | None = None,
+               **extra: Any) -> bytes:
+        return sse_event(
+            {
+                "id": self.turn_id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": []
+                if delta is None
+                else [{"index": 0, "delta": delta, "finish_reason": finish}],
+                **extra,
+            }
+        )
 
     def opening(self, model: str, usage: Usage | None = None) -> bytes:
         self.model = model
@@ -161,21 +186,45 @@ class OpenAIStream:
                     self.signatures.append(event.ref)
                     return b""
                 # text with the logprobs the client asked for
-                return sse_event({"id": self.turn_id, "object": "chat.completion.chunk", "created": self.created,
-                             "model": self.model, "choices": [{"index": 0, "delta": {field: event.value},
-                                                               "logprobs": jsoncodec.loads(event.ref),
-                                                               "finish_reason": None}]})
+                return sse_event(
+                    {
+                        "id": self.turn_id,
+                        "object": "chat.completion.chunk",
+                        "created": self.created,
+                        "model": self.model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {field: event.value},
+                                "logprobs": jsoncodec.loads(event.ref),
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                )
             parts = self.slotted.get(field)
             if parts is None:
                 parts = self.slotted[field] = slotted(self._chunk({field: SLOT}))
             return parts[0] + jsoncodec.dumps(event.value) + parts[1]
         if event.kind == "tool":
             self.tools += 1
-            return self._chunk({"tool_calls": [{"index": self.tools - 1, "id": self.ids(event.ref),
-                                                "type": "function", "function": {"name": event.value, "arguments": ""}}]})
+            return self._chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": self.tools - 1,
+                            "id": self.ids(event.ref),
+                            "type": "function",
+                            "function": {"name": event.value, "arguments": ""},
+                        }
+                    ]
+                }
+            )
         if event.kind == "tool_args":
-            index = int(event.ref) if event.ref.isdigit() else max(self.tools - 1, 0)  # (ref: an earlier call's)
-            return self._chunk({"tool_calls": [{"index": index, "function": {"arguments": event.value}}]})
+            # (ref: an earlier call's)
+            index = int(event.ref) if event.ref.isdigit() else max(self.tools - 1, 0)
+            return self._chunk({"tool_calls": [{"index": index,
+                                                "function": {"arguments": event.value}}]})
         if event.kind == "redacted_reasoning":  # (an Anthropic provider's, to be sent back)
             return self._chunk({"reasoning_redacted": [event.value]})
         return b""  # provider-executed tool work has no chunk shape here; it shows in the ledger
@@ -184,7 +233,11 @@ class OpenAIStream:
         if result.served is not None:
             self.model = result.served.model
         finish = TO_OPENAI[answer_finish(result, self.tools)]
-        signed = self._chunk({"reasoning_signature": self.signatures[0]}) if len(self.signatures) == 1 else b""
+        signed = (
+            self._chunk({"reasoning_signature": self.signatures[0]})
+            if len(self.signatures) == 1
+            else b""
+        )
         return signed + self._finish(finish, result, relayline)
 
     def _finish(self, finish: str, result: TurnResult, relayline: dict[str, Any]) -> bytes:
@@ -193,10 +246,15 @@ class OpenAIStream:
             # only to clients that asked for it, as the OpenAI API does
             return self._chunk({}, finish, relayline=relayline) + b"data: [DONE]\n\n"
         return (self._chunk({}, finish)
-                + self._chunk(None, usage=openai_usage(answer_usage(result)), relayline=relayline) + b"data: [DONE]\n\n")
+                + self._chunk(None, usage=openai_usage(answer_usage(result)),
+                              relayline=relayline) + b"data: [DONE]\n\n")
 
     def failed(self, result: TurnResult, relayline: dict[str, Any]) -> bytes:
         # after commit: an explicit error event and no [DONE], never a clean-looking end
         _, type_, code, _ = ERRORS.get(result.error or "", UNKNOWN_ERROR)
-        return sse_event({"error": {"message": result.message or "failed", "type": type_, "code": code},
-                     "relayline": relayline})
+        return sse_event(
+            {
+                "error": {"message": result.message or "failed", "type": type_, "code": code},
+                "relayline": relayline,
+            }
+        )

@@ -56,8 +56,13 @@ def _finish(raw: object, param: str) -> str | None:
 
 
 def _raise_error(error: object) -> None:
-    text = error if isinstance(error, str) else " ".join(
-        str(error.get(k, "")) for k in ("code", "type", "message")) if isinstance(error, dict) else "error"
+    text = (
+        error
+        if isinstance(error, str)
+        else " ".join(str(error.get(k, "")) for k in ("code", "type", "message"))
+        if isinstance(error, dict)
+        else "error"
+    )
     raise ProviderFailure(fc.classify_stream_error(text))
 
 
@@ -65,7 +70,8 @@ def _text(content: object, param: str) -> str:
     if content is None:
         return ""
     if isinstance(content, list):  # a few compatible servers answer with text parts
-        return "".join(shape.want_str(shape.want_dict(p, shape.path(param, i)).get("text", ""), shape.path(shape.path(param, i), "text"))
+        return "".join(shape.want_str(shape.want_dict(p, shape.path(param, i)).get("text", ""),
+                                      shape.path(shape.path(param, i), "text"))
                        for i, p in enumerate(content))
     return shape.want_str(content, param)
 
@@ -88,10 +94,16 @@ def _plain_answer(body: dict[str, Any]) -> Completion | None:
         return None
     text = message.get("content")
     finish = choice.get("finish_reason")
-    if type(text) is not str or (finish is not None and type(finish) is not str) or \
-            message.get("tool_calls") is not None or message.get("reasoning_content") is not None or \
-            message.get("reasoning") is not None or message.get("refusal") is not None or \
-            choice.get("logprobs") is not None or message.get("annotations"):
+    if (
+        type(text) is not str
+        or (finish is not None and type(finish) is not str)
+        or message.get("tool_calls") is not None
+        or message.get("reasoning_content") is not None
+        or message.get("reasoning") is not None
+        or message.get("refusal") is not None
+        or choice.get("logprobs") is not None
+        or message.get("annotations")
+    ):
         return None
     raw = body.get("usage")
     usage: Usage | None = None  # none reported: the ledger bills the answer at an estimate
@@ -104,7 +116,8 @@ def _plain_answer(body: dict[str, Any]) -> Completion | None:
                 not 0 <= output <= MAX_TOKENS:
             return None  # (a null count, or one out of range: the walk reads or refuses it)
         usage = Usage(prompt, output)
-    return Completion(text, "", (), usage, (), (), None if finish is None else OPENAI_FINISH.get(finish, w.STOP))
+    return Completion(text, "", (), usage, (), (),
+                      None if finish is None else OPENAI_FINISH.get(finish, w.STOP))
 
 
 def parse_completion(body: dict[str, Any]) -> Completion:
@@ -139,7 +152,8 @@ def _walk_completion(body: dict[str, Any]) -> Completion:
     return Completion(text, _reasoning(message, "choices[0].message"), tuple(names),
                       openai_reply_usage(body.get("usage")), tuple(arguments), tuple(ids), finish,
                       logprobs=shape.optional(choice, "logprobs", shape.want_dict, "choices[0]"),
-                      annotations=tuple(shape.optional(message, "annotations", shape.want_list, "choices[0].message") or ()))
+                      annotations=tuple(shape.optional(message, "annotations", shape.want_list,
+                                                       "choices[0].message") or ()))
 
 
 def _only_text(obj: dict[str, Any]) -> str | None:
@@ -147,10 +161,19 @@ def _only_text(obj: dict[str, Any]) -> str | None:
     finish, usage or error): nearly every chunk of a stream, read here without the general walk.
     None sends the chunk through `_frames`, which reads it exactly the same way when it fits."""
     choices = obj.get("choices")
-    if type(choices) is not list or len(choices) != 1 or obj.get("usage") is not None or obj.get("error"):
+    if (
+        type(choices) is not list
+        or len(choices) != 1
+        or obj.get("usage") is not None
+        or obj.get("error")
+    ):
         return None
     choice = choices[0]
-    if type(choice) is not dict or choice.get("finish_reason") is not None or choice.get("logprobs") is not None:
+    if (
+        type(choice) is not dict
+        or choice.get("finish_reason") is not None
+        or choice.get("logprobs") is not None
+    ):
         return None
     delta = choice.get("delta")
     if type(delta) is not dict or len(delta) != 1:
@@ -164,8 +187,10 @@ class OpenAIStreamParser:
         self.done = False
         self.finished = False
         self.refused = False  # refusal deltas came: the finish is a refusal, whatever it says
-        self.calls: dict[object, int] = {}  # a tool call's `index` -> its place among the calls opened
-        self.responses: responses_replies.ResponsesStreamParser | None = None  # a Responses stream's reader
+        # a tool call's `index` -> its place among the calls opened
+        self.calls: dict[object, int] = {}
+        # a Responses stream's reader
+        self.responses: responses_replies.ResponsesStreamParser | None = None
 
     def complete_at_eof(self) -> bool:
         return self.finished
@@ -213,13 +238,15 @@ class OpenAIStreamParser:
                 content = shape.want_str(content, f"{where}.delta.content")
                 logprobs = shape.optional(choice, "logprobs", shape.want_dict, where)
                 # the text's logprobs ride on its frame (the client asked for them), as JSON
-                frames.append(Frame(TEXT, content, ref=jsoncodec.dumps(logprobs).decode() if logprobs else "")
+                frames.append(Frame(TEXT, content,
+                                    ref=jsoncodec.dumps(logprobs).decode() if logprobs else "")
                               if content else Frame(PREAMBLE))
             refusal = delta.get("refusal")
             if refusal is not None and shape.want_str(refusal, f"{where}.delta.refusal"):
                 self.refused = True
                 frames.append(Frame(TEXT, refusal))
-            for j, call in enumerate(shape.optional(delta, "tool_calls", shape.want_list, f"{where}.delta") or ()):
+            for j, call in enumerate(shape.optional(delta, "tool_calls", shape.want_list,
+                                                    f"{where}.delta") or ()):
                 at = f"{where}.delta.tool_calls[{j}]"
                 call = shape.want_dict(call, at)
                 function = shape.optional(call, "function", shape.want_dict, at) or {}
@@ -228,13 +255,15 @@ class OpenAIStreamParser:
                 index = j if index is None else index
                 if name:
                     self.calls[index] = len(self.calls)
-                    frames.append(Frame(TOOL_CALL, name, ref=shape.optional(call, "id", shape.want_str, at) or ""))
+                    frames.append(Frame(TOOL_CALL, name,
+                                        ref=shape.optional(call, "id", shape.want_str, at) or ""))
                 arguments = _arguments(function.get("arguments"), f"{at}.function.arguments")
                 if arguments:
                     # a piece of a call opened before the last one names its place (calls opened
                     # together, then their arguments); a piece of the last one goes to it as before
                     place = self.calls.get(index, len(self.calls) - 1)
-                    frames.append(Frame(TOOL_ARGS, arguments, ref=str(place) if place != len(self.calls) - 1 else ""))
+                    frames.append(Frame(TOOL_ARGS, arguments,
+                                        ref=str(place) if place != len(self.calls) - 1 else ""))
             finish = _finish(choice.get("finish_reason"), f"{where}.finish_reason")
             if finish:
                 self.finished = True

@@ -41,7 +41,9 @@ def new_id(prefix: str) -> str:
 def namespaces(request: w.Request | None) -> dict[str, str]:
     """Each flattened function's namespace, by the function's name: a call the model makes to
     it goes back to the client under its namespace, as the client offered it."""
-    body = request.passthrough.body if request is not None and request.passthrough is not None else {}
+    body = (
+        request.passthrough.body if request is not None and request.passthrough is not None else {}
+    )
     out: dict[str, str] = {}
     for tool in body.get("tools") or ():
         if isinstance(tool, dict) and tool.get("type") == NAMESPACE:
@@ -51,23 +53,34 @@ def namespaces(request: w.Request | None) -> dict[str, str]:
     return out
 
 
-def _call_item_out(item_id: str, call_id: str, name: str, arguments: str, space: str | None, status: str) -> dict[str, Any]:
-    item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
+def _call_item_out(item_id: str, call_id: str, name: str, arguments: str, space: str | None,
+                   status: str) -> dict[str, Any]:
+    item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id,
+            "name": name,
             "arguments": arguments}
     return item | ({"namespace": space} if space else {})
 
 
-def _message_out(item_id: str, text: str, status: str, annotations: list[Any] | None = None) -> dict[str, Any]:
+def _message_out(item_id: str, text: str, status: str,
+                 annotations: list[Any] | None = None) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
-            "content": [{"type": "output_text", "text": text, "annotations": annotations or [], "logprobs": []}]
+            "content": [{"type": "output_text", "text": text, "annotations": annotations or [],
+                         "logprobs": []}]
             if text or status == "in_progress" else []}
 
 
 def _reasoning_out(item_id: str, text: str, signature: str = "") -> dict[str, Any]:
     # the signature an Anthropic provider gave its thinking travels as relayline's opaque token;
     # a Responses provider's own encrypted content, as it sent it
-    token = signature[len(ENCRYPTED):] if signature.startswith(ENCRYPTED) else TOKEN + signature if signature else None
-    return {"id": item_id, "type": "reasoning", "summary": [{"type": "summary_text", "text": text}] if text else [],
+    token = (
+        signature[len(ENCRYPTED) :]
+        if signature.startswith(ENCRYPTED)
+        else TOKEN + signature
+        if signature
+        else None
+    )
+    return {"id": item_id, "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": text}] if text else [],
             "encrypted_content": token}
 
 
@@ -75,19 +88,37 @@ def _envelope(response_id: str, created: int, model: str, request: w.Request | N
               kept: bool = False) -> dict[str, Any]:
     """The response object's fields that echo the request, as OpenAI's does. `kept`: a provider
     that keeps answers served it, so `store` and `previous_response_id` are what it honoured."""
-    body = request.passthrough.body if request is not None and request.passthrough is not None else {}
+    body = (
+        request.passthrough.body if request is not None and request.passthrough is not None else {}
+    )
     text: dict[str, Any] = body["text"] if isinstance(body.get("text"), dict) else {}
-    return {"id": response_id, "object": "response", "created_at": created, "status": status, "error": None,
-            "incomplete_details": None, "instructions": body.get("instructions"), "max_output_tokens":
-            body.get("max_output_tokens"), "model": model, "output": [], "parallel_tool_calls":
-            body.get("parallel_tool_calls", True),
-            "previous_response_id": body.get("previous_response_id") if kept else None,
-            "reasoning": body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {"effort": None},
-            "store": body.get("store", True) is not False if kept else False,
-            "temperature": body.get("temperature"), "text": {"format": {"type": "text"}} | text,
-            "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
-            "top_p": body.get("top_p"), "truncation": "disabled", "usage": None, "user": body.get("user"),
-            "metadata": body.get("metadata") or {}}
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "previous_response_id": body.get("previous_response_id") if kept else None,
+        "reasoning": body.get("reasoning")
+        if isinstance(body.get("reasoning"), dict)
+        else {"effort": None},
+        "store": body.get("store", True) is not False if kept else False,
+        "temperature": body.get("temperature"),
+        "text": {"format": {"type": "text"}} | text,
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "top_p": body.get("top_p"),
+        "truncation": "disabled",
+        "usage": None,
+        "user": body.get("user"),
+        "metadata": body.get("metadata") or {},
+    }
 
 
 def _finished(envelope: dict[str, Any], result: TurnResult, tools: int) -> dict[str, Any]:
@@ -98,15 +129,18 @@ def _finished(envelope: dict[str, Any], result: TurnResult, tools: int) -> dict[
     return envelope
 
 
-def response_object(turn_id: str, result: TurnResult, relayline: dict[str, Any] | None, request: w.Request | None = None) -> dict[str, Any]:
+def response_object(turn_id: str, result: TurnResult, relayline: dict[str, Any] | None,
+                    request: w.Request | None = None) -> dict[str, Any]:
     """A whole answer as the Responses API's `response` object (with the gateway's `relayline`
     field when given)."""
     tools = _tools_of(result)
-    status = "incomplete" if INCOMPLETE.get(w.finish_reason(result.finish_reason, len(tools))) else "completed"
+    finish = w.finish_reason(result.finish_reason, len(tools))
+    status = "incomplete" if INCOMPLETE.get(finish) else "completed"
     output: list[dict[str, Any]] = []
     if result.reasoning:
         signed = [b.get("signature") or "" for b in result.blocks if b.get("type") == w.THINKING]
-        output.append(_reasoning_out(new_id("rs"), result.reasoning, signed[0] if len(signed) == 1 else ""))
+        output.append(_reasoning_out(new_id("rs"), result.reasoning,
+                                     signed[0] if len(signed) == 1 else ""))
     if result.text or not result.tool_calls:
         output.append(_message_out(new_id("msg"), result.text or "", status))
     spaces = namespaces(request)
@@ -118,7 +152,8 @@ def response_object(turn_id: str, result: TurnResult, relayline: dict[str, Any] 
     envelope = _envelope(result.response_id or turn_id if kept else turn_id, int(time.time()),
                          result.served.model if result.served else "", request, "completed", kept)
     envelope["output"] = output
-    return _finished(envelope, result, len(tools)) | ({"relayline": relayline} if relayline is not None else {})
+    return _finished(envelope, result,
+                     len(tools)) | ({"relayline": relayline} if relayline is not None else {})
 
 
 def _passed_through(request: w.Request | None, result: TurnResult) -> bool:
@@ -147,7 +182,8 @@ class ResponsesStream:
     change (reasoning, a message, each function call) and are closed, each with its `.done`
     events, before the next opens; every event carries the stream's next sequence number."""
 
-    __slots__ = ("response_id", "request", "created", "model", "sequence", "output", "item", "text", "ids",
+    __slots__ = ("response_id", "request", "created", "model", "sequence", "output", "item", "text",
+                 "ids",
                  "spaces", "calls", "signature", "slotted", "kept", "cited")
 
     def __init__(self, response_id: str, request: w.Request) -> None:
@@ -156,14 +192,16 @@ class ResponsesStream:
         self.created = int(time.time())
         self.model = ""
         self.sequence = 0
-        self.output: list[dict[str, Any]] = []  # the items done so far, for the final response object
+        # the items done so far, for the final response object
+        self.output: list[dict[str, Any]] = []
         self.item: dict[str, Any] | None = None  # the open item
         self.text: list[str] = []  # the open item's text or arguments so far
         self.ids = ToolIds("call_")
         self.spaces = namespaces(request)
         self.calls = 0
         self.signature = ""
-        self.slotted: tuple[str, bytes, bytes, bytes] = ("", b"", b"", b"")  # the open message's delta, cut
+        # the open message's delta, cut
+        self.slotted: tuple[str, bytes, bytes, bytes] = ("", b"", b"", b"")
         self.kept = False  # a provider that keeps answers named this one before the opening
         self.cited: list[Any] = []  # the open message's citations, as its provider gave them
 
@@ -173,8 +211,10 @@ class ResponsesStream:
         those alone; the bytes are those of `_event` rendering the whole event."""
         assert self.item is not None  # (a text delta is written into the open message)
         if self.slotted[0] != self.item["id"]:
-            head, _, rest = self._event_bytes("response.output_text.delta", _SEQ, item_id=self.item["id"],
-                                              output_index=self._index(), content_index=0, delta=SLOT,
+            head, _, rest = self._event_bytes("response.output_text.delta", _SEQ,
+                                              item_id=self.item["id"],
+                                              output_index=self._index(), content_index=0,
+                                              delta=SLOT,
                                               logprobs=[]).partition(_SEQ_JSON)
             middle, _, tail = rest.partition(SLOT_JSON)
             self.slotted = (self.item["id"], head, middle, tail)
@@ -192,7 +232,8 @@ class ResponsesStream:
         return out
 
     def _envelope(self, status: str) -> dict[str, Any]:
-        envelope = _envelope(self.response_id, self.created, self.model, self.request, status, self.kept)
+        envelope = _envelope(self.response_id, self.created, self.model, self.request, status,
+                             self.kept)
         envelope["output"] = list(self.output)
         return envelope
 
@@ -216,12 +257,15 @@ class ResponsesStream:
         self.item, self.text = item, []
         out += self._event("response.output_item.added", output_index=self._index(), item=item)
         if item["type"] == "message":
-            out += self._event("response.content_part.added", item_id=item["id"], output_index=self._index(),
-                               content_index=0, part={"type": "output_text", "text": "", "annotations": [],
+            out += self._event("response.content_part.added", item_id=item["id"],
+                               output_index=self._index(),
+                               content_index=0,
+                               part={"type": "output_text", "text": "", "annotations": [],
                                                       "logprobs": []})
         elif item["type"] == "reasoning":
             out += self._event("response.reasoning_summary_part.added", item_id=item["id"],
-                               output_index=self._index(), summary_index=0, part={"type": "summary_text", "text": ""})
+                               output_index=self._index(), summary_index=0,
+                               part={"type": "summary_text", "text": ""})
         return out
 
     def _close(self, status: str = "completed") -> bytes:
@@ -235,21 +279,26 @@ class ResponsesStream:
             done = _message_out(item["id"], text, status, cited)
             part = {"type": "output_text", "text": text, "annotations": cited, "logprobs": []}
             for n, annotation in enumerate(cited):
-                out += self._event("response.output_text.annotation.added", item_id=item["id"], output_index=index,
+                out += self._event("response.output_text.annotation.added", item_id=item["id"],
+                                   output_index=index,
                                    content_index=0, annotation_index=n, annotation=annotation)
-            out += self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+            out += self._event("response.output_text.done", item_id=item["id"], output_index=index,
+                               content_index=0,
                                text=text, logprobs=[])
             out += self._event("response.content_part.done", item_id=item["id"], output_index=index,
                                content_index=0, part=part)
         elif item["type"] == "reasoning":
             done, self.signature = _reasoning_out(item["id"], text, self.signature), ""
-            out += self._event("response.reasoning_summary_text.done", item_id=item["id"], output_index=index,
+            out += self._event("response.reasoning_summary_text.done", item_id=item["id"],
+                               output_index=index,
                                summary_index=0, text=text)
-            out += self._event("response.reasoning_summary_part.done", item_id=item["id"], output_index=index,
+            out += self._event("response.reasoning_summary_part.done", item_id=item["id"],
+                               output_index=index,
                                summary_index=0, part={"type": "summary_text", "text": text})
         else:
             done = item | {"arguments": text or "{}", "status": status}
-            out += self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+            out += self._event("response.function_call_arguments.done", item_id=item["id"],
+                               output_index=index,
                                name=item["name"], arguments=text or "{}")
         self.output.append(done)
         return out + self._event("response.output_item.done", output_index=index, item=done)
@@ -264,7 +313,8 @@ class ResponsesStream:
 
     def event(self, event: Event) -> bytes:
         kind = event.kind
-        if kind == "preamble":  # (before the opening) the id a provider that keeps answers gave this one
+        # (before the opening) the id a provider that keeps answers gave this one
+        if kind == "preamble":
             if self.sequence == 0 and event.ref:
                 self.response_id, self.kept = event.ref, True
             return b""
@@ -285,7 +335,8 @@ class ResponsesStream:
                 {"id": new_id("rs"), "type": "reasoning", "summary": []})
             assert self.item is not None  # (the reasoning item open, or just opened)
             self.text.append(event.value)
-            return out + self._event("response.reasoning_summary_text.delta", item_id=self.item["id"],
+            return out + self._event("response.reasoning_summary_text.delta",
+                                     item_id=self.item["id"],
                                      output_index=self._index(), summary_index=0, delta=event.value)
         if kind == "tool":
             self.calls += 1

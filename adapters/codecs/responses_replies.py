@@ -58,7 +58,11 @@ def _usage(raw: Any, param: str = "usage") -> Usage | None:
 
 
 def _failure(error: Any) -> ProviderFailure:
-    text = " ".join(str(error.get(k, "")) for k in ("code", "type", "message")) if isinstance(error, dict) else "error"
+    text = (
+        " ".join(str(error.get(k, "")) for k in ("code", "type", "message"))
+        if isinstance(error, dict)
+        else "error"
+    )
     return ProviderFailure(fc.classify_stream_error(text))
 
 
@@ -81,19 +85,23 @@ def parse_response(body: dict[str, Any]) -> Completion:
         item = shape.want_dict(item, where)
         kind = item.get("type")
         if kind == "message":
-            for j, part in enumerate(shape.want_list(item.get("content"), shape.path(where, "content"))):
+            for j, part in enumerate(shape.want_list(item.get("content"),
+                                                     shape.path(where, "content"))):
                 part = shape.want_dict(part, shape.path(shape.path(where, "content"), j))
                 refused = refused or part.get("type") == "refusal"
-                text.append(shape.want_str(part.get("text", part.get("refusal", "")), shape.path(where, "content")))
+                text.append(shape.want_str(part.get("text", part.get("refusal", "")),
+                                           shape.path(where, "content")))
         elif kind == "reasoning":
-            reasoning += [shape.want_str(s.get("text", ""), shape.path(where, "summary")) for s in item.get("summary") or ()
-                          if isinstance(s, dict)]
+            reasoning += [shape.want_str(s.get("text", ""), shape.path(where, "summary"))
+                          for s in item.get("summary") or () if isinstance(s, dict)]
         elif kind == "function_call":
             names.append(shape.want_str(item.get("name"), shape.path(where, "name")))
-            arguments.append(shape.want_str(item.get("arguments", ""), shape.path(where, "arguments")))
+            arguments.append(shape.want_str(item.get("arguments", ""),
+                                            shape.path(where, "arguments")))
             ids.append(shape.want_str(item.get("call_id"), shape.path(where, "call_id")))
     finish = w.CONTENT_FILTER if refused else _finish(body, len(names))
-    return Completion("".join(text), "\n".join(reasoning), tuple(names), _usage(body.get("usage")) or Usage(),
+    return Completion("".join(text), "\n".join(reasoning), tuple(names),
+                      _usage(body.get("usage")) or Usage(),
                       tuple(arguments), tuple(ids), finish, blocks=tuple(output),
                       response_id=shape.optional(body, "id", shape.want_str))
 
@@ -137,10 +145,12 @@ class ResponsesStreamParser:
             return [Frame(TOOL_ARGS, shape.want_str(obj.get("delta"), "delta"),
                           ref=str(place) if place != len(self.calls) - 1 else "")]
         if kind in ("response.output_item.added", "response.output_item.done"):
-            return self._item(shape.want_dict(obj.get("item"), "item"), added=kind.endswith("added"))
+            return self._item(shape.want_dict(obj.get("item"), "item"),
+                              added=kind.endswith("added"))
         if kind == "response.created":
             response = shape.want_dict(obj.get("response"), "response")
-            return [Frame(PREAMBLE, kind, ref=shape.optional(response, "id", shape.want_str, "response") or "")]
+            return [Frame(PREAMBLE, kind,
+                          ref=shape.optional(response, "id", shape.want_str, "response") or "")]
         if kind in ("response.completed", "response.incomplete"):
             response = shape.want_dict(obj.get("response"), "response")
             self.finished = self.done = True
@@ -159,12 +169,16 @@ class ResponsesStreamParser:
                           ref=shape.optional(item, "call_id", shape.want_str, "item") or "")]
         if not added and item.get("type") == "reasoning" and item.get("encrypted_content"):
             # the provider's opaque reasoning: the client sends it back on its next turn
-            return [Frame(REASONING, "", ref=ENCRYPTED + shape.want_str(item["encrypted_content"], "item.encrypted_content"))]
+            return [Frame(REASONING, "",
+                          ref=ENCRYPTED + shape.want_str(item["encrypted_content"],
+                                                         "item.encrypted_content"))]
         if not added and item.get("type") == "message":
             cited = [a for part in item.get("content") or () if isinstance(part, dict)
                      for a in part.get("annotations") or ()]
-            return [Frame(TEXT, "", ref=CITATIONS + jsoncodec.dumps(cited).decode())] if cited else []
+            return [Frame(TEXT, "",
+                          ref=CITATIONS + jsoncodec.dumps(cited).decode())] if cited else []
         if not added and item.get("type") not in READ_ITEMS:
             # a built-in tool's call (web search, code interpreter...): the client sees it whole
-            return [Frame(EXECUTED_TOOL, str(item.get("type")), ref=ITEM + jsoncodec.dumps(item).decode())]
+            return [Frame(EXECUTED_TOOL, str(item.get("type")),
+                          ref=ITEM + jsoncodec.dumps(item).decode())]
         return []

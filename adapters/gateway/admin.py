@@ -112,15 +112,19 @@ class Admin:
             profiles[alias] = {
                 "breaker": breaker.state,
                 "recent_failures": len(breaker.failures),
-                "open_for_s": round(max(0.0, breaker.open_until - now), 3) if breaker.state == "open" else 0.0,
+                "open_for_s": round(max(0.0, breaker.open_until - now), 3)
+                if breaker.state == "open"
+                else 0.0,
                 "cooldown_s": round(cooling, 3) if cooling > 0 else 0.0,
                 "attempts_in_window": len(seen),
                 "success_rate": round(sum(ok for _, ok in seen) / len(seen), 4) if seen else None,
                 "transitions": breaker.transitions,
             }
         self.books.note_breakers({alias: profile["breaker"] for alias, profile in profiles.items()})
-        return {"window_s": window, "profiles": profiles, "fallback_record": dict(relay.fallback_record),
-                "in_flight": host.in_flight, "draining": host.draining, "limits": host.limiter.view(relay.config)}
+        return {"window_s": window, "profiles": profiles,
+                "fallback_record": dict(relay.fallback_record),
+                "in_flight": host.in_flight, "draining": host.draining,
+                "limits": host.limiter.view(relay.config)}
 
     async def answer_health(self, send: Send) -> None:
         """GET /admin/health. In a fleet, the shared state, not only this worker's mirror."""
@@ -132,7 +136,8 @@ class Admin:
     async def answer_plan(self, send: Send, query: bytes) -> None:
         """GET /admin/plan?model=&text=: the plan a gateway request naming them would get."""
         asked = parse_qs(query.decode("latin-1"))
-        plan = self.host.relay.plan(model=asked.get("model", [None])[0], text=asked.get("text", [""])[0],
+        plan = self.host.relay.plan(model=asked.get("model", [None])[0],
+                                    text=asked.get("text", [""])[0],
                                     gateway=True)
         await respond_json(send, 200, plan.as_json())
 
@@ -141,7 +146,8 @@ class Admin:
         file that was refused (nothing changed). In a fleet, a 200 then reloads every worker."""
         reloader = self.host.reloader
         if reloader is None:
-            await respond(send, 409, OPENAI.http_error(409, "this gateway serves no config file to reload",
+            await respond(send, 409,
+                          OPENAI.http_error(409, "this gateway serves no config file to reload",
                                                        "no_config_file"))
             return
         report = await reloader.reload()

@@ -63,7 +63,9 @@ def _malloc_trim() -> ctypes._NamedFuncPointer | None:
 def _read_too_much(result: TurnResult | None) -> bool:
     """A body refused as too_large was read up to limits.max_response_bytes first: its heap
     is handed back like a large answer's (docs/behaviour.md, "Memory")."""
-    return result is not None and any(FailureClass.TOO_LARGE in (a.outcome, a.reason) for a in result.attempts)
+    return result is not None and any(
+        FailureClass.TOO_LARGE in (a.outcome, a.reason) for a in result.attempts
+    )
 
 
 class Gateway:
@@ -76,7 +78,8 @@ class Gateway:
         self.access = access if access is not None else Access(clients=KeyRing.of(api_keys or ()))
         self.ledger = ledger
         self.settings = relay.config.gateway
-        self.travelling = travelling_headers(relay.config)  # the client headers some entry may be sent
+        # the client headers some entry may be sent
+        self.travelling = travelling_headers(relay.config)
         self.turns = TurnsInFlight()
         if isinstance(ledger, LedgerStore):
             # turns finishing together share a commit; a turn alone is committed at once
@@ -107,12 +110,14 @@ class Gateway:
 
     @property
     def readiness(self) -> dict[str, Callable[[], Awaitable[str | None]]]:
-        """Readiness checks beyond "config loaded" (admin.py): name -> check answering a problem or None."""
+        """Readiness checks beyond "config loaded" (admin.py): name -> check answering a problem or
+        None."""
         return self.admin.readiness
 
     @property
     def degradations(self) -> dict[str, Callable[[], Awaitable[str | None]]]:
-        """What /readyz reports without failing it (admin.py): name -> check answering a problem or None."""
+        """What /readyz reports without failing it (admin.py): name -> check answering a problem or
+        None."""
         return self.admin.degradations
 
     def health(self) -> dict[str, Any]:
@@ -145,8 +150,9 @@ class Gateway:
             ledger = open_ledger(cfg.ledger)
         except (OSError, sqlite3.Error, RuntimeError) as exc:
             where = "ledger.url" if cfg.ledger.url else "ledger.path"
-            raise ConfigError([str(exc) if isinstance(exc, RuntimeError) else f"{where}: cannot open "
-                               f"{cfg.ledger.path or DEFAULT_PATH}: {exc}"]) from None
+            problem = str(exc) if isinstance(exc, RuntimeError) else (
+                f"{where}: cannot open {cfg.ledger.path or DEFAULT_PATH}: {exc}")
+            raise ConfigError([problem]) from None
         return cls(relay, ledger=ledger, access=access)
 
     # -- admission and drain --------------------------------------------------------------------
@@ -174,7 +180,8 @@ class Gateway:
         if scope["type"] != "http":
             return
         headers = dict(scope.get("headers") or [])
-        exchange = Exchange(send, scope["method"], scope["path"], request_id(headers), headers, receive,
+        exchange = Exchange(send, scope["method"], scope["path"], request_id(headers), headers,
+                            receive,
                             scope.get("query_string") or b"")
         extensions = scope.get("extensions")
         if extensions:
@@ -182,12 +189,14 @@ class Gateway:
             exchange.body_here = extensions.get("relayline.body_here")
         try:
             route = dispatch(self, exchange, scope, headers, receive)
-            del scope, headers  # (a frame's locals live as long as its request: a stream's whole life)
+            # (a frame's locals live as long as its request: a stream's whole life)
+            del scope, headers
             await route
         except Exception:
             # relayline's own bug: logged once with its stack; the client gets a JSON 500, never
             # an empty body (after the headers went out, the connection is all that is left)
-            log.exception("gateway_internal_error request_id=%s path=%s", exchange.request_id, exchange.path[:200])
+            log.exception("gateway_internal_error request_id=%s path=%s", exchange.request_id,
+                          exchange.path[:200])
             if exchange.status is None:
                 await respond(exchange, 500, exchange.dialect.http_error(
                     500, "internal error in the gateway (logged)", "internal_error"))
@@ -200,9 +209,9 @@ class Gateway:
     async def _give_back_memory(self) -> None:
         """Hand the C heap's free pages back to the OS after a large answer. A large stream's
         64 KiB frames are freed between long-lived small objects, so glibc cannot shrink its heap
-        from the top and RSS would stay at its peak for good (docs/behaviour.md, "Memory"); malloc_trim
-        releases every free page. It takes a few ms on a large heap: in a worker thread, one at a
-        time."""
+        from the top and RSS would stay at its peak for good (docs/behaviour.md, "Memory");
+        malloc_trim releases every free page. It walks the whole heap, so it runs in a worker
+        thread, one at a time."""
         trim = _malloc_trim()
         if trim is None or self._trimming:
             return

@@ -102,12 +102,14 @@ def _read_keys(env: Mapping[str, str], name: str | None, path: str) -> KeyRing:
     keys = [k.strip() for k in env.get(name, "").split(",") if k.strip()]
     if not keys:
         raise ConfigError([f"{path}: names {name}, which is unset or empty: the gateway would run "
-                           f"without authentication (set {name} to comma-separated keys, or remove {path})"])
+                           f"without authentication (set {name} to comma-separated keys, or remove "
+                           f"{path})"])
     protect(keys)  # a key a client echoes back into a path or header never reaches a log line
     return KeyRing.of(keys)
 
 
-def _named_keys(config: Config, env: Mapping[str, str]) -> tuple[tuple[tuple[bytes, Caller], ...], list[str]]:
+def _named_keys(config: Config,
+                env: Mapping[str, str]) -> tuple[tuple[tuple[bytes, Caller], ...], list[str]]:
     """The `[[gateway.keys]]` as (digest, caller), and the problems: an unset variable fails
     closed like `api_keys_env`; one key given twice would make its caller ambiguous."""
     named, problems = [], []
@@ -117,7 +119,8 @@ def _named_keys(config: Config, env: Mapping[str, str]) -> tuple[tuple[tuple[byt
         else:
             value = env.get(key.key_env or "", "").strip()
             if not value:
-                problems.append(f"gateway.keys[{i}].key_env: names {key.key_env}, which is unset or empty "
+                problems.append(f"gateway.keys[{i}].key_env: names {key.key_env}, which is unset "
+                                "or empty "
                                 f"(set it to the key named {key.name!r}, or remove that key)")
                 continue
             protect([value])
@@ -145,8 +148,11 @@ def load_access(config: Config, env: Mapping[str, str]) -> Access:
     named, named_problems = _named_keys(config, env)
     problems += named_problems
     flat = {digest for digest, _ in rings[0].digests}
-    problems += [f"gateway.keys: {who.name!r} is also a key of gateway.api_keys_env" for digest, who in named
-                 if digest in flat]
+    problems += [
+        f"gateway.keys: {who.name!r} is also a key of gateway.api_keys_env"
+        for digest, who in named
+        if digest in flat
+    ]
     if problems:
         raise ConfigError(problems)
     return Access(KeyRing(rings[0].digests + named), rings[1])
@@ -178,7 +184,8 @@ def bearer(headers: Mapping[bytes, bytes]) -> str | None:
     if given[:7].lower() == "bearer ":
         return given[7:].strip()
     try:
-        return base64.b64decode(given[6:].strip(), validate=True).decode("utf-8").partition(":")[2] or None
+        return base64.b64decode(given[6:].strip(),
+                                validate=True).decode("utf-8").partition(":")[2] or None
     except (ValueError, UnicodeDecodeError):
         return None
 
@@ -195,11 +202,17 @@ def is_loopback(client: tuple[str, int] | None) -> bool:
 def keyless(config: Config) -> bool:
     """A gateway that requires client keys (`auth = "keys"`, the default) but names none: it
     serves loopback clients only, so that it is never open by accident."""
-    return config.gateway.auth == "keys" and config.gateway.api_keys_env is None and not config.gateway.keys
+    return (
+        config.gateway.auth == "keys"
+        and config.gateway.api_keys_env is None
+        and not config.gateway.keys
+    )
 
 
-KEYLESS_NOTE = ("no client keys: the gateway answers on loopback addresses only (set [gateway] api_keys_env to a "
-                'variable of comma-separated keys, or name keys with [[gateway.keys]], or auth = "none" for a '
+KEYLESS_NOTE = ("no client keys: the gateway answers on loopback addresses only (set [gateway] "
+                "api_keys_env to a "
+                'variable of comma-separated keys, or name keys with [[gateway.keys]], or auth = '
+                '"none" for a '
                 "gateway open on purpose)")
 
 
@@ -210,8 +223,9 @@ def _loopback_host(host: str) -> bool:
     except (OSError, UnicodeError):
         return False
     try:
-        return bool(found) and all(ipaddress.ip_address(str(info[4][0]).partition("%")[0]).is_loopback
-                                   for info in found)
+        return bool(found) and all(
+            ipaddress.ip_address(str(info[4][0]).partition("%")[0]).is_loopback for info in found
+        )
     except ValueError:
         return False
 
@@ -221,7 +235,9 @@ def bind_refusal(config: Config, host: str) -> str | None:
     other clients can reach. None when it may."""
     if not keyless(config) or _loopback_host(host):
         return None
-    return (f"--host {host}: not a loopback address, and the gateway has no client keys; set [gateway] api_keys_env "
-            'to a variable of comma-separated keys or name keys with [[gateway.keys]] (or auth = "none" for a '
+    return (f"--host {host}: not a loopback address, and the gateway has no client keys; set "
+            "[gateway] api_keys_env "
+            'to a variable of comma-separated keys or name keys with [[gateway.keys]] (or auth = '
+            '"none" for a '
             "gateway open on purpose)")
 

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("relayline.gateway")
 access_log = logging.getLogger("relayline.access")
 
-QUIET_ERRORS = {"client_error", "context_window"}  # the client's own doing: the access line says enough
+# the client's own doing: the access line says enough
+QUIET_ERRORS = {"client_error", "context_window"}
 MAX_OUTCOMES = 4096  # per profile, for /admin/health's success rate: bounded between reads
 # a dropped field's name written as it is: printable ASCII but a space, '"', ',' and '\\'
 _PLAIN_FIELD = re.compile(r"[\x21\x23-\x2b\x2d-\x5b\x5d-\x7e]+").fullmatch
@@ -72,7 +73,8 @@ class Bookkeeping:
         for alias, state in states.items():
             before = self._breakers.get(alias, "closed")
             if state != before:
-                event(log, logging.WARNING, "breaker_transition", **{"profile": alias, "from": before, "to": state})
+                event(log, logging.WARNING, "breaker_transition",
+                      **{"profile": alias, "from": before, "to": state})
             self._breakers[alias] = state
 
     async def record(self, exchange: Exchange, turn_id: str, result: TurnResult) -> None:
@@ -87,10 +89,12 @@ class Bookkeeping:
                 await self.ledger.record(turn_id, result, client=exchange.client,
                                          key=who.name if who else "", team=who.team if who else "")
             except LedgerUnavailable as exc:  # an outage: its reason, not a trace per answer
-                log.error(lost + " error=ledger_timeout waited_s=%g", exchange.request_id, exchange.turn,
+                log.error(lost + " error=ledger_timeout waited_s=%g", exchange.request_id,
+                          exchange.turn,
                           len(result.ledger), result.cost_usd, exc.waited_s)
             except Exception:
-                log.exception(lost, exchange.request_id, exchange.turn, len(result.ledger), result.cost_usd)
+                log.exception(lost, exchange.request_id, exchange.turn, len(result.ledger),
+                              result.cost_usd)
 
     def after(self, exchange: Exchange) -> None:
         """What the client does not wait for, done once its answer's bytes are written (or it
@@ -102,7 +106,8 @@ class Bookkeeping:
             if turn is not None and ran_on is not None and result is not None:
                 self._observe_turn(exchange, turn, ran_on, result)
         except Exception:
-            log.exception("turn_bookkeeping_error request_id=%s turn=%s", exchange.request_id, exchange.turn)
+            log.exception("turn_bookkeeping_error request_id=%s turn=%s", exchange.request_id,
+                          exchange.turn)
         try:
             self._account(exchange)
         except Exception:
@@ -130,29 +135,40 @@ class Bookkeeping:
         self.host.tracing.turn(result, started=started, ended=now, request_id=exchange.request_id,
                                families=self.families)
         if result.fallback:
-            event(log, logging.WARNING, "fallback", request_id=exchange.request_id, requested=result.requested,
-                  served=result.served.label if result.served else None, attempts=len(result.attempts))
+            event(log, logging.WARNING, "fallback", request_id=exchange.request_id,
+                  requested=result.requested,
+                  served=result.served.label if result.served else None,
+                  attempts=len(result.attempts))
         if result.outcome in ("error", "interrupted") and result.error not in QUIET_ERRORS:
-            event(log, logging.WARNING, "turn_failed", request_id=exchange.request_id, outcome=result.outcome,
+            event(log, logging.WARNING, "turn_failed", request_id=exchange.request_id,
+                  outcome=result.outcome,
                   reason=result.error, requested=result.requested, attempts=len(result.attempts))
         health = relay.health
         self.note_breakers({alias: health.breaker(alias).refresh(now) for alias in tried})
 
     def _account(self, exchange: Exchange) -> None:
         """The access line and the request metrics, once the response ended (or the client left)."""
-        status = exchange.status if exchange.status is not None else 499  # the client went away first
+        # the client went away first
+        status = exchange.status if exchange.status is not None else 499
         self.metrics.request(exchange.path, status)
         result = exchange.result
         if result is not None and exchange.first_byte is not None and result.served is not None:
-            self.metrics.first_token(result.served.profile, result.served.model, exchange.first_byte - exchange.started)
+            self.metrics.first_token(result.served.profile, result.served.model,
+                                     exchange.first_byte - exchange.started)
         if not access_log.isEnabledFor(logging.INFO):
             return  # `--log-level warning`: the line is not built at all (nor its clock read)
         now = trio.current_time()
         fields = {
-            "method": exchange.method, "path": exchange.path[:200], "status": status,
+            "method": exchange.method,
+            "path": exchange.path[:200],
+            "status": status,
             "latency_ms": round((now - exchange.started) * 1000, 2),
-            "ttfb_ms": round((exchange.first_byte - exchange.started) * 1000, 2) if exchange.first_byte else None,
-            "request_id": exchange.request_id, "client": exchange.client or None, "turn": exchange.turn,
+            "ttfb_ms": round((exchange.first_byte - exchange.started) * 1000, 2)
+            if exchange.first_byte
+            else None,
+            "request_id": exchange.request_id,
+            "client": exchange.client or None,
+            "turn": exchange.turn,
         }
         if exchange.query:  # (a client's own parameters, such as Claude Code's ?beta=true)
             fields["query"] = exchange.query[:200].decode("latin-1")
@@ -163,7 +179,8 @@ class Bookkeeping:
                 requested=result.requested, served=result.served.label if result.served else None,
                 outcome=result.outcome, attempts=len(result.attempts),
                 input_tokens=sum(r.input_tokens for r in result.ledger),
-                output_tokens=sum(r.output_tokens for r in result.ledger), cost_usd=round(result.cost_usd, 8))
+                output_tokens=sum(r.output_tokens for r in result.ledger),
+                cost_usd=round(result.cost_usd, 8))
             if result.partial_from is not None:  # nothing accepted: whose output the client saw
                 fields["partial_from"] = result.partial_from.label
         access_log.info("access", extra={"fields": fields})
@@ -207,5 +224,8 @@ def dropped_header(request: wire.Request | None,
         dropped += request.withdrawn  # built-in tools a translating entry did not offer the model
     if not dropped:
         return []
-    names = [name if _PLAIN_FIELD(name) else json.dumps(name).replace("\x7f", "\\u007f") for name in dropped]
+    names = [
+        name if _PLAIN_FIELD(name) else json.dumps(name).replace("\x7f", "\\u007f")
+        for name in dropped
+    ]
     return [(b"x-relayline-dropped", ", ".join(names).encode())]

@@ -84,15 +84,20 @@ class ChatPath:
             if request.stream and (stream.started or result.outcome == "ok"):
                 await stream.finish(result, relayline_field(result))
             elif result.outcome != "ok":
-                # a stream that sent nothing: a failure before commit still gets a real status and body
+                # a stream that sent nothing: a failure before commit still gets a real status and
+                # body
                 await _error_response(exchange, dialect, result)
             else:
-                await respond_json(exchange, 200, dialect.completion(turn_id, result, relayline_field(result),
-                                                                     request),
-                                   headers=attribution(result) + dropped_header(request, result.served))
+                await respond_json(
+                    exchange,
+                    200,
+                    dialect.completion(turn_id, result, relayline_field(result), request),
+                    headers=attribution(result) + dropped_header(request, result.served),
+                )
         finally:
             if exchange.admission is not None:
-                with trio.CancelScope(shield=True):  # what the turn billed counts, whoever went away
+                # what the turn billed counts, whoever went away
+                with trio.CancelScope(shield=True):
                     await self.limiter.settle(exchange.admission, exchange.result)
             turns.leave()
 
@@ -109,7 +114,9 @@ class ChatPath:
             if decision is not None:
                 self.metrics.key_decision(who.name, "admitted")
             return True
-        self.metrics.key_decision(who.name, "budget_exceeded" if decision.limit == "budget" else "rate_limited")
+        self.metrics.key_decision(
+            who.name, "budget_exceeded" if decision.limit == "budget" else "rate_limited"
+        )
         await _refuse(exchange, dialect, decision)
         return False
 
@@ -125,7 +132,8 @@ class ChatPath:
         allowed = ", ".join(sorted(who.models))
         self.metrics.key_decision(who.name, "forbidden")
         await respond(exchange, 403, dialect.http_error(
-            403, f"the key {who.name!r} may not use model {model[:200]!r} (it may use: {allowed})", "model_not_allowed"))
+            403, f"the key {who.name!r} may not use model {model[:200]!r} (it may use: {allowed})",
+            "model_not_allowed"))
         return False
 
     async def _run_turn(self, exchange: Exchange, turn_id: str, receive: Receive,
@@ -179,7 +187,8 @@ class ChatPath:
                         stream.ending()
         finally:
             turns.forget(owner)
-            if turns.off(relay) and relay is not self.now.relay:  # retired by a reload: its last turn ended
+            # retired by a reload: its last turn ended
+            if turns.off(relay) and relay is not self.now.relay:
                 with trio.CancelScope(shield=True):
                     await relay.aclose()
             # whatever raised (relayline's own bug), a turn that has a result is accounted: its
@@ -233,7 +242,8 @@ async def _error_response(send: Send, dialect: Dialect, result: TurnResult) -> N
 def _shut_down(result: TurnResult) -> TurnResult:
     """A turn the drain cancelled: said as such to its client, never as a client disconnect."""
     return attrs.evolve(result, outcome=Outcome.ERROR, error=ErrorReason.SHUTDOWN,
-                        message="the gateway is shutting down: this turn was cancelled before it finished")
+                        message="the gateway is shutting down: this turn was cancelled before it "
+                                "finished")
 
 
 def _unavailable(dialect: Dialect, message: str) -> tuple[int, bytes]:

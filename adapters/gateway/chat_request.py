@@ -73,9 +73,16 @@ async def read_body(settings: GatewaySettings, receive: Receive, send: Exchange,
             if not message.get("more_body"):
                 send.unread_body = False
                 return bytes(body)
-    await respond(send, 408, dialect.http_error(
-        408, f"the request body did not arrive within {settings.body_timeout_s:g} s", "request_timeout"),
-        headers=[(b"connection", b"close")])
+    await respond(
+        send,
+        408,
+        dialect.http_error(
+            408,
+            f"the request body did not arrive within {settings.body_timeout_s:g} s",
+            "request_timeout",
+        ),
+        headers=[(b"connection", b"close")],
+    )
     return None
 
 
@@ -109,19 +116,26 @@ async def read_request(now: Reading, dialect: Dialect, scope: Scope, receive: Re
         await respond(send, *dialect.bad_request(error))
         return None
     except RecursionError:
-        await respond(send, *dialect.bad_request(wire.WireError("", "the body is nested too deeply")))
+        await respond(send,
+                      *dialect.bad_request(wire.WireError("", "the body is nested too deeply")))
         return None
     if not encodable:
         await respond(send, *dialect.bad_request(wire.WireError(
-            "", "the body contains a lone UTF-16 surrogate escape (such as \\ud800), which cannot be sent as UTF-8")))
+            "",
+            "the body contains a lone UTF-16 surrogate escape (such as \\ud800), which cannot be "
+            "sent as UTF-8")))
         return None
     if request.model is None:
         await respond(send, *dialect.bad_request(wire.WireError(
             "model", "is required: name one of the models GET /v1/models lists")))
         return None
-    if now.settings.unknown_models == "reject" and not model_offered(now.relay.router, request.model):
+    if now.settings.unknown_models == "reject" and not model_offered(
+        now.relay.router, request.model
+    ):
         await respond(send, 404, dialect.http_error(
-            404, f"the model {request.model!r} does not exist here: GET /v1/models lists the models on offer",
+            404,
+            f"the model {request.model!r} does not exist here: GET /v1/models lists the models on "
+            "offer",
             "model_not_found"))
         return None
     return request

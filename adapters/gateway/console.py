@@ -60,7 +60,8 @@ RECENT_TURNS = 200  # kept in memory, newest last; the page shows them all, filt
 ATTEMPTS_KEPT = 2048  # per profile, for success rate and latency: the window's most recent ones
 SSE_TICK_S = 1.0  # how often a stream re-reads state that changes with time alone (time left)
 SSE_KEEPALIVE_S = 15.0
-COST_EVERY_S = 5.0  # the ledger is re-read for a stream at most this often, and only after new turns
+# the ledger is re-read for a stream at most this often, and only after new turns
+COST_EVERY_S = 5.0
 MAX_STREAMS = 16  # concurrent console event streams; more is a misbehaving client
 COST_WINDOWS = (("1h", 3600.0), ("24h", 86400.0), ("7d", 7 * 86400.0))
 MERMAID = "mermaid-11.17.2.min.js"
@@ -118,7 +119,8 @@ def _latency_ms(attempt: AttemptRecord, ended: float) -> float | None:
     return round((end - attempt.at) * 1000, 1) if end >= attempt.at else None
 
 
-def turn_view(seq: int, turn_id: str, result: TurnResult, latency_s: float, ended: float, wall: float) -> TurnView:
+def turn_view(seq: int, turn_id: str, result: TurnResult | _Ended, latency_s: float, ended: float,
+              wall: float) -> TurnView:
     """Pair each attempt with its ledger row. Rows are appended together with the attempt they
     bill, in the same order, so the next unmatched row of the same profile, model, outcome and
     mode is that attempt's."""
@@ -136,27 +138,37 @@ def turn_view(seq: int, turn_id: str, result: TurnResult, latency_s: float, ende
             row.cost_usd if row else 0.0, row is not None))
     return TurnView(
         seq=seq, turn=turn_id, at=round(wall, 3), requested=result.requested,
-        served=result.served.label if result.served else None, outcome=result.outcome, error=result.error,
+        served=result.served.label if result.served else None, outcome=result.outcome,
+        error=result.error,
         fallback=result.fallback, latency_ms=round(latency_s * 1000, 1), cost_usd=result.cost_usd,
-        attempts=tuple(attempts), skipped=tuple((s.profile, s.model, s.reason) for s in result.skipped))
+        attempts=tuple(attempts),
+        skipped=tuple((s.profile, s.model, s.reason) for s in result.skipped))
 
 
 class _Ended:
     """A finished turn as the console keeps it until it is shown: what its view reads of the
     result, never the result itself (its text may be large, and it is not the console's)."""
 
-    __slots__ = ("seq", "turn", "latency_s", "ended", "wall", "requested", "served", "outcome", "error", "fallback",
+    __slots__ = ("seq", "turn", "latency_s", "ended", "wall", "requested", "served", "outcome",
+                 "error", "fallback",
                  "attempts", "ledger", "skipped", "cost_usd")
 
-    def __init__(self, seq: int, turn: str, result: TurnResult, latency_s: float, ended: float, wall: float) -> None:
-        self.seq, self.turn, self.latency_s, self.ended, self.wall = seq, turn, latency_s, ended, wall
+    def __init__(self, seq: int, turn: str, result: TurnResult, latency_s: float, ended: float,
+                 wall: float) -> None:
+        self.seq, self.turn, self.latency_s, self.ended, self.wall = (
+            seq,
+            turn,
+            latency_s,
+            ended,
+            wall,
+        )
         self.requested, self.served, self.outcome = result.requested, result.served, result.outcome
         self.error, self.fallback = result.error, result.fallback
         self.attempts, self.ledger, self.skipped = result.attempts, result.ledger, result.skipped
         self.cost_usd = result.cost_usd
 
     def view(self) -> TurnView:
-        return turn_view(self.seq, self.turn, self, self.latency_s, self.ended, self.wall)  # type: ignore[arg-type]
+        return turn_view(self.seq, self.turn, self, self.latency_s, self.ended, self.wall)
 
 
 def edge_counts(spec: Spec) -> list[dict[str, Any]]:
@@ -184,7 +196,11 @@ def lifecycle_mermaid(spec: Spec, edges: list[dict[str, Any]]) -> str:
         if "terminal" in state.tags:
             lines.append(f"  {name} --> [*]")
     # what entering a state does, as `relayline diagram` draws it
-    lines += [f"  {name} : entry / {', '.join(state.enter)}" for name, state in spec.states.items() if state.enter]
+    lines += [
+        f"  {name} : entry / {', '.join(state.enter)}"
+        for name, state in spec.states.items()
+        if state.enter
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -221,7 +237,8 @@ class Console:
 
     # -- what the gateway tells it ----------------------------------------------------------
 
-    def observe(self, turn_id: str, result: TurnResult, latency_s: float, ended: float | None = None) -> None:
+    def observe(self, turn_id: str, result: TurnResult, latency_s: float,
+                ended: float | None = None) -> None:
         """A turn finished (called by the gateway after each turn, once its answer is written), at
         `ended` on trio's clock (None: now). Its view is built when the console first reads it,
         not here: most turns of a busy gateway are never looked at, and a view costs more than
@@ -243,7 +260,8 @@ class Console:
         """The recent turns' views, newest last (those not read before are built now)."""
         recent = self._recent
         i = len(recent) - 1
-        while i >= 0 and type(recent[i]) is _Ended:  # (built in order: the unread ones are the newest)
+        # (built in order: the unread ones are the newest)
+        while i >= 0 and type(recent[i]) is _Ended:
             i -= 1
         for j in range(i + 1, len(recent)):
             recent[j] = recent[j].view()  # type: ignore[union-attr]
@@ -265,10 +283,17 @@ class Console:
         out = []
         for kind, name, plan in plans:
             allowlist = plan.allowlist
-            if routing is not None and allowlist is None and name in (routing.local_hint, routing.cloud_hint):
-                # what an effort-routed turn to this route may use (an explicit hint is unrestricted)
+            if (
+                routing is not None
+                and allowlist is None
+                and name in (routing.local_hint, routing.cloud_hint)
+            ):
+                # what an effort-routed turn to this route may use (an explicit hint is
+                # unrestricted)
                 localities = ("local",) if name == routing.local_hint else ("local", "cloud")
-                allowlist = frozenset(a for a, p in config.providers.items() if p.locality in localities)
+                allowlist = frozenset(
+                    a for a, p in config.providers.items() if p.locality in localities
+                )
             entries = []
             for e in plan.entries:
                 skip = None
@@ -280,7 +305,8 @@ class Console:
                     skip = "breaker"
                 entries.append({"profile": e.profile, "model": e.model, "pinned": e.pinned,
                                 "price": attrs.asdict(e.price), "skip": skip})
-            out.append({"kind": kind, "name": name, "domain": plan.domain, "requested": plan.requested,
+            out.append({"kind": kind, "name": name, "domain": plan.domain,
+                        "requested": plan.requested,
                         "allowlist": sorted(allowlist) if allowlist is not None else None,
                         "entries": entries, "warnings": list(plan.warnings)})
         return out
@@ -297,20 +323,24 @@ class Console:
                 seen.popleft()
             latencies = [ms for _, _, ms in seen if ms is not None]
             pool = len(self.relay.router.keys.get(alias, ()))
-            profiles.append({
-                "profile": alias,
-                "breaker": state,
-                "breaker_left_s": _left(breaker.open_until, now) if state == "open" else 0.0,
-                "failures": len(breaker.failures),
-                "threshold": config.breaker.failure_threshold,
-                "cooldown_left_s": _left(self.relay.health.cooldown_until(alias), now),
-                "attempts": len(seen),
-                "success_rate": round(sum(ok for _, ok, _ in seen) / len(seen), 4) if seen else None,
-                "latency_p50_ms": _percentile(latencies, 0.5),
-                "latency_p95_ms": _percentile(latencies, 0.95),
-                "key_cursor": self.relay.health.key_cursor(alias) if pool > 1 else None,
-                "key_pool": pool,
-            })
+            profiles.append(
+                {
+                    "profile": alias,
+                    "breaker": state,
+                    "breaker_left_s": _left(breaker.open_until, now) if state == "open" else 0.0,
+                    "failures": len(breaker.failures),
+                    "threshold": config.breaker.failure_threshold,
+                    "cooldown_left_s": _left(self.relay.health.cooldown_until(alias), now),
+                    "attempts": len(seen),
+                    "success_rate": round(sum(ok for _, ok, _ in seen) / len(seen), 4)
+                    if seen
+                    else None,
+                    "latency_p50_ms": _percentile(latencies, 0.5),
+                    "latency_p95_ms": _percentile(latencies, 0.95),
+                    "key_cursor": self.relay.health.key_cursor(alias) if pool > 1 else None,
+                    "key_pool": pool,
+                }
+            )
         return {"window_s": window, "store": self.store(), "profiles": profiles}
 
     def store(self) -> dict[str, Any]:
@@ -334,7 +364,8 @@ class Console:
         for name in SPEC_NAMES:
             spec = load_spec(name)
             edges = edge_counts(spec)
-            out.append({"name": name, "doc": spec.doc, "edges": edges, "mermaid": lifecycle_mermaid(spec, edges),
+            out.append({"name": name, "doc": spec.doc, "edges": edges,
+                        "mermaid": lifecycle_mermaid(spec, edges),
                         "fired": sum(e["count"] for e in edges)})
         return out
 
@@ -357,9 +388,11 @@ class Console:
     async def snapshot(self) -> dict[str, Any]:
         cost = await self.cost()
         now = trio.current_time()
-        return {"routes": self.routes(now), "health": self.health(now), "lifecycles": self.lifecycles(),
+        return {"routes": self.routes(now), "health": self.health(now),
+                "lifecycles": self.lifecycles(),
                 "limits": self.limits(),
-                "turns": [t.as_json() for t in self.turns], "cost": cost, "recent_limit": RECENT_TURNS}
+                "turns": [t.as_json() for t in self.turns], "cost": cost,
+                "recent_limit": RECENT_TURNS}
 
     # -- HTTP -------------------------------------------------------------------------------
 
@@ -367,7 +400,9 @@ class Console:
         try:
             return self._static[name]
         except KeyError:
-            data = resources.files("relayline.adapters.gateway").joinpath("static", name).read_bytes()
+            data = (
+                resources.files("relayline.adapters.gateway").joinpath("static", name).read_bytes()
+            )
             self._static[name] = data
             return data
 
@@ -379,7 +414,8 @@ class Console:
                         "application/json", [(b"allow", b"GET")])
         elif path == "/admin/":
             await _send(send, 200, self._asset("console.html"), "text/html; charset=utf-8",
-                        [(b"content-security-policy", CSP.encode()), (b"cache-control", b"no-cache")])
+                        [(b"content-security-policy", CSP.encode()),
+                         (b"cache-control", b"no-cache")])
         elif path == "/admin/console/state":
             await _send(send, 200, json.dumps(await self.snapshot()).encode(), "application/json",
                         [(b"cache-control", b"no-store")])
@@ -396,21 +432,25 @@ class Console:
             cache = b"public, max-age=31536000, immutable" if name == MERMAID else b"no-cache"
             await _send(send, 200, self._asset(name), STATIC[name], [(b"cache-control", cache)])
         else:
-            await _send(send, 404, json.dumps({"error": {"message": f"no console page at {path}"}}).encode(),
+            await _send(send, 404,
+                        json.dumps({"error": {"message": f"no console page at {path}"}}).encode(),
                         "application/json")
 
     async def _events(self, receive: Receive, send: Send) -> None:
         if self.gateway.draining:
-            await _send(send, 503, b'{"error": {"message": "the gateway is shutting down"}}', "application/json")
+            await _send(send, 503, b'{"error": {"message": "the gateway is shutting down"}}',
+                        "application/json")
             return
         if self._streams >= MAX_STREAMS:
-            await _send(send, 503, b'{"error": {"message": "too many open console streams"}}', "application/json",
+            await _send(send, 503, b'{"error": {"message": "too many open console streams"}}',
+                        "application/json",
                         [(b"retry-after", b"5")])
             return
         self._streams += 1
         try:
             await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-store")]})
+                        "headers": [(b"content-type", b"text/event-stream"),
+                                    (b"cache-control", b"no-store")]})
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
                 await self._push(send)
@@ -441,7 +481,8 @@ class Console:
                     frames.append(f"event: {event}\ndata: {data}\n\n")
             for view in self.turns:
                 if view.seq > last_seq:
-                    frames.append(f"event: turn\ndata: {json.dumps(view.as_json(), separators=(',', ':'))}\n\n")
+                    frames.append("event: turn\ndata: "
+                                  f"{json.dumps(view.as_json(), separators=(',', ':'))}\n\n")
             if self.turns:
                 last_seq = self.turns[-1].seq
             if last_seq != cost_seq and now - cost_at >= COST_EVERY_S:
@@ -452,7 +493,8 @@ class Console:
                 frames.append(": keep-alive\n\n")
             if frames:
                 quiet_since = now
-                await send({"type": "http.response.body", "body": "".join(frames).encode(), "more_body": True})
+                await send({"type": "http.response.body", "body": "".join(frames).encode(),
+                            "more_body": True})
             changed = self._changed
             with trio.move_on_after(SSE_TICK_S):
                 await changed.wait()
@@ -467,6 +509,7 @@ async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
 async def _send(send: Send, status: int, body: bytes, content_type: str,
                 headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type.encode()), (b"x-content-type-options", b"nosniff"),
+                "headers": [(b"content-type", content_type.encode()),
+                            (b"x-content-type-options", b"nosniff"),
                             *headers]})
     await send({"type": "http.response.body", "body": body})

@@ -35,7 +35,8 @@ class Exchange:
     DRAIN_BYTES = 64 * 1024
     DRAIN_S = 0.5
 
-    __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status", "first_byte", "result", "client",
+    __slots__ = ("send", "dialect", "method", "path", "request_id", "started", "status",
+                 "first_byte", "result", "client",
                  "drained", "turn", "unread_body", "receive", "sent", "declared_length", "hangup",
                  "body_here", "relay", "turn_started", "turn_ended", "query", "caller", "admission")
 
@@ -44,13 +45,15 @@ class Exchange:
                  query: bytes = b"") -> None:
         self.send = send
         self.query = query  # the URL's query, shown in the access line
-        length = headers.get(b"content-length", b"0").partition(b",")[0].strip()  # the server checked its shape
+        # the server checked its shape
+        length = headers.get(b"content-length", b"0").partition(b",")[0].strip()
         self.declared_length = int(length) if length.isdigit() else 0
         self.unread_body = self.declared_length > 0 or b"transfer-encoding" in headers
         # a client waiting for 100-continue has sent no body: an early answer reads none of it
         self.receive = None if headers.get(b"expect", b"").lower() == b"100-continue" else receive
         # every answer on the Anthropic route speaks Anthropic, errors included (docs/wire.md)
-        # and GET /v1/models answers an Anthropic client (it sends anthropic-version) in Anthropic's list shape
+        # and GET /v1/models answers an Anthropic client (it sends anthropic-version) in Anthropic's
+        # list shape
         self.dialect = ANTHROPIC if path.startswith("/v1/messages") or (
             path == "/v1/models" and b"anthropic-version" in headers) else OPENAI
         self.method = method
@@ -67,7 +70,8 @@ class Exchange:
         self.turn_started = self.turn_ended = 0.0
         self.client = ""
         self.caller: Caller | None = None  # who the client key says the caller is
-        self.admission: Admitted | None = None  # the turn's admission against its key's and team's limits (limits.py)
+        # the turn's admission against its key's and team's limits (limits.py)
+        self.admission: Admitted | None = None
         self.drained = False
         self.turn: str | None = None
         # the server's call-back when the client hangs up (http11/), where it offers one

@@ -47,7 +47,8 @@ class TurnsInFlight:
             self._idle.set()
 
     def admit(self, owner: Canceller) -> None:
-        """A turn's canceller joins those a drain cancels (at once, when the drain ran out of time)."""
+        """A turn's canceller joins those a drain cancels (at once, when the drain ran out of
+        time)."""
         self.cancellers.add(owner)
         if self._cut:
             self._cancelled_by_drain.add(owner)

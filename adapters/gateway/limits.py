@@ -2,11 +2,11 @@
 sent upstream, and its settlement when the turn ends.
 
 Every chat-like request of a named key passes `Limiter.admit` once (gateway/chat.py,
-`ChatPath.serve`). The counting is a store's (stores/limits.py): the fleet's Redis when `[health] store` names one,
-else this process's memory. A budget's spend is seeded once per period from the ledger (the
-turns before this process started, or billed by other workers before the store knew the key).
-When the shared store does not answer, `[gateway] limits_on_store_error` decides: "local" counts
-in this process against its share of each limit (limit / workers), "closed" refuses, "open"
+`ChatPath.serve`). The counting is a store's (stores/limits.py): the fleet's Redis when `[health]
+store` names one, else this process's memory. A budget's spend is seeded once per period from the
+ledger (the turns before this process started, or billed by other workers before the store knew the
+key). When the shared store does not answer, `[gateway] limits_on_store_error` decides: "local"
+counts in this process against its share of each limit (limit / workers), "closed" refuses, "open"
 admits; the outage and its end are logged once each.
 """
 
@@ -66,9 +66,17 @@ class Admitted:
             bound = [s for s in self.standings if getattr(s, left) is not None]
             if bound:
                 tight = min(bound, key=partial(_standing_left, left))
-                out += [(f"x-ratelimit-limit-{kind}".encode(), str(getattr(tight.limits, limit)).encode()),
-                        (f"x-ratelimit-remaining-{kind}".encode(), str(getattr(tight, left)).encode()),
-                        (f"x-ratelimit-reset-{kind}".encode(), reset_text(getattr(tight, reset)).encode())]
+                out += [
+                    (
+                        f"x-ratelimit-limit-{kind}".encode(),
+                        str(getattr(tight.limits, limit)).encode(),
+                    ),
+                    (f"x-ratelimit-remaining-{kind}".encode(), str(getattr(tight, left)).encode()),
+                    (
+                        f"x-ratelimit-reset-{kind}".encode(),
+                        reset_text(getattr(tight, reset)).encode(),
+                    ),
+                ]
         budgets = [s.budget_left for s in self.standings if s.budget_left is not None]
         if budgets:
             out.append((b"x-relayline-budget-remaining-usd", f"{min(budgets):.6f}".encode()))
@@ -134,7 +142,8 @@ class Limiter:
     def where(self) -> str:
         return self.shared.where if self.shared is not None else "memory"
 
-    async def admit(self, config: Config, key_name: str, request: Request) -> Admitted | Refusal | None:
+    async def admit(self, config: Config, key_name: str,
+                    request: Request) -> Admitted | Refusal | None:
         """None: the key has no limits. Else the request is admitted (and counted) or refused."""
         scopes = scopes_of(config.gateway, key_name)
         if not scopes:
@@ -146,9 +155,12 @@ class Limiter:
             return await self._admit_locally(scopes, estimate)
         if not self._resting():
             try:
-                return self._noted(await self._admit_in(self.shared, scopes, estimate, 1.0), self.shared)
+                return self._noted(await self._admit_in(self.shared, scopes, estimate, 1.0),
+                                   self.shared)
             except Exception as exc:  # the store's loss, whatever its client raised
-                self._store_lost(exc, f"admitting (limits_on_store_error = {config.gateway.limits_on_store_error})")
+                self._store_lost(exc,
+                                 "admitting (limits_on_store_error = "
+                                 f"{config.gateway.limits_on_store_error})")
         mode = config.gateway.limits_on_store_error
         if mode == "open":
             return self._open()
@@ -156,10 +168,12 @@ class Limiter:
             return self._noted((self._closed(), None, []), None)
         return await self._admit_locally(scopes, estimate)
 
-    async def _admit_locally(self, scopes: tuple[ScopeLimits, ...], estimate: int) -> Admitted | Refusal:
+    async def _admit_locally(self, scopes: tuple[ScopeLimits, ...],
+                             estimate: int) -> Admitted | Refusal:
         """This process alone, against its share of each limit (a fleet of `workers`)."""
         local = tuple(scope.share(self.workers) for scope in scopes)
-        return self._noted(await self._admit_in(self.local, local, estimate, 1.0 / self.workers), self.local)
+        return self._noted(await self._admit_in(self.local, local, estimate, 1.0 / self.workers),
+                           self.local)
 
     def _open(self) -> Admitted | Refusal:
         """Admitted without counting: the shared store is down and limits_on_store_error = open."""
@@ -171,7 +185,8 @@ class Limiter:
         return self.down_since is not None and trio.current_time() < self._retry_at
 
     def _closed(self) -> Refusal:
-        return Refusal("store", None, 1.0, f"the limits store at {self.where} does not answer and this gateway "
+        return Refusal("store", None, 1.0,
+                       f"the limits store at {self.where} does not answer and this gateway "
                        "refuses limited keys meanwhile (limits_on_store_error = closed)")
 
     async def _admit_in(self, store: LimitsStore, scopes: tuple[ScopeLimits, ...], estimate: int,
@@ -195,7 +210,8 @@ class Limiter:
         for standing in standings:
             self.standings[standing.limits.id] = standing
             budget = self._budgets.get(standing.limits.id)
-            if budget is None or budget.spend_usd != standing.spend_usd:  # (moved by another worker, or new)
+            # (moved by another worker, or new)
+            if budget is None or budget.spend_usd != standing.spend_usd:
                 self._note_budget(standing.limits, standing.spend_usd)
         return Admitted(ticket, store, tuple(standings), admission)
 
@@ -208,22 +224,29 @@ class Limiter:
         with trio.move_on_after(LEDGER_WAIT_S):
             return await trio.to_thread.run_sync(ledger.spend, scope.scope, scope.name, since,
                                                  abandon_on_cancel=True)
-        log.warning("budget_seed_unavailable scope=%s waited_s=%g counting_from=0", scope.id, LEDGER_WAIT_S)
+        log.warning("budget_seed_unavailable scope=%s waited_s=%g counting_from=0", scope.id,
+                    LEDGER_WAIT_S)
         return 0.0
 
     def _store_lost(self, exc: BaseException, doing: str) -> None:
-        """The shared store did not answer: said once per outage (its end is said in `_admit_in`)."""
+        """The shared store did not answer: said once per outage (its end is said in
+        `_admit_in`)."""
         self._retry_at = trio.current_time() + RETRY_S
         if self.down_since is None:
             self.down_since = trio.current_time()
-            log.warning("limits_store_unreachable store=%s error=%s while=%r", self.where, type(exc).__name__, doing)
+            log.warning("limits_store_unreachable store=%s error=%s while=%r", self.where,
+                        type(exc).__name__, doing)
 
     async def settle(self, admitted: Admitted, result: TurnResult | None) -> None:
         """The turn's billed tokens and cost replace its estimate (nothing billed: 0)."""
         admitted.admission.settle()
         if admitted.ticket is None or admitted.store is None:
             return
-        tokens = sum(r.input_tokens + r.output_tokens for r in result.ledger) if result is not None else 0
+        tokens = (
+            sum(r.input_tokens + r.output_tokens for r in result.ledger)
+            if result is not None
+            else 0
+        )
         cost = result.cost_usd if result is not None else 0.0
         try:
             await admitted.store.settle(admitted.ticket, tokens, cost)
@@ -233,7 +256,9 @@ class Limiter:
         for scope in admitted.ticket.scopes:
             known = self.standings.get(scope.id)
             if known is not None and known.limits.budget_usd is not None:
-                known = self.standings[scope.id] = attrs.evolve(known, spend_usd=known.spend_usd + cost)
+                known = self.standings[scope.id] = attrs.evolve(
+                    known, spend_usd=known.spend_usd + cost
+                )
                 self._note_budget(scope, known.spend_usd)
 
     def view(self, config: Config) -> list[dict[str, Any]]:
@@ -241,20 +266,31 @@ class Limiter:
         them (None: not seen since this process started), for the console and the metrics."""
         out: list[dict[str, Any]] = []
         named: list[tuple[str, GatewayKey | GatewayTeam]] = [
-            *(("key", k) for k in config.gateway.keys), *(("team", t) for t in config.gateway.teams)]
+            *(("key", k) for k in config.gateway.keys),
+            *(("team", t) for t in config.gateway.teams)]
         for scope, item in named:
             limits = limits_of(scope, item)
             if not limits.limited:
                 continue
             seen = self.standings.get(limits.id)
-            out.append({"scope": scope, "name": item.name, "team": getattr(item, "team", None),
-                        "rpm": limits.rpm, "tpm": limits.tpm, "budget_usd": limits.budget_usd,
-                        "budget_period": limits.budget_period,
-                        "requests_left": seen.requests_left if seen else None,
-                        "tokens_left": seen.tokens_left if seen else None,
-                        "spend_usd": seen.spend_usd if seen else None,
-                        "budget_left_usd": seen.budget_left if seen else None,
-                        "budget_state": budget.state if (budget := self._budgets.get(limits.id)) else "open"})
+            out.append(
+                {
+                    "scope": scope,
+                    "name": item.name,
+                    "team": getattr(item, "team", None),
+                    "rpm": limits.rpm,
+                    "tpm": limits.tpm,
+                    "budget_usd": limits.budget_usd,
+                    "budget_period": limits.budget_period,
+                    "requests_left": seen.requests_left if seen else None,
+                    "tokens_left": seen.tokens_left if seen else None,
+                    "spend_usd": seen.spend_usd if seen else None,
+                    "budget_left_usd": seen.budget_left if seen else None,
+                    "budget_state": budget.state
+                    if (budget := self._budgets.get(limits.id))
+                    else "open",
+                }
+            )
         return out
 
     def _note_budget(self, scope: ScopeLimits, spend: float) -> None:
@@ -263,10 +299,12 @@ class Limiter:
             return
         budget = self._budgets.get(scope.id)
         wall = time.time()
-        if budget is None or budget.limits != scope:  # (a reload changed the budget: it starts afresh)
+        # (a reload changed the budget: it starts afresh)
+        if budget is None or budget.limits != scope:
             budget = self._budgets[scope.id] = Budget(scope, wall)
         before = budget.state
         state = budget.observe(spend, wall)
         if state != before:
-            log.warning("budget_state scope=%s from=%s to=%s spend_usd=%.6f budget_usd=%g", scope.id, before, state,
+            log.warning("budget_state scope=%s from=%s to=%s spend_usd=%.6f budget_usd=%g",
+                        scope.id, before, state,
                         spend, scope.budget_usd)

@@ -17,9 +17,11 @@ from collections import deque
 
 import trio
 
-MAX_BATCH = 64  # per wakeup: bounds the pass, and leaves the rest of a burst to sibling workers (--workers)
+# per wakeup: bounds the pass, and leaves the rest of a burst to sibling workers (--workers)
+MAX_BATCH = 64
 # the peer gave up between SYN and accept, or the like: that connection is gone, the next one is not
-GONE = {errno.ECONNABORTED, errno.EPERM, errno.EPROTO, errno.ENETDOWN, errno.ENOPROTOOPT, errno.EHOSTDOWN,
+GONE = {errno.ECONNABORTED, errno.EPERM, errno.EPROTO, errno.ENETDOWN, errno.ENOPROTOOPT,
+        errno.EHOSTDOWN,
         errno.ENONET, errno.EHOSTUNREACH, errno.EOPNOTSUPP, errno.ENETUNREACH}
 
 

@@ -73,7 +73,8 @@ class _Histogram:
 
     __slots__ = ("name", "doc", "labels", "bounds", "values")
 
-    def __init__(self, name: str, doc: str, labels: tuple[str, ...], bounds: tuple[float, ...]) -> None:
+    def __init__(self, name: str, doc: str, labels: tuple[str, ...],
+                 bounds: tuple[float, ...]) -> None:
         self.name, self.doc, self.labels, self.bounds = name, doc, labels, bounds
         self.values: dict[tuple[str, ...], list[float]] = {}  # [per bucket..., +Inf, sum]
 
@@ -88,7 +89,8 @@ class _Histogram:
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
         for values, counts in self.values.items():
             buckets, total = [], 0.0
-            for bound, count in zip((*(floatToGoString(b) for b in self.bounds), "+Inf"), counts, strict=False):
+            for bound, count in zip((*(floatToGoString(b) for b in self.bounds), "+Inf"), counts,
+                                    strict=False):
                 total += count
                 buckets.append((bound, total))
             family.add_metric(values, buckets, counts[-1])
@@ -103,28 +105,38 @@ class Metrics:
         self.routes = routes
         self.registry = CollectorRegistry(auto_describe=True)
         self._live = live
-        self.requests = _Counter("relayline_http_requests", "HTTP requests answered, by route and status.",
+        self.requests = _Counter("relayline_http_requests",
+                                 "HTTP requests answered, by route and status.",
                                  ("route", "status"))
         self.turns = _Counter("relayline_turns", "Turns by outcome.", ("outcome",))
-        self.attempts = _Counter("relayline_attempts", "Provider attempts by profile, model and outcome.",
+        self.attempts = _Counter("relayline_attempts",
+                                 "Provider attempts by profile, model and outcome.",
                                  ("provider", "model", "outcome"))
         self.fallbacks = _Counter("relayline_fallbacks", "Turns answered by a fallback entry.")
-        self.tokens = _Counter("relayline_tokens", "Billed tokens by profile, model and direction (input, output).",
+        self.tokens = _Counter("relayline_tokens",
+                               "Billed tokens by profile, model and direction (input, output).",
                                ("provider", "model", "direction"))
-        self.cost = _Counter("relayline_cost_usd", "Billed cost in USD by profile and model (the ledger's rows).",
+        self.cost = _Counter("relayline_cost_usd",
+                             "Billed cost in USD by profile and model (the ledger's rows).",
                              ("provider", "model"))
-        self.turn_seconds = _Histogram("relayline_turn_seconds", "Turn latency by the serving profile and model.",
+        self.turn_seconds = _Histogram("relayline_turn_seconds",
+                                       "Turn latency by the serving profile and model.",
                                        ("provider", "model"), LATENCY_BUCKETS)
         self.ttft = _Histogram("relayline_time_to_first_token_seconds",
-                               "From the request to the first byte of the answer, by the serving profile and model.",
+                               "From the request to the first byte of the answer, by the serving "
+                               "profile and model.",
                                ("provider", "model"), TTFT_BUCKETS)
         self.keys = named_keys(config)
-        self.key_requests = _Counter("relayline_key_requests", "Chat requests of a named key by the admission's "
-                                     "decision (admitted, rate_limited, budget_exceeded, forbidden).",
+        self.key_requests = _Counter("relayline_key_requests",
+                                     "Chat requests of a named key by the admission's "
+                                     "decision (admitted, rate_limited, budget_exceeded, "
+                                     "forbidden).",
                                      ("key", "team", "decision"))
-        self.key_tokens = _Counter("relayline_key_tokens", "Billed tokens (input and output) of a named key.",
+        self.key_tokens = _Counter("relayline_key_tokens",
+                                   "Billed tokens (input and output) of a named key.",
                                    ("key", "team"))
-        self.key_cost = _Counter("relayline_key_cost_usd", "Billed cost in USD of a named key (the ledger's rows).",
+        self.key_cost = _Counter("relayline_key_cost_usd",
+                                 "Billed cost in USD of a named key (the ledger's rows).",
                                  ("key", "team"))
         self.registry.register(_Families(self))
         self.registry.register(_LiveCollector(self))
@@ -149,7 +161,8 @@ class Metrics:
     def key_turn(self, name: str, result: TurnResult) -> None:
         labels = self._caller(name)
         if labels is not None:
-            self.key_tokens.inc(labels, sum(r.input_tokens + r.output_tokens for r in result.ledger))
+            self.key_tokens.inc(labels,
+                                sum(r.input_tokens + r.output_tokens for r in result.ledger))
             self.key_cost.inc(labels, result.cost_usd)
 
     def request(self, path: str, status: int) -> None:
@@ -170,8 +183,10 @@ class Metrics:
             self.tokens.inc((provider, model, "output"), row.output_tokens)
             self.cost.inc((provider, model), row.cost_usd)
         served = result.served
-        self.turn_seconds.observe(self._labels(served.profile if served else None, served.model if served else None),
-                                  seconds)
+        self.turn_seconds.observe(
+            self._labels(served.profile if served else None, served.model if served else None),
+            seconds,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -188,7 +203,8 @@ class _Families:
 
     def collect(self) -> Iterator[Metric]:
         m = self.metrics
-        for kept in (m.requests, m.turns, m.attempts, m.fallbacks, m.tokens, m.cost, m.turn_seconds, m.ttft,
+        for kept in (m.requests, m.turns, m.attempts, m.fallbacks, m.tokens, m.cost, m.turn_seconds,
+                     m.ttft,
                      m.key_requests, m.key_tokens, m.key_cost):
             yield kept.family()
 
@@ -204,23 +220,32 @@ class _LiveCollector:
 
     def collect(self) -> Iterator[Metric]:
         live = self.metrics._live()
-        state = GaugeMetricFamily("relayline_breaker_state", "Breaker state by profile: 0 closed, 1 half-open (probing or not), 2 open.",
+        state = GaugeMetricFamily("relayline_breaker_state",
+                                  "Breaker state by profile: 0 closed, 1 half-open (probing or "
+                                  "not), 2 open.",
                                   labels=["provider"])
-        cooldown = GaugeMetricFamily("relayline_cooldown_seconds", "Rate-limit cooldown left by profile (0: none).",
+        cooldown = GaugeMetricFamily("relayline_cooldown_seconds",
+                                     "Rate-limit cooldown left by profile (0: none).",
                                      labels=["provider"])
-        transitions = CounterMetricFamily("relayline_breaker_transitions", "Breaker state changes by profile.",
+        transitions = CounterMetricFamily("relayline_breaker_transitions",
+                                          "Breaker state changes by profile.",
                                           labels=["provider"])
         for alias, profile in sorted(live["profiles"].items()):
             state.add_metric([alias], BREAKER_STATES[profile["breaker"]])
             cooldown.add_metric([alias], profile["cooldown_s"])
             transitions.add_metric([alias], profile["transitions"])
-        in_flight = GaugeMetricFamily("relayline_in_flight", "Turns in flight (admitted, not yet answered).",
+        in_flight = GaugeMetricFamily("relayline_in_flight",
+                                      "Turns in flight (admitted, not yet answered).",
                                       value=live["in_flight"])
-        remaining = GaugeMetricFamily("relayline_limit_remaining", "What the latest admission left of a named key's "
-                                      "or team's limit (requests, tokens, budget_usd), by scope (key, team) and name.",
+        remaining = GaugeMetricFamily("relayline_limit_remaining",
+                                      "What the latest admission left of a named key's "
+                                      "or team's limit (requests, tokens, budget_usd), by scope "
+                                      "(key, team) and name.",
                                       labels=["scope", "name", "limit"])
-        spend = GaugeMetricFamily("relayline_budget_spend_usd", "A named key's or team's spend in its budget period, "
-                                  "as the latest admission or settlement found it.", labels=["scope", "name"])
+        spend = GaugeMetricFamily("relayline_budget_spend_usd",
+                                  "A named key's or team's spend in its budget period, "
+                                  "as the latest admission or settlement found it.",
+                                  labels=["scope", "name"])
         for item in live.get("limits", ()):
             for limit, field in (("requests", "requests_left"), ("tokens", "tokens_left"),
                                  ("budget_usd", "budget_left_usd")):

@@ -14,10 +14,10 @@ A good file becomes a new Relay that new turns use, while turns in flight finish
 they started with (each holds its own). Health is kept: the health store (memory or Redis)
 passes to the new Relay, with the breaker settings of the new file, and forgets only the
 profiles the new file no longer has, and the key cursor and sitting-out keys of a profile whose
-key pool changed (they name keys by their place in the pool). [health] and [ledger] name connections that live as long
-as the process: a reload that changes them is refused (restart to change them). A reload never
-turns authentication off: a file without client keys, while the running gateway has them, is
-refused (restart to run without them).
+key pool changed (they name keys by their place in the pool). [health] and [ledger] name connections
+that live as long as the process: a reload that changes them is refused (restart to change them). A
+reload never turns authentication off: a file without client keys, while the running gateway has
+them, is refused (restart to run without them).
 
 In a fleet (`--workers N`) each worker has its own Reloader, and a POST /admin/reload reaches
 the one worker its connection landed on: that worker reloads, answers, and then asks its
@@ -54,7 +54,9 @@ def pools_changed(old: Relay, new: Relay) -> list[str]:
     """The profiles kept across a reload whose credentials changed (added, removed, reordered):
     their health names keys by place, so it no longer names the same keys."""
     before, after = old.router.keys, new.router.keys
-    return [profile for profile, keys in after.items() if profile in before and before[profile] != keys]
+    return [
+        profile for profile, keys in after.items() if profile in before and before[profile] != keys
+    ]
 
 
 @attrs.frozen
@@ -73,19 +75,24 @@ def accept_reload(running: Config, running_access: Access, config: Config, env: 
                   host: str | None = None) -> Access:
     """The access `config` gives, when a gateway running `running` (listening on `host`, when
     known) may take it; else ConfigError naming why not."""
-    fixed = [name for name in ("health", "ledger") if getattr(config, name) != getattr(running, name)]
+    fixed = [name for name in ("health", "ledger")
+             if getattr(config, name) != getattr(running, name)]
     if fixed:
         raise ConfigError([f"{name}: changed; it names a connection kept for the process's life "
                            "(restart to change it)" for name in fixed])
     access = load_access(config, env)  # a key variable now unset fails the reload, not the gateway
     if running_access.clients and not access.clients:
-        raise ConfigError(["gateway.api_keys_env: the running gateway requires client keys and this file "
-                           "names none; a reload never turns authentication off (restart to do that)"])
+        raise ConfigError(["gateway.api_keys_env: the running gateway requires client keys and "
+                           "this file "
+                           "names none; a reload never turns authentication off (restart to do "
+                           "that)"])
     if host is not None and bind_refusal(config, host) is not None:
         # (an open gateway, auth = "none", reloaded to the default "keys" without naming any: the
         # file means loopback only, which serve enforces where it binds; a reload cannot rebind)
-        raise ConfigError([f"gateway.api_keys_env: this file names no client keys, so the gateway would answer on "
-                           f"loopback only, and it listens on {host}; name client keys (or keep auth = \"none\")"])
+        raise ConfigError(["gateway.api_keys_env: this file names no client keys, so the gateway "
+                           "would answer on "
+                           f"loopback only, and it listens on {host}; name client keys (or keep "
+                           "auth = \"none\")"])
     return access
 
 
@@ -176,9 +183,11 @@ class Reloader:
         report = pending.report
         if report.ok:
             self.reloads += 1
-            event(log, logging.WARNING, "config_reloaded", path=self.path, profiles=len(report.profiles))
+            event(log, logging.WARNING, "config_reloaded", path=self.path,
+                  profiles=len(report.profiles))
         else:
-            event(log, logging.WARNING, "config_reload_rejected", path=self.path, problems="; ".join(report.problems))
+            event(log, logging.WARNING, "config_reload_rejected", path=self.path,
+                  problems="; ".join(report.problems))
         return report
 
     def _prepare(self, old: Relay, running: Access) -> tuple[Relay, Access]:
@@ -197,7 +206,8 @@ class Reloader:
         except Exception:
             # relayline's own bug, not the file's: the reload is refused and the gateway serves on
             log.exception("config_reload_error path=%s", self.path)
-            return ReloadReport(False, ("the file could not be loaded: an internal error (logged)",))
+            return ReloadReport(False,
+                                ("the file could not be loaded: an internal error (logged)",))
         relay.selection = old.selection
         relay.fallback_record.update(old.fallback_record)
         await self.gateway.swap(relay, access)

@@ -85,7 +85,8 @@ def _models(host: RouteHost, exchange: Exchange, scope: Scope,
     default = router.default.entries[0].model if router.default.entries else None
     if default and default not in ids:
         ids.append(default)
-    return respond_json(exchange, 200, exchange.dialect.model_list(ids, exchange.query.decode("latin-1")))
+    return respond_json(exchange, 200,
+                        exchange.dialect.model_list(ids, exchange.query.decode("latin-1")))
 
 
 GET, POST = ("GET",), ("POST",)
@@ -96,16 +97,38 @@ ROUTES: dict[str, Route] = {
     "/v1/embeddings": Route(POST, CLIENT, _chat(EMBEDDINGS)),
     "/v1/messages/count_tokens": Route(POST, CLIENT, _chat(COUNT_TOKENS)),
     "/v1/models": Route(GET, CLIENT, _models),
-    "/healthz": Route(GET, OPEN, lambda host, exchange, scope, receive: respond_json(exchange, 200, {"status": "ok"})),
+    "/healthz": Route(
+        GET,
+        OPEN,
+        lambda host, exchange, scope, receive: respond_json(exchange, 200, {"status": "ok"}),
+    ),
     "/readyz": Route(GET, OPEN, lambda host, exchange, scope, receive: host.admin.ready(exchange)),
     "/admin": Route(None, OPEN, _to_console),
-    "/metrics": Route(GET, ADMIN, lambda host, exchange, scope, receive: respond(
-        exchange, 200, host.metrics.render(), content_type=CONTENT_TYPE)),
-    "/admin/plan": Route(GET, ADMIN, lambda host, exchange, scope, receive: host.admin.answer_plan(
-        exchange, scope.get("query_string", b""))),
-    "/admin/health": Route(GET, ADMIN, lambda host, exchange, scope, receive: host.admin.answer_health(exchange)),
-    "/admin/reload": Route(POST, ADMIN, lambda host, exchange, scope, receive: host.admin.reload(exchange)),
-    "/admin/": Route(None, ADMIN, lambda host, exchange, scope, receive: host.console.handle(scope, receive, exchange)),
+    "/metrics": Route(
+        GET,
+        ADMIN,
+        lambda host, exchange, scope, receive: respond(
+            exchange, 200, host.metrics.render(), content_type=CONTENT_TYPE
+        ),
+    ),
+    "/admin/plan": Route(
+        GET,
+        ADMIN,
+        lambda host, exchange, scope, receive: host.admin.answer_plan(
+            exchange, scope.get("query_string", b"")
+        ),
+    ),
+    "/admin/health": Route(
+        GET, ADMIN, lambda host, exchange, scope, receive: host.admin.answer_health(exchange)
+    ),
+    "/admin/reload": Route(
+        POST, ADMIN, lambda host, exchange, scope, receive: host.admin.reload(exchange)
+    ),
+    "/admin/": Route(
+        None,
+        ADMIN,
+        lambda host, exchange, scope, receive: host.console.handle(scope, receive, exchange),
+    ),
 }
 CONSOLE = ROUTES["/admin/"]  # also every path under /admin/console/
 # the paths the request metrics name; the console's pages and the redirect to it count as "other"
@@ -125,8 +148,10 @@ async def dispatch(host: RouteHost, exchange: Exchange, scope: Scope,
     if route is None and path.startswith("/admin/console/"):
         route = CONSOLE
     # a HEAD is a GET whose body the server does not send
-    answers = route is not None and (route.methods is None or
-                                     ("GET" if exchange.method == "HEAD" else exchange.method) in route.methods)
+    answers = route is not None and (
+        route.methods is None
+        or ("GET" if exchange.method == "HEAD" else exchange.method) in route.methods
+    )
     guard = route.guard if answers and route is not None else _area(path)
     if guard is ADMIN:
         if not await _admin_guard(host.access, scope, headers, exchange):
@@ -152,9 +177,16 @@ async def _head_acceptable(settings: GatewaySettings, exchange: Exchange, scope:
     head = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + sum(
         len(k) + len(v) + 4 for k, v in scope.get("headers") or ())
     if head > settings.max_header_bytes:
-        await respond(exchange, 431, exchange.dialect.http_error(
-            431, f"request headers larger than {settings.max_header_bytes} bytes", "headers_too_large"),
-            headers=[(b"connection", b"close")])
+        await respond(
+            exchange,
+            431,
+            exchange.dialect.http_error(
+                431,
+                f"request headers larger than {settings.max_header_bytes} bytes",
+                "headers_too_large",
+            ),
+            headers=[(b"connection", b"close")],
+        )
         return False
     if len(headers) < len(scope.get("headers") or ()):  # a name came twice (the dict kept one)
         repeated = _repeated_credential(scope["headers"])
@@ -183,7 +215,9 @@ async def _not_found(send: Exchange, path: str, route: Route | None) -> None:
             405, f"{path} answers {allowed.decode()}, not {send.method}", "method_not_allowed"),
             headers=[(b"allow", allowed)])
         return
-    await respond(send, 404, send.dialect.http_error(404, f"no route for {send.method} {path[:200]}", "not_found"))
+    await respond(send, 404,
+                  send.dialect.http_error(404, f"no route for {send.method} {path[:200]}",
+                                          "not_found"))
 
 
 async def _unauthorised(send: Exchange, message: str) -> None:
@@ -191,7 +225,8 @@ async def _unauthorised(send: Exchange, message: str) -> None:
     if send.path == "/admin/":
         # a browser opening the console asks its user for the key
         challenges.append((b"www-authenticate", b'Basic realm="relayline admin", charset="UTF-8"'))
-    await respond(send, 401, send.dialect.http_error(401, message, "invalid_api_key"), headers=challenges)
+    await respond(send, 401, send.dialect.http_error(401, message, "invalid_api_key"),
+                  headers=challenges)
 
 
 async def _client_guard(access: Access, exchange: Exchange, headers: dict[bytes, bytes]) -> bool:
@@ -223,6 +258,7 @@ async def _admin_guard(access: Access, scope: Scope, headers: dict[bytes, bytes]
     if is_loopback(scope.get("client")):
         return True
     await respond(send, 403, send.dialect.http_error(
-        403, "admin endpoints answer loopback clients only when no admin or client keys are configured "
+        403,
+        "admin endpoints answer loopback clients only when no admin or client keys are configured "
         "([gateway] admin_keys_env)", "forbidden"))
     return False

@@ -32,20 +32,18 @@ CANCEL_GRACE_S = 5.0  # after the drain cancels the last turns: time to write th
 # Python's collector starts a young pass every 700 net allocations of container objects, and an
 # older one every 10 young ones; each walks every object of its generations that is alive. A
 # request's objects are freed by reference counting, so the passes find next to no garbage, but
-# what they walk is the state of every turn in flight: at 1,000 clients the collector was 27% of
-# the gateway's CPU (4% at 16 clients; bench/load.py --without). Cyclic garbage still counts
-# towards the young threshold, so what it can hold back stays bounded (50,000 objects: a few MiB).
+# what they walk is the state of every turn in flight, and with many clients that walk became a
+# large share of the gateway's CPU (docs/performance.md, "Figures behind the code's choices").
+# Cyclic garbage still counts towards the young threshold, so what it can hold back stays bounded.
 GC_THRESHOLDS = (50_000, 20, 10)
-# The young threshold also grows with the open connections: each holds its turn's objects (100 to
-# 250 for a non-streamed request, about 330 for a held stream), so at 1,000 clients 50,000 still
-# started a young pass about twice a second, each walking the in-flight turns to find ~80 objects
-# of garbage: 10% of the gateway's CPU there, none at 16 or 200 clients. What cyclic garbage can
-# hold back stays bounded: 200 objects an open connection, less than the connection's own state.
+# The young threshold also grows with the open connections: each holds its turn's objects (a few
+# hundred), so with many clients a fixed threshold still started young passes that walked every
+# in-flight turn to find little garbage. What cyclic garbage can hold back stays bounded: 200
+# objects an open connection, less than the connection's own state.
 GC_YOUNG_PER_CONNECTION = 200
-# ...up to a bound: a young pass stops every stream for as long as it walks (about 2 ms at 50,000
-# objects, 13 ms at 250,000, 52 ms at 1,000,000), and idle keep-alive connections, nearly free
-# to hold, would otherwise raise it without limit. 250,000 covers 1,000 clients (200,000: no pass
-# in bench/load.py's window there).
+# ...up to a bound: a young pass stops every stream for as long as it walks, which grows with the
+# objects it walks, and idle keep-alive connections, nearly free to hold, would otherwise raise
+# it without limit. The bound leaves a thousand clients with no pass in bench/load.py's window.
 GC_YOUNG_MOST = 250_000
 _collector_tuned = False
 
@@ -81,14 +79,16 @@ def _error_body(status: int, message: str) -> bytes:
     return OPENAI.http_error(status, message, code)
 
 
-async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080, stop: trio.Event | None = None,
+async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080,
+                stop: trio.Event | None = None,
                 bound: list[socket.socket] | None = None,
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until `stop` is set (or forever), then drain. Reports the bound URLs."""
     sockets = bound if bound is not None else bind(gateway, host, port)
     stop = stop if stop is not None else trio.Event()
     settings = gateway.settings
-    server = Server(gateway, keep_alive_s=settings.keep_alive_s, max_header_bytes=settings.max_header_bytes,
+    server = Server(gateway, keep_alive_s=settings.keep_alive_s,
+                    max_header_bytes=settings.max_header_bytes,
                     graceful_s=settings.drain_s + CANCEL_GRACE_S, error_body=_error_body,
                     on_connections=follow_connections)
 
@@ -98,7 +98,10 @@ async def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8080, 
 
     # a shared health store (stores/health.py) keeps its connection for as long as the server runs
     connected = getattr(gateway.relay.health, "connected", None)
-    async with connected() if connected is not None else contextlib.nullcontext(), trio.open_nursery() as nursery:
+    async with (
+        connected() if connected is not None else contextlib.nullcontext(),
+        trio.open_nursery() as nursery,
+    ):
         nursery.start_soon(drain_on_stop)
         binds = await nursery.start(server.run, sockets, stop)
         task_status.started(binds)
@@ -133,7 +136,8 @@ async def run_until_signalled(gateway: Gateway, *, host: str, port: int, fd: int
                               in_flight=gateway.in_flight, drain_s=gateway.settings.drain_s)
                         stop.set()
                     else:
-                        event(log, logging.WARNING, "drain_cut_short", signal=signal.Signals(signum).name,
+                        event(log, logging.WARNING, "drain_cut_short",
+                              signal=signal.Signals(signum).name,
                               in_flight=gateway.in_flight)
                         gateway.cancel_turns()
 

@@ -46,7 +46,7 @@ class StreamWire:
     sink for the turn.
 
     The dialect renders; the wire decides when bytes go out. It has no task of its own (a task
-    with its nursery and scopes was about 5 KiB of every stream in flight): events are rendered
+    with its nursery and scopes would be memory every stream in flight holds): events are rendered
     into a pending buffer, and the turn's own task writes it, in one ASGI send, when the
     upstream adapter is about to wait for its next read (`waiting`), so the frames of one read
     leave together and an idle stream still sends each frame at once. The first token is written
@@ -59,7 +59,8 @@ class StreamWire:
 
     MAX_PENDING = 256 * 1024
 
-    __slots__ = ("send", "run", "request", "render", "started", "_head", "_pending", "_pending_bytes", "_sending",
+    __slots__ = ("send", "run", "request", "render", "started", "_head", "_pending",
+                 "_pending_bytes", "_sending",
                  "_ending", "_committing", "_gate", "_cancel_turn", "_unnamed")
 
     def __init__(self, turn_id: str, send: Send, dialect: Dialect, request: wire.Request) -> None:
@@ -85,7 +86,8 @@ class StreamWire:
         self._cancel_turn = cancel_turn
 
     def cancel(self) -> None:
-        """A hang-up or a drain: the turn is cancelled, and a write in progress gets SEND_GRACE_S."""
+        """A hang-up or a drain: the turn is cancelled, and a write in progress gets
+        SEND_GRACE_S."""
         self.ending()
         if self._cancel_turn is not None:
             self._cancel_turn()
@@ -197,7 +199,8 @@ class StreamWire:
 
     async def __call__(self, event: Event) -> None:
         if not event.visible:
-            if event.ref and not self.started:  # what the stream said of itself (a Responses stream's id)
+            # what the stream said of itself (a Responses stream's id)
+            if event.ref and not self.started:
                 self.render.event(event)
             return  # held protocol frames: the dialect's preamble is rendered at commit
         if not self.started:
@@ -220,7 +223,8 @@ class StreamWire:
             if self._pending_bytes > self.MAX_PENDING:
                 await self._flush()
 
-    may_block = False  # bounded buffer: when it must wait for the client, it says so (consumer_paused)
+    # bounded buffer: when it must wait for the client, it says so (consumer_paused)
+    may_block = False
 
     async def waiting(self) -> None:
         """The upstream adapter is about to wait for its next read: what gathered goes out."""
@@ -231,7 +235,11 @@ class StreamWire:
         """The end of the response; whatever was not sent yet goes first (after `settled`: a
         commit the gate timer began is written whole)."""
         self.commit()  # an answer with nothing to show (a refusal) still is a stream
-        body = self.render.ok(result, relayline) if result.outcome == "ok" else self.render.failed(result, relayline)
+        body = (
+            self.render.ok(result, relayline)
+            if result.outcome == "ok"
+            else self.render.failed(result, relayline)
+        )
         head, self._head = self._head, None
         if head is not None:
             await self.send(head)
@@ -306,11 +314,13 @@ class GateTimer:
                     heapq.heappop(self._heap)
                     stream._disarm()
                     nursery.start_soon(self._commit, stream)
-                self._runner = None  # a gate held from now on starts a new task (this one waits for its commits)
+                # a gate held from now on starts a new task (this one waits for its commits)
+                self._runner = None
         except Exception:  # a system task's error would end the whole run: log it instead
             log.exception("gate_timer_error")
         finally:
-            if self._runner is token:  # cancelled with the run (or failed): no gate outlives its task
+            # cancelled with the run (or failed): no gate outlives its task
+            if self._runner is token:
                 for entry in self._heap:
                     if entry[2] is not None:
                         entry[2]._gate = None

@@ -80,7 +80,8 @@ def _before_worker(supervisor: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def listening_socket(host: str, port: int, backlog: int = 2048, *, reuse_port: bool = False) -> socket.socket:
+def listening_socket(host: str, port: int, backlog: int = 2048, *,
+                     reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -116,7 +117,8 @@ def listening_sockets(host: str, port: int, workers: int) -> list[socket.socket]
 def health_note(config: Config, workers: int) -> str:
     store = config.health.store
     if store == "memory":
-        return (f"health: in memory, so each of the {workers} workers keeps its own breakers and cooldowns "
+        return (f"health: in memory, so each of the {workers} workers keeps its own breakers and "
+                "cooldowns "
                 '(set [health] store = "redis://..." to share them)')
     where = store.rsplit("@", 1)[-1].split("://", 1)[-1]  # never a password
     return f"health: shared by the {workers} workers in Redis at {where}"
@@ -128,7 +130,8 @@ def stop_wait_s(config_path: str, config: Config) -> float:
     than drain_s killed workers mid-drain, and their turns' ledger rows with them."""
     drain = config.gateway.drain_s
     try:
-        drain = max(drain, load_config_file(config_path).gateway.drain_s)  # (read as a reload reads it)
+        # (read as a reload reads it)
+        drain = max(drain, load_config_file(config_path).gateway.drain_s)
     except ConfigError:
         pass  # (a file the workers would refuse to reload: they drain as they started)
     return drain + STOP_GRACE_S
@@ -174,7 +177,8 @@ class LastGood:
         self._folder.cleanup()
 
 
-def supervise(last_good: LastGood, *, host: str, port: int, workers: int, worker_args: tuple[str, ...] = (),
+def supervise(last_good: LastGood, *, host: str, port: int, workers: int,
+              worker_args: tuple[str, ...] = (),
               early: EarlyReloads | None = None) -> int:
     """Run `workers` workers of the config `last_good` holds until SIGTERM or SIGINT. A worker
     asks for a reload of the fleet (its admin reload) as a SIGHUP to the supervisor; one that
@@ -183,15 +187,18 @@ def supervise(last_good: LastGood, *, host: str, port: int, workers: int, worker
     sockets = listening_sockets(host, port, workers)
     bound_host, bound_port = sockets[0].getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    print(f"{health_note(config, workers)}\nrelayline gateway listening on http://{shown}:{bound_port} "
+    print(f"{health_note(config, workers)}\nrelayline gateway listening on "
+          f"http://{shown}:{bound_port} "
           f"({workers} workers)", file=sys.stderr, flush=True)
 
     supervisor = os.getpid()
 
     def start(i: int) -> subprocess.Popen[bytes]:
         fd = sockets[i % len(sockets)].fileno()
-        return subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve", "--config", config_path,
-                                 "--start-config", last_good.copy, "--listen-fd", str(fd), "--host", host,
+        return subprocess.Popen([sys.executable, "-m", "relayline.adapters.cli", "serve",
+                                 "--config", config_path,
+                                 "--start-config", last_good.copy, "--listen-fd", str(fd), "--host",
+                                 host,
                                  "--supervisor", str(supervisor), *worker_args],
                                 pass_fds=(fd,), preexec_fn=partial(_before_worker, supervisor))
 
@@ -232,8 +239,13 @@ def supervise(last_good: LastGood, *, host: str, port: int, workers: int, worker
                     if proc.poll() is None:
                         proc.send_signal(signal.SIGHUP)
             for i, proc in enumerate(procs):
-                if proc.poll() is not None and not stopping and time.monotonic() - last_restart >= RESTART_PAUSE_S:
-                    print(f"relayline worker {proc.pid} exited with {proc.returncode}: starting another",
+                if (
+                    proc.poll() is not None
+                    and not stopping
+                    and time.monotonic() - last_restart >= RESTART_PAUSE_S
+                ):
+                    print(f"relayline worker {proc.pid} exited with {proc.returncode}: starting "
+                          "another",
                           file=sys.stderr, flush=True)
                     last_restart = time.monotonic()
                     procs[i] = start(i)

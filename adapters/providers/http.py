@@ -179,7 +179,8 @@ class WireProtocol(Protocol):
 
 
 def _unsupported(exc: UnsupportedEncoding) -> ProviderFailure:
-    return ProviderFailure(fc.malformed(f"content-encoding {exc} (not asked for: relayline reads gzip and deflate)"))
+    return ProviderFailure(fc.malformed(f"content-encoding {exc} (not asked for: relayline reads "
+                                        "gzip and deflate)"))
 
 
 # a kept head's key: its profile's and its key's ids, the forwarded fields and the query
@@ -187,12 +188,13 @@ _HeadKey = tuple[int, int, tuple[tuple[str, str], ...], str]
 
 
 class FixedHeads:
-    """A protocol's `FixedHead`s: one per profile, key, forwarded client headers and query, made by its
-    first request and used by every request after it. Building each request's headers afresh
+    """A protocol's `FixedHead`s: one per profile, key, forwarded client headers and query, made by
+    its first request and used by every request after it. Building each request's headers afresh
     (its dicts merged, its names folded, the key's header written) and checking each of them
-    again in `render` was about half of the upstream request's building and rendering
-    (measured per step in a serving process). A head holds its profile and key, so neither's id is taken by
-    another while it is kept; at most MOST are kept (a reload's new profiles start them over)."""
+    again in `render` was a large part of the upstream request's building and rendering
+    (measured per step in a serving process: docs/performance.md). A head holds its profile and key,
+    so neither's id is taken by another while it is kept; at most MOST are kept (a reload's new
+    profiles start them over)."""
 
     MOST = 256
     __slots__ = ("_heads",)
@@ -244,14 +246,15 @@ class HttpProvider:
             request.clock.read()  # (the decode below is awaited; an inline one awaits nothing)
         if len(body) > PROCESS_PARSE_BYTES and _Decoding.in_processes:
             # a large answer is decoded in a worker process: JSON parsing holds the GIL for the
-            # whole document (~0.1 s for 32 MiB), so a thread would still stall every other
-            # turn. The worker is killed if the turn is cancelled mid-parse. Imported here: only
-            # `relayline serve` turns worker decoding on, so the library never loads it
+            # whole document, so a thread would still stall every other turn for as long. The worker
+            # is killed if the turn is cancelled mid-parse. Imported here: only `relayline serve`
+            # turns worker decoding on, so the library never loads it
             import trio_parallel
 
             outcome: Completion | fc.Failure
             try:
-                outcome = await trio_parallel.run_sync(decode_completion, self.protocol, body, kill_on_cancel=True)
+                outcome = await trio_parallel.run_sync(decode_completion, self.protocol, body,
+                                                       kill_on_cancel=True)
             except trio_parallel.BrokenWorkerError:
                 # the worker died (killed by the OOM killer, say): not the provider's fault
                 log.warning("decode_worker_died bytes=%d: decoding in a thread instead", len(body))
@@ -335,7 +338,8 @@ class HttpProvider:
                             await _finish_body(chunks)
                             yield Frame(DONE)
                             return
-                del chunk, pieces, piece  # a read is not kept while the next is awaited (a held stream's life)
+                # a read is not kept while the next is awaited (a held stream's life)
+                del chunk, pieces, piece
         except (SSEProtocolError, UpstreamError) as exc:
             if parser.complete_at_eof():  # (the text was whole: what broke came after it)
                 _after_finish(str(exc))
@@ -353,10 +357,11 @@ class HttpProvider:
 
 
 class _Exchange:
-    """One exchange through the profile's pool: the response to the request once its head arrived and its status
-    is a success; an error status is read (bounded), classified and raised. A class, not an
-    @asynccontextmanager: a stream keeps it for its whole life, and a generator's frame with its
-    entry in trio's set of live async generators was 0.4 KiB of every stream in flight."""
+    """One exchange through the profile's pool: the response to the request once its head arrived
+    and its status is a success; an error status is read (bounded), classified and raised. A class,
+    not an @asynccontextmanager: a stream keeps it for its whole life, and a generator's frame with
+    its entry in trio's set of live async generators would be memory every stream in flight
+    holds."""
 
     __slots__ = ("exchange",)
 
@@ -365,8 +370,11 @@ class _Exchange:
         request_id = REQUEST_ID.get()
         if request_id is not None:
             upstream.headers["x-request-id"] = request_id
-        # (the pool drops the rendered request once sent: a stream's exchange lives as long as the stream)
-        self.exchange = provider.pools.profile(request.entry.profile).exchange(upstream, request.clock)
+        # (the pool drops the rendered request once sent: a stream's exchange lives as long as the
+        # stream)
+        self.exchange = provider.pools.profile(request.entry.profile).exchange(
+            upstream, request.clock
+        )
 
     async def __aenter__(self) -> UpstreamResponse:
         try:
@@ -396,7 +404,7 @@ class _Exchange:
 class _Streamed:
     """`HttpProvider.stream`: the exchange entered, its body's frames. A class rather than a
     second @asynccontextmanager around `_Exchange`: that one's generator frame and context
-    manager were half a KiB of every in-flight stream."""
+    manager would be memory every in-flight stream holds."""
 
     __slots__ = ("provider", "exchange", "waiting", "grace")
 

@@ -33,12 +33,14 @@ from .upstream import UpstreamError
 SHARD_CONNECTIONS = 8  # httpcore's scan is quadratic in this: at 8, ~64 checks per pool event
 
 
-def new_client(connections: int, verify: ssl.SSLContext | bool, keepalive_s: float) -> httpx.AsyncClient:
+def new_client(connections: int, verify: ssl.SSLContext | bool,
+               keepalive_s: float) -> httpx.AsyncClient:
     # timeouts are the driver's cancel scopes (headers_s, first_token_s, idle_s, total_s); httpx's
     # own are a backstop so that a socket can never hang a worker forever. trust_env: proxies
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
                           keepalive_expiry=keepalive_s)
-    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0, connect=30.0), verify=verify,
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0, connect=30.0),
+                             verify=verify,
                              follow_redirects=False, trust_env=True)
 
 
@@ -53,8 +55,10 @@ class _Shard:
 class HttpxPool:
     """One profile's httpx clients, sharded (see the module's docstring)."""
 
-    def __init__(self, max_connections: int | None, verify: ssl.SSLContext | bool, keepalive_s: float) -> None:
-        self.unopened = max_connections if max_connections else math.inf  # connections no shard holds yet
+    def __init__(self, max_connections: int | None, verify: ssl.SSLContext | bool,
+                 keepalive_s: float) -> None:
+        # connections no shard holds yet
+        self.unopened = max_connections if max_connections else math.inf
         self.verify = verify
         self.keepalive_s = keepalive_s
         self.shards: list[_Shard] = []
@@ -66,7 +70,8 @@ class HttpxPool:
                        ) -> AsyncIterator[HttpxResponse]:
         """As ProfilePool.exchange: the response once its head arrived, closed on exit."""
         async with self.lease() as client:
-            http_request = client.build_request("POST", request.url, content=request.body, headers=request.headers)
+            http_request = client.build_request("POST", request.url, content=request.body,
+                                                headers=request.headers)
             if clock is not None:
                 async def trace(event: str, info: dict[str, Any]) -> None:
                     if event.endswith(".send_request_body.complete"):
@@ -101,7 +106,8 @@ class HttpxPool:
 
     def _acquire(self) -> _Shard:
         if not self.roomy:
-            if self.unopened <= 0:  # at the bound: httpcore queues the request in the least busy shard
+            # at the bound: httpcore queues the request in the least busy shard
+            if self.unopened <= 0:
                 shard = min(self.shards, key=lambda s: s.busy)
                 shard.busy += 1
                 return shard
@@ -118,7 +124,11 @@ class HttpxPool:
 
     async def _sweep(self, now: float) -> None:
         self.swept = now
-        cold = [shard for shard in self.shards if shard.busy == 0 and now - shard.used > self.keepalive_s]
+        cold = [
+            shard
+            for shard in self.shards
+            if shard.busy == 0 and now - shard.used > self.keepalive_s
+        ]
         if not cold:
             return
         for shard in cold:

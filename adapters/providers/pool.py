@@ -79,7 +79,8 @@ def upstream_client() -> str:
 class ProfilePool:
     """One profile's connections: an idle stack per origin, a bound, the expiry task."""
 
-    def __init__(self, max_connections: int | None = None, ssl_context: ssl.SSLContext | None = None,
+    def __init__(self, max_connections: int | None = None,
+                 ssl_context: ssl.SSLContext | None = None,
                  keepalive_s: float = KEEPALIVE_S, *, through_httpx: bool = False) -> None:
         self.ssl_context = ssl_context
         self.through_httpx = through_httpx
@@ -89,11 +90,13 @@ class ProfilePool:
         self.idle: dict[Origin, deque[Connection]] = {}  # each a stack: the warmest on the right
         self.opened = 0  # connections open now, idle or carrying a request
         self.closed = False
-        self._through: dict[Origin, HttpxPool | None] = {}  # origins whose requests go through httpx
+        # origins whose requests go through httpx
+        self._through: dict[Origin, HttpxPool | None] = {}
         self._httpx: HttpxPool | None = None
         self._expiry: trio.CancelScope | None = None
 
-    def exchange(self, request: UpstreamRequest, clock: AttemptClockLike | None = None) -> _PooledExchange:
+    def exchange(self, request: UpstreamRequest,
+                 clock: AttemptClockLike | None = None) -> _PooledExchange:
         """`async with pool.exchange(request) as response`: send `request` and get the response
         once its head arrived; the block reads the body (or not). On exit the connection goes
         back to the pool if the exchange ended cleanly."""
@@ -116,7 +119,8 @@ class ProfilePool:
         stack.append(connection)
         if self._expiry is None:
             self._expiry = trio.CancelScope()
-            trio.lowlevel.spawn_system_task(self._expire, self._expiry, name="relayline upstream pool expiry")
+            trio.lowlevel.spawn_system_task(self._expire, self._expiry,
+                                            name="relayline upstream pool expiry")
 
     async def _close(self, connection: Connection) -> None:
         self.opened -= 1
@@ -131,7 +135,8 @@ class ProfilePool:
             with scope:
                 quiet = False
                 while True:
-                    oldest = min((stack[0].idle_since for stack in self.idle.values() if stack), default=None)
+                    oldest = min((stack[0].idle_since for stack in self.idle.values() if stack),
+                                 default=None)
                     if oldest is None:
                         # a busy pool's connections are all out at this moment: the task ends only
                         # after a whole period without an idle one (not respawned per request)
@@ -143,7 +148,8 @@ class ProfilePool:
                     quiet = False
                     await trio.sleep_until(oldest + self.keepalive_s)
                     now = trio.current_time()
-                    for stack in list(self.idle.values()):  # a close yields: an origin may be added meanwhile
+                    # a close yields: an origin may be added meanwhile
+                    for stack in list(self.idle.values()):
                         while stack and now - stack[0].idle_since >= self.keepalive_s:
                             await self._close(stack.popleft())
         except Exception:  # a system task's error would end the whole run: log it instead
@@ -156,9 +162,11 @@ class ProfilePool:
         if not self.through_httpx:
             if proxy_for(origin) is None:
                 return None
-            log.info("upstream_proxy origin=%s: this profile's requests go through httpx", origin.url)
+            log.info("upstream_proxy origin=%s: this profile's requests go through httpx",
+                     origin.url)
         if self._httpx is None:
-            self._httpx = HttpxPool(self.max_connections, self.ssl_context or default_ssl_context(), self.keepalive_s)
+            self._httpx = HttpxPool(self.max_connections, self.ssl_context or default_ssl_context(),
+                                    self.keepalive_s)
         return self._httpx
 
     async def aclose(self) -> None:
@@ -181,7 +189,8 @@ class _PooledExchange:
 
     __slots__ = ("pool", "request", "clock", "inner", "connection", "response")
 
-    def __init__(self, pool: ProfilePool, request: UpstreamRequest, clock: AttemptClockLike | None) -> None:
+    def __init__(self, pool: ProfilePool, request: UpstreamRequest,
+                 clock: AttemptClockLike | None) -> None:
         self.pool = pool
         self.request: UpstreamRequest | None = request
         self.clock = clock

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from .pool import Pools
 
 DEFAULT_REPLY: Mapping[str, Any] = {"text": "ok"}
-FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")  # a reply's `finish`, OpenAI's words
+# a reply's `finish`, OpenAI's words
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
 
 
 def finish_of(reply: Mapping[str, Any], frame: Mapping[str, Any] | None = None) -> str | None:
@@ -48,19 +49,33 @@ def finish_of(reply: Mapping[str, Any], frame: Mapping[str, Any] | None = None) 
 
 # what a scripted reply and a stream frame may say (docs/scenario-files.md), each key with the kind
 # of value it takes: a typo or a wrong type is an error naming it, never a different fault
-_STRING, _FLAG, _WHOLE, _NUMBER, _USAGE = "a string", "true or false", "a whole number", "a number", "[IN, OUT]"
-REPLY_KEYS = {"text": _STRING, "reasoning": _STRING, "tool_call": _STRING, "empty": _FLAG, "status": _WHOLE,
-              "retry_after": _NUMBER, "error": _STRING, "connect_error": _FLAG, "hang": _FLAG, "frames": "a list",
+_STRING, _FLAG, _WHOLE, _NUMBER, _USAGE = (
+    "a string",
+    "true or false",
+    "a whole number",
+    "a number",
+    "[IN, OUT]",
+)
+REPLY_KEYS = {"text": _STRING, "reasoning": _STRING, "tool_call": _STRING, "empty": _FLAG,
+              "status": _WHOLE,
+              "retry_after": _NUMBER, "error": _STRING, "connect_error": _FLAG, "hang": _FLAG,
+              "frames": "a list",
               "finish": _STRING, "malformed_body": _FLAG, "usage": _USAGE, "delay": _NUMBER}
-FRAME_KEYS = {"role": _FLAG, "ping": _FLAG, "text": _STRING, "reasoning": _STRING, "tool_call": _STRING,
-              "executed_tool": _STRING, "error": _STRING, "usage": _USAGE, "done": _FLAG, "eof": _FLAG,
+FRAME_KEYS = {"role": _FLAG, "ping": _FLAG, "text": _STRING, "reasoning": _STRING,
+              "tool_call": _STRING,
+              "executed_tool": _STRING, "error": _STRING, "usage": _USAGE, "done": _FLAG,
+              "eof": _FLAG,
               "wait": _NUMBER, "malformed": _FLAG, "finish": _STRING}
 SCRIPT_KEYS = ("provider", "model", "script")  # one [[replies]] table
 
 
 def _is(kind: str, value: object) -> bool:
     if kind == _USAGE:
-        return isinstance(value, list) and len(value) == 2 and all(_is(_WHOLE, v) and v >= 0 for v in value)
+        return (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(_is(_WHOLE, v) and v >= 0 for v in value)
+        )
     if kind == _NUMBER:
         return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
     want = {_STRING: str, _FLAG: bool, _WHOLE: int, "a list": list}[kind]
@@ -70,7 +85,9 @@ def _is(kind: str, value: object) -> bool:
 def _keys_problems(item: object, keys: Mapping[str, str], at: str) -> list[str]:
     if not isinstance(item, Mapping):
         return [f"{at}: expected a table such as {{ text = \"hi\" }}"]
-    problems = [f"{at}: unknown key {key!r} (known: {', '.join(keys)})" for key in item if key not in keys]
+    problems = [
+        f"{at}: unknown key {key!r} (known: {', '.join(keys)})" for key in item if key not in keys
+    ]
     problems += [f"{at}.{key}: expected {keys[key]}, got {value!r}" for key, value in item.items()
                  if key in keys and not _is(keys[key], value)]
     if not problems and "finish" in item:
@@ -89,9 +106,11 @@ def reply_problems(reply: object, at: str) -> list[str]:
     assert isinstance(reply, Mapping)
     status = reply.get("status")
     if reply.get("malformed_body") and status != 200:
-        problems.append(f"{at}.malformed_body: goes with status = 200 (a 200 whose body has the wrong types)")
+        problems.append(f"{at}.malformed_body: goes with status = 200 (a 200 whose body has the "
+                        "wrong types)")
     elif status is not None and status < 400 and not reply.get("malformed_body"):
-        problems.append(f"{at}.status: {status} is no HTTP error (at least 400; a success is {{ text = \"...\" }}, "
+        problems.append(f"{at}.status: {status} is no HTTP error (at least 400; a success is "
+                        f"{{ text = \"...\" }}, "
                         "a broken 200 { status = 200, malformed_body = true })")
     for k, frame in enumerate(reply.get("frames", ())):
         where = f"{at}.frames[{k}]"
@@ -120,7 +139,8 @@ def scripts_of(replies: Sequence[Mapping[str, Any]]) -> list[Script]:
             problems += reply_problems(reply, f"{at}.script[{j}]")
     if problems:
         raise ValueError("; ".join(problems))
-    return [Script(r["provider"], r.get("model"), list(r.get("script") or [DEFAULT_REPLY])) for r in replies]
+    return [Script(r["provider"], r.get("model"),
+                   list(r.get("script") or [DEFAULT_REPLY])) for r in replies]
 
 
 @attrs.define
@@ -150,7 +170,8 @@ def default_usage(reply: Mapping[str, Any], words_from: Sequence[str] | None = N
     if "usage" in reply:
         tokens_in, tokens_out = reply["usage"]
         return Usage(int(tokens_in), int(tokens_out))
-    parts = words_from if words_from is not None else [reply.get("text", ""), reply.get("reasoning", "")]
+    parts = words_from if words_from is not None else [reply.get("text", ""),
+                                                       reply.get("reasoning", "")]
     return Usage(10, sum(len(p.split()) for p in parts))
 
 
@@ -188,8 +209,8 @@ def aggregate_frames(frames: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def reply_frames(reply: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """A reply as explicit stream frames (docs/scenario-files.md): role preamble, reasoning, one text
-    frame per word (spaces kept), tool call, usage, the completion signal."""
+    """A reply as explicit stream frames (docs/scenario-files.md): role preamble, reasoning, one
+    text frame per word (spaces kept), tool call, usage, the completion signal."""
     if "frames" in reply:
         return list(reply["frames"])
     frames: list[Mapping[str, Any]] = [{"role": True}]
@@ -248,7 +269,8 @@ class SimClient:
             raise ProviderFailure(fc.malformed("a 200 whose JSON has the wrong types"))
         if "status" in reply:
             headers = {"retry-after": str(reply["retry_after"])} if "retry_after" in reply else None
-            raise ProviderFailure(fc.classify_http(int(reply["status"]), reply.get("error"), headers))
+            raise ProviderFailure(fc.classify_http(int(reply["status"]), reply.get("error"),
+                                                   headers))
 
     async def complete(self, request: CallRequest) -> Completion:
         reply = self.upstream.next_reply(request, "complete")
@@ -264,7 +286,8 @@ class SimClient:
         if reply.get("empty"):
             return Completion(usage=default_usage(reply, []), finish_reason=finish_of(reply))
         return Completion(reply.get("text", ""), reply.get("reasoning", ""),
-                          (reply["tool_call"],) if reply.get("tool_call") else (), default_usage(reply),
+                          (reply["tool_call"],) if reply.get("tool_call") else (),
+                          default_usage(reply),
                           finish_reason=finish_of(reply))
 
     @asynccontextmanager
@@ -273,7 +296,8 @@ class SimClient:
         await self._before_headers(reply)
         yield self._frames(reply, request.waiting)
 
-    async def _frames(self, reply: Mapping[str, Any], waiting: Callable[[], Awaitable[None]] | None = None
+    async def _frames(self, reply: Mapping[str, Any],
+                      waiting: Callable[[], Awaitable[None]] | None = None
                       ) -> AsyncIterator[Frame]:
         words: list[str] = []
         explicit_usage = False
@@ -304,7 +328,8 @@ class SimClient:
             elif "error" in spec:
                 raise ProviderFailure(fc.classify_stream_error(spec["error"]))
             elif spec.get("malformed"):
-                raise ProviderFailure(fc.truncated("malformed frame: a data line that is not valid JSON"))
+                raise ProviderFailure(fc.truncated("malformed frame: a data line that is not valid "
+                                                   "JSON"))
             elif spec.get("eof"):
                 return
             elif spec.get("done"):

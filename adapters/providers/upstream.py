@@ -45,7 +45,8 @@ from .base import AttemptClockLike
 CONNECT_S = 30.0  # opening a connection (and its TLS handshake); the driver's scopes bound the rest
 READ_BYTES = 65536
 MAX_HEAD_BYTES = 100 * 1024  # a response head larger than this is malformed (httpcore's bound)
-INFLATE_PIECE = 1 << 20  # a compressed body is inflated at most this much per step: no zip bomb in one read
+# a compressed body is inflated at most this much per step: no zip bomb in one read
+INFLATE_PIECE = 1 << 20
 
 _poll = getattr(select, "poll", None)
 # what breaks a connection: the exchange on it fails, the connection is closed, never reused
@@ -60,7 +61,7 @@ class UpstreamError(Exception):
 @functools.cache
 def default_ssl_context() -> ssl.SSLContext:
     """The CA trust httpx used: certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR when set (built
-    once: reading the bundle takes tens of milliseconds and a few hundred KiB)."""
+    once: reading the bundle is slow, and its result large)."""
     context = httpx.create_ssl_context()
     context.set_alpn_protocols(["http/1.1"])
     return context
@@ -78,7 +79,7 @@ def address_family(host: str) -> int | None:
 async def open_tcp(host: str, port: int) -> trio.SocketStream:
     """A TCP stream to the origin. An IP literal (a local model server, a sidecar) is one
     connect() on one socket: trio.open_tcp_stream's resolution and happy-eyeballs nursery cost
-    ~200 µs of CPU a connection, paid by every turn of a burst that finds no idle connection. A
+    CPU on every connection, paid by every turn of a burst that finds no idle connection. A
     name goes through open_tcp_stream: its addresses, tried in turn, are what that is for."""
     family = address_family(host)
     if family is None:
@@ -129,8 +130,10 @@ class Connection:
     llhttp (httptools' HttpResponseParser, whose callbacks are this object's `on_*` methods).
     The pool's seams (connect, write, read, close) are its methods."""
 
-    __slots__ = ("origin", "stream", "idle_since", "_fd", "_parser", "_status", "_fields", "_length", "_encoding", "_pieces",
-                 "_stalled", "_unread", "_head_from", "_head_done", "_done", "_keep_alive", "_chunked", "_after", "_eof",
+    __slots__ = ("origin", "stream", "idle_since", "_fd", "_parser", "_status", "_fields",
+                 "_length", "_encoding", "_pieces",
+                 "_stalled", "_unread", "_head_from", "_head_done", "_done", "_keep_alive",
+                 "_chunked", "_after", "_eof",
                  "_framed", "_fault")
 
     def __init__(self, origin: Origin, stream: trio.abc.Stream, fd: int) -> None:
@@ -149,15 +152,20 @@ class Connection:
         self._length: str | None = None  # its Content-Length
         self._encoding: str | None = None  # its Content-Encoding
         self._pieces: list[bytes] = []  # body bytes parsed and not yet taken
-        self._stalled = 0  # read since the head began or the body last gave bytes (a head, trailer or chunk line that never ends)
-        self._unread: bytes | bytearray = b""  # the bytes read while the head is not done: its block is taken from them
+        # read since the head began or the body last gave bytes (a head, trailer or chunk line that
+        # never ends)
+        self._stalled = 0
+        # the bytes read while the head is not done: its block is taken from them
+        self._unread: bytes | bytearray = b""
         self._head_from = 0  # where in them the next head begins (after an informational one)
         self._head_done = False  # the final (non-1xx) head was read
         self._done = False  # the answer ended as framed
         self._keep_alive = False
         self._chunked = False
-        self._framed = True  # False: the answer's body ends with the connection (no length, not chunked)
-        self._fault = False  # the body broke HTTP/1.1 after the bytes in _pieces (raised once they are taken)
+        # False: the answer's body ends with the connection (no length, not chunked)
+        self._framed = True
+        # the body broke HTTP/1.1 after the bytes in _pieces (raised once they are taken)
+        self._fault = False
 
     # -- llhttp's callbacks (they run inside feed_data) ------------------------------------------
 
@@ -170,20 +178,23 @@ class Connection:
             raise _Malformed("bytes after the answer")
 
     def on_status(self, reason: bytes) -> None:
-        if b"\0" in reason:  # (llhttp takes any byte in a reason phrase; h11 refused a NUL, as RFC 9112 4 does)
+        # (llhttp takes any byte in a reason phrase; h11 refused a NUL, as RFC 9112 4 does)
+        if b"\0" in reason:
             raise _Malformed("a NUL in the status line")
 
     def on_headers_complete(self) -> None:
         parser = self._parser
         status = parser.get_status_code()
-        if status < 100:  # (llhttp reads any three digits, and would wait for a head after this one)
+        # (llhttp reads any three digits, and would wait for a head after this one)
+        if status < 100:
             raise _Malformed("not a status code")
         # the head, whole in the bytes read: llhttp has checked its lines (a token name, a value
         # without CR, LF or NUL, no obs-fold, one Content-Length, not both framings)
         unread = self._unread
         begin = self._head_from
         versioned = unread.startswith(b"HTTP/1.", begin)  # (llhttp has read the version's digits)
-        if not versioned:  # another version, or empty lines before the status line (llhttp skips them)
+        # another version, or empty lines before the status line (llhttp skips them)
+        if not versioned:
             begin = unread.find(b"HTTP/", begin)
             versioned = unread.startswith(b"HTTP/1.", begin)
         end = unread.find(b"\r\n\r\n", begin)
@@ -239,11 +250,13 @@ class Connection:
                 self._unread += data
         try:
             self._parser.feed_data(data)
-        except (httptools.HttpParserError, httptools.HttpParserUpgrade, _Malformed):  # (a 101 is an upgrade)
+        # (a 101 is an upgrade)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, _Malformed):
             if self._done:  # what follows a whole answer only means the connection is not reused
                 self._after = True
                 return
-            if self._head_done:  # the head (and the body before the fault) stand: the reader hears it there
+            # the head (and the body before the fault) stand: the reader hears it there
+            if self._head_done:
                 self._fault = True
                 return
             raise UpstreamError("malformed HTTP response head") from None
@@ -265,13 +278,16 @@ class Connection:
                 tcp = await open_tcp(origin.host, origin.port)
                 if origin.scheme != "https":
                     return cls(origin, tcp, tcp.socket.fileno())
-                tls = trio.SSLStream(tcp, ssl_context or default_ssl_context(), server_hostname=origin.host,
+                tls = trio.SSLStream(tcp, ssl_context or default_ssl_context(),
+                                     server_hostname=origin.host,
                                      https_compatible=True)
                 try:
                     await tls.do_handshake()
                 except TRANSPORT_ERRORS:
                     await trio.aclose_forcefully(tcp)
-                    raise UpstreamError("TLS handshake failed (the certificate or the protocol)") from None
+                    raise UpstreamError(
+                        "TLS handshake failed (the certificate or the protocol)"
+                    ) from None
                 except BaseException:
                     await trio.aclose_forcefully(tcp)
                     raise
@@ -366,7 +382,9 @@ class Connection:
     def reusable(self) -> bool:
         """Whether the exchange ended cleanly on both sides with nothing after it; if so the
         connection is ready for the next one."""
-        return self._done and self._keep_alive and self._framed and not self._after and not self._eof
+        return (
+            self._done and self._keep_alive and self._framed and not self._after and not self._eof
+        )
 
 
 class Response:
@@ -375,7 +393,8 @@ class Response:
     read from the head's lines when `headers` is first asked for (to classify an error): an
     answer's success needs only its framing, `content_length` and its content coding."""
 
-    __slots__ = ("connection", "status", "content_length", "complete", "_fields", "_headers", "_inflate", "_tail")
+    __slots__ = ("connection", "status", "content_length", "complete", "_fields", "_headers",
+                 "_inflate", "_tail")
 
     def __init__(self, connection: Connection, status: int, fields: str, content_length: str | None,
                  content_encoding: str | None) -> None:

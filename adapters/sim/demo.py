@@ -26,8 +26,11 @@ Out = Callable[[str], object]
 
 
 def _attempts(request: dict[str, Any]) -> str:
-    parts = [f"{a['provider']}/{a['model']} {a['outcome']}" + (" (stream)" if a["mode"] == "stream" else "")
-             for a in request["attempts"]]
+    parts = [
+        f"{a['provider']}/{a['model']} {a['outcome']}"
+        + (" (stream)" if a["mode"] == "stream" else "")
+        for a in request["attempts"]
+    ]
     return " -> ".join(parts) or "-"
 
 
@@ -46,7 +49,8 @@ def main(out: Out = print, simulated: bool = False) -> int:
         try:
             import openai  # noqa: F401 - the gateway storyline needs the official SDK
         except ImportError:
-            out("the openai SDK is not installed (pip install openai, to drive a real gateway with it): "
+            out("the openai SDK is not installed (pip install openai, to drive a real gateway with "
+                "it): "
                 "running the storyline in process on virtual time\n")
         else:
             return gateway_main(out)
@@ -65,25 +69,38 @@ def simulated_main(out: Out = print) -> int:
             cooling = relay.health.cooldown_until(alias) - now
             cooldown = f"{cooling:.0f}s left" if cooling > 0 else "none"
             health_view.append(
-                f"  {alias:<20} breaker={breaker.state:<9} recent_failures={len(breaker.failures)} cooldown={cooldown}"
+                f"  {alias:<20} breaker={breaker.state:<9} recent_failures={len(breaker.failures)} "
+                f"cooldown={cooldown}"
             )
 
     trace = run_scenario(scenario, on_done=capture)
     out(scenario.name)
-    out("(sim upstreams on virtual time: backoffs, cooldowns and breaker windows take no real time)\n")
+    out("(sim upstreams on virtual time: backoffs, cooldowns and breaker windows take no real "
+        "time)\n")
     failures = 0
-    for i, (request, actual) in enumerate(zip(scenario.requests, trace["requests"], strict=True), start=1):
-        out(f"{i}. t={request.get('at', 0):>4.0f}s {'stream' if request.get('stream') else 'complete'}: {request.get('text')}")
+    for i, (request, actual) in enumerate(zip(scenario.requests, trace["requests"], strict=True),
+                                          start=1):
+        out(f"{i}. t={request.get('at', 0):>4.0f}s "
+            f"{'stream' if request.get('stream') else 'complete'}: {request.get('text')}")
         out(f"   requested: {actual['requested']}")
         out(f"   attempts:  {_attempts(actual)}")
         if actual["skipped"]:
-            out("   skipped:   " + ", ".join(f"{s['provider']} ({s['reason']})" for s in actual["skipped"]))
+            out(
+                "   skipped:   "
+                + ", ".join(f"{s['provider']} ({s['reason']})" for s in actual["skipped"])
+            )
         served = actual["served"] or "none"
-        out(f"   outcome:   {actual['outcome']}" + (f" ({actual['error']})" if actual["error"] else "") + f", served by {served}")
+        out(
+            f"   outcome:   {actual['outcome']}"
+            + (f" ({actual['error']})" if actual["error"] else "")
+            + f", served by {served}"
+        )
         if actual["text"]:
             out(f"   answer:    {actual['text']!r}")
         if actual["partial_text"]:
-            out(f"   partial:   {actual['partial_text']!r} (persisted; the request is not replayed)")
+            out(
+                f"   partial:   {actual['partial_text']!r} (persisted; the request is not replayed)"
+            )
         if actual["notice"]:
             out(f"   notice:    {actual['notice']}")
         out(f"   cost:      ${actual['cost_usd']:.6f} over {len(actual['ledger'])} ledger rows")
@@ -108,21 +125,51 @@ GATEWAY_CONFIG: dict[str, Any] = {
     "breaker": {"failure_threshold": 2, "open_s": 4},
     "notices": {"model_fallback_notice": "detailed"},
     "providers": {
-        "anthropic.primary": {"family": "sim", "model": "claude-sonnet-4", "fallbacks": ["openai.backup", "openrouter.spare"],
-                              "price": {"input_per_mtok": 3.0, "output_per_mtok": 15.0}},
-        "openai.backup": {"family": "sim", "model": "gpt-4o-mini", "price": {"input_per_mtok": 0.15, "output_per_mtok": 0.6}},
-        "openrouter.spare": {"family": "sim", "model": "llama-3.3-70b", "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.8}},
+        "anthropic.primary": {
+            "family": "sim",
+            "model": "claude-sonnet-4",
+            "fallbacks": ["openai.backup", "openrouter.spare"],
+            "price": {"input_per_mtok": 3.0, "output_per_mtok": 15.0},
+        },
+        "openai.backup": {
+            "family": "sim",
+            "model": "gpt-4o-mini",
+            "price": {"input_per_mtok": 0.15, "output_per_mtok": 0.6},
+        },
+        "openrouter.spare": {
+            "family": "sim",
+            "model": "llama-3.3-70b",
+            "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.8},
+        },
     },
 }
 GATEWAY_REPLIES: list[dict[str, Any]] = [
-    {"provider": "anthropic.primary", "script": [
-        {"text": "Hello from the primary."}, {"status": 503}, {"status": 503}, {"status": 503},
-        {"text": "The primary is back."}]},
-    {"provider": "openai.backup", "script": [
-        {"text": "The backup answers while the primary is down."},
-        {"status": 429, "retry_after": 2},
-        {"frames": [{"role": True}, {"ping": True}, {"error": "overloaded_error"}]},
-        {"frames": [{"role": True}, {"text": "Streaming a long"}, {"text": " answer"}, {"error": "overloaded_error"}]}]},
+    {
+        "provider": "anthropic.primary",
+        "script": [
+            {"text": "Hello from the primary."},
+            {"status": 503},
+            {"status": 503},
+            {"status": 503},
+            {"text": "The primary is back."},
+        ],
+    },
+    {
+        "provider": "openai.backup",
+        "script": [
+            {"text": "The backup answers while the primary is down."},
+            {"status": 429, "retry_after": 2},
+            {"frames": [{"role": True}, {"ping": True}, {"error": "overloaded_error"}]},
+            {
+                "frames": [
+                    {"role": True},
+                    {"text": "Streaming a long"},
+                    {"text": " answer"},
+                    {"error": "overloaded_error"},
+                ]
+            },
+        ],
+    },
     {"provider": "openrouter.spare", "script": [{"text": "The spare answers."}]},
 ]
 # (pause before, stream?, what it shows)
@@ -151,18 +198,21 @@ def gateway_main(out: Out = print) -> int:
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
     seen = {"fallback": 0, "breaker_skip": 0, "interrupted": 0}
     with tempfile.TemporaryDirectory() as tmp, \
-            BackgroundGateway(GATEWAY_CONFIG, GATEWAY_REPLIES, ledger_path=f"{tmp}/ledger.sqlite3") as gw:
+            BackgroundGateway(GATEWAY_CONFIG, GATEWAY_REPLIES,
+                              ledger_path=f"{tmp}/ledger.sqlite3") as gw:
         assert gw.sim is not None  # (started with the gateway)
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="demo", max_retries=0, timeout=30)
-        out(f"relayline demo: gateway at {gw.url}, sim upstreams at 127.0.0.1:{gw.sim.port}, client: openai SDK\n")
+        out(f"relayline demo: gateway at {gw.url}, sim upstreams at 127.0.0.1:{gw.sim.port}, "
+            "client: openai SDK\n")
         for n, (pause, stream, story) in enumerate(STORY, start=1):
             time.sleep(pause)
             out(f"{n}. {'stream' if stream else 'complete'}: {story}")
             extra: dict[str, Any] = {}
             text, error = "", None
             try:
-                raw = client.chat.completions.with_raw_response.create(model="claude-sonnet-4", messages=messages,
-                                                                       stream=stream)
+                raw = client.chat.completions.with_raw_response.create(
+                    model="claude-sonnet-4", messages=messages, stream=stream
+                )
                 headers = raw.headers
                 parsed = raw.parse()
                 if isinstance(parsed, openai.Stream):
@@ -205,7 +255,8 @@ def gateway_main(out: Out = print) -> int:
             f"attempts={h['attempts_in_window']:<2} success={rate}")
     out("\nledger (SQLite, per profile and model):")
     for row in ledger:
-        out(f"  {row['provider']:<20} {row['model']:<16} accepted={row['accepted']} rejected={row['rejected']} "
+        out(f"  {row['provider']:<20} {row['model']:<16} accepted={row['accepted']} "
+            f"rejected={row['rejected']} "
             f"cost=${row['accepted_cost_usd'] + row['rejected_cost_usd']:.6f}")
     ok = seen["fallback"] > 0 and seen["breaker_skip"] > 0 and seen["interrupted"] > 0
     out(f"\nshown: {seen['fallback']} fallbacks, {seen['breaker_skip']} breaker skips, "

@@ -3,11 +3,12 @@
 One server serves every scripted profile under its own path prefix, so a profile points at it
 with an ordinary base_url:
 
-    openai shape:     base_url = "http://127.0.0.1:PORT/ALIAS/v1"   -> POST /ALIAS/v1/chat/completions
-    anthropic shape:  base_url = "http://127.0.0.1:PORT/ALIAS"      -> POST /ALIAS/v1/messages
+    openai shape:     base_url = "http://127.0.0.1:PORT/ALIAS/v1"   -> POST
+    /ALIAS/v1/chat/completions anthropic shape:  base_url = "http://127.0.0.1:PORT/ALIAS"      ->
+    POST /ALIAS/v1/messages
 
-Each call takes the profile's next scripted reply (docs/scenario-files.md, "Replies") and renders it as
-the real provider would send it: JSON bodies, SSE byte streams, HTTP errors with Retry-After,
+Each call takes the profile's next scripted reply (docs/scenario-files.md, "Replies") and renders it
+as the real provider would send it: JSON bodies, SSE byte streams, HTTP errors with Retry-After,
 refused connections, hangs, pauses between frames. The demo, the gateway tests and the
 benchmarks use it; nothing here is mocked on the client side.
 """
@@ -28,7 +29,8 @@ from .loopback import LoopbackServer, Reply, Seen
 
 SSE = (("content-type", "text/event-stream"), ("cache-control", "no-cache"))
 # a scripted finish reason (OpenAI's words) as Anthropic's stop_reason
-ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
+ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
+                  "content_filter": "refusal"}
 JSON = (("content-type", "application/json"),)
 
 
@@ -37,9 +39,11 @@ def _sse(data: dict[str, Any] | str, event: str | None = None) -> bytes:
     return (f"event: {event}\n" if event else "").encode() + f"data: {payload}\n\n".encode()
 
 
-def _openai_chunk(delta: dict[str, Any] | None = None, finish: str | None = None, usage: dict[str, Any] | None = None, model: str = "") -> dict[str, Any]:
+def _openai_chunk(delta: dict[str, Any] | None = None, finish: str | None = None,
+                  usage: dict[str, Any] | None = None, model: str = "") -> dict[str, Any]:
     chunk = {"id": "chatcmpl-sim", "object": "chat.completion.chunk", "created": 0, "model": model,
-             "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]}
+             "choices": [] if delta is None else [{"index": 0, "delta": delta,
+                                                   "finish_reason": finish}]}
     if usage is not None:
         chunk["usage"] = usage
     return chunk
@@ -66,16 +70,27 @@ def openai_stream(reply: Mapping[str, Any], model: str) -> list[bytes | float]:
             out.append(_sse(_openai_chunk({"tool_calls": [call]}, model=model)))
         elif "usage" in frame:
             tokens_in, tokens_out = frame["usage"]
-            out.append(_sse(_openai_chunk(usage={"prompt_tokens": tokens_in, "completion_tokens": tokens_out,
-                                                 "total_tokens": tokens_in + tokens_out}, model=model)))
+            out.append(_sse(_openai_chunk(usage={"prompt_tokens": tokens_in,
+                                                 "completion_tokens": tokens_out,
+                                                 "total_tokens": tokens_in + tokens_out},
+                                                 model=model)))
         elif "error" in frame:
-            out.append(_sse({"error": {"message": "sim error", "type": frame["error"], "code": None}}))
+            out.append(_sse({"error": {"message": "sim error", "type": frame["error"],
+                                       "code": None}}))
         elif frame.get("malformed"):
             out.append(b"data: {not json\n\n")
         elif frame.get("eof"):
             break
         elif frame.get("done"):
-            out.append(_sse(_openai_chunk({}, finish_of(reply, frame) or ("tool_calls" if tools else "stop"), model=model)))
+            out.append(
+                _sse(
+                    _openai_chunk(
+                        {},
+                        finish_of(reply, frame) or ("tool_calls" if tools else "stop"),
+                        model=model,
+                    )
+                )
+            )
             out.append(_sse("[DONE]"))
             break
         # executed_tool: the OpenAI shape has no provider-executed tool events
@@ -87,14 +102,30 @@ def anthropic_stream(reply: Mapping[str, Any], model: str) -> list[bytes | float
     index = 0
     usage = {"input_tokens": 10, "output_tokens": 1}
     tools = False
-    out.append(_sse({"type": "message_start", "message": {"id": "msg_sim", "type": "message", "role": "assistant",
-                                                          "content": [], "model": model, "usage": usage}}, "message_start"))
+    out.append(
+        _sse(
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_sim",
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [],
+                    "model": model,
+                    "usage": usage,
+                },
+            },
+            "message_start",
+        )
+    )
 
     def block(start: dict[str, Any], delta: dict[str, Any] | None) -> list[bytes]:
         nonlocal index
-        parts = [_sse({"type": "content_block_start", "index": index, "content_block": start}, "content_block_start")]
+        parts = [_sse({"type": "content_block_start", "index": index, "content_block": start},
+                      "content_block_start")]
         if delta is not None:
-            parts.append(_sse({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"))
+            parts.append(_sse({"type": "content_block_delta", "index": index, "delta": delta},
+                              "content_block_delta"))
         parts.append(_sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
         index += 1
         return parts
@@ -107,26 +138,53 @@ def anthropic_stream(reply: Mapping[str, Any], model: str) -> list[bytes | float
         elif frame.get("ping"):
             out.append(_sse({"type": "ping"}, "ping"))
         elif "text" in frame:
-            out.extend(block({"type": "text", "text": ""}, {"type": "text_delta", "text": frame["text"]}))
+            out.extend(block({"type": "text", "text": ""},
+                             {"type": "text_delta", "text": frame["text"]}))
         elif "reasoning" in frame:
-            out.extend(block({"type": "thinking", "thinking": ""}, {"type": "thinking_delta", "thinking": frame["reasoning"]}))
+            out.extend(block({"type": "thinking", "thinking": ""},
+                             {"type": "thinking_delta", "thinking": frame["reasoning"]}))
         elif "tool_call" in frame:
-            out.extend(block({"type": "tool_use", "id": f"toolu_sim{index}", "name": frame["tool_call"], "input": {}},
-                             {"type": "input_json_delta", "partial_json": "{}"}))
+            out.extend(
+                block(
+                    {
+                        "type": "tool_use",
+                        "id": f"toolu_sim{index}",
+                        "name": frame["tool_call"],
+                        "input": {},
+                    },
+                    {"type": "input_json_delta", "partial_json": "{}"},
+                )
+            )
             tools = True
         elif "executed_tool" in frame:
-            out.extend(block({"type": "server_tool_use", "id": "srvtoolu_sim", "name": frame["executed_tool"], "input": {}}, None))
+            out.extend(
+                block(
+                    {
+                        "type": "server_tool_use",
+                        "id": "srvtoolu_sim",
+                        "name": frame["executed_tool"],
+                        "input": {},
+                    },
+                    None,
+                )
+            )
         elif "usage" in frame:
             usage = {"input_tokens": frame["usage"][0], "output_tokens": frame["usage"][1]}
         elif "error" in frame:
-            out.append(_sse({"type": "error", "error": {"type": frame["error"], "message": "sim error"}}, "error"))
+            out.append(
+                _sse(
+                    {"type": "error", "error": {"type": frame["error"], "message": "sim error"}},
+                    "error",
+                )
+            )
         elif frame.get("malformed"):
             out.append(b"event: content_block_delta\ndata: {not json\n\n")
         elif frame.get("eof"):
             break
         elif frame.get("done"):
             stop = ANTHROPIC_STOP[finish_of(reply, frame) or ("tool_calls" if tools else "stop")]
-            out.append(_sse({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+            out.append(_sse({"type": "message_delta",
+                             "delta": {"stop_reason": stop, "stop_sequence": None},
                              "usage": usage}, "message_delta"))
             out.append(_sse({"type": "message_stop"}, "message_stop"))
             break
@@ -135,16 +193,27 @@ def anthropic_stream(reply: Mapping[str, Any], model: str) -> list[bytes | float
 
 def openai_body(reply: Mapping[str, Any], model: str) -> dict[str, Any]:
     usage = default_usage(reply, [] if reply.get("empty") else None)
-    message: dict[str, Any] = {"role": "assistant", "content": None if reply.get("empty") else reply.get("text", "")}
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": None if reply.get("empty") else reply.get("text", "")}
     if reply.get("reasoning"):
         message["reasoning_content"] = reply["reasoning"]
     if reply.get("tool_call"):
         message["tool_calls"] = [{"id": "call_sim", "type": "function",
                                   "function": {"name": reply["tool_call"], "arguments": "{}"}}]
-    return {"id": "chatcmpl-sim", "object": "chat.completion", "model": model,
-            "choices": [{"index": 0, "message": message,
-                         "finish_reason": finish_of(reply) or ("tool_calls" if reply.get("tool_call") else "stop")}],
-            "usage": {"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens}}
+    return {
+        "id": "chatcmpl-sim",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": finish_of(reply)
+                or ("tool_calls" if reply.get("tool_call") else "stop"),
+            }
+        ],
+        "usage": {"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens},
+    }
 
 
 def anthropic_body(reply: Mapping[str, Any], model: str) -> dict[str, Any]:
@@ -155,10 +224,19 @@ def anthropic_body(reply: Mapping[str, Any], model: str) -> dict[str, Any]:
     if reply.get("text") and not reply.get("empty"):
         content.append({"type": "text", "text": reply["text"]})
     if reply.get("tool_call"):
-        content.append({"type": "tool_use", "id": "toolu_sim", "name": reply["tool_call"], "input": {}})
-    return {"id": "msg_sim", "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": ANTHROPIC_STOP[finish_of(reply) or ("tool_calls" if reply.get("tool_call") else "stop")],
-            "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}}
+        content.append({"type": "tool_use", "id": "toolu_sim", "name": reply["tool_call"],
+                        "input": {}})
+    return {
+        "id": "msg_sim",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": ANTHROPIC_STOP[
+            finish_of(reply) or ("tool_calls" if reply.get("tool_call") else "stop")
+        ],
+        "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
+    }
 
 
 def _coalesce(pieces: list[bytes | float]) -> tuple[bytes | float, ...]:
@@ -173,7 +251,13 @@ def _coalesce(pieces: list[bytes | float]) -> tuple[bytes | float, ...]:
 
 
 def error_body(shape: str, status: int, error: str | None) -> dict[str, Any]:
-    code = error or ("overloaded_error" if status == 529 else "rate_limit_error" if status == 429 else "api_error")
+    code = error or (
+        "overloaded_error"
+        if status == 529
+        else "rate_limit_error"
+        if status == 429
+        else "api_error"
+    )
     if shape == "anthropic":
         return {"type": "error", "error": {"type": code, "message": code}}
     return {"error": {"message": code, "type": code, "code": code}}
@@ -208,23 +292,37 @@ class SimHTTPServer:
         alias = path.strip("/").split("/", 1)[0]
         body: dict[str, Any] = seen.body or {}
         model = body.get("model", "")
-        script = next((s for s in self.scripts if s.provider == alias and s.model in (None, model)), None)
+        script = next((s for s in self.scripts if s.provider == alias and s.model in (None, model)),
+                      None)
         reply: Mapping[str, Any] = script.next() if script is not None else {"text": "ok"}
         delay = math.inf if reply.get("hang") else float(reply.get("delay", 0.0))
         if reply.get("connect_error"):
             return Reply(refuse=True)
         if reply.get("malformed_body"):  # the right status and shape, fields of the wrong types
-            broken = {"choices": "none", "usage": 7} if shape == "openai" else {"content": "none", "usage": 7}
+            broken = {"choices": "none",
+                      "usage": 7} if shape == "openai" else {"content": "none", "usage": 7}
             if body.get("stream"):  # a stream whose first event has them
-                event = {**broken, "type": "message_start", "message": 7} if shape == "anthropic" else broken
-                return Reply(headers=SSE, pieces=(f"data: {json.dumps(event)}\n\n".encode(),), delay=delay)
+                event = {**broken, "type": "message_start",
+                         "message": 7} if shape == "anthropic" else broken
+                return Reply(headers=SSE, pieces=(f"data: {json.dumps(event)}\n\n".encode(),),
+                             delay=delay)
             return Reply(headers=JSON, pieces=(json.dumps(broken).encode(),), delay=delay)
         if "status" in reply:
-            headers = JSON + ((("retry-after", str(reply["retry_after"])),) if "retry_after" in reply else ())
-            return Reply(status=int(reply["status"]), headers=headers, delay=delay,
-                         pieces=(json.dumps(error_body(shape, int(reply["status"]), reply.get("error"))).encode(),))
+            headers = JSON + ((("retry-after", str(reply["retry_after"])),
+                               ) if "retry_after" in reply else ())
+            return Reply(
+                status=int(reply["status"]),
+                headers=headers,
+                delay=delay,
+                pieces=(
+                    json.dumps(
+                        error_body(shape, int(reply["status"]), reply.get("error"))
+                    ).encode(),
+                ),
+            )
         if body.get("stream"):
-            frames = openai_stream(reply, model) if shape == "openai" else anthropic_stream(reply, model)
+            stream = openai_stream if shape == "openai" else anthropic_stream
+            frames = stream(reply, model)
             return Reply(headers=SSE, pieces=_coalesce(frames), delay=delay)
         if "frames" in reply:
             reply = aggregate_frames(reply["frames"])
@@ -232,8 +330,12 @@ class SimHTTPServer:
             if reply.get("cut"):
                 return Reply(headers=JSON, pieces=(b'{"id": "cut',), delay=delay, end=False)
             if "stream_error" in reply:
-                return Reply(status=500, headers=JSON, delay=delay,
-                             pieces=(json.dumps(error_body(shape, 500, reply["stream_error"])).encode(),))
+                return Reply(
+                    status=500,
+                    headers=JSON,
+                    delay=delay,
+                    pieces=(json.dumps(error_body(shape, 500, reply["stream_error"])).encode(),),
+                )
         rendered = openai_body(reply, model) if shape == "openai" else anthropic_body(reply, model)
         return Reply(headers=JSON, pieces=(json.dumps(rendered).encode(),), delay=delay)
 
@@ -245,7 +347,8 @@ def shape_by_alias(alias: str) -> str:
     return family.wire if family is not None and family.wire is not None else WIRES[0]
 
 
-def wire_to(config: Mapping[str, Any], server: SimHTTPServer, shape_for: Callable[[str], str] = shape_by_alias) -> dict[str, Any]:
+def wire_to(config: Mapping[str, Any], server: SimHTTPServer,
+            shape_for: Callable[[str], str] = shape_by_alias) -> dict[str, Any]:
     """`config` with every sim profile pointed at the loopback sim server, in the protocol shape
     `shape_for(alias)` gives (openai or anthropic)."""
     copied: dict[str, Any] = json.loads(json.dumps(config))

@@ -1,8 +1,9 @@
 """`relayline simulate`: scenarios on virtual time through the real core and the real driver.
 
-A scenario (docs/scenario-files.md) is a config, scripted sim upstreams and requests with expectations.
-Everything runs under trio's MockClock with autojump, so backoffs, Retry-After waits, cooldowns,
-breaker windows and timeouts take no real time, and the same scenario always gives the same trace.
+A scenario (docs/scenario-files.md) is a config, scripted sim upstreams and requests with
+expectations. Everything runs under trio's MockClock with autojump, so backoffs, Retry-After waits,
+cooldowns, breaker windows and timeouts take no real time, and the same scenario always gives the
+same trace.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from ..providers.sim import SimUpstream, scripts_of
 from ..relay import Relay, turns_of
 from .server import SimHTTPServer, wire_to
 
-REQUEST_KEYS = {"at", "model", "stream", "tools", "text", "cancel_after", "cancel_at", "operator_model",
+REQUEST_KEYS = {"at", "model", "stream", "tools", "text", "cancel_after", "cancel_at",
+                "operator_model",
                 "concurrent", "expect"}
 EXPECT_KEYS = {
     "attempts", "skipped", "outcome", "error", "served", "text", "partial_text", "events_text",
@@ -86,13 +88,17 @@ def _trace(result: TurnResult, events: list[Event], origin: float) -> dict[str, 
     return {
         "requested": result.requested,
         "attempts": [{**a.as_json(), "at": round(a.at - origin, 6)} for a in result.attempts],
-        "skipped": [{"provider": s.profile, "model": s.model, "reason": s.reason} for s in result.skipped],
+        "skipped": [
+            {"provider": s.profile, "model": s.model, "reason": s.reason} for s in result.skipped
+        ],
         "outcome": result.outcome,
         "error": result.error,
         "served": result.served.label if result.served else None,
         "text": result.text if result.outcome == "ok" else None,
         # OpenAI's words (docs/trace.md), e.g. an Anthropic stop_sequence reads "stop"
-        "finish": TO_OPENAI[finish_reason(result.finish_reason, len(result.tool_calls))] if result.outcome == "ok" else None,
+        "finish": TO_OPENAI[finish_reason(result.finish_reason, len(result.tool_calls))]
+        if result.outcome == "ok"
+        else None,
         "partial_text": result.partial_text,
         "events": [str(e) for e in events],
         "notice": result.notice,
@@ -208,7 +214,8 @@ def _attempt_label(a: dict[str, Any], with_mode: bool) -> str:
     return f"{label} {a['mode']}" if with_mode else label
 
 
-def check_request(expect: Mapping[str, Any], actual: dict[str, Any] | None, trace: dict[str, Any]) -> list[tuple[str, object, object]]:
+def check_request(expect: Mapping[str, Any], actual: dict[str, Any] | None,
+                  trace: dict[str, Any]) -> list[tuple[str, object, object]]:
     """The failing keys of one request: (key, expected, actual)."""
     failures: list[tuple[str, object, object]] = []
 
@@ -221,7 +228,9 @@ def check_request(expect: Mapping[str, Any], actual: dict[str, Any] | None, trac
         if err is None or expect["init_error_contains"] not in err:
             failures.append(("init_error_contains", expect["init_error_contains"], err))
     if "warnings_contain" in expect:
-        missing = [w for w in expect["warnings_contain"] if not any(w in got for got in trace["warnings"])]
+        missing = [
+            w for w in expect["warnings_contain"] if not any(w in got for got in trace["warnings"])
+        ]
         if missing:
             failures.append(("warnings_contain", missing, trace["warnings"]))
     request_keys = set(expect) - {"init_error_contains", "warnings_contain"}
@@ -231,7 +240,10 @@ def check_request(expect: Mapping[str, Any], actual: dict[str, Any] | None, trac
         failures.append(("init_error", None, trace.get("init_error")))
         return failures
     if "attempts" in expect:
-        got = [_attempt_label(a, len(w.split()) > 2) for w, a in zip(expect["attempts"], actual["attempts"], strict=False)]
+        got = [
+            _attempt_label(a, len(w.split()) > 2)
+            for w, a in zip(expect["attempts"], actual["attempts"], strict=False)
+        ]
         got += [_attempt_label(a, False) for a in actual["attempts"][len(got):]]
         differs("attempts", list(expect["attempts"]), got)
     if "skipped" in expect:
@@ -243,7 +255,8 @@ def check_request(expect: Mapping[str, Any], actual: dict[str, Any] | None, trac
     if "served" in expect:
         differs("served", expect["served"], actual["served"] or "none")
     if "partial_text" in expect:
-        differs("partial_text", expect["partial_text"], actual["partial_text"] if actual["partial_text"] is not None else "none")
+        differs("partial_text", expect["partial_text"],
+                actual["partial_text"] if actual["partial_text"] is not None else "none")
     if "events_text" in expect:
         differs("events_text", expect["events_text"],
                 "".join(e[len("text:"):] for e in actual["events"] if e.startswith("text:")))
@@ -256,8 +269,14 @@ def check_request(expect: Mapping[str, Any], actual: dict[str, Any] | None, trac
     if expect.get("no_notice"):
         differs("no_notice", None, actual["notice"])
     if "ledger" in expect:
-        differs("ledger", list(expect["ledger"]),
-                [f"{r['provider']}/{r['model']} {'accepted' if r['accepted'] else 'rejected'}" for r in actual["ledger"]])
+        differs(
+            "ledger",
+            list(expect["ledger"]),
+            [
+                f"{r['provider']}/{r['model']} {'accepted' if r['accepted'] else 'rejected'}"
+                for r in actual["ledger"]
+            ],
+        )
     if "cost_usd" in expect and abs(float(expect["cost_usd"]) - actual["cost_usd"]) > 1e-9:
         failures.append(("cost_usd", expect["cost_usd"], actual["cost_usd"]))
     if "keys" in expect:
@@ -315,6 +334,7 @@ def main(paths: list[str], *, as_json: bool = False, http: str | None = None,
         failed += 1
         out(f"FAIL {path}: {report.scenario.name}")
         for i, key, want, got in report.failures:
-            out(f"  requests[{i}] {key}:\n    expected {json.dumps(want)}\n    actual   {json.dumps(got)}")
+            out(f"  requests[{i}] {key}:\n    expected {json.dumps(want)}\n    actual   "
+                f"{json.dumps(got)}")
     out(f"{passed} of {passed + failed} scenarios pass")
     return 0 if failed == 0 else 1

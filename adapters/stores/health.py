@@ -22,8 +22,8 @@ than TIMEOUT_S: a request never fails because the store did.
 
 Every key lives under key_prefix and has an expiry: the breaker state (open_s + window_s past
 its last write), the failure window (window_s), the probe (its lease), the cooldown (its end),
-a pool's keys sitting out after a 401 or 403 (the last one's end), the key cursor (a day). A standalone Redis (or a single shard) is assumed: the script names
-its keys from the prefix.
+a pool's keys sitting out after a 401 or 403 (the last one's end), the key cursor (a day). A
+standalone Redis (or a single shard) is assumed: the script names its keys from the prefix.
 """
 
 from __future__ import annotations
@@ -181,8 +181,13 @@ class SharedBreaker(Breaker):
         self.reserved = False
 
     def refresh(self, now: float) -> BreakerState:
-        if self.life.state == "open" and now >= self.open_until and not (self.reserved or self.store.local):
-            return BreakerState.OPEN  # open_s passed, but another worker may hold the probe: the next sync says
+        if (
+            self.life.state == "open"
+            and now >= self.open_until
+            and not (self.reserved or self.store.local)
+        ):
+            # open_s passed, but another worker may hold the probe: the next sync says
+            return BreakerState.OPEN
         return super().refresh(now)
 
     def claim(self, now: float, *, force: bool = False) -> bool:
@@ -226,7 +231,8 @@ class RedisHealth(InMemoryHealth):
         self.url = health.store
         self.prefix = health.key_prefix
         parts = urlsplit(self.url)
-        self.where = f"{parts.hostname or parts.path}:{parts.port or 6379}{parts.path if parts.hostname else ''}"
+        host = parts.hostname or parts.path
+        self.where = f"{host}:{parts.port or 6379}{parts.path if parts.hostname else ''}"
         self.worker = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self._ids = itertools.count()
         self._ops: list[tuple[str, str, str]] = []
@@ -236,7 +242,8 @@ class RedisHealth(InMemoryHealth):
         self._rounds_done = 0
         self._client = None  # a connected coredis client while `connected()` runs
         self._script: _Script | None = None  # this store's own round
-        self._scripts: dict[str, _Script] = {}  # other stores' scripts on this connection (`run_script`)
+        # other stores' scripts on this connection (`run_script`)
+        self._scripts: dict[str, _Script] = {}
         self.local = True  # serving on local state (not connected, or the store is down)
         self._down_since: float | None = None
         self._retry_at = -math.inf
@@ -308,7 +315,8 @@ class RedisHealth(InMemoryHealth):
             import coredis
             from coredis.retry import NoRetryPolicy
         except ImportError:  # pragma: no cover - the fleet extra is part of dev
-            raise RuntimeError("health.store = redis://... needs the fleet extra: pip install 'relayline[fleet]'") from None
+            raise RuntimeError("health.store = redis://... needs the fleet extra: pip install "
+                               "'relayline[fleet]'") from None
         self._hosted = True
         async with trio.open_nursery() as nursery:
             await nursery.start(self._connection, coredis, NoRetryPolicy)
@@ -322,12 +330,15 @@ class RedisHealth(InMemoryHealth):
         """Reports started after the first attempt, connected or not: the first turns then
         already share the fleet's state when Redis is up, and never wait on it when it is down."""
         while True:
-            client = coredis.Redis.from_url(self.url, decode_responses=True, connect_timeout=CONNECT_TIMEOUT_S,
-                                            stream_timeout=CONNECT_TIMEOUT_S, retry_policy=no_retry())
+            client = coredis.Redis.from_url(self.url, decode_responses=True,
+                                            connect_timeout=CONNECT_TIMEOUT_S,
+                                            stream_timeout=CONNECT_TIMEOUT_S,
+                                            retry_policy=no_retry())
             try:
                 async with client:
                     with trio.fail_after(CONNECT_TIMEOUT_S):
-                        await client.ping()  # a pooled connection, made before the first round's deadline
+                        # a pooled connection, made before the first round's deadline
+                        await client.ping()
                     self._client = client
                     self._script = client.register_script(SCRIPT)
                     self._scripts = {}
@@ -350,13 +361,15 @@ class RedisHealth(InMemoryHealth):
         self._ops.clear()  # the fleet cannot learn them now; the mirror keeps them locally
         if self._down_since is None:
             self._down_since = now
-            log.warning("health_store_unreachable store=%s error=%s serving=local_health", self.where,
+            log.warning("health_store_unreachable store=%s error=%s serving=local_health",
+                        self.where,
                         type(exc).__name__)
         self.local = True
         for profile in self._breakers:
             self._shared(profile).reserved = False
 
-    async def run_script(self, source: str, args: list[str], timeout_s: float = TIMEOUT_S) -> list[Any]:
+    async def run_script(self, source: str, args: list[str],
+                         timeout_s: float = TIMEOUT_S) -> list[Any]:
         """Another store's Lua script (stores/limits.py) on this store's connection, with no keys
         and string arguments. Raises while the store is not connected or does not answer within
         `timeout_s`: the caller decides what that means for it."""
@@ -379,7 +392,8 @@ class RedisHealth(InMemoryHealth):
         if self._client is None or trio.current_time() < self._retry_at:
             if not self._hosted and not self._said_unhosted:
                 self._said_unhosted = True
-                log.warning("health_store_not_connected store=%s serving=local_health hint=%s", self.where,
+                log.warning("health_store_not_connected store=%s serving=local_health hint=%s",
+                            self.where,
                             "run turns inside `async with relay:` (a trio host) or the gateway")
             return
         ticket = self._rounds_started
@@ -412,7 +426,8 @@ class RedisHealth(InMemoryHealth):
         now = trio.current_time()
         self.rounds += 1
         if self._down_since is not None:
-            log.warning("health_store_reachable store=%s after_s=%.1f serving=shared_health", self.where,
+            log.warning("health_store_reachable store=%s after_s=%.1f serving=shared_health",
+                        self.where,
                         now - self._down_since)
             self._down_since = None
         self.local = False
@@ -430,7 +445,9 @@ class RedisHealth(InMemoryHealth):
             keys = int(fields[at])
             pairs = fields[at + 1:at + 1 + 2 * keys]
             at += 1 + 2 * keys
-            self._key_cooldowns[profile] = {int(pairs[k]): float(pairs[k + 1]) - offset for k in range(0, len(pairs), 2)}
+            self._key_cooldowns[profile] = {
+                int(pairs[k]): float(pairs[k + 1]) - offset for k in range(0, len(pairs), 2)
+            }
             breaker = self._shared(profile)
             local = breaker.life.state
             if state == "closed":

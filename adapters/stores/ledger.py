@@ -13,8 +13,8 @@ ledger`. Each row names the gateway client by its key id (a short hash, never th
 for library turns and gateways without keys), says whether its tokens are relayline's
 estimate (`estimated`: output forwarded, then the attempt ended without the provider's usage),
 and names a named key and its team; `spend` is what a key's or team's budget reads. A ledger
-written before those columns existed is migrated in place when opened. A fleet keeps the same rows in PostgreSQL instead
-(stores/postgres.py); `open_ledger` picks the store a config names.
+written before those columns existed is migrated in place when opened. A fleet keeps the same rows
+in PostgreSQL instead (stores/postgres.py); `open_ledger` picks the store a config names.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ MIGRATION_WAIT_S = 600.0  # how long opening waits for another process's migrati
 CHECKPOINT_EVERY = 250  # writes (about 1,000 WAL pages: SQLite's own autocheckpoint threshold)
 # a turn's commit that finds another process's write lock (the gateway's workers share the file)
 # tries again after these waits in the event loop, doubling, until BUSY_S: a commit holds the lock
-# for tens of µs
+# only briefly
 LOCKED_WAIT_S = (0.0002, 0.005)
 # the same in the caller's thread (`write`, opening): SQLite's busy handler's own pace
 SYNC_WAIT_S = (0.001, 0.05)
@@ -136,10 +136,12 @@ class LedgerStore:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, timeout=BUSY_S, check_same_thread=False, isolation_level=None)
+        self._conn = sqlite3.connect(self.path, timeout=BUSY_S, check_same_thread=False,
+                                     isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:
-            self._conn.execute(f"PRAGMA page_size = {PAGE_BYTES}")  # (a file made before keeps its own)
+            # (a file made before keeps its own)
+            self._conn.execute(f"PRAGMA page_size = {PAGE_BYTES}")
             wal = self._enter_wal()
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(SCHEMA)
@@ -172,7 +174,9 @@ class LedgerStore:
         WAL) is switched under an exclusive lock. While another connection holds a write lock on
         it (another worker switching it at the same moment), SQLite refuses the switch at once,
         without its busy handler (waiting could deadlock), so the wait is here (`_waited`)."""
-        return _waited(lambda: bool(self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"))
+        return _waited(
+            lambda: bool(self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal")
+        )
 
     def _migrate(self) -> None:
         if not self._outdated():  # (a read: a current file is opened without the write lock)
@@ -189,22 +193,27 @@ class LedgerStore:
                     missing, autoincrement = outdated
                     for name, definition in MIGRATIONS:
                         if name in missing:
-                            self._conn.execute(f"ALTER TABLE attempts ADD COLUMN {name} {definition}")
+                            self._conn.execute(f"ALTER TABLE attempts ADD COLUMN {name} "
+                                               f"{definition}")
                     if autoincrement:
                         self._rebuild()
                 self._conn.execute("COMMIT")
             except BaseException:
-                if self._conn.in_transaction:  # (not when BEGIN itself failed: its error is the one to see)
+                # (not when BEGIN itself failed: its error is the one to see)
+                if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
         finally:
             self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
 
     def _outdated(self) -> tuple[set[str], bool] | None:
-        """What the file lacks (MIGRATIONS' columns, the id without AUTOINCREMENT); None: nothing."""
+        """What the file lacks (MIGRATIONS' columns, the id without AUTOINCREMENT); None:
+        nothing."""
         have = {row[1] for row in self._conn.execute("PRAGMA table_info(attempts)")}
         missing = {name for name, _ in MIGRATIONS if name not in have}
-        (made,) = self._conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'attempts'"
+        (made,
+         ) = self._conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = "
+                                "'attempts'"
                                      ).fetchone()
         autoincrement = "AUTOINCREMENT" in made.upper()
         return (missing, autoincrement) if missing or autoincrement else None
@@ -218,11 +227,14 @@ class LedgerStore:
         for statement in SCHEMA.split(";"):
             if statement.strip():
                 self._conn.execute(statement)
-        self._conn.execute(f"INSERT INTO attempts ({columns}) SELECT {columns} FROM attempts_before")
+        self._conn.execute(
+            f"INSERT INTO attempts ({columns}) SELECT {columns} FROM attempts_before"
+        )
         self._conn.execute("DROP TABLE attempts_before")
         log.info("ledger_migrated path=%s change=no_autoincrement", self.path)
 
-    def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "", key: str = "",
+    def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "",
+              key: str = "",
               team: str = "") -> int:
         """A turn's rows, from synchronous code: another process's write lock is waited for in
         this thread (`record` is the event loop's)."""
@@ -269,7 +281,8 @@ class LedgerStore:
         while True:
             try:
                 self._insert(batch.rows)
-                return  # (no await before the caller closes the batch: no record() joins a committed one)
+                # (no await before the caller closes the batch: no record() joins a committed one)
+                return
             except sqlite3.OperationalError as exc:
                 if not _busy(exc):
                     raise
@@ -283,7 +296,8 @@ class LedgerStore:
     def _start_checkpoint(self) -> None:
         """Wake the checkpointer (started on the first need: most stores never get there)."""
         if self._checkpointer is None:
-            self._checkpointer = threading.Thread(target=self._checkpoints, name="relayline-ledger-checkpoint",
+            self._checkpointer = threading.Thread(target=self._checkpoints,
+                                                  name="relayline-ledger-checkpoint",
                                                   daemon=True)
             self._checkpointer.start()
         self._kick.set()
@@ -337,7 +351,8 @@ class LedgerStore:
         batch = self._batch
         if batch is not None:
             batch.rows.extend(rows)
-            with trio.CancelScope(shield=True):  # a pass, or another worker's lock: this turn's bill
+            # a pass, or another worker's lock: this turn's bill
+            with trio.CancelScope(shield=True):
                 await batch.committed.wait()
             if batch.error is not None:
                 raise _own(batch.error)
@@ -369,12 +384,14 @@ class LedgerStore:
         loop's next commit would wait for. Another process's lock is waited for by SQLite's busy
         handler, in the reader's own thread."""
         if self._reader is None:
-            self._reader = sqlite3.connect(self.path, timeout=BUSY_S, check_same_thread=False, isolation_level=None)
+            self._reader = sqlite3.connect(self.path, timeout=BUSY_S, check_same_thread=False,
+                                           isolation_level=None)
         return self._reader
 
     def rows(self, since: float = 0.0) -> list[dict[str, Any]]:
         with self._read_lock:
-            cur = self._reading().execute(f"SELECT {', '.join(COLUMNS)} FROM attempts WHERE ts >= ? ORDER BY id",
+            cur = self._reading().execute(f"SELECT {', '.join(COLUMNS)} FROM attempts WHERE ts >= "
+                                          "? ORDER BY id",
                                           (since,))
             names = [d[0] for d in cur.description]
             return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
@@ -388,14 +405,17 @@ class LedgerStore:
             cur = self._reading().execute(
                 f"SELECT {columns}, "
                 "SUM(accepted), SUM(1 - accepted), "
-                "SUM(CASE WHEN accepted THEN cost_usd ELSE 0 END), SUM(CASE WHEN accepted THEN 0 ELSE cost_usd END), "
+                "SUM(CASE WHEN accepted THEN cost_usd ELSE 0 END), SUM(CASE WHEN accepted THEN 0 "
+                "ELSE cost_usd END), "
                 "SUM(input_tokens), SUM(output_tokens), SUM(estimated) "
                 f"FROM attempts WHERE ts >= ? GROUP BY {columns} ORDER BY {columns}", (since,))
             out = []
             for row in cur.fetchall():
                 a, r, ac, rc, ti, to, est = row[len(group):]
-                out.append({**dict(zip(group, row, strict=False)), "accepted": int(a), "rejected": int(r),
-                            "accepted_cost_usd": ac, "rejected_cost_usd": rc, "input_tokens": int(ti),
+                out.append({**dict(zip(group, row, strict=False)), "accepted": int(a),
+                            "rejected": int(r),
+                            "accepted_cost_usd": ac, "rejected_cost_usd": rc,
+                            "input_tokens": int(ti),
                             "output_tokens": int(to), "estimated": int(est)})
             return out
 
@@ -405,7 +425,8 @@ class LedgerStore:
         column = SPEND_COLUMNS[scope]
         with self._read_lock:
             (total,) = self._reading().execute(
-                f"SELECT COALESCE(SUM(cost_usd), 0) FROM attempts WHERE {column} = ? AND ts >= ?", (name, since)
+                f"SELECT COALESCE(SUM(cost_usd), 0) FROM attempts WHERE {column} = ? AND ts >= ?",
+                (name, since)
             ).fetchone()
         return float(total)
 

@@ -119,7 +119,8 @@ class MemoryLimits:
         if key:
             self._spend.setdefault(key, amount)
 
-    async def admit(self, scopes: Sequence[ScopeLimits], estimate: int) -> tuple[Refusal | None, Ticket | None,
+    async def admit(self, scopes: Sequence[ScopeLimits],
+                    estimate: int) -> tuple[Refusal | None, Ticket | None,
                                                                                  list[Standing]]:
         return self.admit_at(scopes, estimate, self.clock())
 
@@ -170,8 +171,8 @@ def _over(scope: ScopeLimits, window: _Window, spend: float, estimate: int) -> b
 
 
 # KEYS: none (standalone Redis, as the health script). ARGV: prefix, ticket id, estimate, n, then
-# per scope: name, rpm, tpm, budget ("" for none), spend key (`spend_key`, "" for none). Returns the server's
-# time, then either "ok" and per scope: requests, tokens, spend, oldest request's time; or
+# per scope: name, rpm, tpm, budget ("" for none), spend key (`spend_key`, "" for none). Returns the
+# server's time, then either "ok" and per scope: requests, tokens, spend, oldest request's time; or
 # "refused", the scope's index (1-based), its spend, and its window's (time, tokens) oldest first.
 ADMIT = """
 local pfx, id, est, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -183,8 +184,9 @@ local keys = {}
 local i = 5
 for s = 1, n do
   local name = ARGV[i]
-  keys[s] = {w = pfx..'w:'..name, t = pfx..'t:'..name, n = pfx..'n:'..name, rpm = tonumber(ARGV[i + 1]),
-             tpm = tonumber(ARGV[i + 2]), budget = tonumber(ARGV[i + 3]), spend = ARGV[i + 4]}
+  keys[s] = {w = pfx..'w:'..name, t = pfx..'t:'..name, n = pfx..'n:'..name,
+             rpm = tonumber(ARGV[i + 1]), tpm = tonumber(ARGV[i + 2]),
+             budget = tonumber(ARGV[i + 3]), spend = ARGV[i + 4]}
   i = i + 5
 end
 for s = 1, n do
@@ -194,7 +196,9 @@ for s = 1, n do
   while at <= #gone do
     local chunk = {unpack(gone, at, math.min(at + 999, #gone))}
     local sum = 0
-    for _, v in ipairs(redis.call('HMGET', k.t, unpack(chunk))) do sum = sum + (tonumber(v) or 0) end
+    for _, v in ipairs(redis.call('HMGET', k.t, unpack(chunk))) do
+      sum = sum + (tonumber(v) or 0)
+    end
     redis.call('DECRBY', k.n, sum)
     redis.call('HDEL', k.t, unpack(chunk))
     at = at + 1000
@@ -204,7 +208,8 @@ for s = 1, n do
   k.used = tonumber(redis.call('GET', k.n) or '0')
   k.spent = 0
   if k.spend ~= '' then k.spent = tonumber(redis.call('GET', pfx..'s:'..k.spend) or '0') end
-  if (k.budget and k.spent >= k.budget) or (k.rpm and k.count >= k.rpm) or (k.tpm and k.used + est > k.tpm) then
+  if (k.budget and k.spent >= k.budget) or (k.rpm and k.count >= k.rpm)
+      or (k.tpm and k.used + est > k.tpm) then
     local out = {tostring(now), 'refused', tostring(s), tostring(k.spent)}
     local ids = redis.call('ZRANGE', k.w, 0, -1, 'WITHSCORES')
     for j = 1, #ids, 2 do
@@ -283,30 +288,35 @@ class RedisLimits:
         key = spend_key(scope, wall)
         if key:
             keep = int(period_end(wall, scope.budget_period) - wall) + SPEND_KEPT_S
-            await self.health.run_script(SEED, [self.prefix, key, repr(amount), str(keep)], SCRIPT_TIMEOUT_S)
+            await self.health.run_script(SEED, [self.prefix, key, repr(amount), str(keep)],
+                                         SCRIPT_TIMEOUT_S)
             self._seeded.add(key)
 
-    async def admit(self, scopes: Sequence[ScopeLimits], estimate: int) -> tuple[Refusal | None, Ticket | None,
+    async def admit(self, scopes: Sequence[ScopeLimits],
+                    estimate: int) -> tuple[Refusal | None, Ticket | None,
                                                                                  list[Standing]]:
         ticket = Ticket(f"{self.worker}:{next(self._ids)}", tuple(scopes), estimate)
         wall = time.time()
         args = [self.prefix, ticket.id, str(estimate), str(len(scopes))]
         for scope in scopes:
             spend = spend_key(scope, wall)
-            args += [scope.id, _number(scope.rpm), _number(scope.tpm), _number(scope.budget_usd), spend]
+            args += [scope.id, _number(scope.rpm), _number(scope.tpm), _number(scope.budget_usd),
+                     spend]
         reply = await self.health.run_script(ADMIT, args, SCRIPT_TIMEOUT_S)
         now = float(reply[0])
         if reply[1] == "refused":
             scope = scopes[int(reply[2]) - 1]
             values = reply[4:]
-            entries = [(float(values[j]), int(float(values[j + 1]))) for j in range(0, len(values), 2)]
+            entries = [(float(values[j]),
+                        int(float(values[j + 1]))) for j in range(0, len(values), 2)]
             refusal = judge(scope, entries, float(reply[3]), estimate, now)
             return refusal or _store_race(scope), None, []
         standings = []
         for j, scope in enumerate(scopes):
             requests, tokens, spend, oldest = reply[2 + 4 * j:6 + 4 * j]
             reset = float(oldest) + WINDOW_S - now
-            standings.append(Standing(scope, int(requests), int(float(tokens)), float(spend), reset, reset))
+            standings.append(Standing(scope, int(requests), int(float(tokens)), float(spend), reset,
+                                      reset))
         return None, ticket, standings
 
     async def settle(self, ticket: Ticket, tokens: int, cost_usd: float) -> None:

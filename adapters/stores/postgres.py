@@ -91,7 +91,8 @@ class _Write:
 def _connect_error(url: str, exc: Exception) -> RuntimeError:
     # the URL may carry a password: name the host part only
     where = url.rsplit("@", 1)[-1]
-    return RuntimeError(f"ledger.url: cannot use the PostgreSQL ledger at {where}: {type(exc).__name__}")
+    return RuntimeError(f"ledger.url: cannot use the PostgreSQL ledger at {where}: "
+                        f"{type(exc).__name__}")
 
 
 class PostgresLedger:
@@ -100,12 +101,15 @@ class PostgresLedger:
             import psycopg
             from psycopg_pool import ConnectionPool
         except ImportError:  # pragma: no cover - the fleet extra is part of dev
-            raise RuntimeError("ledger.url needs the fleet extra: pip install 'relayline[fleet]'") from None
+            raise RuntimeError(
+                "ledger.url needs the fleet extra: pip install 'relayline[fleet]'"
+            ) from None
         self.url = url
         try:
             # one direct connection first: an unreachable server fails at once, not after the
             # pool's retries, and the schema is ready before any worker writes
-            with psycopg.connect(url, connect_timeout=max(1, int(timeout_s)), autocommit=True) as conn:
+            with psycopg.connect(url, connect_timeout=max(1, int(timeout_s)),
+                                 autocommit=True) as conn:
                 self._migrate(conn)
         except Exception as exc:
             raise _connect_error(url, exc) from None
@@ -113,9 +117,15 @@ class PostgresLedger:
         # check: a pooled connection is tried (one empty round trip) before it carries a write,
         # so the writes after a server restart take new connections instead of being lost on
         # the dead ones (one write per pooled connection)
-        self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, timeout=timeout_s, open=True,
-                                    kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout_s))},
-                                    check=ConnectionPool.check_connection)
+        self._pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=pool_size,
+            timeout=timeout_s,
+            open=True,
+            kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout_s))},
+            check=ConnectionPool.check_connection,
+        )
         self._limiter = trio.CapacityLimiter(pool_size)
         self.timeout_s = timeout_s
         self.abandoned = 0  # writes given up on whose thread still waits on the server
@@ -125,13 +135,15 @@ class PostgresLedger:
     def _migrate(conn: Connection[Any]) -> None:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-            conn.execute("CREATE TABLE IF NOT EXISTS relayline_schema (version INTEGER PRIMARY KEY, "
+            conn.execute("CREATE TABLE IF NOT EXISTS relayline_schema (version INTEGER PRIMARY "
+                         "KEY, "
                          "applied_at DOUBLE PRECISION NOT NULL)")
             done = {v for (v,) in conn.execute("SELECT version FROM relayline_schema").fetchall()}
             for version, sql in enumerate(MIGRATIONS, start=1):
                 if version not in done:
                     conn.execute(sql)
-                    conn.execute("INSERT INTO relayline_schema (version, applied_at) VALUES (%s, %s)",
+                    conn.execute("INSERT INTO relayline_schema (version, applied_at) VALUES (%s, "
+                                 "%s)",
                                   (version, time.time()))
 
     @property
@@ -141,7 +153,8 @@ class PostgresLedger:
         assert row is not None  # (an aggregate answers one row)
         return int(row[0])
 
-    def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "", key: str = "",
+    def write(self, turn_id: str, result: TurnResult, now: float | None = None, *, client: str = "",
+              key: str = "",
               team: str = "", wanted: Callable[[], bool] | None = None) -> int:
         """Insert a turn's rows in one transaction; `wanted()` false after the insert (the caller
         gave up waiting) rolls it back instead of committing."""
@@ -150,7 +163,8 @@ class PostgresLedger:
             return 0
         placeholders = ", ".join(["%s"] * len(COLUMNS))
         with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-            cur.executemany(f"INSERT INTO relayline_attempts ({', '.join(COLUMNS)}) VALUES ({placeholders})", rows)
+            cur.executemany(f"INSERT INTO relayline_attempts ({', '.join(COLUMNS)}) VALUES "
+                            f"({placeholders})", rows)
             if wanted is not None and not wanted():
                 raise _GaveUp  # (the transaction rolls back)
         return len(rows)
@@ -168,8 +182,11 @@ class PostgresLedger:
         write = _Write(self)
         # shielded: a client that went away after its turn ended still leaves the turn's rows
         with trio.CancelScope(shield=True), trio.move_on_after(self.timeout_s):
-            return await trio.to_thread.run_sync(partial(write.run, turn_id, result, client, key, team),
-                                                 limiter=self._limiter, abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(
+                partial(write.run, turn_id, result, client, key, team),
+                limiter=self._limiter,
+                abandon_on_cancel=True,
+            )
         write.give_up()
         raise LedgerUnavailable(self.timeout_s)
 
@@ -184,7 +201,8 @@ class PostgresLedger:
 
     def rows(self, since: float = 0.0) -> list[dict[str, Any]]:
         with self._pool.connection() as conn, conn.cursor() as cur:
-            cur.execute(f"SELECT {', '.join(COLUMNS)} FROM relayline_attempts WHERE ts >= %s ORDER BY id", (since,))
+            cur.execute(f"SELECT {', '.join(COLUMNS)} FROM relayline_attempts WHERE ts >= %s ORDER "
+                        "BY id", (since,))
             return [dict(zip(COLUMNS, row, strict=True)) for row in cur.fetchall()]
 
     def report(self, since: float = 0.0, by: str = "model") -> list[dict[str, Any]]:
@@ -194,13 +212,17 @@ class PostgresLedger:
             cur.execute(
                 f"SELECT {columns}, SUM(accepted), SUM(1 - accepted), "
                 "SUM(CASE WHEN accepted = 1 THEN cost_usd ELSE 0 END), "
-                "SUM(CASE WHEN accepted = 1 THEN 0 ELSE cost_usd END), SUM(input_tokens), SUM(output_tokens), SUM(estimated) "
-                f"FROM relayline_attempts WHERE ts >= %s GROUP BY {columns} ORDER BY {columns}", (since,))
+                "SUM(CASE WHEN accepted = 1 THEN 0 ELSE cost_usd END), SUM(input_tokens), "
+                "SUM(output_tokens), SUM(estimated) "
+                f"FROM relayline_attempts WHERE ts >= %s GROUP BY {columns} ORDER BY {columns}",
+                (since,))
             out = []
             for row in cur.fetchall():
                 a, r, ac, rc, ti, to, est = row[len(group):]
-                out.append({**dict(zip(group, row, strict=False)), "accepted": int(a), "rejected": int(r),
-                            "accepted_cost_usd": float(ac), "rejected_cost_usd": float(rc), "input_tokens": int(ti),
+                out.append({**dict(zip(group, row, strict=False)), "accepted": int(a),
+                            "rejected": int(r),
+                            "accepted_cost_usd": float(ac), "rejected_cost_usd": float(rc),
+                            "input_tokens": int(ti),
                             "output_tokens": int(to), "estimated": int(est)})
             return out
 

@@ -24,7 +24,8 @@ READ_SIZE = 64 * 1024
 READ_AHEAD = 64 * 1024  # input buffered beyond the request in progress (a pipelining client)
 LINGER_S, LINGER_BYTES = 0.5, 64 * 1024  # reading past a closed request before the socket closes
 SEND_CHECKS = 4  # the watchdog looks this many times per SEND_TIMEOUT_S
-WRITE_PIECE = 64 * 1024  # the unit of progress the watchdog sees: a slow reader of a large body is not cut
+# the unit of progress the watchdog sees: a slow reader of a large body is not cut
+WRITE_PIECE = 64 * 1024
 # a body trickled in small pieces: each read costs the same whatever its size, so after a few
 # small ones the next read of the body waits a moment first, and gets what arrived meanwhile in
 # one piece; the reads a body can cost are bounded by its arrival time, not its piece count
@@ -74,20 +75,25 @@ class _Close(Exception):
     """The connection ends here (the peer left, or a protocol error was answered)."""
 
 
-_FRAMING_NAMES = frozenset({b"content-length", b"connection", b"transfer-encoding"})  # what `_head` reads
+# what `_head` reads
+_FRAMING_NAMES = frozenset({b"content-length", b"connection", b"transfer-encoding"})
 
 
 class Connection:
-    __slots__ = ("server", "stream", "reader", "waiting_since", "client", "local", "gone", "sent_head", "pending_head",
-                 "method", "response_done", "writing", "writes", "writes_seen", "checks_stalled", "hangup_fd",
-                 "extensions", "keep_alive", "request_done", "expect_continue", "framing", "remaining", "read_ahead",
+    __slots__ = ("server", "stream", "reader", "waiting_since", "client", "local", "gone",
+                 "sent_head", "pending_head",
+                 "method", "response_done", "writing", "writes", "writes_seen", "checks_stalled",
+                 "hangup_fd",
+                 "extensions", "keep_alive", "request_done", "expect_continue", "framing",
+                 "remaining", "read_ahead",
                  "small_body_reads")
 
     def __init__(self, server: ConnectionHost, stream: trio.SocketStream) -> None:
         self.server = server
         self.stream = stream
         self.reader = Reader(server.max_header_bytes)
-        self.waiting_since: float | None = None  # when its wait for a request head began (while it waits)
+        # when its wait for a request head began (while it waits)
+        self.waiting_since: float | None = None
         sock = stream.socket
         self.client: tuple[str, int] | None
         self.local: tuple[str, int] | None
@@ -104,9 +110,11 @@ class Connection:
         self.request_done = False  # the request's body was read to its end
         self.keep_alive = True
         self.expect_continue = False
-        self.framing = ""  # the answer's: "length", "chunked", or "close" (an HTTP/1.0 client's stream)
+        # the answer's: "length", "chunked", or "close" (an HTTP/1.0 client's stream)
+        self.framing = ""
         self.remaining = 0  # bytes of a declared content-length still to write
-        self.read_ahead = 0  # bytes read past the request in progress (a pipelining client), bounded
+        # bytes read past the request in progress (a pipelining client), bounded
+        self.read_ahead = 0
         self.small_body_reads = 0  # small pieces of the request's body read in a row
         self.writing = False
         self.writes = self.writes_seen = self.checks_stalled = 0
@@ -151,19 +159,31 @@ class Connection:
         reader = self.reader
         try:
             while True:
-                if self.server.draining and not reader.pending() and reader.state == IDLE and reader.refeed is None:
+                if (
+                    self.server.draining
+                    and not reader.pending()
+                    and reader.state == IDLE
+                    and reader.refeed is None
+                ):
                     return  # the drain closes a connection between two requests
-                # the wait for a head is bounded by the server's head watchdog (`Server._watch_heads`)
+                # the wait for a head is bounded by the server's head watchdog
+                # (`Server._watch_heads`)
                 self.waiting_since = trio.current_time()
                 try:
                     event = await self._next_event()
                 finally:  # (however the wait ends: a connection that lingers waits for no head)
                     closed, self.waiting_since = self.waiting_since is None, None
                 if closed or type(event) is not Head:
-                    return  # idle, or a head too slow (closed without an answer), or the client left
+                    # idle, or a head too slow (closed without an answer), or the client left
+                    return
                 await self._request(event)
                 self._finish_reading()
-                if self.gone or not self.response_done or not self.request_done or not self.keep_alive:
+                if (
+                    self.gone
+                    or not self.response_done
+                    or not self.request_done
+                    or not self.keep_alive
+                ):
                     return
         except _Close:
             return
@@ -237,14 +257,17 @@ class Connection:
     async def _reject(self, status: int, message: str) -> None:
         """An error answer from the server itself, before any app saw the request; the caller
         closes the connection after it."""
-        if self.sent_head and not self.response_done:  # (an answer is under way: it cannot be replaced)
+        # (an answer is under way: it cannot be replaced)
+        if self.sent_head and not self.response_done:
             return
-        log.info("http_refused status=%d reason=%r", status, message)  # no app saw it: no access line
+        # no app saw it: no access line
+        log.info("http_refused status=%d reason=%r", status, message)
         body = self.server.error_body(status, message)
         self.sent_head = True  # linger: a reset must not destroy this answer (the input is unread)
         await self._write(render_response_head(status, [(b"content-type", b"application/json"),
                                                 (b"content-length", b"%d" % len(body)),
-                                                (b"connection", b"close"), (b"date", _date())]) + body)
+                                                (b"connection", b"close"),
+                                                (b"date", _date())]) + body)
 
     # -- one request ----------------------------------------------------------------------------
 
@@ -262,7 +285,11 @@ class Connection:
             elif name == b"expect" and value.lower() == b"100-continue" and version != "1.0":
                 self.expect_continue = True
         if hosts > 1 or (hosts == 0 and version != "1.0"):  # RFC 9112 3.2, as h11 refused them
-            await self._reject(400, "malformed HTTP request: " + ("more than one Host header" if hosts else "no Host header"))
+            await self._reject(
+                400,
+                "malformed HTTP request: "
+                + ("more than one Host header" if hosts else "no Host header"),
+            )
             raise _Close
         target = request.target
         if target[:1] != b"/" and b"://" in target[:8]:
@@ -275,7 +302,8 @@ class Connection:
         scope: Scope = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": "1.0" if version == "1.0" else "1.1", "method": request.method.decode(),
-            "scheme": "http", "path": unquote(path.decode("ascii")), "raw_path": path, "query_string": query,
+            "scheme": "http", "path": unquote(path.decode("ascii")), "raw_path": path,
+            "query_string": query,
             "root_path": "", "headers": headers, "client": self.client, "server": self.local,
             "extensions": self.extensions,
         }
@@ -299,7 +327,8 @@ class Connection:
             if not self.sent_head and not self.gone:  # (a start message still held is replaced)
                 body = self.server.error_body(500, "internal error in the gateway (logged)")
                 await self._send({"type": "http.response.start", "status": 500,
-                                  "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+                                  "headers": [(b"content-type", b"application/json"),
+                                              (b"connection", b"close")]})
                 await self._send({"type": "http.response.body", "body": body})
             raise _Close from None
         finally:
@@ -363,7 +392,8 @@ class Connection:
         while not self.gone:
             if self.read_ahead > READ_AHEAD:
                 await trio.sleep_forever()  # read no more until this request is answered
-            # (after a fault in what was sent ahead, reading goes on, unparsed: its end is the client's leaving)
+            # (after a fault in what was sent ahead, reading goes on, unparsed: its end is the
+            # client's leaving)
             data = await self._read()
             if not data:
                 self.gone = True
@@ -427,7 +457,8 @@ class Connection:
         if fd is not None and hangups is not None:
             hangups.forget(fd, self)
 
-    def _head(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more: bool) -> bytes:
+    def _head(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
+              more: bool) -> bytes:
         """The answer's head and its framing (RFC 9112 6.1-6.3): a declared length, else the whole
         body's length, else chunked while the connection stays open. A stream to a client that
         asked for `connection: close`, or to an HTTP/1.0 client (which may not be sent chunked,
@@ -454,7 +485,8 @@ class Connection:
             # the whole body is here: framed by its length (one write, no chunks)
             headers.append((b"content-length", str(len(body)).encode()))
             self.framing, self.remaining = "length", len(body)
-        elif self.keep_alive:  # (an HTTP/1.0 client is never kept alive: its stream ends with the close)
+        # (an HTTP/1.0 client is never kept alive: its stream ends with the close)
+        elif self.keep_alive:
             headers.append((b"transfer-encoding", b"chunked"))
             self.framing = "chunked"
         else:

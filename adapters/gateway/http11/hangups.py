@@ -25,12 +25,12 @@ class Hangups:
     request: their sockets are in an epoll set of the server's own, one-shot for EPOLLRDHUP (the
     peer closed its side, whatever it sent before it: a pipelined request does not hide it), and
     one task waits for that set to be readable. The gateway's task per turn blocked in
-    `receive()` cost ~55 µs of CPU per request (its spawn, its cancellation at the turn's end:
+    `receive()` cost CPU on every request (its spawn, its cancellation at the turn's end:
     bench/gateway_cpu.py). A connection's socket joins the set at its first watched request and
     leaves it when the connection ends (`forget`, before its socket closes): two epoll_ctl calls
-    a connection, not two a request (bench/probes/glue_counts.py); between requests it has no call-back,
-    and a hang-up heard then is told to the next request at once, as a new registration would
-    have told it. Linux only (epoll); without it the extension is absent and an app waits in
+    a connection, not two a request (bench/probes/glue_counts.py); between requests it has no
+    call-back, and a hang-up heard then is told to the next request at once, as a new registration
+    would have told it. Linux only (epoll); without it the extension is absent and an app waits in
     `receive()`."""
 
     AVAILABLE = hasattr(select, "epoll") and hasattr(select, "EPOLLRDHUP")
@@ -51,7 +51,8 @@ class Hangups:
             if entry is not None:  # a closed socket's stale entry
                 self._unregister(fd)
             entry = self.callbacks[fd] = Watched(owner)
-            self.epoll.register(fd, select.EPOLLRDHUP | select.EPOLLONESHOT)  # (HUP and ERR always count)
+            # (HUP and ERR always count)
+            self.epoll.register(fd, select.EPOLLRDHUP | select.EPOLLONESHOT)
         if entry.hung_up:
             callback()
         else:

@@ -17,7 +17,8 @@ from .hangups import Hangups
 log = logging.getLogger("relayline.gateway")
 
 BACKLOG = 2048  # bursts of new connections must queue, not be refused
-SHED_ON_EMFILE = 32  # connections waiting for a head closed when accept() runs out of descriptors (as nginx)
+# connections waiting for a head closed when accept() runs out of descriptors (as nginx)
+SHED_ON_EMFILE = 32
 HEAD_CHECK_S = 1.0  # the head watchdog looks at least this often (and 4 times per keep_alive_s)...
 HEAD_CHECK_LEAST_S = 0.01  # ...but never more often than this (a tiny keep_alive_s is no busy loop)
 SEND_TIMEOUT_S = 60.0  # nginx's send_timeout: how long a write may make no progress
@@ -78,7 +79,8 @@ class Server:
                  error_body: ErrorBody = _plain_error, send_timeout_s: float = SEND_TIMEOUT_S,
                  on_connections: Callable[[int], None] | None = None) -> None:
         self.app = app
-        self.on_connections = on_connections  # told the number of open connections whenever it changes
+        # told the number of open connections whenever it changes
+        self.on_connections = on_connections
         self.keep_alive_s = keep_alive_s
         self.send_timeout_s = send_timeout_s
         self.max_header_bytes = max_header_bytes
@@ -92,7 +94,8 @@ class Server:
     async def run(self, sockets: list[socket.socket], stop: trio.Event, *,
                   task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until `stop`, then drain (see the module's docstring)."""
-        listeners = [_Listener(sock, self) for sock in sockets]  # a burst is taken in one pass, not one a pass
+        # a burst is taken in one pass, not one a pass
+        listeners = [_Listener(sock, self) for sock in sockets]
         async with trio.open_nursery() as nursery:
             accepting = trio.CancelScope()
 
@@ -123,19 +126,24 @@ class Server:
         """Close the connections that have waited `keep_alive_s` for a request head (idle, or a
         head still arriving), within a further min(HEAD_CHECK_S, keep_alive_s / 4). One task
         for all of them: a timer (a cancel scope with a deadline) around each request's wait
-        for its head cost more than the server's whole read of that head (bench/probes/glue_counts.py);
-        a connection only notes when its wait began."""
+        for its head cost more than the server's whole read of that head
+        (bench/probes/glue_counts.py); a connection only notes when its wait began."""
         every = max(min(HEAD_CHECK_S, self.keep_alive_s / 4), HEAD_CHECK_LEAST_S)
         while True:
             await trio.sleep(every)
             too_old = trio.current_time() - self.keep_alive_s
-            for connection in [c for c in self.connections if c.waiting_since is not None and c.waiting_since <= too_old]:
+            for connection in [
+                c
+                for c in self.connections
+                if c.waiting_since is not None and c.waiting_since <= too_old
+            ]:
                 connection.drain()
 
     async def _watch_sends(self) -> None:
         """Close the connections whose write has made no progress for `send_timeout_s` (cut
         within a further send_timeout_s / SEND_CHECKS). One task for all of them: a timeout
-        around each write cost a third of the write itself, and a stream writes once a frame."""
+        around each write would cost a good part of the write itself, and a stream writes once a
+        frame."""
         while True:
             await trio.sleep(self.send_timeout_s / SEND_CHECKS)
             for connection in [c for c in self.connections if c.stalled()]:
@@ -143,7 +151,8 @@ class Server:
                 # an app watching for a hang-up hears it now: once the socket is closed its number
                 # may be taken by a new connection before the write that fails says it
                 connection.hung_up()
-                await trio.aclose_forcefully(connection.stream)  # its write raises ClosedResourceError
+                # its write raises ClosedResourceError
+                await trio.aclose_forcefully(connection.stream)
 
     def shed_waiting(self) -> None:
         """Close the SHED_ON_EMFILE connections that have waited longest for a request head."""
@@ -152,7 +161,8 @@ class Server:
         waiting.sort(key=lambda pair: pair[0])
         for _, connection in waiting[:SHED_ON_EMFILE]:
             connection.drain()
-        log.warning("http_out_of_file_descriptors connections=%d closed_waiting=%d", len(self.connections),
+        log.warning("http_out_of_file_descriptors connections=%d closed_waiting=%d",
+                    len(self.connections),
                     min(len(waiting), SHED_ON_EMFILE))
 
     async def _connection(self, stream: trio.SocketStream) -> None:
