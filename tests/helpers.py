@@ -1,5 +1,6 @@
 """Small builders shared by tests."""
 
+import json
 import socket
 from collections.abc import Iterable
 from contextlib import contextmanager
@@ -24,6 +25,46 @@ def plan(cfg, env=None, **kwargs):
 
 def labels(p):
     return [e.label for e in p.entries]
+
+
+def to_toml(config: dict) -> str:
+    """Enough TOML for these tests' configs: scalars, lists of scalars, tables, arrays of tables."""
+    lines: list[str] = []
+
+    def emit(prefix: str, table: dict) -> None:
+        nested = {k: v for k, v in table.items() if isinstance(v, dict)}
+        arrays = {k: v for k, v in table.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
+        if prefix:
+            lines.append(f"[{prefix}]")
+        for k, v in table.items():
+            if k not in nested and k not in arrays:
+                lines.append(f"{json.dumps(k)} = {json.dumps(v)}")
+        for k, v in nested.items():
+            emit(f"{prefix}.{json.dumps(k)}" if prefix else json.dumps(k), v)
+        for k, items in arrays.items():
+            for item in items:
+                lines.append(f"[[{json.dumps(k)}]]")
+                lines.extend(f"{json.dumps(a)} = {json.dumps(b)}" for a, b in item.items())
+
+    emit("", config)
+    return "\n".join(lines) + "\n"
+
+
+def sim_config(*profiles: str | dict, **tables) -> dict:
+    """Sim-family profiles `sim.a`, `sim.b`, ... in the order given, the first active and each
+    falling back to the next: a profile is given as its model's name, or as a dict of its keys
+    (its `model` among them). Every other keyword is a top-level table (or value) of the config."""
+    names = [f"sim.{chr(ord('a') + i)}" for i in range(len(profiles))]
+    providers = {}
+    for name, fallback, profile in zip(names, [*names[1:], None], profiles, strict=True):
+        keys = {"model": profile} if isinstance(profile, str) else profile
+        providers[name] = {"family": "sim", **({"fallbacks": [fallback]} if fallback else {}), **keys}
+    return {"active": names[0], **tables, "providers": providers}
+
+
+def sim_toml(*profiles: str | dict, **tables) -> str:
+    """`sim_config` as the TOML text a config file holds."""
+    return to_toml(sim_config(*profiles, **tables))
 
 
 def loopback_config(primary: str, backup: str | None = None, **sections) -> dict:

@@ -21,6 +21,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from helpers import to_toml
 from relayline.adapters.gateway.auth import KeyRing, is_loopback, key_id
 from relayline.adapters.logs import JsonFormatter
 from relayline.adapters.sim.background import BackgroundGateway, BackgroundUpstreams
@@ -43,29 +44,6 @@ def profiles(**extra) -> dict:
     }
     config.update(extra)
     return config
-
-
-def to_toml(config: dict) -> str:
-    """Enough TOML for these tests' configs: scalars, lists of scalars, tables, arrays of tables."""
-    lines: list[str] = []
-
-    def emit(prefix: str, table: dict) -> None:
-        nested = {k: v for k, v in table.items() if isinstance(v, dict)}
-        arrays = {k: v for k, v in table.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
-        if prefix:
-            lines.append(f"[{prefix}]")
-        for k, v in table.items():
-            if k not in nested and k not in arrays:
-                lines.append(f"{json.dumps(k)} = {json.dumps(v)}")
-        for k, v in nested.items():
-            emit(f"{prefix}.{json.dumps(k)}" if prefix else json.dumps(k), v)
-        for k, items in arrays.items():
-            for item in items:
-                lines.append(f"[[{json.dumps(k)}]]")
-                lines.extend(f"{json.dumps(a)} = {json.dumps(b)}" for a, b in item.items())
-
-    emit("", config)
-    return "\n".join(lines) + "\n"
 
 
 def samples(text: str) -> dict:

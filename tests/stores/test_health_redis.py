@@ -10,6 +10,7 @@ import logging
 import pytest
 import trio
 
+from helpers import sim_toml
 from relayline.adapters import Relay
 from relayline.adapters.providers.sim import SimUpstream
 from relayline.adapters.relay import turns_of
@@ -18,27 +19,14 @@ from relayline.adapters.stores.health import RedisHealth
 HI = [{"role": "user", "content": "hi"}]
 
 
-def fleet_toml(url, prefix, **breaker):
-    b = {"failure_threshold": 2, "window_s": 30, "open_s": 0.6, **breaker}
-    return f"""
-active = "sim.a"
-[reliability]
-provider_retries = 0
-backoff_ms = 50
-rate_limit_cooldown_default_s = 30
-[breaker]
-{chr(10).join(f"{k} = {v}" for k, v in b.items())}
-[health]
-store = "{url}"
-key_prefix = "{prefix}"
-[providers."sim.a"]
-family = "sim"
-model = "m1"
-fallbacks = ["sim.b"]
-[providers."sim.b"]
-family = "sim"
-model = "m2"
-"""
+def fleet_toml(url, prefix, *, pooled=False, **breaker):
+    """sim.a falling back to sim.b, their health in the redis-server at `url` under `prefix`;
+    `pooled`: sim.a has two keys."""
+    keys = {"api_keys": ["k0", "k1"]} if pooled else {}
+    return sim_toml({"model": "m1", **keys}, "m2",
+                    reliability={"provider_retries": 0, "backoff_ms": 50, "rate_limit_cooldown_default_s": 30},
+                    breaker={"failure_threshold": 2, "window_s": 30, "open_s": 0.6, **breaker},
+                    health={"store": url, "key_prefix": prefix})
 
 
 @pytest.fixture
@@ -161,7 +149,7 @@ async def test_a_store_that_goes_away_costs_a_warning_once_and_the_fleet_resumes
 
 
 async def test_a_key_pool_cursor_moved_by_one_worker_is_where_the_other_starts(redis_server, prefix):
-    pooled = fleet_toml(redis_server.url, prefix).replace('model = "m1"', 'model = "m1"\napi_keys = ["k0", "k1"]')
+    pooled = fleet_toml(redis_server.url, prefix, pooled=True)
 
     def pool_worker(replies):
         sim = SimUpstream.from_replies([{"provider": "sim.a", "script": replies}])
@@ -217,7 +205,7 @@ async def test_a_pool_key_that_drew_a_401_sits_out_across_the_fleet(redis_server
     def pooled(a_replies):
         sim = SimUpstream.from_replies([{"provider": "sim.a", "script": a_replies},
                                         {"provider": "sim.b", "script": [{"text": "from b"}]}])
-        toml = fleet_toml(redis_server.url, prefix).replace('model = "m1"', 'model = "m1"\napi_keys = ["k0", "k1"]')
+        toml = fleet_toml(redis_server.url, prefix, pooled=True)
         return Relay.from_toml(toml, env={}, clients=sim.clients())
 
     one = pooled([{"status": 401, "error": "invalid_api_key"}, {"text": "key 1 answers"}])
@@ -238,7 +226,7 @@ async def test_a_changed_key_pool_forgets_its_sitting_out_keys_for_the_whole_fle
     def pooled():
         sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"text": "a"}]},
                                         {"provider": "sim.b", "script": [{"text": "b"}]}])
-        toml = fleet_toml(redis_server.url, prefix).replace('model = "m1"', 'model = "m1"\napi_keys = ["k0", "k1"]')
+        toml = fleet_toml(redis_server.url, prefix, pooled=True)
         return Relay.from_toml(toml, env={}, clients=sim.clients())
 
     one, two = pooled(), pooled()

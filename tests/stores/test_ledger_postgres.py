@@ -15,6 +15,7 @@ import uuid
 import pytest
 import trio
 
+from helpers import sim_toml
 from relayline.adapters import Relay
 from relayline.adapters.providers.sim import SimUpstream
 from relayline.adapters.relay import turns_of
@@ -22,21 +23,10 @@ from relayline.adapters.stores.ledger import LedgerStore, LedgerUnavailable, ope
 from relayline.adapters.stores.postgres import MIGRATIONS, PostgresLedger
 from relayline.machines.config import Ledger
 
-TWO = """
-active = "sim.a"
-[reliability]
-provider_retries = 1
-backoff_ms = 50
-[providers."sim.a"]
-family = "sim"
-model = "m1"
-fallbacks = ["sim.b"]
-price = { input_per_mtok = 1.0, output_per_mtok = 2.0 }
-[providers."sim.b"]
-family = "sim"
-model = "m2"
-price = { input_per_mtok = 3.0, output_per_mtok = 4.0 }
-"""
+PROFILES = ({"model": "m1", "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}},
+            {"model": "m2", "price": {"input_per_mtok": 3.0, "output_per_mtok": 4.0}})
+RELIABILITY = {"provider_retries": 1, "backoff_ms": 50}
+TWO = sim_toml(*PROFILES, reliability=RELIABILITY)
 HI = [{"role": "user", "content": "hi"}]
 
 
@@ -92,7 +82,8 @@ async def test_relayline_ledger_reads_postgres_and_sqlite_with_equal_totals(pg_u
     pg.close()
     sqlite.close()
     config = tmp_path / "fleet.toml"
-    config.write_text(TWO + f'[ledger]\nurl = "{pg_url}"\npath = "{tmp_path / "ignored.sqlite3"}"\n')
+    config.write_text(sim_toml(*PROFILES, reliability=RELIABILITY,
+                                ledger={"url": pg_url, "path": str(tmp_path / "ignored.sqlite3")}))
     reports = []
     for args in (["--config", config], ["--url", pg_url], ["--path", tmp_path / "l.sqlite3"]):
         out = subprocess.run([sys.executable, "-m", "relayline.adapters.cli", "ledger", "--json", *map(str, args)],
