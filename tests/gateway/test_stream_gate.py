@@ -1,36 +1,49 @@
-"""A streamed answer without a task of its own (stream_wire.py's StreamWire and GateTimer): its writes
-happen in the turn's task, the frames of one upstream read in one write made before the adapter
-waits again; its held headers go out at `gate_commit_s` whatever the turn waits on (a retry's
-backoff here, not an upstream read), from the gateway's one gate timer, which forgets a stream
-that committed first. On virtual time, against the scripted sim upstream."""
+"""A streamed answer without a task of its own (stream_wire.py's StreamWire and GateTimer), on
+virtual time against the scripted sim upstream unless it says otherwise.
+
+- Held headers: they go out after `timeouts.gate_commit_s` when nothing decisive came (a slow
+  model is not an error), whatever the turn waits on (an upstream read, a retry's backoff), from
+  the gateway's one gate timer, which forgets a stream that committed first; frames then go out
+  as they come, and the turn's end loses no byte.
+- Writes: they happen in the turn's task, the frames of one upstream read in one write made
+  before the adapter waits again.
+- A turn that already ended: the gate holds no more. What the response is (a real error status
+  for a stream that showed nothing, or the stream's end) is the turn's result's to decide, even
+  when accounting for the turn (the ledger's commit) takes past gate_commit_s.
+"""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
 
+import pytest
 import trio
 
-from helpers import asgi_post
+from helpers import asgi_post, sim_toml
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway, serve
 from relayline.adapters.gateway.stream_wire import GateTimer
 from relayline.adapters.providers.sim import SimUpstream
+from relayline.adapters.relay import turns_of
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
 
-CONFIG = """
-active = "sim.a"
-[timeouts]
-gate_commit_s = {gate}
-[reliability]
-provider_retries = 1
-backoff_ms = 5000
-[providers."sim.a"]
-family = "sim"
-model = "m1"
-"""
 BODY = json.dumps({"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
+PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
+
+
+def relay_for(script: list, gate: float, *, times: int = 1, retries: int = 1) -> Relay:
+    """sim.a (model m1) answering `script`, `times` over, its streams held up to `gate` seconds;
+    a failed attempt is retried `retries` times, each after a 5 s backoff."""
+    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": script}] * times)
+    config = sim_toml({"model": "m1", "price": PRICE}, timeouts={"gate_commit_s": gate},
+                      reliability={"provider_retries": retries, "backoff_ms": 5000})
+    return Relay.from_toml(config, env={}, clients=sim.clients())
+
+
+def gateway_for(script: list, gate: float, times: int = 1) -> Gateway:
+    return Gateway(relay_for(script, gate, times=times))
 
 
 async def streamed(gateway: Gateway) -> list[tuple[float, dict]]:
@@ -41,13 +54,44 @@ async def streamed(gateway: Gateway) -> list[tuple[float, dict]]:
     return sent
 
 
-def gateway_for(script: list, gate: float, times: int = 1) -> Gateway:
-    sim = SimUpstream.from_replies([{"provider": "sim.a", "script": script}] * times)
-    return Gateway(Relay.from_toml(CONFIG.format(gate=gate), env={}, clients=sim.clients()))
-
-
 def bodies(sent) -> list[tuple[float, bytes]]:
     return [(at, message["body"]) for at, message in sent if message.get("body")]
+
+
+def content(message: dict) -> bytes:
+    return message.get("body", b"")
+
+
+# -- held headers and gate_commit_s -------------------------------------------------------------
+
+
+async def test_a_slow_model_gets_its_headers_and_role_frame_at_gate_commit_s(autojump_clock):
+    frames = [{"role": True}, {"wait": 5}, {"text": "late"}, {"done": True}]
+    sent = await streamed(gateway_for([{"frames": frames}], gate=1))
+    head_at = next(at for at, message in sent if message["type"] == "http.response.start")
+    role_at = next(at for at, message in sent if b'"role":"assistant"' in content(message))
+    text_at = next(at for at, message in sent if b'"late"' in content(message))
+    assert 1 <= head_at < 1.1 and 1 <= role_at < 1.1 and text_at >= 5
+    assert sent[0][1]["status"] == 200 and b"data: [DONE]" in content(sent[-1][1])
+
+
+async def test_a_stream_that_commits_before_gate_commit_s_is_not_held_to_it(autojump_clock):
+    frames = [{"role": True}, {"text": "soon"}, {"wait": 3}, {"text": " then"}, {"done": True}]
+    sent = await streamed(gateway_for([{"frames": frames}], gate=30))
+    text_at = next(at for at, message in sent if b'"soon"' in content(message))
+    body = b"".join(content(message) for _, message in sent)
+    assert text_at < 0.1 and body.count(b"data: ") == body.count(b"\n\n") and b'" then"' in body
+    assert b"data: [DONE]" in content(sent[-1][1]) and not any(message.get("more_body") for _, message in sent[-1:])
+
+
+async def test_without_a_gate_timer_the_headers_wait_for_the_first_decisive_frame(autojump_clock):
+    frames = [{"role": True}, {"wait": 5}, {"text": "late"}, {"done": True}]
+    sent = await streamed(gateway_for([{"frames": frames}], gate=0))
+    head_at = next(at for at, message in sent if message["type"] == "http.response.start")
+    assert head_at >= 5
+
+
+# -- writes in the turn's task, and the one timer ----------------------------------------------
 
 
 async def test_the_frames_of_one_read_leave_in_one_write_before_the_upstream_is_waited_on(autojump_clock):
@@ -217,3 +261,95 @@ async def test_a_gate_held_while_the_last_task_waits_for_its_commits_is_served_b
     assert all(start + 3 <= s.committed_at < start + 4.1 for s in later[:50])
     assert all(s.committed_at is None for s in later[50:])
     assert timer._heap == [] and timer._runner is None and timer._live == 0
+
+
+# -- a turn that already ended ------------------------------------------------------------------
+
+
+class SlowLedger:
+    """A ledger whose commit takes half a second (a busy disk, a remote database)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+    async def record(self, turn_id: str, result, *, client: str = "", key: str = "", team: str = "") -> int:
+        await trio.sleep(0.5)
+        self.rows += len(result.ledger)
+        return len(result.ledger)
+
+
+async def test_a_stream_that_failed_before_gate_commit_s_keeps_its_error_status_while_its_ledger_commits(
+        autojump_clock):
+    # an empty answer (billed: it reported usage), and its non-streamed retry, end the turn at
+    # 0.8 s, before the gate's 1 s;
+    # its ledger row commits until 1.4 s
+    script = [{"frames": [{"role": True}, {"wait": 0.4}, {"done": True}]}]
+    ledger = SlowLedger()
+    gateway = Gateway(relay_for(script, gate=1, retries=0), ledger=ledger)
+    status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY)
+    assert ledger.rows >= 1
+    assert status != 200 and json.loads(body)["error"], (status, body[:300])
+
+
+async def test_a_streams_ledger_rows_are_committed_before_its_last_bytes_are_sent(autojump_clock):
+    # the gate committed the stream first (the model was slow), then a slow ledger commit: the
+    # stream's end still waits for the rows
+    script = [{"frames": [{"role": True}, {"wait": 1.5}, {"text": "late"}, {"done": True}]}]
+    ledger = SlowLedger()
+    rows_at_end = []
+
+    def on_send(message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            rows_at_end.append(ledger.rows)
+
+    gateway = Gateway(relay_for(script, gate=1, retries=0), ledger=ledger)
+    status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY, on_send=on_send)
+    assert status == 200 and b'"late"' in body and body.endswith(b"data: [DONE]\n\n")
+    assert rows_at_end == [1]
+
+
+@pytest.mark.parametrize("gate_s", [0.5, 30])
+async def test_a_drain_answers_a_held_stream_503_and_one_the_gate_committed_with_its_error_event(gate_s, autojump_clock):
+    # the model is silent after its role frame: at 2 s the drain (0.5 s) cuts the turn; with a
+    # gate of 0.5 s the stream was committed by then (200, then the shutdown's error event), with
+    # 30 s it is still held (a real 503, nothing shown)
+    script = [{"frames": [{"role": True}, {"wait": 60}, {"text": "never"}, {"done": True}]}]
+    gateway = Gateway(relay_for(script, gate=gate_s, retries=0))
+    answers = []
+
+    async def post() -> None:
+        answers.append(await asgi_post(gateway, "/v1/chat/completions", BODY, bound=30))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(post)
+        await trio.sleep(2)
+        await gateway.drain(0.5)
+    ((status, _, body),) = answers
+    if gate_s < 2:
+        assert status == 200 and b'"role":"assistant"' in body
+        assert b'"shutting_down"' in body.rsplit(b"data: ", 1)[1] and b"never" not in body
+    else:
+        assert status == 503 and json.loads(body)["error"]["code"] == "shutting_down"
+    assert not gateway.chat.gates.held and not gateway.turns.cancellers
+
+
+@pytest.mark.parametrize("fails", ["planning", "admitting"])
+async def test_a_stream_whose_run_could_not_be_made_or_started_leaves_no_gate_held(fails, monkeypatch, autojump_clock):
+    # relayline's own bug where a turn's run is made (the plan) or where it is admitted: the
+    # client gets a 500 and nothing after it; the gate timer holds no stream and never writes
+    # a commit of its own (a held gate would write a 200 head after the 500, at gate_commit_s)
+    script = [{"frames": [{"text": "x"}, {"done": True}]}]
+    relay = relay_for(script, gate=1, retries=0)
+    gateway = Gateway(relay)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(*((turns_of(relay), "new_run") if fails == "planning" else (gateway.turns, "admit")), broken)
+    starts = []
+    status, _, body = await asgi_post(gateway, "/v1/chat/completions", BODY,
+                                      on_send=lambda m: starts.append(m.get("status")))
+    await trio.sleep(3)  # past gate_commit_s
+    assert status == 500 and json.loads(body)["error"]
+    assert [s for s in starts if s is not None] == [500]
+    assert not gateway.chat.gates.held and not gateway.chat.gates.queued and not gateway.turns.cancellers
