@@ -17,6 +17,8 @@ import pytest
 from fleet import ServeProcess, Upstream, fleet_config
 from test_workers_reload import _children, _connections_on
 
+from helpers import sim_toml
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="one socket per worker (SO_REUSEPORT) shows which worker answers")
 
@@ -159,8 +161,7 @@ def test_sighups_beside_a_stop_leave_the_exit_status_zero(tmp_path, workers):
     every signal it handled its default action back as it exits, and a SIGHUP then ended the
     gateway, or the fleet's supervisor, as hung up (-1), not with its status 0."""
     config = tmp_path / "stop.toml"
-    config.write_text(f'active = "s"\n[providers.s]\nfamily = "sim"\nmodel = "m"\n'
-                      f'[ledger]\npath = "{tmp_path / "l.sqlite3"}"\n')
+    config.write_text(sim_toml("m", ledger={"path": str(tmp_path / "l.sqlite3")}))
     for _ in range(2):
         gateway = ServeProcess(config, "--workers", workers)
         try:

@@ -13,13 +13,13 @@ import httpx
 import pytest
 from fleet import ServeProcess
 
-from helpers import raw_post
+from helpers import raw_post, sim_toml
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.machines.config import parse_config
 
 CLI = [sys.executable, "-m", "relayline.adapters.cli"]
 NOT_LOOPBACK = "0.0.0.0"  # every address of the machine: what `serve` must refuse to bind without keys
-KEYLESS = 'active = "s"\n[providers.s]\nfamily = "sim"\nmodel = "m"\n'
+KEYLESS = sim_toml("m")
 
 
 def _run(*args, timeout=60) -> subprocess.CompletedProcess:
@@ -48,13 +48,13 @@ def test_only_a_keyless_gateway_not_open_on_purpose_is_kept_to_loopback():
     assert bind_refusal(keyless, "0.0.0.0") is not None and bind_refusal(keyless, "::") is not None
     assert bind_refusal(keyless, "127.0.0.1") is None and bind_refusal(keyless, "localhost") is None
     assert bind_refusal(keyless, "::1") is None
-    assert bind_refusal(parse_config(KEYLESS + '[gateway]\nauth = "none"\n'), "0.0.0.0") is None
-    assert bind_refusal(parse_config(KEYLESS + '[gateway]\napi_keys_env = "K"\n'), "0.0.0.0") is None
+    assert bind_refusal(parse_config(sim_toml("m", gateway={"auth": "none"})), "0.0.0.0") is None
+    assert bind_refusal(parse_config(sim_toml("m", gateway={"api_keys_env": "K"})), "0.0.0.0") is None
 
 
 def test_auth_none_beside_client_keys_is_a_config_error(tmp_path):
     config = tmp_path / "both.toml"
-    config.write_text(KEYLESS + '[gateway]\nauth = "none"\napi_keys_env = "K"\n')
+    config.write_text(sim_toml("m", gateway={"auth": "none", "api_keys_env": "K"}))
     out = _run("check", config)
     assert out.returncode == 1 and 'gateway.auth: "none"' in out.stderr
 
@@ -64,7 +64,7 @@ def test_check_warns_of_a_gateway_without_client_keys(tmp_path):
     config.write_text(KEYLESS)
     out = _run("check", config)
     assert out.returncode == 0 and "warning: no_client_keys at gateway.api_keys_env" in out.stdout, out.stdout
-    config.write_text(KEYLESS + '[gateway]\nauth = "none"\n')
+    config.write_text(sim_toml("m", gateway={"auth": "none"}))
     out = _run("check", config)
     assert out.returncode == 0 and "no_client_keys" not in out.stdout and out.stdout.rstrip().endswith("0 warnings")
 
@@ -102,7 +102,7 @@ def test_a_reload_never_makes_a_gateway_keyless_where_it_listens_beyond_loopback
     "keys" and names no keys: such a file means loopback only, which serve enforces only where it
     binds. The reload was taken and the gateway served on, keyless, on every address."""
     config = tmp_path / "open.toml"
-    config.write_text(KEYLESS + '[gateway]\nauth = "none"\n')
+    config.write_text(sim_toml("m", gateway={"auth": "none"}))
     with ServeProcess(config, "--host", NOT_LOOPBACK, "--workers", workers) as gateway:
         url = "http://127.0.0.1:" + gateway.url.rsplit(":", 1)[1]  # (our own traffic stays on loopback)
         if workers == "2":
@@ -113,5 +113,5 @@ def test_a_reload_never_makes_a_gateway_keyless_where_it_listens_beyond_loopback
         refused = httpx.post(f"{url}/admin/reload", timeout=30)
         assert refused.status_code == 422, refused.text
         assert refused.json()["problems"][0].startswith("gateway.api_keys_env: this file names no client keys")
-        config.write_text(KEYLESS.replace('model = "m"', 'model = "m2"') + '[gateway]\nauth = "none"\n')
+        config.write_text(sim_toml("m2", gateway={"auth": "none"}))
         assert httpx.post(f"{url}/admin/reload", timeout=30).status_code == 200  # (open on purpose: taken)

@@ -13,14 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from wire_strategies import canonical_requests
 
-from helpers import asgi_post
+from helpers import asgi_post, sim_config
 from relayline.adapters import Relay
 from relayline.adapters.codecs.common import client_headers
 from relayline.adapters.gateway import Gateway
 from relayline.machines import wire
 from relayline.machines.config import structure_config
 
-CONFIG = {"active": "sim.a", "providers": {"sim.a": {"family": "sim", "model": "m"}}}
+CONFIG = sim_config("m")
 
 json_value = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12),

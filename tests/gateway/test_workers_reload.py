@@ -16,7 +16,7 @@ import pytest
 import trio
 from fleet import ServeProcess, Upstream, fleet_config
 
-from helpers import raw_post
+from helpers import raw_post, sim_toml
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway
 from relayline.adapters.gateway.reload import Reloader
@@ -143,19 +143,8 @@ def test_reload_under_load_keeps_streams_in_flight_and_refuses_a_broken_file(tmp
             assert httpx.post(f"{gateway.url}/admin/reload").status_code == 401  # admin only
 
 
-TWO = """
-active = "sim.a"
-[breaker]
-failure_threshold = 1
-open_s = 600
-[providers."sim.a"]
-family = "sim"
-model = "m1"
-fallbacks = ["sim.b"]
-[providers."sim.b"]
-family = "sim"
-model = "m2"
-"""
+BREAKER = {"failure_threshold": 1, "open_s": 600}
+TWO = sim_toml("m1", "m2", breaker=BREAKER)
 
 
 async def test_a_reload_keeps_the_health_of_profiles_that_remain_and_forgets_the_others(tmp_path):
@@ -168,19 +157,18 @@ async def test_a_reload_keeps_the_health_of_profiles_that_remain_and_forgets_the
     relay.health.breaker("sim.a").failure(now)
     relay.health.set_cooldown("sim.b", now + 100)
     assert relay.health.breaker("sim.a").state == "open"
-    path.write_text(TWO.replace('fallbacks = ["sim.b"]', "").replace('[providers."sim.b"]\nfamily = "sim"\nmodel = "m2"\n',
-                                                                      "").replace("open_s = 600", "open_s = 900"))
+    path.write_text(sim_toml("m1", breaker={**BREAKER, "open_s": 900}))
     report = await reloader.reload()
     assert report.ok and report.profiles == ("sim.a",)
     assert gateway.relay is not relay and gateway.relay.health is relay.health
     assert gateway.relay.health.breaker("sim.a").state == "open"  # kept
     assert gateway.relay.health.breaker("sim.a").config.open_s == 900  # under the new settings
     assert gateway.relay.health.cooldown_until("sim.b") == float("-inf")  # sim.b is gone: forgotten
-    path.write_text(TWO + '[health]\nstore = "redis://127.0.0.1:1/0"\n')
+    path.write_text(sim_toml("m1", "m2", breaker=BREAKER, health={"store": "redis://127.0.0.1:1/0"}))
     refused = await reloader.reload()
     assert not refused.ok and refused.problems[0].startswith("health: changed")
     current = gateway.relay
-    path.write_text(TWO + '[gateway]\napi_keys_env = "RELAYLINE_TEST_UNSET_KEYS"\n')
+    path.write_text(sim_toml("m1", "m2", breaker=BREAKER, gateway={"api_keys_env": "RELAYLINE_TEST_UNSET_KEYS"}))
     refused = await reloader.reload()
     assert not refused.ok and "RELAYLINE_TEST_UNSET_KEYS" in " ".join(refused.problems)
     assert gateway.relay is current, "a refused file changes nothing"
@@ -326,11 +314,10 @@ def test_the_supervisor_gives_workers_their_drain_s_and_more_before_it_kills_the
     from relayline.machines.config import parse_config
 
     path = tmp_path / "c.toml"
-    base = 'active = "s"\n[providers.s]\nfamily = "sim"\nmodel = "m"\n'
-    path.write_text(base + "[gateway]\ndrain_s = 300\n")
+    path.write_text(sim_toml("m", gateway={"drain_s": 300}))
     started = parse_config(path.read_text())
     assert stop_wait_s(str(path), started) == 300 + STOP_GRACE_S
-    path.write_text(base + "[gateway]\ndrain_s = 900\n")  # raised, then SIGHUP'd
+    path.write_text(sim_toml("m", gateway={"drain_s": 900}))  # raised, then SIGHUP'd
     assert stop_wait_s(str(path), started) == 900 + STOP_GRACE_S
     path.write_text("not toml [")  # a broken file: the drain it started with
     assert stop_wait_s(str(path), started) == 300 + STOP_GRACE_S
@@ -387,7 +374,7 @@ async def test_reload_events_carry_their_fields_in_json_logs(tmp_path):
     configure("info", "json", stream=out)
     try:
         assert (await reloader.reload()).ok
-        path.write_text(TWO + "[gateway]\nmax_body_bytes = \"big\"\n")
+        path.write_text(sim_toml("m1", "m2", breaker=BREAKER, gateway={"max_body_bytes": "big"}))
         assert not (await reloader.reload()).ok
     finally:
         root.handlers[:], _ = saved

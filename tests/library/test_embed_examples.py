@@ -15,6 +15,7 @@ import httpx
 import pytest
 import uvicorn
 
+from helpers import sim_config, to_toml
 from relayline.adapters.sim.background import BackgroundUpstreams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,22 +23,12 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import fastapi_app  # noqa: E402  (the example is a script folder, not a package)
 
-CONFIG = {
-    "active": "sim.a",
-    "reliability": {"provider_retries": 0},
-    "providers": {"sim.a": {"family": "sim", "model": "m1", "fallbacks": ["sim.b"]},
-                  "sim.b": {"family": "sim", "model": "m2"}},
-}
+CONFIG = sim_config("m1", "m2", reliability={"provider_retries": 0})
 
 
 def write_config(tmp_path: Path, upstreams: BackgroundUpstreams) -> Path:
-    wired = upstreams.wire(CONFIG)
-    lines = [f'active = "{wired["active"]}"', "[reliability]", "provider_retries = 0"]
-    for alias, profile in wired["providers"].items():
-        lines.append(f'[providers."{alias}"]')
-        lines += [f"{key} = {json.dumps(value)}" for key, value in profile.items()]
     path = tmp_path / "relayline.toml"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(to_toml(upstreams.wire(CONFIG)))
     return path
 
 

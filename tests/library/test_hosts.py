@@ -14,6 +14,7 @@ import threading
 import pytest
 import trio
 
+from helpers import sim_toml
 from relayline.adapters import (
     InMemoryHealth,
     Relay,
@@ -23,18 +24,7 @@ from relayline.adapters import (
 )
 from relayline.adapters.providers.sim import SimUpstream
 
-TWO = """
-active = "sim.a"
-[reliability]
-provider_retries = 0
-[providers."sim.a"]
-family = "sim"
-model = "m1"
-fallbacks = ["sim.b"]
-[providers."sim.b"]
-family = "sim"
-model = "m2"
-"""
+TWO = sim_toml("m1", "m2", reliability={"provider_retries": 0})
 HI = [{"role": "user", "content": "hi"}]
 SLOW = 0.5  # an upstream pause no scenario waits out: the cancellations land inside it
 SOON = 0.05
@@ -269,7 +259,8 @@ def test_an_exception_in_the_block_propagates_as_it_was_under_asyncio():
 def test_relays_built_per_request_keep_breakers_only_through_a_shared_health_store(shared):
     """The FastAPI pattern of one Relay per request: a shared health store keeps what earlier
     requests learned (sim.a's breaker opened after 2 failures), a relay of its own forgets it."""
-    config = parse_config(TWO + "[breaker]\nfailure_threshold = 2\nopen_s = 60\n")
+    config = parse_config(sim_toml("m1", "m2", reliability={"provider_retries": 0},
+                                   breaker={"failure_threshold": 2, "open_s": 60}))
     health = InMemoryHealth(config.breaker)
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"status": 503}]}])
 

@@ -5,26 +5,15 @@ import logging
 import pytest
 import trio
 
+from helpers import sim_toml
 from relayline.adapters import Relay
 from relayline.adapters.providers.sim import SimUpstream
 from relayline.machines import wire
 from relayline.machines.errors import RelaylineError, StreamInterruptedAfterOutput, TurnError
 
-TWO = """
-active = "sim.a"
-[reliability]
-provider_retries = 1
-[notices]
-model_fallback_notice = "detailed"
-[providers."sim.a"]
-family = "sim"
-model = "m1"
-fallbacks = ["sim.b"]
-price = { input_per_mtok = 1.0, output_per_mtok = 2.0 }
-[providers."sim.b"]
-family = "sim"
-model = "m2"
-"""
+A = {"model": "m1", "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}
+TABLES = {"reliability": {"provider_retries": 1}, "notices": {"model_fallback_notice": "detailed"}}
+TWO = sim_toml(A, "m2", **TABLES)
 HI = [{"role": "user", "content": "hi"}]
 
 
@@ -60,8 +49,7 @@ async def test_failure_raises_a_typed_error_with_reason(autojump_clock):
 
 
 async def test_the_aggregated_error_is_bounded_and_names_each_attempt(autojump_clock):
-    models = ", ".join(f'"f{i}"' for i in range(30))
-    text = f'active = "sim.a"\n[providers."sim.a"]\nfamily = "sim"\nmodel = "m"\nfallback_models = [{models}]\n'
+    text = sim_toml({"model": "m", "fallback_models": [f"f{i}" for i in range(30)]})
     relay = relay_with({"sim.a": [{"status": 503, "error": "upstream body with sk-should-not-appear"}]}, text)
     with pytest.raises(TurnError) as info:
         await relay.complete(HI)
@@ -134,7 +122,7 @@ async def test_an_exception_in_the_block_propagates_as_it_was_and_cancels_the_tu
 
 
 async def test_secrets_never_reach_logs_errors_or_results(autojump_clock, caplog):
-    text = TWO.replace('model = "m1"', 'model = "m1"\napi_key_env = "RELAYLINE_TEST_KEY"')
+    text = sim_toml({**A, "api_key_env": "RELAYLINE_TEST_KEY"}, "m2", **TABLES)
     sim = SimUpstream.from_replies([{"provider": "sim.a", "script": [{"status": 401, "error": "bad key sk-live-xyz"}]},
                                     {"provider": "sim.b", "script": [{"status": 503}]}])
     caplog.set_level(logging.DEBUG)
@@ -146,7 +134,7 @@ async def test_secrets_never_reach_logs_errors_or_results(autojump_clock, caplog
 
 
 async def test_operator_selection_scopes(autojump_clock):
-    text = TWO + '[[routes]]\nhint = "b"\nprovider = "sim.b"\nmodel = "m2"\n'
+    text = sim_toml(A, "m2", **TABLES, routes=[{"hint": "b", "provider": "sim.b", "model": "m2"}])
     relay = relay_with({}, text)
     relay.select("hint:b")
     assert (await relay.complete(HI)).served == "sim.b/m2"
@@ -155,8 +143,8 @@ async def test_operator_selection_scopes(autojump_clock):
 
 
 async def test_a_continuation_carries_exactly_the_forwarded_text(autojump_clock):
-    text = TWO.replace('model = "m2"', 'model = "m2"\ncapabilities = { prefill = true }')
-    text = text.replace("[notices]", "[stream]\ncontinue_after_interrupt = true\n[notices]")
+    text = sim_toml(A, {"model": "m2", "capabilities": {"prefill": True}}, **TABLES,
+                    stream={"continue_after_interrupt": True})
     relay = relay_with({"sim.a": [{"frames": [{"role": True}, {"text": "Hello "}, {"text": "wor"},
                                               {"error": "overloaded_error"}]}],
                         "sim.b": [{"text": "ld."}]}, text)
@@ -201,6 +189,6 @@ def test_clients_come_from_the_family_registry():
             " or m == 'relayline.adapters.providers.sim'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-    relay = Relay.from_toml('active = "a"\n[providers.a]\nfamily = "sim"\nmodel = "m"\n', env={})
+    relay = Relay.from_toml(sim_toml("m"), env={})
     assert set(relay.clients) == {"sim"} and relay.clients["sim"].upstream.calls == []
     assert {f.wire for f in FAMILIES.values()} == {"openai", "anthropic", None}
