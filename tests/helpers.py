@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import trio
 
+from relayline.adapters.gateway import serve
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.adapters.sim.recorder import Answer, RecordingUpstream
 from relayline.machines.config import structure_config
@@ -125,6 +126,13 @@ async def asgi_post(app, path: str, body: bytes, headers=(), on_send=None, bound
     start = next((m for m in sent if m["type"] == "http.response.start"), {})
     return start.get("status"), start.get("headers", []), b"".join(m.get("body", b"") for m in sent
                                                                  if m["type"] == "http.response.body")
+
+
+async def serve_in_process(nursery: trio.Nursery, gateway) -> str:
+    """`gateway` on this process's own HTTP/1.1 server, on a loopback port, until `nursery` ends:
+    its URL."""
+    binds = await nursery.start(lambda task_status: serve(gateway, port=0, task_status=task_status))
+    return binds[0]
 
 
 @contextmanager

@@ -19,9 +19,9 @@ import h11
 import pytest
 import trio
 
-from helpers import loopback_config
+from helpers import loopback_config, serve_in_process
 from relayline.adapters import Relay
-from relayline.adapters.gateway import Gateway, serve
+from relayline.adapters.gateway import Gateway
 from relayline.adapters.relay import turns_of
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
@@ -78,8 +78,8 @@ async def gateway_turn(cfg, path: str, stream: bool = True) -> tuple[object, byt
     relay = Relay(structure_config(cfg), env={})
     relay.observers.append(results.append)
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(lambda task_status: serve(Gateway(relay), port=0, task_status=task_status))
-        host, port = binds[0].removeprefix("http://").split(":")
+        url = await serve_in_process(nursery, Gateway(relay))
+        host, port = url.removeprefix("http://").split(":")
         body = json.dumps({"model": "m-primary", "stream": stream, "max_tokens": 64, "messages": HI}).encode()
         client = await trio.open_tcp_stream(host, int(port))
         conn = h11.Connection(h11.CLIENT)

@@ -22,8 +22,9 @@ import socket
 import h11
 import trio
 
+from helpers import serve_in_process
 from relayline.adapters import Relay
-from relayline.adapters.gateway import Gateway, serve
+from relayline.adapters.gateway import Gateway
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
 
@@ -152,9 +153,9 @@ async def test_a_slow_reader_pauses_the_upstream_and_the_provider_is_not_blamed(
         relay = Relay(structure_config(config), env={})
         relay.observers.append(results.append)
         gateway = Gateway(relay)
-        binds = await nursery.start(lambda task_status: serve(gateway, port=0, task_status=task_status))
+        url = await serve_in_process(nursery, gateway)
         with trio.fail_after(30):
-            status, body = await slow_client(binds[0], {"model": "m-primary", "stream": True,
+            status, body = await slow_client(url, {"model": "m-primary", "stream": True,
                                                         "messages": [{"role": "user", "content": "hi"}]}, log)
         await relay.aclose()
         nursery.cancel_scope.cancel()

@@ -17,8 +17,9 @@ import socket
 import h11
 import trio
 
+from helpers import serve_in_process
 from relayline.adapters import Relay
-from relayline.adapters.gateway import Gateway, serve, stream_wire
+from relayline.adapters.gateway import Gateway, stream_wire
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
 
@@ -96,8 +97,8 @@ async def test_total_s_ends_a_turn_held_by_a_client_that_stopped_reading(monkeyp
         relay = Relay(structure_config(config), env={})
         relay.observers.append(observe)
         gateway = Gateway(relay)
-        binds = await nursery.start(lambda task_status: serve(gateway, port=0, task_status=task_status))
-        client, conn = await stalled_client(binds[0])
+        url = await serve_in_process(nursery, gateway)
+        client, conn = await stalled_client(url)
         started = trio.current_time()
         # the turn's budget runs out while its write waits for the client: it ends then (a few
         # tenths of a second of slack), not when the send watchdog gives up on the client

@@ -15,8 +15,9 @@ import openai
 import pytest
 import trio
 
+from helpers import serve_in_process
 from relayline.adapters import Relay
-from relayline.adapters.gateway import Gateway, serve
+from relayline.adapters.gateway import Gateway
 from relayline.adapters.otel import Tracing
 from relayline.adapters.sim.loopback import BackgroundTrio, LoopbackServer, Reply
 from relayline.adapters.stores.ledger import LedgerStore
@@ -62,8 +63,7 @@ class GatewayOn(BackgroundTrio):
             config[name] = {**config.get(name, {}), **values}
         self.relay = Relay(structure_config(config), env={})
         self.gateway = Gateway(self.relay, ledger=LedgerStore(self.ledger_path))
-        binds = await nursery.start(lambda task_status: serve(self.gateway, port=0, task_status=task_status))
-        self.url = binds[0]
+        self.url = await serve_in_process(nursery, self.gateway)
 
     async def _close(self) -> None:
         await self.relay.aclose()

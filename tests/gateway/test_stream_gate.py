@@ -20,9 +20,9 @@ from collections import Counter
 import pytest
 import trio
 
-from helpers import asgi_post, sim_toml
+from helpers import asgi_post, serve_in_process, sim_toml
 from relayline.adapters import Relay
-from relayline.adapters.gateway import Gateway, serve
+from relayline.adapters.gateway import Gateway
 from relayline.adapters.gateway.stream_wire import GateTimer
 from relayline.adapters.providers.sim import SimUpstream
 from relayline.adapters.relay import turns_of
@@ -197,8 +197,8 @@ async def test_a_held_stream_is_its_connections_task_alone():
                   "providers": {"p": {"family": "openai", "base_url": f"{upstream.url}/v1", "model": "m1",
                                       "api_key": "k-held"}}}
         gateway = Gateway(Relay(structure_config(config), env={}))
-        binds = await nursery.start(lambda task_status: serve(gateway, port=0, task_status=task_status))
-        host, port = binds[0].removeprefix("http://").split(":")
+        url = await serve_in_process(nursery, gateway)
+        host, port = url.removeprefix("http://").split(":")
         before = _task_names()
         streams = []
         with trio.fail_after(10):

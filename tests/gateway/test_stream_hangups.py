@@ -23,8 +23,9 @@ from collections import Counter
 
 import trio
 
+from helpers import serve_in_process
 from relayline.adapters import Relay
-from relayline.adapters.gateway import Gateway, serve
+from relayline.adapters.gateway import Gateway
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
 from relayline.machines.config import structure_config
 
@@ -144,14 +145,14 @@ async def test_streams_hung_up_at_random_points_leave_nothing_behind():
         config["providers"]["primary"]["base_url"] = f"{upstream.url}/v1"
         relay = Relay(structure_config(config), env={})
         gateway = Gateway(relay)
-        binds = await nursery.start(lambda task_status: serve(gateway, port=0, task_status=task_status))
-        gateway_port = int(binds[0].rsplit(":", 1)[1])
+        url = await serve_in_process(nursery, gateway)
+        gateway_port = int(url.rsplit(":", 1)[1])
         await trio.sleep(0.05)
         fds_before, tasks_before = open_fds(), tasks()
         with trio.fail_after(60):
             async with trio.open_nursery() as clients:
                 for _ in range(STREAMS):
-                    clients.start_soon(client, binds[0], rng, ends)
+                    clients.start_soon(client, url, rng, ends)
                     await trio.sleep(0.002)
             while gateway.in_flight or upstream.closed + idle_upstreams(relay) < upstream.accepted:
                 await trio.sleep(0.02)

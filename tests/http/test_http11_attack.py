@@ -19,8 +19,9 @@ import time
 import trio
 from test_http11 import GET, App, read_response, read_until_closed, start
 
+from helpers import serve_in_process
 from relayline.adapters import Relay
-from relayline.adapters.gateway import Gateway, serve
+from relayline.adapters.gateway import Gateway
 
 CHAT = b'{"model":"sim-1","messages":[{"role":"user","content":"hi"}]}'
 
@@ -364,8 +365,8 @@ async def _disconnected(receive) -> bool:
 
 async def gateway_port(nursery) -> int:
     relay = Relay.from_file("examples/quickstart.toml")
-    binds = await nursery.start(lambda task_status: serve(Gateway(relay), port=0, task_status=task_status))
-    return int(binds[0].rsplit(":", 1)[1])
+    url = await serve_in_process(nursery, Gateway(relay))
+    return int(url.rsplit(":", 1)[1])
 
 
 async def test_a_declared_body_over_the_limit_is_413_at_once_and_never_invited_with_100_continue():

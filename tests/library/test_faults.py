@@ -43,7 +43,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from raw_server import RawServer
 
-from helpers import asgi_post, loopback_config
+from helpers import asgi_post, loopback_config, serve_in_process
 from relayline.adapters import Relay
 from relayline.adapters.gateway import Gateway
 from relayline.adapters.providers import http
@@ -560,7 +560,7 @@ async def test_what_the_client_did_never_moves_the_providers_breaker():
     request the provider rejects (400). With failure_threshold = 1, not one of them touches the
     primary's breaker, a hang-up is never sent on to the fallback, and a healthy request then
     goes to the primary."""
-    from relayline.adapters.gateway import Gateway, serve
+    from relayline.adapters.gateway import Gateway
 
     def primary_reply(seen) -> Reply:
         text = seen.body["messages"][0]["content"]
@@ -587,7 +587,7 @@ async def test_what_the_client_did_never_moves_the_providers_breaker():
         results = []
         relay.observers.append(results.append)
         gateway = Gateway(relay)
-        url = (await nursery.start(lambda task_status: serve(gateway, port=0, task_status=task_status)))[0]
+        url = await serve_in_process(nursery, gateway)
         with trio.fail_after(20):
             await raw_request(url, request("hi", stream=True), read_until=b"first", wait=5)
             await raw_request(url, request("slow"), read_until=b"never arrives", wait=0.3)
