@@ -68,15 +68,37 @@ def sim_toml(*profiles: str | dict, **tables) -> str:
     return to_toml(sim_config(*profiles, **tables))
 
 
+PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
+
+
+def base_url(family: str, url: str) -> str:
+    """The base URL a profile of `family` names for a loopback upstream at `url`: OpenAI's
+    clients add the path after /v1, Anthropic's after the host."""
+    return f"{url}/v1" if family == "openai" else url
+
+
+def family_config(family: str, url: str, *, model: str = "model-x", retries: int = 0,
+                  fallback: str | None = None, **keys) -> dict:
+    """One profile, `{family}.main`, on the loopback upstream at `url`, retried `retries` times;
+    `fallback`: the model of a sim profile `sim.b` behind it. Other keywords are profile keys."""
+    main = {"family": family, "base_url": base_url(family, url), "model": model, **keys}
+    providers = {f"{family}.main": main}
+    if fallback is not None:
+        main["fallbacks"] = ["sim.b"]
+        providers["sim.b"] = {"family": "sim", "model": fallback}
+    return {"active": f"{family}.main", "reliability": {"provider_retries": retries, "backoff_ms": 50},
+            "providers": providers}
+
+
 def loopback_config(primary: str, backup: str | None = None, **sections) -> dict:
     """OpenAI-family profiles on loopback upstreams: `primary`, and `backup` as its fallback;
     short timeouts and a breaker that opens on one failure, each section overridable."""
     providers = {"primary": {"family": "openai", "base_url": f"{primary}/v1", "model": "m-primary", "api_key": "k1",
-                             "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}}
+                             "price": PRICE}}
     if backup is not None:
         providers["primary"]["fallbacks"] = ["backup"]
         providers["backup"] = {"family": "openai", "base_url": f"{backup}/v1", "model": "m-backup", "api_key": "k2",
-                               "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}
+                               "price": PRICE}
     base = {"active": "primary", "providers": providers,
             "reliability": {"provider_retries": 1, "backoff_ms": 50},
             "breaker": {"failure_threshold": 1, "open_s": 30},
@@ -146,8 +168,7 @@ def recording_gateway(providers: dict[str, dict], hints: dict[str, str], key: st
     with RecordingUpstream() as upstream:
         def profile(name: str, keys: dict) -> dict:
             family = name.split(".")[0]
-            base = f"{upstream.url}/v1" if family == "openai" else upstream.url
-            return {"family": family, "base_url": base, "api_key": f"{key}-{family}", **(shared or {}), **keys}
+            return {"family": family, "base_url": base_url(family, upstream.url), "api_key": f"{key}-{family}", **(shared or {}), **keys}
 
         config = {
             "active": next(iter(providers)),

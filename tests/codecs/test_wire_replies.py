@@ -11,9 +11,11 @@ import json
 import pytest
 import trio
 
+from helpers import PRICE, family_config
 from relayline.adapters import Relay
 from relayline.adapters.relay import turns_of
 from relayline.adapters.sim.loopback import LoopbackServer, Reply
+from relayline.machines.config import structure_config
 
 OK_OPENAI = {"id": "c", "object": "chat.completion", "model": "m",
              "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
@@ -44,32 +46,13 @@ ANTHROPIC_BAD = [
 ]
 
 
-def config(family: str, url: str) -> str:
-    base = f"{url}/v1" if family == "openai" else url
-    return f"""
-active = "{family}.main"
-[reliability]
-provider_retries = 0
-backoff_ms = 50
-[providers."{family}.main"]
-family = "{family}"
-base_url = "{base}"
-model = "model-x"
-api_key = "sk-wire-test-0001"
-fallbacks = ["sim.b"]
-price = {{ input_per_mtok = 1.0, output_per_mtok = 2.0 }}
-[providers."sim.b"]
-family = "sim"
-model = "m2"
-"""
-
-
 async def turn(family: str, pieces: tuple[bytes, ...], stream: bool = False, status: int = 200):
     headers = (("content-type", "text/event-stream" if stream else "application/json"),)
     async with trio.open_nursery() as nursery:
         server = LoopbackServer(lambda seen: Reply(status=status, headers=headers, pieces=pieces))
         await server.start(nursery)
-        async with Relay.from_toml(config(family, server.url), env={}) as relay:
+        config = family_config(family, server.url, fallback="m2", api_key="sk-wire-test-0001", price=PRICE)
+        async with Relay(structure_config(config), env={}) as relay:
             with trio.fail_after(10):
                 result = await turns_of(relay).run([{"role": "user", "content": "hi"}], stream=stream)
         nursery.cancel_scope.cancel()

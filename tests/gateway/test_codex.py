@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from agent_stand import npm_client
 
+from helpers import base_url
 from relayline.adapters.sim.loopback import BackgroundLoopback, Reply, Seen
 from relayline.adapters.sim.recorder import (
     JSON,
@@ -98,7 +99,7 @@ def test_codex_exec_runs_a_tool_loop_through_relayline(tmp_path, family):
     home.mkdir()
     (work / "note.txt").write_text(NOTE + "\n")
     with ScriptedUpstream() as upstream:
-        base = f"{upstream.url}/v1" if family == "openai" else upstream.url
+        base = base_url(family, upstream.url)
         (tmp_path / "relayline.toml").write_text(
             f'active = "{family}.up"\n[gateway]\napi_keys_env = "RELAYLINE_CODEX_KEYS"\n'
             f'[providers."{family}.up"]\nfamily = "{family}"\nbase_url = "{base}"\napi_key = "sk-upstream"\n'

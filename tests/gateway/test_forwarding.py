@@ -12,6 +12,7 @@ import anthropic
 import openai
 import pytest
 
+from helpers import base_url
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.adapters.sim.recorder import RecordingUpstream
 
@@ -25,8 +26,7 @@ def _gateway(named: bool):
     two that name some (oa-named, an-named), each behind the route hint of its name."""
     with RecordingUpstream() as upstream:
         def profile(family, model, **extra):
-            base = f"{upstream.url}/v1" if family == "openai" else upstream.url
-            return {"family": family, "base_url": base, "api_key": f"sk-up-{model}", "model": model, **extra}
+            return {"family": family, "base_url": base_url(family, upstream.url), "api_key": f"sk-up-{model}", "model": model, **extra}
 
         forwarding = {"forward_headers": ["x-trace-id", "OpenAI-Organization", "x-pinned"],
                       "headers": {"X-Pinned": "from-profile"}}

@@ -12,29 +12,20 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import PRICE, family_config
 from relayline.adapters import Relay
 from relayline.adapters.relay import turns_of
 from relayline.adapters.sim.loopback import LoopbackServer, Reply, sse_events
+from relayline.machines.config import Config, structure_config
 
 TRANSCRIPTS = Path(__file__).resolve().parents[1] / "transcripts"
 KEY = "sk-test-transcript-4242"
 
 
-def config(family: str, url: str, retries: int = 0) -> str:
-    base = f"{url}/v1" if family == "openai" else url
-    return f"""
-active = "{family}.main"
-[reliability]
-provider_retries = {retries}
-backoff_ms = 50
-[providers."{family}.main"]
-family = "{family}"
-base_url = "{base}"
-model = "model-x"
-api_key = "{KEY}"
-headers = {{ "x-team" = "core" }}
-price = {{ input_per_mtok = 1.0, output_per_mtok = 2.0 }}
-"""
+def config(family: str, url: str, retries: int = 0, **tables) -> Config:
+    """The family's one profile on the transcript's server, with a header of its own."""
+    profile = family_config(family, url, retries=retries, api_key=KEY, headers={"x-team": "core"}, price=PRICE)
+    return structure_config({**profile, **tables})
 
 
 def summary(result, events) -> dict:
@@ -59,7 +50,7 @@ async def run_stream(family: str, handler, retries: int = 0):
     async with trio.open_nursery() as nursery:
         server = LoopbackServer(handler)
         await server.start(nursery)
-        async with Relay.from_toml(config(family, server.url, retries), env={}) as relay:
+        async with Relay(config(family, server.url, retries), env={}) as relay:
             with trio.fail_after(10):
                 result = await turns_of(relay).run([{"role": "user", "content": "hi"}], stream=True, sink=sink)
         nursery.cancel_scope.cancel()
@@ -187,7 +178,7 @@ async def run_complete(family: str, handler, retries: int = 0):
     async with trio.open_nursery() as nursery:
         server = LoopbackServer(handler)
         await server.start(nursery)
-        async with Relay.from_toml(config(family, server.url, retries), env={}) as relay:
+        async with Relay(config(family, server.url, retries), env={}) as relay:
             with trio.fail_after(10):
                 result = await turns_of(relay).run([{"role": "system", "content": "be brief"},
                                                {"role": "user", "content": "hi"}])
@@ -254,19 +245,17 @@ async def test_the_retry_after_header_drives_the_wait(autojump_clock):
 
 
 async def test_connection_refused_is_retryable():
-    relay = Relay.from_toml(config("openai", "http://127.0.0.1:9"), env={})
+    relay = Relay(config("openai", "http://127.0.0.1:9"), env={})
     async with relay:
         result = await turns_of(relay).run([{"role": "user", "content": "hi"}])
     assert result.attempts[0].outcome == "retryable" and result.attempts[0].detail == "connection error"
 
 
 async def test_headers_s_is_enforced_on_the_real_socket():
-    text = config("openai", "URL").replace("[reliability]", "[timeouts]\nheaders_s = 0.3\n[reliability]")
-
     async with trio.open_nursery() as nursery:
         server = LoopbackServer(lambda s: Reply(delay=30.0, pieces=(b"{}",)))
         await server.start(nursery)
-        async with Relay.from_toml(text.replace("URL", server.url), env={}) as relay:
+        async with Relay(config("openai", server.url, timeouts={"headers_s": 0.3}), env={}) as relay:
             with trio.fail_after(5):
                 result = await turns_of(relay).run([{"role": "user", "content": "hi"}])
         nursery.cancel_scope.cancel()
@@ -331,7 +320,7 @@ async def test_an_answer_that_ends_the_turn_leaves_the_attempts_deadline_where_i
         server = LoopbackServer(lambda seen: Reply(headers=(("content-type", "application/json"),),
                                                    pieces=(body.encode(),)))
         await server.start(nursery)
-        async with Relay.from_toml(config("openai", server.url), env={}) as relay:
+        async with Relay(config("openai", server.url), env={}) as relay:
             await turns_of(relay).run([{"role": "user", "content": "hi"}])  # (a warm connection)
             monkeypatch.setattr(trio.CancelScope, "deadline", property(deadline.fget, counted))
             with trio.fail_after(10):

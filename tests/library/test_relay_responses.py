@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from helpers import family_config
 from relayline.adapters import Relay, WireError, responses_request
 from relayline.adapters.sim.recorder import Answer, RecordingUpstream
 from relayline.machines.config import structure_config
@@ -32,10 +33,7 @@ BODY = {
 
 
 def relay_for(up: RecordingUpstream, family: str, **capabilities) -> Relay:
-    base = f"{up.url}/v1" if family == "openai" else up.url
-    config = {"active": f"{family}.main", "reliability": {"provider_retries": 0},
-              "providers": {f"{family}.main": {"family": family, "base_url": base, "api_key": "sk-up",
-                                               "model": f"{family}-model", "capabilities": capabilities}}}
+    config = family_config(family, up.url, model=f"{family}-model", api_key="sk-up", capabilities=capabilities)
     return Relay(structure_config(config), env={})
 
 
