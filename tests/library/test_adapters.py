@@ -1,5 +1,5 @@
 """The OpenAI-compatible and Anthropic adapters against real protocol transcripts, served by a
-real loopback HTTP server (tests/loopback.py) through the real driver."""
+real loopback HTTP server (adapters/sim/loopback.py) through the real driver."""
 
 from __future__ import annotations
 
