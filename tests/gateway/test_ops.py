@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+from fleet import ServeProcess
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import to_toml
@@ -460,23 +461,6 @@ def test_check_flags_what_an_operator_gets_wrong(tmp_path):
 # -- the drain ---------------------------------------------------------------------------------------
 
 
-def _serve(config_path: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([*CLI, "serve", "--config", str(config_path), "--port", "0", "--log-format", "json"],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    lines: list[str] = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        lines.append(line)
-        if "listening on" in line:
-            url = line.rsplit(" ", 1)[1].strip().split(",")[0]
-            return proc, url
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError("the gateway did not start: " + "".join(lines))
-
-
 def test_sigterm_during_50_streams_drains_then_cancels_and_exits_0(tmp_path):
     short = {"frames": [{"role": True}, {"text": "short"}, {"wait": 0.3}, {"text": " answer"}, {"usage": [10, 2]},
                         {"done": True}]}
@@ -496,14 +480,10 @@ def test_sigterm_during_50_streams_drains_then_cancels_and_exits_0(tmp_path):
                         {"provider": "openai.long", "script": [long]}]) as sim:
         path = tmp_path / "gw.toml"
         path.write_text(to_toml(sim.wire(config)))
-        proc, url = _serve(path)
-        try:
-            outcomes = trio.run(_fifty_streams, url, proc)
-            assert proc.wait(timeout=30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        stderr = proc.stderr.read()
+        with ServeProcess(path, "--log-format", "json") as gateway:
+            outcomes = trio.run(_fifty_streams, gateway.url, gateway.proc)
+            assert gateway.proc.wait(timeout=30) == 0
+        stderr = gateway.stderr
     assert "Traceback" not in stderr
     done = [o for o in outcomes if o["end"] == "done"]
     cut = [o for o in outcomes if o["end"] == "error"]
@@ -563,15 +543,11 @@ async def _fifty_streams(url: str, proc: subprocess.Popen) -> list[dict]:
 def test_sigint_exits_0_without_a_traceback(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(to_toml(profiles(ledger={"path": str(tmp_path / "l.sqlite3")})))
-    proc, url = _serve(path)
-    try:
-        assert httpx.get(f"{url}/healthz").status_code == 200
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert "Traceback" not in proc.stderr.read()
+    with ServeProcess(path, "--log-format", "json") as gateway:
+        assert httpx.get(f"{gateway.url}/healthz").status_code == 200
+        gateway.signal(signal.SIGINT)
+        assert gateway.proc.wait(timeout=30) == 0
+    assert "Traceback" not in gateway.stderr
 
 
 def test_sigterm_during_a_stream_refuses_new_connections_and_the_stream_finishes(tmp_path):
@@ -584,14 +560,13 @@ def test_sigterm_during_a_stream_refuses_new_connections_and_the_stream_finishes
     with BackgroundUpstreams([{"provider": "openai.slow", "script": [slow]}]) as sim:
         path = tmp_path / "gw.toml"
         path.write_text(to_toml(sim.wire(config)))
-        proc, url = _serve(path)
-        try:
-            port = int(url.rsplit(":", 1)[1])
+        with ServeProcess(path, "--log-format", "json") as gateway:
+            port = int(gateway.url.rsplit(":", 1)[1])
             body = {"model": "slow-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=10) as response:
+            with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=10) as response:
                 lines = response.iter_lines()
                 seen = next(line for line in lines if '"first"' in line)  # committed: the stream is running
-                proc.send_signal(signal.SIGTERM)
+                gateway.signal(signal.SIGTERM)
                 deadline = time.monotonic() + 5
                 while not refused and time.monotonic() < deadline:
                     try:
@@ -600,10 +575,7 @@ def test_sigterm_during_a_stream_refuses_new_connections_and_the_stream_finishes
                     except ConnectionRefusedError:
                         refused = True
                 rest = [line for line in lines if line.startswith("data: ")]
-            assert proc.wait(timeout=30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+            assert gateway.proc.wait(timeout=30) == 0
     assert seen and refused
     assert rest[-1] == "data: [DONE]" and any('" last"' in line for line in rest)
 
