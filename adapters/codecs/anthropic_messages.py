@@ -11,6 +11,8 @@ another family is not sent a request with a field silently gone.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from relayline.machines import wire as w
 
@@ -21,80 +23,109 @@ from .common import client_headers
 # (Anthropic requires max_tokens)
 DEFAULT_MAX_TOKENS = 4096
 
-KNOWN = frozenset({"model", "messages", "system", "max_tokens", "stream", "temperature", "top_p", "top_k",
-                   "stop_sequences", "tools", "tool_choice", "metadata", "thinking", "output_config",
-                   "output_format"})
+KNOWN = frozenset({"model", "messages", "system", "max_tokens", "stream", "temperature", "top_p",
+                   "top_k", "stop_sequences", "tools", "tool_choice", "metadata", "thinking",
+                   "output_config", "output_format"})
 
 
-# -- requests: messages body -> canonical ------------------------------------------------------------
+# -- requests: messages body -> canonical ----------------------------------------------------
 
 
 # sources no other family has: a plain-text or chunked document, and the Files API's file ids
 OWN_SOURCES = ("text", "content", "file")
 
 
-def _source(raw, param: str, block: str, extra: tuple[str, ...]) -> dict:
+def _source(raw: dict[str, Any], param: str, block: str,
+            extra: tuple[str, ...]) -> dict[str, Any]:
     source = shape.want_dict(raw.get("source"), shape.path(param, "source"))
     kind = shape.want_str(source.get("type"), shape.path(param, "source.type"))
-    extra += tuple(f"{block}.source.{k}" for k in shape.extras(source, ("type", "media_type", "data", "url")))
+    extra += tuple(f"{block}.source.{k}"
+                   for k in shape.extras(source, ("type", "media_type", "data", "url")))
     if kind == "base64":
-        return {"media_type": shape.want_str(source.get("media_type"), shape.path(param, "source.media_type")),
-                "data": shape.want_str(source.get("data"), shape.path(param, "source.data")), "extra": extra}
+        return {"media_type": shape.want_str(source.get("media_type"),
+                                             shape.path(param, "source.media_type")),
+                "data": shape.want_str(source.get("data"), shape.path(param, "source.data")),
+                "extra": extra}
     if kind == "url":
-        return {"url": shape.want_str(source.get("url"), shape.path(param, "source.url")), "extra": extra}
+        return {"url": shape.want_str(source.get("url"), shape.path(param, "source.url")),
+                "extra": extra}
     if kind in OWN_SOURCES:
         # an anthropic profile gets the client's body as sent; another family cannot take it
         return {"extra": (*extra, f"{block}.source.{kind}")}
-    raise w.WireError(shape.path(param, "source.type"), f"must be one of base64, url, {', '.join(OWN_SOURCES)}")
+    raise w.WireError(shape.path(param, "source.type"),
+                      f"must be one of base64, url, {', '.join(OWN_SOURCES)}")
 
 
-def _reasoning_block(raw: dict, param: str, kind: str) -> w.Part:
+def _reasoning_block(raw: dict[str, Any], param: str, kind: str) -> w.Part:
     """A thinking block of the history (with its signature; "" when it has none, as on thinking
     relayline showed from a provider that signs nothing) or a redacted one (its opaque data)."""
     extra = tuple(shape.extras(raw, ("type", "thinking", "signature", "data")))
     if kind == w.THINKING:
-        return w.Part(w.THINKING, shape.want_str(raw.get("thinking"), shape.path(param, "thinking")), extra=extra,
+        text = shape.want_str(raw.get("thinking"), shape.path(param, "thinking"))
+        return w.Part(w.THINKING, text, extra=extra,
                       signature=shape.optional(raw, "signature", shape.want_str, param) or "")
-    return w.Part(w.REDACTED_THINKING, data=shape.want_str(raw.get("data"), shape.path(param, "data")), extra=extra)
+    data = shape.want_str(raw.get("data"), shape.path(param, "data"))
+    return w.Part(w.REDACTED_THINKING, data=data, extra=extra)
 
 
-def _block(raw, param: str, extra_names: list[str]) -> w.Part | w.ToolCall | w.Message | None:
-    raw = shape.want_dict(raw, param)
-    kind = shape.want_str(raw.get("type"), shape.path(param, "type"))
+# what a block may carry beside its type that this codec reads
+_BLOCK_FIELDS = ("type", "text", "source", "id", "name", "input", "tool_use_id", "content",
+                 "is_error", "cache_control")
+
+Block = w.Part | w.ToolCall | w.Message | None
+
+
+def _block(raw: object, param: str, extra_names: list[str]) -> Block:
+    fields = shape.want_dict(raw, param)
+    kind = shape.want_str(fields.get("type"), shape.path(param, "type"))
     if kind in w.REASONING_PARTS:
-        return _reasoning_block(raw, param, kind)
-    extra = tuple(shape.extras(raw, ("type", "text", "source", "id", "name", "input", "tool_use_id", "content",
-                                 "is_error", "cache_control")))
-    cache = shape.optional(raw, "cache_control", shape.want_dict, param)
+        return _reasoning_block(fields, param, kind)
+    extra = tuple(shape.extras(fields, _BLOCK_FIELDS))
+    cache = shape.optional(fields, "cache_control", shape.want_dict, param)
     if kind == "text":
-        return w.Part(w.TEXT, shape.want_str(raw.get("text"), shape.path(param, "text")), extra=extra, cache_control=cache)
+        text = shape.want_str(fields.get("text"), shape.path(param, "text"))
+        return w.Part(w.TEXT, text, extra=extra, cache_control=cache)
     if kind == "image":
-        return w.Part(w.IMAGE, **_source(raw, param, kind, extra), cache_control=cache)
+        return w.Part(w.IMAGE, **_source(fields, param, kind, extra), cache_control=cache)
     if kind == "document":  # (its title is an OpenAI file's name)
-        return w.Part(w.DOCUMENT, **_source(raw, param, kind, tuple(k for k in extra if k != "title")),
-                      cache_control=cache, title=shape.optional(raw, "title", shape.want_str, param))
+        source = _source(fields, param, kind, tuple(k for k in extra if k != "title"))
+        return w.Part(w.DOCUMENT, **source, cache_control=cache,
+                      title=shape.optional(fields, "title", shape.want_str, param))
     if kind in ("tool_use", "tool_result"):
-        extra_names.extend(extra)  # a tool block's fields relayline does not read: this family's own
+        # a tool block's fields relayline does not read: this family's own
+        extra_names.extend(extra)
     if kind == "tool_use":
-        arguments = raw.get("input", {})
-        return w.ToolCall(shape.want_str(raw.get("id"), shape.path(param, "id")), shape.want_str(raw.get("name"), shape.path(param, "name")),
-                          json.dumps(shape.want_dict(arguments, shape.path(param, "input"))), cache)
+        call_id = shape.want_str(fields.get("id"), shape.path(param, "id"))
+        name = shape.want_str(fields.get("name"), shape.path(param, "name"))
+        arguments = shape.want_dict(fields.get("input", {}), shape.path(param, "input"))
+        return w.ToolCall(call_id, name, json.dumps(arguments), cache)
     if kind == "tool_result":
-        content = raw.get("content", "")
-        if isinstance(content, str):
-            parts = (w.Part(w.TEXT, content),) if content else ()
-        else:
-            where = shape.path(param, "content")
-            blocks = [_block(b, shape.path(where, i), extra_names) for i, b in enumerate(shape.want_list(content, where))]
-            _refuse_misplaced(blocks, (w.ToolCall, w.Message), where, "a tool result holds no tool_use or tool_result")
-            parts = tuple(p for p in blocks if isinstance(p, w.Part))
-        return w.Message(w.TOOL, parts, tool_call_id=shape.want_str(raw.get("tool_use_id"), shape.path(param, "tool_use_id")),
-                         is_error=bool(shape.optional(raw, "is_error", shape.want_bool, param)), cache_control=cache)
+        return _tool_result(fields, param, extra_names, cache)
     extra_names.append(f"content.{kind}")  # server tools and their results: this family's own
     return None
 
 
-def _refuse_misplaced(blocks: list, kind: type | tuple[type, ...], where: str, message: str) -> None:
+def _tool_result(fields: dict[str, Any], param: str, extra_names: list[str],
+                 cache: dict[str, Any] | None) -> w.Message:
+    content = fields.get("content", "")
+    parts: tuple[w.Part, ...]
+    if isinstance(content, str):
+        parts = (w.Part(w.TEXT, content),) if content else ()
+    else:
+        where = shape.path(param, "content")
+        blocks = [_block(b, shape.path(where, i), extra_names)
+                  for i, b in enumerate(shape.want_list(content, where))]
+        _refuse_misplaced(blocks, (w.ToolCall, w.Message), where,
+                          "a tool result holds no tool_use or tool_result")
+        parts = tuple(p for p in blocks if isinstance(p, w.Part))
+    call_id = shape.want_str(fields.get("tool_use_id"), shape.path(param, "tool_use_id"))
+    return w.Message(w.TOOL, parts, tool_call_id=call_id,
+                     is_error=bool(shape.optional(fields, "is_error", shape.want_bool, param)),
+                     cache_control=cache)
+
+
+def _refuse_misplaced(blocks: list[Block], kind: type | tuple[type, ...], where: str,
+                      message: str) -> None:
     """A block where its role has no place for it (a tool_use in a user turn...) is a 400 naming
     it: no family could be sent it, and leaving it out would drop what the client said."""
     for i, block in enumerate(blocks):
@@ -111,12 +142,13 @@ _TEXT_FIELDS = frozenset(("type", "text"))
 _USE_FIELDS = frozenset(("type", "id", "name", "input"))
 
 
-def _tool_results(blocks: list) -> list[w.Message] | None:
+def _tool_results(blocks: list[Any]) -> list[w.Message] | None:
     """A user turn of tool_result blocks, each a call's id and a string, as the general path
     reads it; None for any other shape."""
     out = []
     for block in blocks:
-        if type(block) is not dict or block.keys() != _RESULT_FIELDS or block["type"] != "tool_result":
+        if (type(block) is not dict or block.keys() != _RESULT_FIELDS
+                or block["type"] != "tool_result"):
             return None
         text, call_id = block["content"], block["tool_use_id"]
         if type(text) is not str or type(call_id) is not str:
@@ -125,55 +157,63 @@ def _tool_results(blocks: list) -> list[w.Message] | None:
     return out
 
 
-def _calling(blocks: list) -> list[w.Message] | None:
+def _calling(blocks: list[Any]) -> list[w.Message] | None:
     """An assistant turn of text blocks and tool_use blocks, each with no field beside its
     own, as the general path reads it; None for any other shape."""
-    parts, calls = [], []
+    parts: list[w.Part] = []
+    calls: list[w.ToolCall] = []
     for block in blocks:
         kind = block.get("type") if type(block) is dict else None
         if kind == "text" and block.keys() == _TEXT_FIELDS and type(block["text"]) is str:
             parts.append(w.Part(w.TEXT, block["text"]))
-        elif kind == "tool_use" and block.keys() == _USE_FIELDS and type(block["id"]) is str \
-                and type(block["name"]) is str and type(block["input"]) is dict:
-            calls.append(w.ToolCall(block["id"], block["name"], json.dumps(block["input"]), None))
+        elif (kind == "tool_use" and block.keys() == _USE_FIELDS and type(block["id"]) is str
+                and type(block["name"]) is str and type(block["input"]) is dict):
+            calls.append(w.ToolCall(block["id"], block["name"], json.dumps(block["input"]),
+                                    None))
         else:
             return None
     return [w.Message(w.ASSISTANT, tuple(parts), tuple(calls))]
 
 
-def _messages(raw, param: str, extra_names: list[str]) -> list[w.Message]:
-    if type(raw) is dict and len(raw) == 2 and type(raw.get("content")) is list and raw["content"]:
+def _messages(raw: object, param: str, extra_names: list[str]) -> list[w.Message]:
+    if (type(raw) is dict and len(raw) == 2 and type(raw.get("content")) is list
+            and raw["content"]):
         # nearly every message of an agent's history: a turn of tool results, or of the calls
         # they answer (what the general path below makes of it, without its per-field paths)
         role = raw.get("role")
-        read = _tool_results(raw["content"]) if role == "user" else _calling(raw["content"]) \
-            if role == "assistant" else None
+        read = (_tool_results(raw["content"]) if role == "user"
+                else _calling(raw["content"]) if role == "assistant" else None)
         if read is not None:
             return read
     return _any_messages(raw, param, extra_names)
 
 
-def _any_messages(raw, param: str, extra_names: list[str]) -> list[w.Message]:
-    raw = shape.want_dict(raw, param)
-    role = shape.want_str(raw.get("role"), shape.path(param, "role"))
+def _any_messages(raw: object, param: str, extra_names: list[str]) -> list[w.Message]:
+    fields = shape.want_dict(raw, param)
+    role = shape.want_str(fields.get("role"), shape.path(param, "role"))
     if role not in _ROLES:
         raise w.WireError(shape.path(param, "role"), "must be user, assistant or system")
-    content = raw.get("content")
+    content = fields.get("content")
     where = shape.path(param, "content")
-    extra_names.extend(f"messages.{k}" for k in shape.extras(raw, ("role", "content")))
+    extra_names.extend(f"messages.{k}" for k in shape.extras(fields, ("role", "content")))
     if isinstance(content, str):
         return [w.Message(_ROLES[role], (w.Part(w.TEXT, content),) if content else ())]
-    blocks = [_block(b, shape.path(where, i), extra_names) for i, b in enumerate(shape.want_list(content, where))]
+    blocks = [_block(b, shape.path(where, i), extra_names)
+              for i, b in enumerate(shape.want_list(content, where))]
     parts = tuple(b for b in blocks if isinstance(b, w.Part))
     if role == "assistant":
-        _refuse_misplaced(blocks, w.Message, where, "a tool_result block belongs to a user message")
-        return [w.Message(w.ASSISTANT, parts, tuple(b for b in blocks if isinstance(b, w.ToolCall)))]
+        _refuse_misplaced(blocks, w.Message, where,
+                          "a tool_result block belongs to a user message")
+        calls = tuple(b for b in blocks if isinstance(b, w.ToolCall))
+        return [w.Message(w.ASSISTANT, parts, calls)]
     if any(p.type in w.REASONING_PARTS for p in parts):
         raise w.WireError(where, "thinking blocks belong to assistant messages")
     if role == "system":
-        _refuse_misplaced(blocks, (w.ToolCall, w.Message), where, "a system message holds no tool_use or tool_result blocks")
+        _refuse_misplaced(blocks, (w.ToolCall, w.Message), where,
+                          "a system message holds no tool_use or tool_result blocks")
         return [w.Message(w.SYSTEM, parts)]
-    _refuse_misplaced(blocks, w.ToolCall, where, "a tool_use block belongs to an assistant message")
+    _refuse_misplaced(blocks, w.ToolCall, where,
+                      "a tool_use block belongs to an assistant message")
     # tool results become tool messages, first: they answer the assistant turn just before
     out = [b for b in blocks if isinstance(b, w.Message)]
     if parts or not out:
@@ -181,7 +221,7 @@ def _any_messages(raw, param: str, extra_names: list[str]) -> list[w.Message]:
     return out
 
 
-def _system(raw) -> tuple[w.Message, ...]:
+def _system(raw: object) -> tuple[w.Message, ...]:
     if raw is None:
         return ()
     if isinstance(raw, str):
@@ -196,19 +236,19 @@ def _system(raw) -> tuple[w.Message, ...]:
     return (w.Message(w.SYSTEM, tuple(parts)),)
 
 
-def _tool(raw, param: str, extra_names: list[str]) -> w.Tool | None:
-    raw = shape.want_dict(raw, param)
-    if raw.get("type") not in (None, "custom"):
-        extra_names.append(f"tools.{shape.want_str(raw['type'], shape.path(param, 'type'))}")  # server tools
+def _tool(raw: object, param: str, extra_names: list[str]) -> w.Tool | None:
+    fields = shape.want_dict(raw, param)
+    if fields.get("type") not in (None, "custom"):  # server tools
+        extra_names.append(f"tools.{shape.want_str(fields['type'], shape.path(param, 'type'))}")
         return None
-    extra_names.extend(f"tools.{k}" for k in shape.extras(raw, ("type", "name", "description", "input_schema", "strict",
-                                                              "cache_control")))
-    schema = shape.optional(raw, "input_schema", shape.want_dict, param)
-    return w.Tool(shape.want_str(raw.get("name"), shape.path(param, "name")),
-                  shape.optional(raw, "description", shape.want_str, param) or "",
+    extra_names.extend(f"tools.{k}" for k in shape.extras(
+        fields, ("type", "name", "description", "input_schema", "strict", "cache_control")))
+    schema = shape.optional(fields, "input_schema", shape.want_dict, param)
+    return w.Tool(shape.want_str(fields.get("name"), shape.path(param, "name")),
+                  shape.optional(fields, "description", shape.want_str, param) or "",
                   schema if schema is not None else {"type": "object"},
-                  bool(shape.optional(raw, "strict", shape.want_bool, param)),
-                  shape.optional(raw, "cache_control", shape.want_dict, param))
+                  bool(shape.optional(fields, "strict", shape.want_bool, param)),
+                  shape.optional(fields, "cache_control", shape.want_dict, param))
 
 
 # an OpenAI json_schema format must be named and Anthropic's output format has no name: this one
@@ -216,39 +256,43 @@ def _tool(raw, param: str, extra_names: list[str]) -> w.Tool | None:
 OUTPUT_FORMAT_NAME = "response"
 
 
-def _output_format(body: dict, extra_names: list[str]) -> w.ResponseFormat | None:
+def _output_format(body: dict[str, Any], extra_names: list[str]) -> w.ResponseFormat | None:
     """The JSON schema the answer must match: `output_config.format`, or the same object as the
     structured outputs beta wrote it (`output_format`)."""
     config = shape.optional(body, "output_config", shape.want_dict) or {}
     if config.get("format") is not None and body.get("output_format") is not None:
-        raise w.WireError("output_format", "and output_config.format are the same setting: send one of them")
+        raise w.WireError("output_format",
+                          "and output_config.format are the same setting: send one of them")
     where = "output_config.format" if config.get("format") is not None else "output_format"
     raw = config.get("format") if config.get("format") is not None else body.get("output_format")
     if raw is None:
         return None
-    raw = shape.want_dict(raw, where)
-    if shape.want_str(raw.get("type"), shape.path(where, "type")) != "json_schema":
+    fields = shape.want_dict(raw, where)
+    if shape.want_str(fields.get("type"), shape.path(where, "type")) != "json_schema":
         raise w.WireError(shape.path(where, "type"), "must be json_schema")
-    extra_names.extend(f"{where}.{k}" for k in shape.extras(raw, ("type", "schema")))
-    schema = shape.want_dict(raw.get("schema"), shape.path(where, "schema"))
-    return w.ResponseFormat("json_schema", {"name": OUTPUT_FORMAT_NAME, "schema": schema, "strict": True})
+    extra_names.extend(f"{where}.{k}" for k in shape.extras(fields, ("type", "schema")))
+    schema = shape.want_dict(fields.get("schema"), shape.path(where, "schema"))
+    return w.ResponseFormat("json_schema",
+                            {"name": OUTPUT_FORMAT_NAME, "schema": schema, "strict": True})
 
 
-def _tool_choice(raw, extra_names: list[str]) -> tuple[w.ToolChoice | None, bool | None]:
+def _tool_choice(raw: object,
+                 extra_names: list[str]) -> tuple[w.ToolChoice | None, bool | None]:
     if raw is None:
         return None, None
-    raw = shape.want_dict(raw, "tool_choice")
-    extra_names.extend(f"tool_choice.{k}" for k in shape.extras(raw, ("type", "name", "disable_parallel_tool_use")))
-    kind = shape.want_str(raw.get("type"), "tool_choice.type")
+    fields = shape.want_dict(raw, "tool_choice")
+    extra_names.extend(f"tool_choice.{k}" for k in shape.extras(
+        fields, ("type", "name", "disable_parallel_tool_use")))
+    kind = shape.want_str(fields.get("type"), "tool_choice.type")
     modes = {"auto": "auto", "none": "none", "any": "required", "tool": "tool"}
     if kind not in modes:
         raise w.WireError("tool_choice.type", "must be auto, any, tool or none")
-    name = shape.want_str(raw.get("name"), "tool_choice.name") if kind == "tool" else None
-    disable = shape.optional(raw, "disable_parallel_tool_use", shape.want_bool, "tool_choice")
+    name = shape.want_str(fields.get("name"), "tool_choice.name") if kind == "tool" else None
+    disable = shape.optional(fields, "disable_parallel_tool_use", shape.want_bool, "tool_choice")
     return w.ToolChoice(modes[kind], name), (None if disable is None else not disable)
 
 
-def _reasoning(body: dict, extra: dict) -> w.Reasoning | None:
+def _reasoning(body: dict[str, Any], extra: dict[str, Any]) -> w.Reasoning | None:
     """`thinking` and `output_config.effort` as the canonical reasoning. A thinking type this
     module does not know stays in `extra`: an anthropic profile gets it as sent, another family
     cannot honour it."""
@@ -258,29 +302,37 @@ def _reasoning(body: dict, extra: dict) -> w.Reasoning | None:
     if rest:
         extra["output_config"] = rest  # (what relayline does not read: this family's own)
     raw = body.get("thinking")
-    kind = None if raw is None else shape.want_str(shape.want_dict(raw, "thinking").get("type"), "thinking.type")
+    if raw is None:
+        return None if effort is None else w.Reasoning(effort)
+    thinking = shape.want_dict(raw, "thinking")
+    kind = shape.want_str(thinking.get("type"), "thinking.type")
     if kind in ("enabled", "adaptive"):
-        extra.update({f"thinking.{k}": None for k in shape.extras(raw, ("type", "budget_tokens"))})
+        extra.update({f"thinking.{k}": None
+                      for k in shape.extras(thinking, ("type", "budget_tokens"))})
     if kind == "enabled":
-        return w.Reasoning(effort, shape.want_int(raw.get("budget_tokens"), "thinking.budget_tokens", 1))
+        budget = shape.want_int(thinking.get("budget_tokens"), "thinking.budget_tokens", 1)
+        return w.Reasoning(effort, budget)
     if kind == "adaptive":  # the model decides how much to think, at the effort asked for
         return w.Reasoning(effort, adaptive=True)
-    if kind not in (None, "disabled"):
+    if kind != "disabled":
         extra["thinking"] = raw
     return None if effort is None else w.Reasoning(effort)
 
 
-def parse_request(body, headers=(), query: str = "", *, passthrough: bool = True) -> w.Request:
+def parse_request(raw: object, headers: Iterable[tuple[str, str]] = (), query: str = "", *,
+                  passthrough: bool = True) -> w.Request:
     """A messages body (and its request headers) as the canonical request; a body of the wrong
     shape raises WireError naming the field."""
-    body = shape.want_dict(body, "")
+    body = shape.want_dict(raw, "")
     messages = shape.want_list(body.get("messages"), "messages")
     if not messages:
         raise w.WireError("messages", "must not be empty")
     extra_names: list[str] = []
-    parsed = [m for i, raw in enumerate(messages) for m in _messages(raw, shape.path("messages", i), extra_names)]
+    parsed = [m for i, message in enumerate(messages)
+              for m in _messages(message, shape.path("messages", i), extra_names)]
     stop = shape.optional(body, "stop_sequences", shape.want_list) or []
-    tools = [_tool(t, shape.path("tools", i), extra_names) for i, t in enumerate(shape.optional(body, "tools", shape.want_list) or ())]
+    listed = shape.optional(body, "tools", shape.want_list) or ()
+    tools = [_tool(t, shape.path("tools", i), extra_names) for i, t in enumerate(listed)]
     choice, parallel = _tool_choice(body.get("tool_choice"), extra_names)
     metadata = shape.optional(body, "metadata", shape.want_dict) or {}
     extra_names.extend(f"metadata.{k}" for k in shape.extras(metadata, ("user_id",)))
@@ -315,7 +367,7 @@ def _unsigned(block: object) -> bool:
     return type(block) is dict and block.get("type") == "thinking" and not block.get("signature")
 
 
-def _signed_history(body: dict) -> dict:
+def _signed_history(body: dict[str, Any]) -> dict[str, Any]:
     """The client's body as an anthropic entry gets it: as sent, less thinking with no signature
     (relayline showed it from a provider that signs nothing), which Anthropic would refuse; an
     assistant message left with no content goes too (Anthropic joins the turns around it)."""
@@ -337,34 +389,39 @@ def _signed_history(body: dict) -> dict:
     return {**body, "messages": messages}
 
 
-# -- requests: canonical -> messages body ------------------------------------------------------------
+# -- requests: canonical -> messages body ----------------------------------------------------
 
 
-def _cached(block: dict, cache_control) -> dict:
+def _cached(block: dict[str, Any], cache_control: Mapping[str, Any] | None) -> dict[str, Any]:
     """The block with a caching hint, when there is one."""
     return block if cache_control is None else {**block, "cache_control": dict(cache_control)}
 
 
-def _render_part(part: w.Part) -> dict | None:
+def _render_part(part: w.Part) -> dict[str, Any] | None:
     if part.type == w.TEXT:
         return _cached({"type": "text", "text": part.text}, part.cache_control)
     if part.type == w.THINKING:  # back only with the signature its provider gave
-        return {"type": "thinking", "thinking": part.text, "signature": part.signature} if part.signature else None
+        if not part.signature:
+            return None
+        return {"type": "thinking", "thinking": part.text, "signature": part.signature}
     if part.type == w.REDACTED_THINKING:
         return {"type": "redacted_thinking", "data": part.data}
     if part.type in (w.IMAGE, w.DOCUMENT):
         source = ({"type": "url", "url": part.url} if part.url is not None
                   else {"type": "base64", "media_type": part.media_type, "data": part.data})
-        block = {"type": part.type, "source": source} | ({"title": part.title} if part.title is not None else {})
+        block: dict[str, Any] = {"type": part.type, "source": source}
+        if part.title is not None:
+            block["title"] = part.title
         return _cached(block, part.cache_control)
     return None
 
 
-def _blocks(parts: tuple[w.Part, ...]) -> list[dict]:
-    return [b for b in map(_render_part, parts) if b is not None and (b["type"] != "text" or b["text"])]
+def _blocks(parts: tuple[w.Part, ...]) -> list[dict[str, Any]]:
+    return [b for b in map(_render_part, parts)
+            if b is not None and (b["type"] != "text" or b["text"])]
 
 
-def _message_blocks(message: w.Message) -> list[dict]:
+def _message_blocks(message: w.Message) -> list[dict[str, Any]]:
     """A user, assistant or system message's blocks. A caching hint on the whole message (an
     OpenAI client's) goes on its last block: Anthropic caches the prefix up to a marked block."""
     blocks = _blocks(message.content) + [
@@ -380,17 +437,23 @@ def _reasoning_alone(message: w.Message) -> bool:
     """An assistant turn that showed only reasoning no signature covers: left out, as the
     same-family path leaves it (an empty text block in its place is one Anthropic refuses)."""
     return (message.role == w.ASSISTANT and not message.tool_calls
-            and any(p.type in w.REASONING_PARTS for p in message.content) and not _blocks(message.content))
+            and any(p.type in w.REASONING_PARTS for p in message.content)
+            and not _blocks(message.content))
 
 
-def render_messages(messages: tuple[w.Message, ...]) -> tuple[list[dict], list[dict]]:
+# the role a message of these roles is sent under; any other is the user's
+_BLOCK_ROLES = {w.ASSISTANT: "assistant", w.SYSTEM: "system"}
+
+
+def render_messages(
+        messages: tuple[w.Message, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(system blocks, messages): Anthropic wants the system prompt apart and roles alternating,
     so consecutive messages of one role (tool results and the user's next words) become one. A
     system message after the conversation began stays at its place, as a `system` message."""
-    system: list[dict] = []
-    out: list[dict] = []
+    system: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
 
-    def add(role: str, blocks: list[dict]) -> None:
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
         if out and out[-1]["role"] == role:
             out[-1]["content"].extend(blocks)
         else:
@@ -402,13 +465,13 @@ def render_messages(messages: tuple[w.Message, ...]) -> tuple[list[dict], list[d
         if message.role == w.SYSTEM and not out:
             system.extend(b for b in _message_blocks(message) if b["type"] != "text" or b["text"])
         elif message.role == w.TOOL:
-            result: dict = {"type": "tool_result", "tool_use_id": message.tool_call_id,
-                            "content": _blocks(message.content)}
+            result: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.tool_call_id,
+                                      "content": _blocks(message.content)}
             if message.is_error:
                 result["is_error"] = True
             add("user", [_cached(result, message.cache_control)])
         else:
-            add({w.ASSISTANT: "assistant", w.SYSTEM: "system"}.get(message.role, "user"), _message_blocks(message))
+            add(_BLOCK_ROLES.get(message.role, "user"), _message_blocks(message))
     return system, out
 
 
@@ -423,7 +486,7 @@ def _budget(request: w.Request) -> int | None:
     return reasoning.as_budget()
 
 
-def _render_effort(request: w.Request, body: dict) -> None:
+def _render_effort(request: w.Request, body: dict[str, Any]) -> None:
     """Adaptive thinking, and Anthropic's own effort (an OpenAI `reasoning_effort` is a budget)."""
     reasoning = request.reasoning
     if reasoning is None:
@@ -434,52 +497,77 @@ def _render_effort(request: w.Request, body: dict) -> None:
         body["output_config"] = {**(body.get("output_config") or {}), "effort": reasoning.effort}
 
 
-def render_request(request: w.Request, model: str, stream: bool, max_output_tokens: int = DEFAULT_MAX_TOKENS) -> dict:
+def render_request(request: w.Request, model: str, stream: bool,
+                   max_output_tokens: int = DEFAULT_MAX_TOKENS) -> dict[str, Any]:
     """The body for an anthropic-family entry: the client's own body when it spoke this dialect,
     else the canonical request translated (docs/wire.md)."""
     if request.passthrough is not None and request.source == "anthropic":
         body = dict(request.passthrough.body)
         body.setdefault("max_tokens", max_output_tokens)
     else:
-        system, messages = render_messages(request.messages)
-        body = {"messages": messages}
-        if system:
-            body["system"] = system if any(set(b) != {"type", "text"} for b in system) else "\n\n".join(
-                b["text"] for b in system)
-        budget = _budget(request)
-        if budget is not None and request.max_tokens:
-            # OpenAI's limit counts the reasoning too; Anthropic's budget must stay below max_tokens
-            budget = min(budget, request.max_tokens - 1)
-        # thinking spends from max_tokens: with no limit asked for, leave room for the answer
-        body["max_tokens"] = request.max_tokens or (max_output_tokens + (budget or 0))
-        for name in ("temperature", "top_p", "top_k"):
-            if getattr(request, name) is not None:
-                body[name] = getattr(request, name)
-        if request.stop:
-            body["stop_sequences"] = list(request.stop)
-        if request.tools:
-            body["tools"] = [_cached({"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
-                                     | ({"strict": True} if t.strict else {}), t.cache_control) for t in request.tools]
-        choice = request.tool_choice
-        if choice is not None or request.parallel_tool_calls is False:
-            mode = choice.mode if choice is not None else "auto"
-            rendered = {"type": {"auto": "auto", "none": "none", "required": "any", "tool": "tool"}[mode]}
-            if mode == "tool":
-                rendered["name"] = choice.name
-            if request.parallel_tool_calls is False:
-                rendered["disable_parallel_tool_use"] = True
-            body["tool_choice"] = rendered
-        if request.user is not None:
-            body["metadata"] = {"user_id": request.user}
-        if budget is not None:
-            body["thinking"] = {"type": "enabled", "budget_tokens": budget}
-        if request.source == "anthropic":
-            body.update({k: v for k, v in request.extra.items() if "." not in k})
-        _render_effort(request, body)
-        schema = request.response_format.schema if request.response_format is not None else None
-        if schema is not None:  # (beside the client's other output_config fields, if it wrote any)
-            body["output_config"] = {**body.get("output_config", {}), "format": {"type": "json_schema",
-                                                                                 "schema": dict(schema)}}
+        body = _translated(request, max_output_tokens)
     body["model"] = model
     body["stream"] = stream
     return body
+
+
+def _translated(request: w.Request, max_output_tokens: int) -> dict[str, Any]:
+    """The canonical request written as a messages body (another dialect's client, or a request
+    built by the library)."""
+    system, messages = render_messages(request.messages)
+    body: dict[str, Any] = {"messages": messages}
+    if system:
+        plain = all(set(b) == {"type", "text"} for b in system)
+        body["system"] = "\n\n".join(b["text"] for b in system) if plain else system
+    budget = _budget(request)
+    if budget is not None and request.max_tokens:
+        # OpenAI's limit counts the reasoning too; Anthropic's budget must stay below max_tokens
+        budget = min(budget, request.max_tokens - 1)
+    # thinking spends from max_tokens: with no limit asked for, leave room for the answer
+    body["max_tokens"] = request.max_tokens or (max_output_tokens + (budget or 0))
+    for name in ("temperature", "top_p", "top_k"):
+        if getattr(request, name) is not None:
+            body[name] = getattr(request, name)
+    if request.stop:
+        body["stop_sequences"] = list(request.stop)
+    if request.tools:
+        body["tools"] = [_render_tool(t) for t in request.tools]
+    tool_choice = _render_tool_choice(request)
+    if tool_choice is not None:
+        body["tool_choice"] = tool_choice
+    if request.user is not None:
+        body["metadata"] = {"user_id": request.user}
+    if budget is not None:
+        body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+    if request.source == "anthropic":
+        body.update({k: v for k, v in request.extra.items() if "." not in k})
+    _render_effort(request, body)
+    schema = request.response_format.schema if request.response_format is not None else None
+    if schema is not None:  # (beside the client's other output_config fields, if it wrote any)
+        body["output_config"] = {**body.get("output_config", {}),
+                                 "format": {"type": "json_schema", "schema": dict(schema)}}
+    return body
+
+
+def _render_tool(tool: w.Tool) -> dict[str, Any]:
+    block: dict[str, Any] = {"name": tool.name, "description": tool.description,
+                             "input_schema": dict(tool.parameters)}
+    if tool.strict:
+        block["strict"] = True
+    return _cached(block, tool.cache_control)
+
+
+_CHOICE_TYPES = {"auto": "auto", "none": "none", "required": "any", "tool": "tool"}
+
+
+def _render_tool_choice(request: w.Request) -> dict[str, Any] | None:
+    choice = request.tool_choice
+    if choice is None and request.parallel_tool_calls is not False:
+        return None
+    mode = choice.mode if choice is not None else "auto"
+    rendered: dict[str, Any] = {"type": _CHOICE_TYPES[mode]}
+    if choice is not None and mode == "tool":
+        rendered["name"] = choice.name
+    if request.parallel_tool_calls is False:
+        rendered["disable_parallel_tool_use"] = True
+    return rendered

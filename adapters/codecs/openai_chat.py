@@ -9,59 +9,78 @@ sent, and another family is not sent a request with a field silently gone.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from relayline.machines import wire as w
 
 from . import shape
 from .common import client_headers, data_url
 
 # request fields the canonical model holds; anything else is the family's own (Request.extra)
-KNOWN = frozenset({"model", "messages", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens",
-                   "temperature", "top_p", "stop", "tools", "tool_choice", "parallel_tool_calls",
-                   "response_format", "reasoning_effort", "user"})
+KNOWN = frozenset({"model", "messages", "stream", "stream_options", "n", "max_tokens",
+                   "max_completion_tokens", "temperature", "top_p", "stop", "tools", "tool_choice",
+                   "parallel_tool_calls", "response_format", "reasoning_effort", "user"})
 
 
-# -- requests: chat completions body -> canonical ----------------------------------------------------
+# -- requests: chat completions body -> canonical ----------------------------------------------
 
 
-def _part(raw, param: str, extra_names: list[str]) -> w.Part:
+def _part(raw: object, param: str, extra_names: list[str]) -> w.Part:
     if isinstance(raw, str):
         return w.Part(w.TEXT, raw)
-    raw = shape.want_dict(raw, param)
-    kind = shape.want_str(raw.get("type"), shape.path(param, "type"))
-    extra = tuple(shape.extras(raw, ("type", "text", "image_url", "file", "cache_control")))
-    cache = shape.optional(raw, "cache_control", shape.want_dict, param)  # a common extension (opencode, OpenRouter)
+    fields = shape.want_dict(raw, param)
+    kind = shape.want_str(fields.get("type"), shape.path(param, "type"))
+    extra = tuple(shape.extras(fields, ("type", "text", "image_url", "file", "cache_control")))
+    # a common extension (opencode, OpenRouter)
+    cache = shape.optional(fields, "cache_control", shape.want_dict, param)
     if kind in ("text", "input_text"):
-        return w.Part(w.TEXT, shape.want_str(raw.get("text"), shape.path(param, "text")), extra=extra, cache_control=cache)
+        text = shape.want_str(fields.get("text"), shape.path(param, "text"))
+        return w.Part(w.TEXT, text, extra=extra, cache_control=cache)
     if kind == "image_url":
-        image = raw.get("image_url")
-        if isinstance(image, str):
-            url = image
-        else:
-            url = shape.want_str(shape.want_dict(image, shape.path(param, "image_url")).get("url"), shape.path(param, "image_url.url"))
-            # `detail` (low: fewer tokens; high: more) has no Anthropic equivalent; auto asks nothing
-            extra += tuple(f"content.image_url.{k}" for k in shape.extras(image, ("url",))
-                           if not (k == "detail" and image[k] == "auto"))
-        data = data_url(url)
-        if data is not None:
-            return w.Part(w.IMAGE, data=data[1], media_type=data[0], extra=extra, cache_control=cache)
-        return w.Part(w.IMAGE, url=url, extra=extra, cache_control=cache)
+        return _image_part(fields.get("image_url"), param, extra, cache)
     if kind == "file":
-        file = shape.want_dict(raw.get("file"), shape.path(param, "file"))
-        extra += tuple(f"content.file.{k}" for k in shape.extras(file, ("file_data", "file_id", "filename")))
-        title = shape.optional(file, "filename", shape.want_str, shape.path(param, "file"))
-        if file.get("file_data") is None and file.get("file_id") is not None:
-            # an uploaded file, by its id: an openai entry gets the body as sent, another cannot
-            shape.want_str(file["file_id"], shape.path(param, "file.file_id"))
-            return w.Part(w.DOCUMENT, extra=(*extra, w.OPENAI_FILE_ID), cache_control=cache)
-        data = data_url(shape.want_str(file.get("file_data"), shape.path(param, "file.file_data")))
-        if data is None:
-            raise w.WireError(shape.path(param, "file.file_data"), "expected a base64 data: URL")
-        return w.Part(w.DOCUMENT, data=data[1], media_type=data[0], extra=extra, cache_control=cache, title=title)
+        return _file_part(fields.get("file"), param, extra, cache)
     extra_names.append(f"content.{kind}")  # audio and other parts: this family's own
     return w.Part(kind, extra=extra, cache_control=cache)
 
 
-def _content(raw, param: str, extra_names: list[str], *, nullable: bool) -> tuple[w.Part, ...]:
+def _image_part(image: object, param: str, extra: tuple[str, ...],
+                cache: dict[str, Any] | None) -> w.Part:
+    if isinstance(image, str):
+        url = image
+    else:
+        fields = shape.want_dict(image, shape.path(param, "image_url"))
+        url = shape.want_str(fields.get("url"), shape.path(param, "image_url.url"))
+        # `detail` (low: fewer tokens; high: more) has no Anthropic equivalent; auto asks nothing
+        extra += tuple(f"content.image_url.{k}" for k in shape.extras(fields, ("url",))
+                       if not (k == "detail" and fields[k] == "auto"))
+    data = data_url(url)
+    if data is not None:
+        return w.Part(w.IMAGE, data=data[1], media_type=data[0], extra=extra, cache_control=cache)
+    return w.Part(w.IMAGE, url=url, extra=extra, cache_control=cache)
+
+
+def _file_part(raw: object, param: str, extra: tuple[str, ...],
+               cache: dict[str, Any] | None) -> w.Part:
+    file = shape.want_dict(raw, shape.path(param, "file"))
+    extra += tuple(f"content.file.{k}"
+                   for k in shape.extras(file, ("file_data", "file_id", "filename")))
+    title = shape.optional(file, "filename", shape.want_str, shape.path(param, "file"))
+    if file.get("file_data") is None and file.get("file_id") is not None:
+        # an uploaded file, by its id: an openai entry gets the body as sent, another cannot
+        shape.want_str(file["file_id"], shape.path(param, "file.file_id"))
+        return w.Part(w.DOCUMENT, extra=(*extra, w.OPENAI_FILE_ID), cache_control=cache)
+    where = shape.path(param, "file.file_data")
+    data = data_url(shape.want_str(file.get("file_data"), where))
+    if data is None:
+        raise w.WireError(where, "expected a base64 data: URL")
+    return w.Part(w.DOCUMENT, data=data[1], media_type=data[0], extra=extra, cache_control=cache,
+                  title=title)
+
+
+def _content(raw: object, param: str, extra_names: list[str], *,
+             nullable: bool) -> tuple[w.Part, ...]:
     if raw is None:
         if nullable:
             return ()
@@ -69,32 +88,38 @@ def _content(raw, param: str, extra_names: list[str], *, nullable: bool) -> tupl
     if isinstance(raw, str):
         return (w.Part(w.TEXT, raw),) if raw else ()
     if not isinstance(raw, list):
-        raise w.WireError(param, f"expected a string or a list of content parts, got {w.describe(raw)}")
+        raise w.WireError(param,
+                          f"expected a string or a list of content parts, got {w.describe(raw)}")
     return tuple(_part(p, shape.path(param, i), extra_names) for i, p in enumerate(raw))
 
 
-def _tool_call(raw, param: str, extra_names: list[str]) -> w.ToolCall:
-    raw = shape.want_dict(raw, param)
-    function = shape.want_dict(raw.get("function"), shape.path(param, "function"))
+def _tool_call(raw: object, param: str, extra_names: list[str]) -> w.ToolCall:
+    fields = shape.want_dict(raw, param)
+    function = shape.want_dict(fields.get("function"), shape.path(param, "function"))
     # (`index`, a stream's place of the call, says nothing once the calls are in order)
-    extra_names.extend(f"messages.tool_calls.{k}" for k in shape.extras(raw, ("id", "type", "function", "index",
-                                                                          "cache_control")))
-    extra_names.extend(f"messages.tool_calls.function.{k}" for k in shape.extras(function, ("name", "arguments")))
-    arguments = function.get("arguments")
-    arguments = "{}" if arguments is None else shape.want_str(arguments, shape.path(param, "function.arguments"))
-    return w.ToolCall(shape.want_str(raw.get("id"), shape.path(param, "id")),
-                      shape.want_str(function.get("name"), shape.path(param, "function.name")), arguments,
-                      shape.optional(raw, "cache_control", shape.want_dict, param))  # (a caching hint, as on a message)
+    extra_names.extend(f"messages.tool_calls.{k}" for k in shape.extras(
+        fields, ("id", "type", "function", "index", "cache_control")))
+    extra_names.extend(f"messages.tool_calls.function.{k}"
+                       for k in shape.extras(function, ("name", "arguments")))
+    given = function.get("arguments")
+    arguments = ("{}" if given is None
+                 else shape.want_str(given, shape.path(param, "function.arguments")))
+    return w.ToolCall(shape.want_str(fields.get("id"), shape.path(param, "id")),
+                      shape.want_str(function.get("name"), shape.path(param, "function.name")),
+                      arguments,
+                      # (a caching hint, as on a message)
+                      shape.optional(fields, "cache_control", shape.want_dict, param))
 
 
 # what relayline put beside `reasoning_content` on an answer for its client to send back with it
 # (an Anthropic answer's thinking signature and redacted thinking, which Anthropic wants back as
 # they were): read on an assistant message of the history, never sent to an openai entry
 REASONING_FIELDS = ("reasoning_content", "reasoning_signature", "reasoning_redacted")
-_ASSISTANT_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "cache_control", *REASONING_FIELDS)
+_MESSAGE_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "cache_control")
+_ASSISTANT_FIELDS = (*_MESSAGE_FIELDS, *REASONING_FIELDS)
 
 
-def _reasoning_history(raw: dict, param: str) -> tuple[w.Part, ...]:
+def _reasoning_history(raw: dict[str, Any], param: str) -> tuple[w.Part, ...]:
     """The reasoning an assistant message of the history carries back: its thinking (signed
     when relayline gave the client a signature for it), then its redacted thinking."""
     text = shape.optional(raw, "reasoning_content", shape.want_str, param) or ""
@@ -102,8 +127,9 @@ def _reasoning_history(raw: dict, param: str) -> tuple[w.Part, ...]:
     redacted = shape.optional(raw, "reasoning_redacted", shape.want_list, param) or ()
     where = shape.path(param, "reasoning_redacted")
     thinking = (w.Part(w.THINKING, text, signature=signature),) if text or signature else ()
-    return thinking + tuple(w.Part(w.REDACTED_THINKING, data=shape.want_str(data, shape.path(where, i)))
-                            for i, data in enumerate(redacted))
+    return thinking + tuple(
+        w.Part(w.REDACTED_THINKING, data=shape.want_str(data, shape.path(where, i)))
+        for i, data in enumerate(redacted))
 
 
 # the roles whose message is whole as a role and a string (a tool result also needs its call's id)
@@ -115,7 +141,7 @@ _FUNCTION_FIELDS = frozenset(("name", "arguments"))
 _CALLING_FIELDS = frozenset(("role", "content", "tool_calls"))
 
 
-def _tool_result(raw: dict) -> w.Message | None:
+def _tool_result(raw: dict[str, Any]) -> w.Message | None:
     """A tool message of a call's id and a string, as the general path reads it; None for any
     other shape."""
     content, call_id = raw.get("content"), raw.get("tool_call_id")
@@ -124,16 +150,18 @@ def _tool_result(raw: dict) -> w.Message | None:
     return w.Message(w.TOOL, (w.Part(w.TEXT, content),) if content else (), tool_call_id=call_id)
 
 
-def _calling(raw: dict) -> w.Message | None:
+def _calling(raw: dict[str, Any]) -> w.Message | None:
     """An assistant message of text (or null) and function calls, each an id, a name and string
     arguments, as the general path reads it; None for any other shape."""
     content, calls = raw.get("content"), raw.get("tool_calls")
-    if not raw.keys() <= _CALLING_FIELDS or (content is not None and type(content) is not str) or type(calls) is not list:
+    if (not raw.keys() <= _CALLING_FIELDS or (content is not None and type(content) is not str)
+            or type(calls) is not list):
         return None
     read = []
     for call in calls:
         function = call.get("function") if type(call) is dict else None
-        if type(function) is not dict or not call.keys() <= _CALL_FIELDS or not function.keys() <= _FUNCTION_FIELDS:
+        if (type(function) is not dict or not call.keys() <= _CALL_FIELDS
+                or not function.keys() <= _FUNCTION_FIELDS):
             return None
         call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
         if type(call_id) is not str or type(name) is not str or type(arguments) is not str:
@@ -142,7 +170,7 @@ def _calling(raw: dict) -> w.Message | None:
     return w.Message(w.ASSISTANT, (w.Part(w.TEXT, content),) if content else (), tuple(read))
 
 
-def _message(raw, index: int, extra_names: list[str]) -> w.Message:
+def _message(raw: object, index: int, extra_names: list[str]) -> w.Message:
     if type(raw) is dict:
         role = raw.get("role")
         if len(raw) == 2:
@@ -152,96 +180,113 @@ def _message(raw, index: int, extra_names: list[str]) -> w.Message:
                 # (what the general path below makes of it, without its per-field paths and extras)
                 return w.Message(_PLAIN_ROLES[role], (w.Part(w.TEXT, content),) if content else ())
         # nearly every other message of an agent's history: a tool's result, the calls it answers
-        read = _tool_result(raw) if role == "tool" else _calling(raw) if role == "assistant" else None
+        read = (_tool_result(raw) if role == "tool" else _calling(raw) if role == "assistant"
+                else None)
         if read is not None:
             return read
     return _any_message(raw, index, extra_names)
 
 
-def _any_message(raw, index: int, extra_names: list[str]) -> w.Message:
+def _any_message(raw: object, index: int, extra_names: list[str]) -> w.Message:
     param = shape.path("messages", index)
-    raw = shape.want_dict(raw, param)
-    content = raw.get("content")
-    role = shape.want_str(raw.get("role"), shape.path(param, "role"))
+    fields = shape.want_dict(raw, param)
+    content = fields.get("content")
+    role = shape.want_str(fields.get("role"), shape.path(param, "role"))
     where = shape.path(param, "content")
-    extra_names.extend(f"messages.{k}" for k in shape.extras(raw, _ASSISTANT_FIELDS if role == "assistant" else (
-        "role", "content", "tool_calls", "tool_call_id", "cache_control")))
-    cache = shape.optional(raw, "cache_control", shape.want_dict, param)
+    known = _ASSISTANT_FIELDS if role == "assistant" else _MESSAGE_FIELDS
+    extra_names.extend(f"messages.{k}" for k in shape.extras(fields, known))
+    cache = shape.optional(fields, "cache_control", shape.want_dict, param)
     if role in ("system", "developer"):
-        return w.Message(w.SYSTEM, _content(content, where, extra_names, nullable=False), cache_control=cache)
+        return w.Message(w.SYSTEM, _content(content, where, extra_names, nullable=False),
+                         cache_control=cache)
     if role == "user":
-        return w.Message(w.USER, _content(content, where, extra_names, nullable=False), cache_control=cache)
+        return w.Message(w.USER, _content(content, where, extra_names, nullable=False),
+                         cache_control=cache)
     if role == "assistant":
-        calls = raw.get("tool_calls")
-        calls = () if calls is None else tuple(
-            _tool_call(c, shape.path(shape.path(param, "tool_calls"), i), extra_names) for i, c in enumerate(shape.want_list(calls, shape.path(param, "tool_calls"))))
-        return w.Message(w.ASSISTANT, _reasoning_history(raw, param) + _content(content, where, extra_names, nullable=True),
+        calls = _tool_calls(fields.get("tool_calls"), param, extra_names)
+        return w.Message(w.ASSISTANT, _reasoning_history(fields, param)
+                         + _content(content, where, extra_names, nullable=True),
                          calls, cache_control=cache)
     if role == "tool":
-        call_id = shape.want_str(raw.get("tool_call_id"), shape.path(param, "tool_call_id"))
-        return w.Message(w.TOOL, _content(content, where, extra_names, nullable=False), tool_call_id=call_id,
-                         cache_control=cache)
-    raise w.WireError(shape.path(param, "role"), "must be one of system, developer, user, assistant, tool")
+        call_id = shape.want_str(fields.get("tool_call_id"), shape.path(param, "tool_call_id"))
+        return w.Message(w.TOOL, _content(content, where, extra_names, nullable=False),
+                         tool_call_id=call_id, cache_control=cache)
+    raise w.WireError(shape.path(param, "role"),
+                      "must be one of system, developer, user, assistant, tool")
 
 
-def _tool(raw, param: str, extra_names: list[str]) -> w.Tool | None:
-    raw = shape.want_dict(raw, param)
-    kind = raw.get("type", "function")
+def _tool_calls(raw: object, param: str, extra_names: list[str]) -> tuple[w.ToolCall, ...]:
+    if raw is None:
+        return ()
+    where = shape.path(param, "tool_calls")
+    return tuple(_tool_call(c, shape.path(where, i), extra_names)
+                 for i, c in enumerate(shape.want_list(raw, where)))
+
+
+def _tool(raw: object, param: str, extra_names: list[str]) -> w.Tool | None:
+    fields = shape.want_dict(raw, param)
+    kind = fields.get("type", "function")
     if kind != "function":
         # a custom tool (free-form input): an openai entry gets the body as sent, another cannot
         extra_names.append(f"tools.{shape.want_str(kind, shape.path(param, 'type'))}")
         return None
-    function = shape.want_dict(raw.get("function"), shape.path(param, "function"))
-    extra_names.extend(f"tools.{k}" for k in shape.extras(raw, ("type", "function", "cache_control")))
-    extra_names.extend(f"tools.function.{k}" for k in shape.extras(function, ("name", "description", "parameters", "strict")))
-    parameters = shape.optional(function, "parameters", shape.want_dict, shape.path(param, "function"))
+    where = shape.path(param, "function")
+    function = shape.want_dict(fields.get("function"), where)
+    extra_names.extend(f"tools.{k}"
+                       for k in shape.extras(fields, ("type", "function", "cache_control")))
+    extra_names.extend(f"tools.function.{k}" for k in shape.extras(
+        function, ("name", "description", "parameters", "strict")))
+    parameters = shape.optional(function, "parameters", shape.want_dict, where)
     return w.Tool(shape.want_str(function.get("name"), shape.path(param, "function.name")),
-                  shape.optional(function, "description", shape.want_str, shape.path(param, "function")) or "",
+                  shape.optional(function, "description", shape.want_str, where) or "",
                   parameters if parameters is not None else {"type": "object"},
-                  bool(shape.optional(function, "strict", shape.want_bool, shape.path(param, "function"))),
-                  shape.optional(raw, "cache_control", shape.want_dict, param))  # (a caching hint, as on a message)
+                  bool(shape.optional(function, "strict", shape.want_bool, where)),
+                  # (a caching hint, as on a message)
+                  shape.optional(fields, "cache_control", shape.want_dict, param))
 
 
-def _max_tokens(body: dict) -> int | None:
+def _max_tokens(body: dict[str, Any]) -> int | None:
     """The output limit: `max_completion_tokens`, or the older `max_tokens`. Both, with different
     values, is two limits: which one the client meant is theirs to say."""
-    limit = shape.optional(body, "max_completion_tokens", shape.want_int, "", 1)
-    legacy = shape.optional(body, "max_tokens", shape.want_int, "", 1)
+    limit: int | None = shape.optional(body, "max_completion_tokens", shape.want_int, "", 1)
+    legacy: int | None = shape.optional(body, "max_tokens", shape.want_int, "", 1)
     if limit is not None and legacy is not None and limit != legacy:
-        raise w.WireError("max_tokens", f"is {legacy} but max_completion_tokens is {limit}: send one of them")
+        raise w.WireError("max_tokens",
+                          f"is {legacy} but max_completion_tokens is {limit}: send one of them")
     return limit if limit is not None else legacy
 
 
-def _tool_choice(raw, extra_names: list[str]) -> w.ToolChoice | None:
+def _tool_choice(raw: object, extra_names: list[str]) -> w.ToolChoice | None:
     if raw is None:
         return None
     if isinstance(raw, str):
         if raw not in ("auto", "none", "required"):
             raise w.WireError("tool_choice", "must be auto, none, required or a function")
         return w.ToolChoice(raw)
-    raw = shape.want_dict(raw, "tool_choice")
-    kind = raw.get("type", "function")
+    fields = shape.want_dict(raw, "tool_choice")
+    kind = fields.get("type", "function")
     if kind != "function":  # allowed_tools, a custom tool: an openai entry gets them as sent
         extra_names.append(f"tool_choice.{shape.want_str(kind, 'tool_choice.type')}")
         return None
-    function = shape.want_dict(raw.get("function"), "tool_choice.function")
-    extra_names.extend(f"tool_choice.{k}" for k in shape.extras(raw, ("type", "function")))
+    function = shape.want_dict(fields.get("function"), "tool_choice.function")
+    extra_names.extend(f"tool_choice.{k}" for k in shape.extras(fields, ("type", "function")))
     extra_names.extend(f"tool_choice.function.{k}" for k in shape.extras(function, ("name",)))
     return w.ToolChoice("tool", shape.want_str(function.get("name"), "tool_choice.function.name"))
 
 
-def _response_format(raw, extra_names: list[str]) -> w.ResponseFormat | None:
+def _response_format(raw: object, extra_names: list[str]) -> w.ResponseFormat | None:
     if raw is None:
         return None
-    raw = shape.want_dict(raw, "response_format")
-    kind = shape.want_str(raw.get("type"), "response_format.type")
+    fields = shape.want_dict(raw, "response_format")
+    kind = shape.want_str(fields.get("type"), "response_format.type")
     if kind not in ("text", "json_object", "json_schema"):
         raise w.WireError("response_format.type", "must be text, json_object or json_schema")
-    schema = shape.optional(raw, "json_schema", shape.want_dict, "response_format")
-    extra_names.extend(f"response_format.{k}" for k in shape.extras(raw, ("type", "json_schema")))
+    schema = shape.optional(fields, "json_schema", shape.want_dict, "response_format")
+    extra_names.extend(f"response_format.{k}"
+                       for k in shape.extras(fields, ("type", "json_schema")))
     if schema is not None:
-        extra_names.extend(f"response_format.json_schema.{k}"
-                           for k in shape.extras(schema, ("name", "schema", "strict", "description")))
+        extra_names.extend(f"response_format.json_schema.{k}" for k in shape.extras(
+            schema, ("name", "schema", "strict", "description")))
     return w.ResponseFormat(kind, schema)
 
 
@@ -249,20 +294,23 @@ def _response_format(raw, extra_names: list[str]) -> w.ResponseFormat | None:
 _BARE = frozenset({"model", "messages"})
 
 
-def parse_request(body, headers=(), query: str = "", *, passthrough: bool = True) -> w.Request:
+def parse_request(raw: object, headers: Iterable[tuple[str, str]] = (), query: str = "", *,
+                  passthrough: bool = True) -> w.Request:
     """A chat completions body (and its request headers) as the canonical request; a body of the
     wrong shape raises WireError naming the field."""
-    body = shape.want_dict(body, "")
+    body = shape.want_dict(raw, "")
     parsed, extra_names = _messages(body)
-    kept = w.Passthrough(_without_relayline_fields(body), client_headers(headers), query) if passthrough else None
+    kept = (w.Passthrough(_without_relayline_fields(body), client_headers(headers), query)
+            if passthrough else None)
     if not extra_names and body.keys() <= _BARE:
         # what `_with_options` makes of it, without its eleven absent options looked up and
         # checked one by one (a property test holds the two equal)
-        return w.Request(messages=parsed, model=shape.check_model(body.get("model")), source="openai", passthrough=kept)
+        return w.Request(messages=parsed, model=shape.check_model(body.get("model")),
+                         source="openai", passthrough=kept)
     return _with_options(body, parsed, extra_names, kept)
 
 
-def _without_relayline_fields(body: dict) -> dict:
+def _without_relayline_fields(body: dict[str, Any]) -> dict[str, Any]:
     """The client's body as an openai entry gets it: as sent, less the signature and redacted
     thinking relayline gave it for an Anthropic provider, which no chat completions server knows
     (reasoning_content goes as sent)."""
@@ -275,7 +323,7 @@ def _without_relayline_fields(body: dict) -> dict:
                                  for m in body["messages"]]}
 
 
-def _messages(body: dict) -> tuple[tuple[w.Message, ...], list[str]]:
+def _messages(body: dict[str, Any]) -> tuple[tuple[w.Message, ...], list[str]]:
     """The body's messages, and the names of the fields in them this family alone has."""
     if body.get("n") not in (None, 1):
         raise w.WireError("n", "only n = 1 is supported")
@@ -286,21 +334,33 @@ def _messages(body: dict) -> tuple[tuple[w.Message, ...], list[str]]:
     return tuple([_message(m, i, extra_names) for i, m in enumerate(messages)]), extra_names
 
 
-def _with_options(body: dict, parsed: tuple[w.Message, ...], extra_names: list[str],
+def _stop(raw: object) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        return (raw,)
+    return tuple(shape.want_str(s, shape.path("stop", i))
+                 for i, s in enumerate(shape.want_list(raw, "stop")))
+
+
+def _tools(body: dict[str, Any], extra_names: list[str]) -> tuple[w.Tool, ...]:
+    listed = shape.optional(body, "tools", shape.want_list) or ()
+    read = (_tool(t, shape.path("tools", i), extra_names) for i, t in enumerate(listed))
+    return tuple(t for t in read if t is not None)
+
+
+def _with_options(body: dict[str, Any], parsed: tuple[w.Message, ...], extra_names: list[str],
                   passthrough: w.Passthrough | None) -> w.Request:
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    stop = () if stop is None else tuple(shape.want_str(s, shape.path("stop", i)) for i, s in enumerate(shape.want_list(stop, "stop")))
-    tools = tuple(t for t in (_tool(t, shape.path("tools", i), extra_names)
-                              for i, t in enumerate(shape.optional(body, "tools", shape.want_list) or ())) if t is not None)
+    stop = _stop(body.get("stop"))
+    tools = _tools(body, extra_names)
     tool_choice = _tool_choice(body.get("tool_choice"), extra_names)
     response_format = _response_format(body.get("response_format"), extra_names)
     options = shape.optional(body, "stream_options", shape.want_dict) or {}
     extra_names.extend(f"stream_options.{k}" for k in shape.extras(options, ("include_usage",)))
     effort = shape.optional(body, "reasoning_effort", shape.want_str)
     if effort == "":
-        raise w.WireError("reasoning_effort", "is empty: name an effort (low, medium, high...) or leave it out")
+        raise w.WireError("reasoning_effort",
+                          "is empty: name an effort (low, medium, high...) or leave it out")
     max_tokens = _max_tokens(body)
     extra = {k: body[k] for k in shape.extras(body, KNOWN)}
     extra.update({name: None for name in extra_names})
@@ -308,7 +368,8 @@ def _with_options(body: dict, parsed: tuple[w.Message, ...], extra_names: list[s
         messages=parsed,
         model=shape.check_model(body.get("model")),
         stream=bool(shape.optional(body, "stream", shape.want_bool)),
-        include_usage=bool(shape.optional(options, "include_usage", shape.want_bool, "stream_options")),
+        include_usage=bool(shape.optional(options, "include_usage", shape.want_bool,
+                                          "stream_options")),
         max_tokens=max_tokens,
         temperature=shape.optional(body, "temperature", shape.want_number, "", 0, 2),
         top_p=shape.optional(body, "top_p", shape.want_number, "", 0, 1),
@@ -325,13 +386,14 @@ def _with_options(body: dict, parsed: tuple[w.Message, ...], extra_names: list[s
     )
 
 
-# -- requests: canonical -> chat completions body ----------------------------------------------------
+# -- requests: canonical -> chat completions body ----------------------------------------------
 
 
-def _render_part(part: w.Part, cached: bool) -> dict:
+def _render_part(part: w.Part, cached: bool) -> dict[str, Any]:
+    out: dict[str, Any]
     if part.type == w.IMAGE:
         url = part.url if part.url is not None else f"data:{part.media_type};base64,{part.data}"
-        out: dict = {"type": "image_url", "image_url": {"url": url}}
+        out = {"type": "image_url", "image_url": {"url": url}}
     elif part.type == w.DOCUMENT:
         out = {"type": "file", "file": {"filename": part.title or "document.pdf",
                                         "file_data": f"data:{part.media_type};base64,{part.data}"}}
@@ -342,13 +404,13 @@ def _render_part(part: w.Part, cached: bool) -> dict:
     return out
 
 
-def _render_content(parts: tuple[w.Part, ...], cached: bool):
+def _render_content(parts: tuple[w.Part, ...], cached: bool) -> str | list[dict[str, Any]]:
     if all(p.type == w.TEXT and (not cached or p.cache_control is None) for p in parts):
         return "".join(p.text for p in parts)
     return [_render_part(p, cached) for p in parts if p.type in (w.TEXT, w.IMAGE, w.DOCUMENT)]
 
 
-def _render_message(message: w.Message, cached: bool) -> dict:
+def _render_message(message: w.Message, cached: bool) -> dict[str, Any]:
     """The message as a chat completions message. Caching hints go with it only when an OpenAI
     client wrote them (`cached`): OpenAI caches prefixes itself, and an Anthropic block's hint
     has no place here."""
@@ -356,51 +418,43 @@ def _render_message(message: w.Message, cached: bool) -> dict:
     if message.role == w.ASSISTANT:
         # earlier turns' reasoning is not sent back to a chat completions server
         content = tuple(p for p in content if p.type not in w.REASONING_PARTS)
-    out: dict = {"role": message.role, "content": _render_content(content, cached)}
+    out: dict[str, Any] = {"role": message.role, "content": _render_content(content, cached)}
     if message.role == w.TOOL:
         out["tool_call_id"] = message.tool_call_id
     if message.tool_calls:
         out["content"] = out["content"] or None
-        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                             | ({"cache_control": dict(c.cache_control)} if cached and c.cache_control else {})
-                             for c in message.tool_calls]
+        out["tool_calls"] = [_render_call(c, cached) for c in message.tool_calls]
     if cached and message.cache_control is not None:
         out["cache_control"] = dict(message.cache_control)
     return out
 
 
-def render_request(request: w.Request, model: str, stream: bool) -> dict:
+def _render_call(call: w.ToolCall, cached: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": call.id, "type": "function",
+                           "function": {"name": call.name, "arguments": call.arguments}}
+    if cached and call.cache_control:
+        out["cache_control"] = dict(call.cache_control)
+    return out
+
+
+def _render_tool(tool: w.Tool, cached: bool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name, "description": tool.description,
+                                "parameters": dict(tool.parameters)}
+    if tool.strict:
+        function["strict"] = True
+    out: dict[str, Any] = {"type": "function", "function": function}
+    if cached and tool.cache_control:
+        out["cache_control"] = dict(tool.cache_control)
+    return out
+
+
+def render_request(request: w.Request, model: str, stream: bool) -> dict[str, Any]:
     """The body for an openai-family entry: the client's own body when it spoke this dialect,
     else the canonical request translated (docs/wire.md)."""
     if request.passthrough is not None and request.source == "openai":
         body = dict(request.passthrough.body)
     else:
-        cached = request.source == "openai"
-        body = {"messages": [_render_message(m, cached) for m in request.messages]}
-        if request.max_tokens is not None:
-            body["max_tokens"] = request.max_tokens
-        for name in ("temperature", "top_p", "user", "parallel_tool_calls"):
-            if getattr(request, name) is not None:
-                body[name] = getattr(request, name)
-        if request.stop:
-            body["stop"] = list(request.stop)
-        if request.tools:
-            body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                               "parameters": dict(t.parameters)}
-                                                               | ({"strict": True} if t.strict else {})}
-                             | ({"cache_control": dict(t.cache_control)} if cached and t.cache_control else {})
-                             for t in request.tools]
-        choice = request.tool_choice
-        if choice is not None:
-            body["tool_choice"] = choice.mode if choice.mode != "tool" else {"type": "function",
-                                                                               "function": {"name": choice.name}}
-        if request.response_format is not None:
-            body["response_format"] = {"type": request.response_format.type} | (
-                {"json_schema": dict(request.response_format.json_schema)} if request.response_format.json_schema else {})
-        if request.reasoning is not None and request.reasoning.as_effort():
-            body["reasoning_effort"] = request.reasoning.as_effort()
-        if request.source == "openai":
-            body.update({k: v for k, v in request.extra.items() if "." not in k})
+        body = _translated(request)
     body["model"] = model
     body["stream"] = stream
     if stream:
@@ -408,4 +462,34 @@ def render_request(request: w.Request, model: str, stream: bool) -> dict:
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     else:
         body.pop("stream_options", None)
+    return body
+
+
+def _translated(request: w.Request) -> dict[str, Any]:
+    """The canonical request written as a chat completions body (another dialect's client, or a
+    request built by the library)."""
+    cached = request.source == "openai"
+    body: dict[str, Any] = {"messages": [_render_message(m, cached) for m in request.messages]}
+    if request.max_tokens is not None:
+        body["max_tokens"] = request.max_tokens
+    for name in ("temperature", "top_p", "user", "parallel_tool_calls"):
+        if getattr(request, name) is not None:
+            body[name] = getattr(request, name)
+    if request.stop:
+        body["stop"] = list(request.stop)
+    if request.tools:
+        body["tools"] = [_render_tool(t, cached) for t in request.tools]
+    choice = request.tool_choice
+    if choice is not None:
+        body["tool_choice"] = (choice.mode if choice.mode != "tool"
+                               else {"type": "function", "function": {"name": choice.name}})
+    response_format = request.response_format
+    if response_format is not None:
+        body["response_format"] = {"type": response_format.type}
+        if response_format.json_schema:
+            body["response_format"]["json_schema"] = dict(response_format.json_schema)
+    if request.reasoning is not None and request.reasoning.as_effort():
+        body["reasoning_effort"] = request.reasoning.as_effort()
+    if request.source == "openai":
+        body.update({k: v for k, v in request.extra.items() if "." not in k})
     return body
