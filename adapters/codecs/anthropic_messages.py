@@ -251,6 +251,33 @@ def _tool(raw: object, param: str, extra_names: list[str]) -> w.Tool | None:
                   shape.optional(fields, "cache_control", shape.want_dict, param))
 
 
+def _tools(body: dict[str, Any], extra_names: list[str]) -> tuple[w.Tool, ...]:
+    listed = shape.optional(body, "tools", shape.want_list) or ()
+    read = (_client_tool(t) or _tool(t, shape.path("tools", i), extra_names)
+            for i, t in enumerate(listed))
+    return tuple(t for t in read if t is not None)
+
+
+_TOOL_FIELDS = frozenset(("name", "description", "input_schema", "strict", "cache_control"))
+
+
+def _client_tool(raw: object) -> w.Tool | None:
+    """A client tool of a name and, each optional, a description, an input schema, strict and a
+    caching hint, as the general path reads it; None for any other shape. An agent sends 20 to
+    40 of them on every turn."""
+    if type(raw) is not dict or not raw.keys() <= _TOOL_FIELDS:
+        return None
+    name, description, schema = raw.get("name"), raw.get("description"), raw.get("input_schema")
+    strict, cache = raw.get("strict"), raw.get("cache_control")
+    if (type(name) is not str or (description is not None and type(description) is not str)
+            or (schema is not None and type(schema) is not dict)
+            or (strict is not None and type(strict) is not bool)
+            or (cache is not None and type(cache) is not dict)):
+        return None
+    schema = schema if schema is not None else {"type": "object"}
+    return w.Tool(name, description or "", schema, bool(strict), cache)
+
+
 # an OpenAI json_schema format must be named and Anthropic's output format has no name: this one
 # stands in for it towards an openai entry
 OUTPUT_FORMAT_NAME = "response"
@@ -331,8 +358,7 @@ def parse_request(raw: object, headers: Iterable[tuple[str, str]] = (), query: s
     parsed = [m for i, message in enumerate(messages)
               for m in _messages(message, shape.path("messages", i), extra_names)]
     stop = shape.optional(body, "stop_sequences", shape.want_list) or []
-    listed = shape.optional(body, "tools", shape.want_list) or ()
-    tools = [_tool(t, shape.path("tools", i), extra_names) for i, t in enumerate(listed)]
+    tools = _tools(body, extra_names)
     choice, parallel = _tool_choice(body.get("tool_choice"), extra_names)
     metadata = shape.optional(body, "metadata", shape.want_dict) or {}
     extra_names.extend(f"metadata.{k}" for k in shape.extras(metadata, ("user_id",)))
@@ -350,7 +376,7 @@ def parse_request(raw: object, headers: Iterable[tuple[str, str]] = (), query: s
         top_p=shape.optional(body, "top_p", shape.want_number, "", 0, 1),
         top_k=shape.optional(body, "top_k", shape.want_int, "", 1),
         stop=tuple(shape.want_str(s, shape.path("stop_sequences", i)) for i, s in enumerate(stop)),
-        tools=tuple(t for t in tools if t is not None),
+        tools=tools,
         tool_choice=choice,
         parallel_tool_calls=parallel,
         response_format=response_format,

@@ -345,8 +345,34 @@ def _stop(raw: object) -> tuple[str, ...]:
 
 def _tools(body: dict[str, Any], extra_names: list[str]) -> tuple[w.Tool, ...]:
     listed = shape.optional(body, "tools", shape.want_list) or ()
-    read = (_tool(t, shape.path("tools", i), extra_names) for i, t in enumerate(listed))
+    read = (_function_tool(t) or _tool(t, shape.path("tools", i), extra_names)
+            for i, t in enumerate(listed))
     return tuple(t for t in read if t is not None)
+
+
+_TOOL_FIELDS = frozenset(("type", "function", "cache_control"))
+_TOOL_FUNCTION_FIELDS = frozenset(("name", "description", "parameters", "strict"))
+
+
+def _function_tool(raw: object) -> w.Tool | None:
+    """A function tool of a name and, each optional, a description, a parameters schema, strict
+    and a caching hint, as the general path reads it; None for any other shape. An agent sends
+    20 to 40 of them on every turn."""
+    if type(raw) is not dict or not raw.keys() <= _TOOL_FIELDS:
+        return None
+    function, cache = raw.get("function"), raw.get("cache_control")
+    if (raw.get("type", "function") != "function" or type(function) is not dict
+            or not function.keys() <= _TOOL_FUNCTION_FIELDS
+            or (cache is not None and type(cache) is not dict)):
+        return None
+    name, description = function.get("name"), function.get("description")
+    parameters, strict = function.get("parameters"), function.get("strict")
+    if (type(name) is not str or (description is not None and type(description) is not str)
+            or (parameters is not None and type(parameters) is not dict)
+            or (strict is not None and type(strict) is not bool)):
+        return None
+    schema = parameters if parameters is not None else {"type": "object"}
+    return w.Tool(name, description or "", schema, bool(strict), cache)
 
 
 def _with_options(body: dict[str, Any], parsed: tuple[w.Message, ...], extra_names: list[str],

@@ -94,3 +94,71 @@ def test_the_shortcuts_take_an_agents_usual_turns():
     assert anthropic_messages._tool_results([{"type": "tool_result", "tool_use_id": "t", "content": "x"}]) is not None
     assert anthropic_messages._calling([{"type": "text", "text": "a"},
                                         {"type": "tool_use", "id": "t", "name": "f", "input": {}}]) is not None
+
+
+_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+_OPENAI_TOOL = st.one_of(
+    _near({"type": "function", "function": {"name": "read", "description": "Reads.", "parameters": _SCHEMA}}),
+    st.tuples(_near({"type": "function"}),
+              _near({"name": "read", "description": "Reads.", "parameters": _SCHEMA, "strict": True})).map(
+        lambda p: {**p[0], "function": p[1]}),
+    _VALUES)
+_ANTHROPIC_TOOL = st.one_of(
+    _near({"name": "read", "description": "Reads.", "input_schema": _SCHEMA}),
+    _near({"name": "read", "input_schema": _SCHEMA, "strict": False, "cache_control": {"type": "ephemeral"}}),
+    _near({"type": "custom", "name": "read", "input_schema": _SCHEMA}),
+    _VALUES)
+
+
+def _one_tool(read, raw):
+    """What `read` (the general path: one tool or None) makes of a list of `raw` alone."""
+    names: list[str] = []
+    try:
+        tool = read(raw, "tools[0]", names)
+        return (() if tool is None else (tool,)), names
+    except w.WireError as error:
+        return str(error), names
+
+
+def _tool_list(codec, raw):
+    """What the codec makes of a body's tools list of `raw` alone, shortcut first."""
+    names: list[str] = []
+    try:
+        return codec._tools({"tools": [raw]}, names), names
+    except w.WireError as error:
+        return str(error), names
+
+
+@settings(max_examples=400)
+@given(_OPENAI_TOOL)
+@example({"type": "function", "function": {"name": "f", "description": None, "parameters": None}})
+@example({"function": {"name": "f", "strict": False}, "cache_control": {"type": "ephemeral"}})
+@example({"type": "function", "function": {"name": "f", "strict": 1}})
+@example({"type": None, "function": {"name": "f"}})
+def test_an_openai_tool_shortcut_reads_a_tool_as_the_general_path_does(raw):
+    read = openai_chat._function_tool(raw)
+    if read is not None:
+        assert _one_tool(openai_chat._tool, raw) == ((read,), [])
+    assert _tool_list(openai_chat, raw) == _one_tool(openai_chat._tool, raw)
+
+
+@settings(max_examples=400)
+@given(_ANTHROPIC_TOOL)
+@example({"name": "f", "description": None, "input_schema": None})
+@example({"name": "f", "strict": 0})
+@example({"name": "f", "strict": True})
+@example({"name": "f", "cache_control": "ephemeral"})
+def test_an_anthropic_tool_shortcut_reads_a_tool_as_the_general_path_does(raw):
+    read = anthropic_messages._client_tool(raw)
+    if read is not None:
+        assert _one_tool(anthropic_messages._tool, raw) == ((read,), [])
+    assert _tool_list(anthropic_messages, raw) == _one_tool(anthropic_messages._tool, raw)
+
+
+def test_the_tool_shortcuts_take_an_agents_usual_tools():
+    assert openai_chat._function_tool(
+        {"type": "function", "function": {"name": "read", "description": "Reads.", "parameters": _SCHEMA}}) \
+        == w.Tool("read", "Reads.", _SCHEMA)
+    assert anthropic_messages._client_tool(
+        {"name": "read", "description": "Reads.", "input_schema": _SCHEMA, "cache_control": {"type": "ephemeral"}}) \
+        == w.Tool("read", "Reads.", _SCHEMA, cache_control={"type": "ephemeral"})
