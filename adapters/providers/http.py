@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Protocol, cast
@@ -291,7 +291,7 @@ class HttpProvider:
 
     async def _frames(self, response: UpstreamResponse,
                       waiting: Callable[[], Awaitable[None]] | None = None,
-                      grace: float = FINISH_GRACE_S) -> AsyncIterator[Frame]:
+                      grace: float = FINISH_GRACE_S) -> AsyncGenerator[Frame, None]:
         decoder = SSEDecoder()
         parser = self.protocol.parser()
         chunks = aiter(response)
@@ -404,9 +404,14 @@ class _Exchange:
 class _Streamed:
     """`HttpProvider.stream`: the exchange entered, its body's frames. A class rather than a
     second @asynccontextmanager around `_Exchange`: that one's generator frame and context
-    manager would be memory every in-flight stream holds."""
+    manager would be memory every in-flight stream holds.
 
-    __slots__ = ("provider", "exchange", "waiting", "grace")
+    The frames are closed on exit: a consumer stops at the completion signal, which leaves the
+    generator suspended at its last `yield`, and a generator dropped unclosed is handed to
+    trio's finalizer (a wake-up of the run loop through its socket pair, and a system task to
+    close it) once per stream."""
+
+    __slots__ = ("provider", "exchange", "waiting", "grace", "frames")
 
     def __init__(self, provider: HttpProvider, request: CallRequest) -> None:
         self.provider = provider
@@ -415,12 +420,18 @@ class _Streamed:
         idle = getattr(getattr(request.clock, "timeouts", None), "idle_s", 0.0)
         # (within the stream's own idle deadline, which would otherwise end it as a stall)
         self.grace = min(FINISH_GRACE_S, idle / 2) if idle > 0 else FINISH_GRACE_S
+        self.frames: AsyncGenerator[Frame, None] | None = None
 
     async def __aenter__(self) -> AsyncIterator[Frame]:
-        return self.provider._frames(await self.exchange.__aenter__(), self.waiting, self.grace)
+        response = await self.exchange.__aenter__()
+        frames = self.frames = self.provider._frames(response, self.waiting, self.grace)
+        return frames
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool | None:
+        frames, self.frames = self.frames, None
+        if frames is not None:
+            await frames.aclose()  # (suspended at a yield, or done: nothing in it is awaited)
         return await self.exchange.__aexit__(kind, exc, tb)
 
 

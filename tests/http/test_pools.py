@@ -5,8 +5,10 @@ closed once no request took them for a keep-alive period, even when the pool is 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
+import sys
 from collections import defaultdict
 
 import trio
@@ -110,6 +112,36 @@ async def test_a_stream_that_ended_leaves_its_connection_to_the_next_turn():
         nursery.cancel_scope.cancel()
     assert [r.outcome for r in results] == ["ok"] * 5 and [r.text for r in results] == ["ok"] * 5
     assert upstream.accepted == 1  # closed mid-body at [DONE], each turn would open its own
+
+
+async def test_a_stream_that_ended_leaves_no_frames_for_trios_finalizer():
+    """The driver stops reading a stream at its completion signal: the frames' generator, left
+    at its last yield, is closed as the stream exits, not handed to trio's finalizer (a wake-up
+    of the run loop and a system task a stream)."""
+    async def discard(event) -> None:
+        pass
+
+    firstiter, finalizer = sys.get_asyncgen_hooks()  # trio's, for this run
+    finalized: list[str] = []
+
+    def counting(agen) -> None:
+        finalized.append(agen.__qualname__)
+        finalizer(agen)
+
+    sys.set_asyncgen_hooks(firstiter, counting)
+    try:
+        async with trio.open_nursery() as nursery:
+            upstream = LoopbackServer(streamed_answer)
+            await upstream.start(nursery)
+            async with Relay(structure_config(config(upstream.url)), env={}) as relay:
+                with trio.fail_after(10):
+                    results = [await turns_of(relay).run(HI, stream=True, sink=discard) for _ in range(3)]
+            nursery.cancel_scope.cancel()
+        gc.collect()
+    finally:
+        sys.set_asyncgen_hooks(firstiter, finalizer)
+    assert [r.text for r in results] == ["ok"] * 3
+    assert "HttpProvider._frames" not in finalized
 
 
 async def test_connections_no_request_took_for_a_keepalive_period_are_closed_unasked():
