@@ -14,11 +14,11 @@ from typing import Any
 import attrs
 
 from . import classify as fc
+from .candidates import Call, Skip, Sleep
 from .ledger import LedgerRow, Usage
 from .plan import PlannedEntry
 from .stream import Event, strip_think
 from .vocab import ErrorReason, EventKind, FailureClass, Mode, Outcome, StreamOutcome
-from .walk import Call, Skip, Sleep
 from .wire import CONTENT_FILTER
 
 # the turn (machines/turn.py) imports this module: it is named here by what it is, not its class

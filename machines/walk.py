@@ -14,209 +14,39 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-import attrs
-
 from . import classify as fc
-from .config import Capabilities, Config, Reliability
+from .candidates import (
+    ANY_NEED,
+    HEALTH_SKIPS,
+    Call,
+    Need,
+    Skip,
+    Sleep,
+    TurnHealth,
+    WalkDone,
+    another_candidate,
+    first_candidate,
+    key_index,
+    rotated_key,
+    sitting_out,
+    stop_error,
+    unavailable,
+)
+from .config import Config
 from .engine import Lifecycle, Spec, bind_entry_actions, check_outcomes, load_spec
 from .errors import IllegalTransition, SpecError
-from .health import HealthStore
 from .plan import Plan, PlannedEntry
 from .vocab import BreakerState, ErrorReason, FailureClass, Mode, SkipReason, WalkState, WalkTrigger
 
+# what a walk's users import with it: its instructions, and the candidate questions it asks
+__all__ = ["ANY_NEED", "Call", "Need", "Skip", "Sleep", "TurnHealth", "Walk", "WalkDone",
+           "another_candidate", "first_candidate", "key_index", "stop_error", "unavailable"]
 
-@attrs.frozen
-class Call:
-    entry: PlannedEntry
-    mode: Mode
-    key_index: int | None  # index into entry.keys (None: no key or a single key)
-    try_number: int  # 1-based, within this entry
-    budget: int
-    probe: bool = False  # a forced probe: every candidate was skipped, this one ends soonest
-    prefill: str | None = None  # a continuation: continue from exactly this forwarded text
-
-
-@attrs.frozen
-class Sleep:
-    seconds: float
-
-
-@attrs.frozen
-class WalkDone:
-    ok: bool
-    entry: PlannedEntry | None = None
-    error: ErrorReason | None = None
-
-
-@attrs.frozen
-class Skip:
-    profile: str
-    model: str
-    reason: SkipReason
-    fields: tuple[str, ...] = ()  # unsupported: the request fields the entry cannot honour
-
-    def __str__(self) -> str:
-        named = f" ({', '.join(self.fields)})" if self.fields else ""
-        return f"{self.profile}/{self.model} {self.reason}{named}"
-
-
-@attrs.define
-class TurnHealth:
-    """What one turn remembers about health across its walks (a recovery walk is a new walk)."""
-
-    store: HealthStore
-    breaker_noted: set[str] = attrs.Factory(set)  # at most one breaker failure per profile per turn
-    probes: set[str] = attrs.Factory(set)  # profiles whose half-open probe this turn holds
-    keys_429: dict[str, set[int]] = attrs.Factory(dict)  # pool keys that drew a 429 in this turn
-    keys_refused: dict[str, set[int]] = attrs.Factory(dict)  # pool keys that drew a 401 or 403 in this turn
-    skips: list[Skip] = attrs.Factory(list)
-    # on_refusal = "advance": a profile that refused is not asked again in this turn (its other
-    # models sit behind the same policy); not a skip, since nothing about its health is known.
-    # The turn fills it: it knows the policy, and needs it before the walk hears of the refusal
-    refused: set[str] = attrs.Factory(set)
-
-    def skip(self, entry: PlannedEntry, reason: SkipReason, fields: tuple[str, ...] = ()) -> None:
-        if reason == SkipReason.REFUSED:
-            return  # not a skip: nothing about the profile's health is known
-        skip = Skip(entry.profile, entry.model, reason, fields)
-        if skip not in self.skips:
-            self.skips.append(skip)
-
-    def blocked(self, profile: str, now: float) -> SkipReason | None:
-        if self.store.cooldown_until(profile) > now:
-            return SkipReason.COOLDOWN
-        if profile not in self.probes and self.store.breaker(profile).blocks(now):
-            return SkipReason.BREAKER
-        return None
-
-    def window_end(self, profile: str) -> float:
-        breaker = self.store.breaker(profile)
-        ends = [self.store.cooldown_until(profile)]
-        if breaker.state == BreakerState.OPEN:
-            ends.append(breaker.open_until)
-        return max(ends)
-
-    def before_attempt(self, profile: str, now: float, *, force: bool = False) -> None:
-        if profile not in self.probes and self.store.breaker(profile).claim(now, force=force):
-            self.probes.add(profile)
-
-    def success(self, profile: str, now: float) -> None:
-        self.store.breaker(profile).success(now)
-        self.probes.discard(profile)
-        self.store.clear_cooldown(profile)
-
-    def failure(self, profile: str, kind: FailureClass, now: float) -> None:
-        """A failure counts once per turn, except that a probe's failure always gives its
-        verdict; a failure that does not count hands a held probe back. Telling the same failure
-        twice changes nothing (a walk that adopts a failed stream's attempt tells it again)."""
-        breaker = self.store.breaker(profile)
-        if kind in fc.BREAKER_CLASSES and (profile not in self.breaker_noted or profile in self.probes):
-            self.breaker_noted.add(profile)
-            breaker.failure(now)
-        elif profile in self.probes:
-            breaker.release()
-        self.probes.discard(profile)
-
-    def release_all(self) -> None:
-        for profile in self.probes:
-            self.store.breaker(profile).release()
-        self.probes.clear()
-
-
-@attrs.frozen
-class Need:
-    """What a call asks of an entry beyond being allowed, fit and healthy."""
-
-    stream: bool = False  # it opens a stream...
-    tools: bool = False  # ...that carries tool events (the request has tools)
-    prefill: bool = False  # it continues from a trailing assistant message
-
-    def met_by(self, caps: Capabilities) -> bool:
-        return ((caps.streaming or not self.stream) and (caps.tools or not (self.stream and self.tools))
-                and (caps.prefill or not self.prefill))
-
-
-HEALTH_SKIPS = frozenset({SkipReason.COOLDOWN, SkipReason.BREAKER})
-# read once (as health.py's breaker states: an enum member read costs 77 ns on 3.11, a module
-# name 12, and a walk fires twice a turn)
+# read once as module names, not as enum members: an enum member's read goes through the enum
+# class's own attribute lookup, and a walk fires twice a turn (docs/performance-history.md)
 _CALLING = WalkState.CALLING
 _CALL, _SUCCEED = WalkTrigger.CALL, WalkTrigger.SUCCEED  # (fired by every answered turn)
 _COMPLETE = Mode.COMPLETE
-ANY_NEED = Need()  # a call that asks nothing beyond being allowed, fit and healthy: met by every entry
-
-
-def unavailable(plan: Plan, health: TurnHealth, entry: PlannedEntry, now: float,
-                need: Need = ANY_NEED) -> SkipReason | None:
-    """Why `entry` cannot be attempted now, or None when it can: the one meaning of "can serve
-    now" that the walk's choice, its situations, the forced probe, the stream's first entry, the
-    recovery and the continuation all read. In order: outside the allowlist, unable to honour the
-    request, lacking a capability the call needs, refused in this turn (`REFUSED`, never
-    recorded as a skip: nothing is known about its health), cooling down, breaker open."""
-    if not plan.allows(entry.profile):
-        return SkipReason.ALLOWLIST
-    if entry.profile in plan.unfit:
-        return SkipReason.UNSUPPORTED
-    if need is not ANY_NEED and not need.met_by(entry.provider.capabilities):
-        return SkipReason.CAPABILITY
-    if entry.profile in health.refused:
-        return SkipReason.REFUSED
-    return health.blocked(entry.profile, now)
-
-
-def first_candidate(plan: Plan, health: TurnHealth, now: float, among: Iterable[int], need: Need = ANY_NEED, *,
-                    record_skips: bool = False) -> int | None:
-    """The one answer to every candidate question: the first of `among` (places in the plan's
-    entries, in the order asked) whose entry can be attempted now for `need` (`unavailable`), or
-    None. The walk's next entry, the stream's first, the continuation's, "another candidate" and
-    "the only candidate" all ask it. With `record_skips`, each entry passed over is recorded as
-    skipped, with why."""
-    entries = plan.entries
-    for j in among:
-        entry = entries[j]
-        reason = unavailable(plan, health, entry, now, need)
-        if reason is None:
-            return j
-        if record_skips:
-            health.skip(entry, reason, plan.unfit.get(entry.profile, ()))
-    return None
-
-
-def another_candidate(plan: Plan, health: TurnHealth, entry: PlannedEntry, now: float, reach: Iterable[int],
-                      *, cooled: bool = False) -> bool:
-    """Another entry than `entry`, among those the walk would still reach (`reach`, indices), that
-    could be attempted now (`first_candidate`). With `cooled`, as it will stand once `entry`'s
-    profile is put on cooldown (a 429): then the profile's other entries are out too."""
-    return first_candidate(plan, health, now, (
-        j for j in reach if j != entry.index and not (cooled and plan.entries[j].profile == entry.profile))) is not None
-
-
-def stop_error(rel: Reliability, failure: fc.Failure) -> ErrorReason | None:
-    """The error a failure ends the turn with under the configured policy, or None."""
-    if failure.kind == fc.CONTEXT_WINDOW and rel.context_window == "return":
-        return ErrorReason.CONTEXT_WINDOW
-    if failure.kind == fc.REJECTED and rel.client_errors == "stop" and failure.status in (400, 413, 422):
-        return ErrorReason.CLIENT_ERROR
-    return None
-
-
-def key_index(store: HealthStore, entry: PlannedEntry) -> int | None:
-    """The pool key an attempt uses: the profile's cursor (sticky to the key that last worked)."""
-    if len(entry.keys) <= 1:
-        return None
-    return store.key_cursor(entry.profile) % len(entry.keys)
-
-
-def sitting_out(store: HealthStore, entry: PlannedEntry, now: float) -> set[int]:
-    """The pool keys that drew a 401 or 403 lately and sit out until their cooldown ends."""
-    return {i for i in range(len(entry.keys)) if store.key_cooldown_until(entry.profile, i) > now}
-
-
-def _rotated(store: HealthStore, entry: PlannedEntry, key: int, now: float) -> int:
-    """The key after `key` that is not sitting out (the next one when every other one is)."""
-    count = len(entry.keys)
-    out = sitting_out(store, entry, now)
-    return next(((key + step) % count for step in range(1, count) if (key + step) % count not in out),
-                (key + 1) % count)
 
 
 class Walk:
@@ -226,8 +56,9 @@ class Walk:
     what entering a state means is that state's entry actions in the spec (`ENTRY_ACTIONS`),
     whose last one gives the driver its next instruction."""
 
-    __slots__ = ("plan", "rel", "health", "mode_for", "budgets", "exclude", "life", "entry_actions", "index",
-                 "tries", "backoff", "attempted", "forced", "last_failure", "failure", "now", "wait")
+    __slots__ = ("plan", "rel", "health", "mode_for", "budgets", "exclude", "life",
+                 "entry_actions", "index", "tries", "backoff", "attempted", "forced",
+                 "last_failure", "failure", "now", "wait")
 
     def __init__(
         self,
@@ -299,16 +130,19 @@ class Walk:
             # where the turn set the budget (the semantic-empty recovery), an attempt it allows
             # is used once, whatever the key
             return False
-        spent = self.health.keys_429.get(entry.profile, set()) | sitting_out(self.health.store, entry, self.now)
+        spent = (self.health.keys_429.get(entry.profile, set())
+                 | sitting_out(self.health.store, entry, self.now))
         return len(spent) < len(entry.keys)
 
     @property
     def bad_key(self) -> bool:
         failure = self._decided()
         entry = self.entry
-        if failure.status not in (401, 403) or key_index(self.health.store, entry) is None or self.index in self.budgets:
+        if (failure.status not in (401, 403) or key_index(self.health.store, entry) is None
+                or self.index in self.budgets):
             return False
-        spent = self.health.keys_refused.get(entry.profile, set()) | sitting_out(self.health.store, entry, self.now)
+        spent = (self.health.keys_refused.get(entry.profile, set())
+                 | sitting_out(self.health.store, entry, self.now))
         return len(spent) < len(entry.keys)
 
     @property
@@ -317,7 +151,8 @@ class Walk:
         will stand once the profile cools down (cool down and advance only when there
         is somewhere to advance to)."""
         return another_candidate(self.plan, self.health, self.entry, self.now, self._reach(),
-                                 cooled=self.failure is not None and self.failure.kind == fc.RATE_LIMITED)
+                                 cooled=self.failure is not None
+                                 and self.failure.kind == fc.RATE_LIMITED)
 
     @property
     def budget_left(self) -> bool:
@@ -333,14 +168,16 @@ class Walk:
         entry = self.entry
         key = key_index(self.health.store, entry)
         assert key is not None
-        self.health.store.set_key_cursor(entry.profile, _rotated(self.health.store, entry, key, self.now))
+        store = self.health.store
+        store.set_key_cursor(entry.profile, rotated_key(store, entry, key, self.now))
         self.tries -= 1  # a rotation is not a retry: the pool size bounds it
 
     def sit_out_key(self) -> None:
         entry = self.entry
         key = key_index(self.health.store, entry)
         assert key is not None
-        self.health.store.set_key_cooldown(entry.profile, key, self.now + self.rel.rate_limit_cooldown_default_s)
+        until = self.now + self.rel.rate_limit_cooldown_default_s
+        self.health.store.set_key_cooldown(entry.profile, key, until)
         self.rotate_key()
 
     def cool_down(self) -> None:
@@ -360,7 +197,8 @@ class Walk:
     def _wait(self, kind: str) -> float:
         """How long the wait a decision names lasts (`WAITS`); each wait doubles the backoff."""
         seconds = WAITS[kind](self)
-        self.backoff = min(self.backoff * 2, max(self.rel.backoff_max_ms / 1000.0, self.rel.first_backoff_s))
+        ceiling = max(self.rel.backoff_max_ms / 1000.0, self.rel.first_backoff_s)
+        self.backoff = min(self.backoff * 2, ceiling)
         return seconds
 
     def wait_backoff(self) -> float:
@@ -394,7 +232,8 @@ class Walk:
         return Sleep(self.backoff if self.wait is None else self.wait)
 
     def answered(self) -> WalkDone:
-        return WalkDone(ok=True, entry=self.entry if 0 <= self.index < len(self.plan.entries) else None)
+        within = 0 <= self.index < len(self.plan.entries)
+        return WalkDone(ok=True, entry=self.entry if within else None)
 
     def release_probes(self) -> None:
         self.health.release_all()
@@ -408,7 +247,8 @@ class Walk:
             return WalkDone(ok=False, entry=self.entry, error=stop)
         if came_from == WalkState.CHOOSING:
             return WalkDone(ok=False, error=self._exhausted_reason())
-        raise IllegalTransition(f"walk: cannot end in {self.life.state!r} coming from {came_from!r}")
+        raise IllegalTransition(f"walk: cannot end in {self.life.state!r} "
+                                f"coming from {came_from!r}")
 
     def cancelled(self) -> WalkDone:
         return WalkDone(ok=False, error=ErrorReason.CANCELLED)
@@ -419,7 +259,8 @@ class Walk:
         self.attempted = True
         self.health.before_attempt(entry.profile, self.now, force=self.forced)
         mode = _COMPLETE if self.mode_for is None else self.mode_for(entry)
-        return Call(entry, mode, key_index(self.health.store, entry), self.tries, self.budget(self.index), self.forced)
+        return Call(entry, mode, key_index(self.health.store, entry), self.tries,
+                    self.budget(self.index), self.forced)
 
     def _exhausted_reason(self) -> ErrorReason:
         """The spec's [outcomes.exhausted], on this walk's situations."""
@@ -430,7 +271,8 @@ class Walk:
     @property
     def none_can_honour(self) -> bool:
         return bool(self.plan.unfit) and not any(
-            self.plan.serves(e.profile) for j, e in enumerate(self.plan.entries) if j not in self.exclude)
+            self.plan.serves(e.profile) for j, e in enumerate(self.plan.entries)
+            if j not in self.exclude)
 
     @property
     def last_empty(self) -> bool:
@@ -444,13 +286,15 @@ class Walk:
         if not self.forced:  # a forced probe is the walk's last attempt
             # `_reach`, read lazily: the first entry that can be attempted ends the scan
             after: Iterable[int] = range(self.index + 1, len(self.plan.entries))
-            if self.exclude or self.budgets:  # (else every entry after the current one is within reach)
+            # (without exclusions or budgets, every entry after the current one is within reach)
+            if self.exclude or self.budgets:
                 after = [j for j in after if j not in self.exclude and self.budget(j) > 0]
             j = first_candidate(self.plan, self.health, self.now, after, record_skips=True)
             if j is not None:
                 self.index, self.tries, self.backoff = j, 0, self.rel.first_backoff_s
                 return self._step(_CALL)
-        # no entry left: the spec's `exhaust` fails the walk, or makes the forced probe (`probe_due`)
+        # no entry left: the spec's `exhaust` fails the walk, or makes the forced probe
+        # (`probe_due`)
         probe = None if self.attempted or self.forced else self._forced_probe()
         if probe is None:
             self.index = len(self.plan.entries)
@@ -466,7 +310,8 @@ class Walk:
             if j not in self.exclude and self.budget(j) > 0
             and unavailable(self.plan, self.health, self.plan.entries[j], self.now) in HEALTH_SKIPS
             and self.plan.entries[j].profile not in self.health.probes
-            and self.health.store.breaker(self.plan.entries[j].profile).state != BreakerState.PROBING
+            and (self.health.store.breaker(self.plan.entries[j].profile).state
+                 != BreakerState.PROBING)
         ]
         if not skipped:
             return None
@@ -505,7 +350,8 @@ class Walk:
             self.index, self.failure = -1, None
         if stop:
             self.index, self.failure = index, failure
-            self.life.fire(WalkTrigger.CALL)  # taken over, as in `adopt`: the stream made the attempt
+            # taken over, as in `adopt`: the stream made the attempt
+            self.life.fire(WalkTrigger.CALL)
             done = self._step(WalkTrigger.STOP)
             assert isinstance(done, WalkDone)
             return done
@@ -528,16 +374,19 @@ class Walk:
             elif failure.status in (401, 403) and failure.kind == fc.REJECTED:
                 self.health.keys_refused.setdefault(entry.profile, set()).add(key)
         decision = self.life.decision(failure.kind, self)
-        for action in decision.actions:  # before the entry: a rotated key is the one the next call uses
+        # before the entry: a rotated key is the one the next call uses
+        for action in decision.actions:
             ACTIONS[action](self)
-        return self._step(decision.then, None if decision.wait is None else self._wait(decision.wait))
+        wait = None if decision.wait is None else self._wait(decision.wait)
+        return self._step(decision.then, wait)
 
     def on_timer(self, now: float) -> Call | Sleep | WalkDone:
         """The wait ended: retry, unless the profile is skipped now (the breaker opened, this
         turn's failure perhaps the last straw, or another turn put it on cooldown)."""
         self.now = now
         reason = self._blocked_reason()
-        if reason is not None:  # (the timer's guard `blocked`) recorded before choosing's entry scans on
+        # (the timer's guard `blocked`) recorded before choosing's entry scans on
+        if reason is not None:
             self.health.skip(self.entry, reason)
         return self._step(WalkTrigger.TIMER)
 
@@ -586,7 +435,8 @@ def _bind(spec: Spec) -> dict[str, tuple[Callable[[Walk], object], ...]]:
 def _check_policy() -> None:
     table = load_spec("walk").decisions
     if table is None or set(table.actions) != set(ACTIONS) or set(table.waits) != set(WAITS):
-        raise SpecError("specs/walk.toml: its [actions] and [waits] must be exactly what machines/walk.py "
+        raise SpecError("specs/walk.toml: its [actions] and [waits] must be exactly what "
+                        "machines/walk.py "
                         f"performs: actions {sorted(ACTIONS)}, waits {sorted(WAITS)}")
     check_outcomes(load_spec("walk"), "exhausted", ERROR_REASONS)
 
