@@ -1,30 +1,36 @@
 """The refusal policy of a turn (reliability.on_refusal), sans-I/O.
 
 A refusal is a provider's content policy answering instead of the model: a completion whose
-finish reason is content_filter, or a content-policy 400. With on_refusal = "return" it is what
-it always was (an answer, or a client error); with "advance" the walk moves past it to the next
-entry, the profile is not asked again in the turn, and when nothing is left to advance to the
-last refusal settles the turn: it is the answer as it came, or the client error it was."""
+finish reason is content_filter, or a content-policy 400 or in-band error. What one makes of its
+attempt is specs/turn.toml's [outcomes.refusal], by the configured mode: with "return" it is
+what it always was (an answer, or a client error); with "advance" the walk moves past it to the
+next entry and the profile is not asked again in the turn, unless output was already shown (then
+the stream's rules stand). When nothing is left to advance to, [outcomes.refusal_settles] says
+what the last refusal makes of the turn: the answer as it came, or the client error it was.
+
+Nothing here knows the turn: the turn (turn_core.py) hands in the records a settlement amends.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import attrs
 
 from . import classify as fc
-from .ledger import Usage
+from .candidates import WalkDone
+from .ledger import LedgerRow
 from .plan import PlannedEntry
-from .results import Completion
+from .results import AttemptRecord, Completion
+from .tables import OutcomeTable
 from .vocab import ErrorReason, Mode
-from .walk import WalkDone
-
-# the turn (machines/turn.py) imports this module: it is named here by what it is, not its class
-Turn = Any
 
 # the ends of a walk that found nothing better than the last refusal: it settles them
-SETTLED_BY_REFUSAL = frozenset({ErrorReason.EXHAUSTED, ErrorReason.SEMANTIC_EMPTY, ErrorReason.NO_CANDIDATE})
+SETTLED_BY_REFUSAL = frozenset({ErrorReason.EXHAUSTED, ErrorReason.SEMANTIC_EMPTY,
+                                ErrorReason.NO_CANDIDATE})
+# what [outcomes.refusal] may give (checked when a turn binds the spec): the walk moves past it;
+# it is the answer; it is a client error; it cuts output already shown, named a refusal
+REFUSAL_WAYS = frozenset({"advance", "answer", "client_error", "cut"})
 
 
 @attrs.frozen
@@ -39,29 +45,30 @@ class Refusal:
     mode: Mode
 
 
-def as_configured(failure: fc.Failure, advance: bool) -> fc.Failure:
-    """on_refusal = "return" (`advance` false): a content-policy 400 is the client error it always was."""
-    if failure.kind == fc.REFUSED and not advance:
-        return attrs.evolve(failure, kind=fc.REJECTED)
-    return failure
+@attrs.frozen
+class RefusalCase:
+    """What specs/turn.toml's [outcomes.refusal] reads of one refusal."""
+
+    refusals_advance: bool  # reliability.on_refusal = "advance"
+    refusal_answered: bool  # it came as an answer (finish reason content_filter)
+    output_shown: bool  # the refused call extends output the turn already showed
 
 
-def record(turn: Turn, failure: fc.Failure, now: float, *, answer: Completion | None = None,
-           usage: Usage | None = None) -> fc.Failure:
-    """Record a refusal the walk advances past; the profile is not asked again this turn."""
-    rows = len(turn.ledger)
-    turn._record(fc.REFUSED, now, reason=fc.REFUSED, detail=failure.detail, usage=usage, failure=failure)
-    call = turn._call()
-    entry = call.entry
-    turn.refusal = Refusal(entry, answer, len(turn.attempts) - 1, rows if len(turn.ledger) > rows else None,
-                           call.mode)
-    turn.health.refused.add(entry.profile)
-    return failure
+def way(table: OutcomeTable, *, advance: bool, answered: bool, shown: bool) -> str:
+    """What a refusal makes of its attempt, as [outcomes.refusal] says."""
+    return table.decide(RefusalCase(advance, answered, shown))
+
+
+def as_client_error(failure: fc.Failure) -> fc.Failure:
+    """A content-policy error that stands (on_refusal = "return"): the client error it always
+    was."""
+    return attrs.evolve(failure, kind=fc.REJECTED)
 
 
 @attrs.frozen
 class Settlement:
-    """What specs/turn.toml's [outcomes.refusal_settles] reads: the walk's end and the last refusal."""
+    """What specs/turn.toml's [outcomes.refusal_settles] reads: the walk's end and the last
+    refusal."""
 
     refusal: Refusal
     done: WalkDone
@@ -75,37 +82,44 @@ class Settlement:
         return self.refusal.answer is not None
 
 
-def settle(turn: Turn, refusal: Refusal, done: WalkDone) -> WalkDone:
+def settle(table: OutcomeTable, refusal: Refusal, done: WalkDone, attempts: list[AttemptRecord],
+           ledger: list[LedgerRow]) -> WalkDone:
     """The end of the walk that advanced past the last refusal, as [outcomes.refusal_settles]
-    says: it stands, or the refusal is the answer as it came, or the client error it was."""
-    how = turn.life.spec.outcomes["refusal_settles"].decide(Settlement(refusal, done))
-    return SETTLE[how](turn, refusal, done)
+    (`table`) says: it stands, or the refusal is the answer as it came (the walk's end is then
+    an answer whose entry is the refusal's; the turn takes `refusal.answer`), or the client
+    error it was. The turn's `attempts` and `ledger` are amended to say so."""
+    how = table.decide(Settlement(refusal, done))
+    return SETTLE[how](refusal, done, attempts, ledger)
 
 
-def _stands(turn: Turn, refusal: Refusal, done: WalkDone) -> WalkDone:
+def _stands(refusal: Refusal, done: WalkDone, attempts: list[AttemptRecord],
+            ledger: list[LedgerRow]) -> WalkDone:
     return done
 
 
-def _client_error(turn: Turn, refusal: Refusal, done: WalkDone) -> WalkDone:
-    if refusal.attempt == len(turn.attempts) - 1:  # nothing was tried after it: not advanced past
-        turn.attempts[-1] = attrs.evolve(turn.attempts[-1], outcome=fc.REJECTED)
+def _client_error(refusal: Refusal, done: WalkDone, attempts: list[AttemptRecord],
+                  ledger: list[LedgerRow]) -> WalkDone:
+    if refusal.attempt == len(attempts) - 1:  # nothing was tried after it: not advanced past
+        attempts[-1] = attrs.evolve(attempts[-1], outcome=fc.REJECTED)
     return WalkDone(ok=False, entry=refusal.entry, error=ErrorReason.CLIENT_ERROR)
 
 
-def _answer(turn: Turn, refusal: Refusal, done: WalkDone) -> WalkDone:
-    attempts = turn.attempts
+def _answer(refusal: Refusal, done: WalkDone, attempts: list[AttemptRecord],
+            ledger: list[LedgerRow]) -> WalkDone:
     last = refusal.attempt == len(attempts) - 1  # nothing was tried after it: not advanced past
     if last:
         attempts[-1] = attrs.evolve(attempts[-1], outcome=fc.OK, reason=None)
     if refusal.row is not None:  # the client gets it: its row is the accepted one
-        row = turn.ledger[refusal.row]
-        turn.ledger[refusal.row] = attrs.evolve(row, accepted=True, outcome=fc.OK if last else row.outcome)
-    turn.answer = refusal.answer
+        row = ledger[refusal.row]
+        ledger[refusal.row] = attrs.evolve(row, accepted=True,
+                                           outcome=fc.OK if last else row.outcome)
     return WalkDone(ok=True, entry=refusal.entry)
 
 
-# what [outcomes.refusal_settles] may give, and what each does (checked when a turn binds the spec)
-SETTLE: dict[str, Callable[[Turn, Refusal, WalkDone], WalkDone]] = {
+Settle = Callable[[Refusal, WalkDone, list[AttemptRecord], list[LedgerRow]], WalkDone]
+# what [outcomes.refusal_settles] may give, and what each does (checked when a turn binds the
+# spec)
+SETTLE: dict[str, Settle] = {
     "stands": _stands,
     "answer": _answer,
     "client_error": _client_error,

@@ -9,32 +9,27 @@ next; the last one a state runs gives it."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+
+import attrs
 
 from . import classify as fc
 from . import refusals
-from .engine import Spec, bind_entry_actions, check_outcomes
+from .candidates import Call, Need, WalkDone, key_index
+from .lifecycle import Spec, bind_entry_actions, check_outcomes
 from .plan import PlannedEntry
 from .results import Action, Finish, delivery, turn_result
 from .stream import Event
-from .vocab import CancellationState, CancellationTrigger, ErrorReason, Mode, Outcome, TurnState
-from .walk import Call, Need, Sleep, Walk, WalkDone, key_index
-
-
-class Turn(Protocol):
-    """What the entry actions use of the turn (machines/turn.py, which imports this module and so
-    cannot be imported here): the steps that return the driver's next action, typed; the rest of
-    its state as it is."""
-
-    def _follow(self, action: Call | Sleep | WalkDone, now: float) -> Action: ...
-
-    def _walk_from(self, walk: Walk, now: float, action: Call | Sleep | WalkDone | None = None) -> Action: ...
-
-    def _begin(self, call: Call, now: float) -> Call: ...
-
-    def __getattr__(self, name: str) -> Any: ...
-
-    def __setattr__(self, name: str, value: Any) -> None: ...
+from .turn_core import TurnCore
+from .vocab import (
+    CancellationState,
+    CancellationTrigger,
+    ErrorReason,
+    Mode,
+    Outcome,
+    StreamOutcome,
+    TurnState,
+)
+from .walk import Walk
 
 _STREAM, _COMPLETE_MODE = Mode.STREAM, Mode.COMPLETE
 _FINISH, _CANCEL = CancellationTrigger.FINISH, CancellationTrigger.CANCEL
@@ -42,11 +37,12 @@ _FINISH, _CANCEL = CancellationTrigger.FINISH, CancellationTrigger.CANCEL
 
 # -- entry actions (specs/turn.toml [entry_actions]) ------------------------------------------
 
-def stream(turn: Turn) -> Action:
+def stream(turn: TurnCore) -> Action:
     walk, now = turn.walk, turn.now
     if walk is not None:  # re-entered after a failed attempt: the walk it belongs to decides it
         return turn._follow(walk.on_result(_failure(turn), now), now)
-    if turn.streaming_recovery:  # (the guard that chose this entry) the walk picks each streamed attempt
+    # (the guard that chose this entry) the walk picks each streamed attempt
+    if turn.streaming_recovery:
         streams = Need(stream=True, tools=turn.tools)
         return turn._walk_from(Walk(turn.plan, turn.config, turn.health, mode_for=lambda e: (
             _STREAM if streams.met_by(e.provider.capabilities) else _COMPLETE_MODE)), now)
@@ -57,19 +53,19 @@ def stream(turn: Turn) -> Action:
     return turn._begin(Call(entry, _STREAM, key_index(turn.health.store, entry), 1, budget), now)
 
 
-def walk_plan(turn: Turn) -> Action:
+def walk_plan(turn: TurnCore) -> Action:
     return turn._walk_from(Walk(turn.plan, turn.config, turn.health), turn.now)
 
 
-def recover(turn: Turn) -> Action:
+def recover(turn: TurnCore) -> Action:
     return _recovery(turn, turn._call().entry, _failure(turn), turn.now)
 
 
-def semantic_empty_walk(turn: Turn) -> Action:
+def semantic_empty_walk(turn: TurnCore) -> Action:
     return _semantic_empty_recovery(turn, turn._call().entry, turn.now)
 
 
-def continue_stream(turn: Turn) -> Action:
+def continue_stream(turn: TurnCore) -> Action:
     candidate = turn.continuation
     assert candidate is not None, "continuing without a candidate"
     turn.health.before_attempt(candidate.profile, turn.now)
@@ -77,56 +73,58 @@ def continue_stream(turn: Turn) -> Action:
                             prefill="".join(turn.forwarded)), turn.now)
 
 
-def answered(turn: Turn) -> Finish:
+def answered(turn: TurnCore) -> Finish:
     done = turn.walk_result
     served = done.entry if done is not None else turn._call().entry  # (None: a stream's end)
     mode = turn.answer_mode
     return _finish(turn, Outcome.OK, None, served, None, _delivery(turn, mode))
 
 
-def ended_failed(turn: Turn) -> Finish:
+def ended_failed(turn: TurnCore) -> Finish:
     done = turn.walk_result
     if done is None:  # a stream's end led here, not a walk's
         done = _stopped(turn) if turn.failure is not None else WalkDone(
             ok=False, entry=turn._call().entry, error=ErrorReason.SEMANTIC_EMPTY)
         if turn.refusal is not None:
-            done = refusals.settle(turn, turn.refusal, done)
+            done = turn._settled(done)
     return _finish(turn, Outcome.ERROR, done.error or ErrorReason.EXHAUSTED, None, None)
 
 
-def ended_interrupted(turn: Turn) -> Finish:
-    return _finish(turn, Outcome.INTERRUPTED, ErrorReason.INTERRUPTED, None, "".join(turn.forwarded))
+def ended_interrupted(turn: TurnCore) -> Finish:
+    return _finish(turn, Outcome.INTERRUPTED, ErrorReason.INTERRUPTED, None,
+                   "".join(turn.forwarded))
 
 
-def ended_cancelled(turn: Turn) -> Finish:
+def ended_cancelled(turn: TurnCore) -> Finish:
     partial: str | None = turn.cancellation.step(_CANCEL, turn, turn.cancellation_actions)
     return Finish(turn_result(turn, Outcome.CANCELLED, ErrorReason.CANCELLED, None, partial))
 
 
 # -- entry actions (specs/cancellation.toml [entry_actions]) ------------------------------
 
-def settle(turn: Turn) -> str | None:
-    partial: str | None = turn.cancellation.step(CancellationTrigger.SETTLE, turn, turn.cancellation_actions)
+def settle(turn: TurnCore) -> str | None:
+    partial: str | None = turn.cancellation.step(CancellationTrigger.SETTLE, turn,
+                                                 turn.cancellation_actions)
     return partial
 
 
-def keep_partial(turn: Turn) -> str:
+def keep_partial(turn: TurnCore) -> str:
     return "".join(turn.forwarded)
 
 
-def drop_partial(turn: Turn) -> None:
+def drop_partial(turn: TurnCore) -> None:
     return None
 
 
 # -- what the entry actions share ---------------------------------------------------------
 
-def _failure(turn: Turn) -> fc.Failure:
+def _failure(turn: TurnCore) -> fc.Failure:
     failure: fc.Failure | None = turn.failure
     assert failure is not None, "no stream failure is being decided"
     return failure
 
 
-def _stopped(turn: Turn) -> WalkDone:
+def _stopped(turn: TurnCore) -> WalkDone:
     """A stream failure the policy stops on, as a walk states it (and records its path)."""
     entry = turn._call().entry
     walk = Walk(turn.plan, turn.config, turn.health, exclude=frozenset({entry.index}))
@@ -136,8 +134,9 @@ def _stopped(turn: Turn) -> WalkDone:
     return stopped
 
 
-def _finish(turn: Turn, outcome: Outcome, error: ErrorReason | None, served: PlannedEntry | None,
-            partial: str | None, deliver: tuple[Event, ...] = ()) -> Finish:
+def _finish(turn: TurnCore, outcome: Outcome, error: ErrorReason | None,
+            served: PlannedEntry | None, partial: str | None,
+            deliver: tuple[Event, ...] = ()) -> Finish:
     """The turn's end: nothing is pending, every probe it holds is handed back, and the
     cancellation lifecycle learns the turn finished first."""
     turn.call = None
@@ -147,7 +146,7 @@ def _finish(turn: Turn, outcome: Outcome, error: ErrorReason | None, served: Pla
     return Finish(turn_result(turn, outcome, error, served, partial), deliver)
 
 
-def _semantic_empty_recovery(turn: Turn, entry: PlannedEntry, now: float) -> Action:
+def _semantic_empty_recovery(turn: TurnCore, entry: PlannedEntry, now: float) -> Action:
     # the exact entry gets one non-streaming recovery attempt when retries > 0
     # (replay-safe), or when it is the only candidate; both at once merge into one attempt
     index = entry.index
@@ -163,7 +162,7 @@ def _semantic_empty_recovery(turn: Turn, entry: PlannedEntry, now: float) -> Act
     return turn._walk_from(walk, now)
 
 
-def _recovery(turn: Turn, entry: PlannedEntry, failure: fc.Failure, now: float) -> Action:
+def _recovery(turn: TurnCore, entry: PlannedEntry, failure: fc.Failure, now: float) -> Action:
     """stream.recovery = non_streaming: the walk in configured order, skipping the exact
     entry, unless it is the only candidate (then the stream was its first attempt)."""
     index = entry.index
@@ -175,7 +174,7 @@ def _recovery(turn: Turn, entry: PlannedEntry, failure: fc.Failure, now: float) 
     return turn._walk_from(walk, now)
 
 
-def _delivery(turn: Turn, mode: Mode) -> tuple[Event, ...]:
+def _delivery(turn: TurnCore, mode: Mode) -> tuple[Event, ...]:
     """A stream turn answered by an entry that did not stream: the answer as one delivery,
     whose text is then forwarded."""
     answer = turn.answer
@@ -188,7 +187,7 @@ def _delivery(turn: Turn, mode: Mode) -> tuple[Event, ...]:
 
 # the entry actions specs/turn.toml and specs/cancellation.toml name, checked against them when a
 # turn binds them
-ENTRY_ACTIONS: dict[str, Callable[[Turn], object]] = {
+ENTRY_ACTIONS: dict[str, Callable[[TurnCore], object]] = {
     "stream": stream,
     "walk": walk_plan,
     "recover": recover,
@@ -199,7 +198,7 @@ ENTRY_ACTIONS: dict[str, Callable[[Turn], object]] = {
     "ended_interrupted": ended_interrupted,
     "ended_cancelled": ended_cancelled,
 }
-CANCELLATION_ACTIONS: dict[str, Callable[[Turn], object]] = {
+CANCELLATION_ACTIONS: dict[str, Callable[[TurnCore], object]] = {
     "settle": settle,
     "keep_partial": keep_partial,
     "drop_partial": drop_partial,
@@ -208,18 +207,47 @@ CANCELLATION_ACTIONS: dict[str, Callable[[Turn], object]] = {
 
 # what the turn spec's outcome tables may give, and what the turn does with each
 ALLOWANCES = {"one_more": 1, "none": 0}
-BILLED = {"billed": True, "as_reported": False}
 
 
-def bind(spec: Spec) -> dict[str, tuple[Callable[[Turn], object], ...]]:
+@attrs.frozen
+class FailedStreamRecord:
+    """How the attempt of a failed stream is recorded, by what [outcomes.failed_stream] gives."""
+
+    outcome: StreamOutcome  # interrupted (its output had reached the sink) or stream_failed
+    continuation: bool  # the detail names the continuation whose stream failed
+    billed: bool  # billed even without usage; else only as the provider reported it
+    estimated: bool  # without usage, billed at relayline's estimate of the text shown
+    counts_rejection: bool  # a client's rejection counts as one (nothing was shown)
+
+
+# what [outcomes.failed_stream] may give, and what each records (checked when a turn binds the
+# spec)
+FAILED_STREAM = {
+    "failed": FailedStreamRecord(StreamOutcome.STREAM_FAILED, continuation=False, billed=False,
+                                 estimated=False, counts_rejection=True),
+    "interrupted": FailedStreamRecord(StreamOutcome.INTERRUPTED, continuation=False, billed=True,
+                                      estimated=True, counts_rejection=False),
+    "continuation_failed": FailedStreamRecord(StreamOutcome.STREAM_FAILED, continuation=True,
+                                              billed=True, estimated=False,
+                                              counts_rejection=False),
+    "continuation_interrupted": FailedStreamRecord(StreamOutcome.INTERRUPTED, continuation=True,
+                                                   billed=False, estimated=False,
+                                                   counts_rejection=False),
+}
+
+
+def bind(spec: Spec) -> dict[str, tuple[Callable[[TurnCore], object], ...]]:
     # entering any state but the first and `committed` (where frames flow on) is what the turn
     # does next: each needs an action
     check_outcomes(spec, "semantic_empty_allowance", ALLOWANCES)
-    check_outcomes(spec, "failed_stream_row", BILLED)
+    check_outcomes(spec, "failed_stream", FAILED_STREAM)
     check_outcomes(spec, "refusal_settles", refusals.SETTLE)
-    return bind_entry_actions(spec, ENTRY_ACTIONS, required=set(spec.states) - {spec.initial, TurnState.COMMITTED})
+    check_outcomes(spec, "refusal", refusals.REFUSAL_WAYS)
+    required = set(spec.states) - {spec.initial, TurnState.COMMITTED}
+    return bind_entry_actions(spec, ENTRY_ACTIONS, required=required)
 
 
-def bind_cancellation(spec: Spec) -> dict[str, tuple[Callable[[Turn], object], ...]]:
+def bind_cancellation(spec: Spec) -> dict[str, tuple[Callable[[TurnCore], object], ...]]:
     # a cancellation settles at once, and each way it settles says what is persisted
-    return bind_entry_actions(spec, CANCELLATION_ACTIONS, required=set(spec.states) - {spec.initial, CancellationState.FINISHED})
+    required = set(spec.states) - {spec.initial, CancellationState.FINISHED}
+    return bind_entry_actions(spec, CANCELLATION_ACTIONS, required=required)

@@ -525,9 +525,19 @@ BOUND_REFUSED = {
         r"specs/turn.toml: its [entry_actions] must be exactly what the code performs: missing [], "
         r"not performed ['ring_a_bell']"),
     "turn: an outcome the code cannot act on": (
-        "turn", _moved("turn", 'values = ["billed", "as_reported"]', 'values = ["billed", "free"]').replace(
-            'gives = "as_reported"', 'gives = "free"'),
-        "specs/turn.toml: outcomes.failed_stream_row may give ['free'], which the code does not know"),
+        "turn", _moved("turn", '"continuation_failed", "continuation_interrupted"]',
+                       '"continuation_failed", "free"]').replace(
+            'gives = "continuation_interrupted"', 'gives = "free"'),
+        "specs/turn.toml: outcomes.failed_stream may give ['free'], which the code does not know"),
+    "turn: a refusal the code cannot act on": (
+        "turn", _moved("turn", 'values = ["advance", "answer", "client_error", "cut"]',
+                       'values = ["advance", "answer", "client_error", "shrug"]').replace(
+            'gives = "cut"', 'gives = "shrug"'),
+        "specs/turn.toml: outcomes.refusal may give ['shrug'], which the code does not know"),
+    "turn: no refusal policy": (
+        "turn", _moved("turn", "[outcomes.refusal]\n", "[outcomes.refusal_policy]\n").replace(
+            "[[outcomes.refusal.rows]]", "[[outcomes.refusal_policy.rows]]"),
+        "specs/turn.toml: has no [outcomes.refusal], which the code reads"),
     "stream: a commit that releases nothing": (
         "stream", _moved("stream", 'tags = ["immutable_output"]\nenter = ["release_held"]\n',
                          'tags = ["immutable_output"]\n').replace(
