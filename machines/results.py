@@ -1,7 +1,7 @@
-"""What a turn gives back (machines/turn.py builds them): the answer (`Completion`), each attempt
-(`AttemptRecord`), the upstream's own rejection (`Rejection`), the result (`TurnResult`) and the
-`Finish` that carries it, and the words and events made from them: the aggregated error message,
-the delivery of an answer that was not streamed."""
+"""What a turn gives back (machines/turn_core.py builds them): the answer (`Completion`), each
+attempt (`AttemptRecord`), the upstream's own rejection (`Rejection`), the result (`TurnResult`)
+and the `Finish` that carries it, and the words and events made from them: the aggregated error
+message, the delivery of an answer that was not streamed."""
 
 from __future__ import annotations
 
@@ -21,9 +21,6 @@ from .stream import Event, strip_think
 from .vocab import ErrorReason, EventKind, FailureClass, Mode, Outcome, StreamOutcome
 from .wire import CONTENT_FILTER
 
-# the turn (machines/turn.py) imports this module: it is named here by what it is, not its class
-Turn = Any
-
 _COST = operator.attrgetter("cost_usd")
 MAX_ERROR_ATTEMPTS = 16
 MAX_ERROR_CHARS = 2000
@@ -32,7 +29,8 @@ REJECTION_STATUSES = (400, 413, 422)
 
 def rejection_of(failure: fc.Failure | None) -> Rejection | None:
     """The upstream's words, when `failure` rejected the request itself (400, 413, 422)."""
-    if failure is None or failure.kind not in (fc.REJECTED, fc.REFUSED) or failure.status not in REJECTION_STATUSES:
+    if (failure is None or failure.kind not in (fc.REJECTED, fc.REFUSED)
+            or failure.status not in REJECTION_STATUSES):
         return None
     return Rejection(failure.status, failure.error_type or "invalid_request_error",
                      failure.error_message or failure.detail)
@@ -49,7 +47,8 @@ class Completion:
     tool_arguments: tuple[str, ...] = ()  # each tool call's JSON arguments, aligned with tool_calls
     tool_ids: tuple[str, ...] = ()  # each tool call's id as the provider sent it ("" when absent)
     finish_reason: str | None = None  # canonical (machines/wire.py), as the provider said it
-    stop_sequence: str | None = None  # which stop sequence ended it, when the provider says (Anthropic)
+    # which stop sequence ended it, when the provider says (Anthropic)
+    stop_sequence: str | None = None
     # an Anthropic answer's content blocks as sent, when the canonical fields would lose some of
     # them (thinking and its signature, which the client sends back; citations; server tools)
     blocks: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)
@@ -71,9 +70,10 @@ class Completion:
 
     @property
     def has_answer(self) -> bool:
-        # a refusal is what the provider answered, text or not: retrying it as empty asks the same policy again
-        return bool(self.tool_calls) or bool(strip_think(self.text).strip()) or self.refusal or bool(self.vectors) or \
-            self.input_count is not None
+        # a refusal is what the provider answered, text or not: retrying it as empty asks the
+        # same policy again
+        return (bool(self.tool_calls) or bool(strip_think(self.text).strip()) or self.refusal
+                or bool(self.vectors) or self.input_count is not None)
 
 
 NO_ANSWER = Completion()  # a result without an answer reads its answer's fields from this one
@@ -126,8 +126,9 @@ class AttemptRecord:
         return self.outcome == StreamOutcome.CANCELLED
 
     def as_json(self) -> dict[str, object]:
-        return {"provider": self.provider, "model": self.model, "mode": self.mode, "outcome": self.outcome,
-                "reason": self.reason, "at": round(self.at, 6), "key": self.key}
+        return {"provider": self.provider, "model": self.model, "mode": self.mode,
+                "outcome": self.outcome, "reason": self.reason, "at": round(self.at, 6),
+                "key": self.key}
 
 
 @attrs.frozen
@@ -162,13 +163,15 @@ class TurnResult:
     stop_sequence: str | None = None
     usage: Usage | None = None  # the accepted answer's usage
     rejection: Rejection | None = None  # every attempt was a client rejection: the upstream's words
-    blocks: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)  # the answer's (Completion.blocks)
+    # the answer's (Completion.blocks)
+    blocks: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)
     logprobs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)  # the answer's
     annotations: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)  # the answer's
     # the entry whose output the consumer saw when nothing was accepted (`partial_text`'s source):
     # `served` stays None, this names who billed it
     partial_from: PlannedEntry | None = None
-    vectors: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)  # an embeddings answer's
+    # an embeddings answer's
+    vectors: tuple[Mapping[str, Any], ...] = attrs.field(default=(), eq=False)
     input_count: int | None = None  # a token counting answer's
     response_id: str | None = None  # the answer's (Completion.response_id)
     # the sum of the ledger's rows, once: the answer's header and field, the access line, the
@@ -195,9 +198,11 @@ def delivery(answer: Completion, shown_reasoning: bool) -> tuple[Event, ...]:
     if not shown_reasoning:
         events.extend(reasoning_events(answer))
     if answer.text:
-        events.append(Event(EventKind.TEXT, answer.text, json.dumps(answer.logprobs) if answer.logprobs else ""))
+        logprobs = json.dumps(answer.logprobs) if answer.logprobs else ""
+        events.append(Event(EventKind.TEXT, answer.text, logprobs))
     ids = answer.tool_ids + ("",) * (len(answer.tool_calls) - len(answer.tool_ids))
-    for name, arguments, ref in itertools.zip_longest(answer.tool_calls, answer.tool_arguments, ids):
+    calls = itertools.zip_longest(answer.tool_calls, answer.tool_arguments, ids)
+    for name, arguments, ref in calls:
         if name is None:
             break
         events.append(Event(EventKind.TOOL, name, ref))
@@ -206,7 +211,8 @@ def delivery(answer: Completion, shown_reasoning: bool) -> tuple[Event, ...]:
     return tuple(events)
 
 
-def last_rejection(rejections: Sequence[Rejection | None], error: ErrorReason | None) -> Rejection | None:
+def last_rejection(rejections: Sequence[Rejection | None],
+                   error: ErrorReason | None) -> Rejection | None:
     """The upstream's own rejection, when every attempt of the turn was one."""
     if not rejections or error not in (ErrorReason.EXHAUSTED, ErrorReason.CLIENT_ERROR):
         return None
@@ -215,74 +221,32 @@ def last_rejection(rejections: Sequence[Rejection | None], error: ErrorReason | 
     return rejections[-1]
 
 
-def error_message(error: ErrorReason, attempts: Sequence[AttemptRecord], skips: Sequence[Skip], total_s: float) -> str:
+def error_message(error: ErrorReason, attempts: Sequence[AttemptRecord], skips: Sequence[Skip],
+                  total_s: float) -> str:
     """The aggregated error: every attempt's number, retry counter and reason class, bounded;
     never a provider body or a secret (details are written by relayline)."""
     head = {
         ErrorReason.EXHAUSTED: "every candidate failed",
         ErrorReason.SEMANTIC_EMPTY: "every candidate answered without text or tool calls",
-        ErrorReason.CONTEXT_WINDOW: "the prompt exceeds the model's context window; compact and call again",
+        ErrorReason.CONTEXT_WINDOW: ("the prompt exceeds the model's context window; compact and "
+                                     "call again"),
         ErrorReason.CLIENT_ERROR: "the provider rejected the request",
         ErrorReason.NO_CANDIDATE: "no entry could be attempted",
         ErrorReason.UNSUPPORTED: "no entry can honour the request as asked: "
                                  + ", ".join(dict.fromkeys(f for s in skips for f in s.fields)),
         ErrorReason.CANCELLED: "cancelled by the consumer",
         ErrorReason.DEADLINE: f"the turn did not end within timeouts.total_s ({total_s:g}s)",
-        ErrorReason.INTERNAL: "relayline failed to make or read the call (an internal error, logged)",
+        ErrorReason.INTERNAL: ("relayline failed to make or read the call (an internal error, "
+                               "logged)"),
         ErrorReason.INTERRUPTED: "the stream failed after output was forwarded; it is not replayed",
     }[error]
     count = len(attempts)
     parts = [f"{head} ({count} attempt{'' if count == 1 else 's'}"
              + (f", {len(skips)} skipped" if skips else "") + ")"]
     for n, a in enumerate(attempts[:MAX_ERROR_ATTEMPTS], start=1):
-        parts.append(f"#{n} {a.provider}/{a.model} try {a.try_number}/{a.budget} {a.reason or a.outcome}"
-                     + (f" ({a.detail})" if a.detail else ""))
+        parts.append(f"#{n} {a.provider}/{a.model} try {a.try_number}/{a.budget} "
+                     f"{a.reason or a.outcome}" + (f" ({a.detail})" if a.detail else ""))
     if len(attempts) > MAX_ERROR_ATTEMPTS:
         parts.append(f"... and {len(attempts) - MAX_ERROR_ATTEMPTS} more")
     message = "; ".join(parts)
     return message if len(message) <= MAX_ERROR_CHARS else message[: MAX_ERROR_CHARS - 3] + "..."
-
-
-def turn_result(turn: Turn, outcome: Outcome, error: ErrorReason | None, served: PlannedEntry | None,
-                partial: str | None) -> TurnResult:
-    """The result a turn ends with: its answer (when it is one), attribution, notice, records."""
-    fallback = served is not None and served.index != 0
-    notice = None
-    if fallback:
-        mode = turn.config.notices.model_fallback_notice
-        if mode == "redacted":
-            notice = "Note: a fallback model answered this request."
-        elif served is not None and mode == "detailed":
-            requested_entry = turn.plan.entries[0].label if turn.plan.entries else turn.plan.requested
-            notice = f"Note: {served.label} answered because {requested_entry} was unavailable."
-    answer = turn.answer if outcome == fc.OK and turn.answer is not None else NO_ANSWER
-    # positionally, in the fields' order: 21 keywords cost more to match than to build
-    return TurnResult(
-        outcome,
-        error,
-        error_message(error, turn.attempts, turn.health.skips, turn.config.timeouts.total_s) if error else None,
-        turn.plan.requested,
-        served,
-        answer.text if answer is not NO_ANSWER else None,
-        answer.reasoning,
-        answer.tool_calls,
-        partial or None,  # partial_text
-        notice,
-        fallback,
-        tuple(turn.attempts),
-        tuple(turn.health.skips),  # skipped
-        tuple(turn.ledger),
-        answer.tool_arguments,
-        answer.tool_ids,
-        answer.finish_reason,
-        answer.stop_sequence,
-        answer.usage,
-        last_rejection(turn.rejections, error),
-        answer.blocks,
-        answer.logprobs,
-        answer.annotations,
-        turn.shown_by if partial else None,
-        answer.vectors,
-        answer.input_count,
-        answer.response_id,
-    )

@@ -31,7 +31,6 @@ from .results import (
     Finish,
     Rejection,
     TurnResult,
-    turn_result,
 )
 from .stream import Event, Frame
 from .turn_core import TurnCore
@@ -300,4 +299,4 @@ class Turn(TurnCore):
                          usage=self.gate.usage if self.gate is not None else None, bill=False)
             self.call = None
         self.health.release_all()
-        return Finish(turn_result(self, Outcome.ERROR, ErrorReason.INTERNAL, None, None))
+        return Finish(self.result(Outcome.ERROR, ErrorReason.INTERNAL, None, None))

@@ -17,7 +17,7 @@ from . import refusals
 from .candidates import Call, Need, WalkDone, key_index
 from .lifecycle import Spec, bind_entry_actions, check_outcomes
 from .plan import PlannedEntry
-from .results import Action, Finish, delivery, turn_result
+from .results import Action, Finish, delivery
 from .stream import Event
 from .turn_core import TurnCore
 from .vocab import (
@@ -97,7 +97,7 @@ def ended_interrupted(turn: TurnCore) -> Finish:
 
 def ended_cancelled(turn: TurnCore) -> Finish:
     partial: str | None = turn.cancellation.step(_CANCEL, turn, turn.cancellation_actions)
-    return Finish(turn_result(turn, Outcome.CANCELLED, ErrorReason.CANCELLED, None, partial))
+    return Finish(turn.result(Outcome.CANCELLED, ErrorReason.CANCELLED, None, partial))
 
 
 # -- entry actions (specs/cancellation.toml [entry_actions]) ------------------------------
@@ -143,7 +143,7 @@ def _finish(turn: TurnCore, outcome: Outcome, error: ErrorReason | None,
     if turn.health.probes:  # (a walk that ended released them)
         turn.health.release_all()
     turn.cancellation.fire(_FINISH)
-    return Finish(turn_result(turn, outcome, error, served, partial), deliver)
+    return Finish(turn.result(outcome, error, served, partial), deliver)
 
 
 def _semantic_empty_recovery(turn: TurnCore, entry: PlannedEntry, now: float) -> Action:

@@ -30,9 +30,19 @@ from .engine import Lifecycle, load_spec
 from .health import HealthStore
 from .ledger import LedgerRow, Usage, estimated_tokens, row
 from .plan import Plan, PlannedEntry
-from .results import Action, AttemptRecord, Completion, Rejection, rejection_of
+from .results import (
+    NO_ANSWER,
+    Action,
+    AttemptRecord,
+    Completion,
+    Rejection,
+    TurnResult,
+    error_message,
+    last_rejection,
+    rejection_of,
+)
 from .stream import StreamGate
-from .vocab import FailureClass, Mode, Outcome, StreamOutcome, TurnState, TurnTrigger
+from .vocab import ErrorReason, FailureClass, Mode, Outcome, StreamOutcome, TurnState, TurnTrigger
 from .walk import Walk
 
 # the words a turn reads a dozen times, once as module names: an enum member read is dearer
@@ -310,3 +320,52 @@ class TurnCore:
         if settled is not done and settled.ok:
             self.answer = refusal.answer
         return settled
+
+    # -- the result ---------------------------------------------------------------------------
+
+    def result(self, outcome: Outcome, error: ErrorReason | None, served: PlannedEntry | None,
+               partial: str | None) -> TurnResult:
+        """The result a turn ends with: its answer (when it is one), attribution, notice,
+        records."""
+        fallback = served is not None and served.index != 0
+        notice = None
+        if fallback:
+            mode = self.config.notices.model_fallback_notice
+            if mode == "redacted":
+                notice = "Note: a fallback model answered this request."
+            elif served is not None and mode == "detailed":
+                entries = self.plan.entries
+                requested_entry = entries[0].label if entries else self.plan.requested
+                notice = f"Note: {served.label} answered because {requested_entry} was unavailable."
+        answer = self.answer if outcome == fc.OK and self.answer is not None else NO_ANSWER
+        # positionally, in the fields' order: 21 keywords cost more to match than to build
+        return TurnResult(
+            outcome,
+            error,
+            (error_message(error, self.attempts, self.health.skips, self.config.timeouts.total_s)
+         if error else None),
+            self.plan.requested,
+            served,
+            answer.text if answer is not NO_ANSWER else None,
+            answer.reasoning,
+            answer.tool_calls,
+            partial or None,  # partial_text
+            notice,
+            fallback,
+            tuple(self.attempts),
+            tuple(self.health.skips),  # skipped
+            tuple(self.ledger),
+            answer.tool_arguments,
+            answer.tool_ids,
+            answer.finish_reason,
+            answer.stop_sequence,
+            answer.usage,
+            last_rejection(self.rejections, error),
+            answer.blocks,
+            answer.logprobs,
+            answer.annotations,
+            self.shown_by if partial else None,
+            answer.vectors,
+            answer.input_count,
+            answer.response_id,
+        )
