@@ -117,6 +117,19 @@ def outcome_tables(spec: Spec) -> str:
     return "\n".join(lines) + "\n"
 
 
+def precedence_tables(spec: Spec) -> str:
+    """The spec's precedence tables in Markdown: for each, its sources in the order they are
+    asked (the first that gives a value decides; the last always gives one)."""
+    lines = [f"<!-- {HEADER.format(name=spec.name)} -->"]
+    for table in spec.precedence.values():
+        lines += ["", f"`{table.name}`: {table.doc} (checked at load: each source named once, "
+                      "the last the only one that always gives a value).", "",
+                  "| order | source | gives |", "| --- | --- | --- |"]
+        lines += [f"| {i} | `{source.name}`{' (always)' if source.always else ''} | {source.doc} |"
+                  for i, source in enumerate(table.sources, start=1)]
+    return "\n".join(lines) + "\n"
+
+
 def default_root() -> Path:
     return Path(str(resources.files("relayline.specs"))) / "diagrams"
 
@@ -131,6 +144,8 @@ def render() -> dict[str, str]:
             out[f"{name}-decisions.md"] = decision_table(spec)
         if spec.outcomes:
             out[f"{name}-outcomes.md"] = outcome_tables(spec)
+        if spec.precedence:
+            out[f"{name}-precedence.md"] = precedence_tables(spec)
     return out
 
 

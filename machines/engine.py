@@ -29,6 +29,7 @@ from .lifecycle import (
     bind_entry_actions,
     build_machine,
     check_outcomes,
+    check_precedence,
     machine_kwargs,
 )
 from .tables import (
@@ -36,18 +37,22 @@ from .tables import (
     as_names,
     parse_decisions,
     parse_outcomes,
+    parse_precedence,
     validate_decisions,
     validate_outcomes,
+    validate_precedence,
 )
 from .vocab import SPEC_VOCABULARY
 
 __all__ = ["SPEC_NAMES", "Lifecycle", "Spec", "bind_entry_actions", "build_machine",
-           "build_spec", "check_outcomes", "load_spec", "machine_kwargs", "parse_spec", "validate"]
+           "build_spec", "check_outcomes", "check_precedence", "load_spec", "machine_kwargs",
+           "parse_spec", "validate"]
 
 SPEC_NAMES = ("turn", "stream", "cancellation", "breaker", "walk", "budget", "admission")
 TOP_LEVEL_KEYS = frozenset({
     "name", "doc", "initial", "recurrent", "states", "transitions", "guards", "invariants",
-    "decide", "situations", "waits", "actions", "decisions", "entry_actions", "outcomes"})
+    "decide", "situations", "waits", "actions", "decisions", "entry_actions", "outcomes",
+    "precedence"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,11 +142,15 @@ def build_spec(raw: dict[str, Any], source: str) -> Spec:
         entry_actions={str(k): str(v) for k, v in raw.get("entry_actions", {}).items()},
         outcomes={str(name): parse_outcomes(str(name), body, source)
                   for name, body in outcomes.items()},
+        precedence={str(name): parse_precedence(str(name), body, source)
+                    for name, body in raw.get("precedence", {}).items()},
     )
     validate(spec)
     declared = set(spec.guards) | (set(spec.decisions.situations) if spec.decisions else set())
     for outcome in spec.outcomes.values():
         validate_outcomes(outcome, source, declared)
+    for precedence in spec.precedence.values():
+        validate_precedence(precedence, source)
     _validate_entry_actions(spec)
     _check_vocabulary(spec)
     if spec.decisions is not None:

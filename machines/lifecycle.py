@@ -12,13 +12,13 @@ zero-argument method), in both the table and the transitions machine.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
 
 from .errors import IllegalTransition, SpecError
-from .tables import Decision, DecisionTable, OutcomeTable
+from .tables import Decision, DecisionTable, OutcomeTable, Precedence
 
 # one candidate of a (state, trigger): its destination, guards, unless-guards, the `fired` list
 # of its counters and its index there
@@ -71,6 +71,7 @@ class Spec:
     decisions: DecisionTable | None = None
     entry_actions: dict[str, str] = attrs.Factory(dict)  # name -> what it does, for the diagrams
     outcomes: dict[str, OutcomeTable] = attrs.Factory(dict)  # name -> its outcome table
+    precedence: dict[str, Precedence] = attrs.Factory(dict)  # name -> its precedence table
     # what the code derives from this spec once (its entry actions as functions, a model's
     # shortcuts), kept with it: a mutated spec installed in a shipped one's place derives its own
     derived: dict[Any, Any] = attrs.field(factory=dict, eq=False, repr=False)
@@ -125,6 +126,27 @@ def check_outcomes(spec: Spec, name: str, known: Iterable[str]) -> OutcomeTable:
     if strange:
         raise SpecError(f"{spec.source}: outcomes.{name} may give {strange}, which the code does "
                         "not know")
+    return table
+
+
+def check_precedence(spec: Spec, name: str, known: Mapping[str, bool]) -> Precedence:
+    """The precedence table `name` of `spec`, checked against the sources the code can ask
+    (`known`: name -> whether it always gives a value): a spec that lacks it, names a source the
+    code does not have or leaves one out, or says a source always gives a value when the code's
+    may not (or the reverse), is refused."""
+    table = spec.precedence.get(name)
+    if table is None:
+        raise SpecError(f"{spec.source}: has no [precedence.{name}], which the code reads")
+    unknown = sorted(set(table.names) - set(known))
+    missing = sorted(set(known) - set(table.names))
+    if unknown or missing:
+        raise SpecError(f"{spec.source}: precedence.{name} must name exactly the sources the code "
+                        f"asks: unknown {unknown}, missing {missing}")
+    for source in table.sources:
+        if source.always != known[source.name]:
+            says = "always gives" if source.always else "may not give"
+            raise SpecError(f"{spec.source}: precedence.{name} says {source.name!r} {says} a "
+                            "value, and the code's does not")
     return table
 
 

@@ -15,7 +15,7 @@ mapping, and the result is a frozen value the walk consumes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 
@@ -29,6 +29,7 @@ from .config import (
     join_path,
     resolve_ref,
 )
+from .engine import Spec, check_precedence, load_spec
 from .errors import ConfigError
 from .families import FAMILIES
 
@@ -327,6 +328,73 @@ def model_offered(router: Router, model: str) -> bool:
 # one turn's plan
 
 
+# what a model source gives: the model chosen (None: the active profile's) and effort routing's
+# decision when it chose; a source that names nothing gives None and the next one is asked
+Choice = tuple[str | None, effort.EffortDecision | None]
+ModelSource = Callable[[Config, str | None, str, str | None, effort.RouteSelection | None],
+                       Choice | None]
+AUTO = "auto"  # a selection or a model that hands the choice back to effort routing
+
+
+def _operator_model(config: Config, model: str | None, text: str, operator_model: str | None,
+                    selection: effort.RouteSelection | None) -> Choice | None:
+    return (operator_model, None) if operator_model is not None and operator_model != AUTO else None
+
+
+def _operator_selection(config: Config, model: str | None, text: str, operator_model: str | None,
+                        selection: effort.RouteSelection | None) -> Choice | None:
+    if operator_model is None and selection is not None and selection.owner == "operator":
+        return selection.model, None
+    return None
+
+
+def _request_model(config: Config, model: str | None, text: str, operator_model: str | None,
+                   selection: effort.RouteSelection | None) -> Choice | None:
+    return (model, None) if model is not None and model != AUTO else None
+
+
+def _route_hint(config: Config, model: str | None, text: str, operator_model: str | None,
+                selection: effort.RouteSelection | None) -> Choice | None:
+    decision = effort.decide(config, text)
+    return None if decision is None else (HINT_PREFIX + decision.hint, decision)
+
+
+def _selection(config: Config, model: str | None, text: str, operator_model: str | None,
+               selection: effort.RouteSelection | None) -> Choice | None:
+    return None if selection is None else (selection.model, None)
+
+
+def _active_profile(config: Config, model: str | None, text: str, operator_model: str | None,
+                    selection: effort.RouteSelection | None) -> Choice | None:
+    return None, None
+
+
+# the sources specs/turn.toml's [precedence.model] may name, and whether each always names a
+# model (checked when the spec is first read for a plan)
+MODEL_SOURCES: dict[str, tuple[ModelSource, bool]] = {
+    "operator_model": (_operator_model, False),
+    "operator_selection": (_operator_selection, False),
+    "request_model": (_request_model, False),
+    "route_hint": (_route_hint, False),
+    "selection": (_selection, False),
+    "active_profile": (_active_profile, True),
+}
+
+
+def model_sources(spec: Spec) -> tuple[ModelSource, ...]:
+    """[precedence.model]'s sources, in its order, as the functions that ask them (checked once
+    per spec: a mutated spec installed in place of the shipped one is checked when first read)."""
+    try:
+        return spec.derived[id(MODEL_SOURCES)]  # type: ignore[no-any-return]
+    except KeyError:
+        pass
+    table = check_precedence(spec, "model", {name: always for name, (_, always)
+                                             in MODEL_SOURCES.items()})
+    ordered = tuple(MODEL_SOURCES[name][0] for name in table.names)
+    spec.derived[id(MODEL_SOURCES)] = ordered
+    return ordered
+
+
 def plan_turn(
     router: Router,
     *,
@@ -336,28 +404,19 @@ def plan_turn(
     selection: effort.RouteSelection | None = None,
     gateway: bool = False,
 ) -> Plan:
-    """The plan for one turn.
-
-    Precedence: an explicit operator selection (this call's `operator_model`, else the scope's
-    `selection` when the operator owns it), then the request's own `model`, then the effort
-    decision (when configured), then the active profile's model. "auto" in either selection
-    hands the choice back to effort routing.
+    """The plan for one turn: the model it is for is the first of specs/turn.toml's
+    [precedence.model] sources that names one (the operator's, the request's, effort routing's,
+    the scope's selection, the active profile's); "auto" in either selection hands the choice
+    back to effort routing.
     """
     config = router.config
-    chosen: str | None = None
-    decision = None
-    if operator_model is not None and operator_model != "auto":
-        chosen = operator_model
-    elif operator_model is None and selection is not None and selection.owner == "operator":
-        chosen = selection.model
-    elif model is not None and model != "auto":
-        chosen = model
-    else:
-        decision = effort.decide(config, text)
-        if decision is not None:
-            chosen = HINT_PREFIX + decision.hint
-        elif selection is not None:
-            chosen = selection.model
+    choice: Choice | None = None
+    for source in model_sources(load_spec("turn")):
+        choice = source(config, model, text, operator_model, selection)
+        if choice is not None:
+            break
+    assert choice is not None, "the last model source always names one"
+    chosen, decision = choice
     if decision is not None:
         return _plan(router, chosen, decision, gateway)
     plans = router.plans

@@ -268,3 +268,68 @@ def validate_decisions(table: DecisionTable, source: str, accepted: set[str]) ->
     unused = sorted(set(range(len(table.rows))) - used)
     if unused:
         raise SpecError(f"{src}: decisions{unused} never decide anything")
+
+
+# ---------------------------------------------------------------------------------------------
+# precedence: an ordered table of named sources, the first that gives a value wins
+
+
+@attrs.frozen
+class Source:
+    """One source of a precedence table; `always`: it always gives a value (the default), so
+    nothing after it is ever asked."""
+
+    name: str
+    doc: str = ""
+    always: bool = False
+
+
+@attrs.frozen
+class Precedence:
+    """A choice made by asking named sources in order: the first that gives a value decides.
+    Checked at load: names unique, exactly one source always gives a value, and it is the last
+    (a source after it could never be asked)."""
+
+    name: str
+    sources: tuple[Source, ...]
+    doc: str = ""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(source.name for source in self.sources)
+
+
+def parse_precedence(name: str, body: dict[str, Any], source: str) -> Precedence:
+    """A spec's [precedence.NAME] table: its doc and its [[precedence.NAME.sources]], in order."""
+    where = f"precedence.{name}"
+    _refuse_unknown(body, {"doc", "sources"}, where, source)
+    sources = []
+    for i, row in enumerate(body.get("sources", [])):
+        at = f"{where}.sources[{i}]"
+        _refuse_unknown(row, {"name", "doc", "always"}, at, source)
+        if not isinstance(row.get("name"), str):
+            raise SpecError(f"{source}: {at} must have a name")
+        if not isinstance(row.get("always", False), bool):
+            raise SpecError(f"{source}: {at}.always must be true or false")
+        sources.append(Source(row["name"], str(row.get("doc", "")), row.get("always", False)))
+    return Precedence(name, tuple(sources), str(body.get("doc", "")))
+
+
+def validate_precedence(table: Precedence, source: str) -> None:
+    """Each source named once; the last, and only it, always gives a value: before it every
+    source may pass, after it none would ever be asked."""
+    where = f"{source}: precedence.{table.name}"
+    seen: set[str] = set()
+    for i, item in enumerate(table.sources):
+        if item.name in seen:
+            raise SpecError(f"{where}.sources[{i}] names {item.name!r} a second time")
+        seen.add(item.name)
+    always = [i for i, item in enumerate(table.sources) if item.always]
+    if not always:
+        raise SpecError(f"{where} has no source that always gives a value: a choice could be "
+                        "left unmade")
+    if always[0] != len(table.sources) - 1:
+        unreachable = [item.name for item in table.sources[always[0] + 1:]]
+        raise SpecError(f"{where}: sources {unreachable} come after "
+                        f"{table.sources[always[0]].name!r}, which always gives a value, and "
+                        "are never asked")

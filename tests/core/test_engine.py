@@ -610,10 +610,39 @@ OUTCOMES_REFUSED = {
 }
 
 
+# the turn's [precedence.model]: an ordered table of named sources, the last the default
+_OPERATOR = '[[precedence.model.sources]]\nname = "operator_model"\n'
+_DEFAULT = '[[precedence.model.sources]]\nname = "active_profile"\nalways = true\n'
+
+PRECEDENCE_REFUSED = {
+    "a source named twice": (
+        _moved("turn", _OPERATOR, _OPERATOR + 'doc = "once"\n' + _OPERATOR),
+        "toy.toml: precedence.model.sources[1] names 'operator_model' a second time"),
+    "no source that always gives": (
+        _moved("turn", _DEFAULT, _DEFAULT.replace("always = true\n", "")),
+        "toy.toml: precedence.model has no source that always gives a value: a choice could be "
+        "left unmade"),
+    "a source after the default, never asked": (
+        _moved("turn", 'name = "selection"\n', 'name = "selection"\nalways = true\n'),
+        "toy.toml: precedence.model: sources ['active_profile'] come after 'selection', which "
+        "always gives a value, and are never asked"),
+    "a source without a name": (
+        _moved("turn", _OPERATOR, '[[precedence.model.sources]]\nnom = "operator_model"\n'),
+        "toy.toml: precedence.model.sources[0] has unknown keys ['nom']"),
+    "an always that is not a truth": (
+        _moved("turn", _DEFAULT, _DEFAULT.replace("always = true", 'always = "yes"')),
+        "toy.toml: precedence.model.sources[5].always must be true or false"),
+    "an unknown key in the table": (
+        _moved("turn", "[precedence.model]\n", "[precedence.model]\nweight = 1\n"),
+        "toy.toml: precedence.model has unknown keys ['weight']"),
+}
+
+
 # every spec the loader refuses, each with its own message: the lifecycle's shape and invariants,
-# its entry actions, its outcome tables
+# its entry actions, its outcome and precedence tables
 EVERY_REFUSED = {**REFUSED, **{f"entry: {k}": v for k, v in ENTRY_REFUSED.items()},
-                 **{f"outcomes: {k}": v for k, v in OUTCOMES_REFUSED.items()}}
+                 **{f"outcomes: {k}": v for k, v in OUTCOMES_REFUSED.items()},
+                 **{f"precedence: {k}": v for k, v in PRECEDENCE_REFUSED.items()}}
 
 
 @pytest.mark.parametrize("case", sorted(EVERY_REFUSED))
@@ -680,3 +709,38 @@ def test_an_outcome_table_gives_by_the_situations_of_its_model():
                     else "semantic_empty" if empty else "internal" if internal else "exhausted")
         given = table.decide(Model(attempted=attempted, last_empty=empty, last_internal=internal, none_can_honour=unfit))
         assert given == expected
+
+
+def test_a_plan_refuses_model_sources_it_cannot_ask():
+    """A sound precedence table that names a source the code does not have, leaves one out, or
+    says a source always names a model when the code's may not, is refused where the plan
+    reads it, naming the source."""
+    from relayline.machines.engine import check_precedence
+    from relayline.machines.plan import MODEL_SOURCES, model_sources
+
+    known = {name: always for name, (_, always) in MODEL_SOURCES.items()}
+    renamed = parse_spec(_moved("turn", 'name = "route_hint"', 'name = "horoscope"'), "toy.toml")
+    with pytest.raises(SpecError, match=r"toy.toml: precedence.model must name exactly the sources "
+                       r"the code asks: unknown \['horoscope'\], missing \['route_hint'\]"):
+        model_sources(renamed)
+    shipped = parse_spec(_text("turn"), "toy.toml")
+    with pytest.raises(SpecError, match="toy.toml: precedence.model says 'active_profile' always "
+                       "gives a value, and the code's does not"):
+        check_precedence(shipped, "model", {**known, "active_profile": False})
+    with pytest.raises(SpecError, match=r"toy.toml: has no \[precedence.model\], which the code reads"):
+        check_precedence(parse_spec(_text("walk"), "toy.toml"), "model", known)
+
+
+def test_the_turns_model_is_the_first_source_of_the_spec_that_names_one():
+    """The plan asks [precedence.model]'s sources in the spec's order: with the request's model
+    put before the operator's, the request's wins."""
+    from helpers import config, plan
+
+    cfg = config(active="a", providers={"a": {}})
+    assert plan(cfg, model="asked", operator_model="chosen").requested_model == "chosen"
+    _REQUEST = '[[precedence.model.sources]]\nname = "request_model"\n'
+    text = _text("turn")
+    request_block = text[text.index(_REQUEST):text.index("[[precedence.model.sources]]", text.index(_REQUEST) + 1)]
+    swapped = text.replace(request_block, "", 1).replace(_OPERATOR, request_block + _OPERATOR, 1)
+    with _installed("turn", swapped):
+        assert plan(cfg, model="asked", operator_model="chosen").requested_model == "asked"
