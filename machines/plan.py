@@ -38,6 +38,9 @@ HINT_PREFIX = "hint:"
 # the cache starts over when full rather than growing with them
 MAX_CACHED_PLANS = 1024
 CATALOG_DOMAIN = "catalog"  # the domain name of every catalog chain; the requested model names it
+# what a turn asks a plan for: its model, the operator's model, the scope's selection, whether
+# the gateway asks (a route's name then names the route)
+PlanKey = tuple[str | None, str | None, effort.RouteSelection | None, bool]
 
 
 @attrs.frozen
@@ -81,10 +84,12 @@ class Router:
     # the model names the default domain sends itself (its pins and their catalog ids), or None
     # when it starts unpinned: an unpinned first entry forwards any name, so every name is served
     default_models: frozenset[str] | None = None
-    # (chosen model, gateway) -> the plan `plan_turn` made for it without an effort decision: a
-    # plan depends on nothing else, and making it again was most of a turn's routing (every
-    # entry resolved, priced and made anew); bounded by MAX_CACHED_PLANS
-    plans: dict[tuple[str | None, bool], Plan] = attrs.field(factory=dict, eq=False, repr=False)
+    # (model, operator model, selection, gateway) -> the plan `plan_turn` made for them without
+    # an effort decision: the model sources read the request's text only for effort routing,
+    # which a router has or has not, so such a plan depends on nothing else, and making it again
+    # was most of a turn's routing (the sources asked, every entry resolved, priced and made
+    # anew); bounded by MAX_CACHED_PLANS
+    plans: dict[PlanKey, Plan] = attrs.field(factory=dict, eq=False, repr=False)
 
 
 @attrs.frozen
@@ -381,17 +386,19 @@ MODEL_SOURCES: dict[str, tuple[ModelSource, bool]] = {
 }
 
 
+MODEL_SOURCES_BOUND = "plan.model_sources"  # where a spec keeps its sources, bound once
+
+
 def model_sources(spec: Spec) -> tuple[ModelSource, ...]:
     """[precedence.model]'s sources, in its order, as the functions that ask them (checked once
     per spec: a mutated spec installed in place of the shipped one is checked when first read)."""
-    try:
-        return spec.derived[id(MODEL_SOURCES)]  # type: ignore[no-any-return]
-    except KeyError:
-        pass
+    bound: tuple[ModelSource, ...] | None = spec.derived.get(MODEL_SOURCES_BOUND)
+    if bound is not None:
+        return bound
     table = check_precedence(spec, "model", {name: always for name, (_, always)
                                              in MODEL_SOURCES.items()})
     ordered = tuple(MODEL_SOURCES[name][0] for name in table.names)
-    spec.derived[id(MODEL_SOURCES)] = ordered
+    spec.derived[MODEL_SOURCES_BOUND] = ordered
     return ordered
 
 
@@ -409,6 +416,11 @@ def plan_turn(
     the scope's selection, the active profile's); "auto" in either selection hands the choice
     back to effort routing.
     """
+    plans = router.plans
+    key = (model, operator_model, selection, gateway)
+    plan = plans.get(key)
+    if plan is not None:
+        return plan
     config = router.config
     choice: Choice | None = None
     for source in model_sources(load_spec("turn")):
@@ -419,13 +431,9 @@ def plan_turn(
     chosen, decision = choice
     if decision is not None:
         return _plan(router, chosen, decision, gateway)
-    plans = router.plans
-    key = (chosen, gateway)
-    plan = plans.get(key)
-    if plan is None:
-        if len(plans) >= MAX_CACHED_PLANS:
-            plans.clear()
-        plan = plans[key] = _plan(router, chosen, None, gateway)
+    if len(plans) >= MAX_CACHED_PLANS:
+        plans.clear()
+    plan = plans[key] = _plan(router, chosen, None, gateway)
     return plan
 
 

@@ -13,16 +13,12 @@ records results.py; the refusal policy refusals.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from . import classify as fc
 from . import turn_actions
 from .candidates import Call, Sleep, WalkDone
-from .config import Config
 from .errors import IllegalTransition
-from .health import HealthStore
 from .ledger import Usage
-from .plan import Plan, PlannedEntry
+from .plan import PlannedEntry
 from .refusals import as_client_error
 from .results import (
     Action,
@@ -33,7 +29,7 @@ from .results import (
     TurnResult,
 )
 from .stream import Event, Frame
-from .turn_core import TurnCore
+from .turn_core import EntryActions, TurnCore
 from .vocab import (
     ErrorReason,
     EventKind,
@@ -64,17 +60,10 @@ _TEXT, _REASONING, _EXECUTED_TOOL = EventKind.TEXT, EventKind.REASONING, EventKi
 
 class Turn(TurnCore):
     __slots__ = ()
-
-    def __init__(self, plan: Plan, config: Config, store: HealthStore, *, stream: bool,
-                 tools: bool = False, prompt_chars: Callable[[], int] = lambda: 0):
-        super().__init__(plan, config, store, stream=stream, tools=tools,
-                         prompt_chars=prompt_chars)
-        spec = self.life.spec
-        self.entry_actions = (spec.derived.get(id(turn_actions.ENTRY_ACTIONS))
-                              or turn_actions.bind(spec))
-        spec = self.cancellation.spec
-        self.cancellation_actions = (spec.derived.get(id(turn_actions.CANCELLATION_ACTIONS))
-                                     or turn_actions.bind_cancellation(spec))
+    # the entry actions it binds when it is made (TurnCore's __init__)
+    turn_entry = EntryActions(turn_actions.ENTRY_ACTIONS, turn_actions.bind)
+    cancellation_entry = EntryActions(turn_actions.CANCELLATION_ACTIONS,
+                                      turn_actions.bind_cancellation)
 
     def start(self, now: float) -> Action:
         """The turn's first action: the spec's `start` chooses stream or walk by its guards, and

@@ -10,8 +10,10 @@ binds them, so neither imports the other's dependent.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import attrs
 
 from . import classify as fc
 from . import refusals
@@ -26,7 +28,7 @@ from .candidates import (
     stop_error,
 )
 from .config import Config
-from .engine import Lifecycle, load_spec
+from .engine import Lifecycle, Spec, load_spec
 from .health import HealthStore
 from .ledger import LedgerRow, Usage, estimated_tokens, row
 from .plan import Plan, PlannedEntry
@@ -51,7 +53,22 @@ _STREAMING, _STREAM, _END = TurnState.STREAMING, Mode.STREAM, TurnTrigger.END
 Bound = dict[str, tuple[Callable[..., Any], ...]]
 
 
+@attrs.frozen
+class EntryActions:
+    """A spec's entry actions as the code performs them: the registry (action name -> function
+    of the turn) and how a spec is bound to it, once per spec."""
+
+    registry: Mapping[str, Callable[..., object]]
+    bind: Callable[[Spec], Bound]
+
+
 class TurnCore:
+    # what entering each state of the turn's and the cancellation's specs does, by name, and how
+    # a spec's actions are bound: the turn (turn.py) names them, as the entry actions import
+    # this module and so cannot be imported here
+    turn_entry: ClassVar[EntryActions]
+    cancellation_entry: ClassVar[EntryActions]
+
     # slotted, as the walk and the lifecycles: a turn's attributes are read and written some
     # hundred times a turn, and each held stream keeps its turn
     __slots__ = ("plan", "config", "health", "stream_requested", "tools", "life", "cancellation",
@@ -69,10 +86,13 @@ class TurnCore:
         self.health = TurnHealth(store)
         self.stream_requested = stream
         self.tools = tools
-        self.life = Lifecycle(load_spec("turn"))
-        self.cancellation = Lifecycle(load_spec("cancellation"))
-        self.entry_actions: Bound = {}  # the turn binds them (turn.py)
-        self.cancellation_actions: Bound = {}
+        self.life = Lifecycle(spec := load_spec("turn"))
+        actions = self.turn_entry
+        self.entry_actions = spec.derived.get(id(actions.registry)) or actions.bind(spec)
+        self.cancellation = Lifecycle(spec := load_spec("cancellation"))
+        actions = self.cancellation_entry
+        self.cancellation_actions = (spec.derived.get(id(actions.registry))
+                                     or actions.bind(spec))
         self.attempts: list[AttemptRecord] = []
         self.ledger: list[LedgerRow] = []
         self.walk: Walk | None = None
