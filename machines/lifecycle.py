@@ -2,9 +2,9 @@
 one model's state in it.
 
 `Lifecycle` reads a plain table compiled from the spec: the `transitions` library's machine
-(`build_machine`) is the executable reference, also used for diagrams, and tests/test_engine.py
-proves both take the same state sequences on generated event sequences, so the table is the
-spec, only faster (docs/performance.md has the figures).
+(`build_machine`) is the executable reference, also used for diagrams, and
+tests/core/test_engine.py proves both take the same state sequences on generated event
+sequences, so the table is the spec, only faster (docs/performance.md has the figures).
 
 Guards are names. At run time a guard is looked up on the model object (an attribute or a
 zero-argument method), in both the table and the transitions machine.
