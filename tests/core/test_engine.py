@@ -744,3 +744,31 @@ def test_the_turns_model_is_the_first_source_of_the_spec_that_names_one():
     swapped = text.replace(request_block, "", 1).replace(_OPERATOR, request_block + _OPERATOR, 1)
     with _installed("turn", swapped):
         assert plan(cfg, model="asked", operator_model="chosen").requested_model == "asked"
+
+
+def test_a_refusal_does_what_the_turn_spec_gives():
+    """[outcomes.refusal] decides a refusal: under on_refusal = "return" a content-policy 400 is
+    the client error it was; a spec whose row gives `advance` there makes the turn advance past
+    it, recorded as a refusal."""
+    from helpers import config, plan
+    from relayline.machines import classify as fc
+    from relayline.machines.health import InMemoryHealth
+    from relayline.machines.turn import Turn
+    from relayline.machines.walk import Call
+
+    cfg = config(active="a", providers={"a": {"model": "m1", "fallbacks": ["b"]}, "b": {"model": "m2"}},
+                 reliability={"provider_retries": 0})
+    policy_400 = fc.Failure(fc.REFUSED, "HTTP 400 content policy", 400)
+
+    def refused_once():
+        turn = Turn(plan(cfg, model="m1"), cfg, InMemoryHealth(cfg.breaker), stream=False)
+        turn.start(0.0)
+        return turn, turn.on_completion(policy_400, 0.0)
+
+    turn, _ = refused_once()
+    assert [(a.outcome, a.reason) for a in turn.attempts] == [("rejected", "rejected")]
+    row = 'when = { refusals_advance = false, refusal_answered = false }\ngives = '
+    with _installed("turn", _moved("turn", row + '"client_error"', row + '"advance"')):
+        turn, nxt = refused_once()
+    assert [(a.outcome, a.reason) for a in turn.attempts] == [("refused", "refused")]
+    assert isinstance(nxt, Call) and nxt.entry.profile == "b" and turn.refusal is not None
