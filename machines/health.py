@@ -23,8 +23,8 @@ from .vocab import BreakerState, BreakerTrigger
 
 # a turn lives at most timeouts.total_s (its default): no probe outlives its turn by more
 DEFAULT_PROBE_LEASE_S = 600.0
-# a state name as its BreakerState: a lookup, where BreakerState(name) costs a µs (Enum's
-# __call__), and a breaker's state is read several times a turn
+# a state name as its BreakerState: a lookup, where BreakerState(name) goes through Enum's
+# __call__, and a breaker's state is read several times a turn (docs/performance.md)
 _STATES = {state.value: state for state in BreakerState}
 _SUCCESS, _FAILURE = BreakerTrigger.SUCCESS, BreakerTrigger.FAILURE  # (fired by every answered turn)
 # the triggers time fires (`refresh`), and those that take a probe (`claim`)
