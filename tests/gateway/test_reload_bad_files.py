@@ -282,3 +282,69 @@ def test_a_large_good_file_is_reloaded_while_a_stream_in_flight_keeps_flowing(tm
     assert max(gaps) < 1.0, f"the stream stood still {max(gaps):.2f} s during the reload"
     assert reloaded_at[0] - started > 1.0  # (the parse took long enough for a stall to show)
     assert len(gaps) > 50  # (the stream sent its chunks as they came)
+
+
+SIM_TWO = """active = "sim.a"
+[providers."sim.a"]
+family = "sim"
+model = "m1"
+fallbacks = ["sim.b"]
+[providers."sim.b"]
+family = "sim"
+model = "m2"
+"""
+
+
+class _RewrittenInPlace:
+    """Another process rewriting the config file in place (opened with truncation, written)
+    while relayline reads it: each read of the file finds the next of `versions` written over it
+    just then, as a writer caught mid-way leaves it; once all are written the writer is done."""
+
+    def __init__(self, path: Path, versions: list[str]) -> None:
+        self.path, self.versions, self.reads = path, versions, 0
+        self._fdopen = os.fdopen
+
+    def fdopen(self, fd, *args, **kwargs):
+        file = self._fdopen(fd, *args, **kwargs)
+        if self.reads < len(self.versions):
+            self.path.write_text(self.versions[self.reads])
+        self.reads += 1
+        return file
+
+
+async def test_a_reload_rereads_a_file_rewritten_in_place_while_read_and_takes_the_whole_one(tmp_path, monkeypatch):
+    from relayline.adapters import Relay, configfile
+    from relayline.adapters.gateway import Gateway
+    from relayline.adapters.gateway.reload import Reloader
+
+    path = tmp_path / "r.toml"
+    path.write_text(SIM_TWO)
+    gateway = Gateway(Relay.from_file(path, env={}))
+    whole = SIM_TWO + '[gateway]\ndrain_s = 7\n'
+    # the first read lands mid-write: the new file cut after its profiles, still valid TOML
+    writer = _RewrittenInPlace(path, [SIM_TWO.replace("[providers.\"sim.b\"]\nfamily = \"sim\"\nmodel = \"m2\"\n",
+                                                      "").replace('fallbacks = ["sim.b"]\n', ""), whole])
+    monkeypatch.setattr(configfile.os, "fdopen", writer.fdopen)
+    report = await Reloader(gateway, path, env={}).reload()
+    assert report.ok and report.profiles == ("sim.a", "sim.b"), report
+    assert gateway.settings.drain_s == 7 and writer.reads >= 2
+
+
+async def test_a_reload_of_a_file_that_keeps_changing_while_read_is_refused_and_changes_nothing(
+        tmp_path, monkeypatch, caplog):
+    from relayline.adapters import Relay, configfile
+    from relayline.adapters.gateway import Gateway
+    from relayline.adapters.gateway.reload import Reloader
+
+    path = tmp_path / "r.toml"
+    path.write_text(SIM_TWO)
+    relay = Relay.from_file(path, env={})
+    gateway = Gateway(relay)
+    cut = SIM_TWO.split("[providers.\"sim.b\"]")[0].replace('fallbacks = ["sim.b"]\n', "")
+    writer = _RewrittenInPlace(path, [cut + f"# write {i}\n" * i for i in range(1, 50)])
+    monkeypatch.setattr(configfile.os, "fdopen", writer.fdopen)
+    report = await Reloader(gateway, path, env={}).reload()
+    assert not report.ok and gateway.relay is relay, "a file read while it changed is never taken"
+    assert "changed while it was read" in report.problems[0] and "rename it over" in report.problems[0]
+    assert writer.reads == configfile.READ_ATTEMPTS
+    assert "config_reload_rejected" in caplog.text
