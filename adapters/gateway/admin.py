@@ -142,8 +142,9 @@ class Admin:
         await respond_json(send, 200, plan.as_json())
 
     async def reload(self, send: Send) -> None:
-        """POST /admin/reload: 200 with the profiles now served, or 422 listing the problems of a
-        file that was refused (nothing changed). In a fleet, a 200 then reloads every worker."""
+        """POST /admin/reload: 200 with the profiles now served, 422 listing the problems of a
+        file that was refused, or 503 while the gateway drains (nothing changed on either). In a
+        fleet, a 200 then reloads every worker."""
         reloader = self.host.reloader
         if reloader is None:
             await respond(send, 409,
@@ -151,6 +152,8 @@ class Admin:
                                                        "no_config_file"))
             return
         report = await reloader.reload()
-        await respond_json(send, 200 if report.ok else 422, report.as_json())
+        # 503 when the gateway is stopping (nothing wrong with the file: ask the next process)
+        await respond_json(send, 200 if report.ok else 503 if report.stopping else 422,
+                           report.as_json())
         if report.ok and reloader.fleet is not None:
             reloader.fleet()  # the other workers take the file as on a SIGHUP to the supervisor

@@ -64,6 +64,7 @@ class ReloadReport:
     ok: bool
     problems: tuple[str, ...] = ()
     profiles: tuple[str, ...] = ()
+    stopping: bool = False  # refused because the gateway is draining, not for the file's sake
 
     def as_json(self) -> dict[str, Any]:
         if self.ok:
@@ -138,7 +139,14 @@ class _Pending:
 
     def __init__(self) -> None:
         self.done = trio.Event()
-        self.report = ReloadReport(False, ("the reload was cancelled: the gateway is stopping",))
+        self.report = ReloadReport(False, ("the reload was cancelled: the gateway is stopping",),
+                                   stopping=True)
+
+
+# a gateway draining finishes its turns on the config they started with and then exits: a reload
+# then would swap the config under them for nothing (the next process reads the file anyway)
+DRAINING = ReloadReport(False, ("the gateway is draining (stopping): it reloads nothing now; the "
+                                "process started next reads the file",), stopping=True)
 
 
 class ReloadHost(Protocol):
@@ -146,6 +154,7 @@ class ReloadHost(Protocol):
 
     relay: Relay
     access: Access
+    draining: bool
 
     async def swap(self, relay: Relay, access: Access) -> None: ...
 
@@ -167,6 +176,9 @@ class Reloader:
 
     async def reload(self) -> ReloadReport:
         """The file read again; its report. Never raises (but Cancelled)."""
+        if self.gateway.draining:
+            event(log, logging.WARNING, "config_reload_refused", path=self.path, reason="draining")
+            return DRAINING
         pending = self._pending
         if pending is not None:
             await pending.done.wait()
@@ -181,7 +193,9 @@ class Reloader:
                 self._pending = None
             pending.done.set()
         report = pending.report
-        if report.ok:
+        if report is DRAINING:
+            event(log, logging.WARNING, "config_reload_refused", path=self.path, reason="draining")
+        elif report.ok:
             self.reloads += 1
             event(log, logging.WARNING, "config_reloaded", path=self.path,
                   profiles=len(report.profiles))
@@ -208,6 +222,9 @@ class Reloader:
             log.exception("config_reload_error path=%s", self.path)
             return ReloadReport(False,
                                 ("the file could not be loaded: an internal error (logged)",))
+        if self.gateway.draining:  # (the drain began while the file was read)
+            await relay.aclose()
+            return DRAINING
         relay.selection = old.selection
         relay.fallback_record.update(old.fallback_record)
         await self.gateway.swap(relay, access)

@@ -134,6 +134,7 @@ async def run_until_signalled(gateway: Gateway, *, host: str, port: int, fd: int
                     elif not stop.is_set():
                         event(log, logging.WARNING, "draining", signal=signal.Signals(signum).name,
                               in_flight=gateway.in_flight, drain_s=gateway.settings.drain_s)
+                        gateway.draining = True  # (a SIGHUP read next is refused, as in the drain)
                         stop.set()
                     else:
                         event(log, logging.WARNING, "drain_cut_short",

@@ -208,6 +208,10 @@ def supervise(last_good: LastGood, *, host: str, port: int, workers: int,
     reloads: list[int] = []  # SIGHUPs not yet passed on
 
     def forward(signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP and stopping:
+            # the workers drain on their config; written raw: a handler may interrupt a print
+            os.write(2, b"relayline: reload refused: the fleet is stopping (draining)\n")
+            return
         if signum == signal.SIGHUP:
             reloads.append(signum)  # passed on once the file is judged (below)
             return

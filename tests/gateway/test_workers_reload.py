@@ -413,3 +413,60 @@ async def test_a_reload_that_changes_a_key_pool_forgets_which_of_its_keys_sit_ou
     path.write_text(POOLED.format(keys='"k-good", "k-revoked"'))
     assert (await reloader.reload()).ok
     assert health.key_cursor("pool") == 0 and health.key_cooldown_until("pool", 0) < trio.current_time()
+
+
+@pytest.mark.parametrize(("args", "refusal"), [((), "reason=draining"),
+                                               (("--workers", "2"), "reload refused: the fleet is stopping")])
+def test_a_sighup_during_the_drain_is_refused_and_the_turns_finishing_keep_their_config(tmp_path, upstream, args,
+                                                                                       refusal):
+    """SIGTERM starts the drain; a SIGHUP then (the file rewritten, its fallback chain changed)
+    is refused with a log line: swapping the config under the finishing turns would change only
+    what they run on. A fleet's supervisor says so and keeps it from its workers. (An admin
+    reload cannot arrive then: the drain closes every connection without a request in flight.)"""
+    extra = f'[ledger]\npath = "{tmp_path / "l.sqlite3"}"\n[gateway]\napi_keys_env = "FLEET_TEST_KEYS"\ndrain_s = 30'
+    config = tmp_path / "drain.toml"
+    config.write_text(fleet_config(upstream, chain=("a", "b"), extra=extra))
+    upstream.set("a", frames=6, pause=0.3)  # the stream is in flight for about two seconds
+    with ServeProcess(config, *args, env={"FLEET_TEST_KEYS": "fleet-key"}) as gateway:
+        answers: list[tuple[int, str]] = []
+
+        async def drive():
+            async with httpx.AsyncClient(timeout=30, headers={"authorization": "Bearer fleet-key"}) as client:
+
+                async def stream():
+                    async with client.stream("POST", f"{gateway.url}/v1/chat/completions",
+                                             json={"model": "model-a", "messages": HI, "stream": True}) as r:
+                        answers.append((r.status_code, (await r.aread()).decode()))
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(stream)
+                    while upstream.count("a") == 0:
+                        await trio.sleep(0.02)
+                    gateway.signal(signal.SIGTERM)
+                    config.write_text(fleet_config(upstream, chain=("a", "c"), extra=extra))
+                    gateway.signal(signal.SIGHUP)
+
+        trio.run(drive)
+        [(status, body)] = answers
+        assert status == 200 and "data: [DONE]" in body and '"error"' not in body
+        assert gateway.proc.wait(20) == 0
+        log = gateway.stderr
+        assert refusal in log and "config_reloaded" not in log, log
+
+
+async def test_an_admin_reload_that_meets_the_drain_is_a_503_and_changes_nothing(tmp_path):
+    from helpers import asgi_post
+
+    env = {"DRAIN_TEST_ADMIN": "admin-key"}
+    gateway_table = '[gateway]\nadmin_keys_env = "DRAIN_TEST_ADMIN"\n'
+    path = tmp_path / "r.toml"
+    path.write_text(TWO + gateway_table)
+    relay = Relay.from_file(path, env=env)
+    gateway = Gateway.from_relay_config(relay, env=env)
+    gateway.reloader = Reloader(gateway, path, env=env)
+    await gateway.drain(0)
+    path.write_text(TWO.replace("open_s = 600", "open_s = 900") + gateway_table)
+    status, _, body = await asgi_post(gateway, "/admin/reload", b"", headers=[(b"authorization", b"Bearer admin-key")])
+    assert status == 503 and json.loads(body)["reloaded"] is False, body
+    assert "draining" in json.loads(body)["problems"][0]
+    assert gateway.relay is relay
