@@ -88,21 +88,23 @@ class Turn(TurnCore):
             self._record(result.kind, now, reason=result.kind, detail=result.detail,
                          usage=None, failure=result)
             return self._follow(self._walk().on_result(result, now), now)
-        usage = result.usage or Usage()
+        # an answer the provider gave without counting it (a refusal, an empty one too) is billed
+        # at relayline's estimate, as any answer is: a usage not reported is not a usage of zero
         if result.refusal and self._refusal_way(answered=True, shown=False) == "advance":
             failure = self._record_refusal(
                 fc.Failure(fc.REFUSED, "refusal: finish reason content_filter"), now,
-                answer=result, usage=usage)
+                answer=result, usage=result.usage)
             return self._follow(self._walk().on_result(failure, now), now)
         if not result.has_answer:
-            self._record(fc.EMPTY, now, reason=fc.EMPTY, detail="empty completion", usage=usage)
+            self._record(fc.EMPTY, now, reason=fc.EMPTY, detail="empty completion",
+                         usage=result.usage, shown=True, answer=result)
             empty = fc.Failure(fc.EMPTY, "empty completion")
             return self._follow(self._walk().on_result(empty, now), now)
         # a token count is no completion: the provider bills nothing for it, nor does the ledger;
         # an answer the provider billed but did not count is billed at relayline's estimate
         counted = result.input_count is not None
-        self._record(fc.OK, now, usage=usage if counted else result.usage, accepted=True,
-                     bill=not counted, shown=not counted, answer=result)
+        self._record(fc.OK, now, usage=result.usage or Usage() if counted else result.usage,
+                     accepted=True, bill=not counted, shown=not counted, answer=result)
         self.answer = result
         walk = self.walk
         assert walk is not None, "no walk is running"
@@ -164,7 +166,8 @@ class Turn(TurnCore):
             # nothing was shown, so the turn advances as it would after a pre-commit failure
             failure = self._record_refusal(
                 fc.Failure(fc.REFUSED, "refusal before output: finish reason content_filter"),
-                now, answer=Completion(usage=usage, finish_reason=CONTENT_FILTER), usage=usage)
+                now, answer=Completion(usage=usage, finish_reason=CONTENT_FILTER),
+                usage=gate.usage)
             return self._failed(entry, failure, now)
         # everything forwarded is the answer: one stream's text, or a continuation's two
         answer = Completion("".join(self.forwarded), "", tuple(gate.tools), usage,
@@ -180,8 +183,8 @@ class Turn(TurnCore):
             if self.life.state == _STREAMING:
                 self.life.fire(_COMMIT)  # a refusal with nothing to show is still the answer
         else:
-            self._record(StreamOutcome.SEMANTIC_EMPTY, now, reason=fc.EMPTY, usage=usage,
-                         detail="stream completed without an answer")
+            self._record(StreamOutcome.SEMANTIC_EMPTY, now, reason=fc.EMPTY, usage=gate.usage,
+                         shown=True, detail="stream completed without an answer")
             self.answer = None
         # the profile answered; emptiness is not ill health
         self.health.success(entry.profile, now)

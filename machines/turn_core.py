@@ -321,8 +321,9 @@ class TurnCore:
                         usage: Usage | None = None) -> fc.Failure:
         """Record a refusal the walk advances past; the profile is not asked again this turn."""
         rows = len(self.ledger)
+        # the refusal is the provider's answer: without its usage, billed at the estimate (`shown`)
         self._record(fc.REFUSED, now, reason=fc.REFUSED, detail=failure.detail, usage=usage,
-                     failure=failure)
+                     failure=failure, shown=answer is not None, answer=answer)
         call = self._call()
         billed = rows if len(self.ledger) > rows else None
         self.refusal = refusals.Refusal(call.entry, answer, len(self.attempts) - 1, billed,

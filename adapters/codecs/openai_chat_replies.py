@@ -130,7 +130,9 @@ def _walk_completion(body: dict[str, Any]) -> Completion:
         _raise_error(body["error"])
     choices = shape.want_list(body.get("choices"), "choices")
     if not choices:
-        return Completion(usage=openai_reply_usage(body.get("usage")) or Usage())
+        # no answer (an empty completion to the walk); usage none reported stays None, so the
+        # ledger estimates it: a missing usage is not a usage of zero
+        return Completion(usage=openai_reply_usage(body.get("usage")))
     choice = shape.want_dict(choices[0], "choices[0]")
     message = shape.want_dict(choice.get("message"), "choices[0].message")
     calls = shape.optional(message, "tool_calls", shape.want_list, "choices[0].message") or []

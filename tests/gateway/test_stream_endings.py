@@ -290,6 +290,55 @@ def test_a_completed_answer_without_provider_usage_is_an_estimated_row(tmp_path)
     assert all(r["cost_usd"] > 0 for r in rows)
 
 
+def test_an_answer_with_empty_choices_is_an_empty_completion_billed_at_an_estimate_not_zero(tmp_path):
+    # `choices: []` and no usage: the row said 0 tokens (the provider reported none, it did not
+    # report zero), while the same with usage was billed as reported
+    empty = {"id": "c1", "object": "chat.completion", "created": 1, "model": "m-p0", "choices": []}
+    usage = {"prompt_tokens": 7, "completion_tokens": 0, "total_tokens": 7}
+    bodies = iter([empty, {**empty, "usage": usage}])
+
+    def upstream(seen) -> Reply:
+        if seen.body.get("stream"):  # a stream that finishes without a word, nor usage
+            return Reply(headers=SSE, pieces=(delta("", role="assistant"), delta(None, "stop"), b"data: [DONE]\n\n"))
+        return Reply(headers=(("content-type", "application/json"),), pieces=(json.dumps(next(bodies)).encode(),))
+
+    with GatewayOn(tmp_path / "ledger.sqlite3", upstream) as gw:
+        oa, _ = gw.clients()
+        for _ in range(2):
+            with pytest.raises(openai.APIStatusError) as refused:
+                oa.chat.completions.create(model="m-p0", messages=HI)
+            assert refused.value.status_code == 502 and refused.value.body["code"] == "empty_completion", refused.value.body
+        with pytest.raises(openai.APIStatusError) as refused:
+            oa.chat.completions.create(model="m-p0", messages=HI, stream=True)
+        assert refused.value.status_code == 502, refused.value.body
+    rows = LedgerStore(tmp_path / "ledger.sqlite3").rows()
+    assert [(r["mode"], r["accepted"], r["estimated"], r["input_tokens"], r["output_tokens"]) for r in rows] == [
+        ("complete", 0, 1, 1, 0), ("complete", 0, 0, 7, 0), ("stream", 0, 1, 1, 0)], rows
+
+
+def test_a_refusal_advanced_past_without_usage_is_billed_at_an_estimate_not_zero(tmp_path):
+    refusal = {"id": "c1", "object": "chat.completion", "created": 1, "model": "m-p0",
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "refusal": "I can't"},
+                            "finish_reason": "stop"}]}
+    answer = {**refusal, "choices": [{"index": 0, "message": {"role": "assistant", "content": "from p1"},
+                                      "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}}
+
+    def p0(seen) -> Reply:
+        return Reply(headers=(("content-type", "application/json"),), pieces=(json.dumps(refusal).encode(),))
+
+    def p1(seen) -> Reply:
+        return Reply(headers=(("content-type", "application/json"),), pieces=(json.dumps(answer).encode(),))
+
+    with GatewayOn(tmp_path / "ledger.sqlite3", p0, p1, reliability={"on_refusal": "advance"}) as gw:
+        oa, _ = gw.clients()
+        assert oa.chat.completions.create(model="m-p0", messages=HI).choices[0].message.content == "from p1"
+    rows = LedgerStore(tmp_path / "ledger.sqlite3").rows()
+    # "hi" is one token in; "I can't" (7 characters) two out
+    assert [(r["provider"], r["accepted"], r["estimated"], r["input_tokens"], r["output_tokens"]) for r in rows] == [
+        ("p0", 0, 1, 1, 2), ("p1", 1, 0, 7, 2)], rows
+
+
 def test_a_requests_text_is_counted_only_for_an_answer_without_usage(tmp_path, monkeypatch):
     # the estimate reads every part and tool of the history: an answer with usage never needs it
     counted = []
