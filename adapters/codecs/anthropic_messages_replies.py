@@ -98,12 +98,19 @@ def parse_completion(body: dict[str, Any]) -> Completion:
                       tuple(content) if kept else ())
 
 
+def _index(obj: dict[str, Any]) -> int | None:
+    """A content block event's `index`: an integer (or none sent), never another JSON value
+    taken for one (a list or an object cannot key the blocks: a malformed stream, not a crash)."""
+    index: int | None = shape.optional(obj, "index", shape.want_int)
+    return index
+
+
 class AnthropicStreamParser:
     def __init__(self) -> None:
         self.done = False
         self.stopped = False
         self.usage = Usage()
-        self.blocks: dict[object, str] = {}  # (each block's type by its index, as sent)
+        self.blocks: dict[int | None, str] = {}  # (each block's type by its index, as sent)
 
     def complete_at_eof(self) -> bool:
         return False  # message_stop is required, even after a stop_reason
@@ -135,7 +142,7 @@ class AnthropicStreamParser:
             if dtype == "thinking_delta":
                 return [Frame(REASONING,
                               shape.want_str(delta.get("thinking", ""), "delta.thinking"))]
-            if dtype == "input_json_delta" and not _executed(self.blocks.get(obj.get("index"), "")):
+            if dtype == "input_json_delta" and not _executed(self.blocks.get(_index(obj), "")):
                 return [Frame(TOOL_ARGS,
                               shape.want_str(delta.get("partial_json", ""), "delta.partial_json"))]
             if dtype == "signature_delta":
@@ -145,7 +152,7 @@ class AnthropicStreamParser:
         if kind == "content_block_start":
             block = shape.want_dict(obj.get("content_block"), "content_block")
             btype = shape.want_str(block.get("type", ""), "content_block.type")
-            self.blocks[obj.get("index")] = btype
+            self.blocks[_index(obj)] = btype
             if btype == "text":
                 return [Frame(TEXT, shape.want_str(block.get("text", ""), "content_block.text"))]
             if btype == "thinking":

@@ -173,8 +173,10 @@ class ResponsesStreamParser:
                           ref=ENCRYPTED + shape.want_str(item["encrypted_content"],
                                                          "item.encrypted_content"))]
         if not added and item.get("type") == "message":
-            cited = [a for part in item.get("content") or () if isinstance(part, dict)
-                     for a in part.get("annotations") or ()]
+            parts = shape.optional(item, "content", shape.want_list, "item") or ()
+            cited = [a for i, part in enumerate(parts) if isinstance(part, dict)
+                     for a in shape.optional(part, "annotations", shape.want_list,
+                                             f"item.content[{i}]") or ()]
             return [Frame(TEXT, "",
                           ref=CITATIONS + jsoncodec.dumps(cited).decode())] if cited else []
         if not added and item.get("type") not in READ_ITEMS:

@@ -169,6 +169,12 @@ async def test_malformed_frames_are_protocol_errors_not_crashes():
            b'"function":{"name":"f","arguments":""}}]}}]}\n\n')
     got, _ = await run_stream("openai", serve([bad]))
     assert got["attempts"][0] == ("stream_failed", "malformed")  # (it was an internal error: a TypeError)
+    # an Anthropic content block's index that is no integer (it keys the block's type)
+    for index in (b"[0]", b'{"i":0}'):
+        bad = (b'event: content_block_start\ndata: {"type":"content_block_start","index":' + index +
+               b',"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}\n\n')
+        got, _ = await run_stream("anthropic", serve([bad]))
+        assert got["attempts"][0] == ("stream_failed", "malformed"), got  # (an internal error too)
 
 
 # -- complete mode and HTTP errors -----------------------------------------------------------------
