@@ -682,3 +682,20 @@ async def test_a_transfer_coding_before_chunked_is_refused_never_handed_on_still
     for answer in answers:
         assert answer.startswith(b"HTTP/1.1 501") and b"only Transfer-Encoding: chunked" in answer, answer
     assert app.seen == []
+
+
+async def test_a_target_with_a_fragment_is_refused_400_naming_it_never_logged_nor_forwarded(caplog):
+    # a fragment is never sent (RFC 9110 4.2.4: a client removes it); one that arrives is no
+    # part of any path or query: it reached the access line and, in a query, the upstream
+    caplog.set_level(logging.INFO)
+    async with trio.open_nursery() as nursery:
+        port = await gateway_port(nursery)
+        answers = [await exchange(port, b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                                  b"content-length: %d\r\nconnection: close\r\n\r\n" % (target, len(CHAT)) + CHAT)
+                   for target in (b"/v1/chat/completions#access_token=sk-secret-4242",
+                                  b"/v1/chat/completions?x=1#access_token=sk-secret-4242")]
+        nursery.cancel_scope.cancel()
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 400") and b"fragment" in answer, answer
+        assert b"sk-secret-4242" not in answer
+    assert "sk-secret-4242" not in caplog.text and "#access" not in caplog.text, caplog.text

@@ -292,6 +292,12 @@ class Connection:
             )
             raise _Close
         target = request.target
+        if b"#" in target:
+            # a fragment is the client's own and never sent (RFC 9110 4.2.4); one that comes is
+            # no part of a path or query: refused, and not echoed (fragments carry tokens)
+            await self._reject(400, "malformed HTTP request: the target has a fragment (#...), "
+                               "which a client never sends; remove it")
+            raise _Close
         if target[:1] != b"/" and b"://" in target[:8]:
             # absolute-form (RFC 9112 3.2.2: a server must accept it): the path is what follows
             # the authority
