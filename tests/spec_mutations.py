@@ -14,12 +14,17 @@ import copy
 import gc
 import inspect
 import signal
+import sys
 import tomllib
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import attrs
+import trio
+from trio._core._run import GLOBAL_RUN_CONTEXT
 
 from relayline.adapters.sim.simulate import check_scenario, load_scenario
 from relayline.machines import engine
@@ -87,8 +92,27 @@ class Hung(BaseException):
     after which the walk goes on) cannot swallow it and loop on."""
 
 
-def _hang(signum: int, frame: object) -> None:
-    raise Hung
+class _Alarm:
+    fired = 0  # times the alarm went off in this observer: a KeyboardInterrupt then is its own
+
+
+# the alarm fires again every 0.2 s: a mutant whose main task reaches no checkpoint in this many
+# goes is stopped where it runs, once that is its own code (never inside trio's)
+DEFERRALS = 5
+
+
+def _hang(signum: int, frame: Any) -> None:
+    """Stop the mutant. Inside a trio run, as trio stops one on Ctrl-C when KeyboardInterrupt is
+    restricted to checkpoints: its main task raises at its next checkpoint, and the run unwinds
+    as runs do. Raised wherever the alarm landed (trio's run loop, a nursery's exit, between a
+    coroutine made and awaited), the run was left half torn down, and what it left (the run's
+    init task, a coroutine never awaited, an async generator of a finished run) complained when
+    the collector reached it between mutants."""
+    _Alarm.fired += 1
+    if trio.lowlevel.in_trio_run() and (_Alarm.fired <= DEFERRALS or trio.lowlevel.currently_ki_protected()):
+        GLOBAL_RUN_CONTEXT.runner.deliver_ki()  # (trio's own Ctrl-C delivery: no public door to it)
+        return
+    raise Hung  # outside trio, or in the mutant's code spinning without a checkpoint
 
 
 def close_aborted_runs() -> None:
@@ -102,6 +126,22 @@ def close_aborted_runs() -> None:
         if inspect.iscoroutine(obj) and obj.cr_frame is not None and obj.__qualname__ == "run_scenario.<locals>.main":
             with contextlib.suppress(BaseException):
                 obj.close()
+
+
+def _alarmed(exc: BaseException) -> bool:
+    """Whether `exc` (or one in its group) is the alarm's: a Hung, or trio's KeyboardInterrupt
+    after the alarm went off."""
+    kinds = (Hung, KeyboardInterrupt) if _Alarm.fired else (Hung,)
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(kinds) is not None
+    return isinstance(exc, kinds)
+
+
+def _drop_our_own(hook: Callable[[Any], object], unraisable: Any) -> None:
+    """A Hung raised where Python can only report it (a weakref callback, a finalizer) is the
+    alarm's own, raised again 0.2 s on: dropped. Anything else goes to `hook` as it came."""
+    if not isinstance(unraisable.exc_value, Hung):
+        hook(unraisable)
 
 
 def _disarm() -> None:
@@ -164,6 +204,9 @@ def caught_by(mutation: Mutation, watch: list[Observer], limit_s: float = 3.0,
     real = engine.load_spec(mutation.spec)
     engine._CACHE[mutation.spec] = spec
     previous = {sig: signal.signal(sig, _hang) for sig in (signal.SIGALRM, signal.SIGVTALRM)}
+    _Alarm.fired = 0
+    unraisable = sys.unraisablehook
+    sys.unraisablehook = partial(_drop_our_own, unraisable)
     hung = False
     try:
         for i, (name, observe) in enumerate(watch):
@@ -181,12 +224,13 @@ def caught_by(mutation: Mutation, watch: list[Observer], limit_s: float = 3.0,
         return None
     except BaseException as exc:  # trio delivers the alarm inside an exception group
         _disarm()
-        if isinstance(exc, Hung) or (isinstance(exc, BaseExceptionGroup) and exc.subgroup(Hung) is not None):
+        if _alarmed(exc):
             hung = True
             return "a scenario that never ends"
         raise
     finally:
         _disarm()
+        sys.unraisablehook = unraisable
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if hung:
