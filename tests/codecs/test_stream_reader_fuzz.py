@@ -20,7 +20,7 @@ from relayline.adapters.codecs.openai_chat_replies import OpenAIStreamParser
 from relayline.adapters.codecs.responses_replies import ResponsesStreamParser
 from relayline.adapters.sse import SSEDecoder, SSEEvent
 
-TRANSCRIPTS = Path(__file__).parent / "transcripts"
+TRANSCRIPTS = Path(__file__).resolve().parents[1] / "transcripts"
 READERS = {"openai": OpenAIStreamParser, "anthropic": AnthropicStreamParser, "responses": ResponsesStreamParser}
 STREAMS = sorted(p.name for p in TRANSCRIPTS.glob("*.sse"))
 # a value of every JSON type, and the edges of each: whatever a field should hold, most are wrong
