@@ -40,6 +40,10 @@ def _input(raw: Any) -> str | tuple[str, ...] | tuple[tuple[int, ...], ...]:
                  for n, i in enumerate(items))
 
 
+# what relayline reads of a body, and writes again to the profile
+READ = ("input", "model", "dimensions", "encoding_format", "user")
+
+
 def parse_request(body: object, headers: Iterable[tuple[str, str]] = (), query: str = ""
                   ) -> w.Request:
     """An embeddings body as the canonical request; a body of the wrong shape raises WireError
@@ -50,9 +54,11 @@ def parse_request(body: object, headers: Iterable[tuple[str, str]] = (), query: 
         raise w.WireError("encoding_format", "must be float or base64")
     dimensions = shape.optional(body, "dimensions", shape.want_int, "", 1, 65536)
     embedding = w.Embedding(_input(body.get("input")), dimensions, encoding)
+    # kept whole: the fields relayline does not read (an OpenAI-compatible server's own, such as
+    # `input_type`) go to the openai profile as sent, as a chat body's do
     return w.Request(messages=(), model=shape.check_model(body.get("model")),
                      user=shape.optional(body, "user", shape.want_str), embedding=embedding,
-                     source=SOURCE)
+                     source=SOURCE, passthrough=w.Passthrough(body))
 
 
 def render_request(request: w.Request, model: str) -> dict[str, Any]:
@@ -61,7 +67,9 @@ def render_request(request: w.Request, model: str) -> dict[str, Any]:
     assert embedding is not None  # (only an embeddings turn is rendered here)
     raw = embedding.input
     given = raw if isinstance(raw, str) else [list(i) if isinstance(i, tuple) else i for i in raw]
-    body: dict[str, Any] = {"input": given, "model": model}
+    sent = request.passthrough.body if request.passthrough is not None else {}
+    body: dict[str, Any] = {k: v for k, v in sent.items() if k not in READ}
+    body.update(input=given, model=model)
     if isinstance(raw, tuple) and len(raw) == 1 and isinstance(raw[0], tuple):
         body["input"] = list(raw[0])  # one token array, as the client sent it
     if embedding.dimensions is not None:

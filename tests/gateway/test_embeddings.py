@@ -141,3 +141,15 @@ def test_the_library_embeds_with_the_same_walk():
     assert embeddings.vectors == (vector("a", 2), vector("abc", 2))
     assert embeddings.served == f"openai.second/{MODEL}" and embeddings.fallback and embeddings.input_tokens == 4
     assert "/other/v1/embeddings" not in [s.path for s in up.seen]
+
+
+def test_a_field_relayline_does_not_read_goes_to_the_openai_profile_as_sent():
+    # an OpenAI-compatible embeddings server's own fields (NVIDIA NIM's `input_type`, vLLM's
+    # `truncate_prompt_tokens`) were dropped: the same request to the same family keeps them,
+    # as a chat request's do
+    with EmbeddingsUpstream() as up, BackgroundGateway({"active": "openai.a",
+                                                        "providers": {"openai.a": profile(up, "a")}}) as gw:
+        sdk(gw).embeddings.create(model=MODEL, input="hi", encoding_format="float",
+                                  extra_body={"input_type": "query", "truncate_prompt_tokens": 8})
+    assert up.seen[-1].body == {"input": "hi", "model": MODEL, "encoding_format": "float", "input_type": "query",
+                                "truncate_prompt_tokens": 8}
