@@ -8,7 +8,8 @@ an entry that cannot serve it is skipped as `unsupported`. Built-in tools (web s
 search, code interpreter...) run on OpenAI's side: an entry that cannot run them does not offer
 them to the model, and the gateway names them in `x-relayline-dropped`; a `tool_choice` that
 forces one makes the entry `unsupported` instead. Hints that carry no content
-(`prompt_cache_key`, `client_metadata`, `include`, unknown top-level fields) are left out.
+(`prompt_cache_key`, `client_metadata`, `include`) are left out; other top-level fields
+relayline does not know are left out too, named as built-in tools are.
 """
 
 from __future__ import annotations
@@ -261,7 +262,17 @@ def _reasoning(body: dict[str, Any]) -> w.Reasoning | None:
     return None if effort in (None, "none") else w.Reasoning(effort=effort)
 
 
+# every top-level field relayline reads, or leaves out knowingly (a hint with no content); any
+# other is named as withdrawn, so a translating entry's answer says it was left out
+KNOWN = ("model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
+         "stream", "max_output_tokens", "temperature", "top_p", "text", "reasoning", "user",
+         "safety_identifier", "metadata", "truncation", *STORED, *UNTRANSLATED,
+         "prompt_cache_key", "prompt_cache_retention", "client_metadata", "include",
+         "service_tier", "stream_options")
+
+
 def _own_fields(body: dict[str, Any], reader: _Reader) -> None:
+    reader.withdrawn.extend(name for name in body if name not in KNOWN)
     for name in (*STORED, *UNTRANSLATED):
         if name in shape.extras({name: body.get(name)}, ()):
             reader.own(name, body[name])

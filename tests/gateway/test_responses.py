@@ -383,3 +383,20 @@ def test_a_stream_whose_head_the_gate_sent_before_any_answer_is_answered_whole()
     assert response.output_text == "late but whole" and response.status == "completed"
     assert response.model == "gpt-slow"
     assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+@FAMILIES
+@STREAM
+def test_a_top_level_field_relayline_does_not_know_is_named_when_left_out(gw, upstream, family, stream):
+    # a translating entry cannot send it, and it was left out without a word; the native entry
+    # sends the body as sent, so nothing is left out there
+    kwargs = {"model": family, "input": "hi", "extra_body": {"frobnicate": {"level": 3}}}
+    if stream:
+        with oai(gw).responses.with_streaming_response.create(stream=True, **kwargs) as raw:
+            headers = raw.headers
+            raw.read()
+    else:
+        headers = oai(gw).responses.with_raw_response.create(**kwargs).headers
+    assert headers.get("x-relayline-dropped") == "frobnicate" and "frobnicate" not in _sent(upstream)
+    native = oai(gw).responses.with_raw_response.create(**{**kwargs, "model": "native"})
+    assert "x-relayline-dropped" not in native.headers and _sent(upstream)["frobnicate"] == {"level": 3}
