@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from relayline.machines import wire
+from relayline.machines import dropping, wire
 from relayline.machines.config import Config
 from relayline.machines.errors import StreamInterruptedAfterOutput, TurnError
 from relayline.machines.health import HealthStore
@@ -109,7 +109,8 @@ class Turns:
         drop = config.gateway.drop_unsupported_params
         unfit = {}
         for entry in plan.entries:
-            fields = wire.refused(request, entry.provider.family, entry.provider.capabilities, drop)
+            provider = entry.provider
+            fields = dropping.refused(request, provider.family, provider.capabilities, drop)
             if fields:
                 unfit[entry.profile] = fields
         if unfit:

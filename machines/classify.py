@@ -43,18 +43,22 @@ _CONTEXT = re.compile(
 )
 # Quota and billing: a 429 that waiting will not fix
 _QUOTA = re.compile(
-    r"insufficient_quota|exceeded your current quota|quota exceeded|insufficient (?:balance|credits?|funds)|"
-    r"credit balance is too low|billing|payment required|plan does not include|not (?:available|included) "
-    r"(?:on|in) your (?:current )?plan|upgrade your plan",
+    r"insufficient_quota|exceeded your current quota|quota exceeded|"
+    r"insufficient (?:balance|credits?|funds)|credit balance is too low|billing|payment required|"
+    r"plan does not include|not (?:available|included) (?:on|in) your (?:current )?plan|"
+    r"upgrade your plan",
     re.IGNORECASE,
 )
 # Content policy: OpenAI's content_policy_violation, Azure's content_filter, and their phrasings
-_CONTENT_POLICY = re.compile(r"content_policy_violation|content_filter|content[ _-]policy|content management policy",
-                             re.IGNORECASE)
+_CONTENT_POLICY = re.compile(
+    r"content_policy_violation|content_filter|content[ _-]policy|content management policy",
+    re.IGNORECASE,
+)
 # 4xx statuses that waiting fixes (beside 5xx): timeouts, conflicts, too early, and Groq's 498
 # (its flex tier out of capacity, which its documentation says to retry with backoff)
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 498})
-_OVERLOADED = re.compile(r"overloaded|server_error|internal|unavailable|timeout|api_error", re.IGNORECASE)
+_OVERLOADED = re.compile(r"overloaded|server_error|internal|unavailable|timeout|api_error",
+                         re.IGNORECASE)
 
 
 @attrs.frozen
@@ -69,7 +73,8 @@ class Failure:
     error_message: str | None = attrs.field(default=None, repr=False)
 
 
-def parse_retry_after(headers: Mapping[str, str] | None, now_epoch: float | None = None) -> float | None:
+def parse_retry_after(headers: Mapping[str, str] | None,
+                      now_epoch: float | None = None) -> float | None:
     """Seconds to wait, from retry-after-ms, or Retry-After as seconds or an HTTP date."""
     if not headers:
         return None
@@ -135,9 +140,11 @@ def classify_stream_error(error: str | None) -> Failure:
         return Failure(RATE_LIMITED, "stream error: rate limited")
     if _CONTENT_POLICY.search(text):
         return Failure(REFUSED, "stream error: content policy")
-    if text.lower() in ("invalid_request_error", "authentication_error", "permission_error", "not_found_error"):
+    if text.lower() in ("invalid_request_error", "authentication_error", "permission_error",
+                        "not_found_error"):
         return Failure(REJECTED, f"stream error: {text.lower()}")
-    return Failure(RETRYABLE, "stream error: overloaded" if _OVERLOADED.search(text) else "stream error")
+    detail = "stream error: overloaded" if _OVERLOADED.search(text) else "stream error"
+    return Failure(RETRYABLE, detail)
 
 
 def malformed(detail: str) -> Failure:

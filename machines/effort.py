@@ -7,8 +7,8 @@ the same text always routes the same way and an operator can predict it with `re
 Features and points (the score is their sum):
 - words: > 40: +1, > 120: +2, > 400: +3 (long asks tend to be multi-part)
 - code: one or more fenced code blocks: +2
-- reasoning terms (analyze, prove, design, refactor, debug, optimize, trade-off, ...): +1 each, at most +4
-  (four such asks make a turn complex on their own)
+- reasoning terms (analyze, prove, design, refactor, debug, optimize, trade-off, ...): +1 each,
+  at most +4 (four such asks make a turn complex on their own)
 - lines: more than 20: +1
 - questions: three or more question marks: +1
 - constraints (must, should, without, ensure, at least, at most): three or more: +1
@@ -48,7 +48,8 @@ class EffortDecision:
     features: dict[str, int]  # counts only: safe to log
 
     def as_json(self) -> dict[str, object]:
-        return {"level": self.level, "hint": self.hint, "score": self.score, "features": dict(self.features)}
+        return {"level": self.level, "hint": self.hint, "score": self.score,
+                "features": dict(self.features)}
 
 
 def estimate(text: str) -> tuple[Level, int, dict[str, int]]:
@@ -60,7 +61,8 @@ def estimate(text: str) -> tuple[Level, int, dict[str, int]]:
         "code_blocks": text.count("```") // 2,
         "reasoning_terms": sum(1 for w in words if w in REASONING_TERMS),
         "questions": text.count("?"),
-        "constraints": sum(len(re.findall(rf"\b{re.escape(t)}\b", lowered)) for t in CONSTRAINT_TERMS),
+        "constraints": sum(len(re.findall(rf"\b{re.escape(t)}\b", lowered))
+                           for t in CONSTRAINT_TERMS),
     }
     n = features["words"]
     score = 3 if n > 400 else 2 if n > 120 else 1 if n > 40 else 0
@@ -69,7 +71,8 @@ def estimate(text: str) -> tuple[Level, int, dict[str, int]]:
     score += 1 if features["lines"] > 20 else 0
     score += 1 if features["questions"] >= 3 else 0
     score += 1 if features["constraints"] >= 3 else 0
-    level: Level = "simple" if score <= SIMPLE_MAX else "standard" if score <= STANDARD_MAX else "complex"
+    level: Level = ("simple" if score <= SIMPLE_MAX else "standard" if score <= STANDARD_MAX
+                    else "complex")
     return level, score, features
 
 

@@ -34,7 +34,8 @@ class IllegalTransition(RelaylineError):
 
 
 class ConfigError(RelaylineError):
-    """The configuration cannot be used. `problems` lists every problem, each naming its key path."""
+    """The configuration cannot be used. `problems` lists every problem, each naming its key
+    path."""
 
     reason = "config"
 
@@ -66,5 +67,7 @@ class StreamInterruptedAfterOutput(TurnError):
 
     partial_text: str
 
-    def __init__(self, message: str, *, attempts: tuple[object, ...] = (), partial_text: str = "") -> None:
-        super().__init__(message, reason="interrupted", attempts=attempts, partial_text=partial_text)
+    def __init__(self, message: str, *, attempts: tuple[object, ...] = (),
+                 partial_text: str = "") -> None:
+        super().__init__(message, reason="interrupted", attempts=attempts,
+                         partial_text=partial_text)

@@ -17,14 +17,17 @@ class Family:
     name: str
     adapter: str  # "module:function": function(pools) -> ProviderClient
     wire: str | None = None  # the HTTP protocol shape it speaks; None: served in process
-    public_api: bool = False  # without a base_url it calls the vendor's API, which needs a credential
+    # without a base_url it calls the vendor's API, which needs a credential
+    public_api: bool = False
 
 
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
-        Family("openai", "relayline.adapters.providers:openai_client", wire="openai", public_api=True),
-        Family("anthropic", "relayline.adapters.providers:anthropic_client", wire="anthropic", public_api=True),
+        Family("openai", "relayline.adapters.providers:openai_client", wire="openai",
+               public_api=True),
+        Family("anthropic", "relayline.adapters.providers:anthropic_client", wire="anthropic",
+               public_api=True),
         Family("sim", "relayline.adapters.providers.sim:family_client"),
     )
 }

@@ -26,9 +26,11 @@ DEFAULT_PROBE_LEASE_S = 600.0
 # a state name as its BreakerState: a lookup, where BreakerState(name) goes through Enum's
 # __call__, and a breaker's state is read several times a turn (docs/performance.md)
 _STATES = {state.value: state for state in BreakerState}
-_SUCCESS, _FAILURE = BreakerTrigger.SUCCESS, BreakerTrigger.FAILURE  # (fired by every answered turn)
+# (fired by every answered turn)
+_SUCCESS, _FAILURE = BreakerTrigger.SUCCESS, BreakerTrigger.FAILURE
 # the triggers time fires (`refresh`), and those that take a probe (`claim`)
-_TIMED: dict[str, str] = {BreakerTrigger.COOL_OFF: "open_until", BreakerTrigger.LEASE_EXPIRED: "lease_until"}
+_TIMED: dict[str, str] = {BreakerTrigger.COOL_OFF: "open_until",
+                          BreakerTrigger.LEASE_EXPIRED: "lease_until"}
 _CLAIMS = (BreakerTrigger.PROBE, BreakerTrigger.FORCE_PROBE)
 _NEVER = -math.inf  # a profile never cooled down
 
@@ -42,7 +44,8 @@ class BreakerShape:
     # states that neither time nor a claim can leave, and that skip nothing: every healthy
     # profile's (closed) is answered without `refresh` (in `blocks`, `claim` and `success`)
     quiet: frozenset[str]
-    timed: dict[str, tuple[tuple[str, str], ...]]  # state -> (timed trigger, the deadline it waits for)
+    # state -> (timed trigger, the deadline it waits for)
+    timed: dict[str, tuple[tuple[str, str], ...]]
     entry: dict[str, tuple[Callable[[Breaker], None], ...]]
 
     @classmethod
@@ -51,10 +54,12 @@ class BreakerShape:
             return spec.derived[cls]  # type: ignore[no-any-return]
         except KeyError:
             pass
-        timed = {state: tuple((t, _TIMED[t]) for t in moves if t in _TIMED) for state, moves in spec.moves.items()}
+        timed = {state: tuple((t, _TIMED[t]) for t in moves if t in _TIMED)
+                 for state, moves in spec.moves.items()}
         skipping = spec.tagged("skipped")
         quiet = frozenset(state for state, moves in spec.moves.items()
-                          if state not in skipping and not timed[state] and not set(moves) & set(_CLAIMS))
+                          if state not in skipping and not timed[state]
+                          and not set(moves) & set(_CLAIMS))
         # a state that time leaves must set its deadline on entry
         entry = bind_entry_actions(spec, ENTRY_ACTIONS, required=[s for s, t in timed.items() if t])
         shape = spec.derived[cls] = cls(skipping, quiet, timed, entry)
@@ -67,7 +72,8 @@ class Breaker:
     window_s; `open_until` is when an open breaker turns half-open; `lease_until` is when a
     held probe is taken back from a turn that never gave its verdict (it crashed, or hung)."""
 
-    __slots__ = ("config", "life", "shape", "failures", "open_until", "lease_s", "lease_until", "transitions", "now")
+    __slots__ = ("config", "life", "shape", "failures", "open_until", "lease_s", "lease_until",
+                 "transitions", "now")
 
     def __init__(self, config: BreakerConfig, probe_lease_s: float = DEFAULT_PROBE_LEASE_S) -> None:
         self.config = config
@@ -234,7 +240,8 @@ class InMemoryHealth:
         self._keys.pop(profile, None)
         self._key_cooldowns.pop(profile, None)
 
-    def reconfigure(self, config: BreakerConfig, profiles: Iterable[str], pools_changed: Iterable[str] = ()) -> None:
+    def reconfigure(self, config: BreakerConfig, profiles: Iterable[str],
+                    pools_changed: Iterable[str] = ()) -> None:
         """A configuration reload: the profiles that remain keep their health (breaker state,
         failures, cooldown, key cursor) under the new breaker settings; the others are forgotten,
         and so is the key state of a remaining profile whose key pool changed (`pools_changed`)."""

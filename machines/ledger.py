@@ -21,7 +21,8 @@ def tokens(value: object) -> int:
     """A token count the ledger can bill: a backstop behind the adapters' validation, so that a
     negative count never becomes a negative cost and a huge one never overflows a row."""
     if type(value) is int and 0 <= value <= MAX_TOKENS:
-        return value  # nearly every count: one the adapters read and checked (half a Usage's making)
+        # nearly every count: one the adapters read and checked (half a Usage's making)
+        return value
     try:
         count: int = int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError, OverflowError):
@@ -40,16 +41,19 @@ class Usage:
     output_tokens: int = attrs.field(default=0, converter=tokens)
     cache_read_tokens: int = attrs.field(default=0, converter=tokens)
     cache_write_tokens: int = attrs.field(default=0, converter=tokens)
-    reasoning_tokens: int = attrs.field(default=0, converter=tokens)  # part of output_tokens, reported apart
+    # part of output_tokens, reported apart
+    reasoning_tokens: int = attrs.field(default=0, converter=tokens)
 
     @property
     def billable(self) -> bool:
-        return bool(self.input_tokens or self.output_tokens or self.cache_read_tokens or self.cache_write_tokens)
+        return bool(self.input_tokens or self.output_tokens or self.cache_read_tokens
+                    or self.cache_write_tokens)
 
     def cost(self, price: Price) -> float:
         # cache reads and writes are billed as input here: the price table has one input rate
         tokens_in = self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
-        return (tokens_in * price.input_per_mtok + self.output_tokens * price.output_per_mtok) / 1_000_000
+        spent = tokens_in * price.input_per_mtok + self.output_tokens * price.output_per_mtok
+        return spent / 1_000_000
 
 
 @attrs.frozen
@@ -78,8 +82,8 @@ class LedgerRow:
         }
 
 
-def row(provider: str, model: str, price: Price, usage: Usage, *, accepted: bool, outcome: str, mode: str,
-        estimated: bool = False) -> LedgerRow:
+def row(provider: str, model: str, price: Price, usage: Usage, *, accepted: bool, outcome: str,
+        mode: str, estimated: bool = False) -> LedgerRow:
     return LedgerRow(
         provider=provider,
         model=model,

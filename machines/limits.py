@@ -52,8 +52,9 @@ class ScopeLimits:
         """This worker's part of the limits when a fleet of `workers` cannot share a store."""
         if workers <= 1:
             return self
+        budget = None if self.budget_usd is None else self.budget_usd / workers
         return attrs.evolve(self, rpm=_part(self.rpm, workers), tpm=_part(self.tpm, workers),
-                            budget_usd=None if self.budget_usd is None else self.budget_usd / workers)
+                            budget_usd=budget)
 
 
 def _part(limit: int | None, workers: int) -> int | None:
@@ -84,7 +85,8 @@ def estimate_tokens(request: Request, output_default: int | None) -> int:
     message) plus the most output the turn may produce: `max_tokens`, else the profile's
     default, else DEFAULT_OUTPUT_TOKENS."""
     chars = sum(len(part.text or "") for message in request.messages for part in message.content)
-    chars += sum(len(tool.name) + len(tool.description) + len(str(tool.parameters)) for tool in request.tools)
+    chars += sum(len(tool.name) + len(tool.description) + len(str(tool.parameters))
+                 for tool in request.tools)
     output = request.max_tokens or output_default or DEFAULT_OUTPUT_TOKENS
     return math.ceil(chars / CHARS_PER_TOKEN) + len(request.messages) + output
 
@@ -120,7 +122,8 @@ def period_end(wall: float, period: str) -> float:
     return end.timestamp()
 
 
-def window_wait(entries: Iterable[tuple[float, int]], now: float, limit: int, need: int) -> float | None:
+def window_wait(entries: Iterable[tuple[float, int]], now: float, limit: int,
+                need: int) -> float | None:
     """How long until `need` more fits under `limit` in the window ending at `now`, given the
     window's entries (admitted at, weight) oldest first: 0 when it fits now, None when it never
     can (`need` alone is over the limit)."""
@@ -159,7 +162,8 @@ class Standing:
 
     @property
     def budget_left(self) -> float | None:
-        return None if self.limits.budget_usd is None else max(0.0, self.limits.budget_usd - self.spend_usd)
+        budget = self.limits.budget_usd
+        return None if budget is None else max(0.0, budget - self.spend_usd)
 
 
 @attrs.frozen
@@ -183,22 +187,25 @@ def judge(limits: ScopeLimits, entries: Sequence[tuple[float, int]], spend: floa
     (time, tokens) per request, oldest first, and its spend in the current period."""
     if limits.budget_usd is not None and spend >= limits.budget_usd:
         return Refusal("budget", limits, period_end(now, limits.budget_period) - now,
-                       f"the {limits.scope} {limits.name!r} has spent its budget of ${limits.budget_usd:g} "
-                       f"for this {limits.budget_period} (UTC)")
+                       f"the {limits.scope} {limits.name!r} has spent its budget of "
+                       f"${limits.budget_usd:g} for this {limits.budget_period} (UTC)")
     if limits.rpm is not None:
         wait = window_wait(((at, 1) for at, _ in entries), now, limits.rpm, 1)
         if wait:
-            return Refusal("rpm", limits, wait, f"the {limits.scope} {limits.name!r} is over its limit of "
-                                                f"{limits.rpm} requests per minute")
+            return Refusal("rpm", limits, wait,
+                           f"the {limits.scope} {limits.name!r} is over its limit of "
+                           f"{limits.rpm} requests per minute")
     if limits.tpm is not None:
         wait = window_wait(entries, now, limits.tpm, estimate)
         if wait is None:
-            return Refusal("tpm", limits, None, f"the request (about {estimate} tokens with its max output) "
-                                                f"is larger than the {limits.scope} {limits.name!r}'s limit of "
-                                                f"{limits.tpm} tokens per minute")
+            return Refusal("tpm", limits, None,
+                           f"the request (about {estimate} tokens with its max output) is larger "
+                           f"than the {limits.scope} {limits.name!r}'s limit of "
+                           f"{limits.tpm} tokens per minute")
         if wait:
-            return Refusal("tpm", limits, wait, f"the {limits.scope} {limits.name!r} is over its limit of "
-                                                f"{limits.tpm} tokens per minute")
+            return Refusal("tpm", limits, wait,
+                           f"the {limits.scope} {limits.name!r} is over its limit of "
+                           f"{limits.tpm} tokens per minute")
     return None
 
 
@@ -220,7 +227,8 @@ class Budget:
 
     @property
     def warning_reached(self) -> bool:
-        return self.limits.budget_usd is not None and self.spend_usd >= WARN_AT * self.limits.budget_usd
+        budget = self.limits.budget_usd
+        return budget is not None and self.spend_usd >= WARN_AT * budget
 
     @property
     def budget_reached(self) -> bool:

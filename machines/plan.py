@@ -1,9 +1,10 @@
 """From config and request to the exact, ordered chain of entries a turn may attempt.
 
 A reliability domain is one root profile flattened depth first (docs/concepts.md, "Reliability
-domains and the attempt order"): the pinned primary, its fallback_models, then each fallback profile with its own
-model, its own fallback_models and its own fallbacks. Bad edges are pruned with a warning, never
-fatal; a reachable profile that cannot supply its credential, or whose family is unknown, is fatal.
+domains and the attempt order"): the pinned primary, its fallback_models, then each fallback
+profile with its own model, its own fallback_models and its own fallbacks. Bad edges are pruned
+with a warning, never fatal; a reachable profile that cannot supply its credential, or whose
+family is unknown, is fatal.
 
 The router holds one domain for the active profile, one per unique route target, and one per
 catalog model (docs/concepts.md "The catalog": its channels, cheapest first, cut at max_hops; a
@@ -120,7 +121,8 @@ class Plan:
     effort: effort.EffortDecision | None
     warnings: tuple[str, ...]
     hint: str | None = None
-    # profiles that cannot honour this turn's request, with the fields they cannot (wire.unsupported)
+    # profiles that cannot honour this turn's request, with the fields they cannot
+    # (wire.unsupported)
     unfit: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     catalog: CatalogModel | None = None
     # what the turn asked for, "domain/model", made once: a kept plan serves many turns, and each
@@ -154,7 +156,8 @@ class Plan:
 # fallback references and materialisation
 
 
-def materialise(config: Config, root: str, primary: str | None) -> tuple[tuple[Entry, ...], list[ConfigWarning]]:
+def materialise(config: Config, root: str,
+                primary: str | None) -> tuple[tuple[Entry, ...], list[ConfigWarning]]:
     entries: list[Entry] = []
     warnings: list[ConfigWarning] = []
     visited: set[str] = set()
@@ -170,7 +173,8 @@ def materialise(config: Config, root: str, primary: str | None) -> tuple[tuple[E
             for i, fm in enumerate(profile.fallback_models):
                 at = f"{where}.fallback_models[{i}]"
                 if not fm.strip():
-                    warnings.append(ConfigWarning("empty_fallback_model", at, "blank model id pruned"))
+                    warnings.append(ConfigWarning("empty_fallback_model", at,
+                                                  "blank model id pruned"))
                 elif fm == model:
                     warnings.append(ConfigWarning("fallback_model_duplicates_primary", at,
                                                   f"{fm!r} is the primary model; pruned"))
@@ -184,22 +188,27 @@ def materialise(config: Config, root: str, primary: str | None) -> tuple[tuple[E
             target = resolve_ref(config, ref)
             if target is None:
                 warnings.append(ConfigWarning("dangling_fallback_ref", at,
-                                              f"{ref!r} names no profile (or an ambiguous bare alias); pruned"))
+                                              f"{ref!r} names no profile (or an ambiguous bare "
+                                              "alias); pruned"))
             elif target in path:
                 warnings.append(ConfigWarning("fallback_cycle", at,
-                                              f"{ref!r} is already on the path {' -> '.join(path)}; pruned"))
+                                              f"{ref!r} is already on the path "
+                                              f"{' -> '.join(path)}; pruned"))
             elif depth + 1 > max_depth:
                 warnings.append(ConfigWarning("max_fallback_depth_exceeded", at,
-                                              f"{ref!r} is at depth {depth + 1} > max_fallback_depth {max_depth}; pruned"))
+                                              f"{ref!r} is at depth {depth + 1} > "
+                                              f"max_fallback_depth {max_depth}; pruned"))
             elif target not in visited:
-                # a profile reached twice through different branches is attempted once, first place wins
+                # a profile reached twice through different branches is attempted once, first
+                # place wins
                 add_profile(target, config.providers[target].model, path + (target,), depth + 1)
 
     add_profile(root, primary, (root,), 0)
     return tuple(entries), warnings
 
 
-def catalog_chain(config: Config, item: CatalogModel, at: str) -> tuple[tuple[Entry, ...], list[ConfigWarning]]:
+def catalog_chain(config: Config, item: CatalogModel,
+                  at: str) -> tuple[tuple[Entry, ...], list[ConfigWarning]]:
     """One pinned entry per channel with the channel's id for the model, cheapest first by that
     model's input + output price (a stable sort: ties keep the listed order), cut at max_hops.
     Channels were validated with the config: each names a profile, once."""
@@ -210,11 +219,12 @@ def catalog_chain(config: Config, item: CatalogModel, at: str) -> tuple[tuple[En
         profile = config.providers[alias]
         model = profile.models.get(item.model, item.model)
         chain.append(Entry(alias, model, True))
-        if item.order == "cost" and profile.price == Price() and not {item.model, model} & set(profile.prices):
+        if (item.order == "cost" and profile.price == Price()
+                and not {item.model, model} & set(profile.prices)):
             # an unpriced channel counts as free: it would go first, and bill nothing
             warnings.append(ConfigWarning("unpriced_catalog_channel", f"{at}.channels[{j}]",
-                                          f"{alias!r} has no price for {item.model!r} (prices or price): "
-                                          "it is ordered as free"))
+                                          f"{alias!r} has no price for {item.model!r} (prices or "
+                                          "price): it is ordered as free"))
     if item.order == "cost":
         def cost(entry: Entry) -> float:
             price = config.providers[entry.profile].price_of(item.model, entry.model)
@@ -224,7 +234,8 @@ def catalog_chain(config: Config, item: CatalogModel, at: str) -> tuple[tuple[En
     return tuple(chain[: item.max_hops]), warnings
 
 
-def profile_keys(alias: str, profile: Provider, env: Mapping[str, str]) -> tuple[tuple[Secret, ...], str | None]:
+def profile_keys(alias: str, profile: Provider,
+                 env: Mapping[str, str]) -> tuple[tuple[Secret, ...], str | None]:
     """The profile's credentials and, when it cannot supply a required one, the problem."""
     if profile.api_keys:
         return tuple(profile.api_keys), None
@@ -238,14 +249,16 @@ def profile_keys(alias: str, profile: Provider, env: Mapping[str, str]) -> tuple
         return (Secret(value),), None
     family = FAMILIES.get(profile.family)
     if family is not None and family.public_api and profile.base_url is None:
-        return (), f"{where}: the {profile.family} public API needs a credential (api_key, api_key_env or api_keys)"
+        return (), (f"{where}: the {profile.family} public API needs a credential (api_key, "
+                    "api_key_env or api_keys)")
     return (), None
 
 
 def build_router(config: Config, env: Mapping[str, str]) -> Router:
     """Materialise every domain. Raises ConfigError (naming the alias) for fatal problems."""
     warnings: list[ConfigWarning] = []
-    default_entries, w = materialise(config, config.active, config.model or config.providers[config.active].model)
+    primary = config.model or config.providers[config.active].model
+    default_entries, w = materialise(config, config.active, primary)
     warnings += w
     default = Domain(config.active, default_entries)
     targets: dict[str, str] = {}  # route hint -> its target profile
@@ -255,7 +268,8 @@ def build_router(config: Config, env: Mapping[str, str]) -> Router:
         target = resolve_ref(config, route.provider)
         if target is None:
             warnings.append(ConfigWarning("unknown_route_provider", f"routes[{i}].provider",
-                                          f"{route.provider!r} names no profile; route {route.hint!r} dropped"))
+                                          f"{route.provider!r} names no profile; route "
+                                          f"{route.hint!r} dropped"))
             continue
         if target not in by_target:
             entries, w = materialise(config, target, config.providers[target].model)
@@ -265,7 +279,8 @@ def build_router(config: Config, env: Mapping[str, str]) -> Router:
             by_target[target] = attrs.evolve(by_target[target], root_keys=(route.api_key,))
         targets[route.hint] = target
         route_models[route.hint] = route.model
-    # resolved after every route: a later route's credential also serves the earlier hints to its target
+    # resolved after every route: a later route's credential also serves the earlier hints to its
+    # target
     domains = {hint: by_target[target] for hint, target in targets.items()}
     catalog: dict[str, Domain] = {}
     for i, item in enumerate(config.catalog):
@@ -285,11 +300,11 @@ def build_router(config: Config, env: Mapping[str, str]) -> Router:
                 continue
             profile = config.providers[alias]
             if profile.family not in FAMILIES:
-                problems.append(f"{join_path('providers', alias)}.family: unknown family {profile.family!r} "
-                                f"(known: {', '.join(FAMILIES)})")
+                problems.append(f"{join_path('providers', alias)}.family: unknown family "
+                                f"{profile.family!r} (known: {', '.join(FAMILIES)})")
             if profile.capabilities.responses and profile.family != "openai":
-                problems.append(f"{join_path('providers', alias)}.capabilities.responses: only an openai "
-                                f"profile serves the Responses API, not {profile.family!r}")
+                problems.append(f"{join_path('providers', alias)}.capabilities.responses: only an "
+                                f"openai profile serves the Responses API, not {profile.family!r}")
             found, problem = profile_keys(alias, profile, env)
             if problem and alias not in route_keyed:
                 problems.append(problem)
@@ -437,7 +452,8 @@ def plan_turn(
     return plan
 
 
-def _plan(router: Router, chosen: str | None, decision: effort.EffortDecision | None, gateway: bool) -> Plan:
+def _plan(router: Router, chosen: str | None, decision: effort.EffortDecision | None,
+          gateway: bool) -> Plan:
     """The plan for the model `chosen` (None: the active profile's), as `plan_turn` decided it."""
     config = router.config
     notes: list[str] = []
@@ -452,7 +468,8 @@ def _plan(router: Router, chosen: str | None, decision: effort.EffortDecision | 
         domain = router.catalog[chosen]
     elif gateway and chosen in router.domains:
         domain, requested, hint = router.domains[chosen], router.route_models[chosen], chosen
-    elif chosen is not None and chosen.startswith(domain.root + "/") and len(chosen) > len(domain.root) + 1:
+    elif (chosen is not None and chosen.startswith(domain.root + "/")
+          and len(chosen) > len(domain.root) + 1):
         # "profile/model" naming the default domain's own profile (the form x-relayline-served
         # shows): that model on it; an unpinned entry is sent the model, not the pair, and the
         # requested label names the profile once
@@ -461,13 +478,17 @@ def _plan(router: Router, chosen: str | None, decision: effort.EffortDecision | 
     for entry in domain.entries:
         entry_model = entry.model if entry.pinned else requested
         if entry_model is None:
-            notes.append(f"no_model: {entry.profile} is unpinned and the request names no model; skipped")
+            notes.append(f"no_model: {entry.profile} is unpinned and the request names no model; "
+                         "skipped")
             continue
-        keys = domain.root_keys if entry.profile == domain.root and domain.root_keys else router.keys[entry.profile]
+        own = entry.profile == domain.root and domain.root_keys
+        keys = domain.root_keys if own else router.keys[entry.profile]
         provider = config.providers[entry.profile]
-        # a catalog chain prices by the catalog name first: `prices` is keyed by the names clients ask for
+        # a catalog chain prices by the catalog name first: `prices` is keyed by the names clients
+        # ask for
         price = provider.price_of(requested if domain.catalog else None, entry_model)
-        entries.append(PlannedEntry(len(entries), entry.profile, entry_model, entry.pinned, provider, keys, price))
+        entries.append(PlannedEntry(len(entries), entry.profile, entry_model, entry.pinned,
+                                    provider, keys, price))
     return Plan(
         domain=domain.root,
         requested_model=requested,

@@ -157,12 +157,14 @@ class FrameKind(StrEnum):
     PREAMBLE = "preamble"
     TEXT = "text"
     REASONING = "reasoning"
-    REDACTED_REASONING = "redacted_reasoning"  # an Anthropic redacted_thinking block: its opaque data
+    # an Anthropic redacted_thinking block: its opaque data
+    REDACTED_REASONING = "redacted_reasoning"
     TOOL_CALL = "tool_call"
     TOOL_ARGS = "tool_args"  # a fragment of a tool call's JSON arguments, after its TOOL_CALL
     EXECUTED_TOOL = "executed_tool"
     USAGE = "usage"
-    FINISH = "finish"  # the provider's finish reason (canonical, machines/wire.py): bookkeeping, never shown
+    # the provider's finish reason (canonical, machines/wire.py): bookkeeping, never shown
+    FINISH = "finish"
     DONE = "done"  # a protocol's completion signal
 
 
@@ -171,11 +173,13 @@ class EventKind(StrEnum):
 
     TEXT = "text"
     REASONING = "reasoning"
-    REDACTED_REASONING = "redacted_reasoning"  # reasoning shown only as data the provider reads back
+    # reasoning shown only as data the provider reads back
+    REDACTED_REASONING = "redacted_reasoning"
     TOOL = "tool"
     TOOL_ARGS = "tool_args"
     EXECUTED_TOOL = "executed_tool"
-    PREAMBLE = "preamble"  # held protocol frames released at commit (not visible to library consumers)
+    # held protocol frames released at commit (not visible to library consumers)
+    PREAMBLE = "preamble"
 
 
 class Mode(StrEnum):
@@ -186,22 +190,25 @@ class Mode(StrEnum):
 
 
 class FailureClass(StrEnum):
-    """The failure classes (docs/concepts.md, "The walk"): each is one column of the walk's decision table."""
+    """The failure classes (docs/concepts.md, "The walk"): each is one column of the walk's
+    decision table."""
 
     EMPTY = "empty"
     RETRYABLE = "retryable"
-    MALFORMED = "malformed"  # a reply that does not parse into the canonical model: retried like retryable
+    # a reply that does not parse into the canonical model: retried like retryable
+    MALFORMED = "malformed"
     TIMEOUT = "timeout"
     RATE_LIMITED = "rate_limited"
     QUOTA = "quota"
     CONTEXT_WINDOW = "context_window"
     REJECTED = "rejected"
-    # a content-policy refusal (docs/concepts.md, "Refusals"): a 400 naming a content policy, or a completion
-    # whose finish reason is content_filter. With on_refusal = "return" the turn demotes it to what
-    # it was before refusals had a class of their own (rejected, or an ordinary answer).
+    # a content-policy refusal (docs/concepts.md, "Refusals"): a 400 naming a content policy, or a
+    # completion whose finish reason is content_filter. With on_refusal = "return" the turn demotes
+    # it to what it was before refusals had a class of their own (rejected, or an ordinary answer).
     REFUSED = "refused"
     TOO_LARGE = "too_large"  # the answer outgrew limits.max_response_bytes: advance, never retried
-    INTERNAL = "internal"  # relayline could not make or read the call (its own fault, not the provider's)
+    # relayline could not make or read the call (its own fault, not the provider's)
+    INTERNAL = "internal"
 
 
 class Outcome(StrEnum):

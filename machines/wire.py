@@ -31,7 +31,8 @@ from .config import _describe as config_describe
 from .errors import RelaylineError
 
 SYSTEM, USER, ASSISTANT, TOOL = "system", "user", "assistant", "tool"
-RESPONSES = "responses"  # the Responses API's dialect: no family of its own, an openai profile may serve it
+# the Responses API's dialect: no family of its own, an openai profile may serve it
+RESPONSES = "responses"
 ROLES = (SYSTEM, USER, ASSISTANT, TOOL)
 TEXT, IMAGE, DOCUMENT = "text", "image", "document"
 # reasoning an earlier assistant turn showed, sent back in the history: Anthropic wants a tool
@@ -41,7 +42,8 @@ REASONING_PARTS = (THINKING, REDACTED_THINKING)
 
 # finish reasons, canonical (OpenAI's words, with stop_sequence kept apart for Anthropic clients,
 # and Anthropic's pause_turn: a server tool turn its client must continue)
-STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER = "stop", "stop_sequence", "length", "tool_calls", "content_filter"
+STOP, STOP_SEQUENCE, LENGTH = "stop", "stop_sequence", "length"
+TOOL_CALLS, CONTENT_FILTER = "tool_calls", "content_filter"
 PAUSE = "pause_turn"
 FINISH_REASONS = (STOP, STOP_SEQUENCE, LENGTH, TOOL_CALLS, CONTENT_FILTER, PAUSE)
 
@@ -76,7 +78,8 @@ class Part:
     # provider that signs nothing), and then no Anthropic provider can take it back
     signature: str = ""
     cache_control: Mapping[str, Any] | None = None  # a caching hint, as the client wrote it
-    title: str | None = None  # a document's name: OpenAI's file.filename, Anthropic's document title
+    # a document's name: OpenAI's file.filename, Anthropic's document title
+    title: str | None = None
 
 
 @attrs.frozen
@@ -126,12 +129,14 @@ class ToolChoice:
 @attrs.frozen
 class ResponseFormat:
     type: str  # text | json_object | json_schema
-    json_schema: Mapping[str, Any] | None = None  # OpenAI's json_schema object: name, schema, strict...
+    # OpenAI's json_schema object: name, schema, strict...
+    json_schema: Mapping[str, Any] | None = None
 
     @property
     def schema(self) -> Mapping[str, Any] | None:
         """The JSON schema the answer must match (a json_schema format that gives one)."""
-        schema = self.json_schema.get("schema") if self.json_schema is not None and self.type == "json_schema" else None
+        form = self.json_schema if self.type == "json_schema" else None
+        schema = form.get("schema") if form is not None else None
         return schema if isinstance(schema, Mapping) else None
 
 
@@ -144,7 +149,8 @@ class Reasoning:
     def as_effort(self) -> str | None:
         if self.effort is not None or self.budget_tokens is None:
             return self.effort
-        return "low" if self.budget_tokens < 2048 else "medium" if self.budget_tokens < 8192 else "high"
+        budget = self.budget_tokens
+        return "low" if budget < 2048 else "medium" if budget < 8192 else "high"
 
     def as_budget(self) -> int | None:
         if self.budget_tokens is not None:
@@ -268,9 +274,11 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
         # vectors come from an openai profile's embeddings API; no other family has one
         return () if family == "openai" and capabilities.embeddings else ("embeddings",)
     names: list[str] = []
-    if not capabilities.vision and request.has_images:  # (the capability first: it reads no message)
+    # (the capability first: it reads no message)
+    if not capabilities.vision and request.has_images:
         names.append("image")
-    if not capabilities.tools and (request.tools or any(name.startswith("tools.") for name in request.extra)):
+    if not capabilities.tools and (request.tools or any(name.startswith("tools.")
+                                                        for name in request.extra)):
         names.append("tools")  # (also tools relayline does not read: server tools, custom tools)
     if not capabilities.structured_outputs:
         names.extend(structured_outputs(request))
@@ -285,22 +293,28 @@ def unsupported(request: Request, family: str, capabilities: Capabilities) -> tu
             names.append("document.source.url")
         if any(m.is_error for m in request.messages):
             names.append("tool_result.is_error")
-        if request.reasoning is not None and request.reasoning.effort not in (None, *EFFORT_BUDGETS):
+        effort = None if request.reasoning is None else request.reasoning.effort
+        if effort not in (None, *EFFORT_BUDGETS):
             names.append("output_config.effort")  # (max: no reasoning_effort says as much)
         last = request.messages[-1] if request.messages else None
-        if last is not None and last.role == ASSISTANT and not last.tool_calls and not capabilities.prefill:
+        if (last is not None and last.role == ASSISTANT and not last.tool_calls
+                and not capabilities.prefill):
             # Anthropic continues a trailing assistant message; a chat completions server answers
             # anew, and the client would join its answer to the text it asked to be continued
             names.append("prefill")
-        # an OpenAI tool message holds text alone: an image or document a tool gave back has no place
-        names.extend(dict.fromkeys(f"tool_result.content.{p.type}" for m in request.messages if m.role == TOOL
-                                   for p in m.content if p.type != TEXT))
+        # an OpenAI tool message holds text alone: an image or document a tool gave back has no
+        # place
+        names.extend(dict.fromkeys(f"tool_result.content.{p.type}" for m in request.messages
+                                   if m.role == TOOL for p in m.content if p.type != TEXT))
     else:
         form = request.response_format
         if form is not None and form.type != "text" and form.schema is None:
-            names.append("response_format")  # JSON mode, or a json_schema without a schema: no equivalent
-        elif form is not None and form.json_schema is not None and form.json_schema.get("description"):
-            names.append("response_format.json_schema.description")  # an output format has no description
+            # JSON mode, or a json_schema without a schema: no equivalent
+            names.append("response_format")
+        elif (form is not None and form.json_schema is not None
+              and form.json_schema.get("description")):
+            # an output format has no description
+            names.append("response_format.json_schema.description")
         if request.reasoning is not None and (request.reasoning.as_budget() is None or (
                 request.max_tokens is not None and request.max_tokens <= MIN_BUDGET)):
             names.append("reasoning_effort")  # (a limit that leaves no room for the least budget)
@@ -327,6 +341,10 @@ def structured_outputs(request: Request) -> list[str]:
     return names
 
 
+# an OpenAI file part that names an uploaded file by its id: only OpenAI holds the file
+OPENAI_FILE_ID = "content.file.file_id"
+
+
 # -- responses ------------------------------------------------------------------------------------
 
 
@@ -343,15 +361,18 @@ def finish_reason(reason: str | None, tool_calls: int) -> str:
 
 def describe(value: object) -> str:
     """A JSON value's kind in a client's words: null, a string, an object..."""
-    return "null" if value is None else "an object" if isinstance(value, dict) else config_describe(value)
+    if value is None:
+        return "null"
+    return "an object" if isinstance(value, dict) else config_describe(value)
 
 
-# -- structuring from plain data (embedders) --------------------------------------------------------
+# -- structuring from plain data (embedders) --------------------------------------------------
 
 converter = cattrs.Converter(forbid_extra_keys=True)
 
 
-for _kind, _label in ((str, "a string"), (int, "an integer"), (float, "a number"), (bool, "a boolean")):
+for _kind, _label in ((str, "a string"), (int, "an integer"), (float, "a number"),
+                      (bool, "a boolean")):
     converter.register_structure_hook(_kind, _strict(_kind, _label))
 # an object-valued field (extra, parameters, json_schema): the JSON object as given. Registered by
 # origin: a hook for the bare Mapping would not match Mapping[str, Any], and cattrs' own would call
@@ -374,128 +395,3 @@ def _as_list(value: object) -> list[Any]:
     if not isinstance(value, list | tuple):
         raise ValueError(f"expected a list, got {describe(value)}")
     return list(value)
-
-
-# an OpenAI file part that names an uploaded file by its id: only OpenAI holds the file
-OPENAI_FILE_ID = "content.file.file_id"
-
-# what `unsupported` names that is content, not a field of it: an image, a document by URL or by
-# an OpenAI file id, the trailing assistant message (prefill), tool call arguments
-# `tool_use.input` cannot hold; and the request itself, an embeddings or token counting request
-# to a family without that API
-CONTENT_NAMES = frozenset({"image", "prefill", "document.source.url", OPENAI_FILE_ID,
-                           "messages.tool_calls.function.arguments", "embeddings", "count_tokens"})
-
-
-def is_content(name: str) -> bool:
-    """Whether an unsupported `name` is content rather than a field: a whole part, block or
-    message (`content.input_audio`, an Anthropic server tool's result), a tool result's image or
-    document, a source only its own family has (`document.source.text`). Dropping it would
-    delete what the client said, so `drop_unsupported_params` never does: the entry stays unfit."""
-    if name in CONTENT_NAMES or name.startswith("tool_result.content."):
-        return True
-    head, _, rest = name.partition(".")
-    if head == "content":
-        return "." not in rest  # (content.image_url.detail is a field of an image)
-    return head in (IMAGE, DOCUMENT) and rest.startswith("source.")
-
-
-def refused(request: Request, family: str, capabilities: Capabilities, drop: bool) -> tuple[str, ...]:
-    """What keeps an entry of `family` from serving the request: every unsupported field, or
-    with `drop_unsupported_params` only the content among them (the rest is dropped)."""
-    names = unsupported(request, family, capabilities)
-    return tuple(n for n in names if is_content(n)) if drop else names
-
-
-def droppable(request: Request, family: str, capabilities: Capabilities) -> tuple[str, ...]:
-    """The unsupported fields `drop_unsupported_params` drops for an entry (and names in
-    x-relayline-dropped): every one that is not content."""
-    return tuple(n for n in unsupported(request, family, capabilities) if not is_content(n))
-
-
-def without(request: Request, names: tuple[str, ...]) -> Request:
-    """The request with the named unsupported fields dropped (`drop_unsupported_params`). Exactly
-    the named fields go: a part or message that carried one keeps its text, image, document and
-    tool data, and a name that is content is never dropped (`is_content`)."""
-    dropped = frozenset(n for n in names if not is_content(n))
-    if not dropped:
-        return request
-
-    def strip(part: Part) -> Part:
-        kept = tuple(x for x in part.extra if x not in dropped)
-        return part if len(kept) == len(part.extra) else attrs.evolve(part, extra=kept)
-
-    messages = tuple(attrs.evolve(m, content=tuple(map(strip, m.content)),
-                                  is_error=m.is_error and "tool_result.is_error" not in dropped)
-                     for m in request.messages)
-    tools = "tools" in dropped
-    strict, schema = STRUCTURED_NAMES.get(request.source, STRUCTURED_NAMES["openai"])
-    return attrs.evolve(
-        request, messages=messages, passthrough=_own_body_without(request, dropped),
-        tools=() if tools else tuple(attrs.evolve(t, strict=False) for t in request.tools) if strict in dropped
-        else request.tools,
-        tool_choice=None if tools else request.tool_choice,
-        parallel_tool_calls=None if tools else request.parallel_tool_calls,
-        top_k=None if "top_k" in dropped else request.top_k,
-        temperature=None if "temperature" in dropped else request.temperature,
-        response_format=_format_without(request.response_format, tuple(dropped), schema),
-        reasoning=None if "reasoning_effort" in dropped else _without_effort(request.reasoning, dropped),
-        extra={k: v for k, v in request.extra.items() if k not in dropped},
-    )
-
-
-# the fields that go with a dropped `tools`, in each dialect's words
-TOOL_FIELDS = {"openai": ("tools", "tool_choice", "parallel_tool_calls"), "anthropic": ("tools", "tool_choice")}
-
-
-def _own_body_without(request: Request, dropped: frozenset[str]) -> Passthrough | None:
-    """What the client sent, less the dropped fields. Its headers and query go on as before (a
-    profile's `forward_headers` reach any family); its body goes only to an entry of the client's
-    own family, which lacks at most tools or structured outputs (`unsupported`), each a field
-    that can go alone: what relayline does not read (server tool blocks, citations, a document's
-    text source, audio parts...) still goes as the client sent it."""
-    passthrough = request.passthrough
-    if passthrough is None or request.source not in STRUCTURED_NAMES:
-        return passthrough
-    strict, schema = STRUCTURED_NAMES[request.source]
-    body = dict(passthrough.body)
-    if "tools" in dropped:
-        for name in TOOL_FIELDS[request.source]:
-            body.pop(name, None)
-    elif strict in dropped and isinstance(body.get("tools"), list):
-        body["tools"] = [_unstrict(tool, request.source) for tool in body["tools"]]
-    if schema in dropped:
-        body.pop("response_format" if request.source == "openai" else "output_format", None)
-        config = body.get("output_config")
-        if isinstance(config, dict):
-            config = {k: v for k, v in config.items() if k != "format"}
-            body.pop("output_config")
-            if config:
-                body["output_config"] = config
-    return attrs.evolve(passthrough, body=body)
-
-
-def _unstrict(tool: Any, source: str) -> Any:
-    """A tool of the client's body without `strict` (an OpenAI tool's is in its function)."""
-    if not isinstance(tool, dict):
-        return tool
-    if source == "anthropic":
-        return {k: v for k, v in tool.items() if k != "strict"}
-    function = tool.get("function")
-    if not isinstance(function, dict):
-        return tool
-    return {**tool, "function": {k: v for k, v in function.items() if k != "strict"}}
-
-
-def _format_without(form: ResponseFormat | None, names: tuple[str, ...], schema: str) -> ResponseFormat | None:
-    if form is None or "response_format" in names or schema in names:
-        return None
-    if "response_format.json_schema.description" in names and form.json_schema is not None:
-        return attrs.evolve(form, json_schema={k: v for k, v in form.json_schema.items() if k != "description"})
-    return form
-
-
-def _without_effort(reasoning: Reasoning | None, dropped: frozenset[str]) -> Reasoning | None:
-    if reasoning is None or "output_config.effort" not in dropped:
-        return reasoning
-    return attrs.evolve(reasoning, effort=None)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from relayline.machines import wire
+from relayline.machines import dropping, wire
 from relayline.machines.plan import PlannedEntry
 from relayline.machines.turn import TurnResult
 
@@ -219,7 +219,7 @@ def dropped_header(request: wire.Request | None,
     if entry is None or request is None:
         return []
     provider = entry.provider
-    dropped = wire.droppable(request, provider.family, provider.capabilities)
+    dropped = dropping.droppable(request, provider.family, provider.capabilities)
     if not wire.passes_through(request, provider.family, provider.capabilities):
         dropped += request.withdrawn  # built-in tools a translating entry did not offer the model
     if not dropped:

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import attrs
 
-from relayline.machines import wire
+from relayline.machines import dropping, wire
 from relayline.machines.config import Provider, Secret
 from relayline.machines.plan import PlannedEntry
 from relayline.machines.stream import Frame
@@ -71,11 +71,11 @@ class CallRequest:
         if not self.drop_unsupported:
             return ()
         provider = self.entry.provider
-        return wire.droppable(self.request, provider.family, provider.capabilities)
+        return dropping.droppable(self.request, provider.family, provider.capabilities)
 
     def wire_request(self) -> wire.Request:
         """The canonical request as this entry is sent it (unsupported fields dropped if asked)."""
-        return wire.without(self.request, self.dropped)
+        return dropping.without(self.request, self.dropped)
 
     def forwarded_headers(self, family: str) -> tuple[tuple[str, str], ...]:
         """The client's headers this entry is sent: those its profile names in `forward_headers`,

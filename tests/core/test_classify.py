@@ -24,6 +24,7 @@ from relayline.adapters.codecs.shape import (
     want_str,
 )
 from relayline.machines import classify as fc
+from relayline.machines.dropping import droppable, is_content, refused, without
 from relayline.machines.ledger import MAX_TOKENS
 from relayline.machines.wire import (
     ASSISTANT,
@@ -41,11 +42,7 @@ from relayline.machines.wire import (
     ToolChoice,
     WireError,
     describe,
-    droppable,
     finish_reason,
-    is_content,
-    refused,
-    without,
 )
 
 
@@ -243,7 +240,7 @@ def test_dropping_each_field_removes_exactly_it():
     assert kept.passthrough == FULL.passthrough and kept.extra == {"service_tier": "flex"}
     assert kept.messages == FULL.messages and kept.tools == FULL.tools and kept.top_k == 5
     assert (kept.response_format, kept.reasoning) == (FULL.response_format, FULL.reasoning)
-    # content is never dropped: an entry that cannot take it is skipped instead (wire.refused)
+    # content is never dropped: an entry that cannot take it is skipped instead (dropping.refused)
     assert without(FULL, ("image", "document.source.url", "prefill", "tool_result.content.image")) is FULL
     assert without(FULL, ("image", "seed")).messages == FULL.messages
     assert without(FULL, ("tool_result.is_error",)).messages[1].is_error is False
@@ -259,12 +256,57 @@ def test_dropping_each_field_removes_exactly_it():
     assert everything.tool_choice == ToolChoice("auto") and everything.parallel_tool_calls is False
 
 
+STRICT_TOOL = {"type": "function", "function": {"name": "f", "parameters": {}, "strict": True}}
+
+
+@pytest.mark.parametrize("source, strict, schema, body", [
+    ("openai", "tools.function.strict", "response_format",
+     {"tools": [STRICT_TOOL, "not a tool", {"type": "custom"}], "response_format": {"type": "json_schema"}}),
+    ("anthropic", "tools.strict", "output_config.format",
+     {"tools": [{"name": "f", "input_schema": {}, "strict": True}],
+      "output_format": {"type": "json_schema"}, "output_config": {"format": {}, "effort": "low"}}),
+    ("responses", "tools.strict", "text.format",
+     {"tools": [{"type": "function", "name": "f", "parameters": {}, "strict": True}], "tool_choice": "auto",
+      "parallel_tool_calls": False, "text": {"format": {"type": "json_schema"}, "verbosity": "low"}}),
+])
+def test_a_profile_without_structured_outputs_drops_strictness_and_the_schema_alone(source, strict, schema, body):
+    from relayline.machines.config import Capabilities
+    from relayline.machines.wire import structured_outputs, unsupported
+
+    request = Request((Message(USER, (Part(TEXT, "q"),)),), source=source, tools=(Tool("f", strict=True),),
+                      response_format=ResponseFormat("json_schema", {"name": "w", "schema": {}}),
+                      passthrough=Passthrough(body))
+    assert structured_outputs(request) == [strict, schema]
+    assert structured_outputs(attrs.evolve(request, response_format=ResponseFormat("json_object"))) == [strict]
+    assert structured_outputs(attrs.evolve(request, tools=(Tool("f"),))) == [schema]
+    assert unsupported(request, "sim", Capabilities(structured_outputs=False)) == (strict, schema)
+    kept = without(request, (strict,))
+    assert kept.tools == (Tool("f"),) and kept.response_format == request.response_format
+    assert without(request, (schema,)).tools == request.tools  # still strict
+    if source == "openai":
+        assert kept.passthrough.body == {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}},
+                                                   "not a tool", {"type": "custom"}],
+                                         "response_format": {"type": "json_schema"}}
+        assert without(request, (schema,)).passthrough.body == {"tools": body["tools"]}
+    elif source == "anthropic":
+        assert kept.passthrough.body["tools"] == [{"name": "f", "input_schema": {}}]
+        assert without(request, (schema,)).passthrough.body == {"tools": body["tools"],
+                                                                 "output_config": {"effort": "low"}}
+    else:  # a Responses tool carries strict at its top level, the schema is text.format
+        assert kept.passthrough.body == {**body, "tools": [{"type": "function", "name": "f", "parameters": {}}]}
+        assert without(request, (schema,)).passthrough.body == {**body, "text": {"verbosity": "low"}}
+    # tools dropped whole take their choice with them, in the client's own words
+    no_tools = without(request, ("tools",)).passthrough.body
+    assert not {"tools", "tool_choice", "parallel_tool_calls"} & set(no_tools)
+
+
 @pytest.mark.parametrize("name, content", [
     ("image", True), ("prefill", True), ("document.source.url", True), ("document.source.text", True),
     ("image.source.file", True), ("tool_result.content.image", True), ("content.input_audio", True),
     ("content.server_tool_use", True), ("messages.tool_calls.function.arguments", True),
     ("cache_control", False), ("content.image_url.detail", False), ("tool_result.is_error", False),
-    ("seed", False), ("tools", False), ("top_k", False), ("metadata.x", False),
+    ("seed", False), ("tools", False), ("top_k", False), ("metadata.x", False), ("metadata.source.x", False),
+    ("image.cache_control", False), ("document.title", False),
 ])
 def test_a_name_is_content_or_a_field(name, content):
     assert is_content(name) is content
@@ -479,3 +521,100 @@ def test_a_message_level_caching_hint_goes_on_the_messages_last_block_towards_an
     assert again[3]["content"] == [{"type": "text", "text": "two", "cache_control": hint}]
     # and written for the other family from an Anthropic client's, nothing of them is left
     assert "cache_control" not in json.dumps(openai_chat.render_request(attrs.evolve(request, source="anthropic"), "m", False))
+
+
+def test_dropping_removes_a_named_key_of_a_part_a_format_or_an_effort_and_nothing_beside():
+    described = ResponseFormat("json_schema", {"name": "w", "description": "d", "schema": {}})
+    plain, cited = Part(TEXT, "a"), Part(TEXT, "b", extra=("citations", "cache_control"))
+    request = Request((Message(USER, (plain, cited)),), temperature=1.5, response_format=described,
+                      reasoning=Reasoning(effort="max", budget_tokens=2048))
+    kept = without(request, ("citations", "temperature", "response_format.json_schema.description",
+                             "output_config.effort"))
+    assert kept.messages[0].content[0] is plain  # a part without the key is the same part
+    assert kept.messages[0].content[1] == Part(TEXT, "b", extra=("cache_control",))
+    assert kept.temperature is None and without(request, ("top_k",)).temperature == 1.5
+    assert kept.response_format == ResponseFormat("json_schema", {"name": "w", "schema": {}})
+    assert kept.reasoning == Reasoning(budget_tokens=2048)
+    untouched = without(request, ("top_k",))
+    assert (untouched.response_format, untouched.reasoning) == (described, request.reasoning)
+    assert untouched.messages[0].content == (plain, cited)
+    assert without(attrs.evolve(request, reasoning=None), ("output_config.effort",)).reasoning is None
+
+
+@pytest.mark.parametrize("source, family, responses, same", [
+    ("openai", "openai", False, True), ("anthropic", "anthropic", False, True), ("openai", "anthropic", True, False),
+    ("responses", "openai", True, True), ("responses", "openai", False, False), ("responses", "anthropic", True, False),
+    ("anthropic", "openai", True, False),
+])
+def test_only_the_clients_own_dialect_gets_its_body(source, family, responses, same):
+    from relayline.machines.config import Capabilities
+    from relayline.machines.wire import passes_through
+
+    request = Request((Message(USER, (Part(TEXT, "q"),)),), source=source)
+    assert passes_through(request, family, Capabilities(responses=responses)) is same
+
+
+def test_a_responses_clients_json_mode_goes_by_its_canonical_name():
+    # towards anthropic JSON mode has no equivalent: unsupported names it response_format, whatever
+    # the client's dialect called it (a Responses client's is text.format)
+    from relayline.machines.config import Capabilities
+    from relayline.machines.wire import unsupported
+
+    request = Request((Message(USER, (Part(TEXT, "q"),)),), source="responses",
+                      response_format=ResponseFormat("json_object"))
+    assert unsupported(request, "anthropic", Capabilities()) == ("response_format",)
+    assert without(request, ("response_format",)).response_format is None
+
+
+def test_counting_and_embeddings_go_only_to_the_family_with_that_api():
+    from relayline.machines.config import Capabilities
+    from relayline.machines.wire import Embedding, json_object, unsupported
+
+    counting, vectors = Request((), counting=True), Request((), embedding=Embedding("text"))
+    assert [unsupported(counting, family, Capabilities()) for family in ("anthropic", "openai", "sim")] == [
+        (), ("count_tokens",), ("count_tokens",)]
+    assert [unsupported(vectors, family, Capabilities()) for family in ("openai", "anthropic", "sim")] == [
+        (), ("embeddings",), ("embeddings",)]
+    assert unsupported(vectors, "openai", Capabilities(embeddings=False)) == ("embeddings",)
+    # a tool call's arguments: "" is no arguments, an object as is, anything else no object
+    assert (json_object(""), json_object('{"a": 1}'), json_object("[1]"), json_object("{")) == ({}, {"a": 1}, None, None)
+
+
+def test_a_profile_without_tools_refuses_tools_relayline_does_not_read():
+    from relayline.machines.config import Capabilities
+    from relayline.machines.wire import unsupported
+
+    # a server tool (Anthropic's web search) is kept in extra under its own name, not in tools
+    request = Request((Message(USER, (Part(TEXT, "q"),)),), source="anthropic",
+                      extra={"tools.web_search": [{"type": "web_search_20250305"}]})
+    assert unsupported(request, "anthropic", Capabilities(tools=False)) == ("tools",)
+    assert unsupported(request, "anthropic", Capabilities()) == ()
+
+
+def test_each_family_names_what_it_cannot_say():
+    from relayline.machines.config import Capabilities
+    from relayline.machines.wire import ToolCall, unsupported
+
+    ask = Message(USER, (Part(TEXT, "q"),))
+    caps = Capabilities()
+
+    def named(family, **fields):  # a request of the other dialect: the same one goes as sent
+        source = "anthropic" if family == "openai" else "openai"
+        return unsupported(Request(**{"messages": (ask,), "source": source, **fields}), family, caps)
+
+    # towards openai: an effort it has no word for; a trailing assistant message to continue
+    assert named("openai", reasoning=Reasoning(effort="max")) == ("output_config.effort",)
+    assert named("openai", reasoning=Reasoning(effort="high")) == ()
+    assert named("openai", messages=(ask, Message(ASSISTANT, (Part(TEXT, "Once"),)))) == ("prefill",)
+    assert unsupported(Request((ask, Message(ASSISTANT, (Part(TEXT, "Once"),))), source="anthropic"), "openai",
+                       Capabilities(prefill=True)) == ()
+    called = Message(ASSISTANT, tool_calls=(ToolCall("t1", "f"),))
+    assert named("openai", messages=(ask, called)) == ()
+    assert named("openai", messages=()) == ()
+    # towards anthropic: a schema's description; a max_tokens that leaves no room for thinking
+    described = ResponseFormat("json_schema", {"name": "w", "description": "d", "schema": {}})
+    assert named("anthropic", response_format=described) == ("response_format.json_schema.description",)
+    assert named("anthropic", reasoning=Reasoning(effort="low"), max_tokens=1024) == ("reasoning_effort",)
+    assert named("anthropic", reasoning=Reasoning(effort="low"), max_tokens=1025) == ()
+    # OpenAI's temperature reaches 2, Anthropic's 1
+    assert (named("anthropic", temperature=1.5), named("anthropic", temperature=1.0)) == (("temperature",), ())

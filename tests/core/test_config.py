@@ -278,3 +278,79 @@ def test_a_config_text_without_a_source_is_named_config():
     with pytest.raises(ConfigError) as info:
         parse_config("active = ")
     assert info.value.problems[0].startswith("config: not valid TOML: ")
+
+
+def test_a_named_key_and_a_team_name_each_limit_past_its_edge():
+    # at the edge (1 request or token a minute, a budget of nothing) every limit is valid
+    edge = {"rpm": 1, "tpm": 1, "budget_usd": 0.0}
+    structure_config({"active": "a", "providers": {"a": {"family": "sim"}},
+                      "gateway": {"teams": [{"name": "t", **edge}],
+                                  "keys": [{"name": "k", "key_env": "K", "team": "t", **edge}]}})
+    past = {"rpm": 0, "tpm": 0, "budget_usd": -0.01}
+    with pytest.raises(ConfigError) as info:
+        structure_config({"active": "a", "providers": {"a": {"family": "sim"}},
+                          "gateway": {"teams": [{"name": "t"}, {"name": "u", **past}],
+                                      "keys": [{"name": "k", "key_env": "K", **past}]}})
+    assert info.value.problems == [
+        "gateway.teams[1].rpm: must be at least 1",
+        "gateway.teams[1].tpm: must be at least 1",
+        "gateway.teams[1].budget_usd: must not be negative",
+        "gateway.keys[0].rpm: must be at least 1",
+        "gateway.keys[0].tpm: must be at least 1",
+        "gateway.keys[0].budget_usd: must not be negative",
+    ]
+
+
+def test_a_document_nested_past_the_parsers_depth_is_named_not_raised():
+    # tomllib recurses per level: a RecursionError is no config problem of the operator's words
+    with pytest.raises(ConfigError) as info:
+        parse_config("a = " + "[" * 100_000 + "]" * 100_000, "deep.toml")
+    assert info.value.problems == ["deep.toml: not a usable config: its tables or arrays nest too deeply"]
+
+
+def test_headers_auth_and_named_keys_past_their_edge_are_named_with_their_paths():
+    good = {"active": "a", "providers": {"a": {"family": "sim", "forward_headers": ["X-Team", "OpenAI-Organization"],
+                                               "auth_header": "api-key"}},
+            "routes": [{"hint": "fast", "provider": "a", "model": "m"}],
+            "gateway": {"auth": "none", "teams": [{"name": "t"}],
+                        "keys": [{"name": "k", "key_sha256": "0" * 64, "team": "t", "models": ["fast"]}]}}
+    with pytest.raises(ConfigError) as info:  # auth = "none" with named keys is a contradiction
+        structure_config(good)
+    assert info.value.problems == ['gateway.auth: "none" says the gateway takes no client keys, but '
+                                   "gateway.api_keys_env or [[gateway.keys]] names some: remove one of the two"]
+    good["gateway"]["auth"] = "keys"
+    structure_config(good)
+    structure_config({"active": "a", "providers": {"a": {"family": "sim"}}, "gateway": {"auth": "none"}})
+    past = {"active": "a",
+            "providers": {"a": {"family": "sim", "forward_headers": ["x team", "Host", "content-type"],
+                                "auth_header": "Content-Length"},
+                          "b": {"family": "sim", "auth_header": "bad header"}},
+            "gateway": {"auth": "none", "api_keys_env": "K",
+                        "teams": [{"name": "t"}, {"name": "t"}, {"name": " u"}, {"name": ""}],
+                        "keys": [{"name": "k", "key_env": "K", "key_sha256": "0" * 64},
+                                 {"name": "k"},
+                                 {"name": "bad\tname", "key_sha256": "ABC", "models": []},
+                                 {"name": "a b", "key_env": "K"}]}}
+    with pytest.raises(ConfigError) as info:
+        structure_config(past)
+    assert info.value.problems == [
+        'gateway.auth: "none" says the gateway takes no client keys, but gateway.api_keys_env or [[gateway.keys]] '
+        "names some: remove one of the two",
+        "gateway.teams[1].name: 't' is already gateway.teams[0].name",
+        "gateway.teams[2].name: must be a non-blank name without spaces",
+        "gateway.teams[3].name: must be a non-blank name without spaces",
+        "gateway.keys[1].name: 'k' is already gateway.keys[0].name",
+        "gateway.keys[2].name: must be a non-blank name without spaces",
+        "gateway.keys[3].name: must be a non-blank name without spaces",
+        "gateway.keys[0]: set exactly one of key_env, key_sha256",
+        "gateway.keys[1]: set exactly one of key_env, key_sha256",
+        "gateway.keys[2].key_sha256: must be 64 lowercase hex digits (the key's SHA-256)",
+        "gateway.keys[2].models: must list at least one model (leave it out for all)",
+        "providers.a.forward_headers[0]: not a header name",
+        "providers.a.forward_headers[1]: Host describes the connection or the body, not the request: it is never "
+        "forwarded",
+        "providers.a.forward_headers[2]: content-type describes the connection or the body, not the request: it is "
+        "never forwarded",
+        "providers.a.auth_header: not a header name that can carry a key",
+        "providers.b.auth_header: not a header name that can carry a key",
+    ]

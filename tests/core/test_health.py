@@ -251,3 +251,19 @@ def test_a_closed_breaker_answers_as_a_refreshed_one(ops, enabled):
         assert (fast.life.state, fast.life.history, fast.transitions, list(fast.failures), fast.open_until,
                 fast.lease_until) == (reference.life.state, reference.life.history, reference.transitions,
                                       list(reference.failures), reference.open_until, reference.lease_until)
+
+
+def test_a_reload_that_changes_a_pool_forgets_only_that_pools_keys():
+    from relayline.machines.health import InMemoryHealth
+
+    # a key is named by its place in the pool: a changed pool gives that place to another key
+    store = InMemoryHealth(CFG)
+    for profile in ("a", "b"):
+        store.set_key_cursor(profile, 2)
+        store.set_key_cooldown(profile, 1, 30.0)
+        store.set_cooldown(profile, 10.0)
+    # (a changed pool whose keys never had state has nothing to forget)
+    store.reconfigure(CFG, ["a", "b", "c"], pools_changed=["a", "c"])
+    assert (store.key_cursor("a"), store.key_cooldown_until("a", 1)) == (0, float("-inf"))
+    assert (store.key_cursor("b"), store.key_cooldown_until("b", 1)) == (2, 30.0)
+    assert store.cooldown_until("a") == 10.0  # the profile's own health stays

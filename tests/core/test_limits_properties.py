@@ -9,21 +9,27 @@ in flight, so this is the contract's "per worker" with one request each."""
 
 from __future__ import annotations
 
+import attrs
 import hypothesis.strategies as st
 from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from relayline.adapters.stores.limits import MemoryLimits
+from relayline.machines.config import GatewayKey, GatewayTeam
 from relayline.machines.limits import (
+    DEFAULT_OUTPUT_TOKENS,
     WINDOW_S,
     ScopeLimits,
+    estimate_tokens,
     judge,
+    limits_of,
     period_end,
     period_start,
     window_wait,
 )
+from relayline.machines.wire import Message, Part, Request, Tool
 
-NOON = 1_767_268_800.0 + 12 * 3600  # 2026-01-01 12:00 UTC: no run reaches the day's end
+NOON = 1_767_268_800.0  # 2026-01-01 12:00 UTC: no run reaches the day's end
 WORKERS = 3
 MAX_ESTIMATE = 40
 MAX_COST = 0.01
@@ -122,3 +128,84 @@ def test_a_spent_budget_waits_for_the_period_and_outranks_the_windows():
     scope = ScopeLimits("key", "k", rpm=1, budget_usd=1.0, budget_period="month")
     refusal = judge(scope, [(NOON - 1, 0)], 1.0, 5, NOON)
     assert refusal.code == "budget_exceeded" and refusal.retry_after_s == period_end(NOON, "month") - NOON
+
+
+# The examples below pin exact values where the properties above only bound them: each names the
+# change to limits.py it catches.
+
+
+def test_a_spent_budget_names_its_scope():
+    # the refusal's scope is what the console and the error name (not None)
+    scope = ScopeLimits("team", "t", budget_usd=2.0, budget_period="day")
+    refusal = judge(scope, [], 2.5, 5, NOON)
+    assert refusal.limit == "budget" and refusal.scope is scope
+    assert refusal.retry_after_s == 12 * 3600  # at noon, the day ends in twelve hours
+
+
+def test_the_rpm_window_counts_requests_not_tokens():
+    # a request counts once in rpm whatever its tokens; a request just under the minute old
+    # still counts, and the wait is exactly until it leaves the window
+    scope = ScopeLimits("key", "k", rpm=2)
+    assert judge(scope, [(NOON - 30, 500)], 0.0, 5, NOON) is None  # (counted as 2: refused)
+    refusal = judge(scope, [(NOON - 50, 1), (NOON - 30, 1)], 0.0, 5, NOON)
+    assert (refusal.limit, refusal.code, refusal.scope, refusal.retry_after_s) == (
+        "rpm", "rate_limit_exceeded", scope, 10.0)
+
+
+def test_the_tpm_window_waits_for_room_and_refuses_what_never_fits():
+    scope = ScopeLimits("key", "k", tpm=100)
+    assert judge(scope, [(NOON - 20, 40)], 0.0, 60, NOON) is None  # 40 + 60 fits: admitted
+    refusal = judge(scope, [(NOON - 20, 50)], 0.0, 60, NOON)
+    assert (refusal.limit, refusal.scope, refusal.retry_after_s) == ("tpm", scope, 40.0)
+    never = judge(scope, [], 0.0, 101, NOON)
+    assert (never.limit, never.scope, never.retry_after_s) == ("tpm", scope, None)
+    assert "about 101 tokens" in never.message
+
+
+def test_a_day_ends_a_day_after_it_starts():
+    start = period_start(NOON, "day")
+    assert start == NOON - 12 * 3600 and period_end(NOON, "day") == start + 86400
+    assert period_end(NOON, "week") == period_start(NOON, "week") + 7 * 86400
+    assert period_end(NOON, "month") == start + 31 * 86400  # January
+
+
+def test_periods_are_utc_whatever_the_host_zone(monkeypatch):
+    import time
+
+    # the budget's calendar is UTC's: on a host west of Greenwich, March still ends on April 1
+    # 00:00 UTC (read in local time, its start would fall on February 28 and the month would last
+    # February's 28 days from there)
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        mid_march, april_first = 1_773_576_000.0, 1_775_001_600.0  # 2026-03-15 12:00, 2026-04-01 UTC
+        assert period_end(mid_march, "month") == april_first
+        assert period_end(mid_march, "day") == period_start(mid_march, "day") + 86400
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_a_configured_key_and_team_keep_every_limit():
+    key = GatewayKey(name="k", rpm=3, tpm=400, budget_usd=2.5, budget_period="week")
+    assert limits_of("key", key) == ScopeLimits("key", "k", 3, 400, 2.5, "week")
+    team = GatewayTeam(name="t", tpm=9, budget_period="day")
+    assert limits_of("team", team) == ScopeLimits("team", "t", None, 9, None, "day")
+
+
+def test_a_fleet_without_a_shared_store_splits_each_limit():
+    scope = ScopeLimits("key", "k", rpm=10, tpm=7, budget_usd=3.0)
+    assert scope.share(1) is scope and scope.share(0) is scope
+    assert scope.share(2) == ScopeLimits("key", "k", rpm=5, tpm=3, budget_usd=1.5)
+    # a worker's part is never below one request or token, and an unset limit stays unset
+    assert ScopeLimits("key", "k", rpm=2).share(3) == ScopeLimits("key", "k", rpm=1)
+
+
+def test_the_estimate_is_input_chars_a_token_per_message_and_the_most_output():
+    # 8 + 4 characters of text, and a tool of 1 + 2 + len("{}") = 5: 17 chars, 5 tokens
+    request = Request(messages=(Message("system", (Part(text="abcd"),)), Message("user", (Part(text="abcdefgh"),))),
+                      tools=(Tool("f", "dd", {}),))
+    assert estimate_tokens(attrs.evolve(request, max_tokens=100), 50) == 5 + 2 + 100
+    assert estimate_tokens(request, 50) == 5 + 2 + 50  # the profile's default output
+    assert estimate_tokens(request, None) == 5 + 2 + DEFAULT_OUTPUT_TOKENS
+    assert estimate_tokens(attrs.evolve(request, tools=()), None) == 3 + 2 + DEFAULT_OUTPUT_TOKENS

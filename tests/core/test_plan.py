@@ -571,3 +571,19 @@ def test_an_unpinned_entry_without_a_model_is_skipped_and_the_chain_goes_on():
 def test_outside_a_catalog_an_entry_is_priced_by_its_own_model_not_the_name_asked_for():
     cfg = config(active="a", providers={"a": {"model": "m1", "prices": {"asked": {"input_per_mtok": 9.0}}}})
     assert plan(cfg, model="asked").entries[0].price.input_per_mtok == 0.0
+
+
+def test_a_pinned_default_domain_offers_only_what_it_sends_and_what_the_config_names():
+    from relayline.machines.config import structure_config
+    from relayline.machines.plan import model_offered
+
+    # (tests/gateway/test_names.py asks the same through a gateway: unknown_models = "reject")
+    cfg = structure_config({"active": "a", "providers": {"a": {"family": "sim", "model": "m1", "fallback_models": ["m2"]},
+                                                         "b": {"family": "sim", "model": "bm"}},
+                            "routes": [{"hint": "fast", "provider": "b", "model": "bm"}],
+                            "catalog": [{"model": "big", "channels": ["b"]}]})
+    router = build_router(cfg, {})
+    offered = ["auto", "fast", "hint:fast", "big", "m1", "m2", "a/m1", "a/m2"]
+    assert [name for name in offered if not model_offered(router, name)] == []
+    refused = ["AUTO", "hint:slow", "slow", "bm", "b/bm", "a/", "a/bm", "xa/m1", "m1/a", "hint:"]
+    assert [name for name in refused if model_offered(router, name)] == []

@@ -17,7 +17,7 @@ from helpers import asgi_post, sim_config
 from relayline.adapters import Relay
 from relayline.adapters.codecs.common import client_headers
 from relayline.adapters.gateway import Gateway
-from relayline.machines import wire
+from relayline.machines import dropping, wire
 from relayline.machines.config import structure_config
 
 CONFIG = sim_config("m")
@@ -319,10 +319,10 @@ def test_dropping_unsupported_fields_never_deletes_content(request, names, visio
     for family, render, read in (("openai", openai_chat.render_request, _openai_data),
                                  ("anthropic", anthropic_messages.render_request, _anthropic_data)):
         capabilities = Capabilities(vision=vision, prefill=prefill)
-        dropped = (*names, *wire.droppable(request, family, capabilities))
-        kept = wire.without(request, dropped)
+        dropped = (*names, *dropping.droppable(request, family, capabilities))
+        kept = dropping.without(request, dropped)
         assert _content(kept) == _content(request)
-        if wire.refused(request, family, capabilities, drop=True):
+        if dropping.refused(request, family, capabilities, drop=True):
             continue  # the entry is skipped: nothing is sent to it
         system, other, data = read(render(kept, "m", False))
         want_system, want_other, want_data = _sent(request, family)

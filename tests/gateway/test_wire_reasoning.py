@@ -286,16 +286,16 @@ def test_dropping_structured_outputs_removes_exactly_the_named_field():
     """drop_unsupported_params: a tool's strictness or a format's description goes, never the
     tool or the schema."""
     from relayline.adapters.codecs import anthropic_messages, openai_chat
-    from relayline.machines import wire
+    from relayline.machines import dropping, wire
 
     described = {"type": "json_schema", "json_schema": {"name": "w", "description": "d", "schema": WEATHER}}
     request = openai_chat.parse_request({"messages": [{"role": "user", "content": "q"}], "tools": STRICT_TOOLS,
                                            "response_format": described})
     names = wire.unsupported(request, "anthropic", wire.Capabilities(structured_outputs=False))
     assert names == ("tools.function.strict", "response_format", "response_format.json_schema.description")
-    body = anthropic_messages.render_request(wire.without(request, ("tools.function.strict",)), "m", False)
+    body = anthropic_messages.render_request(dropping.without(request, ("tools.function.strict",)), "m", False)
     assert body["tools"] == [{"name": "get_weather", "description": "", "input_schema": WEATHER}]
-    kept = wire.without(request, ("response_format.json_schema.description",))
+    kept = dropping.without(request, ("response_format.json_schema.description",))
     assert kept.response_format.json_schema == {"name": "w", "schema": WEATHER} and kept.tools[0].strict
     body = anthropic_messages.render_request(kept, "m", False)
     assert body["output_config"] == {"format": {"type": "json_schema", "schema": WEATHER}}
