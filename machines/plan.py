@@ -21,15 +21,7 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from . import effort
-from .config import (
-    CatalogModel,
-    Config,
-    Price,
-    Provider,
-    Secret,
-    join_path,
-    resolve_ref,
-)
+from .config import CatalogModel, Config, Price, Provider, Secret, join_path, resolve_ref
 from .engine import Spec, check_precedence, load_spec
 from .errors import ConfigError
 from .families import FAMILIES
