@@ -7,7 +7,7 @@ are trio sleeps, so under MockClock they take no real time.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -294,11 +294,17 @@ class SimClient:
     async def stream(self, request: CallRequest) -> AsyncIterator[AsyncIterator[Frame]]:
         reply = self.upstream.next_reply(request, "stream")
         await self._before_headers(reply)
-        yield self._frames(reply, request.waiting)
+        frames = self._frames(reply, request.waiting)
+        try:
+            yield frames
+        finally:
+            # the driver stops at the completion signal, leaving the frames at a yield: closed
+            # here, as an HTTP family's are, not by trio's finalizer after the run has ended
+            await frames.aclose()
 
     async def _frames(self, reply: Mapping[str, Any],
                       waiting: Callable[[], Awaitable[None]] | None = None
-                      ) -> AsyncIterator[Frame]:
+                      ) -> AsyncGenerator[Frame, None]:
         words: list[str] = []
         explicit_usage = False
         for spec in reply_frames(reply):

@@ -1,6 +1,8 @@
 """The embedder's API (docs/library.md), on virtual time with sim upstreams."""
 
+import gc
 import logging
+import sys
 
 import pytest
 import trio
@@ -192,3 +194,28 @@ def test_clients_come_from_the_family_registry():
     relay = Relay.from_toml(sim_toml("m"), env={})
     assert set(relay.clients) == {"sim"} and relay.clients["sim"].upstream.calls == []
     assert {f.wire for f in FAMILIES.values()} == {"openai", "anthropic", None}
+
+
+async def test_a_sim_stream_that_ended_leaves_no_frames_for_trios_finalizer():
+    """A stream read to its completion signal leaves the family's frames at their last yield:
+    the family closes them as the stream exits, so none is handed to trio's finalizer (which
+    fails once the run has ended: "run() has exited")."""
+    firstiter, finalizer = sys.get_asyncgen_hooks()  # trio's, for this run
+    finalized: list[str] = []
+
+    def counting(agen) -> None:
+        finalized.append(agen.__qualname__)
+        finalizer(agen)
+
+    sys.set_asyncgen_hooks(firstiter, counting)
+    try:
+        relay = relay_with({"sim.a": [{"text": "one"}, {"text": "two"}]})
+        texts = []
+        for _ in range(2):
+            async with relay.stream(HI) as turn:
+                texts.append("".join([e.value async for e in turn if e.kind == "text"]))
+        gc.collect()
+    finally:
+        sys.set_asyncgen_hooks(firstiter, finalizer)
+    assert texts == ["one", "two"]
+    assert "SimClient._frames" not in finalized
