@@ -176,9 +176,9 @@ class Turn(TurnCore):
         # the gate's verdict, or for a continuation the verdict on both streams' text together
         answered = answer.has_answer if continuing else ended == StreamState.COMPLETED
         if answered or refused_early:
-            # output shown, no usage counted: billed at relayline's estimate, as a cut stream is
-            self._record(fc.OK, now, usage=gate.usage if answered else usage, accepted=True,
-                         shown=answered)
+            # the provider's answer (output, or a refusal that stands) without usage counted:
+            # billed at relayline's estimate, as a cut stream is, never as zero
+            self._record(fc.OK, now, usage=gate.usage, accepted=True, shown=True)
             self.answer = answer
             if self.life.state == _STREAMING:
                 self.life.fire(_COMMIT)  # a refusal with nothing to show is still the answer

@@ -339,6 +339,25 @@ def test_a_refusal_advanced_past_without_usage_is_billed_at_an_estimate_not_zero
         ("p0", 0, 1, 1, 2), ("p1", 1, 0, 7, 2)], rows
 
 
+def test_a_streamed_refusal_that_stands_without_usage_is_billed_at_an_estimate_not_zero(tmp_path):
+    # on_refusal = "return": a stream refused before any output is the answer; the provider
+    # billed its prompt though it reported no usage, so the row must not say 0 tokens and $0
+    def upstream(seen) -> Reply:
+        return Reply(headers=SSE, pieces=(delta("", role="assistant"), delta(None, "content_filter"),
+                                          b"data: [DONE]\n\n"))
+
+    with GatewayOn(tmp_path / "ledger.sqlite3", upstream) as gw:
+        oa, _ = gw.clients()
+        chunks = list(oa.chat.completions.create(model="m-p0", messages=HI, stream=True))
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+            "content_filter"]
+    rows = LedgerStore(tmp_path / "ledger.sqlite3").rows()
+    # "hi" is one token in, nothing out
+    assert [(r["mode"], r["accepted"], r["estimated"], r["input_tokens"], r["output_tokens"]) for r in rows] == [
+        ("stream", 1, 1, 1, 0)], rows
+    assert rows[0]["cost_usd"] > 0
+
+
 def test_a_requests_text_is_counted_only_for_an_answer_without_usage(tmp_path, monkeypatch):
     # the estimate reads every part and tool of the history: an answer with usage never needs it
     counted = []
