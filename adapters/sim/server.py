@@ -3,9 +3,10 @@
 One server serves every scripted profile under its own path prefix, so a profile points at it
 with an ordinary base_url:
 
-    openai shape:     base_url = "http://127.0.0.1:PORT/ALIAS/v1"   -> POST
-    /ALIAS/v1/chat/completions anthropic shape:  base_url = "http://127.0.0.1:PORT/ALIAS"      ->
-    POST /ALIAS/v1/messages
+    openai shape:     base_url = "http://127.0.0.1:PORT/ALIAS/v1"
+                      -> POST /ALIAS/v1/chat/completions
+    anthropic shape:  base_url = "http://127.0.0.1:PORT/ALIAS"
+                      -> POST /ALIAS/v1/messages
 
 Each call takes the profile's next scripted reply (docs/scenario-files.md, "Replies") and renders it
 as the real provider would send it: JSON bodies, SSE byte streams, HTTP errors with Retry-After,
