@@ -323,7 +323,7 @@ def bench_driver(turns: int = 300) -> dict:
 def bench_wire() -> dict:
     """What reading and translating a request costs, beside what reading its JSON costs."""
     from relayline.adapters import jsoncodec
-    from relayline.adapters.codecs import anthropic_messages, openai_chat
+    from relayline.adapters.codecs import anthropic_messages_render, openai_chat
 
     body = {"model": "m", "temperature": 0.3, "max_tokens": 256, "stop": ["END"], "user": "u",
             "tools": [{"type": "function", "function": {"name": f"tool{i}", "description": "d",
@@ -339,7 +339,7 @@ def bench_wire() -> dict:
 
     def translate():
         request = openai_chat.parse_request(json.loads(raw))
-        anthropic_messages.render_request(request, "claude", False)
+        anthropic_messages_render.render_request(request, "claude", False)
 
     def passthrough():
         request = openai_chat.parse_request(json.loads(raw))

@@ -2,7 +2,7 @@
 SDK's: https://api.anthropic.com).
 
 The family's transport: where a request goes and with which headers, over the shared connection
-pools. Its wire, both ways, is the codecs' (codecs/anthropic_messages.py for requests,
+pools. Its wire, both ways, is the codecs' (codecs/anthropic_messages_render.py for requests,
 codecs/anthropic_messages_replies.py for replies and streams, codecs/count_tokens.py for token
 counting).
 """
@@ -15,7 +15,7 @@ from relayline.machines.turn import Completion
 
 from .. import jsoncodec
 from ..codecs import count_tokens
-from ..codecs.anthropic_messages import DEFAULT_MAX_TOKENS, render_request
+from ..codecs.anthropic_messages_render import DEFAULT_MAX_TOKENS, render_request
 from ..codecs.anthropic_messages_replies import AnthropicStreamParser, parse_reply
 from ..codecs.http1 import UpstreamRequest
 from .base import CallRequest, credential

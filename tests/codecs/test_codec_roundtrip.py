@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from wire_strategies import base64_text, canonical_requests, expressible, words
 
 from relayline.adapters import jsoncodec
-from relayline.adapters.codecs import anthropic_messages, openai_chat
+from relayline.adapters.codecs import anthropic_messages, anthropic_messages_render, openai_chat
 from relayline.adapters.codecs.anthropic_messages_answers import AnthropicDialect, AnthropicStream
 from relayline.adapters.codecs.anthropic_messages_replies import AnthropicStreamParser
 from relayline.adapters.codecs.anthropic_messages_replies import parse_completion as anthropic_reply
@@ -191,7 +191,7 @@ def anthropic_carries(request: wire.Request, stream: bool) -> wire.Request:
 @pytest.mark.property
 @given(anthropic_requests(), st.booleans())
 def test_an_anthropic_request_reads_back_as_written(request, stream):
-    body = json.loads(jsoncodec.dumps(anthropic_messages.render_request(request, "m", stream)))
+    body = json.loads(jsoncodec.dumps(anthropic_messages_render.render_request(request, "m", stream)))
     assert anthropic_messages.parse_request(body, passthrough=False) == anthropic_carries(request, stream)
 
 
@@ -216,9 +216,10 @@ def test_a_request_translated_across_families_keeps_what_each_message_says(messa
     body), written by a client of one family, translated into the other family's body and read
     back: every text, image, document, tool call and tool result is there, in its place."""
     request = wire.Request(messages, source=source, max_tokens=64)
-    codec = anthropic_messages if source == "openai" else openai_chat
-    body = json.loads(jsoncodec.dumps(codec.render_request(request, "m", False)))
-    translated = codec.parse_request(body, passthrough=False)
+    render, parse = ((anthropic_messages_render.render_request, anthropic_messages.parse_request)
+                     if source == "openai" else (openai_chat.render_request, openai_chat.parse_request))
+    body = json.loads(jsoncodec.dumps(render(request, "m", False)))
+    translated = parse(body, passthrough=False)
     assert _said(translated) == _said(request)
 
 
@@ -232,7 +233,7 @@ def test_any_request_translated_to_anthropic_keeps_its_tool_calls_and_results(re
     assume(any(m.role != wire.SYSTEM for m in request.messages))
     request = attrs.evolve(request, source="openai",
                            messages=tuple(expressible(m, "anthropic") for m in request.messages))
-    body = json.loads(jsoncodec.dumps(anthropic_messages.render_request(request, "m", False)))
+    body = json.loads(jsoncodec.dumps(anthropic_messages_render.render_request(request, "m", False)))
     translated = anthropic_messages.parse_request(body, passthrough=False)
 
     def tool_work(r: wire.Request) -> tuple[list, list]:

@@ -498,7 +498,7 @@ def test_an_optional_field_is_checked_under_its_own_path():
 
 
 def test_a_message_level_caching_hint_goes_on_the_messages_last_block_towards_anthropic():
-    from relayline.adapters.codecs import anthropic_messages, openai_chat
+    from relayline.adapters.codecs import anthropic_messages_render, openai_chat
     hint = {"type": "ephemeral"}
     body = {"messages": [
         {"role": "user", "content": "q"},
@@ -508,7 +508,7 @@ def test_a_message_level_caching_hint_goes_on_the_messages_last_block_towards_an
         {"role": "tool", "tool_call_id": "c1", "content": "one", "cache_control": hint},
         {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "two", "cache_control": hint}]}]}
     request = openai_chat.parse_request(body)
-    _, messages = anthropic_messages.render_messages(request.messages)
+    _, messages = anthropic_messages_render.render_messages(request.messages)
     assert messages[1]["content"] == [
         {"type": "text", "text": "looking"}, {"type": "tool_use", "id": "c1", "name": "f", "input": {}},
         {"type": "tool_use", "id": "c2", "name": "g", "input": {}, "cache_control": hint}]

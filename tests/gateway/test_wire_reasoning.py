@@ -268,14 +268,14 @@ def test_an_output_config_keeps_its_other_fields_beside_the_format():
     """output_config holds more than the format (effort, and fields relayline does not read): a
     body rendered from the canonical request (a field dropped for the entry) keeps them beside it;
     towards openai the effort is `reasoning_effort` and the rest is named."""
-    from relayline.adapters.codecs import anthropic_messages, openai_chat
+    from relayline.adapters.codecs import anthropic_messages, anthropic_messages_render, openai_chat
     from relayline.machines import wire
 
     body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "q"}],
             "output_config": {"effort": "high", "format": {"type": "json_schema", "schema": WEATHER},
                               "a_later_field": 1}}
     request = anthropic_messages.parse_request(body, passthrough=False)
-    assert anthropic_messages.render_request(request, "claude-up", False)["output_config"] == body["output_config"]
+    assert anthropic_messages_render.render_request(request, "claude-up", False)["output_config"] == body["output_config"]
     assert openai_chat.render_request(request, "gpt-up", False)["reasoning_effort"] == "high"
     assert wire.unsupported(request, "openai", wire.Capabilities()) == ("output_config",)
     assert wire.unsupported(request, "openai", wire.Capabilities(structured_outputs=False)) == (
@@ -285,7 +285,7 @@ def test_an_output_config_keeps_its_other_fields_beside_the_format():
 def test_dropping_structured_outputs_removes_exactly_the_named_field():
     """drop_unsupported_params: a tool's strictness or a format's description goes, never the
     tool or the schema."""
-    from relayline.adapters.codecs import anthropic_messages, openai_chat
+    from relayline.adapters.codecs import anthropic_messages_render, openai_chat
     from relayline.machines import dropping, wire
 
     described = {"type": "json_schema", "json_schema": {"name": "w", "description": "d", "schema": WEATHER}}
@@ -293,9 +293,9 @@ def test_dropping_structured_outputs_removes_exactly_the_named_field():
                                            "response_format": described})
     names = wire.unsupported(request, "anthropic", wire.Capabilities(structured_outputs=False))
     assert names == ("tools.function.strict", "response_format", "response_format.json_schema.description")
-    body = anthropic_messages.render_request(dropping.without(request, ("tools.function.strict",)), "m", False)
+    body = anthropic_messages_render.render_request(dropping.without(request, ("tools.function.strict",)), "m", False)
     assert body["tools"] == [{"name": "get_weather", "description": "", "input_schema": WEATHER}]
     kept = dropping.without(request, ("response_format.json_schema.description",))
     assert kept.response_format.json_schema == {"name": "w", "schema": WEATHER} and kept.tools[0].strict
-    body = anthropic_messages.render_request(kept, "m", False)
+    body = anthropic_messages_render.render_request(kept, "m", False)
     assert body["output_config"] == {"format": {"type": "json_schema", "schema": WEATHER}}
