@@ -40,12 +40,14 @@ A body in one message gets a content-length (one write, no chunked framing); a s
 chunked. The ASGI surface is the subset the gateway uses: `http` scopes, no lifespan.
 
 The package, one module a part: the request side of a connection (reader.py: llhttp's events),
-one connection's requests and answers (connection.py), the hang-up watch (hangups.py), and the
-server that accepts, watches and drains connections (server.py). A response head is rendered by
+one connection's requests handed to the app (connection.py), its answers framed and written
+(answer.py), the hang-up watch (hangups.py), and the server that accepts, watches and drains
+connections (server.py). A response head is rendered by
 the HTTP/1 rules the upstream client shares (adapters/codecs/http1.py).
 """
 
-from .connection import READ_AHEAD, READ_SIZE, App, Message, Receive, Scope, Send
+from .answer import Message
+from .connection import READ_AHEAD, READ_SIZE, App, Receive, Scope, Send
 from .server import ErrorBody, Server, listening_sockets, url_of
 
 __all__ = [

@@ -11,7 +11,8 @@ from collections.abc import Callable
 import trio
 
 from ..listen import BatchListener
-from .connection import SEND_CHECKS, App, Connection
+from .answer import SEND_CHECKS
+from .connection import App, Connection
 from .hangups import Hangups
 
 log = logging.getLogger("relayline.gateway")
