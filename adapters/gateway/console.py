@@ -31,9 +31,10 @@ import trio
 
 from relayline.machines.engine import SPEC_NAMES, Spec, load_spec
 from relayline.machines.plan import HINT_PREFIX, Plan
-from relayline.machines.turn import AttemptRecord, TurnResult
+from relayline.machines.turn import TurnResult
 
 from .http11 import Receive, Scope, Send
+from .turn_views import EndedTurn, TurnView, attempt_ms
 
 if TYPE_CHECKING:
     from ..relay import Relay
@@ -75,100 +76,6 @@ STATIC = {
 CSP = ("default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
        "style-src 'self' 'unsafe-inline'; font-src 'self'; base-uri 'none'; form-action 'none'; "
        "frame-ancestors 'none'")
-
-
-@attrs.frozen
-class AttemptView:
-    profile: str
-    model: str
-    mode: str
-    outcome: str
-    reason: str | None
-    key: int | None
-    latency_ms: float | None
-    input_tokens: int
-    output_tokens: int
-    cost_usd: float
-    billed: bool
-
-
-@attrs.frozen
-class TurnView:
-    """One finished turn as the console shows it: attribution and attempts, never text."""
-
-    seq: int
-    turn: str
-    at: float  # wall clock, for the operator
-    requested: str
-    served: str | None
-    outcome: str
-    error: str | None
-    fallback: bool
-    latency_ms: float
-    cost_usd: float
-    attempts: tuple[AttemptView, ...]
-    skipped: tuple[tuple[str, str, str], ...]  # (profile, model, reason)
-
-    def as_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-
-def _latency_ms(attempt: AttemptRecord, ended: float) -> float | None:
-    """An attempt's time in ms, to its own end or, still open at the turn's end, to that."""
-    end = attempt.ended if attempt.ended is not None else ended
-    return round((end - attempt.at) * 1000, 1) if end >= attempt.at else None
-
-
-def turn_view(seq: int, turn_id: str, result: TurnResult | _Ended, latency_s: float, ended: float,
-              wall: float) -> TurnView:
-    """Pair each attempt with its ledger row. Rows are appended together with the attempt they
-    bill, in the same order, so the next unmatched row of the same profile, model, outcome and
-    mode is that attempt's."""
-    rows = list(result.ledger)
-    attempts = []
-    for a in result.attempts:
-        row = None
-        for i, r in enumerate(rows):
-            if (r.provider, r.model, r.outcome, r.mode) == (a.provider, a.model, a.outcome, a.mode):
-                row = rows.pop(i)
-                break
-        attempts.append(AttemptView(
-            a.provider, a.model, a.mode, a.outcome, a.reason, a.key, _latency_ms(a, ended),
-            row.input_tokens if row else 0, row.output_tokens if row else 0,
-            row.cost_usd if row else 0.0, row is not None))
-    return TurnView(
-        seq=seq, turn=turn_id, at=round(wall, 3), requested=result.requested,
-        served=result.served.label if result.served else None, outcome=result.outcome,
-        error=result.error,
-        fallback=result.fallback, latency_ms=round(latency_s * 1000, 1), cost_usd=result.cost_usd,
-        attempts=tuple(attempts),
-        skipped=tuple((s.profile, s.model, s.reason) for s in result.skipped))
-
-
-class _Ended:
-    """A finished turn as the console keeps it until it is shown: what its view reads of the
-    result, never the result itself (its text may be large, and it is not the console's)."""
-
-    __slots__ = ("seq", "turn", "latency_s", "ended", "wall", "requested", "served", "outcome",
-                 "error", "fallback",
-                 "attempts", "ledger", "skipped", "cost_usd")
-
-    def __init__(self, seq: int, turn: str, result: TurnResult, latency_s: float, ended: float,
-                 wall: float) -> None:
-        self.seq, self.turn, self.latency_s, self.ended, self.wall = (
-            seq,
-            turn,
-            latency_s,
-            ended,
-            wall,
-        )
-        self.requested, self.served, self.outcome = result.requested, result.served, result.outcome
-        self.error, self.fallback = result.error, result.fallback
-        self.attempts, self.ledger, self.skipped = result.attempts, result.ledger, result.skipped
-        self.cost_usd = result.cost_usd
-
-    def view(self) -> TurnView:
-        return turn_view(self.seq, self.turn, self, self.latency_s, self.ended, self.wall)
 
 
 def edge_counts(spec: Spec) -> list[dict[str, Any]]:
@@ -220,8 +127,8 @@ class Console:
 
     def __init__(self, gateway: ConsoleHost) -> None:
         self.gateway = gateway
-        # the recent turns: each as observed (_Ended) until it is first read, then as its view
-        self._recent: deque[TurnView | _Ended] = deque(maxlen=RECENT_TURNS)
+        # the recent turns: each as observed (EndedTurn) until it is first read, then as its view
+        self._recent: deque[TurnView | EndedTurn] = deque(maxlen=RECENT_TURNS)
         self._seq = 0
         # per profile: (ended on the trio clock, ok, latency ms) of attempts, pruned to the window
         # and bounded, so a busy gateway's console costs the same as an idle one's
@@ -245,10 +152,10 @@ class Console:
         the rest of this."""
         now = trio.current_time() if ended is None else ended
         self._seq += 1
-        self._recent.append(_Ended(self._seq, turn_id, result, latency_s, now, time.time()))
+        self._recent.append(EndedTurn(self._seq, turn_id, result, latency_s, now, time.time()))
         for a in result.attempts:
             if not a.ended_by_consumer:  # (the consumer's end says nothing of the provider)
-                self._attempts[a.provider].append((now, a.outcome == "ok", _latency_ms(a, now)))
+                self._attempts[a.provider].append((now, a.outcome == "ok", attempt_ms(a, now)))
         if self._streams:
             # wake every open event stream; each re-reads what it shows and sends what changed
             # (with none open, no one waits on the event: it is not replaced every turn)
@@ -261,7 +168,7 @@ class Console:
         recent = self._recent
         i = len(recent) - 1
         # (built in order: the unread ones are the newest)
-        while i >= 0 and type(recent[i]) is _Ended:
+        while i >= 0 and type(recent[i]) is EndedTurn:
             i -= 1
         for j in range(i + 1, len(recent)):
             recent[j] = recent[j].view()  # type: ignore[union-attr]

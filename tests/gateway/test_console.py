@@ -19,7 +19,8 @@ import pytest
 import trio
 from browser import Chromium, find_chromium
 
-from relayline.adapters.gateway.console import CSP, MERMAID, turn_view
+from relayline.adapters.gateway.console import CSP, MERMAID
+from relayline.adapters.gateway.turn_views import turn_view
 from relayline.adapters.sim.background import BackgroundGateway
 from relayline.machines.ledger import LedgerRow
 from relayline.machines.turn import AttemptRecord, TurnResult
