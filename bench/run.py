@@ -323,7 +323,7 @@ def bench_driver(turns: int = 300) -> dict:
 def bench_wire() -> dict:
     """What reading and translating a request costs, beside what reading its JSON costs."""
     from relayline.adapters import jsoncodec
-    from relayline.adapters.codecs import anthropic_messages_render, openai_chat
+    from relayline.adapters.codecs import anthropic_messages_render, openai_chat, openai_chat_render
 
     body = {"model": "m", "temperature": 0.3, "max_tokens": 256, "stop": ["END"], "user": "u",
             "tools": [{"type": "function", "function": {"name": f"tool{i}", "description": "d",
@@ -343,7 +343,7 @@ def bench_wire() -> dict:
 
     def passthrough():
         request = openai_chat.parse_request(json.loads(raw))
-        openai_chat.render_request(request, "gpt", False)
+        openai_chat_render.render_request(request, "gpt", False)
 
     return {"translate_25_messages_us": per_call_us(translate, 2000),
             "passthrough_25_messages_us": per_call_us(passthrough, 2000),

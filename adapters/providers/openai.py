@@ -1,7 +1,7 @@
 """OpenAI-compatible chat completions: OpenAI, OpenRouter, Groq, vLLM, Ollama, llama.cpp server.
 
 The family's transport: where a request goes and with which headers, over the shared connection
-pools. Its wire, both ways, is the codecs' (codecs/openai_chat.py for requests,
+pools. Its wire, both ways, is the codecs' (codecs/openai_chat_render.py for requests,
 codecs/openai_chat_replies.py for replies, and the Responses API and embeddings codecs for a
 profile asked in those APIs).
 
@@ -20,7 +20,7 @@ from relayline.machines.turn import Completion
 from .. import jsoncodec
 from ..codecs import embeddings, responses
 from ..codecs.http1 import UpstreamRequest
-from ..codecs.openai_chat import render_request
+from ..codecs.openai_chat_render import render_request
 from ..codecs.openai_chat_replies import OpenAIStreamParser, parse_reply
 from .base import CallRequest, credential
 from .http import FixedHeads, HttpProvider

@@ -19,7 +19,12 @@ from hypothesis import strategies as st
 from wire_strategies import base64_text, canonical_requests, expressible, words
 
 from relayline.adapters import jsoncodec
-from relayline.adapters.codecs import anthropic_messages, anthropic_messages_render, openai_chat
+from relayline.adapters.codecs import (
+    anthropic_messages,
+    anthropic_messages_render,
+    openai_chat,
+    openai_chat_render,
+)
 from relayline.adapters.codecs.anthropic_messages_answers import AnthropicDialect, AnthropicStream
 from relayline.adapters.codecs.anthropic_messages_replies import AnthropicStreamParser
 from relayline.adapters.codecs.anthropic_messages_replies import parse_completion as anthropic_reply
@@ -109,7 +114,7 @@ def openai_carries(request: wire.Request, stream: bool) -> wire.Request:
 @given(openai_requests(), st.booleans())
 def test_an_openai_request_reads_back_as_written(request, stream):
     carried = openai_carries(request, stream)
-    body = json.loads(jsoncodec.dumps(openai_chat.render_request(request, "m", stream)))
+    body = json.loads(jsoncodec.dumps(openai_chat_render.render_request(request, "m", stream)))
     assert openai_chat.parse_request(body, passthrough=False) == carried
 
 
@@ -217,7 +222,7 @@ def test_a_request_translated_across_families_keeps_what_each_message_says(messa
     back: every text, image, document, tool call and tool result is there, in its place."""
     request = wire.Request(messages, source=source, max_tokens=64)
     render, parse = ((anthropic_messages_render.render_request, anthropic_messages.parse_request)
-                     if source == "openai" else (openai_chat.render_request, openai_chat.parse_request))
+                     if source == "openai" else (openai_chat_render.render_request, openai_chat.parse_request))
     body = json.loads(jsoncodec.dumps(render(request, "m", False)))
     translated = parse(body, passthrough=False)
     assert _said(translated) == _said(request)

@@ -498,7 +498,7 @@ def test_an_optional_field_is_checked_under_its_own_path():
 
 
 def test_a_message_level_caching_hint_goes_on_the_messages_last_block_towards_anthropic():
-    from relayline.adapters.codecs import anthropic_messages_render, openai_chat
+    from relayline.adapters.codecs import anthropic_messages_render, openai_chat, openai_chat_render
     hint = {"type": "ephemeral"}
     body = {"messages": [
         {"role": "user", "content": "q"},
@@ -516,11 +516,11 @@ def test_a_message_level_caching_hint_goes_on_the_messages_last_block_towards_an
         {"type": "tool_result", "tool_use_id": "c1", "content": [{"type": "text", "text": "one"}], "cache_control": hint},
         {"type": "tool_result", "tool_use_id": "c2", "content": [{"type": "text", "text": "two", "cache_control": hint}]}]
     # an OpenAI body written again for its own family keeps each hint where its client put it
-    again = openai_chat.render_request(attrs.evolve(request, passthrough=None), "m", False)["messages"]
+    again = openai_chat_render.render_request(attrs.evolve(request, passthrough=None), "m", False)["messages"]
     assert [m.get("cache_control") for m in again] == [None, hint, hint, None]
     assert again[3]["content"] == [{"type": "text", "text": "two", "cache_control": hint}]
     # and written for the other family from an Anthropic client's, nothing of them is left
-    assert "cache_control" not in json.dumps(openai_chat.render_request(attrs.evolve(request, source="anthropic"), "m", False))
+    assert "cache_control" not in json.dumps(openai_chat_render.render_request(attrs.evolve(request, source="anthropic"), "m", False))
 
 
 def test_dropping_removes_a_named_key_of_a_part_a_format_or_an_effort_and_nothing_beside():

@@ -313,10 +313,10 @@ def test_dropping_unsupported_fields_never_deletes_content(request, names, visio
     """Any canonical request, any set of names to drop: every text, image, document and tool datum
     is still in the request, and reaches the body rendered for either family whenever that
     family's entry may serve the request at all (nothing it cannot take is content)."""
-    from relayline.adapters.codecs import anthropic_messages_render, openai_chat
+    from relayline.adapters.codecs import anthropic_messages_render, openai_chat_render
     from relayline.machines.config import Capabilities
 
-    for family, render, read in (("openai", openai_chat.render_request, _openai_data),
+    for family, render, read in (("openai", openai_chat_render.render_request, _openai_data),
                                  ("anthropic", anthropic_messages_render.render_request, _anthropic_data)):
         capabilities = Capabilities(vision=vision, prefill=prefill)
         dropped = (*names, *dropping.droppable(request, family, capabilities))
@@ -391,7 +391,12 @@ def test_every_field_a_client_sent_crosses_families_or_is_named(source, data):
     """For a body the parser accepts, a key added anywhere either reaches the other family's
     request or is named unsupported (the entry is skipped, or with drop_unsupported_params the
     key is dropped and named): never read past in silence."""
-    from relayline.adapters.codecs import anthropic_messages, anthropic_messages_render, openai_chat
+    from relayline.adapters.codecs import (
+        anthropic_messages,
+        anthropic_messages_render,
+        openai_chat,
+        openai_chat_render,
+    )
     from relayline.machines.config import Capabilities
 
     body = json.loads(json.dumps(FULL_BODIES[source]))
@@ -400,7 +405,7 @@ def test_every_field_a_client_sent_crosses_families_or_is_named(source, data):
     for i in chosen:
         objects[i][0][f"zq{i}"] = f"MARK{i}"
     parse, render = ((openai_chat.parse_request, anthropic_messages_render.render_request) if source == "openai"
-                     else (anthropic_messages.parse_request, openai_chat.render_request))
+                     else (anthropic_messages.parse_request, openai_chat_render.render_request))
     request = parse(body)
     family = "anthropic" if source == "openai" else "openai"
     names = wire.unsupported(request, family, Capabilities())

@@ -268,7 +268,11 @@ def test_an_output_config_keeps_its_other_fields_beside_the_format():
     """output_config holds more than the format (effort, and fields relayline does not read): a
     body rendered from the canonical request (a field dropped for the entry) keeps them beside it;
     towards openai the effort is `reasoning_effort` and the rest is named."""
-    from relayline.adapters.codecs import anthropic_messages, anthropic_messages_render, openai_chat
+    from relayline.adapters.codecs import (
+        anthropic_messages,
+        anthropic_messages_render,
+        openai_chat_render,
+    )
     from relayline.machines import wire
 
     body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "q"}],
@@ -276,7 +280,7 @@ def test_an_output_config_keeps_its_other_fields_beside_the_format():
                               "a_later_field": 1}}
     request = anthropic_messages.parse_request(body, passthrough=False)
     assert anthropic_messages_render.render_request(request, "claude-up", False)["output_config"] == body["output_config"]
-    assert openai_chat.render_request(request, "gpt-up", False)["reasoning_effort"] == "high"
+    assert openai_chat_render.render_request(request, "gpt-up", False)["reasoning_effort"] == "high"
     assert wire.unsupported(request, "openai", wire.Capabilities()) == ("output_config",)
     assert wire.unsupported(request, "openai", wire.Capabilities(structured_outputs=False)) == (
         "output_config.format", "output_config")
