@@ -32,8 +32,9 @@ USAGE = FrameKind.USAGE
 FINISH = FrameKind.FINISH
 
 # the event a decisive frame becomes at the immutable sink
-EVENT_NAMES: dict[str, EventKind] = {TEXT: EventKind.TEXT, REASONING: EventKind.REASONING, TOOL_CALL: EventKind.TOOL,
-               TOOL_ARGS: EventKind.TOOL_ARGS, EXECUTED_TOOL: EventKind.EXECUTED_TOOL}
+EVENT_NAMES: dict[str, EventKind] = {
+    TEXT: EventKind.TEXT, REASONING: EventKind.REASONING, TOOL_CALL: EventKind.TOOL,
+    TOOL_ARGS: EventKind.TOOL_ARGS, EXECUTED_TOOL: EventKind.EXECUTED_TOOL}
 
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
 
@@ -48,7 +49,8 @@ class Frame:
     kind: str  # a FrameKind (adapters may pass the plain string)
     value: str = ""
     usage: Usage | None = None
-    ref: str = ""  # a tool call's id, as the provider sent it; for tool_args, an earlier call's place
+    # a tool call's id, as the provider sent it; for tool_args, an earlier call's place
+    ref: str = ""
 
     @property
     def decisive(self) -> bool:
@@ -75,7 +77,8 @@ class Event:
 
 
 class StreamGate:
-    __slots__ = ("life", "entry_actions", "held", "text", "tools", "tool_ids", "arguments", "usage", "finish_reason", "stop_sequence")
+    __slots__ = ("life", "entry_actions", "held", "text", "tools", "tool_ids", "arguments",
+                 "usage", "finish_reason", "stop_sequence")
 
     def __init__(self) -> None:
         self.life: Lifecycle = (spec := load_spec("stream")).start()
@@ -87,7 +90,8 @@ class StreamGate:
         self.arguments: list[list[str]] = []  # argument fragments per tool call
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
-        self.stop_sequence: str | None = None  # the stop sequence that ended the answer, if the provider said
+        # the stop sequence that ended the answer, if the provider said
+        self.stop_sequence: str | None = None
 
     @property
     def state(self) -> StreamState:
@@ -127,7 +131,8 @@ class StreamGate:
                 # redacted thinking block, or the citations of the text just shown (a Responses
                 # stream's annotations): they belong with what was shown, so they go where it
                 # went (none commits: they are no words of the answer)
-                event = (Event(EVENT_NAMES[frame.kind], "", frame.ref) if frame.kind != REDACTED_REASONING
+                event = (Event(EVENT_NAMES[frame.kind], "", frame.ref)
+                         if frame.kind != REDACTED_REASONING
                          else Event(EventKind.REDACTED_REASONING, frame.value))
                 if self.life.state == StreamState.COMMITTED:
                     return (event,)
@@ -144,11 +149,13 @@ class StreamGate:
             self.tool_ids.append(frame.ref)
             self.arguments.append([])
         elif frame.kind == TOOL_ARGS and self.arguments:
-            place = int(frame.ref) if frame.ref.isdigit() and int(frame.ref) < len(self.arguments) else -1
+            known = frame.ref.isdigit() and int(frame.ref) < len(self.arguments)
+            place = int(frame.ref) if known else -1
             self.arguments[place].append(frame.value)
         if self.life.state == StreamState.COMMITTED:
             return (event,)
-        released: tuple[Event, ...] = self.life.step(StreamTrigger.DECISIVE, self, self.entry_actions)
+        released: tuple[Event, ...] = self.life.step(StreamTrigger.DECISIVE, self,
+                                                     self.entry_actions)
         return (*released, event)
 
     # -- entry actions (specs/stream.toml [entry_actions]) ------------------------------------
