@@ -1,8 +1,10 @@
 """Small builders shared by tests."""
 
+import gc
 import json
 import socket
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import trio
@@ -189,3 +191,23 @@ def fresh_upstream(gateway):
     gateway.upstream.answer = Answer()
     gateway.upstream.seen.clear()
     return gateway.upstream
+
+
+@contextmanager
+def finalized_async_generators() -> Iterator[list[str]]:
+    """The names of the async generators handed to trio's finalizer inside the block (one left
+    unclosed: a wake-up of the run loop and a system task, or an error once the run has ended),
+    with a collection at its end so that none is missed."""
+    firstiter, finalizer = sys.get_asyncgen_hooks()  # trio's, for this run
+    finalized: list[str] = []
+
+    def counting(agen) -> None:
+        finalized.append(agen.__qualname__)
+        finalizer(agen)
+
+    sys.set_asyncgen_hooks(firstiter, counting)
+    try:
+        yield finalized
+        gc.collect()
+    finally:
+        sys.set_asyncgen_hooks(firstiter, finalizer)

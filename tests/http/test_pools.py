@@ -5,14 +5,13 @@ closed once no request took them for a keep-alive period, even when the pool is 
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
-import sys
 from collections import defaultdict
 
 import trio
 
+from helpers import finalized_async_generators
 from relayline.adapters import Relay
 from relayline.adapters.providers.pool import ProfilePool
 from relayline.adapters.providers.upstream import UpstreamRequest
@@ -121,15 +120,7 @@ async def test_a_stream_that_ended_leaves_no_frames_for_trios_finalizer():
     async def discard(event) -> None:
         pass
 
-    firstiter, finalizer = sys.get_asyncgen_hooks()  # trio's, for this run
-    finalized: list[str] = []
-
-    def counting(agen) -> None:
-        finalized.append(agen.__qualname__)
-        finalizer(agen)
-
-    sys.set_asyncgen_hooks(firstiter, counting)
-    try:
+    with finalized_async_generators() as finalized:
         async with trio.open_nursery() as nursery:
             upstream = LoopbackServer(streamed_answer)
             await upstream.start(nursery)
@@ -137,9 +128,6 @@ async def test_a_stream_that_ended_leaves_no_frames_for_trios_finalizer():
                 with trio.fail_after(10):
                     results = [await turns_of(relay).run(HI, stream=True, sink=discard) for _ in range(3)]
             nursery.cancel_scope.cancel()
-        gc.collect()
-    finally:
-        sys.set_asyncgen_hooks(firstiter, finalizer)
     assert [r.text for r in results] == ["ok"] * 3
     assert "HttpProvider._frames" not in finalized
 

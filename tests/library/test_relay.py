@@ -1,13 +1,11 @@
 """The embedder's API (docs/library.md), on virtual time with sim upstreams."""
 
-import gc
 import logging
-import sys
 
 import pytest
 import trio
 
-from helpers import sim_toml
+from helpers import finalized_async_generators, sim_toml
 from relayline.adapters import Relay
 from relayline.adapters.providers.sim import SimUpstream
 from relayline.machines import wire
@@ -200,22 +198,11 @@ async def test_a_sim_stream_that_ended_leaves_no_frames_for_trios_finalizer():
     """A stream read to its completion signal leaves the family's frames at their last yield:
     the family closes them as the stream exits, so none is handed to trio's finalizer (which
     fails once the run has ended: "run() has exited")."""
-    firstiter, finalizer = sys.get_asyncgen_hooks()  # trio's, for this run
-    finalized: list[str] = []
-
-    def counting(agen) -> None:
-        finalized.append(agen.__qualname__)
-        finalizer(agen)
-
-    sys.set_asyncgen_hooks(firstiter, counting)
-    try:
+    with finalized_async_generators() as finalized:
         relay = relay_with({"sim.a": [{"text": "one"}, {"text": "two"}]})
         texts = []
         for _ in range(2):
             async with relay.stream(HI) as turn:
                 texts.append("".join([e.value async for e in turn if e.kind == "text"]))
-        gc.collect()
-    finally:
-        sys.set_asyncgen_hooks(firstiter, finalizer)
     assert texts == ["one", "two"]
     assert "SimClient._frames" not in finalized
