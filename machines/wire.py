@@ -33,7 +33,6 @@ from .errors import RelaylineError
 SYSTEM, USER, ASSISTANT, TOOL = "system", "user", "assistant", "tool"
 # the Responses API's dialect: no family of its own, an openai profile may serve it
 RESPONSES = "responses"
-ROLES = (SYSTEM, USER, ASSISTANT, TOOL)
 TEXT, IMAGE, DOCUMENT = "text", "image", "document"
 # reasoning an earlier assistant turn showed, sent back in the history: Anthropic wants a tool
 # turn's thinking back with the signature its provider gave (a redacted block: its opaque data)

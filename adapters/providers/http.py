@@ -430,9 +430,12 @@ class _Streamed:
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool | None:
         frames, self.frames = self.frames, None
-        if frames is not None:
-            await frames.aclose()  # (suspended at a yield, or done: nothing in it is awaited)
-        return await self.exchange.__aexit__(kind, exc, tb)
+        try:
+            if frames is not None:
+                await frames.aclose()  # (suspended at a yield, or done: nothing in it is awaited)
+        finally:  # the exchange (its connection) is let go whatever the frames' end raised
+            suppressed = await self.exchange.__aexit__(kind, exc, tb)
+        return suppressed
 
 
 async def _refusal(response: UpstreamResponse) -> None:
