@@ -443,6 +443,11 @@ def test_a_sighup_during_the_drain_is_refused_and_the_turns_finishing_keep_their
                     while upstream.count("a") == 0:
                         await trio.sleep(0.02)
                     gateway.signal(signal.SIGTERM)
+                    # (a SIGHUP pending beside the SIGTERM is handled first: Python runs pending
+                    # handlers by signal number, so the SIGHUP waits until the drain has begun)
+                    with trio.fail_after(10):
+                        while "draining" not in gateway.stderr:
+                            await trio.sleep(0.02)
                     config.write_text(fleet_config(upstream, chain=("a", "c"), extra=extra))
                     gateway.signal(signal.SIGHUP)
 
