@@ -72,6 +72,15 @@ class Event:
     def visible(self) -> bool:
         return self.kind != EventKind.PREAMBLE
 
+    @property
+    def decisive(self) -> bool:
+        """The event of a decisive frame (`Frame.decisive`): words, a tool call or its arguments,
+        an executed tool; not what the gate held before it (a preamble, a redacted block, a
+        signature or the citations of what was shown)."""
+        if self.kind in (EventKind.TEXT, EventKind.REASONING, EventKind.TOOL_ARGS):
+            return bool(self.value)
+        return self.kind in (EventKind.TOOL, EventKind.EXECUTED_TOOL)
+
     def __str__(self) -> str:
         return f"{self.kind}:{self.value}"
 

@@ -49,18 +49,20 @@ class StreamWire:
     with its nursery and scopes would be memory every stream in flight holds): events are rendered
     into a pending buffer, and the turn's own task writes it, in one ASGI send, when the
     upstream adapter is about to wait for its next read (`waiting`), so the frames of one read
-    leave together and an idle stream still sends each frame at once. The first token is written
-    at once; past MAX_PENDING the turn writes before it renders more. A client that reads slowly
-    holds the turn's write, and with it the next upstream read (TCP backpressure), its idle
-    deadline lifted meanwhile (a slow reader is not a stalled provider). The held headers are
-    committed after `gate_commit_s` with nothing decisive by the gateway's one gate timer
-    (`GateTimer`), whatever the turn is waiting on.
+    leave together and an idle stream still sends each frame at once. The answer's first
+    decisive event (with the headers and what the gate held before it, unless the gate timer
+    wrote those already) is written at once, not with the rest of its read; past MAX_PENDING the
+    turn writes before it renders more. A client that reads slowly holds the turn's write, and
+    with it the next upstream read (TCP backpressure), its idle deadline lifted meanwhile (a
+    slow reader is not a stalled provider). The held headers are committed after
+    `gate_commit_s` with nothing decisive by the gateway's one gate timer (`GateTimer`), whatever
+    the turn is waiting on.
     """
 
     MAX_PENDING = 256 * 1024
 
     __slots__ = ("send", "run", "request", "render", "started", "_head", "_pending",
-                 "_pending_bytes", "_sending",
+                 "_pending_bytes", "_sending", "_shown",
                  "_ending", "_committing", "_gate", "_cancel_turn", "_unnamed")
 
     def __init__(self, turn_id: str, send: Send, dialect: Dialect, request: wire.Request) -> None:
@@ -73,6 +75,7 @@ class StreamWire:
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._sending: trio.CancelScope | None = None
+        self._shown = False  # the answer's first decisive event was written
         self._ending = False
         self._committing: trio.Event | None = None  # while the gate timer writes the held commit
         self._gate: _GateEntry | None = None  # the gate timer's entry, while the gate holds
@@ -203,12 +206,8 @@ class StreamWire:
             if event.ref and not self.started:
                 self.render.event(event)
             return  # held protocol frames: the dialect's preamble is rendered at commit
-        if not self.started:
-            self.commit()
-            self._put(self.render.event(event))
-            # the first token goes out now, not once the rest of this upstream read is rendered;
-            # a client slow to take it is not a stalled provider
-            await self._flush()
+        if not self._shown:
+            await self._first(event)
             return
         if self._unnamed:
             entry = self._served_entry()
@@ -222,6 +221,26 @@ class StreamWire:
             self._pending_bytes += len(data)
             if self._pending_bytes > self.MAX_PENDING:
                 await self._flush()
+
+    async def _first(self, event: Event) -> None:
+        """An event up to the answer's first decisive one. That one goes out at once, with what
+        is pending before it (the headers, the opening and what the gate held, or the rest of
+        them the gate timer did not write), not once the rest of its upstream read is rendered: a
+        burst's first token does not wait for its last. A client slow to take it is not a
+        stalled provider (`_flush`)."""
+        if not self.started:
+            self.commit()
+        elif self._unnamed:
+            entry = self._served_entry()
+            if entry is not None:  # the first of it after headers the gate timer sent
+                self._unnamed = False
+                self.render.serving(entry.model)
+        self._put(self.render.event(event))
+        if event.decisive:
+            self._shown = True
+            await self._flush()
+        elif self._pending_bytes > self.MAX_PENDING:
+            await self._flush()
 
     # bounded buffer: when it must wait for the client, it says so (consumer_paused)
     may_block = False

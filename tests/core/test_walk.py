@@ -498,6 +498,23 @@ def test_the_gate_holds_the_preamble_until_the_first_decisive_frame_and_then_for
     assert (plain.finish_reason, plain.stop_sequence) == ("stop", None)
 
 
+def test_an_event_is_decisive_as_the_frame_it_came_from():
+    """What the gate held before the first decisive frame comes out with it, not decisive itself
+    (the gateway writes at once what ends with the first decisive event)."""
+    from relayline.machines.stream import StreamGate
+
+    gate = StreamGate()
+    gate.headers()
+    held = [Frame("role"), Frame("redacted_reasoning", "EmwK"), Frame("text", "", ref="cite")]
+    assert all(gate.feed(frame) == () for frame in held)
+    released = gate.feed(Frame("reasoning", "hm"))
+    assert [e.decisive for e in released] == [False, False, False, True]
+    after = [Frame("reasoning", "", ref="sig"), Frame("tool_call", "", ref="c1"), Frame("tool_args", "{}"),
+             Frame("executed_tool", "search"), Frame("text", "a")]
+    assert [e.decisive for frame in after for e in gate.feed(frame)] == [frame.decisive for frame in after]
+    assert [frame.decisive for frame in after] == [False, True, True, True, True]
+
+
 # -- waits ------------------------------------------------------------------------------------------
 
 def test_the_backoff_doubles_up_to_backoff_max_ms():

@@ -6,7 +6,8 @@ virtual time against the scripted sim upstream unless it says otherwise.
   the gateway's one gate timer, which forgets a stream that committed first; frames then go out
   as they come, and the turn's end loses no byte.
 - Writes: they happen in the turn's task, the frames of one upstream read in one write made
-  before the adapter waits again.
+  before the adapter waits again; the answer's first words (and what the gate held before them)
+  in a write of their own before the rest of their read, whoever committed the headers.
 - A turn that already ended: the gate holds no more. What the response is (a real error status
   for a stream that showed nothing, or the stream's end) is the turn's result's to decide, even
   when accounting for the turn (the ledger's commit) takes past gate_commit_s.
@@ -101,6 +102,67 @@ async def test_the_frames_of_one_read_leave_in_one_write_before_the_upstream_is_
     at, together = writes[1]
     assert b'"b"' in together and b'"c"' in together and at < 0.1  # before the 2 s wait, not after it
     assert writes[2][0] >= 2 and b'"d"' in writes[2][1] and b"data: [DONE]" in writes[2][1]
+
+
+async def test_after_headers_the_gate_timer_sent_the_first_token_leaves_before_the_rest_of_its_read(autojump_clock):
+    # the model is slower than gate_commit_s, then its first words come as a burst: they do not
+    # wait for the rest of the burst to be rendered
+    frames = [{"role": True}, {"wait": 2}, {"text": "a"}, {"text": "b"}, {"text": "c"}, {"wait": 2},
+              {"text": "d"}, {"done": True}]
+    writes = bodies(await streamed(gateway_for([{"frames": frames}], gate=1)))
+    assert [at < 1.1 for at, _ in writes] == [True, False, False, False]  # the role frame at the gate
+    assert b'"role":"assistant"' in writes[0][1] and b'"a"' not in writes[0][1]
+    (first_at, first), (rest_at, rest) = writes[1:3]
+    assert b'"a"' in first and b'"b"' not in first  # the first token alone, at once
+    assert b'"b"' in rest and b'"c"' in rest and b'"d"' not in rest  # the rest of the burst together
+    assert first_at < 2.1 and rest_at < 2.1  # both before the upstream is waited on again
+    assert b'"d"' in writes[3][1] and b"data: [DONE]" in writes[3][1]
+    body = b"".join(body for _, body in writes)
+    assert body.count(b"data: ") == body.count(b"\n\n") and body.index(b'"a"') < body.index(b'"b"')
+
+
+def _event(name: str, data: dict) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _redacted_first(seen) -> Reply:
+    """An Anthropic stream whose thinking is redacted whole, then its words, the first two in the
+    same piece as the redacted block (one read), the rest after a pause."""
+    start = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m1", "content": [],
+             "stop_reason": None, "usage": {"input_tokens": 3, "output_tokens": 1}}
+    burst = b"".join((
+        _event("message_start", {"type": "message_start", "message": start}),
+        _event("content_block_start", {"type": "content_block_start", "index": 0,
+                                       "content_block": {"type": "redacted_thinking", "data": "EmwKAhgB"}}),
+        _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        _event("content_block_start", {"type": "content_block_start", "index": 1,
+                                       "content_block": {"type": "text", "text": ""}}),
+        *(_event("content_block_delta", {"type": "content_block_delta", "index": 1,
+                                         "delta": {"type": "text_delta", "text": word}}) for word in ("w0", "w1"))))
+    end = b"".join((
+        _event("content_block_stop", {"type": "content_block_stop", "index": 1}),
+        _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                                 "usage": {"output_tokens": 2}}),
+        _event("message_stop", {"type": "message_stop"})))
+    return Reply(pieces=(burst, 0.2, end))
+
+
+async def test_the_first_words_leave_at_once_after_what_the_gate_held_before_them():
+    """The gate held a redacted thinking block (shown, but no words): the commit writes it with
+    the first words, which do not wait for the rest of their read."""
+    upstream = LoopbackServer(_redacted_first)
+    async with trio.open_nursery() as nursery:
+        await upstream.start(nursery)
+        config = {"active": "p", "providers": {"p": {"family": "anthropic", "base_url": upstream.url,
+                                                     "model": "m1", "api_key": "k-redacted"}}}
+        sent: list[dict] = []
+        status, _, body = await asgi_post(Gateway(Relay(structure_config(config), env={})),
+                                          "/v1/chat/completions", BODY, on_send=sent.append)
+        nursery.cancel_scope.cancel()
+    writes = [message["body"] for message in sent if message.get("body")]
+    first = next(write for write in writes if b'"w0"' in write)
+    assert status == 200 and b"EmwKAhgB" in first and b'"w1"' not in first
+    assert body.index(b"EmwKAhgB") < body.index(b'"w0"') < body.index(b'"w1"') and b"data: [DONE]" in body
 
 
 async def test_the_gate_commits_held_headers_while_the_turn_sleeps_between_attempts(autojump_clock):
