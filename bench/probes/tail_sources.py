@@ -15,13 +15,32 @@ the client's p50/p99, the server's p50/p99, and of the requests above the server
 overlapped a collector pass, a slow ledger commit or a slow log write, and how many had none of
 them (the scheduler's, or the loop's own).
 
-    python bench/probes/tail_sources.py [--seconds 10] [--levels 1,16] [--out FILE]
+CPU time in a span is moved by the machine: the same work runs slower while another process
+shares the core, its caches or its memory bandwidth. So each request's span also carries the event
+loop's thread's CPU apart from the process's (the rest is its other threads': the ledger's
+checkpointer), and three options say what the tail requests ran:
+
+- `--calls` counts the Python calls in each request's span (a profile hook in the loop's
+  thread: slower, but a count, which load does not move) and names the functions of the
+  requests that called other than a reference request did: periodic work in Python (a watchdog,
+  a cache rebuilt) shows there, whatever the machine does.
+- `--perf` samples the gateway with perf (CLOCK_MONOTONIC stamps, the hooks' clock) through the
+  first level and adds up the samples inside the tail requests' spans beside those inside the
+  middle ones' (p40 to p60), per request: by thread, by kind (the interpreter, SQLite, a page
+  fault, a file write, a socket, the kernel's softirqs...) and by leaf symbol. perf names no
+  Python function (3.11 has no perf map), only native and kernel ones.
+- `--sample HZ` samples the loop thread's Python stack on SIGPROF instead; the kernel's
+  process CPU timers tick at its HZ (250 a second here), so it takes many requests to say much.
+
+    python bench/probes/tail_sources.py [--seconds 10] [--levels 1,16] [--out FILE] [--hooks FILE]
+                                        [--calls] [--perf] [--sample HZ]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import os
 import statistics
@@ -49,18 +68,44 @@ HOOKS = textwrap.dedent("""
 
     last_write = {}  # (the connection has slots: its last write's time is kept here, by id)
 
+    # --calls: the Python functions each request's span called in the loop thread, counted (a
+    # profile hook: deterministic, unlike CPU time): kept as the difference from a reference
+    # request's counts, so that what a tail request did beyond the usual is named
+    calling = os.environ.get("TAIL_PROBE_CALLS") == "1"
+    calls = {"now": {}, "reference": None}
+    call_diffs = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            now = calls["now"]
+            code = frame.f_code
+            now[code] = now.get(code, 0) + 1
+
+    if calling:
+        sys.setprofile(profile)
+
     async def _request(self, head):
-        start, cpu = clock(), time.process_time_ns()
-        last_write[id(self)] = (start, cpu)
+        start, cpu, loop_cpu = clock(), time.process_time_ns(), time.thread_time_ns()
+        last_write[id(self)] = (start, cpu, loop_cpu)
+        if calling:
+            calls["now"] = {}
         try:
             await original_request(self, head)
         finally:
-            written, written_cpu = last_write.pop(id(self), (start, cpu))
-            requests.append((start, written, clock(), written_cpu - cpu))
+            written, written_cpu, written_loop = last_write.pop(id(self), (start, cpu, loop_cpu))
+            requests.append((start, written, clock(), written_cpu - cpu, written_loop - loop_cpu))
+            if calling:
+                now, calls["now"] = calls["now"], {}
+                if calls["reference"] is None and len(requests) == 50:
+                    calls["reference"] = now
+                reference = calls["reference"] or {}
+                diff = {code: n - reference.get(code, 0) for code, n in now.items() if n != reference.get(code, 0)}
+                diff.update({code: -n for code, n in reference.items() if code not in now})
+                call_diffs.append((start, sum(now.values()), diff))
 
     async def _write(self, data):
         await original_write(self, data)
-        last_write[id(self)] = (clock(), time.process_time_ns())
+        last_write[id(self)] = (clock(), time.process_time_ns(), time.thread_time_ns())
 
     connection.Connection._request, connection.Connection._write = _request, _write
     started = {}
@@ -93,9 +138,38 @@ HOOKS = textwrap.dedent("""
 
     logging.StreamHandler.emit = emit
 
+    # --sample: the Python stack the loop thread ran, stamped, every 1/hz s of the process's CPU
+    # (SIGPROF: its handler runs in the main thread, the event loop's, at the next bytecode)
+    samples = []
+    hz = int(os.environ.get("TAIL_PROBE_SAMPLE_HZ", "0"))
+    if hz:
+        import signal
+
+        def sample(signum, frame):
+            codes = []
+            while frame is not None and len(codes) < 48:
+                codes.append(frame.f_code)
+                frame = frame.f_back
+            samples.append((clock(), codes))
+
+        signal.signal(signal.SIGPROF, sample)
+        signal.siginterrupt(signal.SIGPROF, False)
+        signal.setitimer(signal.ITIMER_PROF, 1 / hz, 1 / hz)
+
     def dump():
+        if hz:
+            signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        names = {}
+        def name(code):
+            if code not in names:
+                names[code] = code.co_filename.rsplit("/site-packages/", 1)[-1].rsplit("/relayline/", 1)[-1] + ":" + code.co_qualname
+            return names[code]
+        stacks = [(t, [name(c) for c in codes]) for t, codes in samples]
+        diffs = [(t, total, {name(c): n for c, n in diff.items()}) for t, total, diff in call_diffs]
         with open(os.environ["TAIL_PROBE_OUT"], "w") as sink:
-            json.dump({"requests": requests, "passes": passes, "commits": commits, "emits": emits}, sink)
+            json.dump({"requests": requests, "passes": passes, "commits": commits, "emits": emits,
+                       "samples": stacks, "calls": diffs,
+                       "calls_reference": {name(c): n for c, n in (calls["reference"] or {}).items()}}, sink)
 
     atexit.register(dump)
     from relayline.adapters.cli import main
@@ -103,6 +177,18 @@ HOOKS = textwrap.dedent("""
 """)
 
 SLOW_NS = 200_000  # a commit or a log write above this is named as a cause
+PERF_HZ = 10_000  # perf's samples a second of CPU: one per 100 µs
+# what a sample was doing, by any frame of its stack (native and kernel: perf names no Python
+# function); the first that matches names it
+KINDS = (("sqlite", ("sqlite3", "pysqlite")), ("page fault", ("exc_page_fault",)),
+         ("mmap/munmap/brk/madvise", ("mmap", "munmap", "brk", "madvise")),
+         ("fsync", ("fsync",)), ("file write", ("vfs_write", "ksys_write")),
+         ("socket send", ("tcp_sendmsg", "sock_sendmsg")), ("socket receive", ("tcp_recvmsg",
+                                                                                "sock_recvmsg")),
+         ("epoll", ("epoll",)), ("futex", ("futex",)), ("collector", ("gc_collect",)),
+         ("allocator", ("PyObject_Malloc", "PyObject_Free", "_int_malloc", "_int_free", "malloc",
+                        "free")),
+         ("interpreter", ("libpython",)))
 
 
 async def _level(url: str, concurrency: int, seconds: float) -> list[float]:
@@ -126,6 +212,93 @@ async def _level(url: str, concurrency: int, seconds: float) -> list[float]:
 
 def _overlaps(span: tuple[int, int], events: list, slow_ns: int = 0) -> list:
     return [e for e in events if e[0] < span[1] and e[1] > span[0] and e[1] - e[0] >= slow_ns]
+
+
+def python_profile(samples: list, requests: list, hz: int) -> dict:
+    """The loop thread's Python samples (--sample) in the spans of the tail requests beside those
+    of the middle ones, per request in ms of the process's CPU: by the function running (leaf)
+    and by every function on the stack (inclusive), those the tail has most more of first."""
+    served = sorted((r[1] - r[0], i) for i, r in enumerate(requests))
+    n = len(served)
+    groups = {"tail": [requests[i] for _, i in served[int(n * 0.99):]],
+              "middle": [requests[i] for _, i in served[int(n * 0.4):int(n * 0.6)]]}
+    samples = sorted(samples, key=lambda sample: sample[0])
+    times = [sample[0] for sample in samples]
+    ms = 1e3 / hz
+    tallies: dict[str, dict[str, dict[str, float]]] = {}
+    for name, group in groups.items():
+        tally: dict[str, dict[str, float]] = {"leaf": {}, "inclusive": {}}
+        for r in group:
+            for t in range(bisect.bisect_left(times, r[0]), bisect.bisect_right(times, r[1])):
+                stack = samples[t][1]
+                keys = {"leaf": [stack[0] if stack else "?"], "inclusive": set(stack)}
+                for table, names in keys.items():
+                    for key in names:
+                        tally[table][key] = tally[table].get(key, 0.0) + ms / len(group)
+        tallies[name] = tally
+    out: dict = {"requests": {name: len(group) for name, group in groups.items()},
+                 "ms_per_request_sampled_tail_middle": [round(sum(tallies[g]["leaf"].values()), 3)
+                                                        for g in ("tail", "middle")]}
+    for table in ("leaf", "inclusive"):
+        keys = set(tallies["tail"][table]) | set(tallies["middle"][table])
+        rows = sorted(((tallies["tail"][table].get(k, 0.0), tallies["middle"][table].get(k, 0.0), k)
+                       for k in keys), key=lambda row: row[1] - row[0])
+        out[f"ms_per_request_by_{table}_tail_middle"] = {k: [round(t, 3), round(m, 3)] for t, m, k in rows[:25]}
+    return out
+
+
+def _perf_samples(path: Path) -> list[tuple[int, int, list[str]]]:
+    """perf's samples: (thread id, CLOCK_MONOTONIC ns, its stack leaf first as "symbol (dso)")."""
+    text = subprocess.run(["perf", "script", "-i", str(path), "-F", "tid,time,ip,sym,dso", "--ns"],
+                          capture_output=True, text=True, check=True).stdout
+    out: list[tuple[int, int, list[str]]] = []
+    for block in text.split("\n\n"):
+        lines = [line for line in block.splitlines() if line.strip()]
+        if not lines:
+            continue
+        tid, at = lines[0].split()[:2]
+        seconds, _, fraction = at.rstrip(":").partition(".")
+        frames = [line.strip().split(None, 1)[1] if " " in line.strip() else line.strip() for line in lines[1:]]
+        out.append((int(tid), int(seconds) * 1_000_000_000 + int(fraction.ljust(9, "0")), frames))
+    return out
+
+
+def _kind(frames: list[str]) -> str:
+    for name, marks in KINDS:
+        if any(mark in frame for frame in frames for mark in marks):
+            return name
+    return "other"
+
+
+def perf_profile(samples: list[tuple[int, int, list[str]]], requests: list, loop_tid: int) -> dict:
+    """perf's samples in the spans of the tail requests (at or above the server's p99) beside
+    those in the spans of the middle ones (p40 to p60): per request, in ms of CPU (a sample is
+    1 / PERF_HZ s), by thread, by kind (KINDS), and the leaf symbols the tail has most more of."""
+    served = sorted((r[1] - r[0], i) for i, r in enumerate(requests))
+    n = len(served)
+    groups = {"tail": [requests[i] for _, i in served[int(n * 0.99):]],
+              "middle": [requests[i] for _, i in served[int(n * 0.4):int(n * 0.6)]]}
+    samples.sort(key=lambda sample: sample[1])
+    times = [sample[1] for sample in samples]
+    ms = 1e3 / PERF_HZ
+    tallies: dict[str, dict[str, dict[str, float]]] = {}
+    for name, group in groups.items():
+        tally: dict[str, dict[str, float]] = {"thread": {}, "kind": {}, "leaf": {}}
+        for r in group:
+            for t in range(bisect.bisect_left(times, r[0]), bisect.bisect_right(times, r[1])):
+                tid, _at, frames = samples[t]
+                for table, key in (("thread", "loop" if tid == loop_tid else "other threads"),
+                                   ("kind", _kind(frames)), ("leaf", frames[0] if frames else "?")):
+                    tally[table][key] = tally[table].get(key, 0.0) + ms / len(group)
+        tallies[name] = tally
+    out: dict = {"requests": {name: len(group) for name, group in groups.items()}}
+    for table in ("thread", "kind", "leaf"):
+        keys = set(tallies["tail"][table]) | set(tallies["middle"][table])
+        rows = sorted(((tallies["tail"][table].get(k, 0.0), tallies["middle"][table].get(k, 0.0), k)
+                       for k in keys), key=lambda row: row[1] - row[0])
+        out[f"ms_per_request_by_{table}_tail_middle"] = {k: [round(t, 3), round(m, 3)]
+                                                         for t, m, k in rows[:15 if table == "leaf" else None]}
+    return out
 
 
 def analyse(hooks: dict, windows: dict[str, tuple[int, int]], client: dict[str, list[float]]) -> dict:
@@ -169,6 +342,9 @@ def analyse(hooks: dict, windows: dict[str, tuple[int, int]], client: dict[str, 
             "process_cpu_share_of_span_p50_all_tail": [percentile(busy, 0.5), percentile(tail_busy, 0.5)],
             "process_cpu_ms_in_span_p50_all_tail": [percentile([r[3] / 1e6 for r in requests], 0.5),
                                                     percentile(tail_cpu_ms, 0.5)],
+            # the event loop's thread alone: the rest of the process's is its other threads'
+            "loop_thread_cpu_ms_in_span_p50_all_tail": [percentile([r[4] / 1e6 for r in requests], 0.5),
+                                                        percentile([r[4] / 1e6 for r in tail], 0.5)],
             "collector_passes": {g: sum(1 for p in passes if p[2] == g) for g in (0, 1, 2)},
             "collector_pass_us_p50_max": [statistics.median([(p[1] - p[0]) / 1e3 for p in passes] or [0]),
                                           max([(p[1] - p[0]) / 1e3 for p in passes] or [0])],
@@ -183,6 +359,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--levels", default="1,16")
     parser.add_argument("--out")
+    parser.add_argument("--perf", action="store_true",
+                        help="also sample the gateway with perf (CLOCK_MONOTONIC stamps) through the first "
+                             "level: what its tail requests' spans ran, native and kernel, beside the middle's")
+    parser.add_argument("--hooks", help="also keep the hooks' raw record (every request's span and CPU) here")
+    parser.add_argument("--calls", action="store_true",
+                        help="also count the Python calls in each request's span (a profile hook: slower, "
+                             "but a count, which the machine's load does not move): what the requests that "
+                             "called more than the usual called")
+    parser.add_argument("--sample", type=int, default=0, metavar="HZ",
+                        help="also sample the loop thread's Python stack HZ times a second of CPU (SIGPROF): "
+                             "what the first level's tail requests ran, beside the middle's")
     args = parser.parse_args()
     tmp = tempfile.TemporaryDirectory()
     up = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), "0"], stdout=subprocess.PIPE, text=True)
@@ -198,21 +385,47 @@ def main() -> None:
         with log.open("w") as sink:
             gateway = subprocess.Popen(
                 [sys.executable, "-c", HOOKS, "serve", "--config", str(config), "--port", "0",
-                 "--log-level", "info"], stderr=sink, env={**os.environ, "TAIL_PROBE_OUT": str(hooks_out)})
+                 "--log-level", "info"], stderr=sink,
+                env={**os.environ, "TAIL_PROBE_OUT": str(hooks_out), "TAIL_PROBE_SAMPLE_HZ": str(args.sample),
+                     "TAIL_PROBE_CALLS": "1" if args.calls else "0"})
         url = listening_logged(gateway, log, "the gateway") + "/v1/chat/completions"
         asyncio.run(_level(url, 1, 1.0))  # warm: connections, caches
         windows, client = {}, {}
         loads = []
-        for level in (int(x) for x in args.levels.split(",")):
+        perf_data = Path(tmp.name) / "perf.data"
+        for index, level in enumerate(int(x) for x in args.levels.split(",")):
             name = f"concurrency {level}"
             loads.append(os.getloadavg()[0])
+            perf = None
+            if args.perf and index == 0:
+                perf = subprocess.Popen(["perf", "record", "-k", "CLOCK_MONOTONIC", "-F", str(PERF_HZ), "-g",
+                                         "-p", str(gateway.pid), "-o", str(perf_data)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(0.5)  # (perf attached)
             low = time.perf_counter_ns() + 1_000_000_000  # (the hooks' clock is the same monotonic one)
             client[name] = asyncio.run(_level(url, level, args.seconds + 1.0))
             windows[name] = (low, time.perf_counter_ns())
+            if perf is not None:
+                perf.send_signal(2)
+                perf.wait(60)
         gateway.send_signal(2)
         gateway.wait(30)
-        result = {"load_average": [min(loads), max(loads)],
-                  "levels": analyse(json.loads(hooks_out.read_text()), windows, client)}
+        hooks = json.loads(hooks_out.read_text())
+        if args.hooks:
+            Path(args.hooks).write_text(json.dumps({**hooks, "windows": windows}))
+        result = {"load_average": [min(loads), max(loads)], "levels": analyse(hooks, windows, client)}
+        if args.sample:
+            first = next(iter(windows))
+            low, high = windows[first]
+            result["python"] = {first: python_profile(hooks["samples"],
+                                                      [r for r in hooks["requests"] if low <= r[0] < high],
+                                                      args.sample)}
+        if args.perf:
+            first = next(iter(windows))
+            low, high = windows[first]
+            result["perf"] = {first: perf_profile(_perf_samples(perf_data),
+                                                  [r for r in hooks["requests"] if low <= r[0] < high],
+                                                  gateway.pid)}
     except BaseException:
         if log.exists():
             print(log.read_text()[-3000:], file=sys.stderr)
