@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 
 from hypothesis import given
@@ -49,3 +50,35 @@ def test_an_access_line_reads_as_before():
     assert logs.TextFormatter().format(record) == (
         'ts=2025-11-30T10:53:20.250Z level=info logger=relayline.access access path=/v1/chat/completions '
         'status=200 latency_ms=1.5 client=null served="a b" note="say \\"hi\\"" empty=""')
+
+
+def _masked_by_rule(text: str, long: list[str], short: list[str]) -> str:
+    """The rule: a long secret masked wherever it is, then a short one where it stands as a whole
+    token (no key character, [A-Za-z0-9_-], next to it)."""
+    for secret in long:
+        text = text.replace(secret, "***")
+    if short:
+        words = "|".join(re.escape(s) for s in sorted(short, key=len, reverse=True))
+        text = re.sub(f"(?<![A-Za-z0-9_\\-])(?:{words})(?![A-Za-z0-9_\\-])", "***", text)
+    return text
+
+
+SECRET_TEXT = st.text(alphabet="ab-\n =", max_size=40)
+
+
+@given(st.lists(st.text(alphabet="ab-\n", min_size=1, max_size=20), max_size=3),
+       st.dictionaries(st.sampled_from("uvwxyz"), st.one_of(SECRET_TEXT, st.integers(), st.none()), max_size=6),
+       SECRET_TEXT)
+def test_a_records_message_and_fields_are_masked_as_the_rule_masks_them(secrets, fields, message):
+    from relayline.adapters.redact import SHORT_SECRET_CHARS, SecretFilter, Secrets
+
+    long = [s for s in set(secrets) if len(s) >= SHORT_SECRET_CHARS]
+    short = [s for s in set(secrets) if len(s) < SHORT_SECRET_CHARS]
+    masking = SecretFilter()
+    masking.secrets = Secrets().with_(secrets)
+    record = logging.LogRecord("relayline.access", logging.INFO, "f", 1, "%s", (message,), None)
+    record.fields = dict(fields)
+    assert masking.filter(record)
+    assert record.getMessage() == _masked_by_rule(message, long, short)
+    assert record.fields == {k: _masked_by_rule(v, long, short) if isinstance(v, str) else v
+                             for k, v in fields.items()}
