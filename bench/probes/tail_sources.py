@@ -120,11 +120,11 @@ HOOKS = textwrap.dedent("""
     original_insert = ledger.LedgerStore._insert_locked
 
     def _insert_locked(self, rows):
-        start = clock()
+        start, cpu = clock(), time.thread_time_ns()
         try:
             return original_insert(self, rows)
         finally:
-            commits.append((start, clock()))
+            commits.append((start, clock(), time.thread_time_ns() - cpu, len(rows)))
 
     ledger.LedgerStore._insert_locked = _insert_locked
     original_emit = logging.StreamHandler.emit
@@ -301,6 +301,14 @@ def perf_profile(samples: list[tuple[int, int, list[str]]], requests: list, loop
     return out
 
 
+def _slow_commits(commits: list) -> list[float]:
+    slow = [c for c in commits if c[1] - c[0] >= SLOW_NS]
+    if not slow:
+        return [0, 0, 0, 0]
+    return [len(slow), percentile([c[3] for c in slow], 0.5), percentile([c[2] / 1e3 for c in slow], 0.5),
+            percentile([(c[1] - c[0]) / 1e3 for c in slow], 0.5)]
+
+
 def analyse(hooks: dict, windows: dict[str, tuple[int, int]], client: dict[str, list[float]]) -> dict:
     out = {}
     for name, (low, high) in windows.items():
@@ -349,6 +357,10 @@ def analyse(hooks: dict, windows: dict[str, tuple[int, int]], client: dict[str, 
             "collector_pass_us_p50_max": [statistics.median([(p[1] - p[0]) / 1e3 for p in passes] or [0]),
                                           max([(p[1] - p[0]) / 1e3 for p in passes] or [0])],
             "ledger_commit_us_p50_p99_max": [percentile(commits, 0.5), percentile(commits, 0.99), max(commits)],
+            # the commits above SLOW_NS: how many, their rows and their own thread's CPU (a slow
+            # commit short of CPU waited in the kernel: a write behind the file system's journal)
+            "slow_commits_count_rows_p50_cpu_us_p50_wall_us_p50": _slow_commits(
+                [c for c in hooks["commits"] if low <= c[0] < high]),
             "log_write_us_p50_p99_max": [percentile(emits, 0.5), percentile(emits, 0.99), max(emits)],
         }
     return out
