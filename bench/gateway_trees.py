@@ -11,6 +11,7 @@ load: how it grows with the turns in flight). The client is raw asyncio (bench/l
 figures are the medians over rounds of each tree's value and of their ratio in the same round.
 
     python bench/gateway_trees.py --base DIR [--after DIR] [--rounds 10] [--levels 16,200,1000]
+                                  [--log-level warning|info]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from common import (  # noqa: E402
     closed_loop,
     cpu_s,
     listening,
+    listening_logged,
     percentile,
     sequential,  # noqa: E402
     stop,
@@ -39,7 +41,7 @@ from common import (  # noqa: E402
 SERVE = "import sys; from relayline.adapters.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def _start(tree: str | None, tmp: str, name: str) -> tuple[subprocess.Popen, str]:
+def _start(tree: str | None, tmp: str, name: str, log_level: str = "warning") -> tuple[subprocess.Popen, str]:
     config = Path(tmp) / f"{name}.toml"
     config.write_text(f'active = "sim"\n[ledger]\npath = "{tmp}/{name}.sqlite3"\n'
                       '[providers.sim]\nfamily = "sim"\nmodel = "frames-1"\n')
@@ -49,12 +51,19 @@ def _start(tree: str | None, tmp: str, name: str) -> tuple[subprocess.Popen, str
         link.mkdir()
         (link / "relayline").symlink_to(Path(tree).resolve())
         env["PYTHONPATH"] = str(link)  # that tree's package shadows this tree's editable install
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, "serve", "--config", str(config),
-                             "--port", "0", "--log-level", "warning"], stderr=subprocess.PIPE, text=True, env=env)
+    command = [sys.executable, "-c", SERVE, "serve", "--config", str(config), "--port", "0", "--log-level",
+               log_level]
+    if log_level in ("info", "debug"):  # a line a request: to a file, as a user's, not a pipe that fills
+        log = Path(tmp) / f"{name}.log"
+        with log.open("w") as sink:
+            proc = subprocess.Popen(command, stderr=sink, env=env)
+        return proc, listening_logged(proc, log, f"the gateway ({name})") + "/v1/chat/completions"
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     return proc, listening(proc, f"the gateway ({name})") + "/v1/chat/completions"
 
 
-def run(base: str, after: str | None, rounds: int, n: int, levels: tuple[int, ...], seconds: float) -> dict:
+def run(base: str, after: str | None, rounds: int, n: int, levels: tuple[int, ...], seconds: float,
+        log_level: str = "warning") -> dict:
     trees = {"before": base, "after": after}
     figures: dict[str, dict[str, list[float]]] = {side: {} for side in trees}
     latencies: dict[str, list[float]] = {side: [] for side in trees}
@@ -63,7 +72,7 @@ def run(base: str, after: str | None, rounds: int, n: int, levels: tuple[int, ..
         procs, urls = {}, {}
         try:
             for side, tree in trees.items():
-                procs[side], urls[side] = _start(tree, tmp, side)
+                procs[side], urls[side] = _start(tree, tmp, side, log_level)
 
             async def main() -> None:
                 for side in trees:
@@ -107,12 +116,14 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=300, help="requests one after another per round")
     parser.add_argument("--levels", default="16,200,1000", help="closed-loop concurrency levels ('' for none)")
     parser.add_argument("--seconds", type=float, default=1.5, help="each closed loop's measured window")
+    parser.add_argument("--log-level", default="warning",
+                        help="the gateways' (info: the default configuration's access line, to a file)")
     args = parser.parse_args()
     levels = tuple(int(c) for c in args.levels.split(",") if c)
-    result = run(args.base, args.after, args.rounds, args.n, levels, args.seconds)
+    result = run(args.base, args.after, args.rounds, args.n, levels, args.seconds, args.log_level)
     low, high = result["load_average"]
-    print(f"the gateway process, sim upstream, ledger on: medians of {args.rounds} alternated rounds "
-          f"(load average {low:.1f}-{high:.1f})")
+    print(f"the gateway process, sim upstream, ledger on, --log-level {args.log_level}: medians of "
+          f"{args.rounds} alternated rounds (load average {low:.1f}-{high:.1f})")
     print(f"  {'figure':<16} {'before':>10} {'after':>10} {'after/before':>13}")
     for key, row in result["figures"].items():
         ratio = f"{row['ratio']:>13.3f}" if "ratio" in row else ""
