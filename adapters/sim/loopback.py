@@ -27,6 +27,7 @@ class Seen:
     headers: dict[str, str]
     body: dict[str, Any] | None
     connection: int = 0  # which accepted connection carried it (1, 2, ...): reuse is countable
+    raw: bytes = attrs.field(default=b"", eq=False, repr=False)  # the body's bytes, as received
 
 
 @attrs.frozen
@@ -66,7 +67,7 @@ class LoopbackServer:
                     return
                 headers = {k.decode().lower(): v.decode() for k, v in request.headers}
                 seen = Seen(request.method.decode(), request.target.decode(), headers,
-                            json.loads(body) if body else None, number)
+                            json.loads(body) if body else None, number, bytes(body))
                 self.seen.append(seen)
                 reply = self.handler(seen)
                 if inspect.isawaitable(reply):
