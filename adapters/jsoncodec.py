@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -64,13 +65,21 @@ def loads_encodable(data: bytes) -> tuple[Any, bool]:
     lone UTF-16 surrogate ("\\ud800") that no UTF-8 request to a provider can carry. orjson
     refuses such an escape, so a document it read has none and is not searched again (a long
     body's search was a pass over all its bytes); one `json` read is."""
+    document, encodable, _ = loads_read(data)
+    return document, encodable
+
+
+def loads_read(data: bytes) -> tuple[Any, bool, bool]:
+    """`loads_encodable(data)`, and whether orjson read it: then `data` is strict UTF-8 JSON with
+    no NaN, Infinity, lone surrogate or integer beyond 64 bits, and reads back, by orjson or any
+    strict reader, as the document (`dumps_appended` may send it as it is)."""
     if _no_long_number(data):
         try:
-            return orjson.loads(data), True
+            return orjson.loads(data), True, True
         except orjson.JSONDecodeError:
             pass
     document = json.loads(data)
-    return document, not _lone_surrogate(data, document)
+    return document, not _lone_surrogate(data, document), False
 
 
 def _lone_surrogate(data: bytes, document: Any) -> bool:
@@ -117,3 +126,44 @@ def dumps_kept(obj: Any) -> bytes:
     least and about 12 times a 10 KB document (tracemalloc), so it is copied to its own size:
     4 KiB of every in-flight stream's memory was that buffer."""
     return bytes(memoryview(dumps(obj)))
+
+
+_WHITESPACE = b" \t\n\r"
+_CLOSE = ord("}")
+
+
+def dumps_appended(data: bytes, read: Mapping[str, Any], obj: Mapping[str, Any]) -> bytes | None:
+    """`obj` written as `data`, the bytes orjson read as `read` (`loads_read`), when `obj` is
+    `read` with members appended at its end, every other member kept in its place with a value
+    the same object or one written alike (`1` and `true`, `1` and `1.0` are not alike): `data`
+    itself, or its bytes with the appended members before its closing brace. None for any other
+    `obj` (a member changed, moved or removed). Writing a long body anew was most of the CPU a
+    same-dialect request cost beyond reading it (bench/agent_history.py)."""
+    if len(obj) < len(read):
+        return None
+    written = iter(obj.items())
+    # (zip takes from `read` first: the appended members are left in `written`)
+    for (name, value), (new_name, new_value) in zip(read.items(), written, strict=False):
+        if name != new_name or not (value is new_value or _alike(value, new_value)):
+            return None
+    appended = dict(written)
+    if not appended:
+        return data
+    end = len(data)
+    while end and data[end - 1] in _WHITESPACE:
+        end -= 1
+    if not end or data[end - 1] != _CLOSE:
+        return None
+    members = dumps(appended)  # b'{"stream":true}': its members and the closing brace follow
+    # (one copy of the client's bytes: a slice of them would be a second)
+    return b"".join((memoryview(data)[:end - 1], b"," if read else b"", members[1:]))
+
+
+def _alike(value: Any, other: Any) -> bool:
+    """Written the same by orjson: equal as JSON, with the same types and member order."""
+    if type(value) is str and type(other) is str:  # (the entry's model: the name asked for)
+        return value == other
+    try:
+        return orjson.dumps(value) == orjson.dumps(other)
+    except TypeError:
+        return False

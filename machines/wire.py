@@ -167,16 +167,37 @@ class Embedding:
     encoding_format: str | None = None  # float | base64
 
 
+class ReadBytes:
+    """The bytes a client's body was read from, held with the very object they were read as
+    (`body`), so that a body replaced since (a prefill, dropped fields: a new object) is never
+    sent as those bytes. Taken once, by the first upstream request built: a turn's request lives
+    as long as its stream, and the bytes would be a second copy of the prompt all that time."""
+
+    __slots__ = ("body", "data")
+
+    def __init__(self, body: Mapping[str, Any], data: bytes) -> None:
+        self.body: Mapping[str, Any] | None = body
+        self.data: bytes | None = data
+
+    def take(self, body: Mapping[str, Any] | None) -> bytes | None:
+        """The bytes, if `body` is the object they were read as; held no more either way."""
+        data = self.data if body is not None and body is self.body else None
+        self.body = self.data = None
+        return data
+
+
 @attrs.frozen
 class Passthrough:
     """What the client sent that may reach a provider as it was sent: its body (to a provider of
     its own family), the request headers that may travel (names lowercase; which of them reach
     an entry is the entry's: `CallRequest.forwarded_headers`) and the query of its URL (to a
-    provider of its own family)."""
+    provider of its own family). `read`, from the gateway, holds the bytes the body was read
+    from, when they can be sent as they are (orjson read them: `jsoncodec.loads_read`)."""
 
     body: Mapping[str, Any]
     headers: tuple[tuple[str, str], ...] = ()
     query: str = ""  # the URL's query, without its "?" (Claude Code posts /v1/messages?beta=true)
+    read: ReadBytes | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen

@@ -340,7 +340,7 @@ def _reasoning(body: dict[str, Any], extra: dict[str, Any]) -> w.Reasoning | Non
 
 
 def parse_request(raw: object, headers: Iterable[tuple[str, str]] = (), query: str = "", *,
-                  passthrough: bool = True) -> w.Request:
+                  passthrough: bool = True, read: w.ReadBytes | None = None) -> w.Request:
     """A messages body (and its request headers) as the canonical request; a body of the wrong
     shape raises WireError naming the field."""
     body = shape.want_dict(raw, "")
@@ -377,7 +377,7 @@ def parse_request(raw: object, headers: Iterable[tuple[str, str]] = (), query: s
         user=shape.optional(metadata, "user_id", shape.want_str, "metadata"),
         extra=extra,
         source="anthropic",
-        passthrough=w.Passthrough(_signed_history(body), client_headers(headers), query)
+        passthrough=w.Passthrough(_signed_history(body), client_headers(headers), query, read)
         if passthrough else None,
     )
 

@@ -62,8 +62,8 @@ class AnthropicDialect:
         return 400, self.error_body(str(error), "invalid_request_error")
 
     def parse(self, body: object, headers: Iterable[tuple[str, str]] = (),
-              query: str = "") -> wire.Request:
-        return anthropic_messages.parse_request(body, headers, query)
+              query: str = "", read: wire.ReadBytes | None = None) -> wire.Request:
+        return anthropic_messages.parse_request(body, headers, query, read=read)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
         if result.rejection is not None:

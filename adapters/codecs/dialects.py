@@ -24,8 +24,8 @@ class EmbeddingsDialect(OpenAIDialect):
     name = "embeddings"
 
     def parse(self, body: object, headers: Iterable[tuple[str, str]] = (),
-              query: str = "") -> wire.Request:
-        return embeddings.parse_request(body, headers, query)
+              query: str = "", read: wire.ReadBytes | None = None) -> wire.Request:
+        return embeddings.parse_request(body, headers, query)  # (its body is written anew)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any],
                    request: wire.Request | None = None) -> dict[str, Any]:
@@ -39,8 +39,8 @@ class CountTokensDialect(AnthropicDialect):
     name = "count_tokens"
 
     def parse(self, body: object, headers: Iterable[tuple[str, str]] = (),
-              query: str = "") -> wire.Request:
-        return count_tokens.parse_request(body, headers, query)
+              query: str = "", read: wire.ReadBytes | None = None) -> wire.Request:
+        return count_tokens.parse_request(body, headers, query)  # (its body is written anew)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
         if result.error == "unsupported":
@@ -64,8 +64,8 @@ class ResponsesDialect(OpenAIDialect):
         return responses_answers.new_id("resp")
 
     def parse(self, body: object, headers: Iterable[tuple[str, str]] = (),
-              query: str = "") -> wire.Request:
-        return responses.parse_request(body, headers, query)
+              query: str = "", read: wire.ReadBytes | None = None) -> wire.Request:
+        return responses.parse_request(body, headers, query, read=read)
 
     def completion(self, turn_id: str, result: TurnResult, relayline: dict[str, Any],
                    request: wire.Request | None = None) -> dict[str, Any]:

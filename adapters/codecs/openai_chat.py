@@ -292,12 +292,12 @@ _BARE = frozenset({"model", "messages"})
 
 
 def parse_request(raw: object, headers: Iterable[tuple[str, str]] = (), query: str = "", *,
-                  passthrough: bool = True) -> w.Request:
+                  passthrough: bool = True, read: w.ReadBytes | None = None) -> w.Request:
     """A chat completions body (and its request headers) as the canonical request; a body of the
     wrong shape raises WireError naming the field."""
     body = shape.want_dict(raw, "")
     parsed, extra_names = _messages(body)
-    kept = (w.Passthrough(_without_relayline_fields(body), client_headers(headers), query)
+    kept = (w.Passthrough(_without_relayline_fields(body), client_headers(headers), query, read)
             if passthrough else None)
     if not extra_names and body.keys() <= _BARE:
         # what `_with_options` makes of it, without its eleven absent options looked up and

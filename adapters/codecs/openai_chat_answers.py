@@ -82,8 +82,8 @@ class OpenAIDialect:
                                     error.param or None)
 
     def parse(self, body: object, headers: Iterable[tuple[str, str]] = (),
-              query: str = "") -> wire.Request:
-        return openai_chat.parse_request(body, headers, query)
+              query: str = "", read: wire.ReadBytes | None = None) -> wire.Request:
+        return openai_chat.parse_request(body, headers, query, read=read)
 
     def error(self, result: TurnResult) -> tuple[int, bytes]:
         if result.rejection is not None:

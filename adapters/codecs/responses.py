@@ -281,7 +281,7 @@ def _own_fields(body: dict[str, Any], reader: _Reader) -> None:
 
 
 def parse_request(body: object, headers: Iterable[tuple[str, str]] = (), query: str = "", *,
-                  passthrough: bool = True) -> w.Request:
+                  passthrough: bool = True, read: w.ReadBytes | None = None) -> w.Request:
     """A Responses body (and its request headers) as the canonical request; a body of the wrong
     shape raises WireError naming the field."""
     body = shape.want_dict(body, "")
@@ -313,7 +313,8 @@ def parse_request(body: object, headers: Iterable[tuple[str, str]] = (), query: 
         extra=reader.extra,
         withdrawn=tuple(dict.fromkeys(reader.withdrawn)),
         source=w.RESPONSES,
-        passthrough=w.Passthrough(body, client_headers(headers), query) if passthrough else None,
+        passthrough=(w.Passthrough(body, client_headers(headers), query, read) if passthrough
+                     else None),
     )
 
 

@@ -95,9 +95,9 @@ async def read_request(now: Reading, dialect: Dialect, scope: Scope, receive: Re
     if raw is None:
         return None
     try:
-        body, encodable = jsoncodec.loads_encodable(raw)
+        body, encodable, exact = jsoncodec.loads_read(raw)
     except (ValueError, RecursionError):
-        body, encodable = wire.WireError("", "the body is not valid JSON"), True
+        body, encodable, exact = wire.WireError("", "the body is not valid JSON"), True, False
     try:
         if isinstance(body, wire.WireError):
             raise body
@@ -111,7 +111,11 @@ async def read_request(now: Reading, dialect: Dialect, scope: Scope, receive: Re
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers") or ()
                    if k in travelling]
         query = scope.get("query_string")
-        request = dialect.parse(body, headers, query.decode("latin-1") if query else "")
+        # the body goes on as the bytes it was read from wherever it goes on unchanged
+        # (providers/base.py `body_bytes`): bytes only orjson read, strict JSON that reads back
+        # as the body
+        read = wire.ReadBytes(body, raw) if exact else None
+        request = dialect.parse(body, headers, query.decode("latin-1") if query else "", read)
     except wire.WireError as error:
         await respond(send, *dialect.bad_request(error))
         return None

@@ -13,7 +13,6 @@ from typing import Any
 
 from relayline.machines.turn import Completion
 
-from .. import jsoncodec
 from ..codecs import count_tokens
 from ..codecs.anthropic_messages_render import DEFAULT_MAX_TOKENS, render_request
 from ..codecs.anthropic_messages_replies import AnthropicStreamParser, parse_reply
@@ -49,12 +48,17 @@ class AnthropicProtocol:
                 name, value = credential(provider, key, "x-api-key", key.reveal())
                 headers[name] = value
             fixed = heads.keep(provider, key, forwarded, query, f"{base}{path}", headers)
+        sent = None  # the client's body, when the one sent is that body with model and stream set
         if counting:
             body = count_tokens.render_request(request.request, request.model)
         else:
-            body = render_request(request.wire_request(), request.model, request.stream,
+            wire_request = request.wire_request()
+            body = render_request(wire_request, request.model, request.stream,
                                   provider.max_output_tokens or DEFAULT_MAX_TOKENS)
-        return UpstreamRequest(fixed.url, dict(fixed.headers), jsoncodec.dumps_kept(body), fixed)
+            if wire_request.source == "anthropic":
+                sent = wire_request.passthrough
+        return UpstreamRequest(fixed.url, dict(fixed.headers), request.body_bytes(body, sent),
+                               fixed)
 
     def completion(self, body: dict[str, Any]) -> Completion:
         return parse_reply(body)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -21,6 +21,7 @@ from relayline.machines.plan import PlannedEntry
 from relayline.machines.stream import Frame
 from relayline.machines.turn import Completion
 
+from .. import jsoncodec
 from ..codecs.common import ProviderFailure as ProviderFailure  # (the families' and the driver's)
 
 DONE = "done"  # the frame kind of a protocol's completion signal
@@ -76,6 +77,21 @@ class CallRequest:
     def wire_request(self) -> wire.Request:
         """The canonical request as this entry is sent it (unsupported fields dropped if asked)."""
         return dropping.without(self.request, self.dropped)
+
+    def body_bytes(self, body: dict[str, Any], sent: wire.Passthrough | None) -> bytes:
+        """`body` as the upstream request's bytes. When it is the client's own body (`sent`, the
+        passthrough it was rendered from) with at most members appended, the client's bytes are
+        sent (`jsoncodec.dumps_appended`): as the client wrote them, and not written anew. The
+        bytes are held no more once any request of the turn was built (`wire.ReadBytes`)."""
+        own = self.request.passthrough
+        read = own.read if own is not None else None
+        if read is not None:
+            data = read.take(sent.body if sent is not None else None)
+            if data is not None and sent is not None:
+                out = jsoncodec.dumps_appended(data, sent.body, body)
+                if out is not None:
+                    return out
+        return jsoncodec.dumps_kept(body)
 
     def forwarded_headers(self, family: str) -> tuple[tuple[str, str], ...]:
         """The client's headers this entry is sent: those its profile names in `forward_headers`,

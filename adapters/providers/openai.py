@@ -17,7 +17,6 @@ from typing import Any
 from relayline.machines import wire as w
 from relayline.machines.turn import Completion
 
-from .. import jsoncodec
 from ..codecs import embeddings, responses
 from ..codecs.http1 import UpstreamRequest
 from ..codecs.openai_chat_render import render_request
@@ -55,13 +54,18 @@ class OpenAIProtocol:
                 name, value = credential(provider, key, "authorization", f"Bearer {key.reveal()}")
                 headers[name] = value
             fixed = heads.keep(provider, key, forwarded, query, f"{base}{path}", headers)
+        sent = None  # the client's body, when the one sent is that body with model and stream set
         if wire_request.embedding is not None:
             body = embeddings.render_request(wire_request, request.model)
         elif own_responses and wire_request.passthrough is not None:
             body = responses.render_request(wire_request.passthrough, request.model, request.stream)
+            sent = wire_request.passthrough
         else:
             body = render_request(wire_request, request.model, request.stream)
-        return UpstreamRequest(fixed.url, dict(fixed.headers), jsoncodec.dumps_kept(body), fixed)
+            if wire_request.source == "openai":
+                sent = wire_request.passthrough
+        return UpstreamRequest(fixed.url, dict(fixed.headers), request.body_bytes(body, sent),
+                               fixed)
 
     def completion(self, body: dict[str, Any]) -> Completion:
         return parse_reply(body)
