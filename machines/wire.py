@@ -18,11 +18,12 @@ from __future__ import annotations
 import functools
 import json
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 import attrs
 import cattrs
+from cattrs.gen import make_dict_structure_fn, override
 
 from .config import Capabilities, _strict
 
@@ -200,9 +201,45 @@ class Passthrough:
     read: ReadBytes | None = attrs.field(default=None, eq=False, repr=False)
 
 
+class History:
+    """A request's messages, read from the client's body the first time something asks for them.
+
+    A client's body sent on to a provider of its own dialect is sent as it came: the canonical
+    messages are then read only by what needs them (a translation, an image or token count, the
+    turn's text...), and most turns never build them. The codec has already checked the whole
+    body, refusing what it would refuse reading it, before it hands `read` over: reading cannot
+    fail, and the body, the request's own, is never changed after. Read once, then held."""
+
+    __slots__ = ("_read", "_messages")
+
+    def __init__(self, read: Callable[[], tuple[Message, ...]]) -> None:
+        self._read: Callable[[], tuple[Message, ...]] | None = read
+        self._messages: tuple[Message, ...] | None = None
+
+    def messages(self) -> tuple[Message, ...]:
+        messages = self._messages
+        if messages is None:
+            assert self._read is not None  # (set until the first read, which clears it)
+            messages = self._messages = self._read()
+            self._read = None  # (the body's reader is needed no more)
+        return messages
+
+    def __reduce__(self) -> tuple[type[tuple[Message, ...]], tuple[tuple[Message, ...]]]:
+        # pickled as the messages themselves: a reader is a function of the codec's
+        return tuple, (self.messages(),)
+
+
+def _held(messages: tuple[Message, ...] | History) -> tuple[Message, ...]:
+    """The messages a request holds, read if they are not yet (what its equality compares)."""
+    return messages if isinstance(messages, tuple) else messages.messages()
+
+
 @attrs.frozen
 class Request:
-    messages: tuple[Message, ...]
+    # the messages, or a History that reads them when first asked (`messages`); built with
+    # `Request(messages=...)`, evolved with `attrs.evolve(request, messages=...)`
+    _messages: tuple[Message, ...] | History = attrs.field(
+        eq=_held, repr=lambda held: repr(_held(held)))
     model: str | None = None
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: the client wants a usage chunk
@@ -227,6 +264,11 @@ class Request:
     withdrawn: tuple[str, ...] = ()
     embedding: Embedding | None = None  # an embeddings turn: vectors for this input, no messages
     counting: bool = False  # a token counting turn: the client's body counted, nothing answered
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        held = self._messages
+        return held if isinstance(held, tuple) else held.messages()
 
     @property
     def has_images(self) -> bool:
@@ -401,6 +443,11 @@ converter.register_structure_hook_func(
     lambda t: t is Mapping or typing.get_origin(t) is Mapping,  # type: ignore[comparison-overlap]
     lambda v, _t: v if isinstance(v, dict) else _bad_mapping(v),
 )
+# a request's messages: given as data, never a History (a codec's)
+converter.register_structure_hook_func(
+    lambda t: t == tuple[Message, ...] | History,
+    lambda v, _t: converter.structure(v, tuple[Message, ...]),
+)
 converter.register_structure_hook_func(
     lambda t: typing.get_origin(t) is tuple,  # type: ignore[comparison-overlap]
     lambda v, t: tuple(converter.structure(x, typing.get_args(t)[0]) for x in _as_list(v)),
@@ -415,3 +462,8 @@ def _as_list(value: object) -> list[Any]:
     if not isinstance(value, list | tuple):
         raise ValueError(f"expected a list, got {describe(value)}")
     return list(value)
+
+
+# a request's messages are the `messages` key (its attribute is private: it may hold a History)
+converter.register_structure_hook(Request, make_dict_structure_fn(
+    Request, converter, _cattrs_forbid_extra_keys=True, _messages=override(rename="messages")))

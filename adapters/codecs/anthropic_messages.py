@@ -10,9 +10,10 @@ another family is not sent a request with a field silently gone.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 from relayline.machines import wire as w
 
@@ -135,49 +136,48 @@ _TEXT_FIELDS = frozenset(("type", "text"))
 _USE_FIELDS = frozenset(("type", "id", "name", "input"))
 
 
-def _tool_results(blocks: list[Any]) -> list[w.Message] | None:
-    """A user turn of tool_result blocks, each a call's id and a string, as the general path
-    reads it; None for any other shape."""
-    out = []
-    for block in blocks:
-        if (type(block) is not dict or block.keys() != _RESULT_FIELDS
-                or block["type"] != "tool_result"):
-            return None
-        text, call_id = block["content"], block["tool_use_id"]
-        if type(text) is not str or type(call_id) is not str:
-            return None
-        out.append(w.Message(w.TOOL, (w.Part(w.TEXT, text),) if text else (), tool_call_id=call_id))
-    return out
+def _common(raw: object) -> TypeGuard[dict[str, Any]]:
+    """Whether `raw` is a turn of the shapes nearly every turn of an agent's history has, which
+    the general path reads naming no field and refusing nothing: a user turn of tool_result
+    blocks, each a call's id and a string; an assistant turn of text blocks and tool_use blocks,
+    each with no field beside its own. `_read_common` reads one as the general path does,
+    without checking it again."""
+    if type(raw) is not dict or len(raw) != 2:
+        return False
+    blocks, role = raw.get("content"), raw.get("role")
+    if type(blocks) is not list or not blocks:
+        return False
+    if role == "user":
+        return all(type(block) is dict and block.keys() == _RESULT_FIELDS
+                   and block["type"] == "tool_result" and type(block["content"]) is str
+                   and type(block["tool_use_id"]) is str for block in blocks)
+    return role == "assistant" and all(map(_calling_block, blocks))
 
 
-def _calling(blocks: list[Any]) -> list[w.Message] | None:
-    """An assistant turn of text blocks and tool_use blocks, each with no field beside its
-    own, as the general path reads it; None for any other shape."""
-    parts: list[w.Part] = []
-    calls: list[w.ToolCall] = []
-    for block in blocks:
-        kind = block.get("type") if type(block) is dict else None
-        if kind == "text" and block.keys() == _TEXT_FIELDS and type(block["text"]) is str:
-            parts.append(w.Part(w.TEXT, block["text"]))
-        elif (kind == "tool_use" and block.keys() == _USE_FIELDS and type(block["id"]) is str
-                and type(block["name"]) is str and type(block["input"]) is dict):
-            calls.append(w.ToolCall(block["id"], block["name"], json.dumps(block["input"]),
-                                    None))
-        else:
-            return None
-    return [w.Message(w.ASSISTANT, tuple(parts), tuple(calls))]
+def _calling_block(block: Any) -> bool:
+    kind = block.get("type") if type(block) is dict else None
+    if kind == "text":
+        return block.keys() == _TEXT_FIELDS and type(block["text"]) is str
+    return (kind == "tool_use" and block.keys() == _USE_FIELDS and type(block["id"]) is str
+            and type(block["name"]) is str and type(block["input"]) is dict)
+
+
+def _read_common(raw: dict[str, Any]) -> list[w.Message]:
+    """A turn `_common` took, as the general path reads it."""
+    blocks = raw["content"]
+    if raw["role"] == "user":
+        return [w.Message(w.TOOL, (w.Part(w.TEXT, block["content"]),) if block["content"] else (),
+                          tool_call_id=block["tool_use_id"]) for block in blocks]
+    parts = tuple([w.Part(w.TEXT, block["text"]) for block in blocks if block["type"] == "text"])
+    calls = tuple([w.ToolCall(block["id"], block["name"], json.dumps(block["input"]), None)
+                   for block in blocks if block["type"] == "tool_use"])
+    return [w.Message(w.ASSISTANT, parts, calls)]
 
 
 def _messages(raw: object, param: str, extra_names: list[str]) -> list[w.Message]:
-    if (type(raw) is dict and len(raw) == 2 and type(raw.get("content")) is list
-            and raw["content"]):
-        # nearly every message of an agent's history: a turn of tool results, or of the calls
-        # they answer (what the general path below makes of it, without its per-field paths)
-        role = raw.get("role")
-        read = (_tool_results(raw["content"]) if role == "user"
-                else _calling(raw["content"]) if role == "assistant" else None)
-        if read is not None:
-            return read
+    # (nearly every turn of an agent's history is of a common shape: no per-field paths for it)
+    if _common(raw):
+        return _read_common(raw)
     return _any_messages(raw, param, extra_names)
 
 
@@ -348,8 +348,13 @@ def parse_request(raw: object, headers: Iterable[tuple[str, str]] = (), query: s
     if not messages:
         raise w.WireError("messages", "must not be empty")
     extra_names: list[str] = []
-    parsed = [m for i, message in enumerate(messages)
-              for m in _messages(message, shape.path("messages", i), extra_names)]
+    # (sent on as it came to an entry of this family, which reads no message: every turn is
+    # checked now, as reading it would, and those of a common shape read only if something asks
+    # for them, `wire.History`)
+    built = ({i: _any_messages(m, shape.path("messages", i), extra_names)
+             for i, m in enumerate(messages) if not _common(m)} if passthrough
+             else {i: _messages(m, shape.path("messages", i), extra_names)
+                   for i, m in enumerate(messages)})
     stop = shape.optional(body, "stop_sequences", shape.want_list) or []
     tools = _tools(body, extra_names)
     choice, parallel = _tool_choice(body.get("tool_choice"), extra_names)
@@ -359,8 +364,10 @@ def parse_request(raw: object, headers: Iterable[tuple[str, str]] = (), query: s
     extra = {k: body[k] for k in shape.extras(body, KNOWN)}
     extra.update({name: None for name in extra_names})
     reasoning = _reasoning(body, extra)
+    system = _system(body.get("system"))
     return w.Request(
-        messages=(*_system(body.get("system")), *parsed),
+        messages=w.History(functools.partial(_history, system, messages, built)) if passthrough
+        else _history(system, messages, built),
         model=shape.check_model(body.get("model")),
         stream=bool(shape.optional(body, "stream", shape.want_bool)),
         include_usage=True,  # Anthropic streams always carry usage
@@ -380,6 +387,14 @@ def parse_request(raw: object, headers: Iterable[tuple[str, str]] = (), query: s
         passthrough=w.Passthrough(_signed_history(body), client_headers(headers), query, read)
         if passthrough else None,
     )
+
+
+def _history(system: tuple[w.Message, ...], turns: list[Any],
+             built: dict[int, list[w.Message]]) -> tuple[w.Message, ...]:
+    """The messages of the turns `parse_request` checked: those it built already, the others built
+    now, after the system prompt."""
+    return (*system, *[m for i, turn in enumerate(turns)
+                       for m in (built[i] if i in built else _read_common(turn))])
 
 
 def _unsigned(block: object) -> bool:

@@ -9,8 +9,9 @@ sent, and another family is not sent a request with a field silently gone.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 from relayline.machines import wire as w
 
@@ -138,49 +139,59 @@ _FUNCTION_FIELDS = frozenset(("name", "arguments"))
 _CALLING_FIELDS = frozenset(("role", "content", "tool_calls"))
 
 
-def _tool_result(raw: dict[str, Any]) -> w.Message | None:
-    """A tool message of a call's id and a string, as the general path reads it; None for any
-    other shape."""
-    content, call_id = raw.get("content"), raw.get("tool_call_id")
-    if len(raw) != 3 or type(content) is not str or type(call_id) is not str:
-        return None
-    return w.Message(w.TOOL, (w.Part(w.TEXT, content),) if content else (), tool_call_id=call_id)
+def _common(raw: object) -> TypeGuard[dict[str, Any]]:
+    """Whether `raw` is a message of the shapes nearly every message of an agent's history has,
+    which the general path reads naming no field and refusing nothing: a role and a string; a
+    tool's result, a call's id and a string; an assistant's text (or null) and function calls,
+    each an id, a name and string arguments. `_read_common` reads one as the general path does,
+    without checking it again."""
+    if type(raw) is not dict:
+        return False
+    role = raw.get("role")
+    if role == "tool":
+        return (len(raw) == 3 and type(raw.get("content")) is str
+                and type(raw.get("tool_call_id")) is str)
+    if len(raw) == 2 and type(role) is str and role in _PLAIN_ROLES \
+            and type(raw.get("content")) is str:
+        return True
+    return role == "assistant" and _is_calling(raw)
 
 
-def _calling(raw: dict[str, Any]) -> w.Message | None:
-    """An assistant message of text (or null) and function calls, each an id, a name and string
-    arguments, as the general path reads it; None for any other shape."""
+def _is_calling(raw: dict[str, Any]) -> bool:
     content, calls = raw.get("content"), raw.get("tool_calls")
     if (not raw.keys() <= _CALLING_FIELDS or (content is not None and type(content) is not str)
             or type(calls) is not list):
-        return None
-    read = []
+        return False
     for call in calls:
         function = call.get("function") if type(call) is dict else None
         if (type(function) is not dict or not call.keys() <= _CALL_FIELDS
                 or not function.keys() <= _FUNCTION_FIELDS):
-            return None
-        call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
-        if type(call_id) is not str or type(name) is not str or type(arguments) is not str:
-            return None
-        read.append(w.ToolCall(call_id, name, arguments, None))
-    return w.Message(w.ASSISTANT, (w.Part(w.TEXT, content),) if content else (), tuple(read))
+            return False
+        if (type(call.get("id")) is not str or type(function.get("name")) is not str
+                or type(function.get("arguments")) is not str):
+            return False
+    return True
+
+
+def _read_common(raw: dict[str, Any]) -> w.Message:
+    """A message `_common` took, as the general path reads it."""
+    content, role = raw.get("content"), raw["role"]  # (content null or left out: no text)
+    parts = (w.Part(w.TEXT, content),) if content else ()
+    if role == "tool":
+        return w.Message(w.TOOL, parts, tool_call_id=raw["tool_call_id"])
+    calls = raw.get("tool_calls")
+    if not calls:
+        return w.Message(_PLAIN_ROLES[role], parts)
+    return w.Message(w.ASSISTANT, parts, tuple([
+        w.ToolCall(call["id"], call["function"]["name"], call["function"]["arguments"], None)
+        for call in calls]))
 
 
 def _message(raw: object, index: int, extra_names: list[str]) -> w.Message:
-    if type(raw) is dict:
-        role = raw.get("role")
-        if len(raw) == 2:
-            content = raw.get("content")
-            if type(content) is str and type(role) is str and role in _PLAIN_ROLES:
-                # nearly every message of a chat: a role and a string, nothing else to check
-                # (what the general path below makes of it, without its per-field paths and extras)
-                return w.Message(_PLAIN_ROLES[role], (w.Part(w.TEXT, content),) if content else ())
-        # nearly every other message of an agent's history: a tool's result, the calls it answers
-        read = (_tool_result(raw) if role == "tool" else _calling(raw) if role == "assistant"
-                else None)
-        if read is not None:
-            return read
+    # (nearly every message of an agent's history is of a common shape: no per-field paths,
+    # extras and options looked up for it)
+    if _common(raw):
+        return _read_common(raw)
     return _any_message(raw, index, extra_names)
 
 
@@ -296,7 +307,7 @@ def parse_request(raw: object, headers: Iterable[tuple[str, str]] = (), query: s
     """A chat completions body (and its request headers) as the canonical request; a body of the
     wrong shape raises WireError naming the field."""
     body = shape.want_dict(raw, "")
-    parsed, extra_names = _messages(body)
+    parsed, extra_names = _messages(body, lazy=passthrough)
     kept = (w.Passthrough(_without_relayline_fields(body), client_headers(headers), query, read)
             if passthrough else None)
     if not extra_names and body.keys() <= _BARE:
@@ -320,15 +331,30 @@ def _without_relayline_fields(body: dict[str, Any]) -> dict[str, Any]:
                                  for m in body["messages"]]}
 
 
-def _messages(body: dict[str, Any]) -> tuple[tuple[w.Message, ...], list[str]]:
-    """The body's messages, and the names of the fields in them this family alone has."""
+def _messages(body: dict[str, Any], *,
+              lazy: bool) -> tuple[tuple[w.Message, ...] | w.History, list[str]]:
+    """The body's messages, and the names of the fields in them this family alone has. `lazy`:
+    the body goes on as sent to an entry of this family, which reads no message: they are all
+    checked now, as reading them would, and those of a common shape are read only if something
+    asks for them (`wire.History`)."""
     if body.get("n") not in (None, 1):
         raise w.WireError("n", "only n = 1 is supported")
     messages = shape.want_list(body.get("messages"), "messages")
     if not messages:
         raise w.WireError("messages", "must not be empty")
     extra_names: list[str] = []
-    return tuple([_message(m, i, extra_names) for i, m in enumerate(messages)]), extra_names
+    if not lazy:
+        return tuple([_message(m, i, extra_names) for i, m in enumerate(messages)]), extra_names
+    read = {i: _any_message(m, i, extra_names)
+            for i, m in enumerate(messages) if not _common(m)}
+    return w.History(functools.partial(_history, messages, read)), extra_names
+
+
+def _history(messages: list[Any], read: dict[int, w.Message]) -> tuple[w.Message, ...]:
+    """The messages `_messages` checked: those it read already, the others read now."""
+    if not read:
+        return tuple([_read_common(m) for m in messages])
+    return tuple([read[i] if i in read else _read_common(m) for i, m in enumerate(messages)])
 
 
 def _stop(raw: object) -> tuple[str, ...]:
@@ -372,8 +398,8 @@ def _function_tool(raw: object) -> w.Tool | None:
     return w.Tool(name, description or "", schema, bool(strict), cache)
 
 
-def _with_options(body: dict[str, Any], parsed: tuple[w.Message, ...], extra_names: list[str],
-                  passthrough: w.Passthrough | None) -> w.Request:
+def _with_options(body: dict[str, Any], parsed: tuple[w.Message, ...] | w.History,
+                  extra_names: list[str], passthrough: w.Passthrough | None) -> w.Request:
     stop = _stop(body.get("stop"))
     tools = _tools(body, extra_names)
     tool_choice = _tool_choice(body.get("tool_choice"), extra_names)

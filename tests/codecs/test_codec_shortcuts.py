@@ -4,8 +4,12 @@ leave every other shape to it (where a field may be named as unread or refused).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import pickle
+from unittest import mock
 
+import attrs
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -66,10 +70,8 @@ def _general(read, raw, where):
 @example({"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",
                                                                   "function": {"name": "f", "arguments": "{}"}}]})
 def test_an_openai_shortcut_reads_a_message_as_the_general_path_does(raw):
-    role = raw.get("role")
-    read = openai_chat._tool_result(raw) if role == "tool" else openai_chat._calling(raw) if role == "assistant" else None
-    if read is not None:
-        assert _general(openai_chat._any_message, raw, 0) == (read, [])
+    if openai_chat._common(raw):
+        assert _general(openai_chat._any_message, raw, 0) == (openai_chat._read_common(raw), [])
     assert _general(openai_chat._message, raw, 0) == _general(openai_chat._any_message, raw, 0)
 
 
@@ -89,11 +91,82 @@ def test_an_anthropic_shortcut_reads_a_turn_as_the_general_path_does(raw):
 
 def test_the_shortcuts_take_an_agents_usual_turns():
     call = {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": json.dumps({"p": 1})}}
-    assert openai_chat._tool_result({"role": "tool", "tool_call_id": "call_1", "content": "x"}) is not None
-    assert openai_chat._calling({"role": "assistant", "content": None, "tool_calls": [call]}) is not None
-    assert anthropic_messages._tool_results([{"type": "tool_result", "tool_use_id": "t", "content": "x"}]) is not None
-    assert anthropic_messages._calling([{"type": "text", "text": "a"},
-                                        {"type": "tool_use", "id": "t", "name": "f", "input": {}}]) is not None
+    assert openai_chat._common({"role": "tool", "tool_call_id": "call_1", "content": "x"})
+    assert openai_chat._common({"role": "assistant", "content": None, "tool_calls": [call]})
+    assert openai_chat._common({"role": "developer", "content": "Be brief."})
+    assert anthropic_messages._common({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": "x"}]})
+    assert anthropic_messages._common({"role": "assistant", "content": [
+        {"type": "text", "text": "a"}, {"type": "tool_use", "id": "t", "name": "f", "input": {}}]})
+
+
+# a history: the shortcuts' shapes and their near misses, plain messages and theirs (a role of
+# another kind: a number, a list...)
+_OPENAI_PLAIN = st.tuples(_near({"role": "user", "content": "Go on."}),
+                          st.sampled_from(["system", "developer", "user", "assistant", "tool", "critic"])).map(
+    lambda p: {**p[0], "role": p[1]} if p[0].get("role") == "user" else p[0])
+_OPENAI_HISTORY = st.lists(st.one_of(_OPENAI, _OPENAI_PLAIN, _OPENAI_PLAIN, _VALUES), max_size=5)
+
+
+def _three_ways(codec, body):
+    """What `codec` makes of `body` by its general path alone, read at once (as for the library:
+    no body to send on) and checked now, read later (as for a client's body sent on to its own
+    family): the request less its passthrough, or the WireError's field and words."""
+    out = []
+    for general, passthrough in ((True, False), (False, False), (False, True)):
+        with mock.patch.object(codec, "_common", lambda raw: False) if general else contextlib.nullcontext():
+            try:
+                request = codec.parse_request(body, passthrough=passthrough)
+            except w.WireError as error:
+                out.append((error.param, str(error)))
+                continue
+        out.append(attrs.evolve(request, passthrough=None))
+    return out
+
+
+@settings(max_examples=300)
+@given(_OPENAI_HISTORY, st.sampled_from([{}, {"temperature": 0.5}, {"tools": "x"}]))
+@example([{"role": "user", "content": "hi"}, {"role": ["user"], "content": "x"}], {})
+@example([{"role": "assistant", "tool_calls": []}], {})
+@example([{"role": "user", "content": "hi"}, {"role": "user", "content": "x", "name": "n"}], {})
+def test_an_openai_history_read_later_is_the_one_read_at_once(history, options):
+    """A client's body sent on as it came is checked at once and read only when asked: it must
+    be refused exactly as reading it refuses it (the same field, the same words), and read to
+    the same request, the fields it names unread included."""
+    body = {"model": "m", "messages": history, **options}
+    general, at_once, later = _three_ways(openai_chat, body)
+    assert later == at_once == general
+    if isinstance(later, w.Request):
+        assert later.messages == at_once.messages and later.extra == at_once.extra
+
+
+@settings(max_examples=300)
+@given(st.lists(_ANTHROPIC, max_size=4),
+       st.sampled_from([{}, {"system": "Be brief."}, {"system": [{"type": "text", "text": "a"}]}, {"system": 3},
+                        {"max_tokens": "x"}]))
+@example([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "tool_use", "id": "t",
+                                                                                  "name": "f", "input": []}]}], {})
+def test_an_anthropic_history_read_later_is_the_one_read_at_once(history, options):
+    body = {"model": "m", "max_tokens": 10, "messages": history, **options}
+    general, at_once, later = _three_ways(anthropic_messages, body)
+    assert later == at_once == general
+    if isinstance(later, w.Request):
+        assert later.messages == at_once.messages and later.extra == at_once.extra
+
+
+def test_a_history_sent_on_is_read_only_when_asked_and_then_once():
+    call = {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+    body = {"model": "m", "messages": [{"role": "user", "content": "Read it."},
+                                       {"role": "assistant", "content": None, "tool_calls": [call]},
+                                       {"role": "tool", "tool_call_id": "call_1", "content": "text"}]}
+    request = openai_chat.parse_request(body)
+    held = request._messages
+    assert isinstance(held, w.History) and held._messages is None  # (nothing read yet)
+    assert request.messages == openai_chat.parse_request(body, passthrough=False).messages
+    assert held._messages is not None and request.messages is request.messages
+    # what a request is once read: pickled, it holds its messages
+    assert pickle.loads(pickle.dumps(request)) == request
+    assert attrs.evolve(request, model="n").messages is request.messages
 
 
 _SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}

@@ -161,7 +161,7 @@ def test_a_bare_body_read_at_once_is_what_the_options_path_reads(model, messages
             return ("refused", error.param, str(error))
 
     def general():
-        parsed, names = _messages(body)
+        parsed, names = _messages(body, lazy=False)
         return _with_options(body, parsed, names, wire.Passthrough(body, client_headers(headers)))
 
     assert read(lambda: parse_request(body, headers)) == read(general)
