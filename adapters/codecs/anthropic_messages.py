@@ -148,18 +148,23 @@ def _common(raw: object) -> TypeGuard[dict[str, Any]]:
     if type(blocks) is not list or not blocks:
         return False
     if role == "user":
-        return all(type(block) is dict and block.keys() == _RESULT_FIELDS
-                   and block["type"] == "tool_result" and type(block["content"]) is str
-                   and type(block["tool_use_id"]) is str for block in blocks)
-    return role == "assistant" and all(map(_calling_block, blocks))
-
-
-def _calling_block(block: Any) -> bool:
-    kind = block.get("type") if type(block) is dict else None
-    if kind == "text":
-        return block.keys() == _TEXT_FIELDS and type(block["text"]) is str
-    return (kind == "tool_use" and block.keys() == _USE_FIELDS and type(block["id"]) is str
-            and type(block["name"]) is str and type(block["input"]) is dict)
+        for block in blocks:
+            if (type(block) is not dict or block.keys() != _RESULT_FIELDS
+                    or block["type"] != "tool_result" or type(block["content"]) is not str
+                    or type(block["tool_use_id"]) is not str):
+                return False
+        return True
+    if role != "assistant":
+        return False
+    for block in blocks:
+        kind = block.get("type") if type(block) is dict else None
+        if kind == "text":
+            if block.keys() != _TEXT_FIELDS or type(block["text"]) is not str:
+                return False
+        elif (kind != "tool_use" or block.keys() != _USE_FIELDS or type(block["id"]) is not str
+                or type(block["name"]) is not str or type(block["input"]) is not dict):
+            return False
+    return True
 
 
 def _read_common(raw: dict[str, Any]) -> list[w.Message]:
@@ -168,10 +173,14 @@ def _read_common(raw: dict[str, Any]) -> list[w.Message]:
     if raw["role"] == "user":
         return [w.Message(w.TOOL, (w.Part(w.TEXT, block["content"]),) if block["content"] else (),
                           tool_call_id=block["tool_use_id"]) for block in blocks]
-    parts = tuple([w.Part(w.TEXT, block["text"]) for block in blocks if block["type"] == "text"])
-    calls = tuple([w.ToolCall(block["id"], block["name"], json.dumps(block["input"]), None)
-                   for block in blocks if block["type"] == "tool_use"])
-    return [w.Message(w.ASSISTANT, parts, calls)]
+    parts: list[w.Part] = []
+    calls: list[w.ToolCall] = []
+    for block in blocks:
+        if block["type"] == "text":
+            parts.append(w.Part(w.TEXT, block["text"]))
+        else:
+            calls.append(w.ToolCall(block["id"], block["name"], json.dumps(block["input"]), None))
+    return [w.Message(w.ASSISTANT, tuple(parts), tuple(calls))]
 
 
 def _messages(raw: object, param: str, extra_names: list[str]) -> list[w.Message]:
