@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import attrs
 import cattrs
-from cattrs.gen import make_dict_structure_fn, override
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from .config import Capabilities, _strict
 
@@ -171,8 +171,11 @@ class Embedding:
 class ReadBytes:
     """The bytes a client's body was read from, held with the very object they were read as
     (`body`), so that a body replaced since (a prefill, dropped fields: a new object) is never
-    sent as those bytes. Taken once, by the first upstream request built: a turn's request lives
-    as long as its stream, and the bytes would be a second copy of the prompt all that time."""
+    sent as those bytes. Taken once, by the first upstream request built (the adapters'; nothing
+    in machines/ takes them): a turn's request lives as long as its stream, and the bytes would
+    be a second copy of the prompt all that time. The tie is the body's identity, so a body is
+    never changed in place (every change here and in the codecs makes a new one); a request
+    evolved from another shares the holder, as it is the same turn's."""
 
     __slots__ = ("body", "data")
 
@@ -207,21 +210,21 @@ class History:
     A client's body sent on to a provider of its own dialect is sent as it came: the canonical
     messages are then read only by what needs them (a translation, an image or token count, the
     turn's text...), and most turns never build them. The codec has already checked the whole
-    body, refusing what it would refuse reading it, before it hands `read` over: reading cannot
-    fail, and the body, the request's own, is never changed after. Read once, then held."""
+    body, refusing what it would refuse reading it, before it hands `read` over (taking only
+    shapes whose reading cannot fail), and the body, the request's own, is never changed after.
+    Read once, then held. The reader is kept (it holds only the body, which the passthrough
+    holds anyway): two threads reading at once both read, and either result is the same."""
 
     __slots__ = ("_read", "_messages")
 
     def __init__(self, read: Callable[[], tuple[Message, ...]]) -> None:
-        self._read: Callable[[], tuple[Message, ...]] | None = read
+        self._read = read
         self._messages: tuple[Message, ...] | None = None
 
     def messages(self) -> tuple[Message, ...]:
         messages = self._messages
         if messages is None:
-            assert self._read is not None  # (set until the first read, which clears it)
             messages = self._messages = self._read()
-            self._read = None  # (the body's reader is needed no more)
         return messages
 
     def __reduce__(self) -> tuple[type[tuple[Message, ...]], tuple[tuple[Message, ...]]]:
@@ -467,3 +470,7 @@ def _as_list(value: object) -> list[Any]:
 # a request's messages are the `messages` key (its attribute is private: it may hold a History)
 converter.register_structure_hook(Request, make_dict_structure_fn(
     Request, converter, _cattrs_forbid_extra_keys=True, _messages=override(rename="messages")))
+converter.register_unstructure_hook(Request, make_dict_unstructure_fn(
+    Request, converter, _messages=override(rename="messages",
+                                           unstruct_hook=lambda held: converter.unstructure(
+                                               _held(held), tuple[Message, ...]))))

@@ -140,8 +140,10 @@ def _common(raw: object) -> TypeGuard[dict[str, Any]]:
     """Whether `raw` is a turn of the shapes nearly every turn of an agent's history has, which
     the general path reads naming no field and refusing nothing: a user turn of tool_result
     blocks, each a call's id and a string; an assistant turn of text blocks and tool_use blocks,
-    each with no field beside its own. `_read_common` reads one as the general path does,
-    without checking it again."""
+    each with no field beside its own and an input nested at most two deep. `_read_common` reads
+    one as the general path does, without checking it again: later, for a body sent on as it
+    came, so nothing it does may fail (writing a deeper input as JSON text can exhaust the
+    stack, which the general path answers with a 400 at once)."""
     if type(raw) is not dict or len(raw) != 2:
         return False
     blocks, role = raw.get("content"), raw.get("role")
@@ -162,8 +164,20 @@ def _common(raw: object) -> TypeGuard[dict[str, Any]]:
             if block.keys() != _TEXT_FIELDS or type(block["text"]) is not str:
                 return False
         elif (kind != "tool_use" or block.keys() != _USE_FIELDS or type(block["id"]) is not str
-                or type(block["name"]) is not str or type(block["input"]) is not dict):
+                or type(block["name"]) is not str or type(block["input"]) is not dict
+                or not _shallow(block["input"])):
             return False
+    return True
+
+
+def _shallow(value: dict[str, Any]) -> bool:
+    """Whether no container in `value` holds another container."""
+    for item in value.values():
+        kind = type(item)
+        if kind is dict or kind is list:
+            for inner in (item.values() if kind is dict else item):
+                if type(inner) is dict or type(inner) is list:
+                    return False
     return True
 
 

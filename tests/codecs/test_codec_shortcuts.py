@@ -10,6 +10,7 @@ import pickle
 from unittest import mock
 
 import attrs
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -152,6 +153,31 @@ def test_an_anthropic_history_read_later_is_the_one_read_at_once(history, option
     assert later == at_once == general
     if isinstance(later, w.Request):
         assert later.messages == at_once.messages and later.extra == at_once.extra
+
+
+def test_a_tool_input_too_deep_to_write_is_refused_at_once_on_either_path():
+    """A tool_use input nested deeper than JSON text can be written (the stack runs out) is
+    refused while the body is read, a 400, also when the body is sent on as it came: a reading
+    left for later would fail mid-turn instead."""
+    deep: object = "leaf"
+    for _ in range(1100):
+        deep = {"a": deep}
+    turn = {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": deep}]}
+    body = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}, turn]}
+    for passthrough in (False, True):
+        with pytest.raises(RecursionError):
+            anthropic_messages.parse_request(body, passthrough=passthrough)
+    shallow = {"path": "a.py", "edits": [{"old": "x", "new": "y"}], "todo": ["a"]}
+    assert not anthropic_messages._shallow(shallow) and anthropic_messages._shallow({"todo": ["a"], "n": 1})
+
+
+def test_a_request_read_later_is_written_and_read_back_by_the_converter():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"},
+                                       {"role": "tool", "tool_call_id": "c", "content": "x"}]}
+    request = attrs.evolve(openai_chat.parse_request(body), passthrough=None)
+    data = w.converter.unstructure(request)
+    assert data["messages"][1]["tool_call_id"] == "c" and "_messages" not in data
+    assert w.converter.structure(data, w.Request) == request
 
 
 def test_a_history_sent_on_is_read_only_when_asked_and_then_once():
