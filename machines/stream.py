@@ -36,6 +36,18 @@ EVENT_NAMES: dict[str, EventKind] = {
     TEXT: EventKind.TEXT, REASONING: EventKind.REASONING, TOOL_CALL: EventKind.TOOL,
     TOOL_ARGS: EventKind.TOOL_ARGS, EXECUTED_TOOL: EventKind.EXECUTED_TOOL}
 
+# a decisive frame's event back to its frame's kind (`Event.decisive` asks what `Frame.decisive`
+# says of the frame it came from)
+_FRAME_KINDS: dict[str, str] = {event: frame for frame, event in EVENT_NAMES.items()}
+_WORDS = frozenset((TEXT, REASONING, TOOL_ARGS))  # decisive only when they carry something
+
+
+def _decisive(kind: str, value: str) -> bool:
+    if kind in _WORDS:
+        return bool(value)
+    return kind in (TOOL_CALL, EXECUTED_TOOL)
+
+
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
 
 
@@ -54,9 +66,7 @@ class Frame:
 
     @property
     def decisive(self) -> bool:
-        if self.kind in (TEXT, REASONING, TOOL_ARGS):
-            return bool(self.value)
-        return self.kind in (TOOL_CALL, EXECUTED_TOOL)
+        return _decisive(self.kind, self.value)
 
 
 @attrs.frozen(slots=True)
@@ -77,9 +87,8 @@ class Event:
         """The event of a decisive frame (`Frame.decisive`): words, a tool call or its arguments,
         an executed tool; not what the gate held before it (a preamble, a redacted block, a
         signature or the citations of what was shown)."""
-        if self.kind in (EventKind.TEXT, EventKind.REASONING, EventKind.TOOL_ARGS):
-            return bool(self.value)
-        return self.kind in (EventKind.TOOL, EventKind.EXECUTED_TOOL)
+        kind = _FRAME_KINDS.get(self.kind)
+        return kind is not None and _decisive(kind, self.value)
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.value}"
