@@ -28,7 +28,7 @@ SHORT_SECRET_CHARS = 16
 _TOKEN_EDGE = "A-Za-z0-9_\\-"
 # between a record's field texts when they are searched together: outside _TOKEN_EDGE, so a
 # short secret next to it still stands as a whole token, as at a text's own end
-FIELD_BREAK = "\n"
+_FIELD_BREAK = "\n"
 
 
 @attrs.frozen
@@ -89,10 +89,10 @@ class SecretFilter(logging.Filter):
             fields = getattr(record, "fields", None)
             # structured fields (the access line) are masked the same way, each apart, when
             # their texts joined hold a secret: every secret in a field is in them joined (and a
-            # whole token stays one, FIELD_BREAK), and a find across two fields only costs the
+            # whole token stays one, _FIELD_BREAK), and a find across two fields only costs the
             # masking. Most records hold none, and masking each of the access line's dozen texts
             # cost a scan and a copy apiece
-            if fields and secrets.found_in(FIELD_BREAK.join(
+            if fields and secrets.found_in(_FIELD_BREAK.join(
                     [v for v in fields.values() if isinstance(v, str)])):
                 record.fields = {k: secrets.mask(v) if isinstance(v, str) else v
                                  for k, v in fields.items()}

@@ -89,8 +89,9 @@ async def read_body(settings: GatewaySettings, receive: Receive, send: Exchange,
 async def read_request(now: Reading, dialect: Dialect, scope: Scope, receive: Receive,
                        send: Exchange) -> wire.Request | None:
     """The request a chat body asks for, or None once it was answered (a 4xx). Its own frame:
-    the raw body, its decoded JSON and the decoded headers are needed only here, and a
-    stream's turn would otherwise keep them alive for the stream's whole life."""
+    the decoded headers are needed only here, and a stream's turn would otherwise keep them
+    alive for the stream's whole life; the raw body lives on only in the passthrough's
+    `wire.ReadBytes`, until the first upstream request is built."""
     raw = await read_body(now.settings, receive, send, dialect)
     if raw is None:
         return None

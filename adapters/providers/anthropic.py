@@ -48,7 +48,9 @@ class AnthropicProtocol:
                 name, value = credential(provider, key, "x-api-key", key.reveal())
                 headers[name] = value
             fixed = heads.keep(provider, key, forwarded, query, f"{base}{path}", headers)
-        sent = None  # the client's body, when the one sent is that body with model and stream set
+        # the client's body, when the one sent is that body with relayline's own members set (model,
+        # stream, stream_options, a default max_tokens)
+        sent = None
         if counting:
             body = count_tokens.render_request(request.request, request.model)
         else:

@@ -54,7 +54,9 @@ class OpenAIProtocol:
                 name, value = credential(provider, key, "authorization", f"Bearer {key.reveal()}")
                 headers[name] = value
             fixed = heads.keep(provider, key, forwarded, query, f"{base}{path}", headers)
-        sent = None  # the client's body, when the one sent is that body with model and stream set
+        # the client's body, when the one sent is that body with relayline's own members set (model,
+        # stream, stream_options, a default max_tokens)
+        sent = None
         if wire_request.embedding is not None:
             body = embeddings.render_request(wire_request, request.model)
         elif own_responses and wire_request.passthrough is not None:

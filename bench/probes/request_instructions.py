@@ -2,7 +2,7 @@
 part of `make test`).
 
 CPU time a request moves with the machine's load by more than a small lever's change (the same
-work ran 3 to 4 times slower in a busy span: bench/probes/tail_sources.py --perf); an
+work runs several times slower in a busy span: bench/probes/tail_sources.py --perf); an
 instruction count does not. Each tree's `relayline serve` (the default configuration: info
 logging to a file, the SQLite ledger, the loopback upstream of bench/upstream.py) runs under
 valgrind's callgrind, so everything it runs is counted: the HTTP read and write, the plan and the

@@ -30,7 +30,7 @@ checkpointer), and three options say what the tail requests ran:
   fault, a file write, a socket, the kernel's softirqs...) and by leaf symbol. perf names no
   Python function (3.11 has no perf map), only native and kernel ones.
 - `--sample HZ` samples the loop thread's Python stack on SIGPROF instead; the kernel's
-  process CPU timers tick at its HZ (250 a second here), so it takes many requests to say much.
+  process CPU timers tick at its HZ (docs/performance-history.md says at what rate here), so it takes many requests to say much.
 
     python bench/probes/tail_sources.py [--seconds 10] [--levels 1,16] [--out FILE] [--hooks FILE]
                                         [--calls] [--perf] [--sample HZ]
