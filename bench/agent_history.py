@@ -45,7 +45,7 @@ import orjson
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import listening_logged, raw_connect, raw_response, stop, threads_cpu_s, tree_env  # noqa: E402
+from common import back_to_back, listening_logged, stop, threads_cpu_s, tree_env  # noqa: E402
 
 FAMILIES = ("openai", "anthropic")
 DIALECT_PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
@@ -182,22 +182,10 @@ def _request(url: str, path: str, body: bytes, extra: str = "") -> bytes:
             f"authorization: Bearer bench-key\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
 
 
-async def _sequential(url: str, request: bytes, n: int) -> None:
-    reader, writer = await raw_connect(url)
-    try:
-        for _ in range(n):
-            writer.write(request)
-            status, answer, _keep = await raw_response(reader)
-            if status != 200:
-                raise SystemExit(f"{url}: HTTP {status}: {answer[:500]!r}")
-    finally:
-        writer.close()
-
-
 def gateway_cpu_ms(proc: subprocess.Popen, url: str, path: str, body: bytes, n: int, extra: str = "") -> float:
     request = _request(url, path, body, extra)
     before = threads_cpu_s(proc.pid)
-    asyncio.run(_sequential(url, request, n))
+    asyncio.run(back_to_back(url, request, n))
     return (threads_cpu_s(proc.pid) - before) / n * 1e3
 
 

@@ -246,6 +246,20 @@ async def raw_response(reader: asyncio.StreamReader, watch: bytes = b"", seen=No
     return status, await reader.readexactly(length), keep
 
 
+async def back_to_back(url: str, request: bytes, n: int) -> None:
+    """`request` (raw HTTP/1.1 bytes) sent n times one after another on one keep-alive
+    connection; any answer but a 200 ends the run, naming it."""
+    reader, writer = await raw_connect(url)
+    try:
+        for _ in range(n):
+            writer.write(request)
+            status, answer, _keep = await raw_response(reader)
+            if status != 200:
+                raise SystemExit(f"{url}: HTTP {status}: {answer[:500]!r}")
+    finally:
+        writer.close()
+
+
 async def sequential(url: str, n: int) -> list[float]:
     """n requests one after another on one keep-alive connection: each one's latency."""
     request = raw_post(url, {"model": "frames-1", "messages": MESSAGES})

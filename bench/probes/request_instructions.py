@@ -33,22 +33,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
 
-from common import listening_logged, raw_connect, raw_post, raw_response, stop, tree_env  # noqa: E402
+from common import back_to_back, listening_logged, raw_post, stop, tree_env  # noqa: E402
 
 BODY = {"model": "frames-1", "messages": [{"role": "user", "content": "hi"}]}
-
-
-async def _requests(url: str, n: int) -> None:
-    request = raw_post(url, BODY)
-    reader, writer = await raw_connect(url)
-    try:
-        for _ in range(n):
-            writer.write(request)
-            status, answer, _keep = await raw_response(reader)
-            if status != 200:
-                raise SystemExit(f"HTTP {status}: {answer[:300]!r}")
-    finally:
-        writer.close()
 
 
 def instructions(tree: str | None, upstream: str, warm: int, n: int) -> float:
@@ -67,9 +54,9 @@ def instructions(tree: str | None, upstream: str, warm: int, n: int) -> float:
         try:
             url = listening_logged(gateway, log, "the gateway under callgrind", timeout_s=600)
             url += "/v1/chat/completions"
-            asyncio.run(_requests(url, warm))
+            asyncio.run(back_to_back(url, raw_post(url, BODY), warm))
             subprocess.run(["callgrind_control", "-z", str(gateway.pid)], check=True, capture_output=True)
-            asyncio.run(_requests(url, n))
+            asyncio.run(back_to_back(url, raw_post(url, BODY), n))
             subprocess.run(["callgrind_control", "-d", str(gateway.pid)], check=True, capture_output=True)
             dump = Path(f"{counts}.1")
             for _ in range(100):  # (written by the process itself, a moment after the request)
