@@ -60,19 +60,13 @@ def loads(data: bytes | bytearray | str) -> Any:
     return json.loads(data)
 
 
-def loads_encodable(data: bytes) -> tuple[Any, bool]:
-    """`loads(data)`, and whether every string in it can be sent as UTF-8: JSON can escape a
-    lone UTF-16 surrogate ("\\ud800") that no UTF-8 request to a provider can carry. orjson
-    refuses such an escape, so a document it read has none and is not searched again (a long
-    body's search was a pass over all its bytes); one `json` read is."""
-    document, encodable, _ = loads_read(data)
-    return document, encodable
-
-
 def loads_read(data: bytes) -> tuple[Any, bool, bool]:
-    """`loads_encodable(data)`, and whether orjson read it: then `data` is strict UTF-8 JSON with
-    no NaN, Infinity, lone surrogate or integer beyond 64 bits, and reads back, by orjson or any
-    strict reader, as the document (`dumps_appended` may send it as it is)."""
+    """`loads(data)`; whether every string in it can be sent as UTF-8 (JSON can escape a lone
+    UTF-16 surrogate, "\\ud800", that no UTF-8 request to a provider can carry: orjson refuses
+    such an escape, so a document it read has none and is not searched again; one `json` read
+    is); and whether orjson read it: then `data` is strict UTF-8 JSON with no NaN, Infinity,
+    lone surrogate or integer beyond 64 bits, and reads back, by orjson or any strict reader, as
+    the document (`dumps_appended` may send it as it is)."""
     if _no_long_number(data):
         try:
             return orjson.loads(data), True, True

@@ -210,10 +210,7 @@ class StreamWire:
             await self._first(event)
             return
         if self._unnamed:
-            entry = self._served_entry()
-            if entry is not None:  # the first of it after headers the gate timer sent
-                self._unnamed = False
-                self.render.serving(entry.model)
+            self._name_served()
         # nearly every frame: queued inline (no coroutine of its own for each step)
         data = self.render.event(event)
         if data:
@@ -221,6 +218,14 @@ class StreamWire:
             self._pending_bytes += len(data)
             if self._pending_bytes > self.MAX_PENDING:
                 await self._flush()
+
+    def _name_served(self) -> None:
+        """The chunks name who serves them from the first served after headers the gate timer
+        sent (which named no one)."""
+        entry = self._served_entry()
+        if entry is not None:
+            self._unnamed = False
+            self.render.serving(entry.model)
 
     async def _first(self, event: Event) -> None:
         """An event up to the answer's first decisive one. That one goes out at once, with what
@@ -231,10 +236,7 @@ class StreamWire:
         if not self.started:
             self.commit()
         elif self._unnamed:
-            entry = self._served_entry()
-            if entry is not None:  # the first of it after headers the gate timer sent
-                self._unnamed = False
-                self.render.serving(entry.model)
+            self._name_served()
         self._put(self.render.event(event))
         if event.decisive:
             self._shown = True
