@@ -246,9 +246,10 @@ async def raw_response(reader: asyncio.StreamReader, watch: bytes = b"", seen=No
     return status, await reader.readexactly(length), keep
 
 
-async def back_to_back(url: str, request: bytes, n: int) -> None:
+async def back_to_back(url: str, request: bytes, n: int, between=None) -> None:
     """`request` (raw HTTP/1.1 bytes) sent n times one after another on one keep-alive
-    connection; any answer but a 200 ends the run, naming it."""
+    connection, `between()` called after each answer; any answer but a 200 ends the run,
+    naming it."""
     reader, writer = await raw_connect(url)
     try:
         for _ in range(n):
@@ -256,6 +257,8 @@ async def back_to_back(url: str, request: bytes, n: int) -> None:
             status, answer, _keep = await raw_response(reader)
             if status != 200:
                 raise SystemExit(f"{url}: HTTP {status}: {answer[:500]!r}")
+            if between is not None:
+                between()
     finally:
         writer.close()
 

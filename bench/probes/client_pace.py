@@ -34,7 +34,7 @@ import httpx
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
 
-from common import listening_logged, raw_connect, raw_post, raw_response, stop, threads_cpu_s  # noqa: E402
+from common import back_to_back, listening_logged, raw_post, stop, threads_cpu_s  # noqa: E402
 
 BODY = {"model": "frames-1", "messages": [{"role": "user", "content": "hi"}]}
 HTTPX_HEADERS = b"accept: */*\r\naccept-encoding: gzip, deflate\r\nconnection: keep-alive\r\nuser-agent: python-httpx"
@@ -44,20 +44,15 @@ async def _raw(url: str, n: int, *, idle_s: float = 0.0, busy_s: float = 0.0, he
     request = raw_post(url, BODY)
     if headers:
         request = request.replace(b"\r\n\r\n", b"\r\n" + headers + b"\r\n\r\n", 1)
-    reader, writer = await raw_connect(url)
-    try:
-        for _ in range(n):
-            writer.write(request)
-            status, answer, _keep = await raw_response(reader)
-            if status != 200:
-                raise SystemExit(f"HTTP {status}: {answer[:300]!r}")
-            if idle_s:
-                time.sleep(idle_s)  # (the loop held too: nothing of this process runs meanwhile)
-            end = time.perf_counter() + busy_s
-            while time.perf_counter() < end:
-                pass
-    finally:
-        writer.close()
+
+    def pause() -> None:
+        if idle_s:
+            time.sleep(idle_s)  # (the loop held too: nothing of this process runs meanwhile)
+        end = time.perf_counter() + busy_s
+        while time.perf_counter() < end:
+            pass
+
+    await back_to_back(url, request, n, pause)
 
 
 async def _httpx(url: str, n: int) -> None:
